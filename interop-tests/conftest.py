@@ -1,0 +1,299 @@
+"""Shared fixtures for the TrioMQ interop suite.
+
+Run against the broker in this repo (started as a subprocess):
+    pytest interop-tests
+Run against another broker (e.g. the reference RabbitMQ):
+    pytest interop-tests --broker-url amqp://guest:guest@127.0.0.1:5672/
+    BROKER_URL=amqp://guest:guest@127.0.0.1:5672/ pytest interop-tests
+
+Every test gets a 60 s pytest-timeout unless it carries its own
+``@pytest.mark.timeout`` or ``--timeout`` is given on the command line.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pika
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import rawamqp  # noqa: E402
+
+DEFAULT_TIMEOUT = 60
+STARTUP_TIMEOUT = 20.0
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--broker-url",
+        action="store",
+        default=os.environ.get("BROKER_URL") or None,
+        help="AMQP URL of an already running broker (default: start TrioMQ from this repo). "
+        "Also read from $BROKER_URL.",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than a couple of seconds")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("timeout", None) is not None:
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
+
+
+# --------------------------------------------------------------------- broker
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def broker_url(request, tmp_path_factory):
+    url = request.config.getoption("--broker-url")
+    if url:
+        yield url
+        return
+
+    port = _free_port()
+    data_dir = tmp_path_factory.mktemp("triomq-data")
+    log_path = data_dir.parent / "broker-stderr.log"
+    out_path = data_dir.parent / "broker-stdout.log"
+    with open(log_path, "wb") as err, open(out_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1",
+             "--port", str(port), "--data-dir", str(data_dir)],
+            cwd=str(REPO_ROOT), stdout=out, stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"broker exited with code {proc.returncode} before accepting connections:\n"
+                    + log_path.read_text(errors="replace")[-5000:],
+                    pytrace=False,
+                )
+            if _port_open("127.0.0.1", port):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"broker did not accept connections on port {port} within {STARTUP_TIMEOUT}s:\n"
+                    + log_path.read_text(errors="replace")[-5000:],
+                    pytrace=False,
+                )
+            time.sleep(0.1)
+        yield f"amqp://guest:guest@127.0.0.1:{port}/"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@dataclass
+class AmqpParams:
+    host: str
+    port: int
+    username: str
+    password: str
+    vhost: str
+    url: str
+
+    @property
+    def credentials(self):
+        return pika.PlainCredentials(self.username, self.password)
+
+    def pika_params(self, **kw) -> pika.ConnectionParameters:
+        kw.setdefault("credentials", self.credentials)
+        kw.setdefault("virtual_host", self.vhost)
+        kw.setdefault("connection_attempts", 1)
+        kw.setdefault("socket_timeout", 10)
+        kw.setdefault("blocked_connection_timeout", 30)
+        return pika.ConnectionParameters(host=self.host, port=self.port, **kw)
+
+    def url_with(self, vhost: str | None = None, password: str | None = None) -> str:
+        from urllib.parse import quote
+        v = self.vhost if vhost is None else vhost
+        p = self.password if password is None else password
+        return f"amqp://{self.username}:{quote(p, safe='')}@{self.host}:{self.port}/{quote(v, safe='')}"
+
+
+@pytest.fixture(scope="session")
+def amqp_params(broker_url) -> AmqpParams:
+    u = urlparse(broker_url)
+    path = u.path[1:] if u.path.startswith("/") else u.path
+    vhost = unquote(path) if path else "/"
+    return AmqpParams(
+        host=u.hostname or "127.0.0.1",
+        port=u.port or 5672,
+        username=unquote(u.username or "guest"),
+        password=unquote(u.password or "guest"),
+        vhost=vhost,
+        url=broker_url,
+    )
+
+
+# --------------------------------------------------------------------- pika
+@pytest.fixture
+def connect(amqp_params):
+    """Factory: connect(**ConnectionParameters kwargs) -> pika.BlockingConnection.
+
+    All connections are closed at teardown.
+    """
+    conns = []
+
+    def _connect(**kw):
+        c = pika.BlockingConnection(amqp_params.pika_params(**kw))
+        conns.append(c)
+        return c
+
+    yield _connect
+    for c in conns:
+        try:
+            if c.is_open:
+                c.close()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def conn(connect):
+    return connect()
+
+
+@pytest.fixture
+def ch(conn):
+    return conn.channel()
+
+
+@pytest.fixture
+def uid(request):
+    """A unique name prefix for the current test."""
+    base = request.node.name.replace("[", "-").replace("]", "")[:40]
+    return f"itest-{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def cleanup(amqp_params):
+    """Register names to delete after the test: cleanup.queue(name), cleanup.exchange(name)."""
+
+    class _Cleanup:
+        def __init__(self):
+            self.queues, self.exchanges = [], []
+
+        def queue(self, name):
+            self.queues.append(name)
+            return name
+
+        def exchange(self, name):
+            self.exchanges.append(name)
+            return name
+
+    c = _Cleanup()
+    yield c
+    if not (c.queues or c.exchanges):
+        return
+    try:
+        bc = pika.BlockingConnection(amqp_params.pika_params())
+    except Exception:
+        return
+    try:
+        for kind, names in (("queue", c.queues), ("exchange", c.exchanges)):
+            for name in names:
+                try:
+                    chan = bc.channel()
+                    if kind == "queue":
+                        chan.queue_delete(name)
+                    else:
+                        chan.exchange_delete(name)
+                    chan.close()
+                except Exception:
+                    if not bc.is_open:
+                        bc = pika.BlockingConnection(amqp_params.pika_params())
+    finally:
+        try:
+            bc.close()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def assert_broker_alive(amqp_params):
+    """Call to check that a fresh pika connection can still do a round trip."""
+
+    def _check():
+        c = pika.BlockingConnection(amqp_params.pika_params())
+        try:
+            chan = c.channel()
+            q = chan.queue_declare("", exclusive=True).method.queue
+            chan.basic_publish("", q, b"still-alive")
+            deadline = time.monotonic() + 10
+            while True:
+                m, _, body = chan.basic_get(q, auto_ack=True)
+                if m is not None:
+                    assert body == b"still-alive"
+                    break
+                assert time.monotonic() < deadline, "broker did not route a message"
+                c.sleep(0.02)
+        finally:
+            c.close()
+
+    return _check
+
+
+# --------------------------------------------------------------------- raw
+@pytest.fixture
+def raw_socket(amqp_params):
+    """Factory: raw_socket(timeout=5) -> rawamqp.RawAMQP (not yet handshaken).
+
+    Use ``.handshake()`` for a ready connection.  Closed at teardown.
+    """
+    socks = []
+
+    def _make(timeout: float = 5.0) -> rawamqp.RawAMQP:
+        r = rawamqp.RawAMQP(amqp_params.host, amqp_params.port, timeout=timeout)
+        socks.append(r)
+        return r
+
+    yield _make
+    for r in socks:
+        r.close()
+
+
+@pytest.fixture
+def raw_conn(raw_socket, amqp_params):
+    """A handshaken raw connection with channel 1 open."""
+    r = raw_socket()
+    r.handshake(vhost=amqp_params.vhost)
+    r.channel_open(1)
+    return r
