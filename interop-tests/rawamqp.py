@@ -418,3 +418,42 @@ class RawAMQP:
     def assert_eof(self, timeout=5.0):
         """Assert the server closes the socket within timeout (ignoring any data)."""
         self.read_until_closed(timeout)
+
+
+# ------------------------------------------------------------ typed decoding
+class TypedReader(Reader):
+    """Like Reader, but table values come back as (type_char, value) pairs."""
+
+    def value(self):
+        t = self.data[self.pos:self.pos + 1].decode()
+        if t == "F":
+            self.pos += 1
+            return (t, self.table())
+        if t == "A":
+            self.pos += 1
+            n = self.long()
+            end = self.pos + n
+            out = []
+            while self.pos < end:
+                out.append(self.value())
+            return (t, out)
+        return (t, Reader.value(self))
+
+
+def parse_basic_properties(payload: bytes, typed: bool = False) -> dict:
+    """Parse a content-header frame payload for class basic."""
+    r = (TypedReader if typed else Reader)(payload)
+    class_id, weight, body_size = r.short(), r.short(), r.longlong()
+    flags = r.short()
+    props = {"_body_size": body_size}
+    fields = [
+        ("content_type", "shortstr"), ("content_encoding", "shortstr"), ("headers", "table"),
+        ("delivery_mode", "octet"), ("priority", "octet"), ("correlation_id", "shortstr"),
+        ("reply_to", "shortstr"), ("expiration", "shortstr"), ("message_id", "shortstr"),
+        ("timestamp", "longlong"), ("type", "shortstr"), ("user_id", "shortstr"),
+        ("app_id", "shortstr"), ("cluster_id", "shortstr"),
+    ]
+    for i, (name, kind) in enumerate(fields):
+        if flags & (1 << (15 - i)):
+            props[name] = getattr(r, kind)()
+    return props
