@@ -320,7 +320,15 @@ class RawAMQP:
             response = plain_response() if mechanism == "PLAIN" else amqplain_response()
         props = client_properties or {
             "product": "triomq-interop-raw",
-            "capabilities": {"authentication_failure_close": True},
+            "capabilities": {
+                "authentication_failure_close": True,
+                "consumer_cancel_notify": True,
+                "publisher_confirms": True,
+                "basic.nack": True,
+                "exchange_exchange_bindings": True,
+                "connection.blocked": True,
+                "per_consumer_qos": True,
+            },
         }
         args = table(props) + shortstr(mechanism) + longstr(response) + shortstr("en_US")
         self.send_method(0, CONNECTION_START_OK, args)
