@@ -70,6 +70,8 @@ def add_triomq_args(p):
     g.add_argument("--broker-arg", action="append", default=[],
                    help="extra argument for the broker command line (repeatable)")
     g.add_argument("--startup-timeout", type=float, default=30.0)
+    g.add_argument("--broker-module", default="broker",
+                   help="module run as `python -m MODULE run --host --port --data-dir` (default broker)")
 
 
 # ----------------------------------------------------------------------------
@@ -192,11 +194,12 @@ def _port_of(url):
 
 def run_on_triomq(a, workload, label="TrioMQ", quiet=False):
     b = procinfo.TrioMQProcess(python=a.broker_python, store=a.store, extra_args=a.broker_arg,
-                               startup_timeout=a.startup_timeout)
+                               startup_timeout=a.startup_timeout, module=a.broker_module)
     print(f"[bench] starting TrioMQ: {' '.join(shlex.quote(x) for x in b.cmd)}", flush=True)
     try:
         b.start()
     except Exception as e:  # noqa: BLE001
+        b.stop()
         print(f"[bench] ERROR: {e}", flush=True)
         return {"label": label, "url": b.url, "config": workload, "errors": [str(e)],
                 "broker_cmd": b.cmd}
@@ -220,7 +223,10 @@ def run_on_url(url, workload, label, measure_pid=True, quiet=False):
     host = urlparse(url).hostname
     if measure_pid and host in ("127.0.0.1", "localhost", "::1"):
         pid = procinfo.pid_listening_on(_port_of(url))
-    return run_workload(url, workload, broker_pid=pid, label=label, quiet=quiet)
+    r = run_workload(url, workload, broker_pid=pid, label=label, quiet=quiet)
+    # VmHWM of a long-running broker we did not start says nothing about this run
+    r.pop("broker_hwm_mb", None)
+    return r
 
 
 # ----------------------------------------------------------------------------

@@ -117,7 +117,8 @@ class TrioMQProcess:
     def __init__(self, python: str | None = None, store: str | None = None,
                  port: int | None = None, data_dir: str | None = None,
                  startup_timeout: float = 30.0, extra_args: list[str] | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, module: str = "broker"):
+        self.module = module
         self.python = python or sys.executable
         self.port = port or free_port()
         self._tmp = None
@@ -125,7 +126,7 @@ class TrioMQProcess:
             self._tmp = tempfile.mkdtemp(prefix="triomq-bench-")
             data_dir = self._tmp
         self.data_dir = data_dir
-        self.cmd = [self.python, "-m", "broker", "run", "--host", "127.0.0.1",
+        self.cmd = [self.python, "-m", module, "run", "--host", "127.0.0.1",
                     "--port", str(self.port), "--data-dir", data_dir]
         if store:
             self.cmd += ["--store", store]
@@ -149,7 +150,8 @@ class TrioMQProcess:
             return ""
 
     def start(self):
-        if not (REPO_ROOT / "broker" / "__main__.py").exists():
+        if self.module == "broker" and not (REPO_ROOT / "broker" / "__main__.py").exists():
+            self.stop()
             raise RuntimeError(f"{REPO_ROOT}/broker/__main__.py does not exist (TrioMQ not available)")
         self._log = open(self.log_path, "wb")
         env = dict(os.environ)

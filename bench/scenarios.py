@@ -37,7 +37,7 @@ def add_args(p):
 
 def _cell_rate(r, key):
     if not r or r.get(key) is None:
-        return "n/a"
+        return "failed" if r and r.get("errors") else "n/a"
     v = f"{r[key]:,.0f}"
     return v + (" ⚠" if r.get("errors") else "")
 
