@@ -109,6 +109,12 @@ def test_exclusive_queue_deleted_when_connection_closes(connect, uid):
     wait_for(gone, conn=c2, msg="exclusive queue deletion")
 
 
+def test_exclusive_queue_durable_flag_not_checked(ch, uid):
+    # RabbitMQ 3.x skips the 'durable' equivalence check for exclusive queues
+    ch.queue_declare(uid, exclusive=True, durable=True)
+    ch.queue_declare(uid, exclusive=True, durable=False)
+
+
 def test_exclusive_queue_survives_channel_close(conn, uid):
     ch1 = conn.channel()
     ch1.queue_declare(uid, exclusive=True)
