@@ -11,6 +11,7 @@ Every test gets a 60 s pytest-timeout unless it carries its own
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -74,40 +75,41 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def broker_url(request, tmp_path_factory):
-    url = request.config.getoption("--broker-url")
-    if url:
-        yield url
-        return
+@contextlib.contextmanager
+def start_triomq(data_dir: Path, extra_args=(), timeout: float = STARTUP_TIMEOUT):
+    """Start ``python -m broker run`` from the repo root on a free port; yields the AMQP URL.
 
+    Extra arguments can also come from $TRIOMQ_ARGS (split on whitespace).
+    Fails the test with the broker's stderr if it dies or does not listen in time.
+    SIGTERM at the end, then SIGKILL after 10 s.
+    """
     port = _free_port()
-    data_dir = tmp_path_factory.mktemp("triomq-data")
-    log_path = data_dir.parent / "broker-stderr.log"
-    out_path = data_dir.parent / "broker-stdout.log"
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir.parent / f"{data_dir.name}-broker-stderr.log"
+    out_path = data_dir.parent / f"{data_dir.name}-broker-stdout.log"
+    cmd = [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1",
+           "--port", str(port), "--data-dir", str(data_dir),
+           *os.environ.get("TRIOMQ_ARGS", "").split(), *extra_args]
     with open(log_path, "wb") as err, open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1",
-             "--port", str(port), "--data-dir", str(data_dir)],
-            cwd=str(REPO_ROOT), stdout=out, stderr=err,
-        )
+        proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), stdout=out, stderr=err)
+
+    def logs():
+        return (f"command: {' '.join(cmd)}\n--- stderr ({log_path}) ---\n"
+                + log_path.read_text(errors="replace")[-5000:]
+                + f"\n--- stdout ---\n" + out_path.read_text(errors="replace")[-2000:])
+
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
+        deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                pytest.fail(
-                    f"broker exited with code {proc.returncode} before accepting connections:\n"
-                    + log_path.read_text(errors="replace")[-5000:],
-                    pytrace=False,
-                )
+                pytest.fail(f"broker exited with code {proc.returncode} before accepting connections\n"
+                            + logs(), pytrace=False)
             if _port_open("127.0.0.1", port):
                 break
             if time.monotonic() > deadline:
-                pytest.fail(
-                    f"broker did not accept connections on port {port} within {STARTUP_TIMEOUT}s:\n"
-                    + log_path.read_text(errors="replace")[-5000:],
-                    pytrace=False,
-                )
+                pytest.fail(f"broker did not accept connections on port {port} within {timeout}s\n"
+                            + logs(), pytrace=False)
             time.sleep(0.1)
         yield f"amqp://guest:guest@127.0.0.1:{port}/"
     finally:
@@ -118,6 +120,22 @@ def broker_url(request, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def external_broker(request) -> bool:
+    """True when the suite runs against --broker-url instead of a TrioMQ it started."""
+    return bool(request.config.getoption("--broker-url"))
+
+
+@pytest.fixture(scope="session")
+def broker_url(request, tmp_path_factory):
+    url = request.config.getoption("--broker-url")
+    if url:
+        yield url
+        return
+    with start_triomq(tmp_path_factory.mktemp("triomq") / "data") as url:
+        yield url
 
 
 @dataclass

@@ -248,7 +248,31 @@ def test_pika_close_both_sides(connect):
     assert c.is_closed
 
 
-@pytest.mark.skip(reason="connection.blocked/unblocked needs a memory/disk alarm on the broker; "
-                         "no portable client-side trigger exists")
-def test_connection_blocked():
-    pass
+def test_connection_blocked(external_broker, tmp_path):
+    """connection.blocked needs a resource alarm.  RabbitMQ offers no client-side trigger, so this
+    runs only against a TrioMQ started here with a tiny --memory-limit (always above the limit)."""
+    if external_broker:
+        pytest.skip("connection.blocked needs a memory/disk alarm; no portable client-side trigger "
+                    "exists for an external broker such as RabbitMQ")
+    from conftest import start_triomq
+
+    with start_triomq(tmp_path / "blocked-data", ["--memory-limit", "1"]) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"),
+                                           blocked_connection_timeout=None)
+        c = pika.BlockingConnection(params)
+        try:
+            blocked = []
+            c.add_on_connection_blocked_callback(lambda conn, frame: blocked.append(frame.method.reason))
+            ch = c.channel()
+            q = ch.queue_declare("", exclusive=True).method.queue
+            ch.basic_publish("", q, b"x")  # RabbitMQ blocks a connection once it publishes
+            deadline = time.monotonic() + 15
+            while not blocked and time.monotonic() < deadline:
+                c.process_data_events(time_limit=0.1)
+            assert blocked == ["low on memory"]
+        finally:
+            try:
+                c.close()
+            except Exception:
+                pass
