@@ -323,3 +323,47 @@ def test_client_that_never_reads(raw_socket, connect, bystander, assert_broker_a
         assert time.monotonic() - t1 < 10
     slow.close()
     assert_broker_alive()
+
+
+def test_unknown_field_type_in_table(raw_conn, bystander, assert_broker_alive):
+    bad_table = struct.pack(">I", 4) + b"\x01aZ\x00"  # field type 'Z' does not exist
+    raw_conn.send_method(1, QUEUE_DECLARE, struct.pack(">H", 0) + shortstr("itest-badtable") + b"\x00" + bad_table)
+    # RabbitMQ drops the connection without a connection.close
+    result = _closed_or_close_frame(raw_conn)
+    assert result is None or result[0] == 501, result
+    bystander()
+    assert_broker_alive()
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    ftype=st.sampled_from([1, 2, 3, 4, 8, 0, 255]),
+    channel=st.sampled_from([0, 1, 2, 65535]),
+    payload=st.binary(max_size=64),
+    end=st.sampled_from([b"\xce", b"\x00"]),
+    class_method=st.one_of(st.none(), st.tuples(st.sampled_from([10, 20, 40, 50, 60, 85, 90]),
+                                                st.integers(0, 130))),
+)
+def test_fuzzed_frames_never_crash(amqp_params, ftype, channel, payload, end, class_method):
+    if class_method is not None and ftype == 1:
+        payload = struct.pack(">HH", *class_method) + payload
+    r = rawamqp.RawAMQP(amqp_params.host, amqp_params.port, timeout=5)
+    try:
+        r.handshake(vhost=amqp_params.vhost)
+        r.channel_open(1)
+        r.send(frame(ftype, channel, payload, end=end))
+        try:
+            r.expect_close(timeout=0.3)
+        except (TimeoutError, Closed, AssertionError, OSError):
+            pass
+    finally:
+        r.close()
+    # the broker still completes a fresh handshake
+    with rawamqp.RawAMQP(amqp_params.host, amqp_params.port, timeout=5) as probe:
+        probe.handshake(vhost=amqp_params.vhost)
+        probe.channel_open(1)
+        probe.queue_declare(1, "", exclusive=True)

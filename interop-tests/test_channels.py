@@ -155,6 +155,32 @@ def test_501_frame_error_bad_frame_end(raw_socket, assert_broker_alive):
     assert_broker_alive()
 
 
+def test_502_syntax_errors_are_reported_as_501_frame_error(raw_conn):
+    """RabbitMQ 3.x never sends 502 SYNTAX_ERROR: undecodable method arguments are 501 FRAME_ERROR."""
+    args = struct.pack(">H", 0) + b"\xff" + b"abc"  # shortstr length beyond the payload
+    raw_conn.send_method(1, QUEUE_DECLARE, args)
+    code, text, cid, mid = raw_conn.expect_connection_close()
+    assert (code, text, cid, mid) == (501, "FRAME_ERROR - cannot decode <<0,0,255,97,98,99>>", 50, 10)
+
+
+@pytest.mark.parametrize("args,text", [
+    (struct.pack(">H", 0) + shortstr("") + b"\x08" + table({}) + b"junkjunk",
+     "FRAME_ERROR - cannot decode <<0,0,0,8,0,0,0,0,106,117,110,107,106,117,110,107>>"),
+    (struct.pack(">H", 0) + shortstr("q") + b"\x00" + struct.pack(">I", 100) + b"\x01a",
+     "FRAME_ERROR - cannot decode <<0,0,1,113,0,0,0,0,100,1,97>>"),
+], ids=["trailing-bytes", "table-length-overflow"])
+def test_501_undecodable_arguments(raw_conn, args, text):
+    raw_conn.send_method(1, QUEUE_DECLARE, args)
+    code, got_text, cid, mid = raw_conn.expect_connection_close()
+    assert (code, got_text, cid, mid) == (501, text, 50, 10)
+
+
+def test_501_malformed_utf8_shortstr(raw_conn):
+    raw_conn.send_method(1, QUEUE_DECLARE, struct.pack(">H", 0) + shortstr(b"\xff\xfe") + b"\x08" + table({}))
+    code, text, cid, mid = raw_conn.expect_connection_close()
+    assert (code, text) == (501, "FRAME_ERROR - Malformed UTF-8 in shortstr")
+
+
 def test_503_command_invalid_unknown_exchange_type(raw_conn, uid):
     raw_conn.send_method(1, EXCHANGE_DECLARE, struct.pack(">H", 0) + shortstr(uid) + shortstr("bogus")
                          + b"\x00" + table({}))
