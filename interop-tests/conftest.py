@@ -34,6 +34,13 @@ sys.path.insert(0, str(HERE))
 
 import rawamqp  # noqa: E402
 
+try:  # keep hypothesis' example database out of the repository
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "triomq-interop-hypothesis"))
+except Exception:  # pragma: no cover
+    pass
+
 DEFAULT_TIMEOUT = 60
 STARTUP_TIMEOUT = 20.0
 
