@@ -1,0 +1,98 @@
+"""The broker root: vhosts, users, timers, store and the live sessions."""
+from __future__ import annotations
+
+import logging
+import os
+
+from .auth import UserDatabase
+from .config import Config
+from .persistence import MemoryStore, Store
+from .timers import TimerQueue
+from .vhost import VirtualHost
+
+log = logging.getLogger("broker")
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+def process_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class Broker:
+    def __init__(self, config: Config | None = None, store: Store | None = None):
+        self.config = config or Config()
+        self.timers = TimerQueue()
+        self.store = store or MemoryStore()
+        backing = None if isinstance(self.store, MemoryStore) else self.store
+        self.vhosts: dict[str, VirtualHost] = {"/": VirtualHost("/", self.timers, backing)}
+        for vhost in self.vhosts.values():
+            vhost.on_queue_deleted.append(self._queue_deleted)
+        self.users = UserDatabase()
+        self.sessions: set = set()
+        # Callables (channel, message, mandatory, seq) -> bool; True = taken over (e.g. delayed).
+        self.publish_hooks: list = []
+        self.memory_limit = (self.config.memory_limit_bytes
+                             or int(_total_memory() * self.config.memory_high_watermark))
+        self.alarms: set[str] = set()
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.alarms)
+
+    def session_opened(self, session) -> None:
+        self.sessions.add(session)
+        if self.alarms and session.conn.send_blocked(self._alarm_reason()):
+            session.blocked_sent = True
+
+    def session_closed(self, session) -> None:
+        self.sessions.discard(session)
+
+    def _queue_deleted(self, queue, consumers) -> None:
+        for consumer in consumers:
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+
+    # ---- resource alarms (memory, disk): block publishers as RabbitMQ does ----
+    def _alarm_reason(self) -> str:
+        return " & ".join(f"low on {a}" for a in sorted(self.alarms))
+
+    def set_alarm(self, name: str, on: bool) -> None:
+        before = bool(self.alarms)
+        if on:
+            if name in self.alarms:
+                return
+            self.alarms.add(name)
+            log.warning("resource alarm set: %s; publishers are blocked", name)
+        else:
+            if name not in self.alarms:
+                return
+            self.alarms.discard(name)
+            log.warning("resource alarm cleared: %s", name)
+        after = bool(self.alarms)
+        for session in list(self.sessions):
+            if after and not session.blocked_sent:
+                if session.conn.send_blocked(self._alarm_reason()):
+                    session.blocked_sent = True
+                    session.wake()
+            elif before and not after and session.blocked_sent:
+                session.conn.send_unblocked()
+                session.blocked_sent = False
+                session.wake()
+
+    def check_resources(self) -> None:
+        self.set_alarm("memory", process_rss() > self.memory_limit)
+        try:
+            st = os.statvfs(self.config.data_dir)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            return
+        self.set_alarm("disk", free < self.config.disk_free_limit)

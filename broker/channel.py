@@ -1,0 +1,502 @@
+"""Broker-side channel: turns AMQP methods into vhost/queue operations.
+
+Synchronous (no trio): deliveries and replies are written into the owning
+session's sans-IO connection; the session's edge task writes them out.
+"""
+from __future__ import annotations
+
+import base64
+import os
+from collections import deque
+
+from .amqp import spec
+from .amqp.codec import ack_frame, content_frames, deliver_frames, method_frame, nack_frame, shortstr
+from .amqp.connection import ChannelException, ConnectionException
+from .message import Message
+from .queues.queue import Consumer
+from .queues.ttl import ExpirationError, parse_expiration
+
+
+def _random_tag(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Unacked:
+    __slots__ = ("tag", "entry", "queue", "consumer")
+
+    def __init__(self, tag, entry, queue, consumer):
+        self.tag = tag
+        self.entry = entry
+        self.queue = queue
+        self.consumer = consumer
+
+
+class Channel:
+    def __init__(self, session, number: int):
+        self.session = session
+        self.conn = session.conn
+        self.vhost = session.vhost
+        self.number = number
+        self.flow_active = True
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Unacked] = {}
+        self.next_tag = 1
+        self.prefetch = 0  # for consumers created from now on (global=false)
+        self.global_prefetch = 0  # shared by the channel (global=true)
+        self.confirm = False
+        self.next_publish_seq = 1
+        self._unconfirmed: deque = deque()
+        self._decided: dict[int, bool] = {}
+        self.tx: list | None = None
+        self.tx_acks: list = []
+        self.last_queue: str | None = None
+        self.closed = False
+
+    # ---- state used by queues ----
+    @property
+    def can_deliver(self) -> bool:
+        return self.flow_active and not self.session.output_full
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.unacked)
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        message = entry.message
+        conn = self.conn
+        parts = deliver_frames(self.number, consumer.tag_raw, tag, entry.redelivered,
+                               shortstr(message.exchange), shortstr(message.routing_key),
+                               message.props_raw, message.body, conn.frame_max)
+        conn.write_many(parts, len(message.body) + 100)
+        if not consumer.no_ack:
+            self.unacked[tag] = Unacked(tag, entry, queue, consumer)
+        self.session.wake()
+
+    # ---- dispatch of methods ----
+    def handle(self, method: spec.Method) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise ConnectionException(
+                spec.COMMAND_INVALID, f"COMMAND_INVALID - unexpected {method.amqp_name}", method)
+        handler(self, method)
+
+    def reply(self, method: spec.Method) -> None:
+        self.conn.send_method(self.number, method)
+
+    # ---- channel class ----
+    def on_flow(self, m) -> None:
+        self.flow_active = m.active
+        self.reply(spec.Channel.FlowOk(m.active))
+        if m.active:
+            self._kick_consumers()
+
+    # ---- exchange class ----
+    def on_exchange_declare(self, m) -> None:
+        self.vhost.declare_exchange(m)
+        if not m.nowait:
+            self.reply(spec.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, m) -> None:
+        self.vhost.delete_exchange(m)
+        if not m.nowait:
+            self.reply(spec.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, m) -> None:
+        dest = self.vhost.get_exchange(m.destination, m)
+        if m.destination == "":
+            raise ChannelException(spec.ACCESS_REFUSED,
+                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
+        self.vhost.bind(m.source, dest, m.routing_key, m.arguments, m)
+        if not m.nowait:
+            self.reply(spec.Exchange.BindOk())
+
+    def on_exchange_unbind(self, m) -> None:
+        dest = self.vhost.get_exchange(m.destination, m)
+        self.vhost.unbind(m.source, dest, m.routing_key, m.arguments, m)
+        if not m.nowait:
+            self.reply(spec.Exchange.UnbindOk())
+
+    # ---- queue class ----
+    def _queue_name(self, name: str, m) -> str:
+        if name == "":
+            if self.last_queue is None:
+                raise ChannelException(
+                    spec.NOT_FOUND, f"NOT_FOUND - no previously declared queue", m)
+            return self.last_queue
+        return name
+
+    def on_queue_declare(self, m) -> None:
+        q = self.vhost.declare_queue(m, self.session)
+        self.last_queue = q.name
+        if not m.nowait:
+            self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
+
+    def on_queue_bind(self, m) -> None:
+        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        self.vhost.bind(m.exchange, q, m.routing_key, m.arguments, m)
+        if not m.nowait:
+            self.reply(spec.Queue.BindOk())
+
+    def on_queue_unbind(self, m) -> None:
+        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        self.vhost.unbind(m.exchange, q, m.routing_key, m.arguments, m)
+        self.reply(spec.Queue.UnbindOk())
+
+    def on_queue_purge(self, m) -> None:
+        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        count = q.purge()
+        if not m.nowait:
+            self.reply(spec.Queue.PurgeOk(count))
+
+    def on_queue_delete(self, m) -> None:
+        m.queue = self._queue_name(m.queue, m)
+        count = self.vhost.delete_queue_checked(m, self.session)
+        if not m.nowait:
+            self.reply(spec.Queue.DeleteOk(count))
+
+    # ---- basic class ----
+    def on_basic_qos(self, m) -> None:
+        if m.prefetch_size != 0:
+            raise ConnectionException(
+                spec.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})", m)
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch = m.prefetch_count
+        self.reply(spec.Basic.QosOk())
+        self._kick_consumers()
+
+    def on_basic_consume(self, m) -> None:
+        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        tag = m.consumer_tag or _random_tag("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionException(
+                spec.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", m)
+        if q.consumers and (m.exclusive or q.exclusive_consumer):
+            raise ChannelException(
+                spec.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use", m)
+        args = m.arguments or {}
+        priority = args.get("x-priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ChannelException(
+                spec.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - invalid arg 'x-priority' for consumer: must be an integer", m)
+        consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, priority, self.prefetch, args)
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.reply(spec.Basic.ConsumeOk(tag))
+        q.add_consumer(consumer)
+
+    def on_basic_cancel(self, m) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if not m.nowait:
+            self.reply(spec.Basic.CancelOk(m.consumer_tag))
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client if it understands basic.cancel."""
+        if self.consumers.pop(consumer.tag, None) is None or self.closed:
+            return
+        if self.session.conn.client_capabilities.get("consumer_cancel_notify"):
+            self.reply(spec.Basic.Cancel(consumer.tag, True))
+            self.session.wake()
+
+    def on_basic_get(self, m) -> None:
+        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        entry = q.get()
+        if entry is None:
+            self.reply(spec.Basic.GetEmpty(""))
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        message = entry.message
+        header = method_frame(self.number, spec.Basic.GetOk(
+            tag, entry.redelivered, message.exchange, message.routing_key, q.message_count))
+        self.conn.write_many([header] + content_frames(self.number, message.props_raw, message.body,
+                                                       self.conn.frame_max), len(message.body))
+        if m.no_ack:
+            q.settled(entry)
+        else:
+            q.unacked_count += 1
+            self.unacked[tag] = Unacked(tag, entry, q, None)
+
+    def _take_unacked(self, tag: int, multiple: bool, m) -> list:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked:
+                raise ChannelException(spec.PRECONDITION_FAILED,
+                                       f"PRECONDITION_FAILED - unknown delivery tag {tag}", m)
+            taken = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                taken.append(unacked.pop(first))
+            return taken
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise ChannelException(spec.PRECONDITION_FAILED,
+                                   f"PRECONDITION_FAILED - unknown delivery tag {tag}", m)
+        return [item]
+
+    def on_basic_ack(self, m) -> None:
+        taken = self._take_unacked(m.delivery_tag, m.multiple, m)
+        if self.tx is not None:
+            self.tx.append(("ack", taken))
+            return
+        self._settle(taken, ack=True)
+
+    def on_basic_nack(self, m) -> None:
+        taken = self._take_unacked(m.delivery_tag, m.multiple, m)
+        if self.tx is not None:
+            self.tx.append(("requeue" if m.requeue else "reject", taken))
+            return
+        self._settle(taken, ack=False, requeue=m.requeue)
+
+    def on_basic_reject(self, m) -> None:
+        taken = self._take_unacked(m.delivery_tag, False, m)
+        if self.tx is not None:
+            self.tx.append(("requeue" if m.requeue else "reject", taken))
+            return
+        self._settle(taken, ack=False, requeue=m.requeue)
+
+    def _settle(self, taken: list, ack: bool, requeue: bool = False) -> None:
+        queues = {}
+        if ack:
+            for item in taken:
+                item.queue.ack(item.entry, item.consumer)
+                queues[item.queue] = None
+        elif requeue:
+            by_queue: dict = {}
+            for item in taken:
+                by_queue.setdefault(item.queue, []).append((item.entry, item.consumer))
+            for q, items in by_queue.items():
+                items.sort(key=lambda pair: -pair[0].seq)
+                q.requeue(items)
+            return
+        else:
+            for item in taken:
+                item.queue.reject(item.entry, item.consumer)
+                queues[item.queue] = None
+        for q in queues:
+            if q.consumers:
+                q.dispatch()
+
+    def on_basic_recover(self, m) -> None:
+        if not m.requeue:
+            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", m)
+        self.requeue_all()
+        if isinstance(m, spec.Basic.Recover):
+            self.reply(spec.Basic.RecoverOk())
+
+    def requeue_all(self) -> None:
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        if taken:
+            self._settle(taken, ack=False, requeue=True)
+
+    # ---- publishing ----
+    def on_publish(self, ev) -> None:
+        properties = ev.properties
+        seq = 0
+        if self.confirm:
+            seq = self.next_publish_seq
+            self.next_publish_seq = seq + 1
+            self._unconfirmed.append(seq)
+        vhost = self.vhost
+        x = vhost.exchanges.get(ev.exchange)
+        if x is None:
+            raise ChannelException(spec.NOT_FOUND, vhost._no_exchange(ev.exchange), spec.Basic.Publish())
+        if x.internal:
+            raise ChannelException(
+                spec.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - cannot publish to internal exchange '{ev.exchange}' in vhost "
+                f"'{vhost.name}'", spec.Basic.Publish())
+        if ev.immediate:
+            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true",
+                                      spec.Basic.Publish())
+        if "expiration" in properties:
+            try:
+                parse_expiration(properties["expiration"])
+            except ExpirationError as exc:
+                raise ChannelException(spec.PRECONDITION_FAILED, str(exc), spec.Basic.Publish()) from None
+        message = Message(ev.exchange, ev.routing_key, ev.props_raw, properties, ev.body)
+        if self.tx is not None:
+            self.tx.append(("publish", (message, ev.mandatory)))
+            return
+        self.publish(message, ev.mandatory, seq)
+
+    def publish(self, message: Message, mandatory: bool, seq: int = 0) -> None:
+        """Route and enqueue; hooks (scheduler) may take the message over first."""
+        for hook in self.session.broker.publish_hooks:
+            if hook(self, message, mandatory, seq):
+                return
+        self.route_message(message, mandatory, seq)
+
+    def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
+        queues = self.vhost.route(message.exchange, message.routing_key, message)
+        if not queues:
+            if mandatory:
+                self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
+            if seq:
+                self.confirm_decided(seq, True)
+            return
+        accepted = True
+        durable = False
+        for q in queues:
+            if not q.enqueue(message):
+                accepted = False
+            elif q.store is not None and message.persistent:
+                durable = True
+        if seq:
+            if durable and accepted:
+                q_store = self.vhost.store
+                q_store.when_durable(lambda s=seq: self.confirm_decided(s, True, external=True))
+            else:
+                self.confirm_decided(seq, accepted)
+
+    def send_return(self, message: Message, code: int, text: str) -> None:
+        head = method_frame(self.number, spec.Basic.Return(code, text, message.exchange,
+                                                           message.routing_key))
+        self.conn.write_many([head] + content_frames(self.number, message.props_raw, message.body,
+                                                     self.conn.frame_max), len(message.body))
+
+    # ---- confirms ----
+    def on_confirm_select(self, m) -> None:
+        if self.tx is not None:
+            raise ChannelException(spec.PRECONDITION_FAILED,
+                                   "PRECONDITION_FAILED - cannot switch from tx to confirm mode", m)
+        self.confirm = True
+        if not m.nowait:
+            self.reply(spec.Confirm.SelectOk())
+
+    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
+        if self.closed:
+            return
+        self._decided[seq] = ok
+        self.session.confirms_pending(self)
+        if external:
+            self.session.flush_confirms()
+
+    def flush_confirms(self) -> None:
+        unconfirmed = self._unconfirmed
+        decided = self._decided
+        conn = self.conn
+        run_end = 0
+        run_len = 0
+        while unconfirmed and unconfirmed[0] in decided:
+            seq = unconfirmed.popleft()
+            if decided.pop(seq):
+                run_end = seq
+                run_len += 1
+                continue
+            if run_len:
+                conn.write(ack_frame(self.number, run_end, run_len > 1))
+                run_len = 0
+            conn.write(nack_frame(self.number, seq, False))
+        if run_len:
+            conn.write(ack_frame(self.number, run_end, run_len > 1))
+
+    # ---- transactions ----
+    def on_tx_select(self, m) -> None:
+        if self.confirm:
+            raise ChannelException(spec.PRECONDITION_FAILED,
+                                   "PRECONDITION_FAILED - cannot switch from confirm to tx mode", m)
+        if self.tx is None:
+            self.tx = []
+        self.reply(spec.Tx.SelectOk())
+
+    def on_tx_commit(self, m) -> None:
+        if self.tx is None:
+            raise ChannelException(spec.PRECONDITION_FAILED,
+                                   "PRECONDITION_FAILED - channel is not transactional", m)
+        actions, self.tx = self.tx, []
+        for kind, data in actions:
+            if kind == "publish":
+                message, mandatory = data
+                self.publish(message, mandatory)
+            elif kind == "ack":
+                self._settle(data, ack=True)
+            elif kind == "reject":
+                self._settle(data, ack=False)
+            else:
+                self._settle(data, ack=False, requeue=True)
+        self.reply(spec.Tx.CommitOk())
+
+    def on_tx_rollback(self, m) -> None:
+        if self.tx is None:
+            raise ChannelException(spec.PRECONDITION_FAILED,
+                                   "PRECONDITION_FAILED - channel is not transactional", m)
+        actions, self.tx = self.tx, []
+        restored = {}
+        for kind, data in actions:
+            if kind != "publish":
+                for item in data:
+                    restored[item.tag] = item
+        if restored:
+            merged = dict(self.unacked)
+            merged.update(restored)
+            self.unacked = dict(sorted(merged.items()))
+        self.reply(spec.Tx.RollbackOk())
+
+    # ---- teardown ----
+    def _kick_consumers(self) -> None:
+        for consumer in list(self.consumers.values()):
+            consumer.queue.dispatch()
+
+    def close(self) -> None:
+        """Channel gone (either side): cancel consumers and requeue what was unacked."""
+        if self.closed:
+            return
+        self.closed = True
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        if self.tx:
+            for kind, data in self.tx:
+                if kind != "publish":
+                    for item in data:
+                        self.unacked[item.tag] = item
+            self.tx = None
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        if taken:
+            self._settle(taken, ack=False, requeue=True)
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+
+
+
+
+_HANDLERS = {
+    spec.Channel.Flow: Channel.on_flow,
+    spec.Exchange.Declare: Channel.on_exchange_declare,
+    spec.Exchange.Delete: Channel.on_exchange_delete,
+    spec.Exchange.Bind: Channel.on_exchange_bind,
+    spec.Exchange.Unbind: Channel.on_exchange_unbind,
+    spec.Queue.Declare: Channel.on_queue_declare,
+    spec.Queue.Bind: Channel.on_queue_bind,
+    spec.Queue.Unbind: Channel.on_queue_unbind,
+    spec.Queue.Purge: Channel.on_queue_purge,
+    spec.Queue.Delete: Channel.on_queue_delete,
+    spec.Basic.Qos: Channel.on_basic_qos,
+    spec.Basic.Consume: Channel.on_basic_consume,
+    spec.Basic.Cancel: Channel.on_basic_cancel,
+    spec.Basic.Get: Channel.on_basic_get,
+    spec.Basic.Ack: Channel.on_basic_ack,
+    spec.Basic.Nack: Channel.on_basic_nack,
+    spec.Basic.Reject: Channel.on_basic_reject,
+    spec.Basic.Recover: Channel.on_basic_recover,
+    spec.Basic.RecoverAsync: Channel.on_basic_recover,
+    spec.Confirm.Select: Channel.on_confirm_select,
+    spec.Tx.Select: Channel.on_tx_select,
+    spec.Tx.Commit: Channel.on_tx_commit,
+    spec.Tx.Rollback: Channel.on_tx_rollback,
+}

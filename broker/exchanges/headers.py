@@ -1,0 +1,53 @@
+"""headers: match on message headers with x-match all/any (and the -with-x variants)."""
+from __future__ import annotations
+
+from .base import Binding, Exchange
+
+MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def match_mode(arguments: dict) -> str | None:
+    mode = arguments.get("x-match", "all")
+    if isinstance(mode, bytes):
+        mode = mode.decode("utf-8", "replace")
+    return mode if mode in MATCH_MODES else None
+
+
+def _norm(value):
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, (bytes, bytearray)) else value
+
+
+def headers_match(arguments: dict, headers: dict) -> bool:
+    mode = match_mode(arguments) or "all"
+    with_x = mode.endswith("-with-x")
+    want_all = mode.startswith("all")
+    checked = 0
+    for key, expected in arguments.items():
+        if key == "x-match" or (not with_x and key.startswith("x-")):
+            continue
+        checked += 1
+        if key not in headers:
+            ok = False
+        elif expected is None:  # void in the binding: presence is enough
+            ok = True
+        else:
+            ok = _norm(headers[key]) == _norm(expected)
+        if want_all and not ok:
+            return False
+        if not want_all and ok:
+            return True
+    return want_all
+
+
+class HeadersExchange(Exchange):
+    type_name = "headers"
+
+    def _index_add(self, binding: Binding) -> None:
+        pass
+
+    def _index_remove(self, binding: Binding) -> None:
+        pass
+
+    def route(self, routing_key: str, headers: dict | None) -> list:
+        headers = headers or {}
+        return [b.destination for b in self.bindings.values() if headers_match(b.arguments, headers)]

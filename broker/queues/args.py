@@ -1,0 +1,211 @@
+"""Validation of queue arguments, apart from the features that act on them.
+
+Texts follow RabbitMQ's: ``invalid arg 'x-max-length' for queue 'q' in vhost '/':
+{value_negative,-1}`` and the ``inequivalent arg`` family for redeclarations.
+Validators are registered per argument so later features (retry, delivery
+limits) add theirs without touching this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..amqp.fields import Long, Timestamp
+
+
+class ArgumentError(ValueError):
+    """An invalid value; ``detail`` is RabbitMQ's Erlang-term style reason."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.detail = detail
+
+
+def amqp_type_name(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Timestamp):
+        return "timestamp"
+    if isinstance(value, Long):
+        return "long"
+    if isinstance(value, int):
+        return "signedint" if -2**31 <= value < 2**31 else "long"
+    if isinstance(value, (bytes, str)):
+        return "longstr"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    if value is None:
+        return "void"
+    return type(value).__name__
+
+
+def _as_text(value) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _erl(value) -> str:
+    if isinstance(value, (bytes, str)):
+        return f'<<"{_as_text(value)}">>'
+    return str(value)
+
+
+def non_neg_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
+    if value < 0:
+        raise ArgumentError(name, f"{{value_negative,{value}}}")
+    return value
+
+
+def positive_int(name: str, value) -> int:
+    non_neg_int(name, value)
+    if value == 0:
+        raise ArgumentError(name, "{value_zero,0}")
+    return value
+
+
+def text_arg(name: str, value) -> str:
+    text = _as_text(value)
+    if text is None:
+        raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
+    return text
+
+
+def one_of(*choices: str) -> Callable:
+    def check(name: str, value) -> str:
+        text = text_arg(name, value)
+        if text not in choices:
+            raise ArgumentError(name, f"{{invalid_value,{_erl(value)}}}")
+        return text
+    return check
+
+
+def bool_arg(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
+    return value
+
+
+def max_priority(name: str, value) -> int:
+    non_neg_int(name, value)
+    if value > 255:
+        raise ArgumentError(name, f"{{value_too_large,{value},255}}")
+    return value
+
+
+def message_ttl(name: str, value) -> int:
+    non_neg_int(name, value)
+    if value > 2**32 - 1:  # RabbitMQ's limit for timers
+        raise ArgumentError(name, f"{{value_too_large,{value},4294967295}}")
+    return value
+
+
+# name -> validator returning the normalised value
+QUEUE_ARGUMENTS: dict[str, Callable] = {
+    "x-message-ttl": message_ttl,
+    "x-expires": positive_int,
+    "x-max-length": non_neg_int,
+    "x-max-length-bytes": non_neg_int,
+    "x-overflow": one_of("drop-head", "reject-publish", "reject-publish-dlx"),
+    "x-dead-letter-exchange": text_arg,
+    "x-dead-letter-routing-key": text_arg,
+    "x-max-priority": max_priority,
+    "x-single-active-consumer": bool_arg,
+    "x-queue-type": one_of("classic"),
+    "x-queue-mode": one_of("default", "lazy"),
+}
+
+# Arguments whose values must match on redeclaration (RabbitMQ's equivalence list).
+EQUIVALENCE_CHECKED = frozenset({
+    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
+    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
+    "x-single-active-consumer", "x-queue-type",
+})
+
+
+def register_queue_argument(name: str, validator: Callable, equivalence: bool = True) -> None:
+    global EQUIVALENCE_CHECKED
+    QUEUE_ARGUMENTS[name] = validator
+    if equivalence:
+        EQUIVALENCE_CHECKED = EQUIVALENCE_CHECKED | {name}
+
+
+@dataclass
+class QueueOptions:
+    """Normalised view of a queue's arguments, read by the feature modules."""
+    message_ttl: int | None = None
+    expires: int | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: str = "drop-head"
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    max_priority: int | None = None
+    single_active_consumer: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+_OPTION_FIELDS = {
+    "x-message-ttl": "message_ttl",
+    "x-expires": "expires",
+    "x-max-length": "max_length",
+    "x-max-length-bytes": "max_length_bytes",
+    "x-overflow": "overflow",
+    "x-dead-letter-exchange": "dead_letter_exchange",
+    "x-dead-letter-routing-key": "dead_letter_routing_key",
+    "x-max-priority": "max_priority",
+    "x-single-active-consumer": "single_active_consumer",
+}
+
+
+def parse_queue_arguments(arguments: dict) -> QueueOptions:
+    """Validate and normalise; raises ArgumentError naming the first bad argument."""
+    opts = QueueOptions()
+    for name, value in (arguments or {}).items():
+        validator = QUEUE_ARGUMENTS.get(name)
+        if validator is None:
+            continue  # RabbitMQ ignores arguments it does not know
+        normalised = validator(name, value)
+        attr = _OPTION_FIELDS.get(name)
+        if attr is not None:
+            setattr(opts, attr, normalised)
+        else:
+            opts.extra[name] = normalised
+    if opts.dead_letter_routing_key is not None and opts.dead_letter_exchange is None:
+        raise ArgumentError("x-dead-letter-routing-key",
+                            "{missing_dead_letter_exchange}")
+    return opts
+
+
+def describe(value) -> str:
+    if value is None:
+        return "none"
+    shown = _as_text(value)
+    if shown is None:
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"the value '{shown}' of type '{amqp_type_name(value)}'"
+
+
+def equivalence_mismatch(current: dict, received: dict) -> str | None:
+    """Name and texts of the first checked argument that differs, as RabbitMQ words it."""
+    for name in sorted(EQUIVALENCE_CHECKED):
+        a, b = current.get(name), received.get(name)
+        if _norm(a) != _norm(b):
+            return f"inequivalent arg '{name}' for queue '{{queue}}' in vhost '{{vhost}}': " \
+                   f"received {describe(b)} but current is {describe(a)}"
+    return None
+
+
+def _norm(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value

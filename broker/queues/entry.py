@@ -1,0 +1,14 @@
+"""A message's place in one queue."""
+from __future__ import annotations
+
+
+class QueueEntry:
+    __slots__ = ("message", "seq", "redelivered", "expires_at", "delivery_count", "priority")
+
+    def __init__(self, message, seq: int, expires_at: float | None = None, priority: int = 0):
+        self.message = message
+        self.seq = seq  # position in the queue, kept when requeued
+        self.redelivered = False
+        self.expires_at = expires_at
+        self.delivery_count = 0
+        self.priority = priority

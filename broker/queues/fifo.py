@@ -1,0 +1,47 @@
+"""The ready-message store of a plain queue: FIFO, requeues keep their place."""
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+
+
+class FifoReady:
+    __slots__ = ("_q",)
+
+    def __init__(self):
+        self._q: deque = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self):
+        return iter(self._q)
+
+    def append(self, entry) -> None:
+        self._q.append(entry)
+
+    def popleft(self):
+        return self._q.popleft()
+
+    def peek(self):
+        return self._q[0] if self._q else None
+
+    def requeue(self, entry) -> None:
+        """Put a returned message back at its original position (RabbitMQ >= 2.7)."""
+        q = self._q
+        if not q or entry.seq < q[0].seq:
+            q.appendleft(entry)
+        elif entry.seq > q[-1].seq:
+            q.append(entry)
+        else:
+            items = list(q)
+            insort(items, entry, key=lambda e: e.seq)
+            self._q = deque(items)
+
+    def clear(self) -> list:
+        items = list(self._q)
+        self._q.clear()
+        return items
+
+    def pop_tail(self):
+        return self._q.pop()

@@ -1,0 +1,39 @@
+"""x-max-length / x-max-length-bytes with the x-overflow behaviours.
+
+Limits count ready messages only (as RabbitMQ does); drop-head discards (or
+dead-letters with reason 'maxlen') from the front, reject-publish refuses the
+new message (nacked under confirms), reject-publish-dlx also dead-letters it.
+"""
+from __future__ import annotations
+
+
+def is_limited(opts) -> bool:
+    return opts.max_length is not None or opts.max_length_bytes is not None
+
+
+def would_overflow(queue, size: int) -> bool:
+    opts = queue.opts
+    if opts.max_length is not None and len(queue.ready) + 1 > opts.max_length:
+        return True
+    if opts.max_length_bytes is not None and queue.ready_bytes + size > opts.max_length_bytes:
+        return True
+    return False
+
+
+def over_limit(queue) -> bool:
+    opts = queue.opts
+    if opts.max_length is not None and len(queue.ready) > opts.max_length:
+        return True
+    if opts.max_length_bytes is not None and queue.ready_bytes > opts.max_length_bytes:
+        return True
+    return False
+
+
+def drop_head(queue) -> list:
+    """Remove ready messages from the front until within limits; returns them."""
+    dropped = []
+    while len(queue.ready) and over_limit(queue):
+        entry = queue.ready.popleft()
+        queue.ready_bytes -= entry.message.size
+        dropped.append(entry)
+    return dropped

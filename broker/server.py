@@ -1,0 +1,274 @@
+"""The trio edge: listening socket, one nursery per connection, timers, signals.
+
+Each connection owns exactly three tasks in its own nursery (reader, writer,
+heartbeat); all of them end when the connection does. Broker-wide tasks
+(timers, resource monitor, store) live in the server's nursery.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import signal
+import socket
+import time
+
+import trio
+
+from .amqp.connection import State
+from .broker import Broker
+from .session import OUTPUT_HIGH_WATER, Session
+
+log = logging.getLogger("broker.server")
+
+RECEIVE_SIZE = 256 * 1024
+SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+
+
+class ConnectionHandler:
+    def __init__(self, server: "Server", stream: trio.SocketStream):
+        self.server = server
+        self.stream = stream
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            host, self.peer = None, "?"
+        self.session = Session(server.broker, self.peer, host)
+        self.session.wake = self._wake
+        self._wake_event = trio.Event()
+        self._drained = trio.Event()
+        self._writer_done = trio.Event()
+        self.closing = False
+        self.last_received = time.monotonic()
+        self.last_sent = time.monotonic()
+
+    def _wake(self) -> None:
+        self._wake_event.set()
+
+    async def run(self) -> None:
+        session = self.session
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._writer)
+                nursery.start_soon(self._watchdog)
+                await self._reader()
+                # Reader finished: let the writer flush what is left (close-ok, close).
+                self.closing = True
+                self._wake()
+                with trio.move_on_after(self.server.broker.config.close_timeout):
+                    await self._writer_done.wait()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("connection %s: dropped (%s)", self.peer, exc.__class__.__name__)
+        finally:
+            session.connection_lost()
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(1):
+                    await self.stream.aclose()
+
+    async def _reader(self) -> None:
+        session = self.session
+        conn = session.conn
+        broker = self.server.broker
+        stream = self.stream
+        while not session.finished:
+            # Back-pressure: do not read while our own output piles up
+            # (a client that does not read) or publishers are blocked by an alarm.
+            while conn._out_size > OUTPUT_HIGH_WATER * 4 and not session.finished:
+                self._drained = trio.Event()
+                await self._drained.wait()
+            if broker.blocked and session.is_publisher and conn.state is State.OPEN:
+                await self.server.unblocked_event().wait()
+                continue
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if not data:
+                log.info("connection %s: closed by peer without connection.close", self.peer)
+                return
+            self.last_received = time.monotonic()
+            session.data_received(data)
+
+    async def _writer(self) -> None:
+        session = self.session
+        conn = session.conn
+        stream = self.stream
+        while True:
+            await self._wake_event.wait()
+            self._wake_event = trio.Event()
+            while True:
+                data = conn.data_to_send()
+                if not data:
+                    break
+                await stream.send_all(data)
+                self.last_sent = time.monotonic()
+                if session.delivery_stalled:
+                    session.output_drained()
+            self._drained.set()
+            if self.closing:
+                self._writer_done.set()
+                return
+
+    async def _watchdog(self) -> None:
+        """Handshake timeout, heartbeats both ways, and the close-ok timeout."""
+        session = self.session
+        conn = session.conn
+        config = self.server.broker.config
+        started = time.monotonic()
+        closing_since = None
+        while True:
+            now = time.monotonic()
+            state = conn.state
+            if state not in (State.OPEN, State.CLOSING, State.CLOSED) \
+                    and now - started > config.handshake_timeout:
+                log.warning("connection %s: handshake timeout", self.peer)
+                await self._abort()
+                return
+            if state is State.CLOSING:
+                closing_since = closing_since or now
+                if now - closing_since > config.close_timeout:
+                    await self._abort()
+                    return
+            hb = conn.heartbeat
+            if hb and state in (State.OPEN, State.CLOSING):
+                if now - self.last_received > 2 * hb:
+                    log.warning("connection %s: missed heartbeats from client, timeout: %ss",
+                                self.peer, hb)
+                    await self._abort()
+                    return
+                if now - self.last_sent >= hb / 2:
+                    conn.send_heartbeat()
+                    self._wake()
+                await trio.sleep(max(0.05, min(hb / 4, 1.0)))
+            else:
+                await trio.sleep(0.5)
+
+    async def _abort(self) -> None:
+        self.session.finished = True
+        self.nursery.cancel_scope.cancel()
+
+
+class Server:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.handlers: set[ConnectionHandler] = set()
+        self._unblocked = trio.Event()
+        self.listeners = []
+        self.port = None
+
+    def unblocked_event(self) -> trio.Event:
+        if not self.broker.blocked:
+            ev = trio.Event()
+            ev.set()
+            return ev
+        if self._unblocked.is_set():
+            self._unblocked = trio.Event()
+        return self._unblocked
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        except OSError:
+            pass
+        handler = ConnectionHandler(self, stream)
+        self.handlers.add(handler)
+        try:
+            await handler.run()
+        except Exception:
+            log.exception("connection %s: internal error", handler.peer)
+        finally:
+            self.handlers.discard(handler)
+
+    async def _run_timers(self) -> None:
+        timers = self.broker.timers
+        scope_holder = {}
+
+        def earlier(when: float) -> None:
+            scope = scope_holder.get("scope")
+            if scope is not None:
+                scope.deadline = min(scope.deadline, trio.current_time() + (when - timers.now()))
+
+        timers.on_earlier_deadline = earlier
+        while True:
+            timers.run_due()
+            nxt = timers.next_deadline()
+            deadline = math.inf if nxt is None else trio.current_time() + (nxt - timers.now())
+            with trio.CancelScope(deadline=deadline) as scope:
+                scope_holder["scope"] = scope
+                await trio.sleep_forever()
+            scope_holder["scope"] = None
+            # Let connection tasks run between batches of due timers.
+            await trio.sleep(0)
+
+    async def _monitor_resources(self) -> None:
+        while True:
+            was_blocked = self.broker.blocked
+            self.broker.check_resources()
+            if was_blocked and not self.broker.blocked:
+                self._unblocked.set()
+            await trio.sleep(1.0)
+
+    async def serve(self, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        broker = self.broker
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            await nursery.start(self._run_store)
+            nursery.start_soon(self._run_timers)
+            nursery.start_soon(self._monitor_resources)
+            listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
+            self.listeners = listeners
+            self.port = listeners[0].socket.getsockname()[1]
+            log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
+            task_status.started(self.port)
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        store = self.broker.store
+        await store.open()
+        store.recover(self.broker)
+        task_status.started()
+        try:
+            await store.run()
+            # stores without background work return at once
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.close()
+
+    async def shutdown(self) -> None:
+        """Close every connection with 320 CONNECTION_FORCED, then stop."""
+        for listener in self.listeners:
+            await listener.aclose()
+        for handler in list(self.handlers):
+            handler.session.force_close(320, SHUTDOWN_TEXT)
+        with trio.move_on_after(2):
+            while self.handlers:
+                await trio.sleep(0.05)
+        self.nursery.cancel_scope.cancel()
+
+
+async def run_server(broker: Broker, host: str, port: int) -> None:
+    server = Server(broker)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, host, port)
+
+        async def on_signals():
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    await server.shutdown()
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(on_signals)
+
+
+def describe_listen_error(exc: OSError, host: str, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {host}:{port}: address already in use"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {host}:{port}: permission denied"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
