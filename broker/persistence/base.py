@@ -38,6 +38,9 @@ class Store:
     def enqueue(self, queue, entry) -> None:
         """A persistent message entered a durable queue."""
 
+    def delivered(self, queue, entry) -> None:
+        """First delivery of a stored message: after a crash it comes back redelivered=true."""
+
     def remove(self, queue, entry) -> None:
         """The message left the queue for good (acked, dropped, expired, dead-lettered)."""
 

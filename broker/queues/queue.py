@@ -152,6 +152,8 @@ class Queue:
                     continue
             entry.delivery_count += 1
             self.stats_delivered += 1
+            if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
+                self.store.delivered(self, entry)
             if not consumer.no_ack:
                 consumer.unacked += 1
                 self.unacked_count += 1

@@ -1,0 +1,111 @@
+"""Backend-neutral serialisation of what a store keeps.
+
+Both backends store the same records (the journal in segment files, the SQL
+store in rows), so recovery is one code path: ``recovery.restore``.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+from ..amqp.fields import decode_table, encode_table
+
+_MSG_HEAD = struct.Struct(">QHI")  # id, len(exchange+rk block), len(props)
+
+
+@dataclass
+class ExchangeDef:
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+@dataclass
+class QueueDef:
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    arguments: dict
+
+
+@dataclass
+class BindingDef:
+    vhost: str
+    source: str
+    destination_kind: str  # "queue" | "exchange"
+    destination: str
+    routing_key: str
+    arguments: dict
+
+
+@dataclass
+class EntryDef:
+    """A message's place in a durable queue."""
+    vhost: str
+    queue: str
+    message_id: int
+    seq: int
+    expires_at: float | None  # wall clock (time.time()), so TTL survives restarts
+    priority: int
+    delivered: bool = False
+
+
+def exchange_def(vhost, x) -> ExchangeDef:
+    return ExchangeDef(vhost.name, x.name, x.type_name, x.durable, x.auto_delete, x.internal,
+                       dict(x.arguments))
+
+
+def queue_def(vhost, q) -> QueueDef:
+    return QueueDef(vhost.name, q.name, q.durable, q.auto_delete, dict(q.arguments))
+
+
+def binding_def(vhost, b) -> BindingDef:
+    return BindingDef(vhost.name, b.source, b.destination.kind, b.destination.name, b.routing_key,
+                      dict(b.arguments))
+
+
+def entry_def(vhost, queue, entry) -> EntryDef:
+    expires = None
+    if entry.expires_at is not None:
+        expires = time.time() + (entry.expires_at - queue.vhost.timers.now())
+    return EntryDef(vhost.name, queue.name, entry.message.id, entry.seq, expires, entry.priority,
+                    entry.delivery_count > 0)
+
+
+def encode_arguments(arguments: dict) -> bytes:
+    return encode_table(arguments or {})
+
+
+def decode_arguments(raw: bytes) -> dict:
+    return decode_table(raw, 0)[0] if raw else {}
+
+
+def encode_message(message) -> bytes:
+    """id, exchange, routing key, raw properties, body in one blob."""
+    ex = message.exchange.encode("utf-8", "surrogateescape")
+    rk = message.routing_key.encode("utf-8", "surrogateescape")
+    names = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+    return b"".join((_MSG_HEAD.pack(message.id, len(names), len(message.props_raw)), names,
+                     message.props_raw, message.body))
+
+
+def decode_message(blob: bytes):
+    from ..amqp.fields import decode_properties
+    from ..message import Message
+    msg_id, names_len, props_len = _MSG_HEAD.unpack_from(blob, 0)
+    pos = _MSG_HEAD.size
+    n = blob[pos]
+    exchange = blob[pos + 1:pos + 1 + n].decode("utf-8", "surrogateescape")
+    pos += 1 + n
+    n = blob[pos]
+    routing_key = blob[pos + 1:pos + 1 + n].decode("utf-8", "surrogateescape")
+    pos = _MSG_HEAD.size + names_len
+    props_raw = bytes(blob[pos:pos + props_len])
+    body = bytes(blob[pos + props_len:])
+    return Message(exchange, routing_key, props_raw, decode_properties(props_raw), body, msg_id=msg_id)
