@@ -24,17 +24,37 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--store", default=None,
                      help="storage backend: journal (default), memory, sqlite:///file, "
                           "postgresql+psycopg://..., mysql+pymysql://...")
+    run.add_argument("--flush", choices=("sync", "async"), default="sync",
+                     help="sync: fsync before confirming (default); async: fsync every few ms")
     run.add_argument("--heartbeat", type=int, default=60, help="heartbeat the server proposes (s)")
     run.add_argument("--memory-limit", type=int, default=None,
                      help="block publishers above this RSS in bytes (default 0.4 of RAM)")
     run.add_argument("--log-level", default=os.environ.get("TRIOMQ_LOG_LEVEL", "INFO"))
+    for extension in _extensions():
+        extension.add_subcommands(sub)
     return parser
+
+
+def _extensions():
+    """Modules that contribute subcommands (store tools, scheduler management)."""
+    import importlib
+    found = []
+    for name in ("broker.persistence.tools", "broker.scheduler.tools"):
+        try:
+            found.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return handler(args)
     return 2
 
 
@@ -45,14 +65,15 @@ def _run(args) -> int:
         print(f"triomq: error: invalid port {args.port}", file=sys.stderr)
         return 2
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
-                    heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit)
+                    heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
+                    flush=args.flush)
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:
         print(f"triomq: error: cannot create data dir {config.data_dir}: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        store = open_store(config.store, config.data_dir)
+        store = open_store(config.store, config.data_dir, config.flush)
         broker = Broker(config, store)
         trio.run(run_server, broker, config.host, config.port)
     except StoreUnavailable as exc:

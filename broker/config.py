@@ -10,6 +10,7 @@ class Config:
     port: int = 5672
     data_dir: str = "./data"
     store: str | None = None  # None: the embedded journal
+    flush: str = "sync"  # sync: fsync before confirm; async: periodic fsync
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60

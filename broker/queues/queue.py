@@ -17,6 +17,14 @@ from .fifo import FifoReady
 from .priority import PriorityReady, message_priority
 
 
+def _make_retry(queue):
+    try:
+        from .retry import make_retry_policy
+    except ImportError:
+        return None
+    return make_retry_policy(queue)
+
+
 class Consumer:
     __slots__ = ("tag", "tag_raw", "channel", "queue", "no_ack", "exclusive", "priority",
                  "prefetch", "unacked", "arguments")
@@ -76,6 +84,8 @@ class Queue:
         self.stats_published = 0
         self.stats_delivered = 0
         self.store = None  # set by the vhost for durable queues with a persistent store
+        # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
+        self.retry = _make_retry(self)
         self.touch()
 
     # ---- info ----
@@ -207,6 +217,8 @@ class Queue:
     def reject(self, entry: QueueEntry, consumer: Consumer | None) -> None:
         """Rejected without requeue: dead-letter (reason 'rejected') or drop."""
         self._unacked_done(consumer)
+        if self.retry is not None and self.retry.on_rejected(entry, requeue=False):
+            return
         self._discard([entry], "rejected")
 
     def requeue(self, entries: list, consumer_of=None) -> None:
@@ -214,6 +226,8 @@ class Queue:
         for entry, consumer in entries:
             self._unacked_done(consumer)
             if self.deleted:
+                continue
+            if self.retry is not None and self.retry.on_rejected(entry, requeue=True):
                 continue
             entry.redelivered = True
             self.ready.requeue(entry)
