@@ -345,7 +345,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
     channel=st.sampled_from([0, 1, 2, 65535]),
     payload=st.binary(max_size=64),
     end=st.sampled_from([b"\xce", b"\x00"]),
-    class_method=st.one_of(st.none(), st.tuples(st.sampled_from([10, 20, 40, 50, 60, 85, 90]),
+    class_method=st.one_of(st.none(), st.tuples(st.sampled_from([10, 20, 60, 85, 90, 999]),  # no declares: never create junk
                                                 st.integers(0, 130))),
 )
 def test_fuzzed_frames_never_crash(amqp_params, ftype, channel, payload, end, class_method):

@@ -114,14 +114,6 @@ def test_user_id_mismatch_refused(conn):
 
 
 # ---------------------------------------------------------------- consume
-def test_consume_server_generated_tag(conn):
-    ch = conn.channel()
-    q = _q(ch)
-    tag = ch.basic_consume(q, lambda *a: None)
-    # pika generates tags itself; use raw to see the server's
-    assert tag
-
-
 def test_consume_server_generated_tag_raw(raw_conn):
     q, _, _ = raw_conn.queue_declare(1, "", exclusive=True)
     tag = raw_conn.basic_consume(1, q, "")

@@ -245,7 +245,6 @@ def test_dead_letter_routing_key_and_cc(ch, cleanup, uid):
 
 def test_dead_letter_on_expiry_original_expiration(ch, cleanup, uid):
     dlx, dq, src = _dlx_setup(ch, cleanup, uid)
-    ch.basic_publish("amq.direct", "nowhere", b"")
     ch.basic_publish("", src, b"e", pika.BasicProperties(expiration="50", headers={"h": 1}))
     m, p, b = get_one(ch, dq)
     assert p.expiration is None  # removed on dead-lettering ...
