@@ -1,0 +1,729 @@
+"""JDBC-style store on SQLAlchemy 2 (SQLite, PostgreSQL, MariaDB/MySQL).
+
+The core calls the hooks synchronously on the trio thread; they only buffer.
+``run`` hands the buffer to a worker thread (``trio.to_thread.run_sync``) which
+writes it in ONE transaction (group commit) and, back on the trio thread, the
+``when_durable`` callbacks of that batch run (or their ``on_failure`` if the
+batch could not be committed). See docs/sql-store.md.
+
+flush="sync"  : a batch starts as soon as the previous one is committed; a
+                publisher confirm is sent after the commit that holds it.
+flush="async" : a batch is committed every ``async_interval`` (20 ms); confirms
+                are sent at once. Loss window on a crash: the messages confirmed
+                in the last interval plus the batch being written.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import socket
+import time
+from typing import Callable
+
+import trio
+from sqlalchemy import (create_engine, delete, event, exists, func, insert, select, text,
+                        update)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from . import sql_schema as S
+from .base import Store, StoreUnavailable
+from .records import (BindingDef, EntryDef, ExchangeDef, QueueDef, decode_arguments,
+                      decode_message, encode_arguments, encode_message)
+from .recovery import restore
+
+log = logging.getLogger("broker.store.sql")
+
+CHUNK = 500          # ids per IN (...) list
+LOCK_CHECK = 2.0     # seconds between checks that the lock connection is alive
+RETRY_MAX = 5.0      # seconds between reconnect attempts while the database is down
+
+
+class StoreLocked(StoreUnavailable):
+    """Another broker holds the lock row."""
+
+
+def _safe_url(url) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return str(url)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of the driver's message, without SQLAlchemy's boilerplate."""
+    orig = getattr(exc, "orig", None) or exc
+    msg = str(orig).strip().splitlines()
+    line = msg[0] if msg else type(orig).__name__
+    return line.strip()
+
+
+def _binding_key(b: BindingDef) -> str:
+    h = hashlib.sha1()
+    for part in (b.vhost, b.source, b.destination_kind, b.destination, b.routing_key):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    h.update(encode_arguments(b.arguments))
+    return h.hexdigest()
+
+
+def _chunks(seq, n=CHUNK):
+    seq = list(seq)
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+class _Batch:
+    """What the core asked for since the last hand-off (only touched on the trio thread)."""
+    __slots__ = ("defs", "msgs", "enq", "dlv", "rm", "rm_msgs", "callbacks")
+
+    def __init__(self):
+        self.defs: list = []                 # ordered definition ops
+        self.msgs: dict = {}                 # msg id -> [blob, pending entry count]
+        self.enq: dict = {}                  # qid -> {seq: [msg_id, expires_at, priority, delivered]}
+        self.dlv: dict = {}                  # qid -> set(seq) of entries already handed off
+        self.rm: dict = {}                   # qid -> set(seq) of entries already handed off
+        self.rm_msgs: set = set()            # msg ids that may have lost their last entry
+        self.callbacks: list = []            # (on_success, on_failure)
+
+    def empty(self) -> bool:
+        return not (self.defs or self.msgs or self.enq or self.dlv or self.rm or self.rm_msgs)
+
+
+class _Lock:
+    """ACTIVEMQ_LOCK: a row held with SELECT ... FOR UPDATE NOWAIT on its own connection
+    (an open transaction for the life of the broker); SQLite uses flock on a side file."""
+
+    def __init__(self, store: "SQLStore"):
+        self.store = store
+        self.conn = None
+        self.trans = None
+        self.fd = None
+
+    def _owner(self) -> str:
+        return f"triomq {socket.gethostname()} pid {os.getpid()}"
+
+    def acquire(self) -> None:
+        st = self.store
+        with st.engine.begin() as c:
+            # plain read first: on InnoDB, INSERT IGNORE would wait for the holder's row lock
+            if c.execute(select(S.lock.c.id).where(S.lock.c.id == 1)).first() is None:
+                c.execute(st.insert_ignore(S.lock), [{"id": 1, "owner": None, "acquired_at": None,
+                                                      "schema_version": S.SCHEMA_VERSION}])
+        if st.dialect == "sqlite":
+            path = st.sqlite_path
+            if path:
+                fd = os.open(path + ".triomq-lock", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    raise StoreLocked(self._locked_message()) from None
+                self.fd = fd
+            self._record_owner()
+            return
+        # 1) lock, write who we are, commit (so others can read it); 2) lock again and hold.
+        for hold in (False, True):
+            conn = st.lock_engine.connect()
+            trans = conn.begin()
+            try:
+                conn.execute(select(S.lock.c.id).where(S.lock.c.id == 1)
+                             .with_for_update(nowait=True))
+            except DBAPIError as exc:
+                trans.rollback()
+                conn.close()
+                if exc.connection_invalidated:
+                    raise
+                raise StoreLocked(self._locked_message()) from None
+            if not hold:
+                conn.execute(update(S.lock).where(S.lock.c.id == 1)
+                             .values(owner=self._owner(), acquired_at=time.time()))
+                trans.commit()
+                conn.close()
+            else:
+                self.conn, self.trans = conn, trans
+
+    def _record_owner(self) -> None:
+        st = self.store
+        with st.engine.begin() as c:
+            c.execute(update(S.lock).where(S.lock.c.id == 1)
+                      .values(owner=self._owner(), acquired_at=time.time()))
+
+    def _locked_message(self) -> str:
+        st = self.store
+        who = "another broker"
+        try:
+            with st.engine.connect() as c:
+                row = c.execute(select(S.lock.c.owner, S.lock.c.acquired_at)
+                                .where(S.lock.c.id == 1)).first()
+            if row is not None and row.owner:
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.acquired_at or 0))
+                who = f"{row.owner} (since {since})"
+        except SQLAlchemyError:
+            pass
+        return f"store {st.safe_url} is locked by {who}; two brokers cannot share one database"
+
+    def check(self) -> bool:
+        if self.conn is None:
+            return self.store.dialect == "sqlite"
+        try:
+            self.conn.execute(text("SELECT 1"))
+            return True
+        except SQLAlchemyError:
+            self.drop()
+            return False
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.invalidate()
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = self.trans = None
+
+    def release(self) -> None:
+        if self.conn is not None:
+            try:
+                self.trans.rollback()
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = self.trans = None
+        if self.fd is not None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+    @property
+    def held(self) -> bool:
+        return self.conn is not None or self.fd is not None or \
+            (self.store.dialect == "sqlite" and not self.store.sqlite_path)
+
+
+class SQLStore(Store):
+    def __init__(self, url: str, flush: str = "sync", async_interval: float = 0.02):
+        if flush not in ("sync", "async"):
+            raise StoreUnavailable(f"unknown flush policy {flush!r} (sync, async)")
+        self.url = url
+        self.flush = flush
+        self.async_interval = async_interval
+        try:
+            u = make_url(url)
+        except Exception as exc:
+            raise StoreUnavailable(f"invalid store URL {url!r}: {exc}") from None
+        self.safe_url = _safe_url(url)
+        backend = u.get_backend_name()
+        self.dialect = "mysql" if backend in ("mysql", "mariadb") else backend
+        self.name = f"sql ({backend}, flush={flush})"
+        db = u.database or ""
+        self.sqlite_path = os.path.abspath(db) if self.dialect == "sqlite" and db not in ("", ":memory:") else None
+        self._u = u
+        self.engine = None
+        self.lock_engine = None
+        self._lock = None
+        self._batch = _Batch()
+        self._retry: list[_Batch] = []       # handed off but not committed (database down)
+        self._inflight = False
+        self._down = False
+        self._wake = trio.Event()
+        self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
+        self._next_qid = 1
+        self._loaded = None
+        self.batches = 0                     # statistics
+        self.rows_written = 0
+
+    # ------------------------------------------------------------------ engine
+    def _make_engines(self) -> None:
+        connect_args = {}
+        kw = {}
+        if self.dialect == "postgresql":
+            connect_args["connect_timeout"] = 5
+        elif self.dialect == "mysql":
+            connect_args["connect_timeout"] = 5
+        elif self.dialect == "sqlite":
+            connect_args["check_same_thread"] = False
+            connect_args["timeout"] = 10
+        if self.dialect != "sqlite":
+            kw.update(pool_pre_ping=True, pool_size=2, max_overflow=2)
+        self.engine = create_engine(self._u, connect_args=connect_args, **kw)
+        if self.dialect == "sqlite":
+            sync = "FULL" if self.flush == "sync" else "NORMAL"
+
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn, _record):
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute(f"PRAGMA synchronous={sync}")
+                cur.execute("PRAGMA busy_timeout=10000")
+                cur.close()
+        else:
+            self.lock_engine = create_engine(self._u, connect_args=connect_args, poolclass=NullPool)
+
+    def insert_ignore(self, table):
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+            return pg_insert(table).on_conflict_do_nothing()
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as lite_insert
+            return lite_insert(table).on_conflict_do_nothing()
+        return insert(table).prefix_with("IGNORE")
+
+    # ------------------------------------------------------------- life cycle
+    async def open(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self._open_sync)
+        except StoreUnavailable:
+            raise
+        except (SQLAlchemyError, OSError) as exc:
+            self._dispose()
+            raise StoreUnavailable(f"cannot open store {self.safe_url}: {_reason(exc)}") from None
+        except ModuleNotFoundError as exc:
+            raise StoreUnavailable(f"cannot open store {self.safe_url}: driver missing ({exc.name})") from None
+
+    def _open_sync(self) -> None:
+        if self.sqlite_path:
+            d = os.path.dirname(self.sqlite_path)
+            if d and not os.path.isdir(d):
+                raise StoreUnavailable(f"cannot open store {self.safe_url}: directory {d} does not exist")
+        self._make_engines()
+        S.metadata.create_all(self.engine)
+        self._lock = _Lock(self)
+        try:
+            self._lock.acquire()
+            self._load()
+        except BaseException:
+            self._lock.release()
+            self._dispose()
+            raise
+
+    def _load(self) -> None:
+        with self.engine.begin() as c:
+            # GC: messages whose last entry went away (crash between statements is impossible —
+            # one transaction per batch — but queue deletes chunk their message GC)
+            c.execute(delete(S.msgs).where(~exists().where(S.entries.c.message_id == S.msgs.c.id)))
+            xs = [ExchangeDef(r.vhost, r.name, r.type, True, r.auto_delete, r.internal,
+                              decode_arguments(r.arguments))
+                  for r in c.execute(select(S.exchanges))]
+            qrows = list(c.execute(select(S.queues).order_by(S.queues.c.qid)))
+            qs = [QueueDef(r.vhost, r.name, True, r.auto_delete, decode_arguments(r.arguments))
+                  for r in qrows]
+            by_qid = {r.qid: (r.vhost, r.name) for r in qrows}
+            bs = [BindingDef(r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
+                             decode_arguments(r.arguments))
+                  for r in c.execute(select(S.bindings))]
+            es = []
+            orphan_entries = []
+            for r in c.execute(select(S.entries)):
+                owner = by_qid.get(r.qid)
+                if owner is None:
+                    orphan_entries.append(r.qid)
+                    continue
+                es.append(EntryDef(owner[0], owner[1], r.message_id, r.seq, r.expires_at,
+                                   r.priority, bool(r.delivered)))
+            for qid in set(orphan_entries):
+                c.execute(delete(S.entries).where(S.entries.c.qid == qid))
+            messages = {}
+            for r in c.execute(select(S.msgs.c.id, S.msgs.c.body)):
+                messages[r.id] = decode_message(bytes(r.body))
+        self._next_qid = max(by_qid, default=0) + 1
+        self._loaded = (xs, qs, bs, es, messages, by_qid)
+
+    def recover(self, broker) -> None:
+        if self._loaded is None:
+            return
+        xs, qs, bs, es, messages, by_qid = self._loaded
+        self._loaded = None
+        restore(broker, xs, qs, bs, es, messages)
+        for qid, (vname, qname) in by_qid.items():
+            vhost = broker.vhosts.get(vname)
+            q = vhost.queues.get(qname) if vhost is not None else None
+            if q is not None and q.durable:
+                self._qids[(vname, qname)] = (q, qid)
+
+    async def run(self) -> None:
+        backoff = 0.2
+        next_check = time.monotonic() + LOCK_CHECK
+        while True:
+            if self._down:
+                await trio.sleep(backoff)
+                backoff = min(RETRY_MAX, backoff * 2)
+                ok = await trio.to_thread.run_sync(self._reconnect)
+                if not ok:
+                    self._fail_waiting()
+                    continue
+                self._down = False
+                backoff = 0.2
+                log.warning("store %s: database reachable again, resuming writes", self.safe_url)
+            elif self.flush == "sync":
+                with trio.move_on_after(LOCK_CHECK):
+                    await self._wake.wait()
+            else:
+                await trio.sleep(self.async_interval)
+            self._wake = trio.Event()
+            check = time.monotonic() >= next_check
+            if check:
+                next_check = time.monotonic() + LOCK_CHECK
+            if self._batch.empty() and not self._batch.callbacks and not self._retry and not check:
+                continue
+            await self._commit_once(check)
+
+    async def _commit_once(self, check_lock: bool = False) -> bool:
+        batch = self._batch
+        self._batch = _Batch()
+        batches = self._retry + [batch]
+        self._retry = []
+        callbacks = [cb for b in batches for cb in b.callbacks]
+        for b in batches:
+            b.callbacks = []
+        self._inflight = True
+        try:
+            error = await trio.to_thread.run_sync(self._write, batches, check_lock)
+        finally:
+            self._inflight = False
+        if error is None:
+            self.batches += 1
+            for ok, _fail in callbacks:
+                ok()
+            return True
+        if not self._down:
+            log.error("store %s: database lost (%s); unconfirmed publishes are nacked until it is back",
+                      self.safe_url, error)
+        self._down = True
+        self._retry = [b for b in batches if not b.empty()]
+        for _ok, fail in callbacks:
+            if fail is not None:
+                fail()
+        return False
+
+    def _fail_waiting(self) -> None:
+        callbacks, self._batch.callbacks = self._batch.callbacks, []
+        for _ok, fail in callbacks:
+            if fail is not None:
+                fail()
+
+    def _reconnect(self) -> bool:
+        try:
+            with self.engine.connect() as c:
+                c.execute(text("SELECT 1"))
+            if not self._lock.check():
+                self._lock.acquire()
+            return True
+        except StoreLocked as exc:
+            log.error("%s", exc)
+            return False
+        except SQLAlchemyError:
+            return False
+
+    async def close(self) -> None:
+        if self.engine is None:
+            return
+        try:
+            if not self._down and (not self._batch.empty() or self._batch.callbacks or self._retry):
+                await self._commit_once()
+        finally:
+            await trio.to_thread.run_sync(self._close_sync)
+
+    def _close_sync(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        self._dispose()
+
+    def _dispose(self) -> None:
+        for eng in (self.engine, self.lock_engine):
+            if eng is not None:
+                try:
+                    eng.dispose()
+                except Exception:
+                    pass
+        self.engine = self.lock_engine = None
+
+    # ------------------------------------------------------ worker (thread)
+    def _write(self, batches: list, check_lock: bool):
+        """One transaction for all batches; returns None or the error text."""
+        try:
+            if check_lock or self._lock.conn is None and self.dialect != "sqlite":
+                if not self._lock.check():
+                    # the row lock went with its connection: take it again before writing
+                    self._lock.acquire()
+            if all(b.empty() for b in batches):
+                return None
+            with self.engine.begin() as c:
+                for b in batches:
+                    self._write_batch(c, b)
+            return None
+        except StoreLocked as exc:
+            return str(exc)
+        except SQLAlchemyError as exc:
+            return _reason(exc)
+
+    def _write_batch(self, c, b: _Batch) -> None:
+        E = S.entries
+        rows = 0
+        for op in b.defs:
+            rows += self._write_def(c, op)
+        if b.msgs:
+            params = [{"id": mid, "body": v[0]} for mid, v in b.msgs.items()]
+            c.execute(self.insert_ignore(S.msgs), params)
+            rows += len(params)
+        if b.enq:
+            params = [{"qid": qid, "seq": seq, "message_id": r[0], "expires_at": r[1],
+                       "priority": r[2], "delivered": r[3]}
+                      for qid, seqs in b.enq.items() for seq, r in seqs.items()]
+            if params:
+                c.execute(self.insert_ignore(E), params)
+                rows += len(params)
+        for qid, seqs in b.dlv.items():
+            for part in _chunks(seqs):
+                c.execute(update(E).where(E.c.qid == qid, E.c.seq.in_(part)).values(delivered=True))
+        for qid, seqs in b.rm.items():
+            for part in _chunks(seqs):
+                c.execute(delete(E).where(E.c.qid == qid, E.c.seq.in_(part)))
+                rows += len(part)
+        if b.rm_msgs:
+            self._gc_messages(c, b.rm_msgs)
+        self.rows_written += rows
+
+    def _gc_messages(self, c, ids) -> None:
+        M = S.msgs
+        for part in _chunks(ids):
+            c.execute(delete(M).where(M.c.id.in_(part),
+                                      ~exists().where(S.entries.c.message_id == M.c.id)))
+
+    def _write_def(self, c, op) -> int:
+        kind = op[0]
+        if kind == "x+":
+            xd = op[1]
+            c.execute(delete(S.exchanges).where(S.exchanges.c.vhost == xd.vhost,
+                                                S.exchanges.c.name == xd.name))
+            c.execute(insert(S.exchanges).values(vhost=xd.vhost, name=xd.name, type=xd.type,
+                                                 auto_delete=xd.auto_delete, internal=xd.internal,
+                                                 arguments=encode_arguments(xd.arguments)))
+        elif kind == "x-":
+            vhost, name = op[1], op[2]
+            B = S.bindings
+            c.execute(delete(S.exchanges).where(S.exchanges.c.vhost == vhost, S.exchanges.c.name == name))
+            c.execute(delete(B).where(B.c.vhost == vhost, B.c.source == name))
+            c.execute(delete(B).where(B.c.vhost == vhost, B.c.destination_kind == "exchange",
+                                      B.c.destination == name))
+        elif kind == "q+":
+            qd, qid = op[1], op[2]
+            Q = S.queues
+            c.execute(delete(Q).where(Q.c.vhost == qd.vhost, Q.c.name == qd.name))
+            c.execute(insert(Q).values(qid=qid, vhost=qd.vhost, name=qd.name,
+                                       auto_delete=qd.auto_delete,
+                                       arguments=encode_arguments(qd.arguments)))
+        elif kind == "q-":
+            vhost, name, qid = op[1], op[2], op[3]
+            E, Q, B = S.entries, S.queues, S.bindings
+            ids = [r[0] for r in c.execute(select(E.c.message_id).where(E.c.qid == qid).distinct())]
+            c.execute(delete(E).where(E.c.qid == qid))
+            c.execute(delete(Q).where(Q.c.qid == qid))
+            c.execute(delete(B).where(B.c.vhost == vhost, B.c.destination_kind == "queue",
+                                      B.c.destination == name))
+            self._gc_messages(c, ids)
+        elif kind == "b+":
+            bd = op[1]
+            key = _binding_key(bd)
+            c.execute(delete(S.bindings).where(S.bindings.c.bkey == key))
+            c.execute(insert(S.bindings).values(bkey=key, vhost=bd.vhost, source=bd.source,
+                                                destination_kind=bd.destination_kind,
+                                                destination=bd.destination, routing_key=bd.routing_key,
+                                                arguments=encode_arguments(bd.arguments)))
+        elif kind == "b-":
+            c.execute(delete(S.bindings).where(S.bindings.c.bkey == _binding_key(op[1])))
+        return 1
+
+    # ------------------------------------------- core hooks (trio thread, buffer only)
+    def _poke(self) -> None:
+        if self.flush == "sync":
+            self._wake.set()
+
+    def save_exchange(self, vhost, exchange) -> None:
+        from .records import exchange_def
+        self._batch.defs.append(("x+", exchange_def(vhost, exchange)))
+        self._poke()
+
+    def delete_exchange(self, vhost, exchange) -> None:
+        self._batch.defs.append(("x-", vhost.name, exchange.name))
+        self._poke()
+
+    def save_queue(self, vhost, queue) -> None:
+        from .records import queue_def
+        key = (vhost.name, queue.name)
+        have = self._qids.get(key)
+        if have is not None and have[0] is queue:
+            qid = have[1]
+        else:
+            qid = self._next_qid
+            self._next_qid += 1
+            self._qids[key] = (queue, qid)
+        self._batch.defs.append(("q+", queue_def(vhost, queue), qid))
+        self._poke()
+
+    def delete_queue(self, vhost, queue) -> None:
+        key = (vhost.name, queue.name)
+        have = self._qids.get(key)
+        if have is None or have[0] is not queue:
+            return
+        del self._qids[key]
+        qid = have[1]
+        b = self._batch
+        pending = b.enq.pop(qid, None)
+        if pending:
+            for r in pending.values():
+                self._unref(b, r[0])
+        b.dlv.pop(qid, None)
+        b.rm.pop(qid, None)
+        b.defs.append(("q-", vhost.name, queue.name, qid))
+        self._poke()
+
+    def save_binding(self, vhost, binding) -> None:
+        from .records import binding_def
+        self._batch.defs.append(("b+", binding_def(vhost, binding)))
+        self._poke()
+
+    def delete_binding(self, vhost, binding) -> None:
+        from .records import binding_def
+        self._batch.defs.append(("b-", binding_def(vhost, binding)))
+        self._poke()
+
+    def _qid(self, queue):
+        have = self._qids.get((queue.vhost.name, queue.name))
+        if have is None or have[0] is not queue:
+            return None
+        return have[1]
+
+    def enqueue(self, queue, entry) -> None:
+        qid = self._qid(queue)
+        if qid is None:
+            if queue.durable and queue.vhost.queues.get(queue.name) is queue:
+                self.save_queue(queue.vhost, queue)
+                qid = self._qid(queue)
+            else:
+                return
+        b = self._batch
+        message = entry.message
+        m = b.msgs.get(message.id)
+        if m is None:
+            b.msgs[message.id] = [encode_message(message), 1]
+        else:
+            m[1] += 1
+        expires = None
+        if entry.expires_at is not None:
+            expires = time.time() + (entry.expires_at - queue.vhost.timers.now())
+        seqs = b.enq.get(qid)
+        if seqs is None:
+            seqs = b.enq[qid] = {}
+        seqs[entry.seq] = [message.id, expires, entry.priority, entry.delivery_count > 0]
+        self._poke()
+
+    def delivered(self, queue, entry) -> None:
+        qid = self._qid(queue)
+        if qid is None:
+            return
+        b = self._batch
+        seqs = b.enq.get(qid)
+        if seqs is not None:
+            r = seqs.get(entry.seq)
+            if r is not None:
+                r[3] = True
+                return
+        s = b.dlv.get(qid)
+        if s is None:
+            s = b.dlv[qid] = set()
+        s.add(entry.seq)
+        self._poke()
+
+    def remove(self, queue, entry) -> None:
+        qid = self._qid(queue)
+        if qid is None:
+            return
+        b = self._batch
+        seqs = b.enq.get(qid)
+        if seqs is not None:
+            r = seqs.pop(entry.seq, None)
+            if r is not None:
+                # never reached the database: nothing to write at all
+                if not seqs:
+                    del b.enq[qid]
+                self._unref(b, r[0])
+                return
+        d = b.dlv.get(qid)
+        if d is not None:
+            d.discard(entry.seq)
+        s = b.rm.get(qid)
+        if s is None:
+            s = b.rm[qid] = set()
+        s.add(entry.seq)
+        b.rm_msgs.add(entry.message.id)
+        self._poke()
+
+    def _unref(self, b: _Batch, msg_id: int) -> None:
+        m = b.msgs.get(msg_id)
+        if m is None:
+            b.rm_msgs.add(msg_id)  # written by an earlier batch (rare: re-enqueued message)
+            return
+        m[1] -= 1
+        if m[1] <= 0:
+            del b.msgs[msg_id]
+
+    def when_durable(self, callback: Callable[[], None],
+                     on_failure: Callable[[], None] | None = None) -> None:
+        if self._down:
+            if on_failure is not None:
+                on_failure()
+            return
+        if self.flush == "async":
+            callback()
+            return
+        if not self._inflight and not self._retry and self._batch.empty() \
+                and not self._batch.callbacks:
+            callback()
+            return
+        self._batch.callbacks.append((callback, on_failure))
+        self._wake.set()
+
+
+# ---------------------------------------------------------------- inspection
+def inspect(url: str) -> str:
+    """Row counts per table and live messages per queue (does not take the lock)."""
+    safe = _safe_url(url)
+    connect_args = {"connect_timeout": 5} if not url.startswith("sqlite") else {}
+    try:
+        engine = create_engine(url, connect_args=connect_args, poolclass=NullPool)
+        with engine.connect() as c:
+            lines = [f"store {safe}"]
+            present = set(c.dialect.get_table_names(c))
+            for t in S.ALL_TABLES:
+                if t.name in present:
+                    n = c.execute(select(func.count()).select_from(t)).scalar_one()
+                    lines.append(f"  {t.name:<18} {n:>10} rows")
+                else:
+                    lines.append(f"  {t.name:<18}    (missing)")
+            if S.lock.name in present:
+                row = c.execute(select(S.lock.c.owner, S.lock.c.acquired_at)
+                                .where(S.lock.c.id == 1)).first()
+                if row is not None and row.owner:
+                    lines.append(f"  last lock owner: {row.owner} at "
+                                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.acquired_at or 0))}")
+            if {S.queues.name, S.entries.name, S.msgs.name} <= present:
+                Q, E, M = S.queues, S.entries, S.msgs
+                stmt = (select(Q.c.vhost, Q.c.name, func.count(E.c.seq),
+                               func.coalesce(func.sum(func.length(M.c.body)), 0))
+                        .select_from(Q.outerjoin(E, E.c.qid == Q.c.qid)
+                                     .outerjoin(M, M.c.id == E.c.message_id))
+                        .group_by(Q.c.vhost, Q.c.name).order_by(Q.c.vhost, Q.c.name))
+                rows = list(c.execute(stmt))
+                lines.append(f"  durable queues: {len(rows)}")
+                for vhost, name, n, size in rows:
+                    lines.append(f"    {vhost!s:<8} {name:<40} {n:>8} messages {int(size):>12} bytes")
+        engine.dispose()
+        return "\n".join(lines)
+    except (SQLAlchemyError, OSError) as exc:
+        raise StoreUnavailable(f"cannot open store {safe}: {_reason(exc)}") from None

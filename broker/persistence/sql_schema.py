@@ -1,0 +1,80 @@
+"""Tables of the SQL store (SQLAlchemy Core), in the spirit of ActiveMQ's JDBC adapter.
+
+ActiveMQ            TrioMQ
+ACTIVEMQ_MSGS   ->  triomq_msgs      one row per persistent message (blob from records.encode_message)
+ACTIVEMQ_ACKS   ->  triomq_entries   one row per (durable queue, message) still to be acked
+ACTIVEMQ_LOCK   ->  triomq_lock      the row the running broker holds (SELECT ... FOR UPDATE)
+(destinations)  ->  triomq_exchanges, triomq_queues, triomq_bindings
+"""
+from __future__ import annotations
+
+from sqlalchemy import (BigInteger, Boolean, Column, Float, Index, Integer, LargeBinary, MetaData,
+                        SmallInteger, String, Table, UniqueConstraint)
+from sqlalchemy.dialects import mysql
+
+SCHEMA_VERSION = 1
+
+# MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
+NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
+                                "mysql", "mariadb")
+BLOB = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+
+metadata = MetaData()
+
+msgs = Table(
+    "triomq_msgs", metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("body", BLOB, nullable=False),
+)
+
+entries = Table(
+    "triomq_entries", metadata,
+    Column("qid", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("message_id", BigInteger, nullable=False),
+    Column("expires_at", Float(53), nullable=True),  # wall clock (time.time())
+    Column("priority", SmallInteger, nullable=False, default=0),
+    Column("delivered", Boolean, nullable=False, default=False),
+    Index("triomq_entries_msg", "message_id"),
+)
+
+lock = Table(
+    "triomq_lock", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("owner", String(255), nullable=True),
+    Column("acquired_at", Float(53), nullable=True),
+    Column("schema_version", Integer, nullable=False, default=SCHEMA_VERSION),
+)
+
+exchanges = Table(
+    "triomq_exchanges", metadata,
+    Column("vhost", NAME, primary_key=True),
+    Column("name", NAME, primary_key=True),
+    Column("type", String(64), nullable=False),
+    Column("auto_delete", Boolean, nullable=False),
+    Column("internal", Boolean, nullable=False),
+    Column("arguments", BLOB, nullable=False),
+)
+
+queues = Table(
+    "triomq_queues", metadata,
+    Column("qid", BigInteger, primary_key=True, autoincrement=False),
+    Column("vhost", NAME, nullable=False),
+    Column("name", NAME, nullable=False),
+    Column("auto_delete", Boolean, nullable=False),
+    Column("arguments", BLOB, nullable=False),
+    UniqueConstraint("vhost", "name", name="triomq_queues_name"),
+)
+
+bindings = Table(
+    "triomq_bindings", metadata,
+    Column("bkey", String(40), primary_key=True),  # sha1 of all the fields below
+    Column("vhost", NAME, nullable=False),
+    Column("source", NAME, nullable=False),
+    Column("destination_kind", String(16), nullable=False),
+    Column("destination", NAME, nullable=False),
+    Column("routing_key", NAME, nullable=False),
+    Column("arguments", BLOB, nullable=False),
+)
+
+ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings)
