@@ -44,6 +44,7 @@ class Broker:
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()
+        from .scheduler import install; install(self)  # delayed/scheduled delivery (issue 4)
 
     @property
     def blocked(self) -> bool:

@@ -16,3 +16,6 @@ def register_exchange_type(cls: type[Exchange]) -> None:
 
 __all__ = ["Binding", "Exchange", "EXCHANGE_TYPES", "register_exchange_type", "DirectExchange",
            "FanoutExchange", "HeadersExchange", "TopicExchange"]
+
+from .delayed import DelayedMessageExchange  # noqa: E402  (x-delayed-message, issue 4)
+register_exchange_type(DelayedMessageExchange)

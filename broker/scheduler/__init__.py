@@ -1,1 +1,94 @@
-"""scheduler"""
+"""Delayed and scheduled delivery (issue 4).
+
+``install(broker)`` is called from ``Broker.__init__``: it registers the
+``x-delayed-message`` exchange type and the retry queue arguments, adds the
+publish hook, wraps the store's ``recover`` so the scheduler rebuilds its heap
+right after recovery (before the listeners open), and adds the local control
+socket task to ``broker.background_tasks`` (started by the server).
+"""
+from __future__ import annotations
+
+from ..amqp import spec as amqp_spec
+from ..amqp.connection import ChannelException
+from .core import INTERNAL_QUEUE, Scheduler
+from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
+
+__all__ = ["install", "Scheduler", "INTERNAL_QUEUE"]
+
+
+def _refuse(exc: ScheduleError):
+    return ChannelException(amqp_spec.PRECONDITION_FAILED,
+                            f"PRECONDITION_FAILED - invalid header '{exc.header}': {exc.detail}",
+                            amqp_spec.Basic.Publish())
+
+
+def make_publish_hook(scheduler: Scheduler):
+    def hook(channel, message, mandatory: bool, seq: int) -> bool:
+        headers = message.properties.get("headers")
+        if not headers:
+            return False
+        vhost = channel.vhost
+        x = vhost.exchanges.get(message.exchange)
+        delayed_exchange = x is not None and x.type_name == "x-delayed-message"
+        try:
+            if delayed_exchange and X_DELAY in headers:
+                schedule = parse_delayed(headers)
+            elif any(h in headers for h in AMQ_HEADERS):
+                schedule = parse_amq(headers)
+            else:
+                return False
+        except ScheduleError as exc:
+            raise _refuse(exc) from None
+        if schedule is None:
+            return False  # x-delay 0 / AMQ delay 0: route now, as usual
+        if schedule.kind == "amq" and mandatory and not vhost.route(
+                message.exchange, message.routing_key, message):
+            # nothing to route to now: tell the publisher and do not schedule
+            channel.send_return(message, amqp_spec.NO_ROUTE, "NO_ROUTE")
+            if seq:
+                channel.confirm_decided(seq, True)
+            return True
+        item = scheduler.schedule(vhost, message, schedule)
+        if schedule.kind == "delay" and mandatory:
+            # the plugin cannot route at publish time: mandatory always comes back NO_ROUTE
+            channel.send_return(message, amqp_spec.NO_ROUTE, "NO_ROUTE")
+        if seq:
+            q = scheduler.queues.get(vhost.name)
+            if q is not None and q.store is not None and item.entry.message.persistent:
+                q.store.when_durable(lambda s=seq: channel.confirm_decided(s, True, external=True))
+            else:
+                channel.confirm_decided(seq, True)
+        return True
+
+    return hook
+
+
+def install(broker) -> Scheduler:
+    from ..exchanges import register_exchange_type
+    from ..exchanges.delayed import DelayedMessageExchange
+    from ..queues import retry  # noqa: F401  registers x-retry-delays & co.
+
+    register_exchange_type(DelayedMessageExchange)
+    scheduler = Scheduler(broker)
+    broker.scheduler = scheduler
+    broker.publish_hooks.append(make_publish_hook(scheduler))
+
+    store = broker.store
+    original_recover = store.recover
+
+    def recover(b):
+        original_recover(b)
+        scheduler.recovered()
+
+    store.recover = recover
+
+    from .control import serve_control
+    tasks = getattr(broker, "background_tasks", None)
+    if tasks is None:
+        tasks = broker.background_tasks = []
+
+    async def control_task():
+        await serve_control(broker, scheduler)
+
+    tasks.append(control_task)
+    return scheduler

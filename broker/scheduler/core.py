@@ -1,0 +1,321 @@
+"""The broker-wide scheduler: a heap of (due, id) over pending scheduled messages.
+
+Pending messages live, per vhost, in an internal durable queue
+(``amq.triomq.scheduled``: the ``amq.`` prefix means clients can neither declare,
+bind nor route to it, and it is kept out of ``vhost.queues``). Each stored
+message carries its own schedule state in ``x-triomq-*`` headers, so storage
+needs nothing beyond the ordinary ``Store`` calls (enqueue / remove) and a
+restart rebuilds the heap from the recovered entries.
+
+Firing an occurrence: route a copy through the original exchange (no hooks,
+no mandatory), then either remove the stored entry (done) or write the next
+occurrence *before* removing the old one -- at-least-once across a crash.
+One broker timer is armed at the heap's head; nothing ever scans all items.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import time
+
+from ..queues.args import parse_queue_arguments
+from ..queues.entry import QueueEntry
+from ..queues.queue import Queue
+from .spec import AMQ_HEADERS, X_DELAY, Schedule, ScheduleError, parse_amq
+
+log = logging.getLogger("broker.scheduler")
+
+INTERNAL_QUEUE = "amq.triomq.scheduled"
+H_SID = "x-triomq-sid"
+H_KIND = "x-triomq-kind"
+H_DUE = "x-triomq-due"
+H_LEFT = "x-triomq-left"
+H_RUN = "x-triomq-run"
+STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN)
+
+FIRE_BATCH = 2000  # occurrences per timer callback before yielding to connections
+EARLY_SLACK = 0.0002  # arm the timer this much after the due time (never early)
+
+
+class Item:
+    __slots__ = ("sid", "vhost", "entry", "due", "left", "run", "schedule", "cancelled")
+
+    def __init__(self, sid, vhost, entry, due, left, run, schedule):
+        self.sid = sid
+        self.vhost = vhost
+        self.entry = entry
+        self.due = due
+        self.left = left
+        self.run = run
+        self.schedule = schedule
+        self.cancelled = False
+
+    def describe(self) -> dict:
+        msg = self.entry.message
+        s = self.schedule
+        return {"id": self.sid, "vhost": self.vhost, "exchange": msg.exchange,
+                "routing_key": msg.routing_key, "due": self.due, "kind": s.kind,
+                "delay": s.delay, "period": s.period, "repeat": s.repeat, "cron": s.cron,
+                "remaining_in_run": self.left, "persistent": msg.persistent,
+                "size": len(msg.body)}
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+class Scheduler:
+    def __init__(self, broker, clock=time.time):
+        self.broker = broker
+        self.timers = broker.timers
+        self.clock = clock
+        self.items: dict[str, Item] = {}
+        self.heap: list = []
+        self._tie = itertools.count()
+        self._seq = itertools.count(1)
+        self._sid_prefix = os.urandom(4).hex()
+        self._sid_counter = itertools.count(1)
+        self.queues: dict[str, Queue] = {}
+        self._handle = None
+        self._armed_for = None
+        self.fired = 0
+        self.scheduled = 0
+        self.removed = 0
+        self.max_lateness = 0.0
+
+    # ---- storage ----
+    def internal_queue(self, vhost) -> Queue:
+        q = self.queues.get(vhost.name)
+        if q is None:
+            q = Queue(vhost, INTERNAL_QUEUE, durable=True, arguments={},
+                      opts=parse_queue_arguments({}))
+            vhost.add_queue(q)  # attaches the store and saves the definition
+            vhost.queues.pop(INTERNAL_QUEUE, None)  # invisible to clients and to routing
+            self.queues[vhost.name] = q
+        return q
+
+    def _store_enqueue(self, q: Queue, entry: QueueEntry) -> None:
+        if q.store is not None and entry.message.persistent:
+            q.store.enqueue(q, entry)
+
+    def _store_remove(self, q: Queue, entry: QueueEntry) -> None:
+        if q.store is not None and entry.message.persistent:
+            q.store.remove(q, entry)
+
+    def _stored_message(self, message, sid: str, kind: str, due: float, left: int, run: float):
+        props = dict(message.properties)
+        headers = dict(props.get("headers") or {})
+        headers[H_SID] = sid.encode()
+        headers[H_KIND] = kind.encode()
+        headers[H_DUE] = int(round(due * 1000))
+        headers[H_LEFT] = left
+        headers[H_RUN] = int(round(run * 1000))
+        props["headers"] = headers
+        return message.with_changes(properties=props)
+
+    def _delivery_message(self, item: Item):
+        stored = item.entry.message
+        props = dict(stored.properties)
+        headers = dict(props.get("headers") or {})
+        for h in STATE_HEADERS:
+            headers.pop(h, None)
+        if item.schedule.kind == "delay":
+            # as the plugin does: the delivered message says it was delayed by -x-delay
+            headers[X_DELAY] = -item.schedule.delay
+        props["headers"] = headers
+        return stored.with_changes(properties=props)
+
+    # ---- scheduling ----
+    def new_sid(self) -> str:
+        return f"{self._sid_prefix}-{next(self._sid_counter)}"
+
+    def schedule(self, vhost, message, schedule: Schedule, now: float | None = None) -> Item:
+        now = self.clock() if now is None else now
+        due, left, run = schedule.first(now)
+        sid = self.new_sid()
+        q = self.internal_queue(vhost)
+        stored = self._stored_message(message, sid, schedule.kind, due, left, run)
+        entry = QueueEntry(stored, next(self._seq))
+        self._store_enqueue(q, entry)
+        item = Item(sid, vhost.name, entry, due, left, run, schedule)
+        self.items[sid] = item
+        heapq.heappush(self.heap, (due, next(self._tie), item))
+        self.scheduled += 1
+        self._arm()
+        return item
+
+    def _arm(self) -> None:
+        heap = self.heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if not heap:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+                self._armed_for = None
+            return
+        due = heap[0][0]
+        if self._handle is not None and self._armed_for is not None and self._armed_for <= due:
+            return  # armed for an earlier (or the same) moment; it will re-arm
+        if self._handle is not None:
+            self._handle.cancel()
+        when = self.timers.now() + max(0.0, due - self.clock()) + EARLY_SLACK
+        self._armed_for = due
+        self._handle = self.timers.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._handle = None
+        self._armed_for = None
+        self.run_due()
+        if self.heap and self.heap[0][0] <= self.clock():
+            # more due than one batch: continue right after other timers / connections
+            self._armed_for = self.heap[0][0]
+            self._handle = self.timers.call_at(self.timers.now(), self._on_timer)
+        else:
+            self._arm()
+
+    def run_due(self, now: float | None = None, limit: int = FIRE_BATCH) -> int:
+        now = self.clock() if now is None else now
+        heap = self.heap
+        fired = 0
+        while heap and heap[0][0] <= now and fired < limit:
+            due, _, item = heapq.heappop(heap)
+            if item.cancelled or item.due != due:
+                continue
+            late = now - due
+            if late > self.max_lateness:
+                self.max_lateness = late
+            self._fire(item, now)
+            fired += 1
+        return fired
+
+    def _fire(self, item: Item, now: float) -> None:
+        vhost = self.broker.vhosts.get(item.vhost)
+        q = self.queues.get(item.vhost)
+        old = item.entry
+        if vhost is not None:
+            out = self._delivery_message(item)
+            for target in vhost.route(out.exchange, out.routing_key, out):
+                target.enqueue(out)
+        self.fired += 1
+        nxt = item.schedule.following(item.due, item.left, item.run, now)
+        if nxt is None:
+            self.items.pop(item.sid, None)
+            item.cancelled = True
+            if q is not None:
+                self._store_remove(q, old)
+            return
+        due, left, run = nxt
+        stored = self._stored_message(old.message, item.sid, item.schedule.kind, due, left, run)
+        entry = QueueEntry(stored, next(self._seq))
+        if q is not None:
+            self._store_enqueue(q, entry)  # new occurrence first ...
+            self._store_remove(q, old)  # ... then forget the fired one
+        item.entry, item.due, item.left, item.run = entry, due, left, run
+        heapq.heappush(self.heap, (due, next(self._tie), item))
+
+    # ---- management ----
+    def list(self, limit: int | None = None) -> list[dict]:
+        items = sorted(self.items.values(), key=lambda i: i.due)
+        if limit is not None:
+            items = items[:limit]
+        return [i.describe() for i in items]
+
+    def remove(self, sid: str) -> bool:
+        item = self.items.pop(sid, None)
+        if item is None:
+            return False
+        item.cancelled = True
+        q = self.queues.get(item.vhost)
+        if q is not None:
+            self._store_remove(q, item.entry)
+        self.removed += 1
+        if len(self.heap) > 1024 and len(self.heap) > 2 * len(self.items):
+            self._compact()
+        self._arm()
+        return True
+
+    def remove_all(self) -> int:
+        count = 0
+        for sid in list(self.items):
+            item = self.items.pop(sid)
+            item.cancelled = True
+            q = self.queues.get(item.vhost)
+            if q is not None:
+                self._store_remove(q, item.entry)
+            count += 1
+        self.heap.clear()
+        self.removed += count
+        self._arm()
+        return count
+
+    def _compact(self) -> None:
+        self.heap = [t for t in self.heap if not t[2].cancelled and t[2].due == t[0]]
+        heapq.heapify(self.heap)
+
+    def stats(self) -> dict:
+        by_kind: dict = {}
+        for item in self.items.values():
+            by_kind[item.schedule.kind] = by_kind.get(item.schedule.kind, 0) + 1
+        nxt = None
+        for due, _, item in self.heap[:1]:
+            nxt = due
+        return {"pending": len(self.items), "pending_by_kind": by_kind, "next_due": nxt,
+                "scheduled_total": self.scheduled, "fired_total": self.fired,
+                "removed_total": self.removed, "max_lateness_ms": round(self.max_lateness * 1000, 3)}
+
+    # ---- recovery ----
+    def recovered(self) -> int:
+        """Adopt the internal queues the store recovered and rebuild the heap."""
+        restored = 0
+        max_seq = 0
+        for vhost in self.broker.vhosts.values():
+            q = vhost.queues.pop(INTERNAL_QUEUE, None)
+            if q is None:
+                continue
+            self.queues[vhost.name] = q
+            entries = q.ready.clear()
+            q.ready_bytes = 0
+            for entry in entries:
+                max_seq = max(max_seq, entry.seq)
+                if self._restore(vhost, q, entry):
+                    restored += 1
+        if max_seq:
+            self._seq = itertools.count(max_seq + 1)
+        self._arm()
+        if restored:
+            log.info("scheduler: recovered %d pending scheduled messages", restored)
+        return restored
+
+    def _restore(self, vhost, q: Queue, entry: QueueEntry) -> bool:
+        headers = entry.message.headers
+        try:
+            sid = _text(headers[H_SID])
+            kind = _text(headers[H_KIND])
+            due = int(headers[H_DUE]) / 1000.0
+            left = int(headers[H_LEFT])
+            run = int(headers[H_RUN]) / 1000.0
+            if kind == "delay":
+                schedule = Schedule("delay", delay=abs(int(headers[X_DELAY])))
+            else:
+                schedule = parse_amq(headers)
+                if schedule is None:
+                    raise ScheduleError(AMQ_HEADERS[0], "no schedule")
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("scheduler: dropping unreadable stored entry %s (%s)", entry.seq, exc)
+            q.store is not None and q.store.remove(q, entry)
+            return False
+        existing = self.items.get(sid)
+        if existing is not None:
+            # crash between "write next occurrence" and "remove fired one": keep the newer
+            if existing.entry.seq > entry.seq:
+                self._store_remove(q, entry)
+                return False
+            existing.cancelled = True
+            self._store_remove(q, existing.entry)
+        item = Item(sid, vhost.name, entry, due, left, run, schedule)
+        self.items[sid] = item
+        heapq.heappush(self.heap, (due, next(self._tie), item))
+        return existing is None
