@@ -5,10 +5,7 @@ from .base import MemoryStore, Store, StoreUnavailable
 def open_store(url: str | None, data_dir: str, flush: str = "sync") -> Store:
     """Pick a backend from ``--store``: journal (default), memory, or a SQLAlchemy URL."""
     if url in (None, "", "journal"):
-        try:
-            from .journal import JournalStore
-        except ModuleNotFoundError:  # TEMPORARY until the journal backend lands
-            return MemoryStore()
+        from .journal import JournalStore
         return JournalStore(data_dir, flush=flush)
     if url == "memory":
         return MemoryStore()

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 
 class QueueEntry:
-    __slots__ = ("message", "seq", "redelivered", "expires_at", "delivery_count", "priority")
+    __slots__ = ("message", "seq", "redelivered", "expires_at", "delivery_count", "priority",
+                 "loc")
 
     def __init__(self, message, seq: int, expires_at: float | None = None, priority: int = 0):
         self.message = message
@@ -12,3 +13,4 @@ class QueueEntry:
         self.expires_at = expires_at
         self.delivery_count = 0
         self.priority = priority
+        self.loc = 0  # where a store keeps the message (journal location), 0 = not stored
