@@ -359,7 +359,12 @@ class Channel:
         if seq:
             if durable and accepted:
                 q_store = self.vhost.store
-                q_store.when_durable(lambda s=seq: self.confirm_decided(s, True, external=True))
+                ok = lambda s=seq: self.confirm_decided(s, True, external=True)  # noqa: E731
+                try:  # a store that cannot write it nacks (on_failure is optional in stores)
+                    q_store.when_durable(ok, on_failure=lambda s=seq: self.confirm_decided(
+                        s, False, external=True))
+                except TypeError:
+                    q_store.when_durable(ok)
             else:
                 self.confirm_decided(seq, accepted)
 
