@@ -1,0 +1,219 @@
+"""Backlog / restart benchmark for TrioMQ's persistent store.
+
+    .venv/bin/python -m bench.backlog [--messages 1000000] [--size 64] [--store URL]
+
+1. start TrioMQ (own data dir), measure the consume rate of persistent messages
+   flowing through an empty durable queue (publisher with confirms + consumer
+   with manual acks, concurrently): the "empty-queue rate";
+2. publish --messages persistent messages with confirms to a durable queue with
+   no consumer; report broker RSS growth;
+3. stop it (SIGTERM) and start it again: time until it completes an AMQP
+   handshake, and the queue's message count; the same after SIGKILL;
+4. drain the backlog with the same consumer; report the rate and its ratio to
+   the empty-queue rate.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+from . import rawamqp as ra
+from .procinfo import TrioMQProcess, rss_kb
+
+_FH = struct.Struct(">BHI")
+_CM = struct.Struct(">HH")
+
+
+def publish(url: str, queue: str, n: int, size: int, window: int = 2000) -> float:
+    c = ra.Connection(url, timeout=60)
+    c.channel_open(1)
+    c.confirm_select(1)
+    body = b"x" * size
+    frame, _ = ra.encode_publish(1, "", queue, body, 131072, delivery_mode=2)
+    sock = c.sock
+    sent = acked = 0
+    buf = bytearray(c.buf)
+    t0 = time.monotonic()
+    while acked < n:
+        if sent < n and sent - acked < window:
+            k = min(n - sent, window - (sent - acked), 500)
+            sock.sendall(frame * k)
+            sent += k
+            continue
+        data = sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("broker closed the connection")
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 8:
+            ftype, _ch, sz = _FH.unpack_from(buf, pos)
+            if len(buf) - pos < 8 + sz:
+                break
+            if ftype == ra.FRAME_METHOD:
+                cls, meth = _CM.unpack_from(buf, pos + 7)
+                if (cls, meth) == (60, 80):
+                    tag, multiple = struct.unpack_from(">QB", buf, pos + 11)
+                    acked = tag if multiple & 1 else max(acked, tag)
+                elif (cls, meth) == (60, 120):
+                    raise RuntimeError("broker nacked a publish")
+                elif (cls, meth) in ((10, 50), (20, 40)):
+                    raise RuntimeError("broker closed the channel/connection")
+            pos += 8 + sz
+        del buf[:pos]
+    dt = time.monotonic() - t0
+    c.close()
+    return n / dt
+
+
+def consume(url: str, queue: str, n: int, prefetch: int = 2000, timeout: float = 600) -> float:
+    """Consume n messages with manual acks (multiple); returns msg/s from the first delivery."""
+    c = ra.Connection(url, timeout=60)
+    c.channel_open(1)
+    c.basic_qos(1, prefetch)
+    c.basic_consume(1, queue)
+    sock = c.sock
+    buf = bytearray(c.buf)
+    got = 0
+    last_tag = 0
+    acked_tag = 0
+    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    first = True
+    while got < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"consumed only {got} of {n}")
+        if not first:
+            data = sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            buf += data
+        first = False
+        pos = 0
+        while len(buf) - pos >= 8:
+            ftype, _ch, sz = _FH.unpack_from(buf, pos)
+            if len(buf) - pos < 8 + sz:
+                break
+            if ftype == ra.FRAME_METHOD:
+                cls, meth = _CM.unpack_from(buf, pos + 7)
+                if (cls, meth) == (60, 60):
+                    p = pos + 11
+                    p += 1 + buf[p]  # consumer tag
+                    (last_tag,) = struct.unpack_from(">Q", buf, p)
+                    got += 1
+            pos += 8 + sz
+        del buf[:pos]
+        if last_tag - acked_tag >= prefetch // 4 or got >= n:
+            sock.sendall(ra.ack_frame(1, last_tag, True))
+            acked_tag = last_tag
+    dt = time.monotonic() - t0
+    c.close()
+    return n / dt
+
+
+def queue_count(url: str, queue: str) -> int:
+    c = ra.Connection(url, timeout=60)
+    c.channel_open(1)
+    _name, count, _consumers = c.queue_declare(1, queue, durable=True)
+    c.close()
+    return count
+
+
+def start(data_dir: str, store: str | None, timeout: float = 120.0) -> tuple[TrioMQProcess, float]:
+    p = TrioMQProcess(store=store, data_dir=data_dir, startup_timeout=timeout)
+    t0 = time.monotonic()
+    p.start()
+    return p, time.monotonic() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.backlog", description=__doc__.split("\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--empty-messages", type=int, default=200_000,
+                    help="messages for the empty-queue rate (default 200000)")
+    ap.add_argument("--store", default=None, help="--store passed to the broker (default journal)")
+    ap.add_argument("--data-dir", default=None, help="data dir (default: a temp dir, removed after)")
+    args = ap.parse_args(argv)
+    print("Command: `" + " ".join([os.path.basename(sys.executable), "-m", "bench.backlog"]
+                                  + (argv if argv is not None else sys.argv[1:])) + "`", flush=True)
+    tmp = None
+    data_dir = args.data_dir
+    if data_dir is None:
+        tmp = tempfile.mkdtemp(prefix="triomq-backlog-")
+        data_dir = tmp
+    results = {}
+    procs = []
+    try:
+        p, t = start(data_dir, args.store)
+        procs.append(p)
+        c = ra.Connection(p.url)
+        c.channel_open(1)
+        c.queue_declare(1, "bench.empty", durable=True)
+        c.queue_declare(1, "bench.backlog", durable=True)
+        c.close()
+        # 1. empty-queue rate
+        rate = {}
+        th = threading.Thread(target=lambda: rate.__setitem__(
+            "c", consume(p.url, "bench.empty", args.empty_messages)))
+        th.start()
+        time.sleep(0.3)
+        rate["p"] = publish(p.url, "bench.empty", args.empty_messages, args.size)
+        th.join()
+        results["empty_rate"] = rate["c"]
+        print(f"empty-queue rate (persistent, confirms, manual ack): {rate['c']:,.0f} msg/s "
+              f"(publish {rate['p']:,.0f} msg/s)", flush=True)
+        # 2. backlog
+        rss0 = rss_kb(p.pid) or 0
+        pub = publish(p.url, "bench.backlog", args.messages, args.size)
+        time.sleep(1.0)
+        rss1 = rss_kb(p.pid) or 0
+        hwm = rss_kb(p.pid, "VmHWM") or 0
+        results["backlog_publish_rate"] = pub
+        results["rss_growth_mb"] = (rss1 - rss0) / 1024
+        print(f"backlog: published {args.messages:,} x {args.size} B persistent with confirms at "
+              f"{pub:,.0f} msg/s; broker RSS {rss0 / 1024:.0f} -> {rss1 / 1024:.0f} MB "
+              f"(growth {(rss1 - rss0) / 1024:.0f} MB, peak {hwm / 1024:.0f} MB)", flush=True)
+        n = queue_count(p.url, "bench.backlog")
+        print(f"queue count before restart: {n:,}", flush=True)
+        # 3. restarts
+        for how in ("SIGTERM", "SIGKILL"):
+            if how == "SIGTERM":
+                t_stop = time.monotonic()
+                os.killpg(p.proc.pid, signal.SIGTERM)
+                p.proc.wait(60)
+                stop_s = time.monotonic() - t_stop
+            else:
+                os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(60)
+                stop_s = 0.0
+            p.stop()
+            p, t = start(data_dir, args.store)
+            procs.append(p)
+            n2 = queue_count(p.url, "bench.backlog")
+            results[f"restart_{how}_s"] = t
+            print(f"restart after {how}: stop took {stop_s:.1f}s; listening again (AMQP handshake) "
+                  f"after {t:.2f}s; queue count {n2:,} ({'intact' if n2 == n else 'CHANGED'}); "
+                  f"RSS {(rss_kb(p.pid) or 0) / 1024:.0f} MB", flush=True)
+        # 4. drain
+        drain = consume(p.url, "bench.backlog", n)
+        results["drain_rate"] = drain
+        print(f"drain: {n:,} messages at {drain:,.0f} msg/s = "
+              f"{drain / results['empty_rate']:.2f} x the empty-queue rate", flush=True)
+        print(f"broker RSS after drain: {(rss_kb(p.pid) or 0) / 1024:.0f} MB", flush=True)
+    finally:
+        for p in procs:
+            p.stop()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
