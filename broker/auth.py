@@ -62,7 +62,7 @@ def make_authenticator(users: UserDatabase, peer_host: str | None):
             return None, (f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'")
         creds = parse_credentials(mechanism, response)
         if creds is None:
-            return None, f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+            return None, ""  # RabbitMQ drops the socket without a close
         failure = users.check(creds[0], creds[1], peer_host)
         if failure is not None:
             return None, failure.replace("mechanism PLAIN", f"mechanism {mechanism}")

@@ -52,8 +52,13 @@ class Broker:
 
     def session_opened(self, session) -> None:
         self.sessions.add(session)
-        if self.alarms and session.conn.send_blocked(self._alarm_reason()):
+
+    def notify_blocked(self, session) -> None:
+        """As RabbitMQ: a connection is told it is blocked once it publishes during an alarm."""
+        if self.alarms and not session.blocked_sent:
             session.blocked_sent = True
+            if session.conn.send_blocked(self._alarm_reason()):
+                session.wake()
 
     def session_closed(self, session) -> None:
         self.sessions.discard(session)
@@ -80,10 +85,8 @@ class Broker:
             log.warning("resource alarm cleared: %s", name)
         after = bool(self.alarms)
         for session in list(self.sessions):
-            if after and not session.blocked_sent:
-                if session.conn.send_blocked(self._alarm_reason()):
-                    session.blocked_sent = True
-                    session.wake()
+            if after and session.is_publisher:
+                self.notify_blocked(session)
             elif before and not after and session.blocked_sent:
                 session.conn.send_unblocked()
                 session.blocked_sent = False

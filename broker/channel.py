@@ -87,10 +87,10 @@ class Channel:
 
     # ---- channel class ----
     def on_flow(self, m) -> None:
-        self.flow_active = m.active
-        self.reply(spec.Channel.FlowOk(m.active))
-        if m.active:
-            self._kick_consumers()
+        # RabbitMQ 3.x refuses client-initiated flow stop; we keep its wire contract.
+        if not m.active:
+            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - active=false", m)
+        self.reply(spec.Channel.FlowOk(True))
 
     # ---- exchange class ----
     def on_exchange_declare(self, m) -> None:
@@ -323,6 +323,12 @@ class Channel:
         if ev.immediate:
             raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true",
                                       spec.Basic.Publish())
+        user_id = properties.get("user_id")
+        if user_id is not None and user_id != self.session.conn.username:
+            raise ChannelException(
+                spec.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user "
+                f"was '{self.session.conn.username}'", spec.Basic.Publish())
         if "expiration" in properties:
             try:
                 parse_expiration(properties["expiration"])

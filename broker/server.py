@@ -22,6 +22,8 @@ from .session import OUTPUT_HIGH_WATER, Session
 log = logging.getLogger("broker.server")
 
 RECEIVE_SIZE = 256 * 1024
+BLOCKED_READ_SIZE = 4096
+BLOCKED_READ_INTERVAL = 0.1
 SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
 
 
@@ -79,11 +81,16 @@ class ConnectionHandler:
             while conn._out_size > OUTPUT_HIGH_WATER * 4 and not session.finished:
                 self._drained = trio.Event()
                 await self._drained.wait()
+            size = RECEIVE_SIZE
             if broker.blocked and session.is_publisher and conn.state is State.OPEN:
-                await self.server.unblocked_event().wait()
-                continue
+                # Blocked by a resource alarm: trickle-read (so close, acks and heartbeats
+                # still get through) instead of stopping dead as RabbitMQ does.
+                broker.notify_blocked(session)
+                with trio.move_on_after(BLOCKED_READ_INTERVAL):
+                    await self.server.unblocked_event().wait()
+                size = BLOCKED_READ_SIZE
             try:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                data = await stream.receive_some(size)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
             if not data:

@@ -14,7 +14,12 @@ from .amqp.connection import ChannelException, ConnectionException
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.headers import match_mode
-from .queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
+from .queues.args import (
+    ArgumentError,
+    TypeArgumentError,
+    equivalence_mismatch,
+    parse_queue_arguments,
+)
 from .queues.queue import Queue
 
 log = logging.getLogger("broker.vhost")
@@ -25,6 +30,10 @@ STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.
 
 def _b(flag: bool) -> str:
     return "true" if flag else "false"
+
+
+def _quoted(value) -> str:
+    return "none" if value is None else f"'{value}'"
 
 
 def _text(value):
@@ -79,7 +88,7 @@ class VirtualHost:
         if name == "":
             raise ChannelException(spec.ACCESS_REFUSED,
                                    "ACCESS_REFUSED - operation not permitted on the default exchange", m)
-        if name.startswith("amq."):
+        if name.startswith("amq.") and name not in self.exchanges:
             raise ChannelException(
                 spec.ACCESS_REFUSED,
                 f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'", m)
@@ -100,11 +109,14 @@ class VirtualHost:
                         spec.PRECONDITION_FAILED,
                         f"PRECONDITION_FAILED - inequivalent arg '{arg}' for exchange '{name}' in vhost "
                         f"'{self.name}': received '{want}' but current is '{have}'", m)
-            if _text(existing.arguments.get("alternate-exchange")) != _text(args.get("alternate-exchange")):
+            have_ae = _text(existing.arguments.get("alternate-exchange"))
+            want_ae = _text(args.get("alternate-exchange"))
+            if have_ae != want_ae:
                 raise ChannelException(
                     spec.PRECONDITION_FAILED,
                     f"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange '{name}' "
-                    f"in vhost '{self.name}'", m)
+                    f"in vhost '{self.name}': received {_quoted(want_ae)} but current is "
+                    f"{_quoted(have_ae)}", m)
             return existing
         x = xtype(name, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
                   arguments=args)
@@ -220,6 +232,11 @@ class VirtualHost:
         args = m.arguments or {}
         try:
             opts = parse_queue_arguments(args)
+        except TypeArgumentError as exc:
+            raise ChannelException(
+                spec.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - invalid type '{exc.detail}' for arg '{exc.name}' in queue "
+                f"'{name}' in vhost '{self.name}'", m) from None
         except ArgumentError as exc:
             raise ChannelException(
                 spec.PRECONDITION_FAILED,
@@ -229,8 +246,10 @@ class VirtualHost:
         if existing is not None:
             if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
                 raise ChannelException(spec.RESOURCE_LOCKED, self._locked(name), m)
-            for arg, have, want in (("durable", existing.durable, m.durable),
-                                    ("auto_delete", existing.auto_delete, m.auto_delete)):
+            checks = [("auto_delete", existing.auto_delete, m.auto_delete)]
+            if existing.exclusive_owner is None:  # RabbitMQ skips 'durable' for exclusive queues
+                checks.insert(0, ("durable", existing.durable, m.durable))
+            for arg, have, want in checks:
                 if have != want:
                     raise ChannelException(
                         spec.PRECONDITION_FAILED,

@@ -15,12 +15,22 @@ _HEADER_PREFIX = struct.Struct(">HHQ")
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
+def erlang_binary(data) -> str:
+    """Render bytes as Erlang prints a binary, as RabbitMQ's error texts do."""
+    data = bytes(data)
+    if data and all(32 <= b < 127 for b in data):
+        text = data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+        return f'<<"{text}">>'
+    return "<<" + ",".join(str(b) for b in data) + ">>"
+
+
 class FrameError(Exception):
     """A framing violation (501 FRAME_ERROR); ``text`` is RabbitMQ's wording."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, frames: list | None = None):
         super().__init__(text)
         self.text = text
+        self.frames = frames if frames is not None else []  # complete frames before the error
 
 
 class FrameReader:
@@ -52,14 +62,15 @@ class FrameReader:
             ftype, channel, size = unpack(view, pos)
             if size + 8 > frame_max and frame_max:
                 raise FrameError(
-                    f"FRAME_ERROR - frame size {size + 8} larger than negotiated maximum {frame_max}")
+                    f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
+                    f"{{frame_too_large,{size},{frame_max - 8}}}", frames)
             stop = pos + 7 + size
             if stop >= end:
                 break
             if view[stop] != FRAME_END:
                 raise FrameError(
-                    f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
-                    f"{{invalid_frame_end_marker,{view[stop]}}}")
+                    f"FRAME_ERROR - type {ftype}, all octets = {erlang_binary(view[pos + 7:stop])}: "
+                    f"{{invalid_frame_end_marker,{view[stop]}}}", frames)
             frames.append((ftype, channel, bytes(view[pos + 7:stop])))
             pos = stop + 1
         if view is buf:

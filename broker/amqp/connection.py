@@ -20,6 +20,7 @@ from .codec import (
     FrameError,
     FrameReader,
     HEARTBEAT_FRAME,
+    erlang_binary,
     method_frame,
     parse_content_header,
     parse_publish,
@@ -139,9 +140,17 @@ def error_text(code: int, detail: str) -> str:
     return f"{spec.REPLY_NAMES[code]} - {detail}"
 
 
+def _reply_text(text: str) -> str:
+    """``text`` cut to fit a shortstr: 255 octets (not characters) of valid UTF-8."""
+    return text.encode("utf-8", "surrogateescape")[:255].decode("utf-8", "ignore")
+
+
 # ---- per channel --------------------------------------------------------------
 
 _CH_OPEN = 1
+# While closing, only close / close-ok are looked at (everything else is discarded unparsed).
+_CONNECTION_CLOSE_IDS = (b"\x00\x0a\x00\x32", b"\x00\x0a\x00\x33")
+_CHANNEL_CLOSE_IDS = (b"\x00\x14\x00\x28", b"\x00\x14\x00\x29")
 _CH_CLOSING = 2  # we sent channel.close, waiting for close-ok
 
 
@@ -235,7 +244,7 @@ class ServerConnection:
         if self.state is State.AWAIT_HEADER:
             self.state = State.CLOSED
             return
-        self.send_method(0, spec.Connection.Close(code, text[:255], class_id, method_id))
+        self.send_method(0, spec.Connection.Close(code, _reply_text(text), class_id, method_id))
         self.state = State.CLOSING
 
     def close_channel(self, channel: int, code: int, text: str, class_id: int = 0,
@@ -246,7 +255,7 @@ class ServerConnection:
         ch.state = _CH_CLOSING
         ch.pending = None
         ch.body_parts = []
-        self.send_method(channel, spec.Channel.Close(code, text[:255], class_id, method_id))
+        self.send_method(channel, spec.Channel.Close(code, _reply_text(text), class_id, method_id))
 
     def send_blocked(self, reason: str) -> bool:
         if self.state is State.OPEN and self.client_capabilities.get("connection.blocked"):
@@ -272,7 +281,7 @@ class ServerConnection:
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
-            frames = None
+            frames = exc.frames  # the complete frames before the violation are still handled
             error = exc
         else:
             error = None
@@ -320,12 +329,16 @@ class ServerConnection:
         if ftype == FRAME_HEARTBEAT:
             if channel != 0:
                 raise ConnectionException(
-                    spec.FRAME_ERROR,
-                    f"FRAME_ERROR - heartbeat frame on channel {channel}")
+                    spec.UNEXPECTED_FRAME,
+                    f"UNEXPECTED_FRAME - type 8, all octets = {erlang_binary(payload)}")
             return
+        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise ConnectionException(
+                spec.FRAME_ERROR,
+                f"FRAME_ERROR - type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame")
         if state is State.CLOSING:
             # Only close / close-ok matter now (spec 4.2.6 / RabbitMQ's closing state).
-            if ftype == FRAME_METHOD and channel == 0 and payload[:2] == b"\x00\x0a":
+            if ftype == FRAME_METHOD and channel == 0 and payload[:4] in _CONNECTION_CLOSE_IDS:
                 method = self._decode(payload)
                 if isinstance(method, spec.Connection.CloseOk):
                     self.state = State.CLOSED
@@ -343,7 +356,12 @@ class ServerConnection:
                 raise ConnectionException(
                     spec.UNEXPECTED_FRAME,
                     f"UNEXPECTED_FRAME - expected method frame, got non method frame on channel 0")
-            self._connection_method(self._decode(payload), events)
+            method = self._decode(payload)
+            if method.CLASS_ID != 10:
+                raise ConnectionException(
+                    spec.CHANNEL_ERROR,
+                    "CHANNEL_ERROR - unexpected method in connection state running", method)
+            self._connection_method(method, events)
             return
         ch = self.channels.get(channel)
         if ch is None:
@@ -363,7 +381,7 @@ class ServerConnection:
                     spec.CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'", method)
             raise ConnectionException(spec.CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'")
         if ch.state == _CH_CLOSING:
-            if ftype == FRAME_METHOD and payload[:2] == b"\x00\x14":
+            if ftype == FRAME_METHOD and payload[:4] in _CHANNEL_CLOSE_IDS:
                 method = self._decode(payload)
                 if isinstance(method, spec.Channel.CloseOk):
                     del self.channels[channel]
@@ -447,9 +465,9 @@ class ServerConnection:
         ch.received += len(payload)
         if ch.received > ch.body_size:
             raise ConnectionException(
-                spec.FRAME_ERROR,
-                f"FRAME_ERROR - content body larger than declared size {ch.body_size}",
-                spec.Basic.Publish())
+                spec.UNEXPECTED_FRAME,
+                f"UNEXPECTED_FRAME - content body of {ch.received} bytes larger than the declared "
+                f"{ch.body_size}", spec.Basic.Publish())
         if ch.received == ch.body_size and not ch.body_parts:
             self._complete(ch, channel, payload, events)
             return
@@ -474,7 +492,11 @@ class ServerConnection:
                 f"{spec.REPLY_NAMES[spec.COMMAND_INVALID if exc.class_id in spec.CLASS_NAMES else spec.NOT_IMPLEMENTED]}"
                 f" - unknown method (class {exc.class_id}, method {exc.method_id})") from None
         except MethodDecodeError as exc:
-            raise ConnectionException(spec.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}") from None
+            err = ConnectionException(
+                spec.FRAME_ERROR,
+                exc.rabbit_text or f"FRAME_ERROR - cannot decode {erlang_binary(exc.args_raw)}")
+            err.class_id, err.method_id = exc.class_id, exc.method_id
+            raise err from None
 
     def _connection_method(self, method: spec.Method, events: list) -> None:
         if isinstance(method, spec.Connection.Close):
@@ -513,9 +535,9 @@ class ServerConnection:
             self.client_capabilities = caps if isinstance(caps, dict) else {}
             username, failure = self._authenticate(method.mechanism, method.response)
             if username is None:
-                events.append(AuthenticationFailed("", failure))
-                if self.client_capabilities.get("authentication_failure_close"):
-                    self.close(spec.ACCESS_REFUSED, failure, 10, 11)
+                events.append(AuthenticationFailed("", failure or "malformed response"))
+                if failure and self.client_capabilities.get("authentication_failure_close"):
+                    self.close(spec.ACCESS_REFUSED, failure)
                 else:
                     self.state = State.CLOSED
                     events.append(ConnectionCloseCompleted())

@@ -34,7 +34,14 @@ class Timestamp(int):
     """Seconds since the epoch, encoded with tag 'T'."""
 
 
-def decode_table(buf, offset: int):
+# Tables/arrays nested deeper than this are refused: decoding is recursive and a
+# single frame could otherwise hold enough levels to exhaust the Python stack.
+MAX_NESTING = 100
+
+
+def decode_table(buf, offset: int, _depth: int = 0):
+    if _depth > MAX_NESTING:
+        raise FieldError("field table nested too deeply")
     (length,) = _I.unpack_from(buf, offset)
     offset += 4
     end = offset + length
@@ -46,14 +53,16 @@ def decode_table(buf, offset: int):
         offset += 1
         key = bytes(buf[offset:offset + n]).decode("utf-8", "surrogateescape")
         offset += n
-        value, offset = _decode_value(buf, offset)
+        value, offset = _decode_value(buf, offset, _depth)
         table[key] = value
     if offset != end:
         raise FieldError("table contents overrun its length")
     return table, end
 
 
-def _decode_array(buf, offset: int):
+def _decode_array(buf, offset: int, depth: int):
+    if depth > MAX_NESTING:
+        raise FieldError("field array nested too deeply")
     (length,) = _I.unpack_from(buf, offset)
     offset += 4
     end = offset + length
@@ -61,14 +70,14 @@ def _decode_array(buf, offset: int):
         raise FieldError("array length overruns the frame")
     items = []
     while offset < end:
-        value, offset = _decode_value(buf, offset)
+        value, offset = _decode_value(buf, offset, depth)
         items.append(value)
     if offset != end:
         raise FieldError("array contents overrun its length")
     return items, end
 
 
-def _decode_value(buf, offset: int):
+def _decode_value(buf, offset: int, depth: int = 0):
     tag = buf[offset]
     offset += 1
     if tag == 0x53:  # 'S'
@@ -80,13 +89,13 @@ def _decode_value(buf, offset: int):
     if tag == 0x49:  # 'I'
         return _i.unpack_from(buf, offset)[0], offset + 4
     if tag == 0x46:  # 'F'
-        return decode_table(buf, offset)
+        return decode_table(buf, offset, depth + 1)
     if tag == 0x74:  # 't'
         return bool(buf[offset]), offset + 1
     if tag == 0x6C:  # 'l'
         return Long(_q.unpack_from(buf, offset)[0]), offset + 8
     if tag == 0x41:  # 'A'
-        return _decode_array(buf, offset)
+        return _decode_array(buf, offset, depth + 1)
     if tag == 0x54:  # 'T'
         return Timestamp(_Q.unpack_from(buf, offset)[0]), offset + 8
     if tag == 0x62:  # 'b'
@@ -196,13 +205,13 @@ def decode_properties(raw) -> dict:
         raise FieldError("content header has no property flags")
     (flags,) = _H.unpack_from(raw, 0)
     offset = 2
-    while flags & 1:  # continuation flag words: none are defined, skip them
-        (flags_more,) = _H.unpack_from(raw, offset)
-        offset += 2
-        if not flags_more & 1:
-            break
     props = {}
     try:
+        while flags & 1:  # continuation flag words: none are defined, skip them
+            (flags_more,) = _H.unpack_from(raw, offset)
+            offset += 2
+            if not flags_more & 1:
+                break
         for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):
             if not flags & bit:
                 continue

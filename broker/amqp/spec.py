@@ -170,7 +170,19 @@ _DEFAULTS = {"octet": 0, "short": 0, "long": 0, "longlong": 0, "shortstr": "", "
 
 
 class MethodDecodeError(ValueError):
-    """A method payload that does not match the spec (502 SYNTAX_ERROR)."""
+    """A method payload that does not match the spec (RabbitMQ answers 501 FRAME_ERROR)."""
+
+    def __init__(self, text: str, class_id: int = 0, method_id: int = 0, args: bytes = b"",
+                 rabbit_text: str | None = None):
+        super().__init__(text)
+        self.class_id = class_id
+        self.method_id = method_id
+        self.args_raw = args
+        self.rabbit_text = rabbit_text
+
+
+class MalformedUTF8(ValueError):
+    pass
 
 
 class Method:
@@ -294,7 +306,10 @@ def _decode_args(cls, payload, offset: int):
                 end = offset + 1 + n
                 if end > len(payload):
                     raise MethodDecodeError("shortstr overruns the frame")
-                setattr(obj, fname, bytes(payload[offset + 1:end]).decode("utf-8", "surrogateescape"))
+                try:
+                    setattr(obj, fname, bytes(payload[offset + 1:end]).decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise MalformedUTF8() from None
                 offset = end
             elif ftype == "longstr":
                 (n,) = _LONG.unpack_from(payload, offset)
@@ -318,12 +333,15 @@ def _decode_args(cls, payload, offset: int):
             elif ftype == "table":
                 value, offset = decode_table(payload, offset)
                 setattr(obj, fname, value)
-    except (IndexError, struct.error) as exc:
-        raise MethodDecodeError(f"truncated {cls.NAME}") from exc
-    except ValueError as exc:
-        if isinstance(exc, MethodDecodeError):
-            raise
-        raise MethodDecodeError(f"malformed {cls.NAME}: {exc}") from exc
+    except MalformedUTF8:
+        raise MethodDecodeError("malformed UTF-8", cls.CLASS_ID, cls.METHOD_ID, bytes(payload[4:]),
+                                "FRAME_ERROR - Malformed UTF-8 in shortstr") from None
+    except (IndexError, struct.error, ValueError, RecursionError) as exc:
+        raise MethodDecodeError(f"malformed {cls.NAME}: {exc}", cls.CLASS_ID, cls.METHOD_ID,
+                                bytes(payload[4:])) from None
+    if offset != len(payload):
+        raise MethodDecodeError(f"trailing bytes after {cls.NAME}", cls.CLASS_ID, cls.METHOD_ID,
+                                bytes(payload[4:]))
     return obj
 
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 from .base import Binding, Exchange
 
 
+def _words(key: str) -> list:
+    # RabbitMQ: the empty key has no words (so '*' does not match it, '#' does)
+    return key.split(".") if key else []
+
+
 class _Node:
     __slots__ = ("children", "bindings")
 
@@ -26,7 +31,7 @@ class TopicExchange(Exchange):
 
     def _index_add(self, binding: Binding) -> None:
         node = self._root
-        for word in binding.routing_key.split("."):
+        for word in _words(binding.routing_key):
             child = node.children.get(word)
             if child is None:
                 child = node.children[word] = _Node()
@@ -35,7 +40,7 @@ class TopicExchange(Exchange):
 
     def _index_remove(self, binding: Binding) -> None:
         path = [self._root]
-        words = binding.routing_key.split(".")
+        words = _words(binding.routing_key)
         for word in words:
             child = path[-1].children.get(word)
             if child is None:
@@ -51,7 +56,7 @@ class TopicExchange(Exchange):
 
     def route(self, routing_key: str, headers: dict | None) -> list:
         out: dict = {}
-        self._match(self._root, routing_key.split("."), 0, out)
+        self._match(self._root, _words(routing_key), 0, out)
         return list(out.values())
 
     def _match(self, node: _Node, words: list, i: int, out: dict) -> None:

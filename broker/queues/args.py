@@ -60,7 +60,7 @@ def _erl(value) -> str:
 
 def non_neg_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
+        raise ArgumentError(name, f'"expected integer, got {amqp_type_name(value)}"')
     if value < 0:
         raise ArgumentError(name, f"{{value_negative,{value}}}")
     return value
@@ -80,13 +80,24 @@ def text_arg(name: str, value) -> str:
     return text
 
 
-def one_of(*choices: str) -> Callable:
+def one_of(*choices: str, reason: str | None = None) -> Callable:
     def check(name: str, value) -> str:
         text = text_arg(name, value)
         if text not in choices:
-            raise ArgumentError(name, f"{{invalid_value,{_erl(value)}}}")
+            raise ArgumentError(name, reason or f"{{invalid_value,{_erl(value)}}}")
         return text
     return check
+
+
+class TypeArgumentError(ArgumentError):
+    """RabbitMQ words a wrong type for some arguments differently (whole text given)."""
+
+
+def exchange_name_arg(name: str, value) -> str:
+    text = _as_text(value)
+    if text is None:
+        raise TypeArgumentError(name, amqp_type_name(value))
+    return text
 
 
 def bool_arg(name: str, value) -> bool:
@@ -98,7 +109,7 @@ def bool_arg(name: str, value) -> bool:
 def max_priority(name: str, value) -> int:
     non_neg_int(name, value)
     if value > 255:
-        raise ArgumentError(name, f"{{value_too_large,{value},255}}")
+        raise ArgumentError(name, f"{{max_value_exceeded,{value}}}")
     return value
 
 
@@ -115,9 +126,10 @@ QUEUE_ARGUMENTS: dict[str, Callable] = {
     "x-expires": positive_int,
     "x-max-length": non_neg_int,
     "x-max-length-bytes": non_neg_int,
-    "x-overflow": one_of("drop-head", "reject-publish", "reject-publish-dlx"),
-    "x-dead-letter-exchange": text_arg,
-    "x-dead-letter-routing-key": text_arg,
+    "x-overflow": one_of("drop-head", "reject-publish", "reject-publish-dlx",
+                         reason="invalid_overflow"),
+    "x-dead-letter-exchange": exchange_name_arg,
+    "x-dead-letter-routing-key": exchange_name_arg,
     "x-max-priority": max_priority,
     "x-single-active-consumer": bool_arg,
     "x-queue-type": one_of("classic"),
@@ -181,18 +193,20 @@ def parse_queue_arguments(arguments: dict) -> QueueOptions:
         else:
             opts.extra[name] = normalised
     if opts.dead_letter_routing_key is not None and opts.dead_letter_exchange is None:
-        raise ArgumentError("x-dead-letter-routing-key",
-                            "{missing_dead_letter_exchange}")
+        raise ArgumentError("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
     return opts
 
 
-def describe(value) -> str:
+def describe(value, verbose: bool = False) -> str:
+    """RabbitMQ: plain 'v' when both sides have a value, typed when the other side is none."""
     if value is None:
         return "none"
     shown = _as_text(value)
     if shown is None:
         shown = str(value).lower() if isinstance(value, bool) else str(value)
-    return f"the value '{shown}' of type '{amqp_type_name(value)}'"
+    if verbose:
+        return f"the value '{shown}' of type '{amqp_type_name(value)}'"
+    return f"'{shown}'"
 
 
 def equivalence_mismatch(current: dict, received: dict) -> str | None:
@@ -201,7 +215,7 @@ def equivalence_mismatch(current: dict, received: dict) -> str | None:
         a, b = current.get(name), received.get(name)
         if _norm(a) != _norm(b):
             return f"inequivalent arg '{name}' for queue '{{queue}}' in vhost '{{vhost}}': " \
-                   f"received {describe(b)} but current is {describe(a)}"
+                   f"received {describe(b, a is None)} but current is {describe(a, b is None)}"
     return None
 
 

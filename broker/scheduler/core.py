@@ -1,11 +1,16 @@
 """The broker-wide scheduler: a heap of (due, id) over pending scheduled messages.
 
 Pending messages live, per vhost, in an internal durable queue
-(``amq.triomq.scheduled``: the ``amq.`` prefix means clients can neither declare,
-bind nor route to it, and it is kept out of ``vhost.queues``). Each stored
-message carries its own schedule state in ``x-triomq-*`` headers, so storage
-needs nothing beyond the ordinary ``Store`` calls (enqueue / remove) and a
-restart rebuilds the heap from the recovered entries.
+(``amq.triomq.scheduled``). It stays in ``vhost.queues`` so every store
+backend treats it as an ordinary durable queue (definitions, checkpoints), but
+clients cannot use it: the ``amq.`` prefix forbids declaring it, it is
+exclusively owned by the broker (passive declare, bind, consume, get, purge and
+delete give 405 RESOURCE_LOCKED), x-max-length 0 + reject-publish refuses
+anything routed to it, and its ready store is a read-only view over the
+scheduler's items (length 0 for the dispatcher). Each stored message carries
+its own schedule state in ``x-triomq-*`` headers, so storage needs nothing
+beyond the ordinary ``Store`` calls (enqueue / remove) and a restart rebuilds
+the heap from the recovered entries.
 
 Firing an occurrence: route a copy through the original exchange (no hooks,
 no mandatory), then either remove the stored entry (done) or write the next
@@ -37,6 +42,50 @@ STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN)
 
 FIRE_BATCH = 2000  # occurrences per timer callback before yielding to connections
 EARLY_SLACK = 0.0002  # arm the timer this much after the due time (never early)
+
+
+class _SystemOwner:
+    """Exclusive owner of the internal queues: never a client session."""
+
+    def __repr__(self) -> str:
+        return "<triomq scheduler>"
+
+
+SYSTEM_OWNER = _SystemOwner()
+
+
+class ScheduledView:
+    """The internal queue's ``ready``: empty for the dispatcher, iterable for the
+    stores' checkpoints (every pending entry of the vhost)."""
+
+    def __init__(self, scheduler, vhost_name: str):
+        self._scheduler = scheduler
+        self._vhost = vhost_name
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self):
+        vhost = self._vhost
+        return iter([i.entry for i in self._scheduler.items.values() if i.vhost == vhost])
+
+    def append(self, entry) -> None:  # never reached: max-length 0 refuses publishes
+        pass
+
+    def requeue(self, entry) -> None:
+        pass
+
+    def popleft(self):
+        raise IndexError("scheduled view")
+
+    def peek(self):
+        return None
+
+    def clear(self) -> list:
+        return []
+
+    def pop_tail(self):
+        raise IndexError("scheduled view")
 
 
 class Item:
@@ -92,9 +141,16 @@ class Scheduler:
             q = Queue(vhost, INTERNAL_QUEUE, durable=True, arguments={},
                       opts=parse_queue_arguments({}))
             vhost.add_queue(q)  # attaches the store and saves the definition
-            vhost.queues.pop(INTERNAL_QUEUE, None)  # invisible to clients and to routing
-            self.queues[vhost.name] = q
+            self._lock_down(vhost, q)
         return q
+
+    def _lock_down(self, vhost, q: Queue) -> None:
+        q.exclusive_owner = SYSTEM_OWNER
+        q.opts.max_length = 0
+        q.opts.overflow = "reject-publish"
+        q.ready = ScheduledView(self, vhost.name)
+        q.ready_bytes = 0
+        self.queues[vhost.name] = q
 
     def _store_enqueue(self, q: Queue, entry: QueueEntry) -> None:
         if q.store is not None and entry.message.persistent:
@@ -272,12 +328,11 @@ class Scheduler:
         restored = 0
         max_seq = 0
         for vhost in self.broker.vhosts.values():
-            q = vhost.queues.pop(INTERNAL_QUEUE, None)
+            q = vhost.queues.get(INTERNAL_QUEUE)
             if q is None:
                 continue
-            self.queues[vhost.name] = q
             entries = q.ready.clear()
-            q.ready_bytes = 0
+            self._lock_down(vhost, q)
             for entry in entries:
                 max_seq = max(max_seq, entry.seq)
                 if self._restore(vhost, q, entry):
