@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def _run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,12 +82,16 @@ def _run(args) -> int:
         store = open_store(config.store, config.data_dir, config.flush)
         broker = Broker(config, store)
         trio.run(run_server, broker, config.host, config.port)
-    except StoreUnavailable as exc:
-        print(f"triomq: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"triomq: error: {describe_listen_error(exc, config.host, config.port)}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         pass
+    except BaseException as exc:  # trio wraps failures of its tasks in exception groups
+        leaf = _leaf(exc)
+        if isinstance(leaf, StoreUnavailable):
+            print(f"triomq: error: {leaf}", file=sys.stderr)
+            return 1
+        if isinstance(leaf, OSError):
+            print(f"triomq: error: {describe_listen_error(leaf, config.host, config.port)}",
+                  file=sys.stderr)
+            return 1
+        raise
     return 0

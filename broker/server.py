@@ -165,6 +165,7 @@ class Server:
         self._unblocked = trio.Event()
         self.listeners = []
         self.port = None
+        self._accept_scope = trio.CancelScope()
 
     def unblocked_event(self) -> trio.Event:
         if not self.broker.blocked:
@@ -231,7 +232,10 @@ class Server:
             self.port = listeners[0].socket.getsockname()[1]
             log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
             task_status.started(self.port)
-            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            with trio.CancelScope() as self._accept_scope:
+                await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            for listener in listeners:
+                await listener.aclose()
 
     async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         store = self.broker.store
@@ -248,8 +252,7 @@ class Server:
 
     async def shutdown(self) -> None:
         """Close every connection with 320 CONNECTION_FORCED, then stop."""
-        for listener in self.listeners:
-            await listener.aclose()
+        self._accept_scope.cancel()
         for handler in list(self.handlers):
             handler.session.force_close(320, SHUTDOWN_TEXT)
         with trio.move_on_after(2):
