@@ -1,0 +1,477 @@
+"""Delayed and scheduled delivery (issue 4) with real clients (pika, aio-pika).
+
+Covers the x-delayed-message exchange (RabbitMQ plugin contract), ActiveMQ-style
+AMQ_SCHEDULED_* headers, refusal of bad input, the `scheduled` CLI (online and
+offline), and durability across a clean restart and kill -9 for each store
+backend available (the default journal and sqlite).
+
+These tests start their own brokers (own data dir, free port) so they can kill
+and restart them; they are skipped when the suite runs against --broker-url.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def store_available(kind: str) -> str | None:
+    """None when usable, else why not."""
+    try:
+        if kind == "journal":
+            import broker.persistence.journal  # noqa: F401
+        elif kind == "sqlite":
+            import broker.persistence.sql  # noqa: F401
+    except ModuleNotFoundError as exc:
+        return f"store backend {kind!r} not importable yet ({exc})"
+    return None
+
+
+class BrokerProc:
+    """A TrioMQ subprocess on a data dir we own: start, stop (SIGTERM), kill (-9), restart."""
+
+    def __init__(self, data_dir: Path, store_args=()):
+        self.data_dir = Path(data_dir)
+        self.store_args = list(store_args)
+        self.proc = None
+        self.port = None
+        self.log = self.data_dir.parent / (self.data_dir.name + "-stderr.log")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 20.0) -> "BrokerProc":
+        self.port = _free_port()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
+               "--data-dir", str(self.data_dir), *self.store_args]
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"broker exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("broker did not start:\n" + self.log.read_text()[-3000:])
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def connect(self) -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.URLParameters(self.url + "?heartbeat=0"))
+
+    def cli(self, *args, check=True) -> subprocess.CompletedProcess:
+        cmd = [PY, "-m", "broker", "scheduled", *args, "--data-dir", str(self.data_dir),
+               *self.store_args]
+        r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def cli_json(self, *args) -> dict:
+        return json.loads(self.cli(*args, "--json").stdout)
+
+
+@pytest.fixture
+def make_broker(tmp_path, external_broker):
+    if external_broker:
+        pytest.skip("needs a TrioMQ it can restart (not --broker-url)")
+    started = []
+
+    def make(store_args=(), name="data"):
+        b = BrokerProc(tmp_path / name, store_args)
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def broker(make_broker):
+    return make_broker().start()
+
+
+STORES = ["journal", "sqlite"]
+
+
+@pytest.fixture(params=STORES)
+def durable_broker(request, make_broker, tmp_path):
+    why = store_available(request.param)
+    if why:
+        pytest.skip(why)
+    args = [] if request.param == "journal" else ["--store", f"sqlite:///{tmp_path}/sched.db"]
+    return make_broker(args)
+
+
+def drain(conn, ch, queue, until, want=None):
+    """Consume from queue until time `until` (or `want` messages); returns [(t, props, body)]."""
+    got = []
+    tag = ch.basic_consume(queue, lambda c, m, p, b: got.append((time.time(), p, b)), auto_ack=True)
+    while time.time() < until and (want is None or len(got) < want):
+        conn.process_data_events(time_limit=min(0.05, max(0.0, until - time.time())))
+    ch.basic_cancel(tag)
+    return got
+
+
+# ----------------------------------------------------------------- x-delayed-message
+def test_delayed_exchange_routes_when_due(broker):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.exchange_declare("dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    ch.queue_declare("dq")
+    ch.queue_bind("dq", "dx", "k")
+    ch.confirm_delivery()
+    t0 = time.time()
+    ch.basic_publish("dx", "k", b"late", pika.BasicProperties(headers={"x-delay": 600}))
+    ch.basic_publish("dx", "k", b"now")  # no x-delay: routed at once
+    got = drain(conn, ch, "dq", t0 + 3, want=2)
+    assert [b for _, _, b in got] == [b"now", b"late"]
+    assert got[0][0] - t0 < 0.4
+    assert got[1][0] - t0 >= 0.6
+    assert got[1][0] - t0 < 1.5
+    assert got[1][1].headers["x-delay"] == -600  # as the plugin: negated on delivery
+    conn.close()
+
+
+@pytest.mark.parametrize("xtype,key,bind_key,bind_args,headers", [
+    ("fanout", "any", "", None, {}),
+    ("topic", "a.b.c", "a.#", None, {}),
+    ("headers", "", "", {"x-match": "all", "color": "red"}, {"color": "red"}),
+])
+def test_delayed_exchange_types(broker, xtype, key, bind_key, bind_args, headers):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.exchange_declare("dx", "x-delayed-message", arguments={"x-delayed-type": xtype})
+    ch.queue_declare("dq")
+    ch.queue_bind("dq", "dx", bind_key, arguments=bind_args)
+    t0 = time.time()
+    ch.basic_publish("dx", key, b"m", pika.BasicProperties(headers={"x-delay": 300, **headers}))
+    got = drain(conn, ch, "dq", t0 + 3, want=1)
+    assert len(got) == 1 and got[0][0] - t0 >= 0.3
+    conn.close()
+
+
+@pytest.mark.parametrize("args", [{}, {"x-delayed-type": "nope"},
+                                  {"x-delayed-type": "x-delayed-message"}])
+def test_delayed_exchange_needs_delayed_type(broker, args):
+    conn = broker.connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.exchange_declare("bad", "x-delayed-message", arguments=args)
+    assert exc.value.reply_code == 406
+    assert "Invalid argument, 'x-delayed-type' must be an existing exchange type" in exc.value.reply_text
+    conn.close()
+
+
+def test_delayed_mandatory_confirm_and_alternate_exchange(broker):
+    """Plugin contract: confirm on accept; mandatory cannot be honoured at publish time
+    (basic.return NO_ROUTE at once, message still delayed); the alternate exchange is
+    used when the message is routed (due) and nothing matches."""
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.exchange_declare("ae", "fanout")
+    ch.queue_declare("aeq")
+    ch.queue_bind("aeq", "ae", "")
+    ch.exchange_declare("dx", "x-delayed-message",
+                        arguments={"x-delayed-type": "direct", "alternate-exchange": "ae"})
+    ch.queue_declare("dq")
+    ch.queue_bind("dq", "dx", "k")
+    ch.confirm_delivery()
+    t0 = time.time()
+    with pytest.raises(pika.exceptions.UnroutableError) as exc:
+        # pika: acked (not nacked) *and* returned 312 NO_ROUTE before the ack
+        ch.basic_publish("dx", "k", b"mand", pika.BasicProperties(headers={"x-delay": 500}),
+                         mandatory=True)
+    assert [(m.method.reply_code, m.body) for m in exc.value.messages] == [(312, b"mand")]
+    ch.basic_publish("dx", "unbound", b"to-ae", pika.BasicProperties(headers={"x-delay": 500}))
+    assert ch.basic_get("aeq", auto_ack=True)[0] is None  # not before it is due
+    got = drain(conn, ch, "dq", t0 + 3, want=1)
+    assert [b for _, _, b in got] == [b"mand"] and got[0][0] - t0 >= 0.5
+    deadline = time.time() + 3
+    while True:
+        m = ch.basic_get("aeq", auto_ack=True)
+        if m[0] is not None:
+            assert m[2] == b"to-ae"
+            break
+        assert time.time() < deadline
+        conn.sleep(0.05)
+    conn.close()
+
+
+# ----------------------------------------------------------------- ActiveMQ headers
+def test_amq_delay_period_repeat_aio_pika(broker):
+    import aio_pika
+
+    async def run():
+        conn = await aio_pika.connect_robust(broker.url)
+        async with conn:
+            ch = await conn.channel()
+            q = await ch.declare_queue("amq", auto_delete=False)
+            t0 = time.time()
+            await ch.default_exchange.publish(
+                aio_pika.Message(b"tick", headers={"AMQ_SCHEDULED_DELAY": 300,
+                                                   "AMQ_SCHEDULED_PERIOD": 200,
+                                                   "AMQ_SCHEDULED_REPEAT": 3}),
+                routing_key="amq")
+            times = []
+            async with q.iterator() as it:
+                async for msg in it:
+                    async with msg.process():
+                        times.append(time.time() - t0)
+                    if len(times) == 4:
+                        break
+            await asyncio.sleep(0.5)
+            extra = await q.get(no_ack=True, fail=False)
+            return times, extra
+
+    times, extra = asyncio.run(asyncio.wait_for(run(), 20))
+    assert extra is None  # four deliveries, not five
+    for i, t in enumerate(times):
+        assert t >= 0.3 + 0.2 * i, times  # never early
+        assert t < 0.3 + 0.2 * i + 0.5, times
+
+
+def test_amq_cron_runs_and_cli_remove(broker):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.queue_declare("cq")
+    # croniter's optional 6th field is seconds: every second, each run = 2 deliveries 100 ms apart
+    ch.basic_publish("", "cq", b"c", pika.BasicProperties(headers={
+        "AMQ_SCHEDULED_CRON": "* * * * * *", "AMQ_SCHEDULED_PERIOD": 100,
+        "AMQ_SCHEDULED_REPEAT": 1}))
+    got = drain(conn, ch, "cq", time.time() + 2.6)
+    assert len(got) >= 4, got
+    listing = broker.cli_json("list")
+    assert len(listing["items"]) == 1 and listing["items"][0]["cron"] == "* * * * * *"
+    sid = listing["items"][0]["id"]
+    assert broker.cli("remove", sid).returncode == 0
+    assert broker.cli("remove", sid, check=False).returncode == 1
+    conn.sleep(0.3)
+    ch.queue_purge("cq")
+    assert drain(conn, ch, "cq", time.time() + 1.5) == []
+    conn.close()
+
+
+def test_amq_mandatory_unroutable_returned_not_scheduled(broker):
+    conn = broker.connect()
+    ch = conn.channel()
+    returned = []
+    ch.add_on_return_callback(lambda c, m, p, b: returned.append(m.reply_text))
+    ch.basic_publish("", "no-such-queue", b"x", pika.BasicProperties(
+        headers={"AMQ_SCHEDULED_DELAY": 200}), mandatory=True)
+    conn.process_data_events(time_limit=0.3)
+    assert returned == ["NO_ROUTE"]
+    assert broker.cli_json("stats")["stats"]["pending"] == 0
+    conn.close()
+
+
+@pytest.mark.parametrize("headers,named", [
+    ({"AMQ_SCHEDULED_DELAY": -5}, "AMQ_SCHEDULED_DELAY"),
+    ({"AMQ_SCHEDULED_DELAY": "soon"}, "AMQ_SCHEDULED_DELAY"),
+    ({"AMQ_SCHEDULED_DELAY": "1.5"}, "AMQ_SCHEDULED_DELAY"),
+    ({"AMQ_SCHEDULED_CRON": "61 * * * *"}, "AMQ_SCHEDULED_CRON"),
+    ({"AMQ_SCHEDULED_CRON": "not a cron"}, "AMQ_SCHEDULED_CRON"),
+    ({"AMQ_SCHEDULED_DELAY": 100, "AMQ_SCHEDULED_PERIOD": 100}, "AMQ_SCHEDULED_PERIOD"),
+    ({"AMQ_SCHEDULED_REPEAT": 3}, "AMQ_SCHEDULED_REPEAT"),
+    ({"AMQ_SCHEDULED_REPEAT": -1, "AMQ_SCHEDULED_PERIOD": 10}, "AMQ_SCHEDULED_REPEAT"),
+])
+def test_bad_schedule_headers_refused(broker, headers, named):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.queue_declare("bq")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.basic_publish("", "bq", b"x", pika.BasicProperties(headers=headers))
+        ch.queue_declare("bq", passive=True)  # round trip to see the close
+    assert exc.value.reply_code == 406
+    assert named in exc.value.reply_text
+    assert broker.cli_json("stats")["stats"]["pending"] == 0  # nothing half-scheduled
+    conn.close()
+
+
+@pytest.mark.parametrize("value", [-1, "abc", True])
+def test_bad_x_delay_refused(broker, value):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.exchange_declare("dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.basic_publish("dx", "k", b"x", pika.BasicProperties(headers={"x-delay": value}))
+        ch.exchange_declare("dx", passive=True)
+    assert exc.value.reply_code == 406 and "x-delay" in exc.value.reply_text
+    conn.close()
+
+
+def test_internal_queue_invisible(broker):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.queue_declare("v")
+    ch.basic_publish("", "v", b"x", pika.BasicProperties(headers={"AMQ_SCHEDULED_DELAY": 5000}))
+    for op in (lambda c: c.queue_declare("amq.triomq.scheduled", passive=True),
+               lambda c: c.queue_declare("amq.triomq.scheduled"),
+               lambda c: c.basic_get("amq.triomq.scheduled"),
+               lambda c: c.queue_purge("amq.triomq.scheduled"),
+               lambda c: c.queue_bind("amq.triomq.scheduled", "amq.direct", "x")):
+        c = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            op(c)
+        assert exc.value.reply_code in (403, 405)
+    c = conn.channel()
+    c.confirm_delivery()
+    with pytest.raises(pika.exceptions.NackError):  # routing to it by name is refused
+        c.basic_publish("", "amq.triomq.scheduled", b"intruder")
+    assert broker.cli_json("stats")["stats"]["pending"] == 1
+    conn.close()
+
+
+def test_cli_list_remove_all_stats_online(broker):
+    conn = broker.connect()
+    ch = conn.channel()
+    ch.queue_declare("m")
+    for i in range(5):
+        ch.basic_publish("", "m", b"%d" % i, pika.BasicProperties(
+            headers={"AMQ_SCHEDULED_DELAY": 60000 + i}))
+    conn.sleep(0.2)
+    stats = broker.cli_json("stats")["stats"]
+    assert stats["pending"] == 5 and stats["pending_by_kind"] == {"amq": 5}
+    text = broker.cli("list").stdout
+    assert "5 pending" in text
+    assert broker.cli_json("remove-all")["removed"] == 5
+    assert broker.cli_json("stats")["stats"]["pending"] == 0
+    conn.close()
+
+
+# ----------------------------------------------------------------- durability
+def _declare(ch):
+    ch.exchange_declare("dx", "x-delayed-message", durable=True,
+                        arguments={"x-delayed-type": "direct"})
+    ch.queue_declare("dq", durable=True)
+    ch.queue_bind("dq", "dx", "k")
+
+
+def _get_all(ch, queue):
+    out = []
+    while True:
+        m = ch.basic_get(queue, auto_ack=True)
+        if m[0] is None:
+            return out
+        out.append(m[2])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["restart", "kill9"])
+def test_durable_across_restart(durable_broker, how):
+    b = durable_broker.start()
+    conn = b.connect()
+    ch = conn.channel()
+    _declare(ch)
+    ch.confirm_delivery()
+    persistent = dict(delivery_mode=2)
+    for i in range(20):  # due while the broker is down
+        ch.basic_publish("dx", "k", b"soon-%d" % i,
+                         pika.BasicProperties(headers={"x-delay": 1000}, **persistent))
+    ch.basic_publish("dx", "k", b"later", pika.BasicProperties(headers={"x-delay": 6000}, **persistent))
+    ch.basic_publish("", "dq", b"rep", pika.BasicProperties(headers={
+        "AMQ_SCHEDULED_DELAY": 500, "AMQ_SCHEDULED_PERIOD": 300, "AMQ_SCHEDULED_REPEAT": 2},
+        **persistent))
+    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1000}))
+    assert b.cli_json("stats")["stats"]["pending"] == 23
+    conn.close()
+    b.kill9() if how == "kill9" else b.stop()
+    time.sleep(2.0)  # "soon" and the repeats fall due while the broker is down
+    t_start = time.time()
+    b.start()
+    conn = b.connect()
+    ch = conn.channel()
+    deadline = time.time() + 3
+    got = []
+    while len(got) < 23 and time.time() < deadline:
+        got += _get_all(ch, "dq")
+        conn.sleep(0.05)
+    soon = sorted(x for x in got if x.startswith(b"soon"))
+    assert soon == sorted(b"soon-%d" % i for i in range(20))  # all, exactly once
+    assert got.count(b"rep") == 3
+    assert time.time() - t_start < 6  # overdue ones came promptly
+    assert b"later" not in got and b"transient" not in got  # transient: not kept, as documented
+    assert [i["kind"] for i in b.cli_json("list")["items"]] == ["delay"]
+    got2 = drain(conn, ch, "dq", time.time() + 8, want=1)
+    assert [x for _, _, x in got2] == [b"later"]
+    assert b.cli_json("stats")["stats"]["pending"] == 0
+    conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_cli_offline_remove(durable_broker):
+    b = durable_broker.start()
+    conn = b.connect()
+    ch = conn.channel()
+    _declare(ch)
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("dx", "k", b"%d" % i, pika.BasicProperties(
+            delivery_mode=2, headers={"x-delay": 4000}))
+    conn.close()
+    b.stop()
+    listing = b.cli_json("list")
+    assert listing.get("offline") is True and len(listing["items"]) == 3
+    sid = listing["items"][0]["id"]
+    assert b.cli_json("remove", sid)["ok"] is True
+    assert len(b.cli_json("list")["items"]) == 2
+    b.start()
+    conn = b.connect()
+    ch = conn.channel()
+    got = drain(conn, ch, "dq", time.time() + 6, want=2)
+    assert len(got) == 2
+    conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_memory_store_does_not_persist(make_broker):
+    b = make_broker(["--store", "memory"]).start()
+    conn = b.connect()
+    ch = conn.channel()
+    ch.queue_declare("m")
+    ch.basic_publish("", "m", b"x", pika.BasicProperties(delivery_mode=2,
+                                                         headers={"AMQ_SCHEDULED_DELAY": 300}))
+    conn.close()
+    b.stop()
+    b.start()
+    assert b.cli_json("stats")["stats"]["pending"] == 0
