@@ -6,14 +6,16 @@ Run against another broker (e.g. the reference RabbitMQ):
     pytest interop-tests --broker-url amqp://guest:guest@127.0.0.1:5672/
     BROKER_URL=amqp://guest:guest@127.0.0.1:5672/ pytest interop-tests
 
-Every test gets a 60 s pytest-timeout unless it carries its own
-``@pytest.mark.timeout`` or ``--timeout`` is given on the command line.
+Every test in this directory gets a 60 s pytest-timeout (added as a marker in
+pytest_collection_modifyitems, so it beats the ini ``timeout``) unless it carries
+its own ``@pytest.mark.timeout`` or ``--timeout`` is given on the command line.
+
+$TRIOMQ_ARGS adds extra arguments to the broker command line (e.g. "--store memory").
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,14 +57,13 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than a couple of seconds")
-
-
 def pytest_collection_modifyitems(config, items):
     if config.getoption("timeout", None) is not None:
         return
     for item in items:
+        # only this suite's tests (a repo-wide run keeps the project's own timeout)
+        if HERE not in Path(str(item.fspath)).resolve().parents:
+            continue
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
