@@ -28,7 +28,7 @@ import time
 from ..queues.args import parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
-from .spec import AMQ_HEADERS, X_DELAY, Schedule, ScheduleError, parse_amq
+from .spec import X_DELAY, Schedule
 
 log = logging.getLogger("broker.scheduler")
 
@@ -38,7 +38,11 @@ H_KIND = "x-triomq-kind"
 H_DUE = "x-triomq-due"
 H_LEFT = "x-triomq-left"
 H_RUN = "x-triomq-run"
-STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN)
+H_DELAY = "x-triomq-delay"
+H_PERIOD = "x-triomq-period"
+H_REPEAT = "x-triomq-repeat"
+H_CRON = "x-triomq-cron"
+STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN, H_DELAY, H_PERIOD, H_REPEAT, H_CRON)
 
 FIRE_BATCH = 2000  # occurrences per timer callback before yielding to connections
 EARLY_SLACK = 0.0002  # arm the timer this much after the due time (never early)
@@ -160,11 +164,17 @@ class Scheduler:
         if q.store is not None and entry.message.persistent:
             q.store.remove(q, entry)
 
-    def _stored_message(self, message, sid: str, kind: str, due: float, left: int, run: float):
+    def _stored_message(self, message, sid: str, sched: Schedule, due: float, left: int,
+                        run: float):
         props = dict(message.properties)
         headers = dict(props.get("headers") or {})
         headers[H_SID] = sid.encode()
-        headers[H_KIND] = kind.encode()
+        headers[H_KIND] = sched.kind.encode()
+        headers[H_DELAY] = sched.delay
+        headers[H_PERIOD] = sched.period
+        headers[H_REPEAT] = sched.repeat
+        if sched.cron:
+            headers[H_CRON] = sched.cron.encode()
         headers[H_DUE] = int(round(due * 1000))
         headers[H_LEFT] = left
         headers[H_RUN] = int(round(run * 1000))
@@ -192,7 +202,7 @@ class Scheduler:
         due, left, run = schedule.first(now)
         sid = self.new_sid()
         q = self.internal_queue(vhost)
-        stored = self._stored_message(message, sid, schedule.kind, due, left, run)
+        stored = self._stored_message(message, sid, schedule, due, left, run)
         entry = QueueEntry(stored, next(self._seq))
         self._store_enqueue(q, entry)
         item = Item(sid, vhost.name, entry, due, left, run, schedule)
@@ -264,7 +274,7 @@ class Scheduler:
                 self._store_remove(q, old)
             return
         due, left, run = nxt
-        stored = self._stored_message(old.message, item.sid, item.schedule.kind, due, left, run)
+        stored = self._stored_message(old.message, item.sid, item.schedule, due, left, run)
         entry = QueueEntry(stored, next(self._seq))
         if q is not None:
             self._store_enqueue(q, entry)  # new occurrence first ...
@@ -352,12 +362,11 @@ class Scheduler:
             due = int(headers[H_DUE]) / 1000.0
             left = int(headers[H_LEFT])
             run = int(headers[H_RUN]) / 1000.0
-            if kind == "delay":
-                schedule = Schedule("delay", delay=abs(int(headers[X_DELAY])))
-            else:
-                schedule = parse_amq(headers)
-                if schedule is None:
-                    raise ScheduleError(AMQ_HEADERS[0], "no schedule")
+            if kind not in ("delay", "amq"):
+                raise ValueError(f"unknown kind {kind!r}")
+            cron = _text(headers[H_CRON]) if H_CRON in headers else None
+            schedule = Schedule(kind, delay=int(headers[H_DELAY]), period=int(headers[H_PERIOD]),
+                                repeat=int(headers[H_REPEAT]), cron=cron)
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("scheduler: dropping unreadable stored entry %s (%s)", entry.seq, exc)
             q.store is not None and q.store.remove(q, entry)

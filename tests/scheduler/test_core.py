@@ -1,0 +1,140 @@
+"""The scheduler's heap with a fake wall clock: order, precision, removal, recovery."""
+import random
+
+import pytest
+
+from broker.amqp.fields import encode_properties
+from broker.broker import Broker
+from broker.message import Message
+from broker.queues.args import parse_queue_arguments
+from broker.queues.queue import Queue
+from broker.scheduler.core import INTERNAL_QUEUE, Scheduler
+from broker.scheduler.spec import Schedule
+
+
+class Clock:
+    def __init__(self, t=1_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def make(clock):
+    b = Broker()
+    s = Scheduler(b, clock=clock)
+    v = b.vhosts["/"]
+    q = Queue(v, "out", opts=parse_queue_arguments({}))
+    v.add_queue(q)
+    return b, s, v, q
+
+
+def msg(body, headers=None, rk="out"):
+    props = {"headers": dict(headers or {})}
+    return Message("", rk, encode_properties(props), props, body)
+
+
+def drain(q):
+    out = []
+    while len(q.ready):
+        out.append(q.ready.popleft().message)
+    return out
+
+
+def test_fires_in_due_order_never_early():
+    clock = Clock()
+    b, s, v, q = make(clock)
+    delays = list(range(1, 500))
+    random.Random(1).shuffle(delays)
+    for d in delays:
+        s.schedule(v, msg(str(d).encode()), Schedule("amq", delay=d))
+    got = []
+    for step in range(0, 501):
+        clock.t = 1_000_000.0 + step / 1000.0
+        s.run_due()
+        for m in drain(q):
+            assert int(m.body) <= step  # never early
+            got.append(int(m.body))
+            assert int(m.body) == step  # and not late when run every ms
+    assert got == sorted(delays)
+    assert s.items == {}
+
+
+def test_periodic_item_keeps_id_and_strips_state_headers():
+    clock = Clock()
+    b, s, v, q = make(clock)
+    item = s.schedule(v, msg(b"p", {"AMQ_SCHEDULED_DELAY": 10}), Schedule("amq", delay=10, period=5, repeat=2))
+    sid = item.sid
+    for t in (0.010, 0.015, 0.020):
+        clock.t += 0.005 if t > 0.010 else 0.010
+        assert s.run_due() == 1
+        (m,) = drain(q)
+        assert not any(k.startswith("x-triomq") for k in m.headers)
+        assert m.headers["AMQ_SCHEDULED_DELAY"] == 10
+        if t < 0.020:
+            assert sid in s.items
+    assert s.items == {}
+
+
+def test_remove_and_remove_all():
+    clock = Clock()
+    b, s, v, q = make(clock)
+    items = [s.schedule(v, msg(b"%d" % i), Schedule("amq", delay=100)) for i in range(10)]
+    assert s.remove(items[3].sid)
+    assert not s.remove(items[3].sid)
+    assert s.stats()["pending"] == 9
+    assert s.remove_all() == 9
+    clock.t += 1
+    assert s.run_due() == 0 and drain(q) == []
+
+
+def test_batch_limit_bounds_work_per_callback():
+    clock = Clock()
+    b, s, v, q = make(clock)
+    for i in range(5000):
+        s.schedule(v, msg(b"x"), Schedule("amq", delay=1))
+    clock.t += 1
+    assert s.run_due(limit=2000) == 2000
+    assert s.run_due(limit=2000) == 2000
+    assert s.run_due(limit=2000) == 1000
+
+
+def test_recovery_rebuilds_heap_and_dedups_half_written_occurrence():
+    """Entries as a store would hand them back: the internal queue with ready entries."""
+    clock = Clock()
+    b, s, v, q = make(clock)
+    item = s.schedule(v, msg(b"p"), Schedule("amq", delay=10, period=10, repeat=5))
+    other = s.schedule(v, msg(b"o"), Schedule("delay", delay=50))
+    first_entry = item.entry
+    clock.t += 0.010
+    s.run_due()
+    drain(q)
+    second_entry = item.entry
+    # simulate a crash after "write next" but before "remove fired": both stored
+    b2, s2, v2, q2 = make(clock)
+    rq = Queue(v2, INTERNAL_QUEUE, durable=True, opts=parse_queue_arguments({}))
+    v2.add_queue(rq)
+    for e in (first_entry, other.entry, second_entry):
+        rq.ready.append(e)
+    assert s2.recovered() == 2
+    assert set(s2.items) == {item.sid, other.sid}
+    assert s2.items[item.sid].entry is second_entry
+    assert v2.queues[INTERNAL_QUEUE].message_count == 0  # view: nothing to dispatch
+    clock.t += 1.0  # overdue: fire at once
+    s2.run_due()
+    bodies = [m.body for m in drain(q2)]
+    assert bodies.count(b"o") == 1
+    # 6 occurrences in all: 1 fired before the "crash", the 5 overdue ones now, none twice
+    assert bodies.count(b"p") == 5
+    assert s2.items == {}
+
+
+def test_timer_integration_arms_broker_timer():
+    b = Broker()
+    s = b.scheduler
+    v = b.vhosts["/"]
+    q = Queue(v, "out", opts=parse_queue_arguments({}))
+    v.add_queue(q)
+    s.schedule(v, msg(b"x"), Schedule("amq", delay=20))
+    deadline = b.timers.next_deadline()
+    assert deadline is not None and deadline >= b.timers.now() + 0.019
