@@ -475,3 +475,39 @@ def test_memory_store_does_not_persist(make_broker):
     b.stop()
     b.start()
     assert b.cli_json("stats")["stats"]["pending"] == 0
+
+
+# ----------------------------------------------------------------- example: limited-time orders
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["restart", "kill9"])
+def test_limited_time_orders_example_survives_broker_restart(durable_broker, tmp_path, how):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "limited_time_orders", REPO / "docs" / "examples" / "limited_time_orders.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    b = durable_broker.start()
+    db_path = str(tmp_path / "orders.db")
+    db = ex.open_db(db_path)
+    conn = b.connect()
+    ch = conn.channel()
+    ex.declare(ch)
+    ch.confirm_delivery()
+    for oid in ("o-paid", "o-unpaid", "o-late"):
+        ex.create_order(ch, db, oid, 1.5 if oid != "o-late" else 5.0)
+    conn.close()
+    assert ex.pay(db, "o-paid")
+    b.kill9() if how == "kill9" else b.stop()  # the broker goes down in the middle
+    time.sleep(2.0)  # o-paid / o-unpaid deadlines pass while it is down
+    b.start()
+    logs = []
+    ex.run_canceller(b.url, db_path, stop_after=1.5, log=logs.append)
+    assert ex.status(db, "o-unpaid") == "cancelled"
+    assert ex.status(db, "o-paid") == "paid"
+    assert ex.status(db, "o-late") == "unpaid"  # not yet due
+    assert ex.pay(db, "o-late")  # paid in time: the deadline will find it paid
+    ex.run_canceller(b.url, db_path, stop_after=4.0, log=logs.append)
+    assert ex.status(db, "o-late") == "paid"
+    assert sum("o-unpaid" in line and "cancelled" in line for line in logs) == 1
+    assert any("o-late" in line and "already paid" in line for line in logs)
