@@ -23,8 +23,10 @@ import heapq
 import itertools
 import logging
 import os
+import struct
 import time
 
+from ..message import Message
 from ..queues.args import parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
@@ -71,7 +73,7 @@ class ScheduledView:
 
     def __iter__(self):
         vhost = self._vhost
-        return iter([i.entry for i in self._scheduler.items.values() if i.vhost == vhost])
+        return iter([i.entry for i in self._scheduler.items.values() if i.stored and i.vhost == vhost])
 
     def append(self, entry) -> None:  # never reached: max-length 0 refuses publishes
         pass
@@ -93,9 +95,10 @@ class ScheduledView:
 
 
 class Item:
-    __slots__ = ("sid", "vhost", "entry", "due", "left", "run", "schedule", "cancelled")
+    __slots__ = ("sid", "vhost", "entry", "due", "left", "run", "schedule", "cancelled", "stored")
 
-    def __init__(self, sid, vhost, entry, due, left, run, schedule):
+    def __init__(self, sid, vhost, entry, due, left, run, schedule, stored=True):
+        self.stored = stored  # entry.message carries x-triomq-* state (it is in a store)
         self.sid = sid
         self.vhost = vhost
         self.entry = entry
@@ -113,6 +116,30 @@ class Item:
                 "delay": s.delay, "period": s.period, "repeat": s.repeat, "cron": s.cron,
                 "remaining_in_run": self.left, "persistent": msg.persistent,
                 "size": len(msg.body)}
+
+
+_SIGNED = {ord("b"): struct.Struct(">b"), ord("s"): struct.Struct(">h"),
+           ord("I"): struct.Struct(">i"), ord("l"): struct.Struct(">q")}
+_X_DELAY_KEY = bytes((len(X_DELAY),)) + X_DELAY.encode()
+
+
+def negate_x_delay(raw: bytes, delay: int):
+    """props_raw with the x-delay header value replaced by -delay, patched in place
+    (same width), or None when the encoding is not a plain signed integer."""
+    at = raw.find(_X_DELAY_KEY)
+    if at < 0:
+        return None
+    tag_at = at + len(_X_DELAY_KEY)
+    if tag_at >= len(raw):
+        return None
+    packer = _SIGNED.get(raw[tag_at])
+    if packer is None:
+        return None
+    try:
+        value = packer.pack(-delay)
+    except struct.error:
+        return None
+    return raw[:tag_at + 1] + value + raw[tag_at + 1 + packer.size:]
 
 
 def _text(value) -> str:
@@ -156,7 +183,7 @@ class Scheduler:
         q.ready_bytes = 0
         self.queues[vhost.name] = q
 
-    def _store_enqueue(self, q: Queue, entry: QueueEntry) -> None:
+    def _store_enqueue(self, q: Queue, entry: QueueEntry) -> None:  # stored items only
         if q.store is not None and entry.message.persistent:
             q.store.enqueue(q, entry)
 
@@ -183,6 +210,19 @@ class Scheduler:
 
     def _delivery_message(self, item: Item):
         stored = item.entry.message
+        if not item.stored:
+            # the published message as it came (no state headers): no re-encoding
+            raw, props = stored.props_raw, stored.properties
+            if item.schedule.kind == "delay":
+                patched = negate_x_delay(raw, item.schedule.delay)
+                if patched is not None:
+                    props = dict(props)
+                    headers = dict(props.get("headers") or {})
+                    headers[X_DELAY] = -item.schedule.delay
+                    props["headers"] = headers
+                    return Message(stored.exchange, stored.routing_key, patched, props, stored.body)
+            else:
+                return Message(stored.exchange, stored.routing_key, raw, props, stored.body)
         props = dict(stored.properties)
         headers = dict(props.get("headers") or {})
         for h in STATE_HEADERS:
@@ -202,10 +242,13 @@ class Scheduler:
         due, left, run = schedule.first(now)
         sid = self.new_sid()
         q = self.internal_queue(vhost)
-        stored = self._stored_message(message, sid, schedule, due, left, run)
-        entry = QueueEntry(stored, next(self._seq))
-        self._store_enqueue(q, entry)
-        item = Item(sid, vhost.name, entry, due, left, run, schedule)
+        persisted = q.store is not None and message.persistent
+        if persisted:
+            message = self._stored_message(message, sid, schedule, due, left, run)
+        entry = QueueEntry(message, next(self._seq))
+        if persisted:
+            q.store.enqueue(q, entry)
+        item = Item(sid, vhost.name, entry, due, left, run, schedule, persisted)
         self.items[sid] = item
         heapq.heappush(self.heap, (due, next(self._tie), item))
         self.scheduled += 1
@@ -270,16 +313,17 @@ class Scheduler:
         if nxt is None:
             self.items.pop(item.sid, None)
             item.cancelled = True
-            if q is not None:
+            if q is not None and item.stored:
                 self._store_remove(q, old)
             return
         due, left, run = nxt
-        stored = self._stored_message(old.message, item.sid, item.schedule, due, left, run)
-        entry = QueueEntry(stored, next(self._seq))
-        if q is not None:
+        if item.stored and q is not None:
+            stored = self._stored_message(old.message, item.sid, item.schedule, due, left, run)
+            entry = QueueEntry(stored, next(self._seq))
             self._store_enqueue(q, entry)  # new occurrence first ...
             self._store_remove(q, old)  # ... then forget the fired one
-        item.entry, item.due, item.left, item.run = entry, due, left, run
+            item.entry = entry
+        item.due, item.left, item.run = due, left, run
         heapq.heappush(self.heap, (due, next(self._tie), item))
 
     # ---- management ----
@@ -295,7 +339,7 @@ class Scheduler:
             return False
         item.cancelled = True
         q = self.queues.get(item.vhost)
-        if q is not None:
+        if q is not None and item.stored:
             self._store_remove(q, item.entry)
         self.removed += 1
         if len(self.heap) > 1024 and len(self.heap) > 2 * len(self.items):
@@ -309,7 +353,7 @@ class Scheduler:
             item = self.items.pop(sid)
             item.cancelled = True
             q = self.queues.get(item.vhost)
-            if q is not None:
+            if q is not None and item.stored:
                 self._store_remove(q, item.entry)
             count += 1
         self.heap.clear()

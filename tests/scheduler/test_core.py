@@ -20,17 +20,39 @@ class Clock:
         return self.t
 
 
-def make(clock):
+class FakeStore:
+    """Records what the scheduler asks a real store to do."""
+
+    def __init__(self):
+        self.live = {}
+
+    def save_queue(self, vhost, queue):
+        pass
+
+    def enqueue(self, queue, entry):
+        self.live[entry.seq] = entry
+
+    def remove(self, queue, entry):
+        del self.live[entry.seq]
+
+    def when_durable(self, cb):
+        cb()
+
+
+def make(clock, store=None):
     b = Broker()
     s = Scheduler(b, clock=clock)
     v = b.vhosts["/"]
+    v.store = store
     q = Queue(v, "out", opts=parse_queue_arguments({}))
     v.add_queue(q)
     return b, s, v, q
 
 
-def msg(body, headers=None, rk="out"):
+def msg(body, headers=None, rk="out", persistent=False):
     props = {"headers": dict(headers or {})}
+    if persistent:
+        props["delivery_mode"] = 2
     return Message("", rk, encode_properties(props), props, body)
 
 
@@ -102,18 +124,24 @@ def test_batch_limit_bounds_work_per_callback():
 def test_recovery_rebuilds_heap_and_dedups_half_written_occurrence():
     """Entries as a store would hand them back: the internal queue with ready entries."""
     clock = Clock()
-    b, s, v, q = make(clock)
-    item = s.schedule(v, msg(b"p"), Schedule("amq", delay=10, period=10, repeat=5))
-    other = s.schedule(v, msg(b"o"), Schedule("delay", delay=50))
+    store = FakeStore()
+    b, s, v, q = make(clock, store)
+    item = s.schedule(v, msg(b"p", persistent=True), Schedule("amq", delay=10, period=10, repeat=5))
+    other = s.schedule(v, msg(b"o", {"x-delay": 50}, persistent=True), Schedule("delay", delay=50))
     first_entry = item.entry
+    assert set(store.live) == {first_entry.seq, other.entry.seq}
     clock.t += 0.010
     s.run_due()
     drain(q)
     second_entry = item.entry
+    assert set(store.live) == {second_entry.seq, other.entry.seq}  # next written, fired removed
+    assert sorted(e.seq for e in v.queues[INTERNAL_QUEUE].ready) == sorted(store.live)
     # simulate a crash after "write next" but before "remove fired": both stored
-    b2, s2, v2, q2 = make(clock)
+    b2, s2, v2, q2 = make(clock, FakeStore())
     rq = Queue(v2, INTERNAL_QUEUE, durable=True, opts=parse_queue_arguments({}))
     v2.add_queue(rq)
+    for e in (first_entry, other.entry, second_entry):
+        v2.store.live[e.seq] = e
     for e in (first_entry, other.entry, second_entry):
         rq.ready.append(e)
     assert s2.recovered() == 2
@@ -122,7 +150,10 @@ def test_recovery_rebuilds_heap_and_dedups_half_written_occurrence():
     assert v2.queues[INTERNAL_QUEUE].message_count == 0  # view: nothing to dispatch
     clock.t += 1.0  # overdue: fire at once
     s2.run_due()
-    bodies = [m.body for m in drain(q2)]
+    delivered = drain(q2)
+    bodies = [m.body for m in delivered]
+    assert [m.headers["x-delay"] for m in delivered if m.body == b"o"] == [-50]
+    assert not any(k.startswith("x-triomq") for m in delivered for k in m.headers)
     assert bodies.count(b"o") == 1
     # 6 occurrences in all: 1 fired before the "crash", the 5 overdue ones now, none twice
     assert bodies.count(b"p") == 5
@@ -138,3 +169,25 @@ def test_timer_integration_arms_broker_timer():
     s.schedule(v, msg(b"x"), Schedule("amq", delay=20))
     deadline = b.timers.next_deadline()
     assert deadline is not None and deadline >= b.timers.now() + 0.019
+
+
+def test_negate_x_delay_patch_matches_reencoding():
+    from broker.amqp.fields import decode_properties
+    from broker.scheduler.core import negate_x_delay
+    for value in (5, 300, 70000, 2**40):
+        props = {"headers": {"a": b"b", "x-delay": value, "z": 1}, "delivery_mode": 2}
+        raw = encode_properties(props)
+        patched = negate_x_delay(raw, value)
+        assert decode_properties(patched)["headers"]["x-delay"] == -value
+        assert decode_properties(patched)["headers"]["z"] == 1
+    assert negate_x_delay(encode_properties({"headers": {"x-delay": b"300"}}), 300) is None
+
+
+def test_unpersisted_items_deliver_original_properties():
+    clock = Clock()
+    b, s, v, q = make(clock)
+    s.schedule(v, msg(b"d", {"x-delay": 20, "k": b"v"}), Schedule("delay", delay=20))
+    clock.t += 0.02
+    s.run_due()
+    (m,) = drain(q)
+    assert m.headers == {"x-delay": -20, "k": b"v"}

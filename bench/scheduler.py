@@ -1,0 +1,230 @@
+"""Scheduler benchmark: memory with many pending delayed messages, and firing precision.
+
+    python -m bench.scheduler                       # 1,000,000 pending, 10,000/s due for 10 s
+    python -m bench.scheduler --pending 100000 --rate 5000 --seconds 5
+    python -m bench.scheduler --store sqlite:////tmp/b.db --persistent
+
+Phase 1 fills the broker with --pending delayed messages due in an hour (they
+stay pending: the heap's size) and reports the broker's RSS before and after.
+Phase 2 publishes rate*seconds messages whose due times are spaced exactly
+1/rate apart, starting after all of them are published, and a consumer
+measures lateness = receive time - due time, where the due time is computed by
+the publisher *before* sending (the broker's own due time is later by the
+network delay, so a negative value would be a message delivered early).
+
+Everything goes over AMQP to a broker subprocess (memory store unless --store).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import rawamqp as ra
+from .procinfo import REPO_ROOT, free_port, rss_kb
+
+EXCHANGE = "bench.delayed"
+FAR_KEY = "far"
+DUE_KEY = "due"
+
+
+def publish_frames(exchange: str, key: str, body: bytes, delay_ms: int, persistent: bool) -> bytes:
+    m = ra.method_frame(1, 60, 40, b"\x00\x00" + ra.shortstr(exchange) + ra.shortstr(key) + b"\x00")
+    props = ra.table({"x-delay": delay_ms}) + bytes((2 if persistent else 1,))
+    h = ra.frame(ra.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, len(body), 0x3000) + props)
+    return m + h + ra.frame(ra.FRAME_BODY, 1, body)
+
+
+def control(data_dir: str, op: str = "stats") -> dict:
+    from broker.scheduler.control import socket_path
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(socket_path(data_dir))
+        s.sendall(json.dumps({"op": op}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+def wait_pending(data_dir: str, want: int, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        st = control(data_dir)["stats"]
+        if st["pending"] >= want or time.time() > deadline:
+            return st
+        time.sleep(0.2)
+
+
+class Consumer(threading.Thread):
+    def __init__(self, url: str, queue: str, expected: int, timeout: float):
+        super().__init__(daemon=True)
+        self.conn = ra.Connection(url)
+        self.conn.channel_open(1)
+        self.conn.basic_consume(1, queue, no_ack=True)
+        self.expected = expected
+        self.timeout = timeout
+        self.lateness: list[float] = []
+
+    def run(self) -> None:
+        conn = self.conn
+        deadline = time.monotonic() + self.timeout
+        late = self.lateness
+        try:
+            while len(late) < self.expected:
+                ftype, _ch, payload = conn._next_frame(deadline)
+                if ftype == ra.FRAME_BODY:
+                    late.append(time.time() - float(payload))
+        except (TimeoutError, ConnectionError):
+            pass
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100.0 * len(values)))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pending", type=int, default=1_000_000, help="messages kept pending (phase 1)")
+    ap.add_argument("--rate", type=int, default=10_000, help="messages falling due per second")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of the due window")
+    ap.add_argument("--delay-ms", type=int, default=1000, help="x-delay of phase-2 messages")
+    ap.add_argument("--body", type=int, default=64, help="body size of phase-1 messages")
+    ap.add_argument("--store", default="memory", help="broker --store (default memory)")
+    ap.add_argument("--persistent", action="store_true", help="delivery_mode 2")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
+    port = free_port()
+    cmd = [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(port),
+           "--data-dir", data_dir, "--store", a.store, "--log-level", "WARNING",
+           "--memory-limit", str(1 << 40)]
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT))
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    result: dict = {"command": " ".join(sys.argv), "broker": " ".join(cmd[1:]),
+                    "pending": a.pending, "rate": a.rate, "seconds": a.seconds,
+                    "persistent": a.persistent, "store": a.store}
+    try:
+        for _ in range(200):
+            try:
+                pub = ra.Connection(url)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit("broker did not start")
+        pub.channel_open(1)
+        args = ra.table({"x-delayed-type": "direct"})
+        pub.rpc(1, 40, 10, b"\x00\x00" + ra.shortstr(EXCHANGE) + ra.shortstr("x-delayed-message")
+                + ra.bits(False, False, False, False, False) + args, ra.EXCHANGE_DECLARE_OK)
+        for q, key in (("bench.far", FAR_KEY), ("bench.due", DUE_KEY)):
+            pub.queue_declare(1, q)
+            pub.queue_bind(1, q, EXCHANGE, key)
+        time.sleep(0.5)
+        rss0 = rss_kb(proc.pid)
+        result["rss_start_mb"] = round(rss0 / 1024, 1)
+
+        # ---- phase 1: many pending -----------------------------------------
+        t0 = time.time()
+        body = b"x" * a.body
+        batch = []
+        for i in range(a.pending):
+            batch.append(publish_frames(EXCHANGE, FAR_KEY, body, 3_600_000 + i % 600_000,
+                                        a.persistent))
+            if len(batch) == 2000:
+                pub.send(b"".join(batch))
+                batch.clear()
+        if batch:
+            pub.send(b"".join(batch))
+        st = wait_pending(data_dir, a.pending, timeout=600)
+        fill_s = time.time() - t0
+        time.sleep(1.0)
+        rss1 = rss_kb(proc.pid)
+        result.update({
+            "fill_seconds": round(fill_s, 1),
+            "fill_rate_per_s": round(a.pending / fill_s) if fill_s else None,
+            "pending_reported": st["pending"],
+            "rss_after_fill_mb": round(rss1 / 1024, 1),
+            "bytes_per_pending": round((rss1 - rss0) * 1024 / max(1, a.pending)),
+        })
+
+        # ---- phase 2: precision at `rate` per second -----------------------
+        n = int(a.rate * a.seconds)
+        consumer = Consumer(url, "bench.due", n, timeout=a.seconds + 120)
+        consumer.start()
+        # Paced: every 10 ms publish rate/100 messages with x-delay = --delay-ms, so they
+        # fall due at `rate` per second while new ones keep arriving at the same rate
+        # (the broker ingests and fires 2 x rate messages per second).
+        per_tick = max(1, a.rate // 100)
+        tick0 = time.time()
+        i = 0
+        k = 0
+        max_behind = 0.0
+        while i < n:
+            target = tick0 + k * 0.01
+            now = time.time()
+            if now < target:
+                time.sleep(target - now)
+            else:
+                max_behind = max(max_behind, now - target)
+            t_pub = time.time()
+            intended = t_pub + a.delay_ms / 1000.0  # not later than the broker's due time
+            m = min(per_tick, n - i)
+            pub.send(b"".join(publish_frames(EXCHANGE, DUE_KEY, b"%.6f" % intended, a.delay_ms,
+                                             a.persistent) for _ in range(m)))
+            i += m
+            k += 1
+        result["publish_window_s"] = round(time.time() - tick0, 2)
+        result["publisher_max_behind_ms"] = round(max_behind * 1000, 1)
+        consumer.join()
+        late = consumer.lateness
+        rss2 = rss_kb(proc.pid)
+        stats = control(data_dir)["stats"]
+        result.update({
+            "due_messages": n,
+            "received": len(late),
+            "early": sum(1 for x in late if x < 0),
+            "lateness_ms": {k: round(v * 1000, 2) for k, v in (
+                ("min", min(late) if late else float("nan")), ("p50", pct(late, 50)),
+                ("p90", pct(late, 90)), ("p99", pct(late, 99)), ("p999", pct(late, 99.9)),
+                ("max", max(late) if late else float("nan")))},
+            "rss_end_mb": round(rss2 / 1024, 1),
+            "broker_stats": stats,
+        })
+        pub.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    ok = result["early"] == 0 and result["received"] == result["due_messages"] \
+        and result["lateness_ms"]["p99"] <= 50
+    print("RESULT:", "PASS" if ok else "FAIL", "(none early, all received, p99 <= 50 ms)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
