@@ -37,7 +37,8 @@ from .records import (BindingDef, ExchangeDef, QueueDef, binding_def, decode_mes
 
 log = logging.getLogger("broker.journal")
 
-CHECKPOINT_BYTES = 64 * 1024 * 1024
+CHECKPOINT_BYTES = int(os.environ.get("TRIOMQ_JOURNAL_CHECKPOINT_BYTES", 64 * 1024 * 1024))
+COMPACT_MAX_LIVE = 2000  # rewrite forward the live messages of old segments holding at most this many
 ASYNC_INTERVAL = 0.1  # seconds between fsyncs with flush="async"
 NAN = float("nan")
 
@@ -54,20 +55,19 @@ class QueueState:
         self.new = {}             # seq -> [loc, exp, prio, blen, flags]
 
     def count(self) -> int:
-        n = len(self.new)
-        if self.base is not None:
-            n += len(self.base[0]) - len(self.removed)
-        return n
+        if self.base is None:
+            return len(self.new)
+        return len(self.entries())
 
     def entries(self):
         """Sorted (seq, loc, exp, prio, blen, flags)."""
         out = []
         if self.base is not None:
             seqs, locs, exps, blens, flags = self.base
-            removed, delivered = self.removed, self.delivered
+            removed, delivered, newer = self.removed, self.delivered, self.new
             for i in range(len(seqs)):
                 s = seqs[i]
-                if s in removed:
+                if s in removed or s in newer:  # newer: rewritten forward by compaction
                     continue
                 out.append((s, locs[i], exps[i], 0, blens[i], flags[i] | (1 if s in delivered else 0)))
         for s, (loc, exp, prio, blen, fl) in self.new.items():
@@ -113,12 +113,12 @@ class JournalState:
             if rtype == jf.T_REMOVE:
                 if item is not None:
                     del qs.new[seq]
-                else:
+                if qs.base is not None:
                     qs.removed.add(seq)
             else:
                 if item is not None:
                     item[4] = 1
-                else:
+                if qs.base is not None:
                     qs.delivered.add(seq)
         elif rtype == jf.T_EXCHANGE:
             xd = jf.unpack_exchange(payload)
@@ -258,7 +258,9 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
 class JournalStore(Store):
     name = "journal"
 
-    def __init__(self, data_dir: str, flush: str = "sync", segment_size: int = jf.SEGMENT_SIZE):
+    def __init__(self, data_dir: str, flush: str = "sync", segment_size: int | None = None):
+        if segment_size is None:
+            segment_size = int(os.environ.get("TRIOMQ_JOURNAL_SEGMENT_SIZE", jf.SEGMENT_SIZE))
         self.data_dir = data_dir
         self.jdir = os.path.join(data_dir, "journal")
         self.flush = flush
@@ -670,6 +672,10 @@ class JournalStore(Store):
                 ready = q.ready
                 heads = ready.head_entries() if isinstance(ready, PagedFifo) else list(ready)
                 self._add_entries(cols, heads, delta)
+                retry = getattr(q, "retry", None)
+                if retry is not None and getattr(retry, "waiting", None):
+                    # rejected messages waiting for their retry delay (queues/retry.py)
+                    self._add_entries(cols, list(retry.waiting), delta, delivered=1)
                 if isinstance(ready, PagedFifo) and ready.paged_count:
                     seqs, locs, exps, blens, flags = ready.snapshot_paged()
                     if ready._pinned:
@@ -720,11 +726,85 @@ class JournalStore(Store):
             blens.append(len(e.message.body))
             flags.append(1 if (delivered or e.redelivered or e.delivery_count) else 0)
 
+    def _compact(self) -> int:
+        """Rewrite the few live messages of old, mostly-dead segments at the head of the log.
+
+        A segment older than the previous checkpoint whose live entries are at most
+        COMPACT_MAX_LIVE keeps a whole 32 MiB file alive; its entries are appended
+        again (same queue and seq, so replay keeps the newest location) and their
+        in-memory locations updated, so the next checkpoint can delete the file.
+        """
+        victims = {s for s, n in self._seg_live.items()
+                   if s < self._ckpt_seg and s < self._seg - 1 and n <= COMPACT_MAX_LIVE}
+        if not victims or self.broker is None:
+            return 0
+        moved = 0
+        live = self._seg_live
+
+        def move(q, entry_loc, seq, exp_wall, prio, blen, delivered):
+            nonlocal moved
+            old = entry_loc
+            msg = self.read_message(old)
+            new = self._append(jf.T_ENQ, jf.pack_enq(q._journal_qid, seq, exp_wall, prio, blen, 0)
+                               + encode_message(msg))
+            if delivered:
+                self._append(jf.T_DELIVERED, jf.QSEQ.pack(q._journal_qid, seq))
+            s_old = old >> 32
+            live[s_old] = live.get(s_old, 0) - 1
+            if live[s_old] <= 0:
+                live.pop(s_old, None)
+            s_new = new >> 32
+            live[s_new] = live.get(s_new, 0) + 1
+            moved += 1
+            return new
+
+        now_wall = time.time()
+        entries = []  # (queue, entry, delivered)
+        for vhost in self.broker.vhosts.values():
+            delta = now_wall - vhost.timers.now()
+            for q in vhost.queues.values():
+                if getattr(q, "_journal_qid", None) is None or q.store is not self:
+                    continue
+                ready = q.ready
+                heads = ready.head_entries() if isinstance(ready, PagedFifo) else list(ready)
+                for e in heads:
+                    if e.loc and (e.loc >> 32) in victims:
+                        entries.append((q, e, 0, delta))
+                retry = getattr(q, "retry", None)
+                if retry is not None and getattr(retry, "waiting", None):
+                    for e in list(retry.waiting):
+                        if e.loc and (e.loc >> 32) in victims:
+                            entries.append((q, e, 1, delta))
+                if isinstance(ready, PagedFifo) and ready.paged_count:
+                    locs = ready._loc
+                    for i in range(ready._pi, len(locs)):
+                        loc = locs[i]
+                        if loc and (loc >> 32) in victims:
+                            exp = ready._exp[i]
+                            locs[i] = move(q, loc, ready._seq[i], None if exp != exp else exp, 0,
+                                           ready._blen[i], ready._flags[i])
+        for session in list(self.broker.sessions):
+            for ch in list(session.channels.values()):
+                for u in list(ch.unacked.values()):
+                    e = u.entry
+                    if e.loc and (e.loc >> 32) in victims and u.queue.store is self \
+                            and getattr(u.queue, "_journal_qid", None) is not None:
+                        entries.append((u.queue, e, 1, now_wall - u.queue.vhost.timers.now()))
+        for q, e, delivered, delta in entries:
+            exp = None if e.expires_at is None else e.expires_at + delta
+            e.loc = move(q, e.loc, e.seq, exp, e.priority, len(e.message.body),
+                         delivered or e.redelivered or e.delivery_count)
+        if moved:
+            log.info("journal: compaction moved %d live messages out of %d old segments",
+                     moved, len(victims))
+        return moved
+
     async def checkpoint(self) -> None:
         """Write a checkpoint covering everything appended so far, then drop dead segments."""
         if self.broker is None:
             return
         self._ckpt_wanted = False
+        self._compact()
         self._bytes_since_ckpt = 0
         recs = self._snapshot()
         ck_seg = self._seg
