@@ -233,6 +233,20 @@ def test_broker_cancel_on_queue_delete_raw(raw_conn, uid):
     assert seen["cancel"] == (1, "my-tag", 1)  # nowait=true
 
 
+def test_queue_delete_on_consuming_channel_sends_delete_ok_then_cancel(raw_conn, uid):
+    """RabbitMQ answers queue.delete-ok first, then notifies its own consumer with basic.cancel
+    (py-amqp/kombu rely on this order: a cancel before delete-ok raises ConsumerCancelled)."""
+    r = raw_conn
+    r.queue_declare(1, uid, exclusive=True)
+    r.basic_consume(1, uid, "own-tag")
+    r.send_method(1, (50, 40), struct.pack(">H", 0) + shortstr(uid) + b"\x00")
+    ch, cm, rd = r.read_method()
+    assert (ch, cm) == (1, (50, 41))
+    ch, cm, rd = r.read_method()
+    assert (ch, cm) == (1, (60, 30))
+    assert rd.shortstr() == "own-tag"
+
+
 def test_no_broker_cancel_without_client_capability(raw_socket, uid):
     """RabbitMQ only sends basic.cancel to clients advertising consumer_cancel_notify."""
     r = raw_socket()
