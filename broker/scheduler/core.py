@@ -19,6 +19,7 @@ One broker timer is armed at the heap's head; nothing ever scans all items.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import logging
@@ -46,7 +47,12 @@ H_REPEAT = "x-triomq-repeat"
 H_CRON = "x-triomq-cron"
 STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN, H_DELAY, H_PERIOD, H_REPEAT, H_CRON)
 
-FIRE_BATCH = 2000  # occurrences per timer callback before yielding to connections
+FIRE_BATCH = 2000
+# Pending items are long-lived, acyclic objects (freed by reference counting): every
+# GC_FREEZE_STEP new ones are moved out of the cyclic GC's reach (gc.freeze), so a full
+# collection never has to traverse a million pending messages (a multi-100-ms pause
+# that would make them late). Unfrozen again when nothing is pending.
+GC_FREEZE_STEP = 20_000  # occurrences per timer callback before yielding to connections
 EARLY_SLACK = 0.0002  # arm the timer this much after the due time (never early)
 
 
@@ -164,6 +170,8 @@ class Scheduler:
         self.scheduled = 0
         self.removed = 0
         self.max_lateness = 0.0
+        self._since_freeze = 0
+        self._frozen = False
 
     # ---- storage ----
     def internal_queue(self, vhost) -> Queue:
@@ -252,8 +260,22 @@ class Scheduler:
         self.items[sid] = item
         heapq.heappush(self.heap, (due, next(self._tie), item))
         self.scheduled += 1
+        self._since_freeze += 1
+        if self._since_freeze >= GC_FREEZE_STEP:
+            self._gc_freeze()
         self._arm()
         return item
+
+    def _gc_freeze(self) -> None:
+        self._since_freeze = 0
+        if len(self.items) >= GC_FREEZE_STEP:
+            gc.freeze()
+            self._frozen = True
+
+    def _gc_maybe_unfreeze(self) -> None:
+        if self._frozen and not self.items:
+            gc.unfreeze()
+            self._frozen = False
 
     def _arm(self) -> None:
         heap = self.heap
@@ -313,6 +335,8 @@ class Scheduler:
         if nxt is None:
             self.items.pop(item.sid, None)
             item.cancelled = True
+            if not self.items:
+                self._gc_maybe_unfreeze()
             if q is not None and item.stored:
                 self._store_remove(q, old)
             return
@@ -358,6 +382,7 @@ class Scheduler:
             count += 1
         self.heap.clear()
         self.removed += count
+        self._gc_maybe_unfreeze()
         self._arm()
         return count
 
@@ -393,6 +418,8 @@ class Scheduler:
                     restored += 1
         if max_seq:
             self._seq = itertools.count(max_seq + 1)
+        if len(self.items) >= GC_FREEZE_STEP:
+            self._gc_freeze()
         self._arm()
         if restored:
             log.info("scheduler: recovered %d pending scheduled messages", restored)
