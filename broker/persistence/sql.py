@@ -239,6 +239,17 @@ class SQLStore(Store):
         self.batches = 0                     # statistics
         self.rows_written = 0
 
+    @classmethod
+    def inspect(cls, url: str, out=None):
+        """For ``python -m broker inspect --store URL`` (broker/persistence/tools.py):
+        prints the module-level ``inspect(url)`` report to ``out`` and returns 0;
+        without ``out`` returns the report text."""
+        report = inspect(url)  # the module function below
+        if out is None:
+            return report
+        print(report, file=out)
+        return 0
+
     # ------------------------------------------------------------------ engine
     def _make_engines(self) -> None:
         connect_args = {}
@@ -755,6 +766,10 @@ def inspect(url: str) -> str:
     """Row counts per table and live messages per queue (does not take the lock)."""
     safe = _safe_url(url)
     connect_args = {"connect_timeout": 5} if not url.startswith("sqlite") else {}
+    if url.startswith("sqlite"):
+        db = make_url(url).database or ""
+        if db not in ("", ":memory:") and not os.path.exists(db):
+            raise StoreUnavailable(f"cannot open store {safe}: no such file {db}")
     try:
         engine = create_engine(url, connect_args=connect_args, poolclass=NullPool)
         with engine.connect() as c:

@@ -540,3 +540,19 @@ def test_cli_second_broker_on_same_store_refused(db, tmp_path):
         assert len(lines) == 1 and "locked by" in lines[0], err
     finally:
         bp.stop()
+
+
+def test_cli_inspect_lists_live_messages_per_queue(db):
+    async def main():
+        async with Running(db.url) as r:
+            q = declare_queue(r.broker, "insp")
+            for _ in range(7):
+                q.enqueue(message("insp", b"x" * 10))
+            assert await r.durable()
+    run(main)
+    out = subprocess.run([PY, "-m", "broker", "inspect", "--store", db.url], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "triomq_entries" in out.stdout
+    line = [ln for ln in out.stdout.splitlines() if " insp " in ln][0]
+    assert "7 messages" in line
