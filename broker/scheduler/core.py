@@ -172,6 +172,7 @@ class Scheduler:
         self.max_lateness = 0.0
         self._since_freeze = 0
         self._frozen = False
+        self._schedules: dict = {}
 
     # ---- storage ----
     def internal_queue(self, vhost) -> Queue:
@@ -247,6 +248,11 @@ class Scheduler:
 
     def schedule(self, vhost, message, schedule: Schedule, now: float | None = None) -> Item:
         now = self.clock() if now is None else now
+        interned = self._schedules.get(schedule)  # one object per distinct schedule
+        if interned is not None:
+            schedule = interned
+        elif len(self._schedules) < 100_000:
+            self._schedules[schedule] = schedule
         due, left, run = schedule.first(now)
         sid = self.new_sid()
         q = self.internal_queue(vhost)

@@ -83,7 +83,7 @@ def cron_next(expr: str, after: float) -> float:
     return float(croniter(expr, base).get_next(float))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Schedule:
     kind: str  # "delay" (x-delayed-message) or "amq"
     delay: int = 0  # ms
