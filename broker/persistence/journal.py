@@ -653,6 +653,12 @@ class JournalStore(Store):
             live[seg] = n
         else:
             live.pop(seg, None)
+            m = self._maps.pop(seg, None)
+            if m is not None:  # nothing left to read there: drop its mapped pages from RSS
+                try:
+                    m.close()
+                except BufferError:  # pragma: no cover
+                    self._maps[seg] = m
         entry.loc = 0
 
     # ------------------------------------------------------------------ checkpoints & GC
