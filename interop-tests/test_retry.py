@@ -177,3 +177,42 @@ def test_retry_aio_pika(amqp_params, uid):
     assert counts == [None, 1, 2]
     assert dead is not None and dead.body == b"hello"
     assert dead.headers["x-death"][0]["reason"] == "rejected"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["restart", "kill9"])
+def test_message_waiting_for_retry_survives_restart(tmp_path, how):
+    """A persistent message waiting for its retry timer is in the store: after a restart
+    (clean, or kill -9) it is delivered again at once."""
+    from test_scheduler import BrokerProc, store_available
+
+    why = store_available("journal")
+    if why:
+        pytest.skip(why)
+    b = BrokerProc(tmp_path / "data").start()
+    try:
+        conn = b.connect()
+        ch = conn.channel()
+        ch.queue_declare("rq", durable=True, arguments={"x-retry-delays": [60000]})
+        ch.confirm_delivery()
+        ch.basic_publish("", "rq", b"job", pika.BasicProperties(delivery_mode=2))
+        m, p, body = ch.basic_get("rq")
+        ch.basic_reject(m.delivery_tag, requeue=False)  # now waits 60 s for its retry
+        conn.sleep(0.3)
+        assert ch.basic_get("rq")[0] is None
+        conn.close()
+        b.kill9() if how == "kill9" else b.stop()
+        b.start()
+        conn = b.connect()
+        ch = conn.channel()
+        deadline = time.time() + 5
+        while True:
+            m, p, body = ch.basic_get("rq", auto_ack=True)
+            if m is not None:
+                break
+            assert time.time() < deadline, "message waiting for retry was lost"
+            conn.sleep(0.1)
+        assert body == b"job" and m.redelivered
+        conn.close()
+    finally:
+        b.stop()

@@ -48,9 +48,14 @@ register_queue_argument("x-delivery-limit", non_neg_int)
 register_queue_argument("x-retry-ordered", bool_arg)
 
 
-class GatedReady:
-    """Wraps a queue's ready store: while ``policy.blocked_by`` is set, only that
-    entry (when at the head) may leave; everything else waits."""
+class RetryReady:
+    """Wraps a queue's ready store.
+
+    Ordered mode: while ``policy.blocked_by`` is set, only that entry (when at the
+    head) may leave; everything else waits. Always: iteration also yields the
+    entries waiting for their retry timer, so a store checkpoint that snapshots
+    ``ready`` (the journal) keeps them.
+    """
 
     def __init__(self, inner, policy):
         self._inner = inner
@@ -64,7 +69,10 @@ class GatedReady:
         return 1 if len(inner) and inner.peek() is blocked else 0
 
     def __iter__(self):
-        return iter(self._inner)
+        waiting = list(self._policy.waiting)
+        if not waiting:
+            return iter(self._inner)
+        return iter(list(self._inner) + waiting)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -80,8 +88,8 @@ class RetryPolicy:
         self.waiting: dict = {}  # entry -> timer handle
         self.retried = 0
         self.dead_lettered = 0
+        queue.ready = RetryReady(queue.ready, self)
         if ordered:
-            queue.ready = GatedReady(queue.ready, self)
             original_settled = queue.settled
 
             def settled(entry, _orig=original_settled):
