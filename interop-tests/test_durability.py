@@ -409,6 +409,23 @@ def test_unacked_come_back_redelivered_acked_never(broker):
     assert _count(broker, "ua") == 0
 
 
+def test_basic_get_unacked_comes_back_redelivered(broker):
+    c = broker.connect()
+    ch = c.channel()
+    ch.queue_declare("getq", durable=True)
+    c.close()
+    _publish(broker, "getq", [b"g1", b"g2"])
+    c = broker.connect()
+    ch = c.channel()
+    m, _p, body = ch.basic_get("getq", auto_ack=False)
+    assert body == b"g1" and not m.redelivered
+    time.sleep(0.5)
+    broker.kill()  # g1 is unacked at the crash
+    broker.start()
+    got = _drain(broker, "getq")
+    assert [(b, r) for b, r, _p in got] == [(b"g1", True), (b"g2", False)]
+
+
 def test_consumer_order_after_restart(broker):
     c = broker.connect()
     c.channel().queue_declare("order", durable=True)

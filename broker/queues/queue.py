@@ -202,6 +202,8 @@ class Queue:
                 continue
             entry.delivery_count += 1
             self.stats_delivered += 1
+            if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
+                self.store.delivered(self, entry)
             result = entry
             break
         if expired:
