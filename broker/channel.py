@@ -51,6 +51,7 @@ class Channel:
         self.tx_acks: list = []
         self.last_queue: str | None = None
         self.closed = False
+        self._deferred_cancels: list | None = None
 
     # ---- state used by queues ----
     @property
@@ -152,9 +153,16 @@ class Channel:
 
     def on_queue_delete(self, m) -> None:
         m.queue = self._queue_name(m.queue, m)
-        count = self.vhost.delete_queue_checked(m, self.session)
+        # RabbitMQ sends delete-ok before the basic.cancel of this channel's own consumers.
+        self._deferred_cancels = []
+        try:
+            count = self.vhost.delete_queue_checked(m, self.session)
+        finally:
+            deferred, self._deferred_cancels = self._deferred_cancels, None
         if not m.nowait:
             self.reply(spec.Queue.DeleteOk(count))
+        for tag in deferred:
+            self.reply(spec.Basic.Cancel(tag, True))
 
     # ---- basic class ----
     def on_basic_qos(self, m) -> None:
@@ -202,6 +210,9 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None or self.closed:
             return
         if self.session.conn.client_capabilities.get("consumer_cancel_notify"):
+            if self._deferred_cancels is not None:
+                self._deferred_cancels.append(consumer.tag)
+                return
             self.reply(spec.Basic.Cancel(consumer.tag, True))
             self.session.wake()
 
