@@ -300,6 +300,9 @@ class SQLStore(Store):
             raise StoreUnavailable(f"cannot open store {self.safe_url}: driver missing ({exc.name})") from None
 
     def _open_sync(self) -> None:
+        if self.dialect == "sqlite" and not self.sqlite_path:
+            raise StoreUnavailable(f"cannot open store {self.safe_url}: an in-memory SQLite "
+                                   f"database is not a store (use sqlite:///path/to/file.db)")
         if self.sqlite_path:
             d = os.path.dirname(self.sqlite_path)
             if d and not os.path.isdir(d):

@@ -556,3 +556,46 @@ def test_cli_inspect_lists_live_messages_per_queue(db):
     assert "triomq_entries" in out.stdout
     line = [ln for ln in out.stdout.splitlines() if " insp " in ln][0]
     assert "7 messages" in line
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+def test_killed_connections_reconnect_and_retake_lock(kind):
+    d = _make_db(kind)
+
+    def kill_sessions():
+        if kind == "postgresql":
+            d.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    f"WHERE datname = '{d.name}'")
+        else:
+            for (cid,) in d.admin(f"SELECT id FROM information_schema.processlist "
+                                  f"WHERE db = '{d.name}'"):
+                try:
+                    d.admin(f"KILL {int(cid)}")
+                except Exception:
+                    pass
+
+    async def main():
+        async with Running(d.url) as r:
+            q = declare_queue(r.broker, "q")
+            q.enqueue(message("q", b"before"))
+            assert await r.durable() is True
+            kill_sessions()
+            q.enqueue(message("q", b"maybe"))
+            await r.durable()            # nacked (connection gone) or acked after a reconnect
+            with trio.fail_after(20):
+                while True:
+                    q.enqueue(message("q", b"after"))
+                    if await r.durable():
+                        break
+                    await trio.sleep(0.2)
+            # the lock is held again: a second store is refused
+            other = SQLStore(d.url)
+            with pytest.raises(StoreUnavailable, match="locked by"):
+                await other.open()
+        async with Running(d.url) as r:
+            bodies = [e.message.body for e in r.vhost.queues["q"].ready.clear()]
+            assert bodies[0] == b"before" and bodies[-1] == b"after"
+    try:
+        run(main)
+    finally:
+        d.drop()
