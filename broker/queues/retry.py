@@ -51,10 +51,9 @@ register_queue_argument("x-retry-ordered", bool_arg)
 class RetryReady:
     """Wraps a queue's ready store.
 
-    Ordered mode: while ``policy.blocked_by`` is set, only that entry (when at the
-    head) may leave; everything else waits. Always: iteration also yields the
-    entries waiting for their retry timer, so a store checkpoint that snapshots
-    ``ready`` (the journal) keeps them.
+    Ordered mode only: while ``policy.blocked_by`` is set, only that entry (when at
+    the head) may leave; everything else waits. (Entries waiting for their retry
+    timer are in ``policy.waiting``; the journal's checkpoint reads them there.)
     """
 
     def __init__(self, inner, policy):
@@ -69,10 +68,7 @@ class RetryReady:
         return 1 if len(inner) and inner.peek() is blocked else 0
 
     def __iter__(self):
-        waiting = list(self._policy.waiting)
-        if not waiting:
-            return iter(self._inner)
-        return iter(list(self._inner) + waiting)
+        return iter(self._inner)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -85,11 +81,11 @@ class RetryPolicy:
         self.limit = limit
         self.ordered = ordered
         self.blocked_by = None
-        self.waiting: dict = {}  # entry -> timer handle
+        self.waiting: dict = {}  # entry -> timer handle (read by the journal's checkpoint)
         self.retried = 0
         self.dead_lettered = 0
-        queue.ready = RetryReady(queue.ready, self)
         if ordered:
+            queue.ready = RetryReady(queue.ready, self)
             original_settled = queue.settled
 
             def settled(entry, _orig=original_settled):
