@@ -6,7 +6,6 @@ message; nothing is mocked.
 """
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import signal
