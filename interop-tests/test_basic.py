@@ -537,3 +537,49 @@ def test_qos_does_not_limit_get(conn):
     ch.basic_qos(prefetch_count=1)
     for _ in range(3):
         get_one(ch, q, auto_ack=False)
+
+
+def test_server_generated_consumer_tag_format(raw_conn):
+    import re
+    q, _, _ = raw_conn.queue_declare(1, "", exclusive=True)
+    for _ in range(3):
+        tag = raw_conn.basic_consume(1, q, "")
+        assert re.fullmatch(r"amq\.ctag-[A-Za-z0-9_-]{22}", tag), tag
+
+
+def test_no_local_is_ignored(raw_conn):
+    """RabbitMQ ignores basic.consume no-local: a connection receives its own publishes."""
+    q, _, _ = raw_conn.queue_declare(1, "", exclusive=True)
+    raw_conn.send_method(1, BASIC_CONSUME, struct.pack(">H", 0) + shortstr(q) + shortstr("nl") + b"\x03" + table({}))
+    raw_conn.expect(rawamqp.BASIC_CONSUME_OK, 1)
+    raw_conn.publish(1, "", q, b"self")
+    ch, cm, rd = raw_conn.read_method()
+    assert cm == rawamqp.BASIC_DELIVER
+    assert rd.shortstr() == "nl"
+
+
+def test_deliveries_respect_negotiated_frame_max(raw_socket, connect):
+    """With frame_max 4096 every frame the server sends has a payload of at most 4088 bytes."""
+    r = raw_socket()
+    r.handshake(frame_max=4096)
+    r.channel_open(1)
+    q, _, _ = r.queue_declare(1, "", exclusive=True)
+    r.basic_consume(1, q, "fm", no_ack=True)
+    body = bytes(range(256)) * 40  # 10240 bytes
+    pub = connect().channel()
+    pub.basic_publish("", q, body, pika.BasicProperties(headers={"h": "x" * 100}))
+    ch, cm, rd = r.read_method()
+    assert cm == rawamqp.BASIC_DELIVER
+    ftype, _, payload = r.read_frame()
+    assert ftype == rawamqp.FRAME_HEADER
+    assert rawamqp.parse_basic_properties(payload)["_body_size"] == len(body)
+    got = b""
+    sizes = []
+    while len(got) < len(body):
+        ftype, _, payload = r.read_frame()
+        assert ftype == rawamqp.FRAME_BODY
+        sizes.append(len(payload))
+        got += payload
+    assert got == body
+    assert max(sizes) <= 4096 - 8, sizes
+    assert sizes == [4088, 4088, 2064]

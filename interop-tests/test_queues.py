@@ -272,3 +272,62 @@ def test_queue_name_too_long_is_rejected_by_pika_or_broker(ch):
     name = "itest-" + "q" * 249
     assert len(name) == 255
     assert ch.queue_declare(name, exclusive=True).method.queue == name
+
+
+# ---------------------------------------------------------------- raw-level details
+import re  # noqa: E402
+import struct  # noqa: E402
+
+import rawamqp  # noqa: E402
+from rawamqp import BASIC_GET, shortstr, table  # noqa: E402
+
+
+def test_server_named_queue_format(raw_conn):
+    # "amq.gen-" + 22 characters of URL-safe base64 (16 random bytes, no padding)
+    for _ in range(5):
+        q, _, _ = raw_conn.queue_declare(1, "", exclusive=True)
+        assert re.fullmatch(r"amq\.gen-[A-Za-z0-9_-]{22}", q), q
+
+
+def test_empty_queue_name_means_last_declared_queue(raw_conn):
+    r = raw_conn
+    q, _, _ = r.queue_declare(1, "", exclusive=True)
+    r.send_method(1, (50, 20), struct.pack(">H", 0) + shortstr("") + shortstr("amq.fanout") + shortstr("")
+                  + b"\x00" + table({}))
+    r.expect((50, 21), 1)
+    r.publish(1, "amq.fanout", "", b"to-last-queue")
+    deadline = rawamqp.time.monotonic() + 10
+    while True:
+        r.send_method(1, BASIC_GET, struct.pack(">H", 0) + shortstr("") + b"\x01")
+        ch, cm, rd = r.read_method()
+        if cm == rawamqp.BASIC_GET_OK:
+            break
+        assert rawamqp.time.monotonic() < deadline
+    assert (rd.longlong(), rd.octet(), rd.shortstr(), rd.shortstr()) == (1, 0, "amq.fanout", "")
+    assert r.read_frame()[0] == rawamqp.FRAME_HEADER
+    assert r.read_frame()[:3] == (rawamqp.FRAME_BODY, 1, b"to-last-queue")
+    r.send_method(1, (50, 40), struct.pack(">H", 0) + shortstr("") + b"\x00")  # deletes the last queue
+    ok = r.expect((50, 41), 1)
+    assert ok.long() == 0
+    r.send_method(1, rawamqp.QUEUE_DECLARE, struct.pack(">H", 0) + shortstr(q) + b"\x01" + table({}))
+    channel, code, text, cid, mid = r.expect_channel_close()
+    assert (code, text) == (404, f"NOT_FOUND - no queue '{q}' in vhost '/'")
+
+
+def test_empty_queue_name_without_previous_declare(raw_conn):
+    raw_conn.send_method(1, BASIC_GET, struct.pack(">H", 0) + shortstr("") + b"\x01")
+    channel, code, text, cid, mid = raw_conn.expect_channel_close()
+    assert (channel, code, text, cid, mid) == (1, 404, "NOT_FOUND - no previously declared queue", 60, 70)
+
+
+def test_passive_declare_of_empty_name(raw_conn):
+    raw_conn.send_method(1, rawamqp.QUEUE_DECLARE, struct.pack(">H", 0) + shortstr("") + b"\x01" + table({}))
+    channel, code, text, cid, mid = raw_conn.expect_channel_close()
+    assert (channel, code, text, cid, mid) == (1, 404, "NOT_FOUND - no queue '' in vhost '/'", 50, 10)
+
+
+def test_nowait_declare_then_use(raw_conn, uid):
+    r = raw_conn
+    r.queue_declare(1, uid, exclusive=True, nowait=True)  # no declare-ok is sent
+    name, count, consumers = r.queue_declare(1, uid, passive=True)
+    assert (name, count, consumers) == (uid, 0, 0)
