@@ -489,12 +489,12 @@ def test_recover_redelivers_to_consumer(conn):
 
 
 # ---------------------------------------------------------------- qos
-def _collect_unacked(conn, ch, q, n_consumers, settle=0.4):
+def _collect_unacked(conn, ch, q, n_consumers, expected_total, settle=0.4):
+    """Start consumers; wait until expected_total deliveries, then settle to catch extra ones."""
     got = [[] for _ in range(n_consumers)]
     for i in range(n_consumers):
         ch.basic_consume(q, lambda c, m, p, b, i=i: got[i].append(m), auto_ack=False)
-    conn.sleep(settle)
-    wait_for(lambda: sum(map(len, got)) > 0, conn=conn)
+    wait_for(lambda: sum(map(len, got)) >= expected_total, conn=conn, msg=f"{expected_total} deliveries")
     conn.sleep(settle)
     return got
 
@@ -504,7 +504,7 @@ def test_qos_prefetch_per_consumer(conn):
     q = _q(ch)
     _fill(ch, q, 10)
     ch.basic_qos(prefetch_count=2)  # global=false: per consumer (RabbitMQ semantics)
-    got = _collect_unacked(conn, ch, q, 2)
+    got = _collect_unacked(conn, ch, q, 2, 4)
     assert [len(g) for g in got] == [2, 2]
     ch.basic_ack(got[0][-1].delivery_tag)  # frees one slot of consumer 0
     wait_for(lambda: len(got[0]) == 3, conn=conn)
@@ -517,7 +517,7 @@ def test_qos_prefetch_global_is_per_channel(conn):
     q = _q(ch)
     _fill(ch, q, 10)
     ch.basic_qos(prefetch_count=3, global_qos=True)  # shared by all consumers on the channel
-    got = _collect_unacked(conn, ch, q, 2)
+    got = _collect_unacked(conn, ch, q, 2, 3)
     assert sum(map(len, got)) == 3
 
 
@@ -526,8 +526,8 @@ def test_qos_zero_is_unlimited(conn):
     q = _q(ch)
     _fill(ch, q, 20)
     ch.basic_qos(prefetch_count=0)
-    got = _collect_unacked(conn, ch, q, 1)
-    wait_for(lambda: len(got[0]) == 20, conn=conn)
+    got = _collect_unacked(conn, ch, q, 1, 20)
+    assert len(got[0]) == 20
 
 
 def test_qos_does_not_limit_get(conn):
