@@ -376,12 +376,9 @@ class Channel:
         if seq:
             if durable and accepted:
                 q_store = self.vhost.store
-                ok = lambda s=seq: self.confirm_decided(s, True, external=True)  # noqa: E731
-                try:  # a store that cannot write it nacks (on_failure is optional in stores)
-                    q_store.when_durable(ok, on_failure=lambda s=seq: self.confirm_decided(
-                        s, False, external=True))
-                except TypeError:
-                    q_store.when_durable(ok)
+                q_store.when_durable(
+                    lambda s=seq: self.confirm_decided(s, True, external=True),
+                    on_failure=lambda s=seq: self.confirm_decided(s, False, external=True))
             else:
                 self.confirm_decided(seq, accepted)
 

@@ -32,6 +32,12 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
+def _stored(destination) -> bool:
+    if destination.kind == "queue":
+        return destination.store is not None
+    return destination.durable
+
+
 def _quoted(value) -> str:
     return "none" if value is None else f"'{value}'"
 
@@ -189,7 +195,7 @@ class VirtualHost:
         if source.add_binding(binding):
             if destination.kind == "queue":
                 destination.bindings.add((source_name, binding.key))
-            if persist and self.store is not None and source.durable and destination.durable:
+            if persist and self.store is not None and source.durable and _stored(destination):
                 self.store.save_binding(self, binding)
 
     def unbind(self, source_name: str, destination, routing_key: str, arguments: dict, m) -> None:
@@ -209,7 +215,7 @@ class VirtualHost:
             dest.bindings.discard((binding.source, binding.key))
         if self.store is not None:
             src = self.exchanges.get(binding.source)
-            if dest.durable and (src is None or src.durable):
+            if _stored(dest) and (src is None or src.durable):
                 self.store.delete_binding(self, binding)
 
     def _after_unbind(self, source: Exchange) -> None:
@@ -271,7 +277,8 @@ class VirtualHost:
 
     def add_queue(self, q: Queue, persist: bool = True) -> None:
         self.queues[q.name] = q
-        if q.durable and self.store is not None:
+        # Exclusive queues die with their connection, so they are never stored (as RabbitMQ).
+        if q.durable and self.store is not None and q.exclusive_owner is None:
             q.store = self.store
             if persist:
                 self.store.save_queue(self, q)
@@ -289,7 +296,7 @@ class VirtualHost:
                     self._after_unbind(source)
         q.bindings.clear()
         consumers = q.on_deleted()
-        if q.durable and self.store is not None:
+        if q.store is not None:
             self.store.delete_queue(self, q)
         for callback in self.on_queue_deleted:
             callback(q, consumers)

@@ -44,8 +44,10 @@ class Store:
     def remove(self, queue, entry) -> None:
         """The message left the queue for good (acked, dropped, expired, dead-lettered)."""
 
-    def when_durable(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once all writes issued so far are durable."""
+    def when_durable(self, callback: Callable[[], None],
+                     on_failure: Callable[[], None] | None = None) -> None:
+        """Call ``callback`` once all writes issued so far are durable, or ``on_failure``
+        (the publish is nacked) if the backend could not write them."""
         callback()
 
 

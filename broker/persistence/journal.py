@@ -442,7 +442,9 @@ class JournalStore(Store):
             self._dirty.set()
         return (seg << 32) | off
 
-    def when_durable(self, callback) -> None:
+    def when_durable(self, callback, on_failure=None) -> None:
+        # A failed write is retried, never skipped; the affected connections are closed
+        # with 541 (see _write_failed), so on_failure is not needed here.
         if self.flush == "async":
             callback()
             return
