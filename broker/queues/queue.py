@@ -160,10 +160,7 @@ class Queue:
                         expired = []
                     expired.append(entry)
                     continue
-            entry.delivery_count += 1
-            self.stats_delivered += 1
-            if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
-                self.store.delivered(self, entry)
+            self._mark_delivered(entry)
             if not consumer.no_ack:
                 consumer.unacked += 1
                 self.unacked_count += 1
@@ -174,6 +171,12 @@ class Queue:
             self._discard(expired, "expired")
         if self._expiry.at is not None or (now is not None and ready):
             self._expiry.arm()
+
+    def _mark_delivered(self, entry: QueueEntry) -> None:
+        entry.delivery_count += 1
+        self.stats_delivered += 1
+        if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
+            self.store.delivered(self, entry)  # so a crash brings it back redelivered=true
 
     def _pick_consumer(self) -> Consumer | None:
         consumers = self.consumers
@@ -189,7 +192,7 @@ class Queue:
         return None
 
     def get(self):
-        """basic.get: (entry, remaining) or None."""
+        """basic.get: the next live entry, or None."""
         self.touch()
         now = self.vhost.timers.now()
         expired = []
@@ -200,10 +203,7 @@ class Queue:
             if ttl.is_expired(entry, now):
                 expired.append(entry)
                 continue
-            entry.delivery_count += 1
-            self.stats_delivered += 1
-            if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
-                self.store.delivered(self, entry)
+            self._mark_delivered(entry)
             result = entry
             break
         if expired:
