@@ -48,13 +48,13 @@ def make_publish_hook(scheduler: Scheduler):
             if seq:
                 channel.confirm_decided(seq, True)
             return True
-        item = scheduler.schedule(vhost, message, schedule)
+        scheduler.schedule(vhost, message, schedule)
         if schedule.kind == "delay" and mandatory:
             # the plugin cannot route at publish time: mandatory always comes back NO_ROUTE
             channel.send_return(message, amqp_spec.NO_ROUTE, "NO_ROUTE")
         if seq:
             q = scheduler.queues.get(vhost.name)
-            if q is not None and q.store is not None and item.entry.message.persistent:
+            if q is not None and q.store is not None and message.persistent:
                 q.store.when_durable(lambda s=seq: channel.confirm_decided(s, True, external=True))
             else:
                 channel.confirm_decided(seq, True)

@@ -1,4 +1,4 @@
-"""The broker-wide scheduler: a heap of (due, id) over pending scheduled messages.
+"""The broker-wide scheduler: a heap of compact integer keys over pending scheduled messages.
 
 Pending messages live, per vhost, in an internal durable queue
 (``amq.triomq.scheduled``). It stays in ``vhost.queues`` so every store
@@ -6,11 +6,20 @@ backend treats it as an ordinary durable queue (definitions, checkpoints), but
 clients cannot use it: the ``amq.`` prefix forbids declaring it, it is
 exclusively owned by the broker (passive declare, bind, consume, get, purge and
 delete give 405 RESOURCE_LOCKED), x-max-length 0 + reject-publish refuses
-anything routed to it, and its ready store is a read-only view over the
-scheduler's items (length 0 for the dispatcher). Each stored message carries
-its own schedule state in ``x-triomq-*`` headers, so storage needs nothing
-beyond the ordinary ``Store`` calls (enqueue / remove) and a restart rebuilds
-the heap from the recovered entries.
+anything routed to it, and its ready store is the scheduler's slot table
+(length 0 for the dispatcher). Each stored message carries its own schedule
+state in ``x-triomq-*`` headers, so storage needs nothing beyond the ordinary
+``Store`` calls (enqueue / remove) and a restart rebuilds the heap from the
+recovered entries.
+
+Memory layout (see docs/scheduler.md): per vhost a ``SlotTable`` of parallel
+arrays indexed by slot (due, kind, delay, id, journal seq/location/body length)
+plus one Python object per slot: None for a journal-paged persistent message
+(read back from the journal with mmap only when due), one ``bytes`` blob
+(exchange, routing key, raw properties, body) for a transient one, or the
+QueueEntry for a persistent one in a store that cannot read messages back (SQL).
+The heap holds one int per occurrence: ``due_us << 48 | vhost_index << 32 | slot``.
+Ids are found through an array-backed open-addressing hash (``SidMap``).
 
 Firing an occurrence: route a copy through the original exchange (no hooks,
 no mandatory), then either remove the stored entry (done) or write the next
@@ -26,8 +35,12 @@ import logging
 import os
 import struct
 import time
+from array import array
+from collections.abc import Mapping
 
+from ..amqp.fields import decode_properties, encode_properties
 from ..message import Message
+from ..persistence.paged import PagedFifo
 from ..queues.args import parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
@@ -47,14 +60,23 @@ H_REPEAT = "x-triomq-repeat"
 H_CRON = "x-triomq-cron"
 STATE_HEADERS = (H_SID, H_KIND, H_DUE, H_LEFT, H_RUN, H_DELAY, H_PERIOD, H_REPEAT, H_CRON)
 
-FIRE_BATCH = 2000
-# Pending items are long-lived, acyclic objects (freed by reference counting): every
-# GC_FREEZE_STEP new ones are moved out of the cyclic GC's reach (gc.freeze), so a full
-# collection never has to traverse a million pending messages (a multi-100-ms pause
-# that would make them late). Unfrozen again when nothing is pending.
-GC_FREEZE_STEP = 20_000  # occurrences per timer callback before yielding to connections
+FIRE_BATCH = 2000  # occurrences per timer callback before yielding to connections
+# Persistent messages held as QueueEntry objects (stores without read-back, i.e. SQL) are
+# long-lived GC-tracked objects: every GC_FREEZE_STEP new ones are moved out of the cyclic
+# GC's reach (gc.freeze). Compact slots (bytes, arrays, int keys) are not GC-tracked at all.
+GC_FREEZE_STEP = 20_000
 EARLY_SLACK = 0.001  # arm 1 ms after the head is due: never early, and under load one
 # timer wake-up fires every item due in that millisecond (10 per wake-up at 10,000/s)
+
+# slot kinds
+FREE, K_DELAY, K_AMQ, K_COMPLEX = 0, 1, 2, 3  # K_COMPLEX: repeat and/or cron (state in .cx)
+SLOT_BITS = 32
+VH_BITS = 16
+KEY_SHIFT = SLOT_BITS + VH_BITS
+SLOT_MASK = (1 << SLOT_BITS) - 1
+VH_MASK = (1 << VH_BITS) - 1
+NAN = float("nan")
+_BLOB = struct.Struct(">BBI")  # exchange length, routing key length, raw properties length
 
 
 class _SystemOwner:
@@ -67,20 +89,200 @@ class _SystemOwner:
 SYSTEM_OWNER = _SystemOwner()
 
 
-class ScheduledView:
-    """The internal queue's ``ready``: empty for the dispatcher, iterable for the
-    stores' checkpoints (every pending entry of the vhost)."""
+def pack_blob(message) -> bytes:
+    """A transient pending message in one bytes object: what routing needs at due time."""
+    ex = message.exchange.encode("utf-8", "surrogateescape")
+    rk = message.routing_key.encode("utf-8", "surrogateescape")
+    raw = message.props_raw
+    return b"".join((_BLOB.pack(len(ex), len(rk), len(raw)), ex, rk, raw, message.body))
 
-    def __init__(self, scheduler, vhost_name: str):
-        self._scheduler = scheduler
-        self._vhost = vhost_name
 
+def unpack_blob(blob: bytes):
+    """(exchange, routing key, raw properties, body)."""
+    exl, rkl, pl = _BLOB.unpack_from(blob, 0)
+    p = _BLOB.size
+    ex = blob[p:p + exl].decode("utf-8", "surrogateescape")
+    p += exl
+    rk = blob[p:p + rkl].decode("utf-8", "surrogateescape")
+    p += rkl
+    return ex, rk, blob[p:p + pl], blob[p + pl:]
+
+
+def blob_message(blob: bytes) -> Message:
+    ex, rk, raw, body = unpack_blob(blob)
+    return Message(ex, rk, raw, decode_properties(raw), body)
+
+
+class _Const:
+    """An 'array' whose every element is the same value (journal compaction reads it)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __getitem__(self, i):
+        return self.value
+
+
+class SidMap:
+    """hash(id) -> int value, open addressing with linear probing in two arrays
+    (about 16 bytes per slot, load <= 0.7). Equal hashes are allowed: lookups
+    verify the candidate with a callback."""
+    __slots__ = ("keys", "vals", "mask", "n")
+
+    def __init__(self, capacity: int = 1 << 12):
+        self.keys = array("q", bytes(8 * capacity))
+        self.vals = array("q", bytes(8 * capacity))
+        self.mask = capacity - 1
+        self.n = 0
+
+    @staticmethod
+    def hkey(sid: str) -> int:
+        return (hash(sid) & 0x3FFFFFFFFFFFFFFF) or 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def insert(self, h: int, value: int) -> None:
+        if (self.n + 1) * 10 > (self.mask + 1) * 7:
+            self._grow()
+        keys = self.keys
+        mask = self.mask
+        i = h & mask
+        while keys[i]:
+            i = (i + 1) & mask
+        keys[i] = h
+        self.vals[i] = value
+        self.n += 1
+
+    def find(self, h: int, check) -> int:
+        keys, vals, mask = self.keys, self.vals, self.mask
+        i = h & mask
+        while True:
+            k = keys[i]
+            if not k:
+                return -1
+            if k == h and check(vals[i]):
+                return vals[i]
+            i = (i + 1) & mask
+
+    def delete(self, h: int, value: int) -> bool:
+        keys, vals, mask = self.keys, self.vals, self.mask
+        i = h & mask
+        while True:
+            k = keys[i]
+            if not k:
+                return False
+            if k == h and vals[i] == value:
+                break
+            i = (i + 1) & mask
+        j = i
+        while True:  # backward-shift deletion: no tombstones
+            j = (j + 1) & mask
+            k = keys[j]
+            if not k:
+                break
+            home = k & mask
+            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            keys[i] = k
+            vals[i] = vals[j]
+            i = j
+        keys[i] = 0
+        vals[i] = 0
+        self.n -= 1
+        return True
+
+    def _grow(self) -> None:
+        old_k, old_v = self.keys, self.vals
+        cap = (self.mask + 1) * 2
+        self.keys = keys = array("q", bytes(8 * cap))
+        self.vals = vals = array("q", bytes(8 * cap))
+        self.mask = mask = cap - 1
+        for idx in range(len(old_k)):
+            h = old_k[idx]
+            if h:
+                i = h & mask
+                while keys[i]:
+                    i = (i + 1) & mask
+                keys[i] = h
+                vals[i] = old_v[idx]
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+class SlotTable(PagedFifo):
+    """The pending messages of one vhost, and its internal queue's ``ready``.
+
+    For the dispatcher it is empty (length 0, nothing to pop). For the journal it
+    looks like a PagedFifo whose whole content is paged: ``_seq``/``_loc``/``_blen``
+    describe the journal-paged persistent slots (loc 0 = free or not in the journal),
+    so checkpoints and segment compaction handle them like any paged queue (compaction
+    updates ``_loc`` in place)."""
+
+    __slots__ = ("vi", "vhost_name", "due", "kind", "delay", "sidp", "sidn", "held", "cx",
+                 "free", "live", "n_stored", "scheduler")
+
+    def __init__(self, scheduler, vi: int, vhost_name: str):
+        super().__init__(None, None, budget=0)
+        self.scheduler = scheduler
+        self.vi = vi
+        self.vhost_name = vhost_name
+        self._exp = _Const(NAN)
+        self._flags = _Const(0)
+        self.due = array("d")     # wall-clock seconds
+        self.kind = array("B")    # FREE / K_DELAY / K_AMQ / K_COMPLEX
+        self.delay = array("q")   # ms
+        self.sidp = array("H")    # id prefix index (scheduler._prefixes)
+        self.sidn = array("q")    # id number (-1: the prefix is the whole id)
+        self.held = []            # None (journal) | bytes blob (transient) | QueueEntry
+        self.cx: dict = {}        # slot -> (Schedule, left, run) for K_COMPLEX
+        self.free = array("I")
+        self.live = 0
+        self.n_stored = 0         # slots with a journal location
+
+    def alloc(self) -> int:
+        if self.free:
+            return self.free.pop()
+        slot = len(self.kind)
+        self.due.append(0.0)
+        self.kind.append(FREE)
+        self.delay.append(0)
+        self.sidp.append(0)
+        self.sidn.append(0)
+        self.held.append(None)
+        self._seq.append(0)
+        self._loc.append(0)
+        self._blen.append(0)
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.kind[slot] = FREE
+        self.held[slot] = None
+        if self._loc[slot]:
+            self.n_stored -= 1
+        self._loc[slot] = 0
+        self._seq[slot] = 0
+        self.cx.pop(slot, None)
+        self.free.append(slot)
+        self.live -= 1
+
+    def live_slots(self):
+        kind = self.kind
+        return [i for i in range(len(kind)) if kind[i]]
+
+    # ---- the queue's ready store, as the core sees it ----
     def __len__(self) -> int:
         return 0
 
     def __iter__(self):
-        vhost = self._vhost
-        return iter([i.entry for i in self._scheduler.items.values() if i.stored and i.vhost == vhost])
+        """Stored pending entries (tests, management); materialized from the journal."""
+        s = self.scheduler
+        for slot in self.live_slots():
+            e = s._stored_entry(self, slot)
+            if e is not None:
+                yield e
 
     def append(self, entry) -> None:  # never reached: max-length 0 refuses publishes
         pass
@@ -100,29 +302,115 @@ class ScheduledView:
     def pop_tail(self):
         raise IndexError("scheduled view")
 
+    # ---- the journal's view (checkpoints, compaction) ----
+    @property
+    def paged_count(self) -> int:
+        return self.n_stored
+
+    def head_entries(self) -> list:
+        return []
+
+    def snapshot_paged(self):
+        locs = self._loc
+        keep = [i for i in range(len(locs)) if locs[i]]
+        seq, blen = self._seq, self._blen
+        return (array("q", [seq[i] for i in keep]), array("q", [locs[i] for i in keep]),
+                array("d", [NAN]) * len(keep), array("I", [blen[i] for i in keep]),
+                array("B", bytes(len(keep))))
+
 
 class Item:
-    __slots__ = ("sid", "vhost", "entry", "due", "left", "run", "schedule", "cancelled", "stored")
+    """A handle on one pending message (management and tests); reads the slot live."""
+    __slots__ = ("_s", "_t", "_slot", "sid")
 
-    def __init__(self, sid, vhost, entry, due, left, run, schedule, stored=True):
-        self.stored = stored  # entry.message carries x-triomq-* state (it is in a store)
+    def __init__(self, scheduler, table: SlotTable, slot: int, sid: str):
+        self._s = scheduler
+        self._t = table
+        self._slot = slot
         self.sid = sid
-        self.vhost = vhost
-        self.entry = entry
-        self.due = due
-        self.left = left
-        self.run = run
-        self.schedule = schedule
-        self.cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        t, slot = self._t, self._slot
+        return not t.kind[slot] or self._s._sid_of(t, slot) != self.sid
+
+    def _check(self):
+        if self.cancelled:
+            raise KeyError(self.sid)
+        return self._t, self._slot
+
+    @property
+    def vhost(self) -> str:
+        return self._t.vhost_name
+
+    @property
+    def due(self) -> float:
+        t, slot = self._check()
+        return t.due[slot]
+
+    @property
+    def schedule(self) -> Schedule:
+        t, slot = self._check()
+        return self._s._state(t, slot)[0]
+
+    @property
+    def left(self) -> int:
+        t, slot = self._check()
+        return self._s._state(t, slot)[1]
+
+    @property
+    def run(self) -> float:
+        t, slot = self._check()
+        return self._s._state(t, slot)[2]
+
+    @property
+    def stored(self) -> bool:
+        t, slot = self._check()
+        return not isinstance(t.held[slot], bytes)
+
+    @property
+    def entry(self) -> QueueEntry:
+        t, slot = self._check()
+        e = self._s._stored_entry(t, slot)
+        if e is None:
+            e = QueueEntry(blob_message(t.held[slot]), 0)
+        return e
 
     def describe(self) -> dict:
         msg = self.entry.message
-        s = self.schedule
+        s, left, _run = self._s._state(self._t, self._slot)
         return {"id": self.sid, "vhost": self.vhost, "exchange": msg.exchange,
                 "routing_key": msg.routing_key, "due": self.due, "kind": s.kind,
                 "delay": s.delay, "period": s.period, "repeat": s.repeat, "cron": s.cron,
-                "remaining_in_run": self.left, "persistent": msg.persistent,
+                "remaining_in_run": left, "persistent": msg.persistent,
                 "size": len(msg.body)}
+
+
+class ItemsView(Mapping):
+    """``scheduler.items``: id -> Item, computed from the slot tables."""
+
+    def __init__(self, scheduler):
+        self._s = scheduler
+
+    def __getitem__(self, sid):
+        found = self._s._lookup(sid)
+        if found is None:
+            raise KeyError(sid)
+        t, slot = found
+        return Item(self._s, t, slot, sid)
+
+    def __len__(self) -> int:
+        return sum(t.live for t in self._s._tables)
+
+    def __iter__(self):
+        s = self._s
+        for t in list(s._tables):
+            for slot in t.live_slots():
+                yield s._sid_of(t, slot)
+
+    def values(self):
+        s = self._s
+        return [Item(s, t, slot, s._sid_of(t, slot)) for t in list(s._tables) for slot in t.live_slots()]
 
 
 _SIGNED = {ord("b"): struct.Struct(">b"), ord("s"): struct.Struct(">h"),
@@ -153,27 +441,85 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _due_us(due: float) -> int:
+    return round(due * 1_000_000)
+
+
 class Scheduler:
     def __init__(self, broker, clock=time.time):
         self.broker = broker
         self.timers = broker.timers
         self.clock = clock
-        self.items: dict[str, Item] = {}
-        self.heap: list = []
-        self._tie = itertools.count()
+        self.heap: list = []  # int keys: due_us << 48 | vhost index << 32 | slot
+        self._tables: list[SlotTable] = []
+        self._sids = SidMap()
+        self._prefixes: list[str] = []
+        self._prefix_index: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._sid_prefix = os.urandom(4).hex()
         self._sid_counter = itertools.count(1)
+        self._own_prefix = self._prefix_of(self._sid_prefix)
         self.queues: dict[str, Queue] = {}
+        self.items = ItemsView(self)
         self._handle = None
         self._armed_for = None
         self.fired = 0
         self.scheduled = 0
         self.removed = 0
         self.max_lateness = 0.0
-        self._since_freeze = 0
+        self._held_since_freeze = 0
         self._frozen = False
         self._schedules: dict = {}
+
+    # ---- ids ----
+    def _prefix_of(self, prefix: str) -> int:
+        p = self._prefix_index.get(prefix)
+        if p is None:
+            p = len(self._prefixes)
+            if p > 0xFFFF:
+                raise ValueError("too many scheduler id prefixes")
+            self._prefixes.append(prefix)
+            self._prefix_index[prefix] = p
+        return p
+
+    def _split_sid(self, sid: str):
+        prefix, sep, num = sid.rpartition("-")
+        if sep and num.isdigit() and num.isascii() and str(int(num)) == num and int(num) < 1 << 62:
+            return prefix, int(num)
+        return sid, -1
+
+    def _sid_of(self, t: SlotTable, slot: int) -> str:
+        n = t.sidn[slot]
+        prefix = self._prefixes[t.sidp[slot]]
+        return prefix if n < 0 else f"{prefix}-{n}"
+
+    def _lookup(self, sid):
+        if not isinstance(sid, str):
+            return None
+        tables = self._tables
+
+        def check(v):
+            t = tables[v >> SLOT_BITS]
+            slot = v & SLOT_MASK
+            return t.kind[slot] != FREE and self._sid_of(t, slot) == sid
+
+        v = self._sids.find(SidMap.hkey(sid), check)
+        if v < 0:
+            return None
+        return tables[v >> SLOT_BITS], v & SLOT_MASK
+
+    def _set_sid(self, t: SlotTable, slot: int, sid: str) -> None:
+        prefix, n = self._split_sid(sid)
+        t.sidp[slot] = self._prefix_of(prefix)
+        t.sidn[slot] = n
+        self._sids.insert(SidMap.hkey(sid), (t.vi << SLOT_BITS) | slot)
+
+    def new_sid(self) -> str:
+        return f"{self._sid_prefix}-{next(self._sid_counter)}"
 
     # ---- storage ----
     def internal_queue(self, vhost) -> Queue:
@@ -185,21 +531,25 @@ class Scheduler:
             self._lock_down(vhost, q)
         return q
 
+    def _table(self, vhost_name: str) -> SlotTable:
+        for t in self._tables:
+            if t.vhost_name == vhost_name:
+                return t
+        vi = len(self._tables)
+        if vi > VH_MASK:
+            raise ValueError("too many vhosts with scheduled messages")
+        t = SlotTable(self, vi, vhost_name)
+        self._tables.append(t)
+        return t
+
     def _lock_down(self, vhost, q: Queue) -> None:
         q.exclusive_owner = SYSTEM_OWNER
         q.opts.max_length = 0
         q.opts.overflow = "reject-publish"
-        q.ready = ScheduledView(self, vhost.name)
+        t = q.ready if isinstance(q.ready, SlotTable) else self._table(vhost.name)
+        q.ready = t
         q.ready_bytes = 0
         self.queues[vhost.name] = q
-
-    def _store_enqueue(self, q: Queue, entry: QueueEntry) -> None:  # stored items only
-        if q.store is not None and entry.message.persistent:
-            q.store.enqueue(q, entry)
-
-    def _store_remove(self, q: Queue, entry: QueueEntry) -> None:
-        if q.store is not None and entry.message.persistent:
-            q.store.remove(q, entry)
 
     def _stored_message(self, message, sid: str, sched: Schedule, due: float, left: int,
                         run: float):
@@ -218,83 +568,176 @@ class Scheduler:
         props["headers"] = headers
         return message.with_changes(properties=props)
 
-    def _delivery_message(self, item: Item):
-        stored = item.entry.message
-        if not item.stored:
+    def _stored_entry(self, t: SlotTable, slot: int):
+        """The stored QueueEntry of a persistent slot (read from the journal), else None."""
+        held = t.held[slot]
+        if held is None:
+            loc = t._loc[slot]
+            if not loc:
+                return None
+            q = self.queues.get(t.vhost_name)
+            e = QueueEntry(q.store.read_message(loc), t._seq[slot])
+            e.loc = loc
+            return e
+        if isinstance(held, bytes):
+            return None
+        return held
+
+    def _store_remove(self, t: SlotTable, slot: int) -> None:
+        """Forget the stored copy of a slot (journal location or held entry)."""
+        q = self.queues.get(t.vhost_name)
+        held = t.held[slot]
+        if held is None:
+            loc = t._loc[slot]
+            if loc and q is not None and q.store is not None:
+                e = QueueEntry(None, t._seq[slot])
+                e.loc = loc
+                q.store.remove(q, e)
+        elif not isinstance(held, bytes):
+            if q is not None and q.store is not None:
+                q.store.remove(q, held)
+            self._held_since_freeze -= 1
+
+    def _keep_stored(self, t: SlotTable, slot: int, q: Queue, entry: QueueEntry) -> None:
+        """Record where a freshly written persistent occurrence lives."""
+        if entry.loc and hasattr(q.store, "read_message"):
+            if not t._loc[slot]:
+                t.n_stored += 1
+            t.held[slot] = None
+            t._seq[slot] = entry.seq
+            t._loc[slot] = entry.loc
+            t._blen[slot] = len(entry.message.body)
+        else:
+            if t._loc[slot]:
+                t.n_stored -= 1
+                t._loc[slot] = 0
+            t.held[slot] = entry  # a store that cannot read messages back: keep it
+            t._seq[slot] = entry.seq
+            self._held_since_freeze += 1
+            if self._held_since_freeze >= GC_FREEZE_STEP:
+                self._gc_freeze()
+
+    def _state(self, t: SlotTable, slot: int):
+        """(Schedule, left, run) of a slot."""
+        k = t.kind[slot]
+        if k == K_COMPLEX:
+            return t.cx[slot]
+        d = t.delay[slot]
+        sched = Schedule("delay" if k == K_DELAY else "amq", delay=d)
+        return sched, 1, t.due[slot] - d / 1000.0
+
+    def _set_state(self, t: SlotTable, slot: int, sched: Schedule, due: float, left: int,
+                   run: float) -> None:
+        t.due[slot] = due
+        t.delay[slot] = sched.delay
+        if sched.cron or sched.repeat or sched.period:
+            t.kind[slot] = K_COMPLEX
+            interned = self._schedules.get(sched)  # one object per distinct complex schedule
+            if interned is not None:
+                sched = interned
+            elif len(self._schedules) < 100_000:
+                self._schedules[sched] = sched
+            t.cx[slot] = (sched, left, run)
+        else:
+            t.kind[slot] = K_DELAY if sched.kind == "delay" else K_AMQ
+            t.cx.pop(slot, None)
+
+    def _push(self, t: SlotTable, slot: int, due: float) -> None:
+        heapq.heappush(self.heap, (_due_us(due) << KEY_SHIFT) | (t.vi << SLOT_BITS) | slot)
+
+    def _delivery_message(self, t: SlotTable, slot: int, stored=None):
+        """The copy to route now. ``stored``: the stored message, if already read."""
+        held = t.held[slot]
+        kind = t.kind[slot]
+        if isinstance(held, bytes):
             # the published message as it came (no state headers): no re-encoding
-            raw, props = stored.props_raw, stored.properties
-            if item.schedule.kind == "delay":
-                patched = negate_x_delay(raw, item.schedule.delay)
+            ex, rk, raw, body = unpack_blob(held)
+            if kind == K_DELAY:
+                delay = t.delay[slot]
+                patched = negate_x_delay(raw, delay)
                 if patched is not None:
-                    props = dict(props)
-                    headers = dict(props.get("headers") or {})
-                    headers[X_DELAY] = -item.schedule.delay
-                    props["headers"] = headers
-                    return Message(stored.exchange, stored.routing_key, patched, props, stored.body)
-            else:
-                return Message(stored.exchange, stored.routing_key, raw, props, stored.body)
+                    return Message(ex, rk, patched, decode_properties(patched), body)
+                props = decode_properties(raw)
+                headers = dict(props.get("headers") or {})
+                headers[X_DELAY] = -delay
+                props["headers"] = headers
+                return Message(ex, rk, encode_properties(props), props, body)
+            return Message(ex, rk, raw, decode_properties(raw), body)
+        if stored is None:
+            stored = self._stored_entry(t, slot).message
         props = dict(stored.properties)
         headers = dict(props.get("headers") or {})
         for h in STATE_HEADERS:
             headers.pop(h, None)
-        if item.schedule.kind == "delay":
+        if kind == K_DELAY or (kind == K_COMPLEX and t.cx[slot][0].kind == "delay"):
             # as the plugin does: the delivered message says it was delayed by -x-delay
-            headers[X_DELAY] = -item.schedule.delay
+            headers[X_DELAY] = -t.delay[slot]
         props["headers"] = headers
         return stored.with_changes(properties=props)
 
     # ---- scheduling ----
-    def new_sid(self) -> str:
-        return f"{self._sid_prefix}-{next(self._sid_counter)}"
-
     def schedule(self, vhost, message, schedule: Schedule, now: float | None = None) -> Item:
         now = self.clock() if now is None else now
-        interned = self._schedules.get(schedule)  # one object per distinct schedule
-        if interned is not None:
-            schedule = interned
-        elif len(self._schedules) < 100_000:
-            self._schedules[schedule] = schedule
         due, left, run = schedule.first(now)
         sid = self.new_sid()
         q = self.internal_queue(vhost)
-        persisted = q.store is not None and message.persistent
-        if persisted:
-            message = self._stored_message(message, sid, schedule, due, left, run)
-        entry = QueueEntry(message, next(self._seq))
-        if persisted:
+        t = q.ready
+        slot = t.alloc()
+        t.live += 1
+        t.sidp[slot] = self._own_prefix
+        t.sidn[slot] = int(sid.rpartition("-")[2])
+        self._sids.insert(SidMap.hkey(sid), (t.vi << SLOT_BITS) | slot)
+        self._set_state(t, slot, schedule, due, left, run)
+        if q.store is not None and message.persistent:
+            stored = self._stored_message(message, sid, schedule, due, left, run)
+            entry = QueueEntry(stored, next(self._seq))
             q.store.enqueue(q, entry)
-        item = Item(sid, vhost.name, entry, due, left, run, schedule, persisted)
-        self.items[sid] = item
-        heapq.heappush(self.heap, (due, next(self._tie), item))
+            self._keep_stored(t, slot, q, entry)
+        else:
+            t.held[slot] = pack_blob(message)
+        self._push(t, slot, due)
         self.scheduled += 1
-        self._since_freeze += 1
-        if self._since_freeze >= GC_FREEZE_STEP:
-            self._gc_freeze()
         self._arm()
-        return item
+        return Item(self, t, slot, sid)
 
     def _gc_freeze(self) -> None:
-        self._since_freeze = 0
-        if len(self.items) >= GC_FREEZE_STEP:
-            gc.freeze()
-            self._frozen = True
+        self._held_since_freeze = 0
+        gc.freeze()
+        self._frozen = True
 
     def _gc_maybe_unfreeze(self) -> None:
-        if self._frozen and not self.items:
+        if self._frozen and not any(t.live for t in self._tables):
             gc.unfreeze()
             self._frozen = False
+            self._held_since_freeze = 0
+
+    def _head(self):
+        """The first live heap key (dropping dead ones), or None."""
+        heap = self.heap
+        tables = self._tables
+        while heap:
+            k = heap[0]
+            t = tables[(k >> SLOT_BITS) & VH_MASK]
+            slot = k & SLOT_MASK
+            if t.kind[slot] and _due_us(t.due[slot]) == k >> KEY_SHIFT:
+                return k
+            heapq.heappop(heap)
+        return None
+
+    def _head_due(self):
+        k = self._head()
+        if k is None:
+            return None
+        return self._tables[(k >> SLOT_BITS) & VH_MASK].due[k & SLOT_MASK]
 
     def _arm(self) -> None:
-        heap = self.heap
-        while heap and heap[0][2].cancelled:
-            heapq.heappop(heap)
-        if not heap:
+        due = self._head_due()
+        if due is None:
             if self._handle is not None:
                 self._handle.cancel()
                 self._handle = None
                 self._armed_for = None
             return
-        due = heap[0][0]
         if self._handle is not None and self._armed_for is not None and self._armed_for <= due:
             return  # armed for an earlier (or the same) moment; it will re-arm
         if self._handle is not None:
@@ -307,86 +750,121 @@ class Scheduler:
         self._handle = None
         self._armed_for = None
         self.run_due()
-        if self.heap and self.heap[0][0] <= self.clock():
+        due = self._head_due()
+        if due is not None and due <= self.clock():
             # more due than one batch: continue right after other timers / connections
-            self._armed_for = self.heap[0][0]
+            self._armed_for = due
             self._handle = self.timers.call_at(self.timers.now(), self._on_timer)
         else:
             self._arm()
 
     def run_due(self, now: float | None = None, limit: int = FIRE_BATCH) -> int:
         now = self.clock() if now is None else now
+        now_us = _due_us(now) + 1
         heap = self.heap
+        tables = self._tables
         fired = 0
-        while heap and heap[0][0] <= now and fired < limit:
-            due, _, item = heapq.heappop(heap)
-            if item.cancelled or item.due != due:
+        while heap and fired < limit:
+            k = heap[0]
+            if k >> KEY_SHIFT > now_us:
+                break
+            t = tables[(k >> SLOT_BITS) & VH_MASK]
+            slot = k & SLOT_MASK
+            due = t.due[slot]
+            if not t.kind[slot] or _due_us(due) != k >> KEY_SHIFT:
+                heapq.heappop(heap)  # removed or rescheduled: a dead key
                 continue
+            if due > now:
+                break  # due within the next microsecond: never early
+            heapq.heappop(heap)
             late = now - due
             if late > self.max_lateness:
                 self.max_lateness = late
-            self._fire(item, now)
+            self._fire(t, slot, due, now)
             fired += 1
         return fired
 
-    def _fire(self, item: Item, now: float) -> None:
-        vhost = self.broker.vhosts.get(item.vhost)
-        q = self.queues.get(item.vhost)
-        old = item.entry
-        if vhost is not None:
-            out = self._delivery_message(item)
+    def _fire(self, t: SlotTable, slot: int, due: float, now: float) -> None:
+        vhost = self.broker.vhosts.get(t.vhost_name)
+        q = self.queues.get(t.vhost_name)
+        held = t.held[slot]
+        stored_msg = None
+        if not isinstance(held, bytes):
+            if held is None:
+                q_store = q.store if q is not None else None
+                if q_store is not None and t._loc[slot]:
+                    stored_msg = q_store.read_message(t._loc[slot])
+            else:
+                stored_msg = held.message
+        if vhost is not None and (stored_msg is not None or isinstance(held, bytes)):
+            out = self._delivery_message(t, slot, stored_msg)
             for target in vhost.route(out.exchange, out.routing_key, out):
                 target.enqueue(out)
         self.fired += 1
-        nxt = item.schedule.following(item.due, item.left, item.run, now)
+        kind = t.kind[slot]
+        nxt = None
+        if kind == K_COMPLEX:
+            sched, left, run = t.cx[slot]
+            nxt = sched.following(due, left, run, now)
         if nxt is None:
-            self.items.pop(item.sid, None)
-            item.cancelled = True
-            if not self.items:
-                self._gc_maybe_unfreeze()
-            if q is not None and item.stored:
-                self._store_remove(q, old)
+            self._forget(t, slot)
+            self._gc_maybe_unfreeze()
             return
-        due, left, run = nxt
-        if item.stored and q is not None:
-            stored = self._stored_message(old.message, item.sid, item.schedule, due, left, run)
-            entry = QueueEntry(stored, next(self._seq))
-            self._store_enqueue(q, entry)  # new occurrence first ...
-            self._store_remove(q, old)  # ... then forget the fired one
-            item.entry = entry
-        item.due, item.left, item.run = due, left, run
-        heapq.heappush(self.heap, (due, next(self._tie), item))
+        ndue, nleft, nrun = nxt
+        if not isinstance(held, bytes) and q is not None and q.store is not None \
+                and stored_msg is not None:
+            sid = self._sid_of(t, slot)
+            msg = self._stored_message(stored_msg, sid, sched, ndue, nleft, nrun)
+            entry = QueueEntry(msg, next(self._seq))
+            q.store.enqueue(q, entry)  # new occurrence first ...
+            self._store_remove(t, slot)  # ... then forget the fired one
+            self._keep_stored(t, slot, q, entry)
+        self._set_state(t, slot, sched, ndue, nleft, nrun)
+        self._push(t, slot, ndue)
+
+    def _forget(self, t: SlotTable, slot: int) -> None:
+        """Drop a slot: its stored copy, its id, the slot itself (heap keys go dead)."""
+        self._store_remove(t, slot)
+        self._sids.delete(SidMap.hkey(self._sid_of(t, slot)), (t.vi << SLOT_BITS) | slot)
+        t.release(slot)
 
     # ---- management ----
+    def _all_keys(self):
+        for t in self._tables:
+            due = t.due
+            for slot in t.live_slots():
+                yield (due[slot], t, slot)
+
     def list(self, limit: int | None = None) -> list[dict]:
-        items = sorted(self.items.values(), key=lambda i: i.due)
+        keyed = ((due, t.vi, slot, t) for due, t, slot in self._all_keys())
         if limit is not None:
-            items = items[:limit]
-        return [i.describe() for i in items]
+            chosen = heapq.nsmallest(limit, keyed, key=lambda x: (x[0], x[1], x[2]))
+        else:
+            chosen = sorted(keyed, key=lambda x: (x[0], x[1], x[2]))
+        return [Item(self, t, slot, self._sid_of(t, slot)).describe() for _d, _v, slot, t in chosen]
 
     def remove(self, sid: str) -> bool:
-        item = self.items.pop(sid, None)
-        if item is None:
+        found = self._lookup(sid)
+        if found is None:
             return False
-        item.cancelled = True
-        q = self.queues.get(item.vhost)
-        if q is not None and item.stored:
-            self._store_remove(q, item.entry)
+        t, slot = found
+        self._forget(t, slot)
         self.removed += 1
-        if len(self.heap) > 1024 and len(self.heap) > 2 * len(self.items):
+        live = sum(x.live for x in self._tables)
+        if len(self.heap) > 1024 and len(self.heap) > 2 * live:
             self._compact()
+        self._gc_maybe_unfreeze()
         self._arm()
         return True
 
     def remove_all(self) -> int:
         count = 0
-        for sid in list(self.items):
-            item = self.items.pop(sid)
-            item.cancelled = True
-            q = self.queues.get(item.vhost)
-            if q is not None and item.stored:
-                self._store_remove(q, item.entry)
-            count += 1
+        for t in self._tables:
+            for slot in t.live_slots():
+                self._store_remove(t, slot)
+                t.release(slot)
+                count += 1
+        self._sids.clear()
         self.heap.clear()
         self.removed += count
         self._gc_maybe_unfreeze()
@@ -394,45 +872,80 @@ class Scheduler:
         return count
 
     def _compact(self) -> None:
-        self.heap = [t for t in self.heap if not t[2].cancelled and t[2].due == t[0]]
-        heapq.heapify(self.heap)
+        tables = self._tables
+        keep = []
+        for k in self.heap:
+            t = tables[(k >> SLOT_BITS) & VH_MASK]
+            slot = k & SLOT_MASK
+            if t.kind[slot] and _due_us(t.due[slot]) == k >> KEY_SHIFT:
+                keep.append(k)
+        heapq.heapify(keep)
+        self.heap = keep
 
     def stats(self) -> dict:
         by_kind: dict = {}
-        for item in self.items.values():
-            by_kind[item.schedule.kind] = by_kind.get(item.schedule.kind, 0) + 1
-        nxt = None
-        for due, _, item in self.heap[:1]:
-            nxt = due
-        return {"pending": len(self.items), "pending_by_kind": by_kind, "next_due": nxt,
+        for t in self._tables:
+            n = t.kind.count(K_DELAY)
+            a = t.kind.count(K_AMQ)
+            for sched, _l, _r in t.cx.values():
+                if sched.kind == "delay":
+                    n += 1
+                else:
+                    a += 1
+            if n:
+                by_kind["delay"] = by_kind.get("delay", 0) + n
+            if a:
+                by_kind["amq"] = by_kind.get("amq", 0) + a
+        return {"pending": sum(t.live for t in self._tables), "pending_by_kind": by_kind,
+                "next_due": self._head_due(),
                 "scheduled_total": self.scheduled, "fired_total": self.fired,
                 "removed_total": self.removed, "max_lateness_ms": round(self.max_lateness * 1000, 3)}
 
     # ---- recovery ----
     def recovered(self) -> int:
-        """Adopt the internal queues the store recovered and rebuild the heap."""
+        """Adopt the internal queues the store recovered and rebuild the heap.
+
+        Journal: the internal queue comes back paged (index only); each message is read
+        once to learn its schedule state and then dropped from memory again."""
         restored = 0
         max_seq = 0
         for vhost in self.broker.vhosts.values():
             q = vhost.queues.get(INTERNAL_QUEUE)
             if q is None:
                 continue
-            entries = q.ready.clear()
+            ready = q.ready
+            if isinstance(ready, SlotTable):
+                continue
             self._lock_down(vhost, q)
-            for entry in entries:
-                max_seq = max(max_seq, entry.seq)
-                if self._restore(vhost, q, entry):
-                    restored += 1
+            t = q.ready
+            if isinstance(ready, PagedFifo):
+                for entry in ready.head_entries():
+                    max_seq = max(max_seq, entry.seq)
+                    restored += self._restore(t, q, entry)
+                seqs, locs = ready._seq, ready._loc
+                pinned = ready._pinned
+                for i in range(ready._pi, len(seqs)):
+                    seq, loc = seqs[i], locs[i]
+                    max_seq = max(max_seq, seq)
+                    if loc:
+                        entry = QueueEntry(q.store.read_message(loc), seq)
+                        entry.loc = loc
+                    else:
+                        entry = pinned.pop(seq)
+                    restored += self._restore(t, q, entry)
+                    del entry
+            else:
+                for entry in ready.clear():
+                    max_seq = max(max_seq, entry.seq)
+                    restored += self._restore(t, q, entry)
         if max_seq:
             self._seq = itertools.count(max_seq + 1)
-        if len(self.items) >= GC_FREEZE_STEP:
-            self._gc_freeze()
         self._arm()
         if restored:
             log.info("scheduler: recovered %d pending scheduled messages", restored)
         return restored
 
-    def _restore(self, vhost, q: Queue, entry: QueueEntry) -> bool:
+    def _restore(self, t: SlotTable, q: Queue, entry: QueueEntry) -> int:
         headers = entry.message.headers
         try:
             sid = _text(headers[H_SID])
@@ -448,16 +961,23 @@ class Scheduler:
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("scheduler: dropping unreadable stored entry %s (%s)", entry.seq, exc)
             q.store is not None and q.store.remove(q, entry)
-            return False
-        existing = self.items.get(sid)
-        if existing is not None:
+            return 0
+        found = self._lookup(sid)
+        if found is not None:
             # crash between "write next occurrence" and "remove fired one": keep the newer
-            if existing.entry.seq > entry.seq:
-                self._store_remove(q, entry)
-                return False
-            existing.cancelled = True
-            self._store_remove(q, existing.entry)
-        item = Item(sid, vhost.name, entry, due, left, run, schedule)
-        self.items[sid] = item
-        heapq.heappush(self.heap, (due, next(self._tie), item))
-        return existing is None
+            ot, oslot = found
+            if ot._seq[oslot] > entry.seq:
+                if q.store is not None:
+                    q.store.remove(q, entry)
+                return 0
+            self._store_remove(ot, oslot)
+            slot = oslot
+            t = ot
+        else:
+            slot = t.alloc()
+            t.live += 1
+            self._set_sid(t, slot, sid)
+        self._set_state(t, slot, schedule, due, left, run)
+        self._keep_stored(t, slot, q, entry)
+        self._push(t, slot, due)
+        return 0 if found is not None else 1
