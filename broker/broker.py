@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
+from . import scheduler
 from .auth import UserDatabase
 from .config import Config
 from .persistence import MemoryStore, Store
@@ -44,7 +45,9 @@ class Broker:
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()
-        from .scheduler import install; install(self)  # delayed/scheduled delivery (issue 4)
+        # Async callables run for the broker's lifetime in the server's nursery.
+        self.background_tasks: list = []
+        scheduler.install(self)  # delayed/scheduled delivery and its control socket
 
     @property
     def blocked(self) -> bool:

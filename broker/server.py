@@ -225,7 +225,8 @@ class Server:
             self.nursery = nursery
             await nursery.start(self._run_store)
             nursery.start_soon(self._run_timers)
-            for task in getattr(broker, "background_tasks", ()): nursery.start_soon(task)  # noqa: E701
+            for task in broker.background_tasks:
+                nursery.start_soon(task)
             nursery.start_soon(self._monitor_resources)
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
             self.listeners = listeners
