@@ -126,91 +126,91 @@ class _Const:
 
 
 class SidMap:
-    """hash(id) -> int value, open addressing with linear probing in two arrays
-    (about 16 bytes per slot, load <= 0.7). Equal hashes are allowed: lookups
-    verify the candidate with a callback."""
-    __slots__ = ("keys", "vals", "mask", "n")
+    """id -> (vhost index << 32 | slot): open addressing with linear probing over one
+    array of values (8 bytes per bucket, load <= 0.7). The id itself is not stored:
+    it is (prefix index, number) in the slot table, and the hash is computed from
+    that pair, so a probe compares two array items and deletion (backward shift)
+    can recompute any entry's home bucket. Value 0 = empty bucket (values are +1)."""
+    __slots__ = ("vals", "mask", "n", "ident")
 
-    def __init__(self, capacity: int = 1 << 12):
-        self.keys = array("q", bytes(8 * capacity))
+    def __init__(self, ident, capacity: int = 1 << 12):
+        self.ident = ident  # value -> (prefix index, number)
         self.vals = array("q", bytes(8 * capacity))
         self.mask = capacity - 1
         self.n = 0
 
     @staticmethod
-    def hkey(sid: str) -> int:
-        return (hash(sid) & 0x3FFFFFFFFFFFFFFF) or 1
+    def hkey(p: int, n: int) -> int:
+        h = (n * 0x9E3779B97F4A7C15 + p * 0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+        return h ^ (h >> 32)
 
     def __len__(self) -> int:
         return self.n
 
-    def insert(self, h: int, value: int) -> None:
+    def insert(self, p: int, n: int, value: int) -> None:
         if (self.n + 1) * 10 > (self.mask + 1) * 7:
             self._grow()
-        keys = self.keys
+        vals = self.vals
         mask = self.mask
-        i = h & mask
-        while keys[i]:
+        i = self.hkey(p, n) & mask
+        while vals[i]:
             i = (i + 1) & mask
-        keys[i] = h
-        self.vals[i] = value
+        vals[i] = value + 1
         self.n += 1
 
-    def find(self, h: int, check) -> int:
-        keys, vals, mask = self.keys, self.vals, self.mask
-        i = h & mask
+    def find(self, p: int, n: int) -> int:
+        vals, mask, ident = self.vals, self.mask, self.ident
+        i = self.hkey(p, n) & mask
         while True:
-            k = keys[i]
-            if not k:
+            v = vals[i]
+            if not v:
                 return -1
-            if k == h and check(vals[i]):
-                return vals[i]
+            if ident(v - 1) == (p, n):
+                return v - 1
             i = (i + 1) & mask
 
-    def delete(self, h: int, value: int) -> bool:
-        keys, vals, mask = self.keys, self.vals, self.mask
-        i = h & mask
+    def delete(self, p: int, n: int, value: int) -> bool:
+        vals, mask, ident = self.vals, self.mask, self.ident
+        want = value + 1
+        i = self.hkey(p, n) & mask
         while True:
-            k = keys[i]
-            if not k:
+            v = vals[i]
+            if not v:
                 return False
-            if k == h and vals[i] == value:
+            if v == want:
                 break
             i = (i + 1) & mask
         j = i
+        hkey = self.hkey
         while True:  # backward-shift deletion: no tombstones
             j = (j + 1) & mask
-            k = keys[j]
-            if not k:
+            v = vals[j]
+            if not v:
                 break
-            home = k & mask
+            home = hkey(*ident(v - 1)) & mask
             if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
                 continue
-            keys[i] = k
-            vals[i] = vals[j]
+            vals[i] = v
             i = j
-        keys[i] = 0
         vals[i] = 0
         self.n -= 1
         return True
 
     def _grow(self) -> None:
-        old_k, old_v = self.keys, self.vals
+        old = self.vals
         cap = (self.mask + 1) * 2
-        self.keys = keys = array("q", bytes(8 * cap))
         self.vals = vals = array("q", bytes(8 * cap))
         self.mask = mask = cap - 1
-        for idx in range(len(old_k)):
-            h = old_k[idx]
-            if h:
-                i = h & mask
-                while keys[i]:
+        ident, hkey = self.ident, self.hkey
+        for v in old:
+            if v:
+                i = hkey(*ident(v - 1)) & mask
+                while vals[i]:
                     i = (i + 1) & mask
-                keys[i] = h
-                vals[i] = old_v[idx]
+                vals[i] = v
 
     def clear(self) -> None:
-        self.__init__()
+        self.__init__(self.ident)
 
 
 class SlotTable(PagedFifo):
@@ -463,7 +463,7 @@ class Scheduler:
         self.clock = clock
         self.heap: list = []  # int keys: due_us << 48 | vhost index << 32 | slot
         self._tables: list[SlotTable] = []
-        self._sids = SidMap()
+        self._sids = SidMap(self._ident)
         self._prefixes: list[str] = []
         self._prefix_index: dict[str, int] = {}
         self._seq = itertools.count(1)
@@ -504,26 +504,33 @@ class Scheduler:
         prefix = self._prefixes[t.sidp[slot]]
         return prefix if n < 0 else f"{prefix}-{n}"
 
+    def _ident(self, value: int):
+        t = self._tables[value >> SLOT_BITS]
+        slot = value & SLOT_MASK
+        return t.sidp[slot], t.sidn[slot]
+
     def _lookup(self, sid):
         if not isinstance(sid, str):
             return None
-        tables = self._tables
-
-        def check(v):
-            t = tables[v >> SLOT_BITS]
-            slot = v & SLOT_MASK
-            return t.kind[slot] != FREE and self._sid_of(t, slot) == sid
-
-        v = self._sids.find(SidMap.hkey(sid), check)
+        prefix, n = self._split_sid(sid)
+        p = self._prefix_index.get(prefix)
+        if p is None:
+            return None
+        v = self._sids.find(p, n)
         if v < 0:
             return None
-        return tables[v >> SLOT_BITS], v & SLOT_MASK
+        t = self._tables[v >> SLOT_BITS]
+        slot = v & SLOT_MASK
+        if not t.kind[slot]:
+            return None
+        return t, slot
 
     def _set_sid(self, t: SlotTable, slot: int, sid: str) -> None:
         prefix, n = self._split_sid(sid)
-        t.sidp[slot] = self._prefix_of(prefix)
+        p = self._prefix_of(prefix)
+        t.sidp[slot] = p
         t.sidn[slot] = n
-        self._sids.insert(SidMap.hkey(sid), (t.vi << SLOT_BITS) | slot)
+        self._sids.insert(p, n, (t.vi << SLOT_BITS) | slot)
 
     def new_sid(self) -> str:
         return f"{self._sid_prefix}-{next(self._sid_counter)}"
@@ -691,9 +698,10 @@ class Scheduler:
         t = q.ready
         slot = t.alloc()
         t.live += 1
+        n = int(sid.rpartition("-")[2])
         t.sidp[slot] = self._own_prefix
-        t.sidn[slot] = int(sid.rpartition("-")[2])
-        self._sids.insert(SidMap.hkey(sid), (t.vi << SLOT_BITS) | slot)
+        t.sidn[slot] = n
+        self._sids.insert(self._own_prefix, n, (t.vi << SLOT_BITS) | slot)
         self._set_state(t, slot, schedule, due, left, run)
         if q.store is not None and message.persistent:
             stored = self._stored_message(message, sid, schedule, due, left, run)
@@ -832,7 +840,7 @@ class Scheduler:
     def _forget(self, t: SlotTable, slot: int) -> None:
         """Drop a slot: its stored copy, its id, the slot itself (heap keys go dead)."""
         self._store_remove(t, slot)
-        self._sids.delete(SidMap.hkey(self._sid_of(t, slot)), (t.vi << SLOT_BITS) | slot)
+        self._sids.delete(t.sidp[slot], t.sidn[slot], (t.vi << SLOT_BITS) | slot)
         t.release(slot)
 
     # ---- management ----
