@@ -444,8 +444,44 @@ def negate_x_delay(raw: bytes, delay: int):
     return raw[:tag_at + 1] + value + raw[tag_at + 1 + packer.size:]
 
 
+def _release_read_maps(store) -> None:
+    """Unmap the journal segments mapped for reading (they are re-mapped on the next
+    read): reading pending messages back -- at recovery, or as they fall due over
+    hours -- would otherwise keep every segment's pages in the process's RSS."""
+    maps = getattr(store, "_maps", None)
+    if not maps:
+        return
+    for seg, m in list(maps.items()):
+        try:
+            m.close()
+        except BufferError:  # pragma: no cover - a view still exported
+            continue
+        del maps[seg]
+
+
+RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages stay mapped
+
+
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _release_read_maps(store) -> None:
+    """Unmap the journal segments mapped for reading (they are re-mapped on the next
+    read): reading pending messages back -- at recovery, or as they fall due over
+    hours -- would otherwise keep every segment's pages in the process's RSS."""
+    maps = getattr(store, "_maps", None)
+    if not maps:
+        return
+    for seg, m in list(maps.items()):
+        try:
+            m.close()
+        except BufferError:  # pragma: no cover - a view still exported
+            continue
+        del maps[seg]
+
+
+RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages stay mapped
 
 
 def _text(value) -> str:
@@ -481,6 +517,8 @@ class Scheduler:
         self._held_since_freeze = 0
         self._frozen = False
         self._schedules: dict = {}
+        self._journal_reads = 0
+        self._maps_released_at = 0.0
 
     # ---- ids ----
     def _prefix_of(self, prefix: str) -> int:
@@ -765,6 +803,13 @@ class Scheduler:
         self._handle = None
         self._armed_for = None
         self.run_due()
+        if self._journal_reads:
+            mono = self.timers.now()
+            if mono - self._maps_released_at >= RELEASE_MAPS_EVERY:
+                self._maps_released_at = mono
+                self._journal_reads = 0
+                for q in self.queues.values():
+                    _release_read_maps(q.store)
         due = self._head_due()
         if due is not None and due <= self.clock():
             # more due than one batch: continue right after other timers / connections
@@ -809,6 +854,7 @@ class Scheduler:
                 q_store = q.store if q is not None else None
                 if q_store is not None and t._loc[slot]:
                     stored_msg = q_store.read_message(t._loc[slot])
+                    self._journal_reads += 1
             else:
                 stored_msg = held.message
         if vhost is not None and (stored_msg is not None or isinstance(held, bytes)):
@@ -955,6 +1001,8 @@ class Scheduler:
                     restored += self._restore(t, q, entry)
         if max_seq:
             self._seq = itertools.count(max_seq + 1)
+        for q in self.queues.values():
+            _release_read_maps(q.store)
         self._arm()
         if restored:
             log.info("scheduler: recovered %d pending scheduled messages", restored)
