@@ -3,6 +3,7 @@
     python -m bench.scheduler                       # 1,000,000 pending, 10,000/s due for 10 s
     python -m bench.scheduler --pending 100000 --rate 5000 --seconds 5
     python -m bench.scheduler --store sqlite:////tmp/b.db --persistent
+    python -m bench.scheduler --persistent --store journal --restart   # + recovery time / RSS
 
 Phase 1 fills the broker with --pending delayed messages due in an hour (they
 stay pending: the heap's size) and reports the broker's RSS before and after.
@@ -108,6 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--store", default="memory", help="broker --store (default memory)")
     ap.add_argument("--persistent", action="store_true", help="delivery_mode 2")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--restart", action="store_true",
+                    help="then stop the broker (SIGTERM), start it again on the same data dir and "
+                         "report the recovery time and RSS with the pending messages back")
     a = ap.parse_args(argv)
 
     data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
@@ -217,6 +221,26 @@ def main(argv=None) -> int:
             "broker_stats": stats,
         })
         pub.close()
+        if a.restart:
+            proc.terminate()
+            proc.wait(300)
+            t0 = time.time()
+            proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT))
+            st = None
+            while time.time() - t0 < 900:
+                try:
+                    st = control(data_dir)["stats"]
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            recovered_s = time.time() - t0
+            time.sleep(1.0)
+            rss3 = rss_kb(proc.pid)
+            result.update({
+                "restart_recovery_s": round(recovered_s, 1),
+                "restart_pending": st["pending"] if st else None,
+                "restart_rss_mb": round(rss3 / 1024, 1),
+            })
     finally:
         proc.terminate()
         try:
