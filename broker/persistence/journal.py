@@ -529,17 +529,20 @@ class JournalStore(Store):
         return fd
 
     def _write_chunks(self, chunks) -> None:
-        touched = []
+        # Sync a segment before moving to the next: opening a later segment may close
+        # the descriptors of older ones (_fd keeps two open).
+        current = None
         for seg, start, buf in chunks:
+            if current is not None and seg != current[0]:
+                os.fdatasync(current[1])
             fd = self._fd(seg)
+            current = (seg, fd)
             view = memoryview(buf)
             pos = 0
             while pos < len(view):
                 pos += os.pwrite(fd, view[pos:], start + pos)
-            if fd not in touched:
-                touched.append(fd)
-        for fd in touched:
-            os.fdatasync(fd)
+        if current is not None:
+            os.fdatasync(current[1])
 
     # ------------------------------------------------------------------ reading
     def read_message(self, loc: int):

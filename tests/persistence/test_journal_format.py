@@ -123,3 +123,12 @@ def test_segment_rotation(tmp_path):
     assert [qs.count() for qs in state.queues.values()] == [50]
     reader = JournalStore(str(tmp_path))
     assert reader.read_message(locs[-1]).body == b"body-49"
+
+
+def test_one_flush_spanning_many_segments_syncs_every_segment(tmp_path):
+    """A group commit larger than two segments used to fsync a descriptor it had closed."""
+    store, locs = _write_journal(tmp_path, n=200, segment_size=1024)
+    segments = {loc >> 32 for loc in locs}
+    assert len(segments) > 3
+    for loc in locs[::17]:
+        assert store.read_message(loc).body.startswith(b"body-")
