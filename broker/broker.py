@@ -47,7 +47,15 @@ class Broker:
         self.alarms: set[str] = set()
         # Async callables run for the broker's lifetime in the server's nursery.
         self.background_tasks: list = []
+        # Called after the store has recreated durable state, before listeners open.
+        self.recovery_hooks: list = []
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
+
+    def recover(self) -> None:
+        """Recreate durable state from the store, then let features (scheduler) adopt it."""
+        self.store.recover(self)
+        for hook in self.recovery_hooks:
+            hook()
 
     @property
     def blocked(self) -> bool:

@@ -241,7 +241,7 @@ class Server:
     async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         store = self.broker.store
         await store.open()
-        store.recover(self.broker)
+        self.broker.recover()
         task_status.started()
         try:
             await store.run()

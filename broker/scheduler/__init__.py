@@ -2,9 +2,9 @@
 
 ``install(broker)`` is called from ``Broker.__init__``: it registers the
 ``x-delayed-message`` exchange type and the retry queue arguments, adds the
-publish hook, wraps the store's ``recover`` so the scheduler rebuilds its heap
-right after recovery (before the listeners open), and adds the local control
-socket task to ``broker.background_tasks`` (started by the server).
+publish hook, a recovery hook so the scheduler rebuilds its heap right after
+recovery (before the listeners open), and the local control socket task to
+``broker.background_tasks`` (started by the server).
 """
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ def make_publish_hook(scheduler: Scheduler):
         if seq:
             q = scheduler.queues.get(vhost.name)
             if q is not None and q.store is not None and message.persistent:
-                q.store.when_durable(lambda s=seq: channel.confirm_decided(s, True, external=True))
+                q.store.when_durable(
+                    lambda s=seq: channel.confirm_decided(s, True, external=True),
+                    on_failure=lambda s=seq: channel.confirm_decided(s, False, external=True))
             else:
                 channel.confirm_decided(seq, True)
         return True
@@ -73,22 +75,12 @@ def install(broker) -> Scheduler:
     broker.scheduler = scheduler
     broker.publish_hooks.append(make_publish_hook(scheduler))
 
-    store = broker.store
-    original_recover = store.recover
-
-    def recover(b):
-        original_recover(b)
-        scheduler.recovered()
-
-    store.recover = recover
+    broker.recovery_hooks.append(scheduler.recovered)
 
     from .control import serve_control
-    tasks = getattr(broker, "background_tasks", None)
-    if tasks is None:
-        tasks = broker.background_tasks = []
 
     async def control_task():
         await serve_control(broker, scheduler)
 
-    tasks.append(control_task)
+    broker.background_tasks.append(control_task)
     return scheduler

@@ -63,7 +63,7 @@ def _offline(args, request: dict) -> dict:
         store = open_store(args.store, args.data_dir)
         await store.open()
         broker = Broker(Config(data_dir=args.data_dir, store=args.store), store)
-        store.recover(broker)
+        broker.recover()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.run)
             response = handle_request(broker.scheduler, request)

@@ -183,7 +183,7 @@ class Running:
 
     async def __aenter__(self):
         await self.store.open()
-        self.store.recover(self.broker)
+        self.broker.recover()
         self._nursery_cm = trio.open_nursery()
         self.nursery = await self._nursery_cm.__aenter__()
         self.nursery.start_soon(self.store.run)

@@ -57,7 +57,7 @@ def open_broker(data_dir, clock, segment_size=None):
     trio.run(store.open)
     b = Broker(store=store)
     b.scheduler.clock = clock
-    store.recover(b)  # wrapped by the scheduler: adopts amq.triomq.scheduled
+    b.recover()  # the scheduler's recovery hook adopts amq.triomq.scheduled
     v = b.vhosts["/"]
     if "out" not in v.queues:
         v.add_queue(Queue(v, "out", opts=parse_queue_arguments({})))
