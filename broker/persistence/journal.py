@@ -557,6 +557,15 @@ class JournalStore(Store):
             m = self._map(seg)
         return self._decode_at(m, off)
 
+    def release_read_maps(self) -> None:
+        """Unmap the segments mapped for reading; they are mapped again on the next read."""
+        for seg, m in list(self._maps.items()):
+            try:
+                m.close()
+            except BufferError:  # a view is still exported: keep it
+                continue
+            del self._maps[seg]
+
     def _map(self, seg: int):
         old = self._maps.pop(seg, None)
         if old is not None:

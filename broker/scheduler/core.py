@@ -445,40 +445,11 @@ def negate_x_delay(raw: bytes, delay: int):
 
 
 def _release_read_maps(store) -> None:
-    """Unmap the journal segments mapped for reading (they are re-mapped on the next
-    read): reading pending messages back -- at recovery, or as they fall due over
-    hours -- would otherwise keep every segment's pages in the process's RSS."""
-    maps = getattr(store, "_maps", None)
-    if not maps:
-        return
-    for seg, m in list(maps.items()):
-        try:
-            m.close()
-        except BufferError:  # pragma: no cover - a view still exported
-            continue
-        del maps[seg]
-
-
-RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages stay mapped
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-
-
-def _release_read_maps(store) -> None:
-    """Unmap the journal segments mapped for reading (they are re-mapped on the next
-    read): reading pending messages back -- at recovery, or as they fall due over
-    hours -- would otherwise keep every segment's pages in the process's RSS."""
-    maps = getattr(store, "_maps", None)
-    if not maps:
-        return
-    for seg, m in list(maps.items()):
-        try:
-            m.close()
-        except BufferError:  # pragma: no cover - a view still exported
-            continue
-        del maps[seg]
+    # Reading pending messages back (at recovery, or as they fall due over hours) would
+    # otherwise keep every journal segment's pages in the process's RSS.
+    release = getattr(store, "release_read_maps", None)
+    if release is not None:
+        release()
 
 
 RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages stay mapped
