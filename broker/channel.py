@@ -124,7 +124,7 @@ class Channel:
         if name == "":
             if self.last_queue is None:
                 raise ChannelException(
-                    spec.NOT_FOUND, f"NOT_FOUND - no previously declared queue", m)
+                    spec.NOT_FOUND, "NOT_FOUND - no previously declared queue", m)
             return self.last_queue
         return name
 

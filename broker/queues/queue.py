@@ -223,7 +223,7 @@ class Queue:
             return
         self._discard([entry], "rejected")
 
-    def requeue(self, entries: list, consumer_of=None) -> None:
+    def requeue(self, entries: list) -> None:
         """Return unacked messages to their original positions, marked redelivered."""
         for entry, consumer in entries:
             self._unacked_done(consumer)
