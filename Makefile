@@ -8,7 +8,7 @@ HOST ?= 0.0.0.0
 DATA ?= ./data
 RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: setup run test test-triomq test-rabbitmq bench
+.PHONY: setup system-deps run test test-triomq test-rabbitmq bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,22 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# System packages the interop suite drives: rabbitmq-c's command-line tools and the RabbitMQ Java
+# client (Java 17 is on the machine). Installed with apt when missing (CI runs as root).
+SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java
+system-deps:
+	@if ! command -v amqp-publish >/dev/null || [ ! -f /usr/share/java/rabbitmq-client.jar ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_TEST_PACKAGES) >/dev/null; \
+	fi
+
 ## Set up and run the broker (PORT=5673 make run to pick another port).
 run: setup
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
 
 ## Set up and run every test: unit, CLI, storage, scheduler and the interop suite against
 ## TrioMQ, then the same interop suite against the reference RabbitMQ when one is reachable.
-test: setup
+test: setup system-deps
 	$(MAKE) --no-print-directory test-triomq
 	$(MAKE) --no-print-directory test-rabbitmq
 

@@ -50,13 +50,14 @@ class Channel:
         self.tx: list | None = None
         self.tx_acks: list = []
         self.last_queue: str | None = None
-        self.closed = False
+        self.closed = False  # no more deliveries or replies on this channel
+        self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
 
     # ---- state used by queues ----
     @property
     def can_deliver(self) -> bool:
-        return self.flow_active and not self.session.output_full
+        return self.flow_active and not self.closed and not self.session.output_full
 
     @property
     def unacked_count(self) -> int:
@@ -114,8 +115,11 @@ class Channel:
             self.reply(spec.Exchange.BindOk())
 
     def on_exchange_unbind(self, m) -> None:
-        dest = self.vhost.get_exchange(m.destination, m)
-        self.vhost.unbind(m.source, dest, m.routing_key, m.arguments, m)
+        if m.destination == "" or m.source == "":
+            raise ChannelException(spec.ACCESS_REFUSED,
+                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
+        self.vhost.unbind(m.source, self.vhost.exchanges.get(m.destination), m.routing_key,
+                          m.arguments)
         if not m.nowait:
             self.reply(spec.Exchange.UnbindOk())
 
@@ -141,8 +145,11 @@ class Channel:
             self.reply(spec.Queue.BindOk())
 
     def on_queue_unbind(self, m) -> None:
-        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
-        self.vhost.unbind(m.exchange, q, m.routing_key, m.arguments, m)
+        if m.exchange == "":
+            raise ChannelException(spec.ACCESS_REFUSED,
+                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
+        self.vhost.unbind(m.exchange, self.vhost.queues.get(self._queue_name(m.queue, m)),
+                          m.routing_key, m.arguments, self.session, m)
         self.reply(spec.Queue.UnbindOk())
 
     def on_queue_purge(self, m) -> None:
@@ -172,7 +179,13 @@ class Channel:
         if m.global_:
             self.global_prefetch = m.prefetch_count
         else:
+            # RabbitMQ fixes a consumer's limit at basic.consume; we also apply a later qos to
+            # the channel's running consumers. kombu (Celery) sends global=false to any broker
+            # not named RabbitMQ and raises it while holding ETA tasks: a frozen limit starves
+            # the worker. Consumers created after the qos behave exactly as on RabbitMQ.
             self.prefetch = m.prefetch_count
+            for consumer in self.consumers.values():
+                consumer.prefetch = m.prefetch_count
         self.reply(spec.Basic.QosOk())
         self._kick_consumers()
 
@@ -228,7 +241,7 @@ class Channel:
         header = method_frame(self.number, spec.Basic.GetOk(
             tag, entry.redelivered, message.exchange, message.routing_key, q.message_count))
         self.conn.write_many([header] + content_frames(self.number, message.props_raw, message.body,
-                                                       self.conn.frame_max), len(message.body))
+                                                       self.conn.frame_max), len(message.body) + 100)
         if m.no_ack:
             q.settled(entry)
         else:
@@ -386,7 +399,9 @@ class Channel:
         head = method_frame(self.number, spec.Basic.Return(code, text, message.exchange,
                                                            message.routing_key))
         self.conn.write_many([head] + content_frames(self.number, message.props_raw, message.body,
-                                                     self.conn.frame_max), len(message.body))
+                                                     self.conn.frame_max), len(message.body) + 100)
+        # Returns also come from timers (scheduled messages), outside any receive batch.
+        self.session.wake()
 
     # ---- confirms ----
     def on_confirm_select(self, m) -> None:
@@ -472,26 +487,32 @@ class Channel:
             consumer.queue.dispatch()
 
     def close(self) -> None:
-        """Channel gone (either side): cancel consumers and requeue what was unacked."""
-        if self.closed:
+        """Channel gone (either side): cancel consumers and requeue what was unacked.
+
+        Every way a channel or its connection ends comes here, once. The channel stops taking
+        deliveries before anything is requeued, so a requeued message cannot be dispatched
+        back to a consumer of this channel (or, via ``Session``, of a sibling channel of the
+        same dying connection) and vanish with it.
+        """
+        if self.released:
             return
-        self.closed = True
-        consumers = list(self.consumers.values())
-        self.consumers.clear()
+        self.released = True
+        self.detach_consumers()
         if self.tx:
             for kind, data in self.tx:
                 if kind != "publish":
                     for item in data:
                         self.unacked[item.tag] = item
             self.tx = None
-        taken = list(self.unacked.values())
-        self.unacked.clear()
-        if taken:
-            self._settle(taken, ack=False, requeue=True)
+        self.requeue_all()
+
+    def detach_consumers(self) -> None:
+        """Stop deliveries to this channel and remove its consumers from their queues."""
+        self.closed = True
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
-
-
 
 
 _HANDLERS = {

@@ -61,6 +61,7 @@ class ConnectionHandler:
                 self._wake()
                 with trio.move_on_after(self.server.broker.config.close_timeout):
                     await self._writer_done.wait()
+                    await self._discard_until_eof()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("connection %s: dropped (%s)", self.peer, exc.__class__.__name__)
@@ -78,7 +79,7 @@ class ConnectionHandler:
         while not session.finished:
             # Back-pressure: do not read while our own output piles up
             # (a client that does not read) or publishers are blocked by an alarm.
-            while conn._out_size > OUTPUT_HIGH_WATER * 4 and not session.finished:
+            while conn.pending_output > OUTPUT_HIGH_WATER * 4 and not session.finished:
                 self._drained = trio.Event()
                 await self._drained.wait()
             size = RECEIVE_SIZE
@@ -98,6 +99,19 @@ class ConnectionHandler:
                 return
             self.last_received = time.monotonic()
             session.data_received(data)
+
+    async def _discard_until_eof(self) -> None:
+        """After the closing handshake, read and drop until the peer closes its end (as
+        RabbitMQ does): closing our socket while the client still writes would reset the
+        connection, and a client that sent close with publishes in flight would never see
+        its close-ok. Bounded by the caller's close timeout."""
+        if not self.session.conn.closed_by_handshake:
+            return  # EOF or a failed socket already, or a stream dropped for a framing error
+        try:
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
 
     async def _writer(self) -> None:
         session = self.session

@@ -51,7 +51,7 @@ class Session:
 
     @property
     def output_full(self) -> bool:
-        if self.conn._out_size > OUTPUT_HIGH_WATER:
+        if self.conn.pending_output > OUTPUT_HIGH_WATER:
             self.delivery_stalled = True
             return True
         return False
@@ -63,7 +63,7 @@ class Session:
             self._handle_events(events)
         if self._confirming:
             self.flush_confirms()
-        if self.conn._out_size:
+        if self.conn.has_output:
             self.wake()
 
     def _handle_events(self, events: list) -> None:
@@ -85,13 +85,19 @@ class Session:
                 elif kind is ChannelClosedByPeer:
                     ch = channels.pop(ev.channel, None)
                     if ch is not None:
+                        self._flush_channel_confirms(ch)
                         ch.close()
+                    self.conn.accept_channel_close(ev.channel)
                 elif kind is ConnectionOpened:
                     self.vhost = self.broker.vhosts[ev.vhost]
                     self.broker.session_opened(self)
                     log.info("connection %s: user %r opened vhost %r", self.peer, ev.username,
                              ev.vhost)
-                elif kind is ConnectionClosedByPeer or kind is ConnectionCloseCompleted:
+                elif kind is ConnectionClosedByPeer:
+                    self._close_all_channels()
+                    self.conn.accept_close()
+                    self.finished = True
+                elif kind is ConnectionCloseCompleted:
                     self.finished = True
                 elif kind is ProtocolError:
                     log.warning("connection %s: closing: %s %s", self.peer, ev.reply_code,
@@ -103,13 +109,16 @@ class Session:
                                 ev.reply_text)
             except ConnectionException as exc:
                 log.warning("connection %s: closing: %s", self.peer, exc.text)
+                self.flush_confirms()
                 self.conn.close(exc.code, exc.text, exc.class_id, exc.method_id)
                 self._close_all_channels()
             except ChannelException as exc:
                 number = getattr(ev, "channel", 0)
                 log.info("connection %s channel %s: %s", self.peer, number, exc.text)
-                self.conn.close_channel(number, exc.code, exc.text, exc.class_id, exc.method_id)
                 ch = channels.pop(number, None)
+                if ch is not None:
+                    self._flush_channel_confirms(ch)
+                self.conn.close_channel(number, exc.code, exc.text, exc.class_id, exc.method_id)
                 if ch is not None:
                     ch.close()
         if self.conn.state is State.CLOSED:
@@ -125,6 +134,12 @@ class Session:
         self._confirming.clear()
         self.wake()
 
+    def _flush_channel_confirms(self, ch: Channel) -> None:
+        """Confirms decided in this batch go out before the channel's close or close-ok."""
+        if ch in self._confirming:
+            self._confirming.discard(ch)
+            ch.flush_confirms()
+
     # ---- flow ----
     def output_drained(self) -> None:
         if self.delivery_stalled and not self.output_full:
@@ -137,14 +152,20 @@ class Session:
         consumer.channel.consumer_cancelled_by_broker(consumer)
 
     def force_close(self, code: int, text: str) -> None:
-        self.conn.close(code, text)
         self._close_all_channels()
+        self.conn.close(code, text)
         self.wake()
 
     # ---- teardown ----
     def _close_all_channels(self) -> None:
+        if self._confirming:
+            self.flush_confirms()
         channels = list(self.channels.values())
         self.channels.clear()
+        # All channels stop taking deliveries first: what one channel requeues must not be
+        # dispatched to a consumer on a sibling channel that is about to go too.
+        for ch in channels:
+            ch.detach_consumers()
         for ch in channels:
             ch.close()
 

@@ -146,11 +146,15 @@ class VirtualHost:
 
     def delete_exchange(self, m) -> None:
         name = m.exchange
-        if name == "" or name.startswith("amq."):
+        if name == "":
+            raise ChannelException(
+                spec.ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange",
+                m)
+        if name.startswith("amq."):
             raise ChannelException(
                 spec.ACCESS_REFUSED,
-                "ACCESS_REFUSED - operation not permitted on the default exchange" if name == "" else
-                f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'", m)
+                f"ACCESS_REFUSED - deletion of system exchange '{name}' in vhost '{self.name}' not "
+                f"allowed", m)
         x = self.exchanges.get(name)
         if x is None:
             return  # idempotent, as RabbitMQ 3.x
@@ -198,12 +202,20 @@ class VirtualHost:
             if persist and self.store is not None and source.durable and _stored(destination):
                 self.store.save_binding(self, binding)
 
-    def unbind(self, source_name: str, destination, routing_key: str, arguments: dict, m) -> None:
-        if source_name == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
-        source = self.get_exchange(source_name, m)
+    def unbind(self, source_name: str, destination, routing_key: str, arguments: dict, owner=None,
+               m=None) -> None:
+        """Remove a binding; idempotent as in RabbitMQ: a missing source, destination
+        (``None``) or binding is not an error. Only an existing binding to another connection's
+        exclusive queue is refused. The default-exchange checks are the caller's."""
+        source = self.exchanges.get(source_name)
+        if source is None or destination is None:
+            return
         key = Binding(source_name, destination, routing_key, arguments).key
+        if key not in source.bindings:
+            return
+        if destination.kind == "queue" and destination.exclusive_owner is not None \
+                and destination.exclusive_owner is not owner:
+            raise ChannelException(spec.RESOURCE_LOCKED, self._locked(destination.name), m)
         binding = source.remove_binding(key)
         if binding is not None:
             self._forget_binding(binding)

@@ -72,7 +72,8 @@ class ChannelOpened:
 
 @dataclass(slots=True)
 class ChannelClosedByPeer:
-    """The client closed a channel; close-ok has been queued."""
+    """The client closed a channel. Write what is still owed on it (publisher confirms), then
+    answer with ``accept_channel_close``: nothing may follow a channel's close-ok."""
     channel: int
     reply_code: int
     reply_text: str
@@ -99,6 +100,8 @@ class ContentReceived:
 
 @dataclass(slots=True)
 class ConnectionClosedByPeer:
+    """The client closed the connection; nothing more is read. Write what is owed, then
+    answer with ``accept_close``."""
     reply_code: int
     reply_text: str
 
@@ -200,6 +203,9 @@ class ServerConnection:
         self._out: list = []
         self._out_size = 0
         self.channels: dict[int, _ChannelState] = {}
+        # True once a closing handshake completed (either side's close answered), as opposed
+        # to a stream dropped for a framing error: only then may the edge linger for the EOF.
+        self.closed_by_handshake = False
 
     # ---- output ----
     def data_to_send(self) -> bytes:
@@ -227,6 +233,19 @@ class ServerConnection:
 
     def send_heartbeat(self) -> None:
         self.write(HEARTBEAT_FRAME)
+
+    @property
+    def has_output(self) -> bool:
+        """Frames are waiting to be written (an empty body still makes frames)."""
+        return bool(self._out)
+
+    def accept_channel_close(self, channel: int) -> None:
+        """Answer a peer's channel.close (after ``ChannelClosedByPeer``)."""
+        self.send_method(channel, spec.Channel.CloseOk())
+
+    def accept_close(self) -> None:
+        """Answer a peer's connection.close (after ``ConnectionClosedByPeer``)."""
+        self.send_method(0, spec.Connection.CloseOk())
 
     @property
     def is_open(self) -> bool:
@@ -342,10 +361,12 @@ class ServerConnection:
                 method = self._decode(payload)
                 if isinstance(method, spec.Connection.CloseOk):
                     self.state = State.CLOSED
+                    self.closed_by_handshake = True
                     events.append(ConnectionCloseCompleted())
                 elif isinstance(method, spec.Connection.Close):
                     self.send_method(0, spec.Connection.CloseOk())
                     self.state = State.CLOSED
+                    self.closed_by_handshake = True
                     events.append(ConnectionCloseCompleted())
             return
         if state is not State.OPEN:
@@ -406,7 +427,6 @@ class ServerConnection:
         method = self._decode(payload)
         if isinstance(method, spec.Channel.Close):
             del self.channels[channel]
-            self.send_method(channel, spec.Channel.CloseOk())
             events.append(ChannelClosedByPeer(channel, method.reply_code, method.reply_text))
             return
         if isinstance(method, spec.Channel.CloseOk):
@@ -500,12 +520,13 @@ class ServerConnection:
 
     def _connection_method(self, method: spec.Method, events: list) -> None:
         if isinstance(method, spec.Connection.Close):
-            self.send_method(0, spec.Connection.CloseOk())
             self.state = State.CLOSED
+            self.closed_by_handshake = True
             events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
             return
         if isinstance(method, spec.Connection.CloseOk):
             self.state = State.CLOSED
+            self.closed_by_handshake = True
             events.append(ConnectionCloseCompleted())
             return
         if isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
@@ -525,8 +546,8 @@ class ServerConnection:
         method = self._decode(payload)
         state = self.state
         if isinstance(method, spec.Connection.Close):
-            self.send_method(0, spec.Connection.CloseOk())
             self.state = State.CLOSED
+            self.closed_by_handshake = True
             events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
             return
         if state is State.AWAIT_START_OK and isinstance(method, spec.Connection.StartOk):

@@ -348,7 +348,10 @@ def test_client_close_during_handshake(stage):
     events = conn.receive_data(mframe(0, spec.Connection.Close(200, "never mind", 0, 0)))
     assert events == [ConnectionClosedByPeer(200, "never mind")]
     assert conn.state is State.CLOSED
+    assert conn.data_to_send() == b""  # the broker answers, once it has written what it owes
+    conn.accept_close()
     assert isinstance(only_method(conn)[1], spec.Connection.CloseOk)
+    assert conn.closed_by_handshake
 
 
 def test_heartbeats_allowed_during_handshake():
@@ -412,6 +415,9 @@ def test_client_closes_channel():
     conn = open_connection(channels=[1, 2])
     events = conn.receive_data(mframe(1, spec.Channel.Close(200, "bye", 0, 0)))
     assert events == [ChannelClosedByPeer(1, 200, "bye")]
+    # The broker answers after writing what it still owes on the channel (confirms).
+    assert conn.data_to_send() == b""
+    conn.accept_channel_close(1)
     ch, ok = only_method(conn)
     assert ch == 1 and isinstance(ok, spec.Channel.CloseOk)
     assert not conn.channel_is_open(1) and conn.channel_is_open(2)
@@ -781,6 +787,8 @@ def test_client_close():
     events = conn.receive_data(mframe(0, spec.Connection.Close(200, "Goodbye", 0, 0)))
     assert events == [ConnectionClosedByPeer(200, "Goodbye")]
     assert conn.state is State.CLOSED
+    assert conn.data_to_send() == b""
+    conn.accept_close()
     ch, ok = only_method(conn)
     assert ch == 0 and isinstance(ok, spec.Connection.CloseOk)
     assert conn.receive_data(publish(1, b"late") + HEARTBEAT_FRAME) == []
@@ -791,6 +799,7 @@ def test_client_close_then_more_frames_in_same_feed():
     conn = open_connection(channels=[1])
     events = conn.receive_data(mframe(0, spec.Connection.Close(320, "x", 0, 0)) + publish(1, b"late"))
     assert events == [ConnectionClosedByPeer(320, "x")]
+    conn.accept_close()
     assert [type(m) for _, m in drain_methods(conn)] == [spec.Connection.CloseOk]
 
 
@@ -869,7 +878,9 @@ def test_framing_error_after_client_close_in_same_feed():
     conn = open_connection()
     events = conn.receive_data(mframe(0, spec.Connection.Close(200, "bye", 0, 0)) + b"\xff" * 20)
     assert events == [ConnectionClosedByPeer(200, "bye")]
+    conn.accept_close()
     assert [type(m) for _, m in drain_methods(conn)] == [spec.Connection.CloseOk]
+    assert conn.closed_by_handshake
 
 
 def test_everything_written_is_well_formed():
