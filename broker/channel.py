@@ -486,18 +486,23 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.dispatch()
 
+    def stop_deliveries(self) -> None:
+        """No more deliveries or replies on this channel; ``close`` still releases it."""
+        self.closed = True
+
     def close(self) -> None:
-        """Channel gone (either side): cancel consumers and requeue what was unacked.
+        """Channel gone (either side): requeue what was unacked, then cancel consumers.
 
         Every way a channel or its connection ends comes here, once. The channel stops taking
-        deliveries before anything is requeued, so a requeued message cannot be dispatched
-        back to a consumer of this channel (or, via ``Session``, of a sibling channel of the
-        same dying connection) and vanish with it.
+        deliveries first, so a requeued message cannot be dispatched back to a consumer of
+        this channel (or, via ``Session``, of a sibling channel of the same dying connection)
+        and vanish with it. Requeueing before the consumers go means a queue's next consumer
+        (single active consumer hand-over) gets the returned messages first, in queue order.
         """
         if self.released:
             return
         self.released = True
-        self.detach_consumers()
+        self.stop_deliveries()
         if self.tx:
             for kind, data in self.tx:
                 if kind != "publish":
@@ -505,10 +510,6 @@ class Channel:
                         self.unacked[item.tag] = item
             self.tx = None
         self.requeue_all()
-
-    def detach_consumers(self) -> None:
-        """Stop deliveries to this channel and remove its consumers from their queues."""
-        self.closed = True
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

@@ -63,9 +63,13 @@ class ConnectionHandler:
                     await self._writer_done.wait()
                     await self._discard_until_eof()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.info("connection %s: dropped (%s)", self.peer, exc.__class__.__name__)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            # A failed write surfaces from the writer task wrapped in the nursery's group.
+            log.info("connection %s: dropped (%s)", self.peer,
+                     ", ".join(sorted({type(e).__name__ for e in group.exceptions})))
         finally:
+            # The one clean-up for every way a connection ends (close handshake, EOF, reset,
+            # write error, heartbeat or handshake timeout, shutdown): requeue, drop exclusives.
             session.connection_lost()
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):

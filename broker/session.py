@@ -165,7 +165,7 @@ class Session:
         # All channels stop taking deliveries first: what one channel requeues must not be
         # dispatched to a consumer on a sibling channel that is about to go too.
         for ch in channels:
-            ch.detach_consumers()
+            ch.stop_deliveries()
         for ch in channels:
             ch.close()
 

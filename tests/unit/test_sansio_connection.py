@@ -872,6 +872,25 @@ def test_frames_before_a_framing_error_are_processed():
     events = conn.receive_data(publish(1, b"first") + raw_frame(3, 1, b"x", end=0x00))
     assert kinds(events) == [ContentReceived, ProtocolError, ConnectionCloseCompleted]
     assert events[0].body == b"first"
+    assert not conn.closed_by_handshake  # the edge drops the stream at once, no lingering
+
+
+def test_has_output_counts_frames_not_bytes():
+    """A frame list whose byte estimate is 0 (an empty body) still has to be written."""
+    conn = open_connection(channels=[1])
+    assert not conn.has_output
+    conn.write_many([b"frame"], 0)
+    assert conn.has_output and conn.pending_output == 0
+    assert conn.data_to_send() == b"frame" and not conn.has_output
+
+
+def test_server_close_answered_by_close_ok_completes_handshake():
+    conn = open_connection()
+    conn.close(320, "CONNECTION_FORCED - x")
+    conn.data_to_send()
+    assert not conn.closed_by_handshake
+    assert conn.receive_data(mframe(0, spec.Connection.CloseOk())) == [ConnectionCloseCompleted()]
+    assert conn.closed_by_handshake
 
 
 def test_framing_error_after_client_close_in_same_feed():
