@@ -1,16 +1,19 @@
 """Backlog / restart benchmark for TrioMQ's persistent store.
 
     .venv/bin/python -m bench.backlog [--messages 1000000] [--size 64] [--store URL]
+                                      [--priorities 10]
 
 1. start TrioMQ (own data dir), measure the consume rate of persistent messages
    flowing through an empty durable queue (publisher with confirms + consumer
    with manual acks, concurrently): the "empty-queue rate";
 2. publish --messages persistent messages with confirms to a durable queue with
-   no consumer; report broker RSS growth;
+   no consumer; report broker RSS growth; with --priorities N the queue has
+   x-max-priority N-1 and message i has priority i % N;
 3. kill it (SIGKILL) and start it again: time until it completes an AMQP
    handshake, and the queue's message count; the same after SIGTERM;
 4. drain the backlog with the same consumer; report the rate and its ratio to
-   the empty-queue rate.
+   the empty-queue rate (with --priorities: and how many deliveries came after
+   one of a lower priority, which strict priority order makes 0).
 """
 from __future__ import annotations
 
@@ -24,19 +27,32 @@ import tempfile
 import threading
 import time
 
-from . import rawamqp as ra
+import rawamqp as ra
+
 from .procinfo import TrioMQProcess, rss_kb
 
 _FH = struct.Struct(">BHI")
 _CM = struct.Struct(">HH")
 
 
-def publish(url: str, queue: str, n: int, size: int, window: int = 2000) -> float:
+def _publish_frames(queue: str, body: bytes, priorities: int) -> list[bytes]:
+    """One basic.publish (+ header + body) per priority 0..priorities-1 (or one without)."""
+    if not priorities:
+        return [ra.encode_publish(1, "", queue, body, 131072, delivery_mode=2)[0]]
+    m = ra.method_frame(1, ra.BASIC_PUBLISH, b"\x00\x00" + ra.shortstr("") + ra.shortstr(queue)
+                        + b"\x00")
+    return [b"".join([m, ra.content_header(1, len(body), props=ra.basic_properties(
+        delivery_mode=2, priority=p)), *ra.body_frames(1, body, 131072)])
+        for p in range(priorities)]
+
+
+def publish(url: str, queue: str, n: int, size: int, window: int = 2000,
+            priorities: int = 0) -> float:
+    """Publish n persistent messages with confirms; message i has priority i % priorities."""
     c = ra.Connection(url, timeout=60)
     c.channel_open(1)
     c.confirm_select(1)
-    body = b"x" * size
-    frame, _ = ra.encode_publish(1, "", queue, body, 131072, delivery_mode=2)
+    frames = _publish_frames(queue, b"x" * size, priorities)
     sock = c.sock
     sent = acked = 0
     buf = bytearray(c.buf)
@@ -44,7 +60,10 @@ def publish(url: str, queue: str, n: int, size: int, window: int = 2000) -> floa
     while acked < n:
         if sent < n and sent - acked < window:
             k = min(n - sent, window - (sent - acked), 500)
-            sock.sendall(frame * k)
+            if len(frames) == 1:
+                sock.sendall(frames[0] * k)
+            else:
+                sock.sendall(b"".join([frames[(sent + j) % len(frames)] for j in range(k)]))
             sent += k
             continue
         data = sock.recv(1 << 20)
@@ -72,8 +91,27 @@ def publish(url: str, queue: str, n: int, size: int, window: int = 2000) -> floa
     return n / dt
 
 
-def consume(url: str, queue: str, n: int, prefetch: int = 2000, timeout: float = 600) -> float:
-    """Consume n messages with manual acks (multiple); returns msg/s from the first delivery."""
+def _header_priority(buf, pos: int) -> int:
+    """The priority property of the content header frame at ``pos`` (0 if absent)."""
+    flags = struct.unpack_from(">H", buf, pos + 7 + 12)[0]
+    p = pos + 7 + 14
+    for bit in (0x8000, 0x4000):  # content-type, content-encoding
+        if flags & bit:
+            p += 1 + buf[p]
+    if flags & 0x2000:  # headers
+        p += 4 + struct.unpack_from(">I", buf, p)[0]
+    if flags & 0x1000:  # delivery-mode
+        p += 1
+    return buf[p] if flags & 0x0800 else 0
+
+
+def consume(url: str, queue: str, n: int, prefetch: int = 2000, timeout: float = 600,
+            order: dict | None = None) -> float:
+    """Consume n messages with manual acks (multiple); returns msg/s from the first delivery.
+    With ``order`` (a dict), counts in ``order["inversions"]`` the deliveries whose priority
+    is higher than the one before (a priority queue drained in strict order has none)."""
+    last_prio = 1 << 16
+    inversions = 0
     c = ra.Connection(url, timeout=60)
     c.channel_open(1)
     c.basic_qos(1, prefetch)
@@ -107,6 +145,10 @@ def consume(url: str, queue: str, n: int, prefetch: int = 2000, timeout: float =
                     p += 1 + buf[p]  # consumer tag
                     (last_tag,) = struct.unpack_from(">Q", buf, p)
                     got += 1
+            elif ftype == 2 and order is not None:
+                prio = _header_priority(buf, pos)
+                inversions += prio > last_prio
+                last_prio = prio
             pos += 8 + sz
         del buf[:pos]
         if last_tag - acked_tag >= prefetch // 4 or got >= n:
@@ -114,13 +156,15 @@ def consume(url: str, queue: str, n: int, prefetch: int = 2000, timeout: float =
             acked_tag = last_tag
     dt = time.monotonic() - t0
     c.close()
+    if order is not None:
+        order["inversions"] = inversions
     return n / dt
 
 
-def queue_count(url: str, queue: str) -> int:
+def queue_count(url: str, queue: str, arguments: dict | None = None) -> int:
     c = ra.Connection(url, timeout=60)
     c.channel_open(1)
-    _name, count, _consumers = c.queue_declare(1, queue, durable=True)
+    _name, count, _consumers = c.queue_declare(1, queue, durable=True, arguments=arguments)
     c.close()
     return count
 
@@ -140,6 +184,9 @@ def main(argv=None) -> int:
                     help="messages for the empty-queue rate (default 200000)")
     ap.add_argument("--store", default=None, help="--store passed to the broker (default journal)")
     ap.add_argument("--data-dir", default=None, help="data dir (default: a temp dir, removed after)")
+    ap.add_argument("--priorities", type=int, default=0, metavar="N",
+                    help="backlog queue with x-max-priority N-1, message i at priority i %% N "
+                         "(default 0: a plain FIFO queue)")
     args = ap.parse_args(argv)
     print("Command: `" + " ".join([os.path.basename(sys.executable), "-m", "bench.backlog"]
                                   + (argv if argv is not None else sys.argv[1:])) + "`", flush=True)
@@ -156,7 +203,8 @@ def main(argv=None) -> int:
         c = ra.Connection(p.url)
         c.channel_open(1)
         c.queue_declare(1, "bench.empty", durable=True)
-        c.queue_declare(1, "bench.backlog", durable=True)
+        backlog_args = {"x-max-priority": args.priorities - 1} if args.priorities else None
+        c.queue_declare(1, "bench.backlog", durable=True, arguments=backlog_args)
         c.close()
         # 1. empty-queue rate
         rate = {}
@@ -171,7 +219,8 @@ def main(argv=None) -> int:
               f"(publish {rate['p']:,.0f} msg/s)", flush=True)
         # 2. backlog
         rss0 = rss_kb(p.pid) or 0
-        pub = publish(p.url, "bench.backlog", args.messages, args.size)
+        pub = publish(p.url, "bench.backlog", args.messages, args.size,
+                      priorities=args.priorities)
         time.sleep(1.0)
         rss1 = rss_kb(p.pid) or 0
         hwm = rss_kb(p.pid, "VmHWM") or 0
@@ -180,7 +229,7 @@ def main(argv=None) -> int:
         print(f"backlog: published {args.messages:,} x {args.size} B persistent with confirms at "
               f"{pub:,.0f} msg/s; broker RSS {rss0 / 1024:.0f} -> {rss1 / 1024:.0f} MB "
               f"(growth {(rss1 - rss0) / 1024:.0f} MB, peak {hwm / 1024:.0f} MB)", flush=True)
-        n = queue_count(p.url, "bench.backlog")
+        n = queue_count(p.url, "bench.backlog", backlog_args)
         print(f"queue count before restart: {n:,}", flush=True)
         # 3. restarts
         for how in ("SIGKILL", "SIGTERM"):  # kill -9 first: replay since the last periodic checkpoint
@@ -196,16 +245,20 @@ def main(argv=None) -> int:
             p.stop()
             p, t = start(data_dir, args.store)
             procs.append(p)
-            n2 = queue_count(p.url, "bench.backlog")
+            n2 = queue_count(p.url, "bench.backlog", backlog_args)
             results[f"restart_{how}_s"] = t
             print(f"restart after {how}: stop took {stop_s:.1f}s; listening again (AMQP handshake) "
                   f"after {t:.2f}s; queue count {n2:,} ({'intact' if n2 == n else 'CHANGED'}); "
                   f"RSS {(rss_kb(p.pid) or 0) / 1024:.0f} MB", flush=True)
         # 4. drain
-        drain = consume(p.url, "bench.backlog", n)
+        order: dict | None = {} if args.priorities else None
+        drain = consume(p.url, "bench.backlog", n, order=order)
         results["drain_rate"] = drain
         print(f"drain: {n:,} messages at {drain:,.0f} msg/s = "
               f"{drain / results['empty_rate']:.2f} x the empty-queue rate", flush=True)
+        if order is not None:
+            print(f"priority order: {order['inversions']} deliveries after a lower priority "
+                  f"(0 = strict order kept across both restarts)", flush=True)
         print(f"broker RSS after drain: {(rss_kb(p.pid) or 0) / 1024:.0f} MB", flush=True)
     finally:
         for p in procs:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -40,7 +39,7 @@ def add_workload_args(p: argparse.ArgumentParser, duration_default=DEFAULTS["dur
                    help="total publish rate msg/s across producers (0 = unlimited)")
     g.add_argument("--duration", type=float, default=duration_default, help="measured seconds")
     g.add_argument("--warmup", type=float, default=DEFAULTS["warmup"], help="unmeasured seconds first")
-    g.add_argument("--exchange-type", choices=["direct", "topic", "fanout", "default"],
+    g.add_argument("--exchange-type", choices=["direct", "topic", "topic-mix", "fanout", "default"],
                    default=DEFAULTS["exchange_type"])
     g.add_argument("--bindings", type=int, default=DEFAULTS["bindings"],
                    help="number of distinct bindings (direct: bench.k{i}; topic: bench.k{i}.*); "
@@ -101,6 +100,7 @@ def metrics(r: dict) -> list[tuple[str, object, str]]:
         ("latency max ms", lat.get("max"), "ms"),
         ("broker RSS MB", r.get("broker_rss_mb"), "mb"),
         ("broker peak RSS MB", r.get("broker_hwm_mb"), "mb"),
+        ("broker sampled peak RSS MB", r.get("broker_rss_peak_mb"), "mb"),
         ("broker CPU %", r.get("broker_cpu_pct"), "pct"),
         ("producer CPU % (max)", max(r["producer_cpu_pct"]) if r.get("producer_cpu_pct") else None, "pct"),
         ("consumer CPU % (max)", max(r["consumer_cpu_pct"]) if r.get("consumer_cpu_pct") else None, "pct"),
@@ -192,19 +192,21 @@ def _port_of(url):
 # targets
 # ----------------------------------------------------------------------------
 
-def run_on_triomq(a, workload, label="TrioMQ", quiet=False):
+def run_on_triomq(a, workload, label="TrioMQ", quiet=False, job=None):
+    """Start TrioMQ, run `workload` on it (or `job(url, pid) -> result dict`), stop it."""
     b = procinfo.TrioMQProcess(python=a.broker_python, store=a.store, extra_args=a.broker_arg,
                                startup_timeout=a.startup_timeout, module=a.broker_module)
     print(f"[bench] starting TrioMQ: {' '.join(shlex.quote(x) for x in b.cmd)}", flush=True)
     try:
         b.start()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         b.stop()
         print(f"[bench] ERROR: {e}", flush=True)
         return {"label": label, "url": b.url, "config": workload, "errors": [str(e)],
                 "broker_cmd": b.cmd}
     try:
-        r = run_workload(b.url, workload, broker_pid=b.pid, label=label, quiet=quiet)
+        r = (job(b.url, b.pid) if job else
+             run_workload(b.url, workload, broker_pid=b.pid, label=label, quiet=quiet))
         r["broker_cmd"] = b.cmd
         if b.proc.poll() is not None:
             r["errors"].append(f"TrioMQ exited with {b.proc.returncode}; log tail:\n{b.log_tail()}")
@@ -218,12 +220,13 @@ def run_on_triomq(a, workload, label="TrioMQ", quiet=False):
         b.stop()
 
 
-def run_on_url(url, workload, label, measure_pid=True, quiet=False):
+def run_on_url(url, workload, label, measure_pid=True, quiet=False, job=None):
+    """Run `workload` (or `job(url, pid) -> result dict`) on a running broker."""
     pid = None
     host = urlparse(url).hostname
     if measure_pid and host in ("127.0.0.1", "localhost", "::1"):
         pid = procinfo.pid_listening_on(_port_of(url))
-    r = run_workload(url, workload, broker_pid=pid, label=label, quiet=quiet)
+    r = job(url, pid) if job else run_workload(url, workload, broker_pid=pid, label=label, quiet=quiet)
     # VmHWM of a long-running broker we did not start says nothing about this run
     r.pop("broker_hwm_mb", None)
     return r
@@ -261,7 +264,8 @@ def cmd_compare(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench", description="AMQP 0-9-1 load generator for TrioMQ vs RabbitMQ")
+    p = argparse.ArgumentParser(prog="python -m bench",
+                                description="AMQP 0-9-1 load generator for TrioMQ vs RabbitMQ")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     pr = sub.add_parser("run", help="run one workload against one broker")
@@ -288,6 +292,12 @@ def main(argv=None):
     scenarios.add_args(ps)
     add_triomq_args(ps)
     ps.set_defaults(func=scenarios.cmd_scenarios)
+
+    from . import matrix
+    pm = sub.add_parser("matrix", help="every scenario on TrioMQ and RabbitMQ: table, JSON, chart")
+    matrix.add_args(pm)
+    add_triomq_args(pm)
+    pm.set_defaults(func=matrix.cmd_matrix)
 
     a = p.parse_args(argv)
     if getattr(a, "size", 64) < 8:

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import rawamqp as ra
+import rawamqp as ra
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -153,7 +153,7 @@ class TrioMQProcess:
         if self.module == "broker" and not (REPO_ROOT / "broker" / "__main__.py").exists():
             self.stop()
             raise RuntimeError(f"{REPO_ROOT}/broker/__main__.py does not exist (TrioMQ not available)")
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115  (the broker's stdout while it runs)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(self.cmd, cwd=str(REPO_ROOT), stdout=self._log,
@@ -169,7 +169,7 @@ class TrioMQProcess:
                 c = ra.Connection(self.url, timeout=2.0)
                 c.close(timeout=2.0)
                 return self
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 last = e
                 time.sleep(0.2)
         self.stop()

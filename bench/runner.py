@@ -9,8 +9,9 @@ import queue as queue_mod
 import time
 from array import array
 
+import rawamqp as ra
+
 from . import procinfo
-from . import rawamqp as ra
 from .workers import CTL_ABORT, CTL_T0, consumer_main, producer_main
 
 DEFAULTS = dict(
@@ -44,6 +45,10 @@ def build_topology(cfg: dict, run_id: str) -> dict:
     elif et == "direct":
         bindings = [(queues[i % nq], exchange, f"bench.k{i}") for i in range(nb)]
         keys = [f"bench.k{j}" for j in range(nq)]
+    elif et == "topic-mix":
+        bindings, keys = topic_mix(cfg["bindings"], exchange, queues)
+        return {"exchange": exchange, "type": "topic", "queues": queues, "publish_keys": keys,
+                "bindings": bindings}
     elif et == "fanout":
         bindings = [(q, exchange, "") for q in queues]
         keys = ["" for _ in queues]
@@ -51,6 +56,33 @@ def build_topology(cfg: dict, run_id: str) -> dict:
         raise ValueError(f"unknown exchange type {et}")
     return {"exchange": exchange, "type": et, "queues": queues, "publish_keys": keys,
             "bindings": bindings}
+
+
+TOPIC_LEVELS = ("dbg", "inf", "wrn", "err", "ftl")
+
+
+def topic_mix(n: int, exchange: str, queues: list[str], keys_per_queue: int = 64, seed: int = 13):
+    """A realistic topic workload: `n` distinct patterns over keys `rNN.sNNN.lvl` (region,
+    service, level): 60 % exact keys, 30 % with one `*`, 10 % with `#`, plus `#.lvl` for every
+    level so that every key is routed. Patterns go round-robin to the queues; each queue gets
+    `keys_per_queue` equally long publish keys, so with one queue every publish is one delivery."""
+    import random
+
+    rnd = random.Random(seed)
+    regions, services = [f"r{i:02d}" for i in range(50)], [f"s{i:03d}" for i in range(200)]
+    patterns = [f"#.{lv}" for lv in TOPIC_LEVELS][:n]
+    seen = set(patterns)
+    shapes = ["{r}.{s}.{v}"] * 6 + ["{r}.{s}.*", "{r}.*.{v}", "*.{s}.{v}", "{r}.#"]
+    while len(patterns) < n:
+        pat = rnd.choice(shapes).format(r=rnd.choice(regions), s=rnd.choice(services),
+                                        v=rnd.choice(TOPIC_LEVELS))
+        if pat not in seen:
+            seen.add(pat)
+            patterns.append(pat)
+    bindings = [(queues[i % len(queues)], exchange, pat) for i, pat in enumerate(patterns)]
+    keys = [[f"{rnd.choice(regions)}.{rnd.choice(services)}.{rnd.choice(TOPIC_LEVELS)}"
+             for _ in range(keys_per_queue)] for _ in queues]
+    return bindings, keys
 
 
 def setup_topology(url, cfg, topo, quiet=False):
@@ -79,7 +111,7 @@ def setup_topology(url, cfg, topo, quiet=False):
 def teardown_topology(url, cfg, topo, quiet=False):
     try:
         c = ra.Connection(url, timeout=30.0)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _log(f"WARNING: cleanup could not connect: {e}", quiet)
         return
     try:
@@ -95,7 +127,7 @@ def teardown_topology(url, cfg, topo, quiet=False):
                 c.exchange_delete(1, topo["exchange"])
             except ra.ChannelClosed as e:
                 _log(f"WARNING: exchange.delete: {e}", quiet)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _log(f"WARNING: cleanup failed: {e}", quiet)
     finally:
         c.close()
@@ -108,7 +140,7 @@ def percentiles(values_ns: array, ps=(50, 95, 99, 99.9)):
     n = len(s)
     out = {}
     for p in ps:
-        k = min(n - 1, max(0, int(round(p / 100 * n + 0.5)) - 1))
+        k = min(n - 1, max(0, round(p / 100 * n + 0.5) - 1))
         out[f"p{p}"] = s[k] / 1e6
     out["max"] = s[-1] / 1e6
     out["mean"] = sum(s) / n / 1e6
@@ -152,10 +184,10 @@ def run_workload(url: str, cfg: dict, broker_pid: int | None = None, label: str 
                 msg = resq.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
             except queue_mod.Empty:
                 if time.monotonic() > deadline:
-                    raise TimeoutError("workers did not become ready within 60s")
+                    raise TimeoutError("workers did not become ready within 60s") from None
                 dead = [p.name for p in procs if not p.is_alive()]
                 if dead and resq.empty():
-                    raise RuntimeError(f"worker(s) died during setup: {dead}")
+                    raise RuntimeError(f"worker(s) died during setup: {dead}") from None
                 continue
             if msg[0] == "ready":
                 ready += 1
@@ -169,13 +201,16 @@ def run_workload(url: str, cfg: dict, broker_pid: int | None = None, label: str 
         warm = t0 + cfg["warmup"]
         t_end = warm + cfg["duration"]
         _log(f"{label} running {cfg['warmup']:g}s warm-up + {cfg['duration']:g}s measurement ...", quiet)
-        cpu0 = rss0 = None
+        cpu0 = None
         time.sleep(max(0.0, warm - time.monotonic()))
         if broker_pid:
             cpu0 = procinfo.cpu_seconds(broker_pid)
-        # watch progress / early worker death
+        peak_kb = 0
+        # watch progress / early worker death; sample the broker's RSS for its peak in the window
         while time.monotonic() < t_end:
             time.sleep(min(0.25, max(0.0, t_end - time.monotonic())))
+            if broker_pid:
+                peak_kb = max(peak_kb, procinfo.rss_kb(broker_pid) or 0)
             try:
                 while True:
                     m = resq.get_nowait()
@@ -191,6 +226,7 @@ def run_workload(url: str, cfg: dict, broker_pid: int | None = None, label: str 
                                         if cpu0 is not None and cpu1 is not None else None)
             result["broker_rss_mb"] = (procinfo.rss_kb(broker_pid) or 0) / 1024 or None
             result["broker_hwm_mb"] = (procinfo.rss_kb(broker_pid, "VmHWM") or 0) / 1024 or None
+            result["broker_rss_peak_mb"] = max(peak_kb / 1024, result["broker_rss_mb"] or 0) or None
             result["broker_pid"] = broker_pid
         # collect
         deadline = time.monotonic() + cfg["drain_timeout"] + cfg["io_timeout"] + 10
@@ -205,7 +241,7 @@ def run_workload(url: str, cfg: dict, broker_pid: int | None = None, label: str 
                 results.append(m[1])
         if len(results) < len(procs):
             result["errors"].append(f"only {len(results)}/{len(procs)} workers reported")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result["errors"].append(f"{type(e).__name__}: {e}")
         ctl[CTL_ABORT] = 1
         start_evt.set()

@@ -19,6 +19,13 @@ SCENARIOS = [
      dict(size=64, exchange_type="topic", bindings=100_000)),
     ("5", "persistent 64 B, durable queue, confirms + manual acks, 1p/1c",
      dict(size=64, persistent=True, queue_durable=True, confirms=True, manual_ack=True)),
+    # Overload: producers are not paced by the bench (no backlog cap), only by the broker's
+    # confirms and flow control (docs/performance.md "Flow control").
+    ("6a", "overload: confirms + manual acks, 2p/2c, 64 B, unlimited rate, no backlog cap",
+     dict(size=64, producers=2, consumers=2, confirms=True, manual_ack=True, max_backlog=0)),
+    ("6b", "overload as 6a, consumers' prefetch 50",
+     dict(size=64, producers=2, consumers=2, confirms=True, manual_ack=True, max_backlog=0,
+          prefetch=50)),
 ]
 
 

@@ -29,7 +29,8 @@ import tempfile
 import threading
 import time
 
-from . import rawamqp as ra
+import rawamqp as ra
+
 from .procinfo import REPO_ROOT, free_port, rss_kb
 
 EXCHANGE = "bench.delayed"
@@ -117,7 +118,9 @@ def main(argv=None) -> int:
     data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
     port = free_port()
     pre = os.environ.get("BENCH_BROKER_PRELUDE")
-    cmd = [sys.executable, *(["-c", pre + "; from broker.cli import main; import sys; sys.exit(main(sys.argv[1:]))"] if pre else ["-m", "broker"]), "run", "--host", "127.0.0.1", "--port", str(port),
+    launcher = (["-c", pre + "; from broker.cli import main; import sys; sys.exit(main(sys.argv[1:]))"]
+                if pre else ["-m", "broker"])
+    cmd = [sys.executable, *launcher, "run", "--host", "127.0.0.1", "--port", str(port),
            "--data-dir", data_dir, "--store", a.store, "--log-level", "WARNING",
            "--memory-limit", str(1 << 40)]
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT))

@@ -3,16 +3,14 @@ CPU: pre-encoded publish frames patched in place, large recv_into chunks
 parsed with struct.unpack_from, one ack (multiple=true) per read chunk."""
 from __future__ import annotations
 
-import os
 import select
 import signal
-import socket
 import struct
 import time
 import traceback
 from array import array
 
-from . import rawamqp as ra
+import rawamqp as ra
 
 _FH_unpack = struct.Struct(">BHI").unpack_from
 _CM_unpack = struct.Struct(">HH").unpack_from
@@ -39,7 +37,7 @@ def _make_body(size: int) -> bytes:
 
 
 class ConfirmTracker:
-    __slots__ = ("floor", "singles", "resolved", "nacked")
+    __slots__ = ("floor", "nacked", "resolved", "singles")
 
     def __init__(self):
         self.floor = 0          # every tag <= floor is resolved
@@ -111,20 +109,27 @@ def producer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
         if confirms:
             conn.confirm_select(1)
         qi = idx % len(topo["queues"])
-        exchange, rkey = topo["exchange"], topo["publish_keys"][qi]
-        template, body_off = ra.encode_publish(
-            1, exchange, rkey, _make_body(cfg["size"]), conn.frame_max,
-            2 if cfg["persistent"] else 1)
+        exchange, rkeys = topo["exchange"], topo["publish_keys"][qi]
+        # one routing key, or a list of equally long keys used in turn (a key mix)
+        body = _make_body(cfg["size"])
+        templates = [ra.encode_publish(1, exchange, k, body, conn.frame_max,
+                                       2 if cfg["persistent"] else 1)
+                     for k in (rkeys if isinstance(rkeys, list) else [rkeys])]
+        template, body_off = templates[0]
+        if any(len(t) != len(template) for t, _ in templates):
+            raise ValueError("the routing keys of one producer must all have the same length")
         stamp = cfg["size"] >= 8
         batch = max(1, cfg["publish_batch"])
         L = len(template)
-        out = bytearray(template * batch)
+        out = bytearray(b"".join(templates[k % len(templates)][0] for k in range(batch)))
         outmv = memoryview(out)
         offsets = [k * L + body_off for k in range(batch)]
         window = cfg["confirm_window"] if confirms else 0
         rate = cfg["rate"] / cfg["producers"] if cfg["rate"] else 0.0
         max_backlog = cfg["max_backlog"]
         nprod = len(pub_counts)
+        # a fanout publish becomes one delivery per queue: count the backlog in deliveries
+        fan = len(topo["queues"]) if topo.get("type") == "fanout" else 1
         sock = conn.sock
         sock.settimeout(cfg["io_timeout"])
         rbuf = bytearray(1 << 20)
@@ -199,7 +204,7 @@ def producer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
                         w = max(0.0, min(nxt - now, t_end - now))
                         wait_for = w if wait_for is None else min(wait_for, w)
             if max_backlog and n > 0:
-                backlog = sum(pub_counts[:nprod]) - sum(cons_counts[:])
+                backlog = sum(pub_counts[:nprod]) * fan - sum(cons_counts[:])
                 if backlog > max_backlog:
                     n = 0
                     wait_for = 0.0005 if wait_for is None else min(wait_for, 0.0005)
@@ -212,9 +217,7 @@ def producer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
                 sent += n
                 pub_counts[idx] = sent
                 batches += 1
-                if window:
-                    poll(None)
-                elif (batches & 31) == 0:
+                if window or (batches & 31) == 0:
                     poll(None)
             else:
                 w = wait_for if wait_for is not None else 0.0005
@@ -235,7 +238,7 @@ def producer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
         res.update(total_resolved=tracker.resolved, nacked=tracker.nacked,
                    unconfirmed=sent - tracker.resolved if window else 0,
                    blocked=conn.blocked)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res["error"] = f"producer {idx}: {type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()
     finally:
@@ -307,7 +310,7 @@ def consumer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
                 record = True
             try:
                 n = sock.recv_into(rmv[wpos:])
-            except socket.timeout:
+            except TimeoutError:
                 n = -1
             if n == 0:
                 raise ConnectionError("broker closed the connection")
@@ -364,7 +367,7 @@ def consumer_main(idx, cfg, topo, ctl, start_evt, resq, pub_counts, cons_counts)
             count_w, cpu_w = count, time.process_time()
         res.update(received=count - count_w, cpu=time.process_time() - cpu_w,
                    total_received=count, lat=lat.tobytes())
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res["error"] = f"consumer {idx}: {type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()
     finally:

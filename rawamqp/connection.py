@@ -1,10 +1,8 @@
-"""Minimal, allocation-light AMQP 0-9-1 client over a raw blocking socket.
+"""Connection: a strict, allocation-light blocking client for load generation.
 
-Only what the load generator needs: PLAIN handshake, one or more channels,
-queue/exchange management, basic.qos, confirm.select, pre-encoded pipelined
-basic.publish, basic.consume and a fast frame parser for deliver/ack streams.
-
-Deliberately independent from broker/ (the code under test).
+Handshakes on construction (PLAIN), then offers slow-path RPCs (declare, bind, qos,
+consume, ...).  Hot paths do not go through it: the benchmark's workers take ``sock`` (and
+whatever is left in ``buf``) and write pre-encoded frames / parse with ``struct`` directly.
 """
 from __future__ import annotations
 
@@ -15,47 +13,39 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-FRAME_METHOD = 1
-FRAME_HEADER = 2
-FRAME_BODY = 3
-FRAME_HEARTBEAT = 8
-FRAME_END = 0xCE
-FRAME_END_B = b"\xce"
-
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-
-# (class, method) ids
-CONNECTION_START = (10, 10)
-CONNECTION_TUNE = (10, 30)
-CONNECTION_OPEN_OK = (10, 41)
-CONNECTION_CLOSE = (10, 50)
-CONNECTION_CLOSE_OK = (10, 51)
-CONNECTION_BLOCKED = (10, 60)
-CONNECTION_UNBLOCKED = (10, 61)
-CHANNEL_OPEN_OK = (20, 11)
-CHANNEL_FLOW = (20, 20)
-CHANNEL_CLOSE = (20, 40)
-CHANNEL_CLOSE_OK = (20, 41)
-EXCHANGE_DECLARE_OK = (40, 11)
-EXCHANGE_DELETE_OK = (40, 21)
-QUEUE_DECLARE_OK = (50, 11)
-QUEUE_BIND_OK = (50, 21)
-QUEUE_PURGE_OK = (50, 31)
-QUEUE_DELETE_OK = (50, 41)
-BASIC_QOS_OK = (60, 11)
-BASIC_CONSUME_OK = (60, 21)
-BASIC_CANCEL_OK = (60, 31)
-BASIC_DELIVER = (60, 60)
-BASIC_ACK = (60, 80)
-BASIC_NACK = (60, 120)
-BASIC_RETURN = (60, 50)
-CONFIRM_SELECT_OK = (85, 11)
-
-_FH = struct.Struct(">BHI")          # frame header: type, channel, size
-_CM = struct.Struct(">HH")           # class id, method id
-_Q = struct.Struct(">Q")
-_ACK = struct.Struct(">BHIHHQB")     # full basic.ack frame minus frame-end
-_HDR = struct.Struct(">HHQH")        # content header: class, weight, size, flags
+from .client import SocketClient
+from .codec import (
+    _CM,
+    _FH,
+    BASIC_CONSUME_OK,
+    BASIC_QOS_OK,
+    CHANNEL_CLOSE,
+    CHANNEL_OPEN_OK,
+    CONFIRM_SELECT_OK,
+    CONNECTION_BLOCKED,
+    CONNECTION_CLOSE,
+    CONNECTION_CLOSE_OK,
+    CONNECTION_OPEN_OK,
+    CONNECTION_START,
+    CONNECTION_TUNE,
+    CONNECTION_UNBLOCKED,
+    EXCHANGE_DECLARE_OK,
+    EXCHANGE_DELETE_OK,
+    FRAME_END_OCTET,
+    FRAME_METHOD,
+    PROTOCOL_HEADER,
+    QUEUE_BIND_OK,
+    QUEUE_DECLARE_OK,
+    QUEUE_DELETE_OK,
+    QUEUE_PURGE_OK,
+    Reader,
+    bits,
+    longstr,
+    method_frame,
+    plain_response,
+    shortstr,
+    table,
+)
 
 
 class AMQPError(Exception):
@@ -67,125 +57,6 @@ class ChannelClosed(AMQPError):
         super().__init__(f"{what} closed by broker: {code} {text} (method {cls_id}.{meth_id})")
         self.code = code
         self.text = text
-
-
-# --------------------------------------------------------------------------
-# encoding helpers
-# --------------------------------------------------------------------------
-
-def shortstr(s) -> bytes:
-    b = s.encode() if isinstance(s, str) else s
-    if len(b) > 255:
-        raise ValueError("shortstr too long")
-    return bytes((len(b),)) + b
-
-
-def longstr(s) -> bytes:
-    b = s.encode() if isinstance(s, str) else s
-    return struct.pack(">I", len(b)) + b
-
-
-def _field_value(v) -> bytes:
-    if isinstance(v, bool):
-        return b"t" + (b"\x01" if v else b"\x00")
-    if isinstance(v, int):
-        return b"l" + struct.pack(">q", v)
-    if isinstance(v, (str, bytes)):
-        return b"S" + longstr(v)
-    if isinstance(v, dict):
-        return b"F" + table(v)
-    raise TypeError(f"unsupported table value {v!r}")
-
-
-def table(d: dict | None) -> bytes:
-    if not d:
-        return b"\x00\x00\x00\x00"
-    body = b"".join(shortstr(k) + _field_value(v) for k, v in d.items())
-    return struct.pack(">I", len(body)) + body
-
-
-def bits(*flags) -> bytes:
-    v = 0
-    for i, f in enumerate(flags):
-        if f:
-            v |= 1 << i
-    return bytes((v,))
-
-
-def frame(ftype: int, channel: int, payload: bytes) -> bytes:
-    return _FH.pack(ftype, channel, len(payload)) + payload + FRAME_END_B
-
-
-def method_frame(channel: int, cls: int, meth: int, args: bytes = b"") -> bytes:
-    return frame(FRAME_METHOD, channel, _CM.pack(cls, meth) + args)
-
-
-def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
-    return _ACK.pack(FRAME_METHOD, channel, 13, 60, 80, tag, 1 if multiple else 0) + FRAME_END_B
-
-
-def encode_publish(channel: int, exchange: str, routing_key: str, body: bytes,
-                   frame_max: int, delivery_mode: int = 1) -> tuple[bytes, int]:
-    """Return (encoded method+header+body frames, offset of body[0] within them)."""
-    m = method_frame(channel, 60, 40, b"\x00\x00" + shortstr(exchange) + shortstr(routing_key) + b"\x00")
-    # property flags: delivery-mode (bit 12) only
-    hdr_payload = _HDR.pack(60, 0, len(body), 0x1000) + bytes((delivery_mode,))
-    h = frame(FRAME_HEADER, channel, hdr_payload)
-    parts = [m, h]
-    chunk = frame_max - 8 if frame_max else len(body) or 1
-    body_off = len(m) + len(h) + 7
-    if body:
-        for i in range(0, len(body), chunk):
-            parts.append(frame(FRAME_BODY, channel, body[i:i + chunk]))
-    return b"".join(parts), body_off
-
-
-# --------------------------------------------------------------------------
-# decoding helpers (used on the slow path only)
-# --------------------------------------------------------------------------
-
-class _Reader:
-    __slots__ = ("b", "p")
-
-    def __init__(self, b, p=0):
-        self.b = b
-        self.p = p
-
-    def octet(self):
-        v = self.b[self.p]
-        self.p += 1
-        return v
-
-    def short(self):
-        v = struct.unpack_from(">H", self.b, self.p)[0]
-        self.p += 2
-        return v
-
-    def long(self):
-        v = struct.unpack_from(">I", self.b, self.p)[0]
-        self.p += 4
-        return v
-
-    def longlong(self):
-        v = struct.unpack_from(">Q", self.b, self.p)[0]
-        self.p += 8
-        return v
-
-    def shortstr(self):
-        n = self.b[self.p]
-        v = bytes(self.b[self.p + 1:self.p + 1 + n]).decode("utf-8", "replace")
-        self.p += 1 + n
-        return v
-
-    def longstr(self):
-        n = self.long()
-        v = bytes(self.b[self.p:self.p + n])
-        self.p += n
-        return v
-
-    def skip_table(self):
-        n = self.long()
-        self.p += n
 
 
 @dataclass
@@ -200,14 +71,11 @@ class Method:
         return (self.cls, self.meth)
 
     def reader(self):
-        return _Reader(self.payload)
+        return Reader(self.payload)
 
-
-# --------------------------------------------------------------------------
-# URL
-# --------------------------------------------------------------------------
 
 def parse_url(url: str):
+    """amqp://user:password@host:port/vhost -> (host, port, user, password, vhost)."""
     u = urlparse(url)
     if u.scheme not in ("amqp", ""):
         raise ValueError(f"only amqp:// URLs are supported, got {url!r}")
@@ -220,49 +88,34 @@ def parse_url(url: str):
     return host, port, user, password, vhost
 
 
-# --------------------------------------------------------------------------
-# connection
-# --------------------------------------------------------------------------
-
-class Connection:
+class Connection(SocketClient):
     """Blocking AMQP connection. Slow-path RPCs use `rpc`; hot paths use the
     socket directly (see bench.workers)."""
+
+    recv_size = 1 << 20
 
     def __init__(self, url: str, timeout: float = 10.0, frame_max: int = 131072,
                  name: str = "triomq-bench"):
         host, port, user, password, vhost = parse_url(url)
-        self.timeout = timeout
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__(host, port, timeout)
         for opt, val in ((socket.SO_RCVBUF, 4 << 20), (socket.SO_SNDBUF, 4 << 20)):
             try:
                 self.sock.setsockopt(socket.SOL_SOCKET, opt, val)
             except OSError:
                 pass
-        self.buf = bytearray()
         self.pending: list[Method] = []
         self.closed = False
         self.blocked = False
         self._handshake(user, password, vhost, frame_max, name)
 
     # ---- low level ------------------------------------------------------
-    def send(self, data) -> None:
-        self.sock.sendall(data)
-
     def _recv_more(self, deadline: float) -> None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("timed out waiting for broker")
-        self.sock.settimeout(remaining)
         try:
-            data = self.sock.recv(1 << 20)
-        except socket.timeout:
+            more = self._recv_some(deadline)
+        except TimeoutError:
             raise TimeoutError("timed out waiting for broker") from None
-        finally:
-            self.sock.settimeout(self.timeout)
-        if not data:
+        if not more:
             raise ConnectionError("connection closed by broker")
-        self.buf += data
 
     def _next_frame(self, deadline: float):
         while True:
@@ -270,7 +123,7 @@ class Connection:
                 ftype, ch, size = _FH.unpack_from(self.buf, 0)
                 end = 7 + size
                 if len(self.buf) >= end + 1:
-                    if self.buf[end] != FRAME_END:
+                    if self.buf[end] != FRAME_END_OCTET:
                         raise AMQPError("bad frame end")
                     payload = bytes(self.buf[7:end])
                     del self.buf[:end + 1]
@@ -291,7 +144,7 @@ class Connection:
                 code, text = r.short(), r.shortstr()
                 c, mm = r.short(), r.short()
                 try:
-                    self.send(method_frame(0, 10, 51))
+                    self.send(method_frame(0, CONNECTION_CLOSE_OK))
                 except OSError:
                     pass
                 self.closed = True
@@ -337,13 +190,14 @@ class Connection:
                 ftype, ch, payload = self._next_frame(deadline)
             except ConnectionError:
                 if self.buf[:4] == b"AMQP":
-                    raise AMQPError(f"broker rejected protocol header: {bytes(self.buf[:8])!r}")
+                    raise AMQPError(f"broker rejected protocol header: {bytes(self.buf[:8])!r}") from None
                 raise
             if ftype == FRAME_METHOD and _CM.unpack_from(payload, 0) == CONNECTION_START:
                 break
-        r = _Reader(payload, 4)
-        r.octet(); r.octet()
-        props = r.long(); r.p += props  # server properties (ignored)
+        r = Reader(payload, 4)
+        r.octet()
+        r.octet()
+        r.skip_table()  # server properties (ignored)
         mechanisms = r.longstr().decode()
         if "PLAIN" not in mechanisms.split():
             raise AMQPError(f"broker does not offer PLAIN: {mechanisms}")
@@ -353,16 +207,16 @@ class Connection:
             "capabilities": {"publisher_confirms": True, "basic.nack": True,
                              "consumer_cancel_notify": True},
         })
-        resp = b"\x00" + user.encode() + b"\x00" + password.encode()
-        self.send(method_frame(0, 10, 11, client_props + shortstr("PLAIN") + longstr(resp)
-                               + shortstr("en_US")))
+        self.send(method_frame(0, 10, 11, client_props + shortstr("PLAIN")
+                               + longstr(plain_response(user, password)) + shortstr("en_US")))
         m = self.read_method()
         if m.key != CONNECTION_TUNE:
             raise AMQPError(f"expected connection.tune, got {m.key}")
         r = m.reader()
         ch_max, srv_frame_max, _hb = r.short(), r.long(), r.short()
         self.channel_max = ch_max or 65535
-        self.frame_max = min(x for x in (srv_frame_max, frame_max) if x) if (srv_frame_max or frame_max) else 131072
+        limits = [x for x in (srv_frame_max, frame_max) if x]
+        self.frame_max = min(limits) if limits else 131072
         self.send(method_frame(0, 10, 31, struct.pack(">HIH", self.channel_max, self.frame_max, 0)))
         self.rpc(0, 10, 40, shortstr(vhost) + shortstr("") + b"\x00", CONNECTION_OPEN_OK)
 
@@ -370,9 +224,9 @@ class Connection:
     def channel_open(self, ch: int = 1):
         self.rpc(ch, 20, 10, shortstr(""), CHANNEL_OPEN_OK)
 
-    def exchange_declare(self, ch, name, etype, durable=False, auto_delete=False):
+    def exchange_declare(self, ch, name, etype, durable=False, auto_delete=False, arguments=None):
         self.rpc(ch, 40, 10, b"\x00\x00" + shortstr(name) + shortstr(etype)
-                 + bits(False, durable, auto_delete, False, False) + table(None), EXCHANGE_DECLARE_OK)
+                 + bits(False, durable, auto_delete, False, False) + table(arguments), EXCHANGE_DECLARE_OK)
 
     def exchange_delete(self, ch, name):
         self.rpc(ch, 40, 20, b"\x00\x00" + shortstr(name) + bits(False, False), EXCHANGE_DELETE_OK)
