@@ -7,15 +7,22 @@ the payload slice.
 from __future__ import annotations
 
 import struct
+from typing import Final, TypeAlias
 
+from .fields import ReadableBuffer
 from .spec import FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, Method
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _HEADER_PREFIX = struct.Struct(">HHQ")
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+# (frame type, channel, payload) as split by ``FrameReader.feed``.
+Frame: TypeAlias = tuple[int, int, bytes]
+# basic.publish arguments: (exchange, routing_key, mandatory, immediate).
+PublishArgs: TypeAlias = tuple[str, str, bool, bool]
+
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
-def erlang_binary(data) -> str:
+def erlang_binary(data: ReadableBuffer) -> str:
     """Render bytes as Erlang prints a binary, as RabbitMQ's error texts do."""
     data = bytes(data)
     if data and all(32 <= b < 127 for b in data):
@@ -25,11 +32,11 @@ def erlang_binary(data) -> str:
 
 
 class FrameError(Exception):
-    """A framing violation (501 FRAME_ERROR); ``text`` is RabbitMQ's wording."""
+    """A framing violation (501 FRAME_ERROR); ``explanation`` is RabbitMQ's wording."""
 
-    def __init__(self, text: str, frames: list | None = None):
-        super().__init__(text)
-        self.text = text
+    def __init__(self, explanation: str, frames: list[Frame] | None = None) -> None:
+        super().__init__(explanation)
+        self.explanation = explanation
         self.frames = frames if frames is not None else []  # complete frames before the error
 
 
@@ -38,7 +45,7 @@ class FrameReader:
 
     __slots__ = ("_buf", "frame_max")
 
-    def __init__(self, frame_max: int = 131072):
+    def __init__(self, frame_max: int = 131072) -> None:
         self._buf = bytearray()
         self.frame_max = frame_max
 
@@ -46,14 +53,15 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list:
+    def feed(self, data: bytes) -> list[Frame]:
         buf = self._buf
+        view: bytes | bytearray
         if buf:
             buf += data
             view = buf
         else:
             view = data
-        frames = []
+        frames: list[Frame] = []
         pos = 0
         end = len(view)
         frame_max = self.frame_max
@@ -62,14 +70,14 @@ class FrameReader:
             ftype, channel, size = unpack(view, pos)
             if size + 8 > frame_max and frame_max:
                 raise FrameError(
-                    f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
+                    f"type {ftype}, all octets = <<>>: "
                     f"{{frame_too_large,{size},{frame_max - 8}}}", frames)
             stop = pos + 7 + size
             if stop >= end:
                 break
             if view[stop] != FRAME_END:
                 raise FrameError(
-                    f"FRAME_ERROR - type {ftype}, all octets = {erlang_binary(view[pos + 7:stop])}: "
+                    f"type {ftype}, all octets = {erlang_binary(view[pos + 7:stop])}: "
                     f"{{invalid_frame_end_marker,{view[stop]}}}", frames)
             frames.append((ftype, channel, bytes(view[pos + 7:stop])))
             pos = stop + 1
@@ -85,7 +93,7 @@ def method_frame(channel: int, method: Method) -> bytes:
     return _FRAME_HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
 
 
-def content_frames(channel: int, props_raw: bytes, body: bytes, frame_max: int) -> list:
+def content_frames(channel: int, props_raw: bytes, body: bytes, frame_max: int) -> list[bytes]:
     """Header frame plus body frames for a content of ``body``."""
     header = _HEADER_PREFIX.pack(60, 0, len(body)) + props_raw
     out = [_FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
@@ -109,7 +117,7 @@ _DELIVER_HEAD = struct.Struct(">BHIHH")
 
 def deliver_frames(channel: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
                    exchange_raw: bytes, routing_key_raw: bytes, props_raw: bytes,
-                   body: bytes, frame_max: int) -> list:
+                   body: bytes, frame_max: int) -> list[bytes]:
     """basic.deliver + content, built without going through the generic encoder.
 
     ``*_raw`` arguments are already length-prefixed shortstrs.
@@ -140,7 +148,7 @@ def nack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     return _NACK.pack(FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 1 if multiple else 0) + b"\xce"
 
 
-def parse_publish(payload: bytes):
+def parse_publish(payload: bytes) -> PublishArgs:
     """Fast path for basic.publish arguments: (exchange, routing_key, mandatory, immediate)."""
     pos = 6  # class, method, ticket
     n = payload[pos]
@@ -156,14 +164,26 @@ def parse_publish(payload: bytes):
             bool(bits & 1), bool(bits & 2))
 
 
-def parse_content_header(payload: bytes):
+def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
     """(class_id, body_size, props_raw) from a content header payload."""
     class_id, _weight, body_size = _HEADER_PREFIX.unpack_from(payload, 0)
     return class_id, body_size, payload[12:]
 
 
 __all__ = [
-    "FRAME_BODY", "FRAME_HEADER", "FRAME_HEARTBEAT", "FRAME_METHOD", "FrameError", "FrameReader",
-    "HEARTBEAT_FRAME", "ack_frame", "content_frames", "deliver_frames", "method_frame", "nack_frame",
-    "parse_content_header", "parse_publish", "shortstr",
+    "FRAME_BODY",
+    "FRAME_HEADER",
+    "FRAME_HEARTBEAT",
+    "FRAME_METHOD",
+    "HEARTBEAT_FRAME",
+    "FrameError",
+    "FrameReader",
+    "ack_frame",
+    "content_frames",
+    "deliver_frames",
+    "method_frame",
+    "nack_frame",
+    "parse_content_header",
+    "parse_publish",
+    "shortstr",
 ]

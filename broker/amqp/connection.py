@@ -8,27 +8,36 @@ handshakes; it knows nothing of sockets, clocks or queues.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Final, TypeAlias
 
+from .. import errors
+from ..errors import AMQPError, reply_text
 from . import spec
 from .codec import (
     FRAME_BODY,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    HEARTBEAT_FRAME,
     FrameError,
     FrameReader,
-    HEARTBEAT_FRAME,
+    PublishArgs,
+    ack_frame,
+    content_frames,
+    deliver_frames,
     erlang_binary,
     method_frame,
+    nack_frame,
     parse_content_header,
     parse_publish,
+    shortstr,
 )
-from .fields import FieldError, decode_properties
-from .spec import UnknownMethod, MethodDecodeError
+from .fields import FieldError, FieldTable, Properties, decode_properties
+from .spec import MethodDecodeError, UnknownMethod
 
-SERVER_CAPABILITIES = {
+SERVER_CAPABILITIES: Final[dict[str, bool]] = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
     "basic.nack": True,
@@ -62,7 +71,7 @@ class State(enum.Enum):
 class ConnectionOpened:
     vhost: str
     username: str
-    client_properties: dict
+    client_properties: FieldTable
 
 
 @dataclass(slots=True)
@@ -94,7 +103,7 @@ class ContentReceived:
     mandatory: bool
     immediate: bool
     props_raw: bytes
-    properties: dict
+    properties: Properties
     body: bytes
 
 
@@ -124,29 +133,14 @@ class AuthenticationFailed:
     reply_text: str
 
 
-class ChannelException(Exception):
-    """Raised by broker logic for a soft error: closes the channel only."""
-
-    def __init__(self, code: int, text: str, method: spec.Method | None = None):
-        super().__init__(code, text)
-        self.code = code
-        self.text = text
-        self.class_id = method.CLASS_ID if method is not None else 0
-        self.method_id = method.METHOD_ID if method is not None else 0
+# What ``receive_data`` returns.
+Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | MethodReceived
+                    | ContentReceived | ConnectionClosedByPeer | ConnectionCloseCompleted | ProtocolError
+                    | AuthenticationFailed)
 
 
-class ConnectionException(ChannelException):
-    """Raised for a hard error: closes the whole connection."""
-
-
-def error_text(code: int, detail: str) -> str:
-    return f"{spec.REPLY_NAMES[code]} - {detail}"
-
-
-def _reply_text(text: str) -> str:
-    """``text`` cut to fit a shortstr: 255 octets (not characters) of valid UTF-8."""
-    return text.encode("utf-8", "surrogateescape")[:255].decode("utf-8", "ignore")
-
+_PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
+_CONTENT_OVERHEAD = 100  # method + header frames, a bound for output accounting
 
 # ---- per channel --------------------------------------------------------------
 
@@ -158,30 +152,33 @@ _CH_CLOSING = 2  # we sent channel.close, waiting for close-ok
 
 
 class _ChannelState:
-    __slots__ = ("state", "pending", "props_raw", "properties", "body_size", "body_parts", "received")
+    __slots__ = ("body_parts", "body_size", "pending", "properties", "props_raw", "received", "state")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.state = _CH_OPEN
-        self.pending = None  # basic.publish args awaiting content
-        self.props_raw = None
-        self.properties = None
+        # While a content is in flight (``pending`` set), ``props_raw`` and ``properties`` are
+        # set once its header arrived.
+        self.pending: PublishArgs | None = None  # basic.publish args awaiting content
+        self.props_raw: bytes | None = None
+        self.properties: Properties | None = None
         self.body_size = 0
-        self.body_parts = []
+        self.body_parts: list[bytes] = []
         self.received = 0
 
 
-Authenticator = Callable[[str, bytes], "tuple[str | None, str]"]
+# (mechanism, response) -> (username or None if refused, refusal explanation)
+Authenticator: TypeAlias = Callable[[str, bytes], tuple[str | None, str]]
 
 
 class ServerConnection:
     def __init__(self, authenticate: Authenticator, vhost_exists: Callable[[str], bool],
-                 server_properties: dict | None = None, frame_max: int = DEFAULT_FRAME_MAX,
+                 server_properties: FieldTable | None = None, frame_max: int = DEFAULT_FRAME_MAX,
                  channel_max: int = DEFAULT_CHANNEL_MAX, heartbeat: int = DEFAULT_HEARTBEAT,
-                 max_message_size: int = MAX_MESSAGE_SIZE):
+                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
         self.state = State.AWAIT_HEADER
         self._authenticate = authenticate
         self._vhost_exists = vhost_exists
-        props = {"product": "TrioMQ", "version": "0.1.0", "platform": "Python/trio",
+        props: FieldTable = {"product": "TrioMQ", "version": "", "platform": "Python/trio",
                  "copyright": "TrioMQ developers", "information": "AMQP 0-9-1 broker",
                  "cluster_name": "triomq"}
         props.update(server_properties or {})
@@ -194,18 +191,20 @@ class ServerConnection:
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = 0
-        self.vhost = None
-        self.username = None
-        self.client_properties: dict = {}
-        self.client_capabilities: dict = {}
+        self.vhost: str | None = None
+        self.username: str | None = None
+        self.client_properties: FieldTable = {}
+        self.client_capabilities: FieldTable = {}
         self._reader = FrameReader(frame_max=frame_max)
         self._header_buf = b""
-        self._out: list = []
+        self._out: list[bytes] = []
         self._out_size = 0
         self.channels: dict[int, _ChannelState] = {}
-        # True once a closing handshake completed (either side's close answered), as opposed
-        # to a stream dropped for a framing error: only then may the edge linger for the EOF.
-        self.closed_by_handshake = False
+        # True once we answered the peer's connection.close: the peer may still have frames
+        # in flight, so the edge reads and drops them until EOF (as RabbitMQ) rather than
+        # resetting the connection. Not after the peer's close-ok (its last frame) nor after
+        # a framing error (the stream is dropped at once).
+        self.linger_for_eof = False
 
     # ---- output ----
     def data_to_send(self) -> bytes:
@@ -224,12 +223,45 @@ class ServerConnection:
         self._out.append(data)
         self._out_size += len(data)
 
-    def write_many(self, parts: list, size: int) -> None:
+    def write_many(self, parts: list[bytes], size: int) -> None:
         self._out.extend(parts)
         self._out_size += size
 
     def send_method(self, channel: int, method: spec.Method) -> None:
         self.write(method_frame(channel, method))
+
+    # Content for the client. The frames are built by the codec's pre-encoded fast paths;
+    # ``pending_output`` counts the body plus a bound on the frame overhead, so an empty
+    # body still counts (and wakes the writer).
+    def deliver(self, channel: int, consumer_tag_raw: bytes, delivery_tag: int,
+                redelivered: bool, exchange: str, routing_key: str, props_raw: bytes,
+                body: bytes) -> None:
+        """Queue basic.deliver + content; ``consumer_tag_raw`` is the tag as an encoded shortstr."""
+        self.write_many(deliver_frames(channel, consumer_tag_raw, delivery_tag, redelivered,
+                                       shortstr(exchange), shortstr(routing_key), props_raw, body,
+                                       self.frame_max), len(body) + _CONTENT_OVERHEAD)
+
+    def get_ok(self, channel: int, delivery_tag: int, redelivered: bool, exchange: str,
+               routing_key: str, message_count: int, props_raw: bytes, body: bytes) -> None:
+        """Queue basic.get-ok + content."""
+        self._send_content(channel, spec.Basic.GetOk(delivery_tag, redelivered, exchange,
+                                                     routing_key, message_count), props_raw, body)
+
+    def basic_return(self, channel: int, reply_code: int, reply_text: str, exchange: str,
+                     routing_key: str, props_raw: bytes, body: bytes) -> None:
+        """Queue basic.return + content (a mandatory message that was not routed)."""
+        self._send_content(channel, spec.Basic.Return(reply_code, reply_text, exchange,
+                                                      routing_key), props_raw, body)
+
+    def confirm(self, channel: int, delivery_tag: int, multiple: bool, ok: bool = True) -> None:
+        """Queue a publisher confirm: basic.ack, or basic.nack when not ``ok``."""
+        self.write((ack_frame if ok else nack_frame)(channel, delivery_tag, multiple))
+
+    def _send_content(self, channel: int, method: spec.Method, props_raw: bytes,
+                      body: bytes) -> None:
+        self.write_many([method_frame(channel, method),
+                         *content_frames(channel, props_raw, body, self.frame_max)],
+                        len(body) + _CONTENT_OVERHEAD)
 
     def send_heartbeat(self) -> None:
         self.write(HEARTBEAT_FRAME)
@@ -246,6 +278,7 @@ class ServerConnection:
     def accept_close(self) -> None:
         """Answer a peer's connection.close (after ``ConnectionClosedByPeer``)."""
         self.send_method(0, spec.Connection.CloseOk())
+        self.linger_for_eof = True
 
     @property
     def is_open(self) -> bool:
@@ -263,7 +296,7 @@ class ServerConnection:
         if self.state is State.AWAIT_HEADER:
             self.state = State.CLOSED
             return
-        self.send_method(0, spec.Connection.Close(code, _reply_text(text), class_id, method_id))
+        self.send_method(0, spec.Connection.Close(code, reply_text(text), class_id, method_id))
         self.state = State.CLOSING
 
     def close_channel(self, channel: int, code: int, text: str, class_id: int = 0,
@@ -274,7 +307,7 @@ class ServerConnection:
         ch.state = _CH_CLOSING
         ch.pending = None
         ch.body_parts = []
-        self.send_method(channel, spec.Channel.Close(code, _reply_text(text), class_id, method_id))
+        self.send_method(channel, spec.Channel.Close(code, reply_text(text), class_id, method_id))
 
     def send_blocked(self, reason: str) -> bool:
         if self.state is State.OPEN and self.client_capabilities.get("connection.blocked"):
@@ -289,14 +322,18 @@ class ServerConnection:
         return False
 
     # ---- input ----
-    def receive_data(self, data: bytes) -> list:
-        events: list = []
-        if self.state is State.CLOSED:
+    def receive_data(self, data: bytes) -> list[Event]:
+        events: list[Event] = []
+        # (a local, so that the type checker does not take self.state to stay "not CLOSED":
+        # handling a frame changes it)
+        state = self.state
+        if state is State.CLOSED:
             return events
-        if self.state is State.AWAIT_HEADER:
+        if state is State.AWAIT_HEADER:
             data = self._receive_header(data, events)
             if not data:
                 return events
+        error: FrameError | None
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
@@ -310,21 +347,21 @@ class ServerConnection:
                     break
                 try:
                     self._handle_frame(ftype, channel, payload, events)
-                except ConnectionException as exc:
+                except AMQPError as exc:
                     self._protocol_error(exc.code, exc.text, exc.class_id, exc.method_id, events)
         if error is not None and self.state is not State.CLOSED:
             # The stream cannot be re-synchronised after a framing error.
-            self._protocol_error(spec.FRAME_ERROR, error.text, 0, 0, events)
+            err = errors.frame_error(error.explanation)
+            self._protocol_error(err.code, err.text, 0, 0, events)
             self.state = State.CLOSED
             events.append(ConnectionCloseCompleted())
         return events
 
-    def _receive_header(self, data: bytes, events: list) -> bytes:
+    def _receive_header(self, data: bytes, events: list[Event]) -> bytes:
         buf = self._header_buf + data
-        if len(buf) < 8:
-            if spec.PROTOCOL_HEADER.startswith(buf):
-                self._header_buf = buf
-                return b""
+        if len(buf) < 8 and spec.PROTOCOL_HEADER.startswith(buf):
+            self._header_buf = buf
+            return b""
         header, rest = buf[:8], buf[8:]
         self._header_buf = b""
         if header != spec.PROTOCOL_HEADER:
@@ -339,34 +376,30 @@ class ServerConnection:
         self.state = State.AWAIT_START_OK
         return rest
 
-    def _protocol_error(self, code, text, class_id, method_id, events):
+    def _protocol_error(self, code: int, text: str, class_id: int, method_id: int,
+                        events: list[Event]) -> None:
         events.append(ProtocolError(code, text))
         self.close(code, text, class_id, method_id)
 
-    def _handle_frame(self, ftype: int, channel: int, payload: bytes, events: list) -> None:
+    def _handle_frame(self, ftype: int, channel: int, payload: bytes, events: list[Event]) -> None:
         state = self.state
         if ftype == FRAME_HEARTBEAT:
             if channel != 0:
-                raise ConnectionException(
-                    spec.UNEXPECTED_FRAME,
-                    f"UNEXPECTED_FRAME - type 8, all octets = {erlang_binary(payload)}")
+                raise errors.unexpected_frame(f"type 8, all octets = {erlang_binary(payload)}")
             return
         if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
-            raise ConnectionException(
-                spec.FRAME_ERROR,
-                f"FRAME_ERROR - type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame")
+            raise errors.frame_error(f"type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame")
         if state is State.CLOSING:
             # Only close / close-ok matter now (spec 4.2.6 / RabbitMQ's closing state).
             if ftype == FRAME_METHOD and channel == 0 and payload[:4] in _CONNECTION_CLOSE_IDS:
                 method = self._decode(payload)
                 if isinstance(method, spec.Connection.CloseOk):
                     self.state = State.CLOSED
-                    self.closed_by_handshake = True
                     events.append(ConnectionCloseCompleted())
                 elif isinstance(method, spec.Connection.Close):
                     self.send_method(0, spec.Connection.CloseOk())
                     self.state = State.CLOSED
-                    self.closed_by_handshake = True
+                    self.linger_for_eof = True
                     events.append(ConnectionCloseCompleted())
             return
         if state is not State.OPEN:
@@ -374,14 +407,10 @@ class ServerConnection:
             return
         if channel == 0:
             if ftype != FRAME_METHOD:
-                raise ConnectionException(
-                    spec.UNEXPECTED_FRAME,
-                    f"UNEXPECTED_FRAME - expected method frame, got non method frame on channel 0")
+                raise errors.unexpected_frame("expected method frame, got non method frame on channel 0")
             method = self._decode(payload)
             if method.CLASS_ID != 10:
-                raise ConnectionException(
-                    spec.CHANNEL_ERROR,
-                    "CHANNEL_ERROR - unexpected method in connection state running", method)
+                raise errors.channel_error("unexpected method in connection state running", method=method)
             self._connection_method(method, events)
             return
         ch = self.channels.get(channel)
@@ -390,17 +419,14 @@ class ServerConnection:
                 method = self._decode(payload)
                 if isinstance(method, spec.Channel.Open):
                     if channel > self.channel_max:
-                        raise ConnectionException(
-                            spec.CHANNEL_ERROR,
-                            f"CHANNEL_ERROR - channel number {channel} exceeds negotiated channel_max "
-                            f"{self.channel_max}", method)
+                        raise errors.channel_error(f"channel number {channel} exceeds negotiated channel_max "
+                            f"{self.channel_max}", method=method)
                     self.channels[channel] = _ChannelState()
                     self.send_method(channel, spec.Channel.OpenOk(b""))
                     events.append(ChannelOpened(channel))
                     return
-                raise ConnectionException(
-                    spec.CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'", method)
-            raise ConnectionException(spec.CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'")
+                raise errors.channel_error("expected 'channel.open'", method=method)
+            raise errors.channel_error("expected 'channel.open'")
         if ch.state == _CH_CLOSING:
             if ftype == FRAME_METHOD and payload[:4] in _CHANNEL_CLOSE_IDS:
                 method = self._decode(payload)
@@ -414,15 +440,12 @@ class ServerConnection:
             self._content_frame(ch, ftype, channel, payload, events)
             return
         if ftype != FRAME_METHOD:
-            raise ConnectionException(
-                spec.UNEXPECTED_FRAME,
-                "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
+            raise errors.unexpected_frame("expected method frame, got non method frame instead")
         if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish, the hot path
             try:
                 ch.pending = parse_publish(payload)
             except IndexError:
-                raise ConnectionException(
-                    spec.SYNTAX_ERROR, "SYNTAX_ERROR - malformed basic.publish") from None
+                raise errors.syntax_error("malformed basic.publish") from None
             return
         method = self._decode(payload)
         if isinstance(method, spec.Channel.Close):
@@ -432,43 +455,35 @@ class ServerConnection:
         if isinstance(method, spec.Channel.CloseOk):
             return
         if isinstance(method, spec.Channel.Open):
-            raise ConnectionException(
-                spec.CHANNEL_ERROR, "CHANNEL_ERROR - second 'channel.open' seen", method)
+            raise errors.channel_error("second 'channel.open' seen", method=method)
         if method.HAS_CONTENT:  # a content method clients may not send (return/deliver/get-ok)
-            raise ConnectionException(
-                spec.COMMAND_INVALID, f"COMMAND_INVALID - {method.amqp_name} not allowed from a client",
-                method)
+            raise errors.command_invalid(f"{method.amqp_name} not allowed from a client", method=method)
         events.append(MethodReceived(channel, method))
 
-    def _content_frame(self, ch: _ChannelState, ftype, channel, payload, events):
+    def _content_frame(self, ch: _ChannelState, ftype: int, channel: int, payload: bytes,
+                       events: list[Event]) -> None:
         if ch.props_raw is None:
             if ftype != FRAME_HEADER:
-                raise ConnectionException(
-                    spec.UNEXPECTED_FRAME,
-                    "UNEXPECTED_FRAME - expected content header for class 60, got non content "
-                    "header frame instead", spec.Basic.Publish())
+                raise errors.unexpected_frame("expected content header for class 60, got non content "
+                    "header frame instead", method=_PUBLISH)
             try:
                 class_id, body_size, props_raw = parse_content_header(payload)
             except Exception:
-                raise ConnectionException(
-                    spec.FRAME_ERROR, "FRAME_ERROR - malformed content header") from None
+                raise errors.frame_error("malformed content header") from None
             if class_id != 60:
-                raise ConnectionException(
-                    spec.UNEXPECTED_FRAME,
-                    f"UNEXPECTED_FRAME - expected content header for class 60, got one for class "
-                    f"{class_id} instead", spec.Basic.Publish())
+                raise errors.unexpected_frame(f"expected content header for class 60, got one for class "
+                    f"{class_id} instead", method=_PUBLISH)
             try:
                 properties = decode_properties(props_raw)
             except FieldError as exc:
-                raise ConnectionException(
-                    spec.SYNTAX_ERROR, f"SYNTAX_ERROR - malformed content properties: {exc}",
-                    spec.Basic.Publish()) from None
+                raise errors.syntax_error("malformed content properties: %s", exc,
+                                          method=_PUBLISH) from None
             if body_size > self.max_message_size:
                 ch.pending = None
-                self.close_channel(
-                    channel, spec.PRECONDITION_FAILED,
-                    f"PRECONDITION_FAILED - message size {body_size} is larger than configured max "
-                    f"size {self.max_message_size}", 60, 40)
+                err = errors.precondition_failed(
+                    "message size %d is larger than configured max size %d", body_size,
+                    self.max_message_size, method=_PUBLISH)
+                self.close_channel(channel, err.code, err.text, err.class_id, err.method_id)
                 return
             ch.props_raw = props_raw
             ch.properties = properties
@@ -478,16 +493,12 @@ class ServerConnection:
                 self._complete(ch, channel, b"", events)
             return
         if ftype != FRAME_BODY:
-            raise ConnectionException(
-                spec.UNEXPECTED_FRAME,
-                "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
-                spec.Basic.Publish())
+            raise errors.unexpected_frame(
+                "expected content body, got non content body frame instead", method=_PUBLISH)
         ch.received += len(payload)
         if ch.received > ch.body_size:
-            raise ConnectionException(
-                spec.UNEXPECTED_FRAME,
-                f"UNEXPECTED_FRAME - content body of {ch.received} bytes larger than the declared "
-                f"{ch.body_size}", spec.Basic.Publish())
+            raise errors.unexpected_frame(f"content body of {ch.received} bytes larger than the declared "
+                f"{ch.body_size}", method=_PUBLISH)
         if ch.received == ch.body_size and not ch.body_parts:
             self._complete(ch, channel, payload, events)
             return
@@ -495,10 +506,12 @@ class ServerConnection:
         if ch.received == ch.body_size:
             self._complete(ch, channel, b"".join(ch.body_parts), events)
 
-    def _complete(self, ch: _ChannelState, channel: int, body: bytes, events: list):
-        exchange, routing_key, mandatory, immediate = ch.pending
+    def _complete(self, ch: _ChannelState, channel: int, body: bytes, events: list[Event]) -> None:
+        # Called with the content's header received: pending, props_raw and properties are set
+        # (not checked here, the publish hot path).
+        exchange, routing_key, mandatory, immediate = ch.pending  # type: ignore[misc]
         events.append(ContentReceived(channel, exchange, routing_key, mandatory, immediate,
-                                      ch.props_raw, ch.properties, body))
+                                      ch.props_raw, ch.properties, body))  # type: ignore[arg-type]
         ch.pending = None
         ch.props_raw = None
         ch.body_parts = []
@@ -507,26 +520,22 @@ class ServerConnection:
         try:
             return spec.decode_method(payload)
         except UnknownMethod as exc:
-            raise ConnectionException(
-                spec.COMMAND_INVALID if exc.class_id in spec.CLASS_NAMES else spec.NOT_IMPLEMENTED,
-                f"{spec.REPLY_NAMES[spec.COMMAND_INVALID if exc.class_id in spec.CLASS_NAMES else spec.NOT_IMPLEMENTED]}"
-                f" - unknown method (class {exc.class_id}, method {exc.method_id})") from None
+            name = "command_invalid" if exc.class_id in spec.CLASS_NAMES else "not_implemented"
+            raise errors.amqp_error(name, "unknown method (class %d, method %d)", exc.class_id,
+                                    exc.method_id) from None
         except MethodDecodeError as exc:
-            err = ConnectionException(
-                spec.FRAME_ERROR,
-                exc.rabbit_text or f"FRAME_ERROR - cannot decode {erlang_binary(exc.args_raw)}")
+            err = errors.frame_error(
+                exc.rabbit_explanation or f"cannot decode {erlang_binary(exc.args_raw)}")
             err.class_id, err.method_id = exc.class_id, exc.method_id
             raise err from None
 
-    def _connection_method(self, method: spec.Method, events: list) -> None:
+    def _connection_method(self, method: spec.Method, events: list[Event]) -> None:
         if isinstance(method, spec.Connection.Close):
             self.state = State.CLOSED
-            self.closed_by_handshake = True
             events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
             return
         if isinstance(method, spec.Connection.CloseOk):
             self.state = State.CLOSED
-            self.closed_by_handshake = True
             events.append(ConnectionCloseCompleted())
             return
         if isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
@@ -534,20 +543,16 @@ class ServerConnection:
         if isinstance(method, spec.Connection.UpdateSecret):
             self.send_method(0, spec.Connection.UpdateSecretOk())
             return
-        raise ConnectionException(
-            spec.COMMAND_INVALID, f"COMMAND_INVALID - unexpected {method.amqp_name} on an open connection",
-            method)
+        raise errors.command_invalid(f"unexpected {method.amqp_name} on an open connection", method=method)
 
     # ---- handshake ----
-    def _handshake_frame(self, ftype, channel, payload, events):
+    def _handshake_frame(self, ftype: int, channel: int, payload: bytes, events: list[Event]) -> None:
         if ftype != FRAME_METHOD or channel != 0:
-            raise ConnectionException(
-                spec.COMMAND_INVALID, "COMMAND_INVALID - connection not open yet")
+            raise errors.command_invalid("connection not open yet")
         method = self._decode(payload)
         state = self.state
         if isinstance(method, spec.Connection.Close):
             self.state = State.CLOSED
-            self.closed_by_handshake = True
             events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
             return
         if state is State.AWAIT_START_OK and isinstance(method, spec.Connection.StartOk):
@@ -556,9 +561,10 @@ class ServerConnection:
             self.client_capabilities = caps if isinstance(caps, dict) else {}
             username, failure = self._authenticate(method.mechanism, method.response)
             if username is None:
-                events.append(AuthenticationFailed("", failure or "malformed response"))
-                if failure and self.client_capabilities.get("authentication_failure_close"):
-                    self.close(spec.ACCESS_REFUSED, failure)
+                refusal = errors.access_refused(failure) if failure else None
+                events.append(AuthenticationFailed("", refusal.text if refusal else "malformed response"))
+                if refusal is not None and self.client_capabilities.get("authentication_failure_close"):
+                    self.close(refusal.code, refusal.text)
                 else:
                     self.state = State.CLOSED
                     events.append(ConnectionCloseCompleted())
@@ -571,19 +577,15 @@ class ServerConnection:
         if state is State.AWAIT_TUNE_OK and isinstance(method, spec.Connection.TuneOk):
             frame_max = method.frame_max or self.server_frame_max
             if frame_max < spec.FRAME_MIN_SIZE:
-                raise ConnectionException(
-                    spec.NOT_ALLOWED,
-                    f"NOT_ALLOWED - frame_max={frame_max} < {spec.FRAME_MIN_SIZE} min size", method)
+                raise errors.not_allowed("frame_max=%d < %d min size", frame_max,
+                                         spec.FRAME_MIN_SIZE, method=method)
             if frame_max > self.server_frame_max:
-                raise ConnectionException(
-                    spec.NOT_ALLOWED,
-                    f"NOT_ALLOWED - frame_max={frame_max} > {self.server_frame_max} max size", method)
+                raise errors.not_allowed("frame_max=%d > %d max size", frame_max,
+                                         self.server_frame_max, method=method)
             channel_max = method.channel_max or self.server_channel_max
             if channel_max > self.server_channel_max:
-                raise ConnectionException(
-                    spec.NOT_ALLOWED,
-                    f"NOT_ALLOWED - channel_max={channel_max} > {self.server_channel_max} max",
-                    method)
+                raise errors.not_allowed("channel_max=%d > %d max", channel_max,
+                                         self.server_channel_max, method=method)
             self.frame_max = frame_max
             self.channel_max = channel_max
             self.heartbeat = method.heartbeat
@@ -592,14 +594,11 @@ class ServerConnection:
             return
         if state is State.AWAIT_OPEN and isinstance(method, spec.Connection.Open):
             if not self._vhost_exists(method.virtual_host):
-                raise ConnectionException(
-                    spec.NOT_ALLOWED,
-                    f"NOT_ALLOWED - vhost {method.virtual_host} not found", method)
+                raise errors.not_allowed(f"vhost {method.virtual_host} not found", method=method)
             self.vhost = method.virtual_host
             self.send_method(0, spec.Connection.OpenOk(""))
             self.state = State.OPEN
+            assert self.username is not None  # set by start-ok, before tune-ok and open
             events.append(ConnectionOpened(self.vhost, self.username, self.client_properties))
             return
-        raise ConnectionException(
-            spec.COMMAND_INVALID,
-            f"COMMAND_INVALID - unexpected {method.amqp_name} in state {state.value}", method)
+        raise errors.command_invalid(f"unexpected {method.amqp_name} in state {state.value}", method=method)

@@ -9,6 +9,16 @@ from __future__ import annotations
 import datetime
 import decimal
 import struct
+from typing import Any, Final, TypeAlias
+
+# A field table as decoded from / encoded to the wire. Values are arbitrary wire data
+# (bytes for 'S', int, bool, Decimal, nested tables and lists, ...) checked by whoever
+# reads them, so they are ``Any``; a TypedDict would not fit the dict-mutating callers.
+FieldTable: TypeAlias = dict[str, Any]
+# Decoded basic properties (``PROPERTY_FIELDS`` names -> str / int / FieldTable).
+Properties: TypeAlias = dict[str, Any]
+# What the decoders read from: a frame payload or a slice of one.
+ReadableBuffer: TypeAlias = bytes | bytearray | memoryview
 
 _B = struct.Struct(">B")
 _b = struct.Struct(">b")
@@ -36,10 +46,10 @@ class Timestamp(int):
 
 # Tables/arrays nested deeper than this are refused: decoding is recursive and a
 # single frame could otherwise hold enough levels to exhaust the Python stack.
-MAX_NESTING = 100
+MAX_NESTING: Final = 100
 
 
-def decode_table(buf, offset: int, _depth: int = 0):
+def decode_table(buf: ReadableBuffer, offset: int, _depth: int = 0) -> tuple[FieldTable, int]:
     if _depth > MAX_NESTING:
         raise FieldError("field table nested too deeply")
     (length,) = _I.unpack_from(buf, offset)
@@ -47,7 +57,7 @@ def decode_table(buf, offset: int, _depth: int = 0):
     end = offset + length
     if end > len(buf):
         raise FieldError("table length overruns the frame")
-    table = {}
+    table: FieldTable = {}
     while offset < end:
         n = buf[offset]
         offset += 1
@@ -60,7 +70,7 @@ def decode_table(buf, offset: int, _depth: int = 0):
     return table, end
 
 
-def _decode_array(buf, offset: int, depth: int):
+def _decode_array(buf: ReadableBuffer, offset: int, depth: int) -> tuple[list[Any], int]:
     if depth > MAX_NESTING:
         raise FieldError("field array nested too deeply")
     (length,) = _I.unpack_from(buf, offset)
@@ -68,7 +78,7 @@ def _decode_array(buf, offset: int, depth: int):
     end = offset + length
     if end > len(buf):
         raise FieldError("array length overruns the frame")
-    items = []
+    items: list[Any] = []
     while offset < end:
         value, offset = _decode_value(buf, offset, depth)
         items.append(value)
@@ -77,7 +87,7 @@ def _decode_array(buf, offset: int, depth: int):
     return items, end
 
 
-def _decode_value(buf, offset: int, depth: int = 0):
+def _decode_value(buf: ReadableBuffer, offset: int, depth: int = 0) -> tuple[Any, int]:
     tag = buf[offset]
     offset += 1
     if tag == 0x53:  # 'S'
@@ -108,15 +118,15 @@ def _decode_value(buf, offset: int, depth: int = 0):
         return _H.unpack_from(buf, offset)[0], offset + 2
     if tag == 0x69:  # 'i'
         return _I.unpack_from(buf, offset)[0], offset + 4
-    if tag == 0x4C:  # 'L' (errata: unsigned 64)
-        return _Q.unpack_from(buf, offset)[0], offset + 8
+    if tag == 0x4C:  # 'L': signed 64, as RabbitMQ parses it
+        return _q.unpack_from(buf, offset)[0], offset + 8
     if tag == 0x66:  # 'f'
         return _f.unpack_from(buf, offset)[0], offset + 4
     if tag == 0x64:  # 'd'
         return _d.unpack_from(buf, offset)[0], offset + 8
     if tag == 0x44:  # 'D'
         scale = buf[offset]
-        (raw,) = _i.unpack_from(buf, offset + 1)
+        (raw,) = _I.unpack_from(buf, offset + 1)  # unsigned, as RabbitMQ parses it
         return decimal.Decimal(raw).scaleb(-scale), offset + 5
     if tag == 0x56:  # 'V'
         return None, offset
@@ -129,8 +139,8 @@ def _decode_value(buf, offset: int, depth: int = 0):
     raise FieldError(f"unknown field type tag {tag!r}")
 
 
-def encode_table(table: dict) -> bytes:
-    parts = []
+def encode_table(table: FieldTable) -> bytes:
+    parts: list[bytes] = []
     for key, value in table.items():
         raw = key.encode("utf-8", "surrogateescape")
         if len(raw) > 255:
@@ -142,7 +152,7 @@ def encode_table(table: dict) -> bytes:
     return _I.pack(len(body)) + body
 
 
-def encode_value(value) -> bytes:
+def encode_value(value: object) -> bytes:
     if value is None:
         return b"V"
     if isinstance(value, bool):
@@ -171,16 +181,20 @@ def encode_value(value) -> bytes:
         return b"d" + _d.pack(value)
     if isinstance(value, decimal.Decimal):
         sign, digits, exponent = value.as_tuple()
+        if not isinstance(exponent, int):  # 'n'/'N'/'F': NaN, sNaN, Infinity
+            raise FieldError(f"cannot encode non-finite decimal {value} in a field table")
         scale = max(0, -exponent)
-        raw = int(value.scaleb(scale))
-        return b"D" + _B.pack(scale) + _i.pack(raw)
+        unscaled = int(value.scaleb(scale))
+        if not 0 <= unscaled < 1 << 32 or scale > 255:  # RabbitMQ's mantissa is unsigned
+            raise FieldError(f"cannot encode decimal {value} in a field table")
+        return b"D" + _B.pack(scale) + _I.pack(unscaled)
     if isinstance(value, datetime.datetime):
         return b"T" + _Q.pack(int(value.timestamp()))
     raise FieldError(f"cannot encode {type(value).__name__} in a field table")
 
 
 # Basic content properties, in flag order (bit 15 first).
-PROPERTY_FIELDS = (
+PROPERTY_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("content_type", "shortstr"),
     ("content_encoding", "shortstr"),
     ("headers", "table"),
@@ -196,23 +210,23 @@ PROPERTY_FIELDS = (
     ("app_id", "shortstr"),
     ("cluster_id", "shortstr"),
 )
-_FLAG_BITS = tuple(1 << (15 - i) for i in range(len(PROPERTY_FIELDS)))
+_FLAG_BITS: Final = tuple(1 << (15 - i) for i in range(len(PROPERTY_FIELDS)))
 
 
-def decode_properties(raw) -> dict:
+def decode_properties(raw: ReadableBuffer) -> Properties:
     """Decode the property-flags + property-list part of a content header."""
     if len(raw) < 2:
         raise FieldError("content header has no property flags")
     (flags,) = _H.unpack_from(raw, 0)
     offset = 2
-    props = {}
+    props: Properties = {}
     try:
         while flags & 1:  # continuation flag words: none are defined, skip them
             (flags_more,) = _H.unpack_from(raw, offset)
             offset += 2
             if not flags_more & 1:
                 break
-        for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):
+        for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):  # noqa: B905 - same length by construction
             if not flags & bit:
                 continue
             if ftype == "shortstr":
@@ -236,10 +250,10 @@ def decode_properties(raw) -> dict:
     return props
 
 
-def encode_properties(props: dict) -> bytes:
+def encode_properties(props: Properties) -> bytes:
     flags = 0
-    parts = []
-    for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):
+    parts: list[bytes] = []
+    for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):  # noqa: B905 - same length by construction
         value = props.get(name)
         if value is None:
             continue

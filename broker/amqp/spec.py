@@ -8,8 +8,10 @@ hand-written fast paths in ``codec``.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
 
 from .fields import (
+    ReadableBuffer,
     decode_table,
     encode_table,
 )
@@ -68,8 +70,12 @@ REPLY_NAMES = {
 # Codes that are connection-level ("hard") errors in the spec.
 HARD_ERRORS = frozenset({320, 402, 501, 502, 503, 504, 505, 506, 530, 540, 541})
 
+FieldType: TypeAlias = Literal["octet", "short", "long", "longlong", "timestamp", "shortstr", "longstr",
+                              "bit", "table"]
+Fields: TypeAlias = tuple[tuple[str, FieldType], ...]
+
 # (class_id, method_id, "Class.Method", [(field, type)], has_content)
-_SPEC = [
+_SPEC: Final[list[tuple[int, int, str, list[tuple[str, FieldType]], bool]]] = [
     (10, 10, "Connection.Start", [("version_major", "octet"), ("version_minor", "octet"),
                                   ("server_properties", "table"), ("mechanisms", "longstr"),
                                   ("locales", "longstr")], False),
@@ -106,10 +112,12 @@ _SPEC = [
                                  ("if_unused", "bit"), ("nowait", "bit")], False),
     (40, 21, "Exchange.DeleteOk", [], False),
     (40, 30, "Exchange.Bind", [("ticket", "short"), ("destination", "shortstr"), ("source", "shortstr"),
-                               ("routing_key", "shortstr"), ("nowait", "bit"), ("arguments", "table")], False),
+                               ("routing_key", "shortstr"), ("nowait", "bit"), ("arguments", "table")],
+     False),
     (40, 31, "Exchange.BindOk", [], False),
     (40, 40, "Exchange.Unbind", [("ticket", "short"), ("destination", "shortstr"), ("source", "shortstr"),
-                                 ("routing_key", "shortstr"), ("nowait", "bit"), ("arguments", "table")], False),
+                                 ("routing_key", "shortstr"), ("nowait", "bit"), ("arguments", "table")],
+     False),
     (40, 51, "Exchange.UnbindOk", [], False),
     (50, 10, "Queue.Declare", [("ticket", "short"), ("queue", "shortstr"), ("passive", "bit"),
                                ("durable", "bit"), ("exclusive", "bit"), ("auto_delete", "bit"),
@@ -127,7 +135,8 @@ _SPEC = [
     (50, 50, "Queue.Unbind", [("ticket", "short"), ("queue", "shortstr"), ("exchange", "shortstr"),
                               ("routing_key", "shortstr"), ("arguments", "table")], False),
     (50, 51, "Queue.UnbindOk", [], False),
-    (60, 10, "Basic.Qos", [("prefetch_size", "long"), ("prefetch_count", "short"), ("global_", "bit")], False),
+    (60, 10, "Basic.Qos", [("prefetch_size", "long"), ("prefetch_count", "short"), ("global_", "bit")],
+     False),
     (60, 11, "Basic.QosOk", [], False),
     (60, 20, "Basic.Consume", [("ticket", "short"), ("queue", "shortstr"), ("consumer_tag", "shortstr"),
                                ("no_local", "bit"), ("no_ack", "bit"), ("exclusive", "bit"),
@@ -165,20 +174,21 @@ _SPEC = [
 CLASS_NAMES = {10: "connection", 20: "channel", 40: "exchange", 50: "queue", 60: "basic",
                85: "confirm", 90: "tx"}
 
-_DEFAULTS = {"octet": 0, "short": 0, "long": 0, "longlong": 0, "shortstr": "", "longstr": b"",
-             "bit": False, "table": None, "timestamp": 0}
+_DEFAULTS: Final[dict[FieldType, object]] = {
+    "octet": 0, "short": 0, "long": 0, "longlong": 0, "shortstr": "", "longstr": b"",
+    "bit": False, "table": None, "timestamp": 0}
 
 
 class MethodDecodeError(ValueError):
     """A method payload that does not match the spec (RabbitMQ answers 501 FRAME_ERROR)."""
 
     def __init__(self, text: str, class_id: int = 0, method_id: int = 0, args: bytes = b"",
-                 rabbit_text: str | None = None):
+                 rabbit_explanation: str | None = None):
         super().__init__(text)
         self.class_id = class_id
         self.method_id = method_id
         self.args_raw = args
-        self.rabbit_text = rabbit_text
+        self.rabbit_explanation = rabbit_explanation
 
 
 class MalformedUTF8(ValueError):
@@ -189,15 +199,20 @@ class Method:
     """Base of the generated method classes."""
 
     __slots__ = ()
-    CLASS_ID = 0
-    METHOD_ID = 0
-    NAME = ""
-    FIELDS: tuple = ()
-    HAS_CONTENT = False
+    CLASS_ID: ClassVar[int] = 0
+    METHOD_ID: ClassVar[int] = 0
+    NAME: ClassVar[str] = ""
+    FIELDS: ClassVar[Fields] = ()
+    HAS_CONTENT: ClassVar[bool] = False
 
-    def __init__(self, *args, **kwargs):
+    if TYPE_CHECKING:
+        # Fields are set per generated class from its FIELDS (the spec's names and types).
+        def __getattr__(self, name: str) -> Any: ...
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
         fields = self.FIELDS
         for i, (fname, ftype) in enumerate(fields):
+            value: object
             if i < len(args):
                 value = args[i]
             elif fname in kwargs:
@@ -210,11 +225,11 @@ class Method:
         if kwargs:
             raise TypeError(f"{self.NAME}: unknown fields {sorted(kwargs)}")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         inner = ", ".join(f"{f}={getattr(self, f)!r}" for f, _ in self.FIELDS)
         return f"<{self.NAME}({inner})>"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and all(
             getattr(self, f) == getattr(other, f) for f, _ in self.FIELDS)
 
@@ -228,12 +243,12 @@ class Method:
         return _encode_args(self)
 
     @classmethod
-    def decode(cls, payload, offset: int):
+    def decode(cls, payload: ReadableBuffer, offset: int) -> Self:
         return _decode_args(cls, payload, offset)
 
 
 def _dash(camel: str) -> str:
-    out = []
+    out: list[str] = []
     for ch in camel:
         if ch.isupper() and out:
             out.append("-")
@@ -286,7 +301,10 @@ def _encode_args(method: Method) -> bytes:
     return b"".join(parts)
 
 
-def _decode_args(cls, payload, offset: int):
+_M = TypeVar("_M", bound=Method)
+
+
+def _decode_args(cls: type[_M], payload: ReadableBuffer, offset: int) -> _M:
     obj = cls.__new__(cls)
     bitbyte = 0
     bitpos = 8
@@ -335,7 +353,7 @@ def _decode_args(cls, payload, offset: int):
                 setattr(obj, fname, value)
     except MalformedUTF8:
         raise MethodDecodeError("malformed UTF-8", cls.CLASS_ID, cls.METHOD_ID, bytes(payload[4:]),
-                                "FRAME_ERROR - Malformed UTF-8 in shortstr") from None
+                                "Malformed UTF-8 in shortstr") from None
     except (IndexError, struct.error, ValueError, RecursionError) as exc:
         raise MethodDecodeError(f"malformed {cls.NAME}: {exc}", cls.CLASS_ID, cls.METHOD_ID,
                                 bytes(payload[4:])) from None
@@ -352,7 +370,7 @@ class _Namespace:
     pass
 
 
-def _build():
+def _build() -> dict[str, _Namespace]:
     namespaces: dict[str, _Namespace] = {}
     for class_id, method_id, name, fields, has_content in _SPEC:
         cls_name, meth_name = name.split(".")
@@ -375,16 +393,29 @@ def _build():
 
 
 _ns = _build()
-Connection = _ns["Connection"]
-Channel = _ns["Channel"]
-Exchange = _ns["Exchange"]
-Queue = _ns["Queue"]
-Basic = _ns["Basic"]
-Tx = _ns["Tx"]
-Confirm = _ns["Confirm"]
+
+if TYPE_CHECKING:
+    # The namespaces ``_build`` makes from ``_SPEC`` (Connection.Close, Basic.Publish, ...):
+    # generated at run time, so the type checker sees them as Any; a method's fields are
+    # reached through ``Method.__getattr__`` (Any) below.
+    Connection: Any
+    Channel: Any
+    Exchange: Any
+    Queue: Any
+    Basic: Any
+    Confirm: Any
+    Tx: Any
+else:
+    Connection = _ns["Connection"]
+    Channel = _ns["Channel"]
+    Exchange = _ns["Exchange"]
+    Queue = _ns["Queue"]
+    Basic = _ns["Basic"]
+    Tx = _ns["Tx"]
+    Confirm = _ns["Confirm"]
 
 
-def decode_method(payload):
+def decode_method(payload: ReadableBuffer) -> Method:
     """Decode a method frame payload into a Method instance."""
     if len(payload) < 4:
         raise MethodDecodeError("method frame shorter than 4 octets")

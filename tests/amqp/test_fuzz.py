@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import struct
 
-from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from broker.amqp import spec
 from broker.amqp.codec import HEARTBEAT_FRAME, FrameReader
@@ -20,7 +21,7 @@ from broker.amqp.connection import (
 )
 from broker.amqp.fields import FieldError, decode_properties, decode_table
 
-from sansio_helpers import (
+from .sansio_helpers import (
     HEADER,
     body_frame,
     conn_open,

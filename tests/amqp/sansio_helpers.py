@@ -15,7 +15,8 @@ GUEST_PLAIN = b"\x00guest\x00guest"
 # AMQPLAIN responses are a field table without its 4-byte length prefix.
 GUEST_AMQPLAIN = encode_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:]
 
-REFUSED = "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN."
+REFUSAL = "Login was refused using authentication mechanism PLAIN."  # what an authenticator says
+REFUSED = "ACCESS_REFUSED - " + REFUSAL  # what the client is sent
 
 
 class FakeAuth:
@@ -39,7 +40,7 @@ class FakeAuth:
             user, password = table.get("LOGIN"), table.get("PASSWORD")
         if (user, password) == (b"guest", b"guest"):
             return "guest", ""
-        return None, REFUSED
+        return None, REFUSAL
 
 
 def make_conn(**kwargs) -> ServerConnection:

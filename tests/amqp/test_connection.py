@@ -21,7 +21,7 @@ from broker.amqp.connection import (
 )
 from broker.amqp.fields import encode_properties
 
-from sansio_helpers import (
+from .sansio_helpers import (
     GUEST_AMQPLAIN,
     HEADER,
     REFUSED,
@@ -201,7 +201,7 @@ def test_auth_failure_with_capability_sends_403_then_waits_for_close_ok():
 
 
 def test_auth_failure_with_custom_authenticator_text():
-    conn = _started(authenticate=lambda m, r: (None, "ACCESS_REFUSED - go away"))
+    conn = _started(authenticate=lambda m, r: (None, "go away"))
     conn.receive_data(start_ok(capabilities={"authentication_failure_close": True}))
     assert assert_connection_closed_with(conn, 403).reply_text == "ACCESS_REFUSED - go away"
 
@@ -351,7 +351,7 @@ def test_client_close_during_handshake(stage):
     assert conn.data_to_send() == b""  # the broker answers, once it has written what it owes
     conn.accept_close()
     assert isinstance(only_method(conn)[1], spec.Connection.CloseOk)
-    assert conn.closed_by_handshake
+    assert conn.linger_for_eof
 
 
 def test_heartbeats_allowed_during_handshake():
@@ -623,7 +623,8 @@ def test_message_larger_than_max_message_size_closes_channel():
                                + body_frame(1, b"x" * 11))
     assert events == []
     ch, close = only_method(conn)
-    assert ch == 1 and close.reply_code == spec.PRECONDITION_FAILED and (close.class_id, close.method_id) == (60, 40)
+    assert ch == 1 and close.reply_code == spec.PRECONDITION_FAILED
+    assert (close.class_id, close.method_id) == (60, 40)
     assert conn.state is State.OPEN
     conn.receive_data(mframe(1, spec.Channel.CloseOk()) + mframe(1, spec.Channel.Open()))
     events = conn.receive_data(publish(1, b"x" * 10))
@@ -754,7 +755,8 @@ def test_update_secret_and_blocked_from_client():
     conn = open_connection()
     assert conn.receive_data(mframe(0, spec.Connection.UpdateSecret(b"tok", "refresh"))) == []
     assert isinstance(only_method(conn)[1], spec.Connection.UpdateSecretOk)
-    assert conn.receive_data(mframe(0, spec.Connection.Blocked("x")) + mframe(0, spec.Connection.Unblocked())) == []
+    assert conn.receive_data(mframe(0, spec.Connection.Blocked("x"))
+                             + mframe(0, spec.Connection.Unblocked())) == []
     assert conn.data_to_send() == b"" and conn.is_open
 
 
@@ -857,7 +859,8 @@ def test_bad_frame_end_closes_immediately():
 
 def test_frame_larger_than_negotiated_frame_max():
     conn = make_conn()
-    conn.receive_data(HEADER + start_ok() + tune_ok(frame_max=4096) + conn_open() + mframe(1, spec.Channel.Open()))
+    conn.receive_data(HEADER + start_ok() + tune_ok(frame_max=4096) + conn_open()
+                      + mframe(1, spec.Channel.Open()))
     conn.data_to_send()
     events = conn.receive_data(mframe(1, spec.Basic.Publish()) + header_frame(1, 5000)
                                + body_frame(1, b"x" * 4089))
@@ -872,7 +875,7 @@ def test_frames_before_a_framing_error_are_processed():
     events = conn.receive_data(publish(1, b"first") + raw_frame(3, 1, b"x", end=0x00))
     assert kinds(events) == [ContentReceived, ProtocolError, ConnectionCloseCompleted]
     assert events[0].body == b"first"
-    assert not conn.closed_by_handshake  # the edge drops the stream at once, no lingering
+    assert not conn.linger_for_eof  # the edge drops the stream at once, no lingering
 
 
 def test_has_output_counts_frames_not_bytes():
@@ -884,13 +887,14 @@ def test_has_output_counts_frames_not_bytes():
     assert conn.data_to_send() == b"frame" and not conn.has_output
 
 
-def test_server_close_answered_by_close_ok_completes_handshake():
+def test_server_close_answered_by_close_ok_drops_at_once():
+    """The peer's close-ok is its last frame: nothing to linger for (RabbitMQ closes at once)."""
     conn = open_connection()
     conn.close(320, "CONNECTION_FORCED - x")
     conn.data_to_send()
-    assert not conn.closed_by_handshake
     assert conn.receive_data(mframe(0, spec.Connection.CloseOk())) == [ConnectionCloseCompleted()]
-    assert conn.closed_by_handshake
+    assert conn.state is State.CLOSED
+    assert not conn.linger_for_eof
 
 
 def test_framing_error_after_client_close_in_same_feed():
@@ -899,7 +903,7 @@ def test_framing_error_after_client_close_in_same_feed():
     assert events == [ConnectionClosedByPeer(200, "bye")]
     conn.accept_close()
     assert [type(m) for _, m in drain_methods(conn)] == [spec.Connection.CloseOk]
-    assert conn.closed_by_handshake
+    assert conn.linger_for_eof
 
 
 def test_everything_written_is_well_formed():

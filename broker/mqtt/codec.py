@@ -1,0 +1,407 @@
+"""MQTT 3.1 / 3.1.1 packets, sans-IO: bytes in, packet objects out, and back.
+
+``PacketReader.feed(data)`` returns every complete packet in the bytes given so far;
+anything the spec calls a protocol violation raises ``MalformedPacket`` (the server then
+closes the network connection without a reply, MQTT 3.1.1 section 4.8), except a CONNECT
+with an unacceptable protocol level, which the connection answers with CONNACK return code
+1 first (section 3.1.2.2) -- ``UnsupportedProtocol`` carries what it needs for that.
+``encode(packet)`` builds the bytes of any packet. No sockets, clocks or broker state here.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+# control packet types (MQTT 3.1.1 table 2.1)
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+
+# CONNACK return codes (table 3.1)
+ACCEPTED = 0
+REFUSED_PROTOCOL_VERSION = 1
+REFUSED_IDENTIFIER = 2
+REFUSED_SERVER_UNAVAILABLE = 3
+REFUSED_BAD_CREDENTIALS = 4
+REFUSED_NOT_AUTHORIZED = 5
+SUBACK_FAILURE = 0x80
+
+MAX_REMAINING_LENGTH = 268_435_455  # 4 bytes of variable length encoding
+_H = struct.Struct(">H")
+
+
+class MalformedPacket(ValueError):
+    """A protocol violation: the server closes the network connection."""
+
+
+class UnsupportedProtocol(MalformedPacket):
+    """CONNECT with a protocol name/level this server does not speak: answer CONNACK 1,
+    then close."""
+
+
+@dataclass(slots=True)
+class Will:
+    topic: str
+    message: bytes
+    qos: int
+    retain: bool
+
+
+@dataclass(slots=True)
+class Connect:
+    client_id: str
+    clean_session: bool = True
+    keep_alive: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    protocol_level: int = 4  # 4: MQTT 3.1.1 ("MQTT"), 3: MQTT 3.1 ("MQIsdp")
+
+
+@dataclass(slots=True)
+class ConnAck:
+    return_code: int
+    session_present: bool = False
+
+
+@dataclass(slots=True)
+class Publish:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None
+
+
+@dataclass(slots=True)
+class PacketId:
+    """PUBACK, PUBREC, PUBREL, PUBCOMP and UNSUBACK: a type and a packet identifier."""
+    type: int
+    packet_id: int
+
+
+@dataclass(slots=True)
+class Subscribe:
+    packet_id: int
+    topics: list[tuple[str, int]] = field(default_factory=list)  # (filter, requested QoS)
+
+
+@dataclass(slots=True)
+class SubAck:
+    packet_id: int
+    return_codes: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Unsubscribe:
+    packet_id: int
+    topics: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Bare:
+    """PINGREQ, PINGRESP, DISCONNECT: a fixed header and nothing else."""
+    type: int
+
+
+Packet = Connect | ConnAck | Publish | PacketId | Subscribe | SubAck | Unsubscribe | Bare
+
+
+# ---- primitives -----------------------------------------------------------------------
+
+def _encode_length(n: int) -> bytes:
+    if not 0 <= n <= MAX_REMAINING_LENGTH:
+        raise ValueError(f"remaining length {n} out of range")
+    out = bytearray()
+    while True:
+        byte, n = n % 128, n // 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _string(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError("string longer than 65535 bytes")
+    return _H.pack(len(raw)) + raw
+
+
+def _binary(b: bytes) -> bytes:
+    if len(b) > 0xFFFF:
+        raise ValueError("binary field longer than 65535 bytes")
+    return _H.pack(len(b)) + b
+
+
+class _Body:
+    """A cursor over one packet's variable header and payload."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes):
+        self.buf = buf
+        self.pos = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def u8(self) -> int:
+        if self.left < 1:
+            raise MalformedPacket("packet ends early")
+        self.pos += 1
+        return self.buf[self.pos - 1]
+
+    def u16(self) -> int:
+        if self.left < 2:
+            raise MalformedPacket("packet ends early")
+        (v,) = _H.unpack_from(self.buf, self.pos)
+        self.pos += 2
+        return int(v)
+
+    def binary(self) -> bytes:
+        n = self.u16()
+        if self.left < n:
+            raise MalformedPacket("length-prefixed field overruns the packet")
+        self.pos += n
+        return self.buf[self.pos - n:self.pos]
+
+    def string(self) -> str:
+        raw = self.binary()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedPacket("string is not well-formed UTF-8") from None
+        if "\x00" in text:  # section 1.5.3: U+0000 must not appear
+            raise MalformedPacket("string contains U+0000")
+        return text
+
+    def rest(self) -> bytes:
+        data = self.buf[self.pos:]
+        self.pos = len(self.buf)
+        return data
+
+
+def _packet_id(body: _Body) -> int:
+    pid = body.u16()
+    if pid == 0:
+        raise MalformedPacket("packet identifier 0")
+    return pid
+
+
+def valid_topic_name(topic: str) -> bool:
+    """A PUBLISH topic: at least one character, no wildcards (section 4.7)."""
+    return bool(topic) and "+" not in topic and "#" not in topic
+
+
+def valid_topic_filter(topic: str) -> bool:
+    """A SUBSCRIBE filter: '#' only last and alone in its level, '+' alone in its level."""
+    if not topic:
+        return False
+    levels = topic.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+# ---- decoding ---------------------------------------------------------------------------
+
+def decode(first: int, body: bytes) -> Packet:
+    """One packet from its first byte and its remaining bytes."""
+    ptype, flags = first >> 4, first & 0x0F
+    b = _Body(body)
+    if ptype == PUBLISH:
+        return _decode_publish(flags, b)
+    expected_flags = 0x02 if ptype in (PUBREL, SUBSCRIBE, UNSUBSCRIBE) else 0
+    if flags != expected_flags:  # section 2.2.2: reserved flags must be as the table says
+        raise MalformedPacket(f"invalid fixed header flags {flags:#x} for packet type {ptype}")
+    if ptype == CONNECT:
+        return _decode_connect(b)
+    if ptype in (PUBACK, PUBREC, PUBREL, PUBCOMP, UNSUBACK):
+        packet: Packet = PacketId(ptype, _packet_id(b))
+    elif ptype == SUBSCRIBE:
+        packet = _decode_subscribe(b)
+    elif ptype == UNSUBSCRIBE:
+        pid = _packet_id(b)
+        topics = []
+        while b.left:
+            t = b.string()
+            if not valid_topic_filter(t):
+                raise MalformedPacket(f"invalid topic filter {t!r}")
+            topics.append(t)
+        if not topics:
+            raise MalformedPacket("UNSUBSCRIBE without topic filters")
+        packet = Unsubscribe(pid, topics)
+    elif ptype in (PINGREQ, PINGRESP, DISCONNECT):
+        packet = Bare(ptype)
+    elif ptype == CONNACK:
+        ack = b.u8()
+        packet = ConnAck(b.u8(), bool(ack & 1))
+    elif ptype == SUBACK:
+        pid = _packet_id(b)
+        packet = SubAck(pid, list(b.rest()))
+    else:  # 0 and 15 are reserved
+        raise MalformedPacket(f"reserved packet type {ptype}")
+    if b.left:
+        raise MalformedPacket(f"{b.left} unexpected bytes at the end of packet type {ptype}")
+    return packet
+
+
+def _decode_publish(flags: int, b: _Body) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and qos == 0:
+        raise MalformedPacket("PUBLISH with DUP set at QoS 0")
+    topic = b.string()
+    if not valid_topic_name(topic):
+        raise MalformedPacket(f"invalid topic name {topic!r} in PUBLISH")
+    pid = _packet_id(b) if qos else None
+    return Publish(topic, b.rest(), qos, bool(flags & 0x01), dup, pid)
+
+
+def _decode_connect(b: _Body) -> Connect:
+    name = b.string()
+    level = b.u8()
+    if (name, level) not in (("MQTT", 4), ("MQIsdp", 3)):
+        if name in ("MQTT", "MQIsdp"):
+            raise UnsupportedProtocol(f"protocol level {level} of {name!r} is not supported")
+        raise MalformedPacket(f"unknown protocol name {name!r}")
+    flags = b.u8()
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag set")
+    has_user, has_pass = bool(flags & 0x80), bool(flags & 0x40)
+    will_retain, will_qos, will_flag = bool(flags & 0x20), (flags >> 3) & 0x03, bool(flags & 0x04)
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("will QoS/retain set without the will flag")
+    if will_qos == 3:
+        raise MalformedPacket("will QoS 3")
+    if has_pass and not has_user and level == 4:
+        raise MalformedPacket("password flag without user name flag")
+    keep_alive = b.u16()
+    client_id = b.string()
+    will = None
+    if will_flag:
+        topic = b.string()
+        if not valid_topic_name(topic):
+            raise MalformedPacket(f"invalid will topic {topic!r}")
+        will = Will(topic, b.binary(), will_qos, will_retain)
+    username = b.string() if has_user else None
+    password = b.binary() if has_pass else None
+    if b.left:
+        raise MalformedPacket("unexpected bytes at the end of CONNECT")
+    return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, level)
+
+
+def _decode_subscribe(b: _Body) -> Subscribe:
+    pid = _packet_id(b)
+    topics = []
+    while b.left:
+        t = b.string()
+        if not valid_topic_filter(t):
+            raise MalformedPacket(f"invalid topic filter {t!r}")
+        options = b.u8()
+        if options & 0xFC or options & 0x03 == 3:
+            raise MalformedPacket(f"invalid requested QoS byte {options:#x}")
+        topics.append((t, options))
+    if not topics:  # section 3.8.3: at least one topic filter
+        raise MalformedPacket("SUBSCRIBE without topic filters")
+    return Subscribe(pid, topics)
+
+
+class PacketReader:
+    """Splits a byte stream into packets. ``max_packet`` bounds the remaining length
+    (a huge declared length is refused as soon as its length bytes arrive)."""
+
+    def __init__(self, max_packet: int = MAX_REMAINING_LENGTH):
+        self.buf = bytearray()
+        self.max_packet = max_packet
+
+    def feed(self, data: bytes) -> list[Packet]:
+        buf = self.buf
+        buf += data
+        packets: list[Packet] = []
+        pos = 0
+        while len(buf) - pos >= 2:
+            first = buf[pos]
+            length = 0
+            mult = 1
+            i = pos + 1
+            while True:
+                if i >= len(buf):
+                    del buf[:pos]
+                    return packets
+                byte = buf[i]
+                length += (byte & 0x7F) * mult
+                i += 1
+                if not byte & 0x80:
+                    break
+                mult *= 128
+                if mult > 128 ** 3:
+                    raise MalformedPacket("remaining length longer than 4 bytes")
+            if length > self.max_packet:
+                raise MalformedPacket(f"packet of {length} bytes exceeds the limit of "
+                                      f"{self.max_packet}")
+            if len(buf) - i < length:
+                break
+            packets.append(decode(first, bytes(buf[i:i + length])))
+            pos = i + length
+        del buf[:pos]
+        return packets
+
+
+# ---- encoding ---------------------------------------------------------------------------
+
+def encode(packet: Packet) -> bytes:
+    """The bytes of ``packet``; raises ValueError for values the format cannot carry."""
+    if isinstance(packet, Publish):
+        if packet.qos not in (0, 1, 2):
+            raise ValueError("QoS must be 0, 1 or 2")
+        flags = (0x08 if packet.dup else 0) | (packet.qos << 1) | (0x01 if packet.retain else 0)
+        body = _string(packet.topic)
+        if packet.qos:
+            if not packet.packet_id:
+                raise ValueError("QoS 1 and 2 publishes need a packet identifier")
+            body += _H.pack(packet.packet_id)
+        return _frame(PUBLISH, flags, body + packet.payload)
+    if isinstance(packet, ConnAck):
+        return _frame(CONNACK, 0, bytes((1 if packet.session_present else 0, packet.return_code)))
+    if isinstance(packet, PacketId):
+        return _frame(packet.type, 0x02 if packet.type == PUBREL else 0, _H.pack(packet.packet_id))
+    if isinstance(packet, SubAck):
+        return _frame(SUBACK, 0, _H.pack(packet.packet_id) + bytes(packet.return_codes))
+    if isinstance(packet, Bare):
+        return _frame(packet.type, 0, b"")
+    if isinstance(packet, Subscribe):
+        body = _H.pack(packet.packet_id) + b"".join(_string(t) + bytes((q,))
+                                                     for t, q in packet.topics)
+        return _frame(SUBSCRIBE, 0x02, body)
+    if isinstance(packet, Unsubscribe):
+        body = _H.pack(packet.packet_id) + b"".join(_string(t) for t in packet.topics)
+        return _frame(UNSUBSCRIBE, 0x02, body)
+    return _encode_connect(packet)
+
+
+def _encode_connect(c: Connect) -> bytes:
+    name = "MQTT" if c.protocol_level == 4 else "MQIsdp"
+    flags = 0x02 if c.clean_session else 0
+    payload = _string(c.client_id)
+    if c.will is not None:
+        flags |= 0x04 | (c.will.qos << 3) | (0x20 if c.will.retain else 0)
+        payload += _string(c.will.topic) + _binary(c.will.message)
+    if c.username is not None:
+        flags |= 0x80
+        payload += _string(c.username)
+    if c.password is not None:
+        flags |= 0x40
+        payload += _binary(c.password)
+    header = _string(name) + bytes((c.protocol_level, flags)) + _H.pack(c.keep_alive)
+    return _frame(CONNECT, 0, header + payload)
+
+
+def _frame(ptype: int, flags: int, body: bytes) -> bytes:
+    return bytes(((ptype << 4) | flags,)) + _encode_length(len(body)) + body
