@@ -1,9 +1,83 @@
-"""What every exchange type shares: identity, bindings bookkeeping, routing API."""
+"""The exchange-type contract (``ExchangeType``) and the base every type builds on.
+
+An exchange type is one module in this package: a subclass of ``Exchange`` that
+indexes bindings for its routing rule, registered by type name in
+``broker/exchanges/__init__.py``. The vhost never looks at a type's name: it asks the
+type to validate its declaration, its bindings and a redeclaration's equivalence.
+"""
 from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from .. import errors
+from ..errors import Resource
+
+
+@runtime_checkable
+class ExchangeType(Protocol):
+    """What the vhost and the channel require of an exchange, whatever its type.
+
+    Every method is synchronous and runs on the broker's event loop: none may block.
+    An exchange owns its bindings table and its routing index, nothing else; the
+    destinations it returns are owned by the vhost.
+    """
+
+    kind: ClassVar[str]  # "exchange" (queues say "queue"): bindings may point at either
+    type_name: ClassVar[str]  # the AMQP type name clients declare, e.g. "topic"
+    name: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+    alternate_exchange: str | None
+    bindings: dict
+
+    @classmethod
+    def validate(cls, arguments: dict, resource: Resource) -> None:
+        """Check the arguments of exchange.declare before anything is created.
+
+        Returns None. Raises ``errors.AMQPError`` (406 PRECONDITION_FAILED, naming
+        ``resource``) for arguments this type refuses; nothing has changed then.
+        """
+
+    def check_equivalent(self, type_name: str, durable: bool, auto_delete: bool, internal: bool,
+                         arguments: dict, resource: Resource) -> None:
+        """Check a redeclaration against this exchange, as RabbitMQ's equivalence rules.
+
+        Returns None when equivalent. Raises ``errors.AMQPError`` 406 naming the first
+        inequivalent argument; the exchange is unchanged either way.
+        """
+
+    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+        """Check a binding's key and arguments (headers' x-match, consistent-hash's weight).
+
+        Returns None. Raises ``errors.AMQPError`` 406; no binding is added then.
+        """
+
+    def add_binding(self, binding: Binding) -> bool:
+        """Index ``binding``; False (and no change) when an identical one exists."""
+
+    def remove_binding(self, key: tuple) -> Binding | None:
+        """Remove the binding with this key from the table and the index; None if absent."""
+
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
+        """Destinations (queues or exchanges) a message with this key/headers reaches
+        (``properties``: the message's basic properties, for types that route on them).
+
+        May contain duplicates; never raises for any key or headers a client can send.
+        Runs once per published message and routing key (CC/BCC add keys), on the hot path:
+        it must not change the bindings or the index; per-message bookkeeping (the
+        deduplication exchange's cache) is the only state a type may update here.
+        """
+
+    @property
+    def has_bindings(self) -> bool:
+        """True while any binding has this exchange as its source."""
 
 
 class Binding:
-    __slots__ = ("source", "destination", "routing_key", "arguments", "key")
+    __slots__ = ("arguments", "destination", "key", "routing_key", "source")
 
     def __init__(self, source: str, destination, routing_key: str, arguments: dict):
         self.source = source
@@ -23,9 +97,26 @@ def _freeze(value):
     return value
 
 
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _quoted(value: Any) -> str:
+    return "none" if value is None else f"'{value}'"
+
+
 class Exchange:
-    kind = "exchange"
-    type_name = ""
+    """The shared implementation of ``ExchangeType``: identity, bindings table, checks.
+
+    A type overrides ``_index_add``/``_index_remove``/``route``, and
+    ``argument_problem``/``validate_binding`` when it has arguments of its own.
+    """
+    kind: ClassVar[str] = "exchange"
+    type_name: ClassVar[str] = ""
 
     def __init__(self, name: str, durable: bool = False, auto_delete: bool = False,
                  internal: bool = False, arguments: dict | None = None):
@@ -38,6 +129,43 @@ class Exchange:
         alt = self.arguments.get("alternate-exchange")
         self.alternate_exchange = alt.decode() if isinstance(alt, bytes) else alt
 
+    # ---- declaration checks ----
+    @classmethod
+    def validate(cls, arguments: dict, resource: Resource) -> None:
+        ae = arguments.get("alternate-exchange")
+        if ae is not None and not isinstance(ae, (bytes, str)):
+            raise errors.precondition_failed(
+                "invalid arg 'alternate-exchange' for %s: {unacceptable_type,%s}", resource,
+                type(ae).__name__)
+        problem = cls.argument_problem(arguments)
+        if problem:
+            raise errors.precondition_failed(problem)
+
+    @classmethod
+    def argument_problem(cls, arguments: dict) -> str | None:
+        """RabbitMQ's explanation of why this type refuses ``arguments``; None if fine."""
+        return None
+
+    def check_equivalent(self, type_name: str, durable: bool, auto_delete: bool, internal: bool,
+                         arguments: dict, resource: Resource) -> None:
+        for arg, have, want in (("type", self.type_name, type_name),
+                                ("durable", _b(self.durable), _b(durable)),
+                                ("auto_delete", _b(self.auto_delete), _b(auto_delete)),
+                                ("internal", _b(self.internal), _b(internal))):
+            if have != want:
+                raise errors.precondition_failed(
+                    "inequivalent arg '%s' for %s: received '%s' but current is '%s'", arg,
+                    resource, want, have)
+        have_ae = _text(self.arguments.get("alternate-exchange"))
+        want_ae = _text(arguments.get("alternate-exchange"))
+        if have_ae != want_ae:
+            raise errors.precondition_failed(
+                "inequivalent arg 'alternate-exchange' for %s: received %s but current is %s",
+                resource, _quoted(want_ae), _quoted(have_ae))
+
+    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+        return None
+
     # Subclasses index bindings for routing.
     def _index_add(self, binding: Binding) -> None:
         raise NotImplementedError
@@ -45,7 +173,8 @@ class Exchange:
     def _index_remove(self, binding: Binding) -> None:
         raise NotImplementedError
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         """Destinations (queues or exchanges) matching; may contain duplicates."""
         raise NotImplementedError
 

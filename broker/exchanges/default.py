@@ -9,6 +9,7 @@ class DefaultExchange(DirectExchange):
         super().__init__("", durable=True)
         self._queues = queues
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         q = self._queues.get(routing_key)
-        return [q] if q is not None else []
+        return [q] if q is not None and not q.internal else []

@@ -3,7 +3,9 @@
 The exchange routes like its ``x-delayed-type`` (direct, fanout, topic,
 headers); a message published with a positive ``x-delay`` header (ms) is taken
 over by the scheduler (broker/scheduler) and routed through this exchange when
-due. Bindings are delegated to an inner exchange of the delayed type.
+due. Bindings and routing are delegated to an inner exchange of the delayed type,
+through its public ``ExchangeType`` methods: the inner exchange owns the binding
+table and the routing index, and this exchange shows that same table as its own.
 """
 from __future__ import annotations
 
@@ -26,21 +28,22 @@ class DelayedMessageExchange(Exchange):
         if inner_type not in DELAYABLE_TYPES:
             inner_type = "direct"  # only reachable for bad stored definitions
         self.delayed_type = inner_type
-        self._inner = EXCHANGE_TYPES[inner_type](self.name, durable=self.durable)
-        self._inner.bindings = self.bindings  # fanout/headers read the shared binding table
+        self.inner: Exchange = EXCHANGE_TYPES[inner_type](self.name, durable=self.durable)
+        self.bindings = self.inner.bindings  # one table: the inner exchange's
 
-    @staticmethod
-    def validate_arguments(args: dict) -> str | None:
+    @classmethod
+    def argument_problem(cls, args: dict) -> str | None:
         value = _text(args.get("x-delayed-type"))
         if value not in DELAYABLE_TYPES:
             return "Invalid argument, 'x-delayed-type' must be an existing exchange type"
         return None
 
-    def _index_add(self, binding: Binding) -> None:
-        self._inner._index_add(binding)
+    def add_binding(self, binding: Binding) -> bool:
+        return self.inner.add_binding(binding)
 
-    def _index_remove(self, binding: Binding) -> None:
-        self._inner._index_remove(binding)
+    def remove_binding(self, key: tuple) -> Binding | None:
+        return self.inner.remove_binding(key)
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
-        return self._inner.route(routing_key, headers)
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
+        return self.inner.route(routing_key, headers, properties)

@@ -1,13 +1,15 @@
 """direct: exact routing-key match, a dict lookup."""
 from __future__ import annotations
 
+from typing import Any
+
 from .base import Binding, Exchange
 
 
 class DirectExchange(Exchange):
     type_name = "direct"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._by_key: dict[str, dict] = {}
 
@@ -22,6 +24,7 @@ class DirectExchange(Exchange):
             if not dests:
                 del self._by_key[binding.routing_key]
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         dests = self._by_key.get(routing_key)
         return list(dests.values()) if dests else []

@@ -13,5 +13,6 @@ class FanoutExchange(Exchange):
     def _index_remove(self, binding: Binding) -> None:
         pass
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         return [b.destination for b in self.bindings.values()]

@@ -1,6 +1,7 @@
 """headers: match on message headers with x-match all/any (and the -with-x variants)."""
 from __future__ import annotations
 
+from .. import errors
 from .base import Binding, Exchange
 
 MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
@@ -42,12 +43,20 @@ def headers_match(arguments: dict, headers: dict) -> bool:
 class HeadersExchange(Exchange):
     type_name = "headers"
 
+    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+        if match_mode(arguments or {}) is None:
+            mode = arguments.get("x-match")
+            raise errors.precondition_failed(
+                'Invalid x-match field value <<"%s">>; expected all, any, all-with-x, or any-with-x',
+                _norm(mode))
+
     def _index_add(self, binding: Binding) -> None:
         pass
 
     def _index_remove(self, binding: Binding) -> None:
         pass
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         headers = headers or {}
         return [b.destination for b in self.bindings.values() if headers_match(b.arguments, headers)]

@@ -6,6 +6,8 @@ path, not on how many bindings there are (100,000 bindings route as fast as 10).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .base import Binding, Exchange
 
 
@@ -15,9 +17,9 @@ def _words(key: str) -> list:
 
 
 class _Node:
-    __slots__ = ("children", "bindings")
+    __slots__ = ("bindings", "children")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.bindings: dict[tuple, object] = {}
 
@@ -25,7 +27,7 @@ class _Node:
 class TopicExchange(Exchange):
     type_name = "topic"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._root = _Node()
 
@@ -54,7 +56,8 @@ class TopicExchange(Exchange):
                 break
             del path[i].children[words[i]]
 
-    def route(self, routing_key: str, headers: dict | None) -> list:
+    def route(self, routing_key: str, headers: dict | None,
+              properties: dict | None = None) -> list:
         out: dict = {}
         self._match(self._root, _words(routing_key), 0, out)
         return list(out.values())

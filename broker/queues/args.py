@@ -7,8 +7,8 @@ limits) add theirs without touching this table.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..amqp.fields import Long, Timestamp
 

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 
 class QueueEntry:
-    __slots__ = ("message", "seq", "redelivered", "expires_at", "delivery_count", "priority",
-                 "loc")
+    __slots__ = (
+        "delivery_count",
+        "expires_at",
+        "loc",
+        "message",
+        "priority",
+        "redelivered",
+        "seq",
+    )
 
     def __init__(self, message, seq: int, expires_at: float | None = None, priority: int = 0):
         self.message = message

@@ -1,4 +1,7 @@
-"""The ready-message store of a plain queue: FIFO, requeues keep their place."""
+"""The ready-message store of a plain queue: FIFO, requeues keep their place.
+
+Implements ``ready.ReadyStore``.
+"""
 from __future__ import annotations
 
 from bisect import insort
@@ -10,6 +13,14 @@ class FifoReady:
 
     def __init__(self):
         self._q: deque = deque()
+
+    accepts_paged_index = False  # see ready.ReadyStore
+
+    def paged_index(self) -> None:
+        return None
+
+    def relocate_paged(self, segments, move) -> int:
+        return 0
 
     def __len__(self) -> int:
         return len(self._q)
@@ -45,3 +56,6 @@ class FifoReady:
 
     def pop_tail(self):
         return self._q.pop()
+
+    def head_entries(self) -> list:
+        return list(self._q)

@@ -15,18 +15,14 @@ def would_overflow(queue, size: int) -> bool:
     opts = queue.opts
     if opts.max_length is not None and len(queue.ready) + 1 > opts.max_length:
         return True
-    if opts.max_length_bytes is not None and queue.ready_bytes + size > opts.max_length_bytes:
-        return True
-    return False
+    return opts.max_length_bytes is not None and queue.ready_bytes + size > opts.max_length_bytes
 
 
 def over_limit(queue) -> bool:
     opts = queue.opts
     if opts.max_length is not None and len(queue.ready) > opts.max_length:
         return True
-    if opts.max_length_bytes is not None and queue.ready_bytes > opts.max_length_bytes:
-        return True
-    return False
+    return opts.max_length_bytes is not None and queue.ready_bytes > opts.max_length_bytes
 
 
 def drop_head(queue) -> list:

@@ -14,11 +14,21 @@ def message_priority(properties: dict, max_priority: int) -> int:
 
 
 class PriorityReady:
-    __slots__ = ("_levels", "_count")
+    """A ``ready.ReadyStore`` with one FIFO per priority level."""
+
+    __slots__ = ("_count", "_levels")
 
     def __init__(self, max_priority: int):
-        self._levels = [FifoReady() for _ in range(max_priority + 1)]
+        self._levels: list = [FifoReady() for _ in range(max_priority + 1)]  # PagedPriority: PagedFifo
         self._count = 0
+
+    accepts_paged_index = False  # see ready.ReadyStore
+
+    def paged_index(self) -> None:
+        return None
+
+    def relocate_paged(self, segments, move) -> int:
+        return 0
 
     def __len__(self) -> int:
         return self._count
@@ -54,6 +64,9 @@ class PriorityReady:
             out.extend(level.clear())
         self._count = 0
         return out
+
+    def head_entries(self) -> list:
+        return list(self)
 
     def pop_tail(self):
         for level in self._levels:

@@ -14,7 +14,10 @@ from .args import QueueOptions
 from .dead_letter import dead_letter
 from .entry import QueueEntry
 from .fifo import FifoReady
+from .ops import Op
 from .priority import PriorityReady, message_priority
+
+_ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
 
 def _make_retry(queue):
@@ -25,12 +28,26 @@ def _make_retry(queue):
     return make_retry_policy(queue)
 
 
-class Consumer:
-    __slots__ = ("tag", "tag_raw", "channel", "queue", "no_ack", "exclusive", "priority",
-                 "prefetch", "unacked", "arguments")
+SELECT_WINDOW = 256  # messages a selective dispatch looks at past the head per pass
 
-    def __init__(self, tag: str, channel, queue: "Queue", no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict):
+
+class Consumer:
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "priority",
+        "queue",
+        "selector",
+        "tag",
+        "tag_raw",
+        "unacked",
+    )
+
+    def __init__(self, tag: str, channel, queue: Queue, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict, selector=None):
         self.tag = tag
         raw = tag.encode("utf-8", "surrogateescape")
         self.tag_raw = bytes((len(raw),)) + raw
@@ -42,6 +59,7 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+        self.selector = selector  # x-filter: a predicate over messages (queues/selector.py)
 
     def can_take(self) -> bool:
         ch = self.channel
@@ -51,13 +69,14 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        if ch.global_prefetch and ch.unacked_count >= ch.global_prefetch:
-            return False
-        return True
+        return not (ch.global_prefetch and ch.unacked_count >= ch.global_prefetch)
 
 
 class Queue:
     kind = "queue"
+    # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
+    # internal entities are: 404 to every operation, never routed to by name.
+    internal = False
 
     def __init__(self, vhost, name: str, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None,
@@ -69,11 +88,15 @@ class Queue:
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
         self.opts = opts or QueueOptions()
-        self.ready = (PriorityReady(self.opts.max_priority) if self.opts.max_priority
-                      else FifoReady())
+        # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
+        self.retry = _make_retry(self)
+        # Follow the operation stream (queues/ops.py): the store of a durable queue, tests.
+        self.observers: list = []
+        self.ready = self._new_ready()
         self.ready_bytes = 0
         self.unacked_count = 0
         self.consumers: list[Consumer] = []  # registration order
+        self._selective = 0  # consumers with an x-filter: dispatch then looks past the head
         self._groups: list[tuple[int, deque]] = []  # (priority, consumers) highest first
         self._next_seq = 1
         self.bindings: set = set()  # (exchange name, binding key) pointing here
@@ -83,10 +106,45 @@ class Queue:
         self._expires_handle = None
         self.stats_published = 0
         self.stats_delivered = 0
-        self.store = None  # set by the vhost for durable queues with a persistent store
-        # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
-        self.retry = _make_retry(self)
+        self.store = None  # set by attach_store for durable queues with a persistent store
+        self.flow_waiters: set | None = None  # sessions in flow because of this queue
+        self._flow_low = 0
         self.touch()
+
+    def _new_ready(self):
+        """The ready-message store (``ready.ReadyStore``) this queue starts with.
+
+        Queue variants override it. ``self.opts`` and ``self.retry`` are set when
+        it is called; an ordered retry policy wraps the store it is given.
+        """
+        ready = PriorityReady(self.opts.max_priority) if self.opts.max_priority else FifoReady()
+        if self.retry is not None:
+            ready = self.retry.wrap_ready(ready)
+        return ready
+
+    @property
+    def keeps_definition(self) -> bool:
+        """Whether a persistent store keeps this queue (exclusive queues die with their
+        connection, so they are never stored, as in RabbitMQ)."""
+        return self.durable and self.exclusive_owner is None
+
+    def attach_store(self, store) -> None:
+        """Make ``store`` the persistence of this (durable) queue and its observer.
+
+        A store declaring the ``PAGES_MESSAGES`` capability offers
+        ``paged_ready(queue, entries)``; a plain FIFO or priority queue then hands
+        its entries over to that paged ready store.
+        """
+        from ..persistence.base import PAGES_MESSAGES
+        self.store = store
+        if store not in self.observers:
+            self.observers.append(store)
+        if PAGES_MESSAGES in store.capabilities and type(self.ready) in (FifoReady, PriorityReady):
+            self.ready = store.paged_ready(self, self.ready.clear())
+
+    def _emit(self, op: Op, entry: QueueEntry) -> None:
+        for observer in self.observers:
+            observer.queue_op(self, op, entry)
 
     # ---- info ----
     @property
@@ -121,8 +179,8 @@ class Queue:
             entry = QueueEntry(message, seq, expires_at,
                                message_priority(message.properties, opts.max_priority)
                                if opts.max_priority else 0)
-            if self.store is not None and message.persistent:
-                self.store.enqueue(self, entry)
+            if self.observers:
+                self._emit(_ENQUEUE, entry)
         else:
             if entry.seq >= self._next_seq:
                 self._next_seq = entry.seq + 1
@@ -134,7 +192,7 @@ class Queue:
         if opts.max_length is not None or opts.max_length_bytes is not None:
             dropped = max_length.drop_head(self)
             if dropped:
-                self._discard(dropped, "maxlen")
+                self.discard(dropped, "maxlen")
         if entry.expires_at is not None and len(self.ready):
             self._expiry.arm()
         return True
@@ -143,6 +201,9 @@ class Queue:
     def dispatch(self) -> None:
         ready = self.ready
         if not ready or not self.consumers:
+            return
+        if self._selective:
+            self._dispatch_selective()
             return
         now = None
         expired = None
@@ -168,15 +229,65 @@ class Queue:
             if consumer.no_ack:
                 self.settled(entry)
         if expired:
-            self._discard(expired, "expired")
+            self.discard(expired, "expired")
         if self._expiry.at is not None or (now is not None and ready):
             self._expiry.arm()
+        if self.flow_waiters:
+            self.flow_check()
+
+    # Consumers with an x-filter (JMS selectors): a message goes to a consumer whose selector
+    # it matches; one that no consumer matches stays for later ones, and those behind it
+    # still flow -- up to SELECT_WINDOW of them per pass, so a backlog of unmatched messages
+    # costs a bounded scan. A consumer's own exclusive queue drops what its selector refuses
+    # (a subscription: nobody else will ever read it).
+    def _dispatch_selective(self) -> None:
+        ready = self.ready
+        kept: list[QueueEntry] = []
+        refused: list[QueueEntry] = []
+        expired: list[QueueEntry] = []
+        now = self.vhost.timers.now()
+        subscription = self.exclusive_owner is not None and len(self.consumers) == 1
+        while ready and len(kept) < SELECT_WINDOW:
+            entry = ready.popleft()
+            self.ready_bytes -= len(entry.message.body)
+            if entry.expires_at is not None and entry.expires_at < now:
+                expired.append(entry)
+                continue
+            matching = [c for c in self.consumers
+                        if c.selector is None or c.selector(entry.message)]
+            if not matching:
+                (refused if subscription else kept).append(entry)
+                continue
+            consumer = next((c for c in matching if c.can_take()), None)
+            if consumer is None:
+                kept.append(entry)
+                if not any(c.can_take() for c in self.consumers):
+                    break
+                continue
+            self._mark_delivered(entry)
+            if not consumer.no_ack:
+                consumer.unacked += 1
+                self.unacked_count += 1
+            consumer.channel.deliver(consumer, self, entry)
+            if consumer.no_ack:
+                self.settled(entry)
+        for entry in reversed(kept):  # back in front, in their order
+            ready.requeue(entry)
+            self.ready_bytes += len(entry.message.body)
+        for entry in refused:
+            self._left(entry, _SETTLE)
+        if expired:
+            self.discard(expired, "expired")
+        if self._expiry.at is not None or ready:
+            self._expiry.arm()
+        if self.flow_waiters:
+            self.flow_check()
 
     def _mark_delivered(self, entry: QueueEntry) -> None:
         entry.delivery_count += 1
         self.stats_delivered += 1
-        if self.store is not None and entry.delivery_count == 1 and entry.message.persistent:
-            self.store.delivered(self, entry)  # so a crash brings it back redelivered=true
+        if self.observers:
+            self._emit(_DELIVER, entry)  # a store notes it: a crash brings it back redelivered
 
     def _pick_consumer(self) -> Consumer | None:
         consumers = self.consumers
@@ -207,7 +318,7 @@ class Queue:
             result = entry
             break
         if expired:
-            self._discard(expired, "expired")
+            self.discard(expired, "expired")
         self._expiry.arm()
         return result
 
@@ -221,19 +332,19 @@ class Queue:
         self._unacked_done(consumer)
         if self.retry is not None and self.retry.on_rejected(entry, requeue=False):
             return
-        self._discard([entry], "rejected")
+        self.discard([entry], "rejected")
 
     def requeue(self, entries: list) -> None:
         """Return unacked messages to their original positions, marked redelivered."""
         for entry, consumer in entries:
             self._unacked_done(consumer)
             if self.deleted:
+                self._left(entry, Op.DELETE)
                 continue
             if self.retry is not None and self.retry.on_rejected(entry, requeue=True):
                 continue
             entry.redelivered = True
-            self.ready.requeue(entry)
-            self.ready_bytes += len(entry.message.body)
+            self.put_back(entry)
         if not self.deleted:
             self.dispatch()
             self._expiry.arm()
@@ -245,15 +356,61 @@ class Queue:
         elif self.unacked_count:
             self.unacked_count -= 1
 
-    def settled(self, entry: QueueEntry) -> None:
-        if self.store is not None and entry.message.persistent:
-            self.store.remove(self, entry)
+    def put_back(self, entry: QueueEntry) -> None:
+        """Return a delivered entry to the ready list at its place (emits REQUEUE).
 
-    def _discard(self, entries: list, reason: str) -> None:
-        if self.opts.dead_letter_exchange is not None:
+        The caller dispatches afterwards if it wants the entry delivered again.
+        """
+        self.ready.requeue(entry)
+        self.ready_bytes += len(entry.message.body)
+        if self.observers:
+            self._emit(_REQUEUE, entry)
+
+    def settled(self, entry: QueueEntry) -> None:
+        """``entry`` left the queue for good: acked, no-ack delivery, dropped (SETTLE)."""
+        self._left(entry, _SETTLE)
+
+    def _left(self, entry: QueueEntry, op: Op) -> None:
+        if self.observers:
+            self._emit(op, entry)
+        if self.retry is not None:
+            self.retry.on_settled(entry)
+
+    def discard(self, entries: list, reason: str) -> None:
+        """Entries leave: dead-lettered if the queue has a DLX, else dropped."""
+        dlx = self.opts.dead_letter_exchange is not None
+        if dlx:
             dead_letter(self, entries, reason)
+        op = Op.EXPIRE if reason == "expired" else Op.DEAD_LETTER if dlx else _SETTLE
         for entry in entries:
-            self.settled(entry)
+            self._left(entry, op)
+
+    def withdraw(self, entries: list) -> int:
+        """Take back entries still in the ready list whose publish was nacked (the
+        store could not write them): they leave with SETTLE, never delivered, never
+        dead-lettered. Entries already delivered are left alone. Returns how many left.
+        O(1) for entries at the tail, else O(ready): for store failures, not the hot path."""
+        wanted = {id(e) for e in entries}
+        if not wanted or not self.ready:
+            return 0
+        gone: list[QueueEntry] = []
+        ready = self.ready
+        while ready and len(gone) < len(wanted):  # fast path: fresh publishes sit at the tail
+            entry = ready.pop_tail()
+            if id(entry) not in wanted:
+                ready.append(entry)
+                break
+            gone.append(entry)
+        if len(gone) < len(wanted) and ready:
+            kept: list[QueueEntry] = []
+            for entry in ready.clear():
+                (gone if id(entry) in wanted else kept).append(entry)
+            for entry in kept:
+                ready.append(entry)
+        for entry in gone:
+            self.ready_bytes -= len(entry.message.body)
+            self._left(entry, _SETTLE)
+        return len(gone)
 
     def expire_ready(self, now: float) -> None:
         expired = []
@@ -266,11 +423,13 @@ class Queue:
             self.ready_bytes -= len(head.message.body)
             expired.append(head)
         if expired:
-            self._discard(expired, "expired")
+            self.discard(expired, "expired")
 
     # ---- consumers ----
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
+        if consumer.selector is not None:
+            self._selective += 1
         self._had_consumer = True
         for prio, group in self._groups:
             if prio == consumer.priority:
@@ -287,6 +446,8 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if consumer.selector is not None:
+            self._selective -= 1
         for i, (prio, group) in enumerate(self._groups):
             if prio == consumer.priority:
                 group.remove(consumer)
@@ -298,6 +459,8 @@ class Queue:
             self.vhost.delete_queue(self, reason="auto-delete")
         elif self.consumers:
             self.dispatch()
+        if self.flow_waiters:
+            self.flow_check()
 
     @property
     def exclusive_consumer(self) -> bool:
@@ -308,8 +471,10 @@ class Queue:
         entries = self.ready.clear()
         self.ready_bytes = 0
         for entry in entries:
-            self.settled(entry)
+            self._left(entry, Op.PURGE)
         self._expiry.cancel()
+        if self.flow_waiters:
+            self.flow_check()
         return len(entries)
 
     def touch(self) -> None:
@@ -341,6 +506,84 @@ class Queue:
         self.consumers.clear()
         self._groups.clear()
         for entry in self.ready.clear():
-            self.settled(entry)
+            self._left(entry, Op.DELETE)
         self.ready_bytes = 0
+        if self.flow_waiters:
+            self.flow_check()
         return consumers
+
+    # ---- flow control (session.py "in flow", docs/architecture.md "Back-pressure") ----
+    def flow_wait(self, session, low: int) -> None:
+        """``session`` published into this queue while it grew past its flow threshold:
+        call ``session.flow_released(self)`` once the ready list is at most ``low``, the
+        queue has no consumers left, or it is deleted. No task, no timer: checked where
+        the ready list shrinks (dispatch, purge) and where consumers leave."""
+        if self.flow_waiters is None:
+            self.flow_waiters = set()
+        self.flow_waiters.add(session)
+        self._flow_low = low
+
+    def flow_forget(self, session) -> None:
+        if self.flow_waiters:
+            self.flow_waiters.discard(session)
+
+    def flow_check(self) -> None:
+        waiters = self.flow_waiters
+        if waiters and (len(self.ready) <= self._flow_low or not self.consumers or self.deleted):
+            self.flow_waiters = None
+            for session in waiters:
+                session.flow_released(self)
+
+    # ---- stores: what is stored, and rebuilding from it ----
+    def stored_entries(self) -> list[QueueEntry]:
+        """The ready entries this queue holds in memory, in order (a paging ready
+        store's paged part is ``paged_index()``). Entries out of the ready list --
+        delivered and not settled, or waiting for a retry delay -- are the store's
+        to track from the operation stream: from DELIVER to REQUEUE or a leave."""
+        return self.ready.head_entries()
+
+    def paged_index(self):
+        """The stored part of the ready store's paged index (``(seqs, locs, exps,
+        blens, flags)`` arrays, see ``PagedFifo.paged_index``), or None."""
+        return self.ready.paged_index()
+
+    def relocate_paged(self, segments, move) -> int:
+        """Store compaction: see ``ReadyStore.relocate_paged``."""
+        return self.ready.relocate_paged(segments, move)
+
+    @property
+    def restores_paged(self) -> bool:
+        """True if ``restore(paged=...)`` accepts a paged index for this queue."""
+        return self.ready.accepts_paged_index
+
+    def restore(self, entries=(), *, paged=None) -> int:
+        """Rebuild the ready list from stored records at start-up; returns how many.
+
+        ``entries``: QueueEntry objects in ``seq`` order (not announced to observers:
+        they are stored already). ``paged``: ``(seqs, locs, exps, blens, flags)``
+        arrays for a paging ready store (``restores_paged``): expiry in wall-clock
+        seconds (NaN = none), flags = delivery count (0 = never). Raises TypeError if the
+        ready store cannot take a paged index.
+        """
+        n = 0
+        for entry in entries:
+            self.enqueue(entry.message, entry=entry)
+            n += 1
+        if paged is not None and len(paged[0]):
+            if not self.restores_paged:
+                raise TypeError(f"queue {self.name!r}: its ready store cannot restore a paged index")
+            seqs = paged[0]
+            self.ready.restore_paged(*paged)
+            self.ready_bytes += sum(paged[3])
+            self._next_seq = max(self._next_seq, max(seqs) + 1)
+            self.stats_published += len(seqs)
+            n += len(seqs)
+            exps = paged[2]
+            if any(e == e for e in exps):  # some expiry (not NaN)
+                self._expiry.arm()
+        return n
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next enqueued entry gets (seqs only grow)."""
+        return self._next_seq

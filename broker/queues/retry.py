@@ -13,9 +13,12 @@
   queue is delivered.
 
 Redeliveries carry ``x-delivery-count`` = previous deliveries (quorum queues'
-header). The message keeps its id so the store's record stays the same; the
-count itself is not persisted (after a restart it starts again from the
-store's redelivered flag).
+header). The message keeps its id so the store's record stays the same. The
+count is ``entry.delivery_count``, which stores persist with the entry (the
+journal's delivered record and checkpoint flags); at restart a store hands it
+back through ``restore_delivery_count``, so delivery limits and backoff levels
+carry on where they were. A message that was waiting for its delay at the
+restart is ready again at once; its next rejection uses the next level.
 """
 from __future__ import annotations
 
@@ -49,12 +52,16 @@ register_queue_argument("x-retry-ordered", bool_arg)
 
 
 class RetryReady:
-    """Wraps a queue's ready store.
+    """A ``ready.ReadyStore`` wrapping a queue's own (``RetryPolicy.wrap_ready``).
 
     Ordered mode only: while ``policy.blocked_by`` is set, only that entry (when at
     the head) may leave; everything else waits. (Entries waiting for their retry
-    timer are in ``policy.waiting``; the journal's checkpoint reads them there.)
+    timer are in ``policy.waiting``; for the operation stream they are still
+    delivered, not requeued, until ``Queue.put_back``.)
     """
+
+    __slots__ = ("_inner", "_policy")
+    accepts_paged_index = False
 
     def __init__(self, inner, policy):
         self._inner = inner
@@ -70,8 +77,32 @@ class RetryReady:
     def __iter__(self):
         return iter(self._inner)
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    def append(self, entry) -> None:
+        self._inner.append(entry)
+
+    def popleft(self):
+        return self._inner.popleft()
+
+    def peek(self):
+        return self._inner.peek()
+
+    def requeue(self, entry) -> None:
+        self._inner.requeue(entry)
+
+    def clear(self) -> list:
+        return self._inner.clear()
+
+    def pop_tail(self):
+        return self._inner.pop_tail()
+
+    def head_entries(self) -> list:
+        return self._inner.head_entries()
+
+    def paged_index(self):
+        return self._inner.paged_index()
+
+    def relocate_paged(self, segments, move) -> int:
+        return self._inner.relocate_paged(segments, move)
 
 
 class RetryPolicy:
@@ -81,20 +112,24 @@ class RetryPolicy:
         self.limit = limit
         self.ordered = ordered
         self.blocked_by = None
-        self.waiting: dict = {}  # entry -> timer handle (read by the journal's checkpoint)
+        self.waiting: dict = {}  # entry -> timer handle (see waiting_entries)
         self.retried = 0
         self.dead_lettered = 0
-        if ordered:
-            queue.ready = RetryReady(queue.ready, self)
-            original_settled = queue.settled
 
-            def settled(entry, _orig=original_settled):
-                _orig(entry)
-                if self.blocked_by is entry:
-                    self.blocked_by = None
-                    queue.vhost.timers.call_later(0, self._kick)
+    # ---- seams of Queue ----
+    def wrap_ready(self, ready):
+        """Called by ``Queue._new_ready``: the ready store the queue should use."""
+        return RetryReady(ready, self) if self.ordered else ready
 
-            queue.settled = settled
+    def on_settled(self, entry) -> None:
+        """Called by the queue whenever an entry leaves it (settle, expire, DLX, ...)."""
+        if self.blocked_by is entry:
+            self.blocked_by = None
+            self.queue.vhost.timers.call_later(0, self._kick)
+
+    def waiting_entries(self) -> list:
+        """Rejected entries waiting for their retry delay (delivered, still in the queue)."""
+        return list(self.waiting)
 
     # called by Queue.reject (requeue=False) and Queue.requeue (requeue=True)
     def on_rejected(self, entry, requeue: bool) -> bool:
@@ -127,6 +162,12 @@ class RetryPolicy:
                                                             lambda: self._due(entry))
         return True
 
+    def restored(self, entry) -> None:
+        """A stored entry came back at start-up with ``entry.delivery_count`` > 0: give
+        its message the ``x-delivery-count`` header it had before the restart."""
+        if entry.delivery_count:
+            self._mark(entry, entry.delivery_count)
+
     def _mark(self, entry, failures: int) -> None:
         old = entry.message
         props = dict(old.properties)
@@ -139,7 +180,7 @@ class RetryPolicy:
 
     def _dead_letter(self, entry, reason: str) -> None:
         self.dead_lettered += 1
-        self.queue._discard([entry], reason)  # dead-letters (if a DLX is set) and settles
+        self.queue.discard([entry], reason)  # dead-letters (if a DLX is set) and settles
 
     def _due(self, entry) -> None:
         self.waiting.pop(entry, None)
@@ -151,14 +192,25 @@ class RetryPolicy:
 
     def _put_back(self, entry, dispatch: bool) -> None:
         q = self.queue
-        q.ready.requeue(entry)
-        q.ready_bytes += len(entry.message.body)
+        q.put_back(entry)
         if dispatch:
             q.dispatch()
 
     def _kick(self) -> None:
         if not self.queue.deleted:
             self.queue.dispatch()
+
+
+def restore_delivery_count(queue, entry, count: int) -> None:
+    """Recovery (every store): ``entry`` was delivered ``count`` times before the
+    restart. Sets its count and redelivered flag and, on a queue with a retry policy,
+    its ``x-delivery-count`` header."""
+    if count <= 0:
+        return
+    entry.delivery_count = count
+    entry.redelivered = True
+    if queue.retry is not None:
+        queue.retry.restored(entry)
 
 
 def make_retry_policy(queue):

@@ -17,7 +17,7 @@ def parse_expiration(value) -> int | None:
         return None
     text = value.decode() if isinstance(value, bytes) else str(value)
     if not text.isdigit():
-        raise ExpirationError(f"PRECONDITION_FAILED - invalid expiration '{text}': no_integer")
+        raise ExpirationError(f"invalid expiration '{text}': no_integer")
     return int(text)
 
 
@@ -36,7 +36,7 @@ def is_expired(entry, now: float) -> bool:
 class ExpiryTimer:
     """Keeps one timer armed at the ready head's deadline."""
 
-    __slots__ = ("queue", "handle", "at")
+    __slots__ = ("at", "handle", "queue")
 
     def __init__(self, queue):
         self.queue = queue

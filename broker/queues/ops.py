@@ -1,0 +1,81 @@
+"""The operation stream of a queue: what happened to which entry, in order.
+
+A :class:`~broker.queues.queue.Queue` is the one owner of its state. Whatever
+changes it (a publish, a delivery, an ack, a TTL expiry, ...) is reported, in
+the order it happened and synchronously on the event loop's thread, to the
+queue's observers (``Queue.observers``): one ``queue_op(queue, op, entry)``
+call per entry and operation. The stores (``broker.persistence``) are such
+observers; nothing else may write a queue's state into a store.
+
+Every entry that enters a queue (``ENQUEUE``) leaves it exactly once, by one
+of ``SETTLE``, ``EXPIRE``, ``DEAD_LETTER``, ``PURGE`` or ``DELETE``. In between
+it may be delivered (``DELIVER``, once per delivery) and returned to the ready
+list (``REQUEUE``) any number of times. Entries a store gives back at start-up
+(``Queue.restore``) are not announced again: they were stored already.
+
+Cost: a queue without observers pays one truth test of an empty list per
+operation; nothing is allocated.
+"""
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .entry import QueueEntry
+    from .queue import Queue
+
+
+class Op(enum.IntEnum):
+    """One kind of state change of a queue entry."""
+
+    ENQUEUE = 1      #: a new message entered the queue (it is ready)
+    DELIVER = 2      #: handed to a consumer or basic.get; ``entry.delivery_count`` counts them
+    REQUEUE = 3      #: back to the ready list (nack/reject with requeue, channel closed, retry due)
+    SETTLE = 4       #: left for good: acked, no-ack delivery, rejected without requeue and dropped
+    EXPIRE = 5       #: left: its TTL ran out (dead-lettered too if the queue has a DLX)
+    DEAD_LETTER = 6  #: left: republished to the DLX (rejected, maxlen, delivery_limit)
+    PURGE = 7        #: left: queue.purge
+    DELETE = 8       #: left: the queue was deleted (ready entries, and unacked ones returned later)
+
+    @property
+    def leaves(self) -> bool:
+        """True for the operations after which the entry is no longer in the queue."""
+        return self >= Op.SETTLE
+
+
+#: The operations that end an entry's life in the queue.
+LEAVING = frozenset(op for op in Op if op.leaves)
+
+
+class QueueObserver(Protocol):
+    """Something that follows a queue's operation stream (a store, a test recorder).
+
+    Register with ``queue.observers.append(observer)`` (``Queue.attach_store``
+    does it for the queue's store).
+    """
+
+    def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
+        """Note that ``op`` happened to ``entry`` of ``queue``.
+
+        Called synchronously, in order, on the event loop's thread, right after
+        the queue changed its own state. Returns nothing and must not block or
+        await: a store only buffers here and writes in its own task. It must not
+        raise; an exception propagates into the AMQP method that caused the
+        operation (closing that channel) and the queue's state is already
+        changed. The observer owns nothing of ``entry``: it may keep a reference
+        until the entry leaves (``op.leaves``), and may write ``entry.loc``
+        (its own location of the message), nothing else. It must not call back
+        into the queue.
+        """
+        ...
+
+
+class OpRecorder:
+    """An observer that keeps ``(op, seq)`` pairs: for tests and debugging."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Op, int]] = []
+
+    def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
+        self.ops.append((op, entry.seq))
