@@ -1,25 +1,25 @@
-"""Delayed and scheduled delivery (issue 4).
+"""Delayed and scheduled delivery: the x-delayed-message exchange and ActiveMQ-style schedules.
 
 ``install(broker)`` is called from ``Broker.__init__``: it registers the
-``x-delayed-message`` exchange type and the retry queue arguments, adds the
-publish hook, a recovery hook so the scheduler rebuilds its heap right after
-recovery (before the listeners open), and the local control socket task to
-``broker.background_tasks`` (started by the server).
+``x-delayed-message`` exchange type, the retry queue arguments and the
+``ScheduledQueue`` variant (so recovery recreates ``amq.triomq.scheduled`` as
+one), adds the publish hook, a recovery hook so the scheduler arms its timer
+right after recovery (before the listeners open), and the local control socket
+task to ``broker.background_tasks`` (started by the server). Module map:
+``core`` (docs/seams-scheduler.md).
 """
 from __future__ import annotations
 
+from .. import errors
 from ..amqp import spec as amqp_spec
-from ..amqp.connection import ChannelException
-from .core import INTERNAL_QUEUE, Scheduler
+from .core import INTERNAL_QUEUE, ScheduledQueue, Scheduler
 from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
 
-__all__ = ["install", "Scheduler", "INTERNAL_QUEUE"]
+__all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
 
 
 def _refuse(exc: ScheduleError):
-    return ChannelException(amqp_spec.PRECONDITION_FAILED,
-                            f"PRECONDITION_FAILED - invalid header '{exc.header}': {exc.detail}",
-                            amqp_spec.Basic.Publish())
+    return errors.precondition_failed("invalid header '%s': %s", exc.header, exc.detail)
 
 
 def make_publish_hook(scheduler: Scheduler):
@@ -65,9 +65,16 @@ def make_publish_hook(scheduler: Scheduler):
     return hook
 
 
+def _recovered_queue(broker, vhost, name: str, **_queue_kwargs) -> ScheduledQueue:
+    """Queue-variant factory: the stored internal queue comes back as a ScheduledQueue
+    (its arguments are the variant's own, not the stored ones)."""
+    return broker.scheduler.new_queue(vhost)
+
+
 def install(broker) -> Scheduler:
     from ..exchanges import register_exchange_type
     from ..exchanges.delayed import DelayedMessageExchange
+    from ..persistence.recovery import register_queue_variant
     from ..queues import retry  # noqa: F401  registers x-retry-delays & co.
 
     register_exchange_type(DelayedMessageExchange)
@@ -75,6 +82,7 @@ def install(broker) -> Scheduler:
     broker.scheduler = scheduler
     broker.publish_hooks.append(make_publish_hook(scheduler))
 
+    register_queue_variant(INTERNAL_QUEUE, _recovered_queue)
     broker.recovery_hooks.append(scheduler.recovered)
 
     from .control import serve_control

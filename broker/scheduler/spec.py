@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from croniter import croniter
+from croniter import croniter  # type: ignore[import-untyped]
 
 X_DELAY = "x-delay"
 AMQ_DELAY = "AMQ_SCHEDULED_DELAY"
@@ -49,9 +49,7 @@ def int_header(name: str, value) -> int:
     """A non-negative integer header; ints, integral floats and digit strings are accepted."""
     if isinstance(value, bool):
         raise ScheduleError(name, f"expected a non-negative integer, got {value!r}")
-    if isinstance(value, int):
-        n = int(value)
-    elif isinstance(value, float) and value.is_integer():
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
         n = int(value)
     else:
         text = _text(value)
@@ -141,7 +139,8 @@ def parse_amq(headers: dict) -> Schedule | None:
     if AMQ_CRON in headers:
         cron = _text(headers[AMQ_CRON])
         if cron is None or not cron.strip():
-            raise ScheduleError(AMQ_CRON, f"expected a cron expression string, got {_shown(headers[AMQ_CRON])}")
+            raise ScheduleError(AMQ_CRON,
+                                f"expected a cron expression string, got {_shown(headers[AMQ_CRON])}")
         cron = cron.strip()
         if not cron_valid(cron):
             raise ScheduleError(AMQ_CRON, f"invalid cron expression {cron!r}")

@@ -98,7 +98,7 @@ def main(args) -> int:
         items = response.get("items", [])
         for it in items:
             due = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(it["due"]))
-            what = it["cron"] and f"cron={it['cron']!r}" or f"delay={it['delay']}ms"
+            what = (it["cron"] and f"cron={it['cron']!r}") or f"delay={it['delay']}ms"
             print(f"{it['id']}\t{due}\t{it['vhost']}\t{it['exchange'] or '(default)'}\t"
                   f"{it['routing_key']}\t{it['kind']}\t{what}\trepeat={it['repeat']}"
                   f"\tperiod={it['period']}ms")

@@ -11,7 +11,9 @@ from broker.message import Message
 from broker.persistence.journal import JournalStore
 from broker.queues.args import parse_queue_arguments
 from broker.queues.queue import Queue
-from broker.scheduler.core import INTERNAL_QUEUE, SidMap, SlotTable
+from broker.scheduler import INTERNAL_QUEUE, ScheduledQueue
+from broker.scheduler.ids import SidMap
+from broker.scheduler.slots import SlotTable
 from broker.scheduler.spec import Schedule
 
 
@@ -93,7 +95,7 @@ def test_journal_paged_entries_survive_compaction_and_restart(tmp_path):
     assert all(h is None for h in t.held)  # nothing but the index in memory
     assert t.paged_count == n + 1
     trio.run(store.checkpoint)
-    first_segs = {loc >> 32 for loc in t._loc if loc}
+    first_segs = {loc >> 32 for loc in t.snapshot_paged()[1]}
     assert 1 in first_segs
     # push the log forward so the old segments become compaction victims
     for i in range(LATE):
@@ -102,7 +104,7 @@ def test_journal_paged_entries_survive_compaction_and_restart(tmp_path):
             trio.run(store._flush_once)
     trio.run(store._flush_once)
     trio.run(store.checkpoint)  # compacts: our locations are rewritten in place
-    assert 1 not in {loc >> 32 for loc in t._loc if loc}  # moved forward by compaction
+    assert 1 not in {loc >> 32 for loc in t.snapshot_paged()[1]}  # moved forward by compaction
     clock.t += 0.5
     assert s.run_due() == 1  # first periodic occurrence: next one written, old removed
     (m,) = drain(v.queues["out"])
@@ -112,6 +114,7 @@ def test_journal_paged_entries_survive_compaction_and_restart(tmp_path):
 
     b2, store2, v2 = open_broker(tmp_path, clock)
     s2 = b2.scheduler
+    assert isinstance(v2.queues[INTERNAL_QUEUE], ScheduledQueue)  # recreated as the variant
     assert s2.stats()["pending"] == n + 1 + LATE
     assert sid in s2.items and s2.items[sid].left == 3
     assert all(h is None for h in v2.queues[INTERNAL_QUEUE].ready.held)
@@ -156,4 +159,4 @@ def test_transient_blob_roundtrip_and_management():
     (out,) = drain(v.queues["out"])
     assert out.body == b"hello" and out.properties["content_type"] == "text/plain"
     assert out.headers == {"x-delay": -300, "k": b"v"}
-    assert s.items == {} and not item.cancelled is False
+    assert s.items == {} and item.cancelled is not False

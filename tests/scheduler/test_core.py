@@ -1,11 +1,10 @@
 """The scheduler's heap with a fake wall clock: order, precision, removal, recovery."""
 import random
 
-import pytest
-
 from broker.amqp.fields import encode_properties
 from broker.broker import Broker
 from broker.message import Message
+from broker.persistence.base import DURABLE, READS_BACK
 from broker.queues.args import parse_queue_arguments
 from broker.queues.queue import Queue
 from broker.scheduler.core import INTERNAL_QUEUE, Scheduler
@@ -22,6 +21,8 @@ class Clock:
 
 class FakeStore:
     """Records what the scheduler asks a real store to do."""
+
+    capabilities = frozenset({DURABLE})
 
     def __init__(self):
         self.live = {}
@@ -85,7 +86,8 @@ def test_fires_in_due_order_never_early():
 def test_periodic_item_keeps_id_and_strips_state_headers():
     clock = Clock()
     b, s, v, q = make(clock)
-    item = s.schedule(v, msg(b"p", {"AMQ_SCHEDULED_DELAY": 10}), Schedule("amq", delay=10, period=5, repeat=2))
+    item = s.schedule(v, msg(b"p", {"AMQ_SCHEDULED_DELAY": 10}),
+                      Schedule("amq", delay=10, period=5, repeat=2))
     sid = item.sid
     for t in (0.010, 0.015, 0.020):
         clock.t += 0.005 if t > 0.010 else 0.010
@@ -113,7 +115,7 @@ def test_remove_and_remove_all():
 def test_batch_limit_bounds_work_per_callback():
     clock = Clock()
     b, s, v, q = make(clock)
-    for i in range(5000):
+    for _i in range(5000):
         s.schedule(v, msg(b"x"), Schedule("amq", delay=1))
     clock.t += 1
     assert s.run_due(limit=2000) == 2000
@@ -138,12 +140,12 @@ def test_recovery_rebuilds_heap_and_dedups_half_written_occurrence():
     assert sorted(e.seq for e in v.queues[INTERNAL_QUEUE].ready) == sorted(store.live)
     # simulate a crash after "write next" but before "remove fired": both stored
     b2, s2, v2, q2 = make(clock, FakeStore())
-    rq = Queue(v2, INTERNAL_QUEUE, durable=True, opts=parse_queue_arguments({}))
-    v2.add_queue(rq)
+    rq = s2.new_queue(v2)  # as recovery recreates it (the queue-variant factory)
+    v2.add_queue(rq, persist=False)
     for e in (first_entry, other.entry, second_entry):
         v2.store.live[e.seq] = e
     for e in (first_entry, other.entry, second_entry):
-        rq.ready.append(e)
+        rq.enqueue(e.message, entry=e)  # the store hands its entries back
     assert s2.recovered() == 2
     assert set(s2.items) == {item.sid, other.sid}
     assert s2.items[item.sid].entry is second_entry
@@ -173,7 +175,7 @@ def test_timer_integration_arms_broker_timer():
 
 def test_negate_x_delay_patch_matches_reencoding():
     from broker.amqp.fields import decode_properties
-    from broker.scheduler.core import negate_x_delay
+    from broker.scheduler.packing import negate_x_delay
     for value in (5, 300, 70000, 2**40):
         props = {"headers": {"a": b"b", "x-delay": value, "z": 1}, "delivery_mode": 2}
         raw = encode_properties(props)
@@ -191,3 +193,65 @@ def test_unpersisted_items_deliver_original_properties():
     s.run_due()
     (m,) = drain(q)
     assert m.headers == {"x-delay": -20, "k": b"v"}
+
+
+def test_scheduled_queue_is_a_variant_with_its_own_store():
+    from broker.scheduler import ScheduledQueue
+    from broker.scheduler.scheduled_queue import SYSTEM_OWNER
+    from broker.scheduler.slots import SlotTable
+    clock = Clock()
+    store = FakeStore()
+    b, s, v, q = make(clock, store)
+    s.schedule(v, msg(b"x", persistent=True), Schedule("amq", delay=10))
+    iq = v.queues[INTERNAL_QUEUE]
+    assert isinstance(iq, ScheduledQueue) and isinstance(iq.ready, SlotTable)
+    assert iq.exclusive_owner is SYSTEM_OWNER and iq.store is store
+    table = iq.ready
+    iq.attach_store(store)  # a (paging) store never replaces the slot table
+    assert iq.ready is table and iq.message_count == 0
+    assert iq.opts.max_length == 0 and iq.opts.overflow == "reject-publish"
+    assert iq.enqueue(msg(b"routed here by name")) is False  # publishes are refused
+    assert len(store.live) == 1 and s.stats()["pending"] == 1
+
+
+class ReadBackStore(FakeStore):
+    """A store that gives entries a location and reads messages back (as the journal)."""
+
+    capabilities = frozenset({DURABLE, READS_BACK})
+
+    def __init__(self):
+        super().__init__()
+        self.messages = {}
+
+    def enqueue(self, queue, entry):
+        super().enqueue(queue, entry)
+        entry.loc = 1000 + entry.seq
+        self.messages[entry.loc] = entry.message
+
+    def read_message(self, loc):
+        return self.messages[loc]
+
+    def release_read_maps(self):
+        pass
+
+
+def test_restore_from_a_paged_index_reads_each_message_back():
+    from array import array
+    clock = Clock()
+    store = ReadBackStore()
+    b, s, v, q = make(clock, store)
+    a = s.schedule(v, msg(b"a", persistent=True), Schedule("amq", delay=10))
+    c = s.schedule(v, msg(b"c", {"x-delay": 20}, persistent=True), Schedule("delay", delay=20))
+    assert all(h is None for h in v.queues[INTERNAL_QUEUE].ready.held)  # index only
+    seqs = array("q", sorted(store.live))
+    locs = array("q", [1000 + seq for seq in seqs])
+    b2, s2, v2, q2 = make(clock, store)
+    rq = s2.new_queue(v2)
+    v2.add_queue(rq, persist=False)
+    assert rq.restores_paged
+    assert rq.restore(paged=(seqs, locs, None, None, None)) == 2
+    assert s2.recovered() == 2 and set(s2.items) == {a.sid, c.sid}
+    assert all(h is None for h in rq.ready.held)
+    clock.t += 1.0
+    assert s2.run_due() == 2
+    assert [m.body for m in drain(q2)] == [b"a", b"c"] and store.live == {}

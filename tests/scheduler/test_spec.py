@@ -3,8 +3,7 @@ from datetime import datetime
 
 import pytest
 
-from broker.scheduler.spec import (Schedule, ScheduleError, cron_next, int_header, parse_amq,
-                                   parse_delayed)
+from broker.scheduler.spec import Schedule, ScheduleError, cron_next, int_header, parse_amq, parse_delayed
 
 
 def test_int_header_accepts_ints_and_digit_strings():
