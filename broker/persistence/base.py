@@ -1,32 +1,91 @@
-"""The one interface every storage backend implements.
+"""The one interface every storage backend implements, and the registry of backends.
 
-The core calls these synchronously from the event loop; a backend buffers and
+The core calls a store synchronously from the event loop; a backend buffers and
 does its I/O in its own task (``run``), started in the broker's nursery. A
-confirm for a persistent message waits on ``when_durable``: the callback runs
-once everything enqueued before it is on disk (group commit).
+store learns about messages only by observing queues (``queue_op``, the
+operation stream of ``queues/ops.py``); definitions come from the vhost
+(``save_*`` / ``delete_*``). A confirm for a persistent message waits on
+``when_durable``: the callback runs once everything enqueued before it is on
+disk (group commit).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..config import JournalSettings, SQLSettings
+from ..queues.ops import Op
+
+if TYPE_CHECKING:
+    from ..queues.entry import QueueEntry
+    from ..queues.queue import Queue
+
+# ---- optional capabilities a store declares in ``Store.capabilities`` ----
+#: State survives a restart (every store but ``memory``). The vhost only hands
+#: durable definitions and queues to a store declaring it.
+DURABLE = "durable"
+#: ``paged_ready(queue, entries) -> ReadyStore``: durable FIFO queues keep only an
+#: index of their messages in memory beyond a budget (``paged.PagedFifo``).
+PAGES_MESSAGES = "pages_messages"
+#: ``read_message(loc) -> Message``: a stored message can be read back by the
+#: location the store put in ``entry.loc``.
+READS_BACK = "reads_back"
+#: A failed write is a resource alarm (the journal's disk): the broker blocks
+#: publishers until writes succeed (``Broker.on_store_failure``). Without it (SQL:
+#: the database is down) connections stay open and new publishes are nacked.
+BLOCKS_ON_FAILURE = "blocks_on_failure"
+
+_ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
 
 
 class Store:
-    name = "abstract"
+    """Base class and contract of a storage backend.
+
+    Threading: every method but the async life-cycle ones runs on the event
+    loop's thread and returns without blocking (buffer only).
+
+    Failure: when a write fails (disk full, database gone) the store
+    (1) calls ``broker.on_store_failure(self, reason)`` once per failed write,
+    before anything else: the publishes waiting for that write are in doubt, and
+    the broker closes the connections waiting for their confirms (541); (2) never
+    confirms what it did not write; (3) keeps the unwritten data and retries, and
+    (4) calls ``broker.on_store_recovered(self)`` once writes succeed again.
+    While writes keep failing, a ``when_durable`` with an ``on_failure`` gets it
+    (a publisher NACK): the SQL store first withdraws that publish from its
+    queues, so a nacked message is never stored nor delivered; a
+    ``BLOCKS_ON_FAILURE`` store blocks publishers instead. A store never touches
+    sessions or channels: what happens to connections is the broker's decision.
+    """
+
+    name: str = "abstract"
+    #: Optional capabilities (``DURABLE``, ``PAGES_MESSAGES``, ``READS_BACK``).
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:
-        """Connect / open files; raise StoreUnavailable with one clear line on failure."""
+        """Connect / open files and load what is stored.
+
+        Raises StoreUnavailable with one clear line on failure; owns nothing then.
+        """
 
     async def run(self) -> None:
-        """Background work (group commit, GC, checkpoints) until cancelled."""
+        """Background work (group commit, GC, checkpoints) until cancelled.
+
+        Returns at once for a store without background work. Write errors are
+        reported as described in the class docstring, never raised.
+        """
 
     async def close(self) -> None:
-        """Flush and release everything."""
+        """Flush what is buffered and release files, connections and locks."""
 
-    def recover(self, broker) -> None:
-        """Recreate durable exchanges, queues, bindings and persistent messages."""
+    def recover(self, broker: Any) -> None:
+        """Recreate durable exchanges, queues, bindings and persistent messages.
 
-    # ---- definitions ----
+        Called once after ``open``, before listeners open. Queues are rebuilt
+        through ``Queue.restore`` (never by assigning their fields).
+        """
+
+    # ---- definitions (from the vhost) ----
     def save_exchange(self, vhost, exchange) -> None: ...
     def delete_exchange(self, vhost, exchange) -> None: ...
     def save_queue(self, vhost, queue) -> None: ...
@@ -34,20 +93,35 @@ class Store:
     def save_binding(self, vhost, binding) -> None: ...
     def delete_binding(self, vhost, binding) -> None: ...
 
-    # ---- messages ----
-    def enqueue(self, queue, entry) -> None:
-        """A persistent message entered a durable queue."""
+    # ---- messages: the queue operation stream (QueueObserver) ----
+    def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
+        """Observe ``queue`` (see ``queues/ops.QueueObserver``): only persistent
+        messages are stored; the first delivery is recorded (a crash brings the
+        message back redelivered=true); every way of leaving removes it."""
+        if not entry.message.persistent:
+            return
+        if op is _ENQUEUE:
+            self.enqueue(queue, entry)
+        elif op is _DELIVER:
+            if entry.delivery_count == 1:
+                self.delivered(queue, entry)
+        elif op is not _REQUEUE:
+            self.remove(queue, entry)
 
-    def delivered(self, queue, entry) -> None:
+    def enqueue(self, queue: Queue, entry: QueueEntry) -> None:
+        """A persistent message entered a durable queue (may set ``entry.loc``)."""
+
+    def delivered(self, queue: Queue, entry: QueueEntry) -> None:
         """First delivery of a stored message: after a crash it comes back redelivered=true."""
 
-    def remove(self, queue, entry) -> None:
+    def remove(self, queue: Queue, entry: QueueEntry) -> None:
         """The message left the queue for good (acked, dropped, expired, dead-lettered)."""
 
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:
         """Call ``callback`` once all writes issued so far are durable, or ``on_failure``
-        (the publish is nacked) if the backend could not write them."""
+        (the publish is nacked) if the backend could not write them. Either runs
+        exactly once, on the event loop's thread, possibly before this returns."""
         callback()
 
 
@@ -58,3 +132,90 @@ class StoreUnavailable(RuntimeError):
 class MemoryStore(Store):
     """Nothing survives a restart; used by tests and ``--store memory``."""
     name = "memory"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+
+# ---------------------------------------------------------------- registry
+# scheme -> (factory(url, data_dir, flush, journal settings, sql settings) -> Store,
+#            loader() -> store class)
+_Factory = Callable[[str, str, str, JournalSettings, SQLSettings], Store]
+_BACKENDS: dict[str, tuple[_Factory, Callable[[], type]]] = {}
+
+
+def register_store(schemes: tuple[str, ...], factory: _Factory,
+                   cls: Callable[[], type]) -> None:
+    """Make ``--store SCHEME:...`` open a backend. ``factory(url, data_dir, flush,
+    journal_settings, sql_settings)`` builds the store (it may raise StoreUnavailable); ``cls()`` returns
+    its class (for ``inspect``) and may import the backend lazily."""
+    for scheme in schemes:
+        _BACKENDS[scheme] = (factory, cls)
+
+
+def store_scheme(url: str | None) -> str:
+    """The registry key of a store URL: ``journal`` for none or a directory path."""
+    if url in (None, "", "journal"):
+        return "journal"
+    assert url is not None
+    if url.startswith(("/", ".")):
+        return "journal"
+    head = url.split(":", 1)[0] if ":" in url else url
+    return head.split("+", 1)[0].lower()
+
+
+def _lookup(url: str | None):
+    backend = _BACKENDS.get(store_scheme(url))
+    if backend is None:
+        raise StoreUnavailable(f"unsupported store URL {url!r} (journal, memory, sqlite:///..., "
+                               f"postgresql+psycopg://..., mysql+pymysql://...)")
+    return backend
+
+
+def open_store(url: str | None, data_dir: str, flush: str = "sync",
+               journal: JournalSettings | None = None, sql: SQLSettings | None = None) -> Store:
+    """The store for ``--store URL``: ``journal`` / ``journal:DIR`` / a directory
+    (default: the journal in ``data_dir``), ``memory``, or a SQLAlchemy URL
+    (``sqlite:///file``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``).
+    Raises StoreUnavailable for an unknown URL."""
+    return _lookup(url)[0](url or "journal", data_dir, flush, journal or JournalSettings(),
+                           sql or SQLSettings())
+
+
+def store_class(url: str | None) -> type:
+    """The backend class of a store URL (raises StoreUnavailable if unknown)."""
+    return _lookup(url)[1]()
+
+
+def journal_dir(url: str | None, data_dir: str) -> str:
+    """The data directory a journal URL names (``journal:DIR``, ``DIR``), else ``data_dir``."""
+    if not url or url == "journal":
+        return data_dir
+    if url.startswith("journal:"):
+        return url[len("journal:"):] or data_dir
+    return url
+
+
+def _journal(url: str, data_dir: str, flush: str, settings: JournalSettings,
+             _sql_settings: SQLSettings) -> Store:
+    from .journal import JournalStore
+    return JournalStore(journal_dir(url, data_dir), flush=flush, settings=settings)
+
+
+def _journal_cls() -> type:
+    from .journal import JournalStore
+    return JournalStore
+
+
+def _sql(url: str, data_dir: str, flush: str, _journal_settings: JournalSettings,
+         settings: SQLSettings) -> Store:
+    from .sql import SQLStore
+    return SQLStore(url, flush=flush, settings=settings)
+
+
+def _sql_cls() -> type:
+    from .sql import SQLStore
+    return SQLStore
+
+
+register_store(("journal",), _journal, _journal_cls)
+register_store(("memory",), lambda url, data_dir, flush, journal, sql: MemoryStore(), lambda: MemoryStore)
+register_store(("sqlite", "postgresql", "postgres", "mysql", "mariadb"), _sql, _sql_cls)

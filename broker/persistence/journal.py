@@ -9,11 +9,18 @@ See docs/durability.md. In short:
   (group commit) and then runs the ``when_durable`` callbacks of everything the
   write covered. flush="async" writes every 100 ms and confirms at once.
 * A checkpoint (definitions + live entries of every durable queue + the log
-  position) is written every CHECKPOINT_BYTES of log and at shutdown; recovery
+  position) is written every ``checkpoint_bytes`` of log and at shutdown; recovery
   loads it and replays only the records after it. Segments before the
   checkpoint whose messages are all gone are deleted.
-* Durable FIFO queues use ``paged.PagedFifo``: beyond a memory budget only a
+* Durable FIFO queues use ``paged.PagedFifo`` (priority queues ``paged.PagedPriority``,
+  one per level): beyond a memory budget only a
   compact index stays in memory; bodies are read back from the segments (mmap).
+* The store observes its queues' operation stream (``queue_op``). Its own
+  bookkeeping: the journal id of each queue (``_qids``) and the stored entries
+  that are delivered but not settled (``_out``: unacked, or waiting for a retry),
+  which checkpoints and compaction need besides the queues' ``stored_entries()``.
+* A failed write: ``broker.on_store_failure``, the waiting confirms are nacked,
+  the write is retried every second (see ``base.Store``).
 """
 from __future__ import annotations
 
@@ -25,34 +32,79 @@ import mmap
 import os
 import time
 from array import array
+from collections import Counter
+from operator import itemgetter
+from typing import ClassVar
 
 import trio
 
-from ..queues.fifo import FifoReady
+from ..config import JournalSettings
+from ..queues.entry import QueueEntry
+from ..queues.ops import Op
+from ..queues.retry import restore_delivery_count
 from . import journal_format as jf
-from .base import Store, StoreUnavailable
-from .paged import PagedFifo
-from .records import (BindingDef, ExchangeDef, QueueDef, binding_def, decode_message,
-                      encode_message, exchange_def, queue_def)
+from .base import (
+    BLOCKS_ON_FAILURE,
+    DURABLE,
+    PAGES_MESSAGES,
+    READS_BACK,
+    Store,
+    StoreUnavailable,
+)
+from .paged import PagedFifo, PagedPriority
+from .records import (
+    binding_def,
+    decode_message,
+    encode_message,
+    exchange_def,
+    queue_def,
+)
 
 log = logging.getLogger("broker.journal")
 
-CHECKPOINT_BYTES = int(os.environ.get("TRIOMQ_JOURNAL_CHECKPOINT_BYTES", 64 * 1024 * 1024))
-COMPACT_MAX_LIVE = 2000  # rewrite forward the live messages of old segments holding at most this many
 ASYNC_INTERVAL = 0.1  # seconds between fsyncs with flush="async"
 NAN = float("nan")
+_ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
+
+
+def _columns(queue=None) -> list:
+    """Empty (seqs, locs, exps, blens, flags) arrays of a checkpoint queue record, plus
+    the priorities (T_CKPT_PRIO) for a priority queue."""
+    cols = [array("q"), array("q"), array("d"), array("I"), array("B")]
+    if queue is not None and queue.opts.max_priority:
+        cols.append(array("B"))
+    return cols
+
+
+def _index_columns(entries) -> tuple:
+    """``(seqs, locs, exps, blens, flags)`` arrays of recovered index rows."""
+    return tuple(array(code, map(itemgetter(i), entries))
+                 for code, i in (("q", 0), ("q", 1), ("d", 2), ("I", 4), ("B", 5)))
+
+
+def _count_live(live: dict, locs) -> None:
+    """Add the live entries at ``locs`` to the per-segment counts ``live``."""
+    for seg, n in Counter(map((32).__rrshift__, locs)).items():
+        live[seg] = live.get(seg, 0) + n
 
 
 class QueueState:
     """Live entries of one queue while loading (checkpoint arrays + replayed records)."""
-    __slots__ = ("qdef", "base", "removed", "delivered", "new")
+    __slots__ = ("base", "base_prio", "delivered", "new", "qdef", "removed")
 
     def __init__(self, qdef):
         self.qdef = qdef
         self.base = None          # (seqs, locs, exps, blens, flags) arrays from the checkpoint
+        self.base_prio = None     # priorities of the base entries (T_CKPT_PRIO), if written
         self.removed = set()      # seqs of base entries removed after the checkpoint
-        self.delivered = set()    # seqs of base entries delivered after the checkpoint
+        self.delivered = {}       # seq of a base entry delivered after the checkpoint -> flags
         self.new = {}             # seq -> [loc, exp, prio, blen, flags]
+
+    @property
+    def priorities_known(self) -> bool:
+        """Whether ``entries()`` has every entry's priority (format-1 checkpoints lack
+        those of their entries)."""
+        return self.base is None or self.base_prio is not None
 
     def count(self) -> int:
         if self.base is None:
@@ -64,15 +116,18 @@ class QueueState:
         out = []
         if self.base is not None:
             seqs, locs, exps, blens, flags = self.base
+            prios = self.base_prio
             removed, delivered, newer = self.removed, self.delivered, self.new
-            for i in range(len(seqs)):
-                s = seqs[i]
-                if s in removed or s in newer:  # newer: rewritten forward by compaction
-                    continue
-                out.append((s, locs[i], exps[i], 0, blens[i], flags[i] | (1 if s in delivered else 0)))
+            rows = zip(seqs, locs, exps, bytes(len(seqs)) if prios is None else prios, blens,
+                       flags, strict=True)
+            skip = removed.union(newer)  # newer: rewritten forward by compaction
+            out = [r for r in rows if r[0] not in skip] if skip else list(rows)
+            if delivered:
+                out = [(*r[:5], delivered[r[0]]) if delivered.get(r[0], 0) > r[5] else r
+                       for r in out]
         for s, (loc, exp, prio, blen, fl) in self.new.items():
             out.append((s, loc, NAN if exp is None else exp, prio, blen, fl))
-        out.sort(key=lambda t: t[0])
+        out.sort(key=itemgetter(0))
         return out
 
 
@@ -104,22 +159,26 @@ class JournalState:
                 mid = int.from_bytes(payload[jf.ENQ.size:jf.ENQ.size + 8], "big")
                 if mid > self.max_msg_id:
                     self.max_msg_id = mid
-        elif rtype == jf.T_REMOVE or rtype == jf.T_DELIVERED:
+        elif rtype == jf.T_REMOVE:
             qid, seq = jf.QSEQ.unpack_from(payload, 0)
             qs = self.queues.get(qid)
             if qs is None:
                 return
+            if seq in qs.new:
+                del qs.new[seq]
+            if qs.base is not None:
+                qs.removed.add(seq)
+        elif rtype == jf.T_DELIVERED:
+            qid, seq, count = jf.unpack_delivered(payload)
+            qs = self.queues.get(qid)
+            if qs is None:
+                return
+            fl = jf.count_flags(count, True)
             item = qs.new.get(seq)
-            if rtype == jf.T_REMOVE:
-                if item is not None:
-                    del qs.new[seq]
-                if qs.base is not None:
-                    qs.removed.add(seq)
-            else:
-                if item is not None:
-                    item[4] = 1
-                if qs.base is not None:
-                    qs.delivered.add(seq)
+            if item is not None and fl > item[4]:
+                item[4] = fl
+            if qs.base is not None and fl > qs.delivered.get(seq, 0):
+                qs.delivered[seq] = fl
         elif rtype == jf.T_EXCHANGE:
             xd = jf.unpack_exchange(payload)
             self.exchanges[(xd.vhost, xd.name)] = xd
@@ -157,7 +216,7 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
         return False
     with open(path, "rb") as f:
         data = f.read()
-    recs = []
+    recs: list = []
     res = jf.scan(data, path, records=recs)
     if res.corrupt_at is not None or res.torn_at is not None or not recs \
             or recs[-1][1] != jf.T_CKPT_END or recs[0][1] != jf.T_CKPT_HEAD:
@@ -181,6 +240,13 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
             qs = state.queues.get(qid)
             if qs is not None:
                 qs.base = tuple(arrs)
+        elif rtype == jf.T_CKPT_PRIO:
+            qid, n = jf.QSEQ.unpack_from(payload, 0)
+            qs = state.queues.get(qid)
+            if qs is not None:
+                prios = array("B")
+                prios.frombytes(bytes(payload[jf.QSEQ.size:jf.QSEQ.size + n]))
+                qs.base_prio = prios
         elif rtype in (jf.T_EXCHANGE, jf.T_QUEUE, jf.T_BINDING):
             state.apply(rtype, payload, 0)
     return True
@@ -200,7 +266,7 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
             state.skipped.append((os.path.join(jdir, "checkpoint"), 0, 0, "damaged checkpoint ignored"))
     segs = jf.list_segments(jdir)
     ck_seg, ck_off = state.ckpt_pos
-    scans = []
+    scans: list = []
     for seg in segs:
         path = os.path.join(jdir, jf.seg_name(seg))
         replay = seg >= ck_seg
@@ -210,11 +276,11 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
             scans.append((seg, res, {}))
             continue
         buf = _read_file(path)
-        recs = []
+        recs: list = []
         start = ck_off if seg == ck_seg else 0
         # segments before the checkpoint are only checked up to where they end
         res = jf.scan(buf, path, start=start if replay else 0, records=recs, salvage=salvage)
-        counts = {}
+        counts: dict = {}
         if replay:
             for off, rtype, payload in recs:
                 state.apply(rtype, payload, jf.make_loc(seg, off))
@@ -257,24 +323,29 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
 
 class JournalStore(Store):
     name = "journal"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {DURABLE, PAGES_MESSAGES, READS_BACK, BLOCKS_ON_FAILURE})
 
-    def __init__(self, data_dir: str, flush: str = "sync", segment_size: int | None = None):
+    def __init__(self, data_dir: str, flush: str = "sync", segment_size: int | None = None,
+                 settings: JournalSettings | None = None, jdir: str | None = None):
+        settings = settings or JournalSettings()
         if segment_size is None:
-            segment_size = int(os.environ.get("TRIOMQ_JOURNAL_SEGMENT_SIZE", jf.SEGMENT_SIZE))
+            segment_size = settings.segment_size
+        self.settings = settings
         self.data_dir = data_dir
-        self.jdir = os.path.join(data_dir, "journal")
+        self.jdir = jdir or os.path.join(data_dir, "journal")
         self.flush = flush
         self.segment_size = segment_size
         self.broker = None
         self._state: JournalState | None = None
-        self._lock_fd = None
+        self._lock_fd: int | None = None
         # writing
         self._seg = 1
         self._off = 0
         self._pending: list = []   # [seg, start offset, bytearray]
         self._inflight: list = []
-        self._callbacks: list = []
-        self._dirty = None
+        self._callbacks: list = []  # (callback, on_failure) waiting for the next write
+        self._dirty: trio.Event | None = None
         self._fds: dict = {}       # used only by the writer thread
         self._maps: dict = {}      # seg -> mmap for reading bodies
         self._last_msg = None
@@ -287,6 +358,8 @@ class JournalStore(Store):
         # definitions (for checkpoints)
         self._exchanges: dict = {}
         self._queues: dict = {}    # qid -> QueueDef
+        self._qids: dict = {}      # Queue -> qid (this store's id of a live queue)
+        self._out: dict = {}       # stored QueueEntry delivered, not yet settled -> Queue
         self._bindings: dict = {}
         self._next_qid = 1
         self._ckpt_seg = 0
@@ -295,18 +368,19 @@ class JournalStore(Store):
     async def open(self) -> None:
         try:
             os.makedirs(self.jdir, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.jdir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+            lock_fd = os.open(os.path.join(self.jdir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = lock_fd
         except OSError as exc:
-            raise StoreUnavailable(f"cannot open journal in {self.jdir}: {exc.strerror}")
+            raise StoreUnavailable(f"cannot open journal in {self.jdir}: {exc.strerror}") from None
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise StoreUnavailable(f"journal {self.jdir} is in use by another broker process")
+            raise StoreUnavailable(f"journal {self.jdir} is in use by another broker process") from None
         t0 = time.monotonic()
         state = await trio.to_thread.run_sync(load_state, self.jdir)
         self._state = state
         # truncate a torn tail
-        for seg, res, _c in state.segments:
+        for _seg, res, _c in state.segments:
             if res.torn_at is not None:
                 path = res.path
                 n = res.torn_bytes
@@ -328,8 +402,8 @@ class JournalStore(Store):
                  len(state.segments), state.records, state.ckpt_pos, time.monotonic() - t0)
 
     def recover(self, broker) -> None:
-        from .recovery import restore
         from ..message import set_message_id_floor
+        from .recovery import restore
         self.broker = broker
         state = self._state
         if state is None:
@@ -346,58 +420,60 @@ class JournalStore(Store):
             self._queues[qid] = qd
             vhost = broker.vhosts.get(qd.vhost)
             q = vhost.queues.get(qd.name) if vhost is not None else None
-            if q is None or not q.durable:
+            if q is None or not q.durable or q.store is not self:
                 continue
-            q._journal_qid = qid
+            self._qids[q] = qid
             entries = qs.entries()
             if not entries:
                 continue
-            for e in entries:
-                s = e[1] >> 32
-                live[s] = live.get(s, 0) + 1
             total += len(entries)
-            if isinstance(q.ready, FifoReady) and not q.opts.max_priority:
-                pf = PagedFifo(self, vhost.timers)
-                q.ready = pf
-                pf.extend_paged(array("q", [e[0] for e in entries]), array("q", [e[1] for e in entries]),
-                                array("d", [e[2] for e in entries]), array("I", [e[4] for e in entries]),
-                                array("B", [e[5] for e in entries]))
-                q.ready_bytes += sum(e[4] for e in entries)
-                q._next_seq = max(q._next_seq, entries[-1][0] + 1)
-                q.stats_published += len(entries)
-                if any(e[2] == e[2] for e in entries):  # some expiry (not NaN)
-                    q._expiry.arm()
+            if q.restores_paged and (not q.opts.max_priority or qs.priorities_known):
+                if q.opts.max_priority:  # grouped by level, seq order kept within each
+                    entries.sort(key=itemgetter(3))
+                cols = _index_columns(entries)
+                _count_live(live, cols[1])
+                if q.opts.max_priority:
+                    cols = (*cols, array("B", map(itemgetter(3), entries)))
+                del entries
+                q.restore(paged=cols)
             else:
-                from ..queues.entry import QueueEntry
-                for seq, loc, exp, prio, blen, fl in entries:
-                    msg = self.read_message(loc)
-                    expires_at = None
-                    if exp == exp:
-                        expires_at = vhost.timers.now() + (exp - now_wall)
-                    if q.opts.max_priority:
-                        prio = min(msg.properties.get("priority") or 0, q.opts.max_priority)
-                    entry = QueueEntry(msg, seq, expires_at, prio)
-                    entry.loc = loc
-                    entry.redelivered = bool(fl)
-                    q.enqueue(msg, entry=entry)
+                _count_live(live, [e[1] for e in entries])
+                q.restore(self._entries_of(q, entries, now_wall))
         set_message_id_floor(self._max_msg_id)
         log.info("journal: recovered %d persistent messages", total)
         if state.records > 10000:
             self._ckpt_wanted = True
         self._state = None
 
+    def _entries_of(self, q, entries, now_wall: float):
+        """QueueEntry objects (messages read back) for recovered index rows."""
+        timers = q.vhost.timers
+        max_priority = q.opts.max_priority
+        for seq, loc, exp, prio, _blen, fl in entries:
+            msg = self.read_message(loc)
+            expires_at = None
+            if exp == exp:
+                expires_at = timers.now() + (exp - now_wall)
+            if max_priority:
+                prio = min(msg.properties.get("priority") or 0, max_priority)
+            entry = QueueEntry(msg, seq, expires_at, prio)
+            entry.loc = loc
+            restore_delivery_count(q, entry, fl)
+            yield entry
+
     async def run(self) -> None:
-        self._dirty = trio.Event()
+        dirty = self._dirty = trio.Event()
         if self._pending or self._callbacks:
-            self._dirty.set()
+            dirty.set()
         while True:
             if self.flush == "async":
                 await trio.sleep(ASYNC_INTERVAL)
             else:
-                await self._dirty.wait()
-                self._dirty = trio.Event()
+                await dirty.wait()
+                dirty = self._dirty = trio.Event()
             await self._flush_once()
-            if self._failed is None and (self._ckpt_wanted or self._bytes_since_ckpt >= CHECKPOINT_BYTES):
+            due = self._ckpt_wanted or self._bytes_since_ckpt >= self.settings.checkpoint_bytes
+            if self._failed is None and due:
                 await self.checkpoint()
 
     async def close(self) -> None:
@@ -422,6 +498,19 @@ class JournalStore(Store):
                 self._lock_fd = None
 
     # ------------------------------------------------------------------ writing
+    # ---- offline writing (the repair tool rewrites a journal record by record) ----
+    def append_record(self, rtype: int, payload: bytes) -> int:
+        """Buffer one record; returns its location. Offline use only (no broker)."""
+        return self._append(rtype, payload)
+
+    def write_buffered_and_close(self) -> None:
+        """Write and fsync what ``append_record`` buffered, then close the files."""
+        self._write_chunks(self._pending)
+        self._pending = []
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
     def _append(self, rtype: int, payload: bytes) -> int:
         rec = jf.pack_record(rtype, payload)
         n = len(rec)
@@ -443,12 +532,15 @@ class JournalStore(Store):
         return (seg << 32) | off
 
     def when_durable(self, callback, on_failure=None) -> None:
-        # A failed write is retried, never skipped; the affected connections are closed
-        # with 541 (see _write_failed), so on_failure is not needed here.
+        # A failed write is retried, never skipped. While writes fail, publishes are
+        # nacked (on_failure); a callback without on_failure waits for the retry.
         if self.flush == "async":
             callback()
             return
-        self._callbacks.append(callback)
+        if self._failed is not None and on_failure is not None:
+            on_failure()
+            return
+        self._callbacks.append((callback, on_failure))
         if self._dirty is not None:
             self._dirty.set()
 
@@ -466,8 +558,15 @@ class JournalStore(Store):
         except OSError as exc:
             self._inflight = []
             self._pending = chunks + self._pending
-            self._callbacks = cbs + self._callbacks
             self._write_failed(exc)
+            # nack the publishes that waited for this write; the rest wait for the retry
+            self._callbacks = [cb for cb in cbs if cb[1] is None] + self._callbacks
+            for _ok, fail in cbs:
+                if fail is not None:
+                    try:
+                        fail()
+                    except Exception:  # pragma: no cover
+                        log.exception("journal: failure callback failed")
             await trio.sleep(1.0)
             if self._dirty is not None:
                 self._dirty.set()
@@ -477,8 +576,8 @@ class JournalStore(Store):
             log.warning("journal: writes succeed again after %s", self._failed)
             self._failed = None
             if self.broker is not None:
-                self.broker.set_alarm("journal", False)
-        for cb in cbs:
+                self.broker.on_store_recovered(self)
+        for cb, _fail in cbs:
             try:
                 cb()
             except Exception:  # pragma: no cover - a confirm for a closed channel
@@ -489,18 +588,11 @@ class JournalStore(Store):
         self._failed = exc
         reason = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         if first:
-            log.error("journal: write failed (%s); unconfirmed publishes are not confirmed, "
+            log.error("journal: write failed (%s); unconfirmed publishes are nacked, "
                       "closing connections with 541 and blocking publishers until writes succeed",
                       reason)
         if self.broker is not None:
-            self.broker.set_alarm("journal", True)
-            for session in list(self.broker.sessions):
-                has_pending = any(ch.confirm and ch._unconfirmed for ch in session.channels.values())
-                if has_pending or first:
-                    try:
-                        session.force_close(541, f"INTERNAL_ERROR - journal write failed: {reason}")
-                    except Exception:  # pragma: no cover
-                        log.exception("journal: could not close a session")
+            self.broker.on_store_failure(self, reason)
 
     def _fd(self, seg: int) -> int:
         fd = self._fds.get(seg)
@@ -599,12 +691,12 @@ class JournalStore(Store):
         qd = queue_def(vhost, queue)
         qid = self._next_qid
         self._next_qid += 1
-        queue._journal_qid = qid
+        self._qids[queue] = qid
         self._queues[qid] = qd
         self._append(jf.T_QUEUE, jf.pack_queue(qd, qid))
 
     def delete_queue(self, vhost, queue) -> None:
-        qid = getattr(queue, "_journal_qid", None)
+        qid = self._qids.pop(queue, None)
         if qid is None:
             return
         self._queues.pop(qid, None)
@@ -621,11 +713,26 @@ class JournalStore(Store):
         self._append(jf.T_BINDING_DEL, jf.pack_binding(bd))
 
     # ------------------------------------------------------------------ messages
+    def queue_op(self, queue, op, entry) -> None:
+        if not entry.message.persistent:
+            return
+        if op is _ENQUEUE:
+            self.enqueue(queue, entry)
+        elif op is _DELIVER:
+            if entry.loc:
+                self._out[entry] = queue
+                self.delivered(queue, entry)  # every time: the count survives a restart
+        elif op is _REQUEUE:
+            self._out.pop(entry, None)
+        else:
+            self._out.pop(entry, None)
+            self.remove(queue, entry)
+
     def enqueue(self, queue, entry) -> None:
-        qid = getattr(queue, "_journal_qid", None)
+        qid = self._qids.get(queue)
         if qid is None:
             self.save_queue(queue.vhost, queue)
-            qid = queue._journal_qid
+            qid = self._qids[queue]
         message = entry.message
         expires = None
         if entry.expires_at is not None:
@@ -645,19 +752,26 @@ class JournalStore(Store):
         seg = loc >> 32
         live = self._seg_live
         live[seg] = live.get(seg, 0) + 1
-        if type(queue.ready) is FifoReady:
-            queue.ready = PagedFifo(self, queue.vhost.timers, entries=queue.ready.clear())
+
+    def paged_ready(self, queue, entries) -> PagedFifo | PagedPriority:
+        restored = queue.retry.restored if queue.retry is not None else None
+        budget = self.settings.queue_memory_budget
+        if queue.opts.max_priority:
+            return PagedPriority(self, queue.vhost.timers, queue.opts.max_priority, budget,
+                                 entries, restored)
+        return PagedFifo(self, queue.vhost.timers, budget=budget, entries=entries,
+                         restored=restored)
 
     def delivered(self, queue, entry) -> None:
-        qid = getattr(queue, "_journal_qid", None)
+        qid = self._qids.get(queue)
         if qid is not None and entry.loc:
-            self._append(jf.T_DELIVERED, jf.QSEQ.pack(qid, entry.seq))
+            self._append(jf.T_DELIVERED, jf.pack_delivered(qid, entry.seq, entry.delivery_count))
 
     def remove(self, queue, entry) -> None:
         loc = entry.loc
         if not loc:
             return
-        qid = getattr(queue, "_journal_qid", None)
+        qid = self._qids.get(queue)
         if qid is not None:
             self._append(jf.T_REMOVE, jf.QSEQ.pack(qid, entry.seq))
         seg = loc >> 32
@@ -678,47 +792,24 @@ class JournalStore(Store):
     # ------------------------------------------------------------------ checkpoints & GC
     def _snapshot(self) -> list:
         """Checkpoint records describing the current state (taken synchronously)."""
-        broker = self.broker
         now_wall = time.time()
-        per_q: dict = {}
-        for vhost in broker.vhosts.values():
-            delta = now_wall - vhost.timers.now()
-            for q in vhost.queues.values():
-                qid = getattr(q, "_journal_qid", None)
-                if qid is None or q.store is not self:
-                    continue
-                cols = per_q.setdefault(qid, [array("q"), array("q"), array("d"), array("I"),
-                                              array("B")])
-                ready = q.ready
-                heads = ready.head_entries() if isinstance(ready, PagedFifo) else list(ready)
-                self._add_entries(cols, heads, delta)
-                retry = getattr(q, "retry", None)
-                if retry is not None and getattr(retry, "waiting", None):
-                    # rejected messages waiting for their retry delay (queues/retry.py)
-                    self._add_entries(cols, list(retry.waiting), delta, delivered=1)
-                if isinstance(ready, PagedFifo) and ready.paged_count:
-                    seqs, locs, exps, blens, flags = ready.snapshot_paged()
-                    if ready._pinned:
-                        keep = [i for i in range(len(locs)) if locs[i]]
-                        seqs = array("q", [seqs[i] for i in keep])
-                        locs = array("q", [locs[i] for i in keep])
-                        exps = array("d", [exps[i] for i in keep])
-                        blens = array("I", [blens[i] for i in keep])
-                        flags = array("B", [flags[i] for i in keep])
-                    for c, a in zip(cols, (seqs, locs, exps, blens, flags)):
-                        c.extend(a)
-        for session in list(broker.sessions):
-            for ch in list(session.channels.values()):
-                for u in list(ch.unacked.values()):
-                    q = u.queue
-                    qid = getattr(q, "_journal_qid", None)
-                    if qid is None or q.store is not self or not u.entry.loc:
-                        continue
-                    cols = per_q.setdefault(qid, [array("q"), array("q"), array("d"), array("I"),
-                                                  array("B")])
-                    self._add_entries(cols, [u.entry], now_wall - q.vhost.timers.now(), delivered=1)
+        per_q: dict = {}  # qid -> the columns, plus priorities for a priority queue
+        for q, qid in self._qids.items():
+            cols = per_q.setdefault(qid, _columns(q))
+            self._add_entries(cols, q.stored_entries(), now_wall - q.vhost.timers.now())
+            ready = q.ready
+            paged = ready.paged_levels() if isinstance(ready, PagedPriority) else q.paged_index()
+            if paged is not None:
+                for c, a in zip(cols, paged, strict=False):
+                    c.extend(a)
+        for e, q in self._out.items():  # delivered, not settled: comes back redelivered
+            qid = self._qids.get(q)
+            if qid is not None:
+                self._add_entries(per_q.setdefault(qid, _columns(q)), [e],
+                                  now_wall - q.vhost.timers.now(), delivered=1)
         recs = [jf.pack_record(jf.T_CKPT_HEAD, json.dumps(
             {"seg": self._seg, "off": self._off, "next_qid": self._next_qid,
+             "format": jf.FORMAT_VERSION,
              "max_msg_id": self._max_msg_id, "time": now_wall}).encode())]
         for xd in self._exchanges.values():
             recs.append(jf.pack_record(jf.T_EXCHANGE, jf.pack_exchange(xd)))
@@ -730,13 +821,17 @@ class JournalStore(Store):
             if qid not in self._queues or not len(cols[0]):
                 continue
             recs.append(jf.pack_record(jf.T_CKPT_QUEUE, b"".join(
-                [jf.QSEQ.pack(qid, len(cols[0]))] + [c.tobytes() for c in cols])))
+                [jf.QSEQ.pack(qid, len(cols[0]))] + [c.tobytes() for c in cols[:5]])))
+            if len(cols) > 5:
+                recs.append(jf.pack_record(jf.T_CKPT_PRIO,
+                                           jf.QSEQ.pack(qid, len(cols[5])) + cols[5].tobytes()))
         recs.append(jf.pack_record(jf.T_CKPT_END, b""))
         return recs
 
     @staticmethod
     def _add_entries(cols, entries, delta: float, delivered: int = 0) -> None:
-        seqs, locs, exps, blens, flags = cols
+        seqs, locs, exps, blens, flags = cols[:5]
+        prios = cols[5] if len(cols) > 5 else None
         for e in entries:
             if not e.loc:
                 continue
@@ -744,31 +839,35 @@ class JournalStore(Store):
             locs.append(e.loc)
             exps.append(NAN if e.expires_at is None else e.expires_at + delta)
             blens.append(len(e.message.body))
-            flags.append(1 if (delivered or e.redelivered or e.delivery_count) else 0)
+            flags.append(jf.count_flags(e.delivery_count, bool(delivered or e.redelivered)))
+            if prios is not None:
+                prios.append(e.priority)
 
     def _compact(self) -> int:
         """Rewrite the few live messages of old, mostly-dead segments at the head of the log.
 
         A segment older than the previous checkpoint whose live entries are at most
-        COMPACT_MAX_LIVE keeps a whole 32 MiB file alive; its entries are appended
+        ``compact_max_live`` keeps a whole 32 MiB file alive; its entries are appended
         again (same queue and seq, so replay keeps the newest location) and their
         in-memory locations updated, so the next checkpoint can delete the file.
         """
         victims = {s for s, n in self._seg_live.items()
-                   if s < self._ckpt_seg and s < self._seg - 1 and n <= COMPACT_MAX_LIVE}
+                   if s < self._ckpt_seg and s < self._seg - 1 and n <= self.settings.compact_max_live}
         if not victims or self.broker is None:
             return 0
         moved = 0
         live = self._seg_live
 
-        def move(q, entry_loc, seq, exp_wall, prio, blen, delivered):
+        def move(qid, entry_loc, seq, exp_wall, prio, blen, count, max_priority=0):
             nonlocal moved
             old = entry_loc
             msg = self.read_message(old)
-            new = self._append(jf.T_ENQ, jf.pack_enq(q._journal_qid, seq, exp_wall, prio, blen, 0)
+            if max_priority:  # a paged entry: its priority is its message's
+                prio = min(msg.properties.get("priority") or 0, max_priority)
+            new = self._append(jf.T_ENQ, jf.pack_enq(qid, seq, exp_wall, prio, blen, 0)
                                + encode_message(msg))
-            if delivered:
-                self._append(jf.T_DELIVERED, jf.QSEQ.pack(q._journal_qid, seq))
+            if count:
+                self._append(jf.T_DELIVERED, jf.pack_delivered(qid, seq, count))
             s_old = old >> 32
             live[s_old] = live.get(s_old, 0) - 1
             if live[s_old] <= 0:
@@ -779,41 +878,23 @@ class JournalStore(Store):
             return new
 
         now_wall = time.time()
-        entries = []  # (queue, entry, delivered)
-        for vhost in self.broker.vhosts.values():
-            delta = now_wall - vhost.timers.now()
-            for q in vhost.queues.values():
-                if getattr(q, "_journal_qid", None) is None or q.store is not self:
-                    continue
-                ready = q.ready
-                heads = ready.head_entries() if isinstance(ready, PagedFifo) else list(ready)
-                for e in heads:
-                    if e.loc and (e.loc >> 32) in victims:
-                        entries.append((q, e, 0, delta))
-                retry = getattr(q, "retry", None)
-                if retry is not None and getattr(retry, "waiting", None):
-                    for e in list(retry.waiting):
-                        if e.loc and (e.loc >> 32) in victims:
-                            entries.append((q, e, 1, delta))
-                if isinstance(ready, PagedFifo) and ready.paged_count:
-                    locs = ready._loc
-                    for i in range(ready._pi, len(locs)):
-                        loc = locs[i]
-                        if loc and (loc >> 32) in victims:
-                            exp = ready._exp[i]
-                            locs[i] = move(q, loc, ready._seq[i], None if exp != exp else exp, 0,
-                                           ready._blen[i], ready._flags[i])
-        for session in list(self.broker.sessions):
-            for ch in list(session.channels.values()):
-                for u in list(ch.unacked.values()):
-                    e = u.entry
-                    if e.loc and (e.loc >> 32) in victims and u.queue.store is self \
-                            and getattr(u.queue, "_journal_qid", None) is not None:
-                        entries.append((u.queue, e, 1, now_wall - u.queue.vhost.timers.now()))
-        for q, e, delivered, delta in entries:
+        entries = []  # (qid, entry, delivered, wall - monotonic)
+        for q, qid in self._qids.items():
+            delta = now_wall - q.vhost.timers.now()
+            for e in q.stored_entries():
+                if e.loc and (e.loc >> 32) in victims:
+                    entries.append((qid, e, 0, delta))
+            q.relocate_paged(
+                victims, lambda loc, seq, exp, blen, flags, qid=qid, mp=q.opts.max_priority:
+                move(qid, loc, seq, exp, 0, blen, flags, mp))
+        for e, q in self._out.items():
+            qid = self._qids.get(q)
+            if qid is not None and e.loc and (e.loc >> 32) in victims:
+                entries.append((qid, e, 1, now_wall - q.vhost.timers.now()))
+        for qid, e, delivered, delta in entries:
             exp = None if e.expires_at is None else e.expires_at + delta
-            e.loc = move(q, e.loc, e.seq, exp, e.priority, len(e.message.body),
-                         delivered or e.redelivered or e.delivery_count)
+            e.loc = move(qid, e.loc, e.seq, exp, e.priority, len(e.message.body),
+                         e.delivery_count or (1 if delivered or e.redelivered else 0))
         if moved:
             log.info("journal: compaction moved %d live messages out of %d old segments",
                      moved, len(victims))

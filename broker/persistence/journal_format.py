@@ -41,15 +41,25 @@ T_REMOVE = 11
 T_CKPT_HEAD = 20   # checkpoint file only
 T_CKPT_QUEUE = 21
 T_CKPT_END = 22
+T_CKPT_PRIO = 23   # checkpoint file only (format 2): priorities of a checkpoint-queue's entries
+
+#: Format 2 (this version) adds, readable by it together with format-1 journals:
+#: the delivery count in a delivered record (16 bytes instead of 12; a 12-byte one
+#: means count 1), the delivery count in the checkpoint's flags byte (saturated at
+#: FLAGS_MAX; format 1 wrote 1 for every delivered entry) and T_CKPT_PRIO.
+FORMAT_VERSION = 2
+FLAGS_MAX = 255
 
 TYPE_NAMES = {T_EXCHANGE: "exchange", T_EXCHANGE_DEL: "exchange-delete", T_QUEUE: "queue",
               T_QUEUE_DEL: "queue-delete", T_BINDING: "binding", T_BINDING_DEL: "binding-delete",
               T_ENQ: "enqueue", T_ENQ_REF: "enqueue-ref", T_DELIVERED: "delivered",
               T_REMOVE: "remove", T_CKPT_HEAD: "checkpoint-head",
-              T_CKPT_QUEUE: "checkpoint-queue", T_CKPT_END: "checkpoint-end"}
+              T_CKPT_QUEUE: "checkpoint-queue", T_CKPT_END: "checkpoint-end",
+              T_CKPT_PRIO: "checkpoint-priorities"}
 
 ENQ = struct.Struct(">IQdBIQ")  # qid, seq, expires_at (wall, NaN = none), priority, body len, ref loc
 QSEQ = struct.Struct(">IQ")     # qid, seq
+DELIVERED_N = struct.Struct(">IQI")  # qid, seq, delivery count (format 2, count > 1)
 U32 = struct.Struct(">I")
 MAX_PAYLOAD = SEGMENT_SIZE - HDR_SIZE
 
@@ -149,6 +159,27 @@ def unpack_enq(payload, pos: int = 0):
     return qid, seq, (None if math.isnan(exp) else exp), prio, blen, ref
 
 
+def pack_delivered(qid: int, seq: int, count: int) -> bytes:
+    """A delivered record: the first delivery keeps the format-1 payload."""
+    return QSEQ.pack(qid, seq) if count <= 1 else DELIVERED_N.pack(qid, seq, count)
+
+
+def unpack_delivered(payload) -> tuple[int, int, int]:
+    """(qid, seq, delivery count) of a delivered record of either format."""
+    if len(payload) >= DELIVERED_N.size:
+        return DELIVERED_N.unpack_from(payload, 0)
+    qid, seq = QSEQ.unpack_from(payload, 0)
+    return qid, seq, 1
+
+
+def count_flags(count: int, delivered: bool = False) -> int:
+    """The checkpoint / paged-index flags byte of an entry: its delivery count
+    (saturated), at least 1 if it was delivered (0 = never delivered)."""
+    if count > FLAGS_MAX:
+        return FLAGS_MAX
+    return count or (1 if delivered else 0)
+
+
 # ---- scanning ----
 class ScanResult:
     """Records of one segment plus how its data ends."""
@@ -156,10 +187,11 @@ class ScanResult:
     def __init__(self, path: str):
         self.path = path
         self.end = 0           # offset after the last good record
-        self.torn_at = None    # offset of a torn tail record (partial write)
+        self.torn_at: int | None = None    # offset of a torn tail record (partial write)
         self.torn_bytes = 0
-        self.corrupt_at = None  # offset of a bad record followed by more data
+        self.corrupt_at: int | None = None  # offset of a bad record followed by more data
         self.corrupt_reason = ""
+        self.skipped: list[tuple[int, int, str]] = []  # salvage: (offset, length, reason)
 
 
 def _all_zero(buf, start: int, end: int) -> bool:
@@ -194,8 +226,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
     pos = start
     hdr_unpack = HDR.unpack_from
     crc32 = zlib.crc32
-    skipped = []
-    res.skipped = skipped
+    skipped = res.skipped
     while pos + HDR_SIZE <= size:
         length, crc, rtype = hdr_unpack(buf, pos)
         if length == 0 and crc == 0 and rtype == 0:
@@ -204,8 +235,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
             if tail_end == pos:
                 break
             if salvage:
-                nxt = _resync(buf, pos + 1, size)
-                skipped.append((pos, (nxt if nxt is not None else tail_end) - pos, "zeroed header"))
+                nxt = _skip_unreadable(buf, pos, size, skipped, "zeroed header", tail_end)
                 if nxt is None:
                     break
                 pos = nxt
@@ -237,8 +267,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
             res.torn_bytes = _next_nonzero_end(buf, pos, size) - pos
             break
         if salvage:
-            nxt = _resync(buf, pos + 1, size)
-            skipped.append((pos, (nxt if nxt is not None else size) - pos, "CRC mismatch"))
+            nxt = _skip_unreadable(buf, pos, size, skipped, "CRC mismatch", size)
             if nxt is None:
                 break
             pos = nxt
@@ -248,6 +277,15 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
         break
     mv.release() if records is None else None
     return res
+
+
+def _skip_unreadable(buf, pos: int, size: int, skipped: list, why: str,
+                     end_if_lost: int) -> int | None:
+    """Salvage: note the unreadable bytes from ``pos`` to the next valid record (or to
+    ``end_if_lost`` when none follows) and return where reading resumes (None: stop)."""
+    nxt = _resync(buf, pos + 1, size)
+    skipped.append((pos, (nxt if nxt is not None else end_if_lost) - pos, why))
+    return nxt
 
 
 def _resync(buf, start: int, size: int):

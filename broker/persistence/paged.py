@@ -7,29 +7,62 @@ parallel arrays (seq, journal location, wall-clock expiry, body length, flags:
 about 33 bytes each) and the Message is read back from the journal when the
 entry nears the head. Entries that cannot be paged (transient messages behind
 paged ones) are pinned in a dict and keep their place.
+
+It implements ``queues.ready.ReadyStore``, plus what a store needs of a paged
+ready list: ``paged_index()`` (checkpoints), ``restore_paged(...)`` (recovery)
+and ``relocate_paged(...)`` (segment compaction). Subclasses (the scheduler's
+slot table) keep the index arrays ``_seq``/``_loc``/``_exp``/``_blen``/``_flags``
+and the read position ``_pi`` (protected: for subclasses only) and must set
+``accepts_paged_index = True`` themselves to be rebuilt by ``restore_paged``.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from array import array
 from bisect import insort
 from collections import deque
 
+from ..config import JournalSettings
 from ..queues.entry import QueueEntry
+from ..queues.priority import PriorityReady
+from .journal_format import count_flags
 
-DEFAULT_BUDGET = int(os.environ.get("TRIOMQ_QUEUE_MEMORY_BUDGET", 32 * 1024 * 1024))
+DEFAULT_BUDGET = JournalSettings().queue_memory_budget
 ENTRY_OVERHEAD = 700  # rough bytes per in-memory entry besides the body
 PAGE_IN = 512
 NAN = float("nan")
 
 
 class PagedFifo:
-    __slots__ = ("_head", "_head_bytes", "_seq", "_loc", "_exp", "_blen", "_flags", "_pi",
-                 "_pinned", "_store", "_timers", "budget")
+    __slots__ = (
+        "_blen",
+        "_exp",
+        "_flags",
+        "_head",
+        "_head_bytes",
+        "_loc",
+        "_pi",
+        "_pinned",
+        "_seq",
+        "_store",
+        "_timers",
+        "budget",
+        "level",
+        "restored",
+    )
 
-    def __init__(self, store, timers, budget: int = DEFAULT_BUDGET, entries=()):
+    #: ``restore_paged`` rebuilds it from a store's index (``ReadyStore``). Not inherited:
+    #: a subclass opts in by setting it again.
+    accepts_paged_index = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "accepts_paged_index" not in cls.__dict__:
+            cls.accepts_paged_index = False
+
+    def __init__(self, store, timers, budget: int = DEFAULT_BUDGET, entries=(), *,
+                 level: int = 0, restored=None):
         self._head: deque = deque()
         self._head_bytes = 0
         self._seq = array("q")
@@ -42,6 +75,10 @@ class PagedFifo:
         self._store = store
         self._timers = timers
         self.budget = budget
+        self.level = level  # the priority of the entries it reads back (PagedPriority)
+        # called with an entry read back that had been delivered before (flags > 0),
+        # after its delivery count is set: the retry policy's ``restored``
+        self.restored = restored
         for e in entries:
             self.append(e)
 
@@ -53,6 +90,11 @@ class PagedFifo:
     def paged_count(self) -> int:
         return len(self._seq) - self._pi
 
+    @property
+    def pinned_count(self) -> int:
+        """Entries in the paged part that are held in memory (not stored)."""
+        return len(self._pinned)
+
     def __iter__(self):
         yield from list(self._head)
         for i in range(self._pi, len(self._seq)):
@@ -60,9 +102,7 @@ class PagedFifo:
 
     # ---- writing ----
     def append(self, entry) -> None:
-        if len(self._seq) > self._pi:
-            self._page_out(entry)
-        elif self._head_bytes >= self.budget and entry.loc:
+        if len(self._seq) > self._pi or (self._head_bytes >= self.budget and entry.loc):
             self._page_out(entry)
         else:
             self._head.append(entry)
@@ -79,7 +119,7 @@ class PagedFifo:
         self._seq.append(entry.seq)
         exp = entry.expires_at
         self._exp.append(NAN if exp is None else exp + (time.time() - self._timers.now()))
-        self._flags.append(1 if (entry.redelivered or entry.delivery_count) else 0)
+        self._flags.append(count_flags(entry.delivery_count, entry.redelivered))
 
     def add_paged(self, seq: int, loc: int, exp_wall, blen: int, flags: int) -> None:
         """Recovery: append an index-only entry (expiry in wall-clock time or NaN)."""
@@ -88,6 +128,10 @@ class PagedFifo:
         self._exp.append(NAN if exp_wall is None else exp_wall)
         self._blen.append(blen)
         self._flags.append(flags)
+
+    def restore_paged(self, seqs, locs, exps, blens, flags) -> None:
+        """Recovery: append index-only entries (arrays; expiry wall-clock or NaN)."""
+        self.extend_paged(seqs, locs, exps, blens, flags)
 
     def extend_paged(self, seqs, locs, exps, blens, flags) -> None:
         self._seq.extend(seqs)
@@ -104,10 +148,14 @@ class PagedFifo:
             return self._pinned.pop(seq)
         exp = self._exp[i]
         entry = QueueEntry(self._store.read_message(loc), seq,
-                           None if math.isnan(exp) else exp - wall_minus_mono, 0)
+                           None if math.isnan(exp) else exp - wall_minus_mono, self.level)
         entry.loc = loc
-        if self._flags[i]:
+        flags = self._flags[i]
+        if flags:
             entry.redelivered = True
+            entry.delivery_count = flags
+            if self.restored is not None:
+                self.restored(entry)
         return entry
 
     def _page_in(self, n: int = PAGE_IN) -> None:
@@ -195,3 +243,125 @@ class PagedFifo:
 
     def head_entries(self) -> list:
         return list(self._head)
+
+    def paged_index(self):
+        """``(seqs, locs, exps, blens, flags)`` of the stored paged entries (pinned,
+        unstored ones left out), or None when nothing is paged."""
+        if not self.paged_count:
+            return None
+        seqs, locs, exps, blens, flags = self.snapshot_paged()
+        if self.pinned_count:
+            keep = [i for i in range(len(locs)) if locs[i]]
+            seqs = array("q", [seqs[i] for i in keep])
+            locs = array("q", [locs[i] for i in keep])
+            exps = array("d", [exps[i] for i in keep])
+            blens = array("I", [blens[i] for i in keep])
+            flags = array("B", [flags[i] for i in keep])
+        return seqs, locs, exps, blens, flags
+
+    def drain(self):
+        """Remove and yield every entry in order, reading paged messages back one at a
+        time (recovery hand-overs: nothing is materialized all at once). The store is
+        empty afterwards, also if the caller stops early."""
+        try:
+            while self._head:
+                e = self._head.popleft()
+                self._head_bytes -= len(e.message.body) + ENTRY_OVERHEAD
+                yield e
+            delta = time.time() - self._timers.now() if self._timers is not None else 0.0
+            while self._pi < len(self._seq):
+                i = self._pi
+                self._pi = i + 1
+                yield self._materialize(i, delta)
+        finally:
+            self._head.clear()
+            self._head_bytes = 0
+            self._pinned.clear()
+            self._reset()
+
+    def relocate_paged(self, segments, move) -> int:
+        """Compaction: for every paged entry stored in one of ``segments`` (a set of
+        segment numbers, ``loc >> 32``), call ``move(loc, seq, exp_wall, blen, flags)``
+        (``exp_wall`` None = no expiry) and keep the location it returns. Returns how
+        many moved."""
+        locs = self._loc
+        moved = 0
+        for i in range(self._pi, len(locs)):
+            loc = locs[i]
+            if loc and (loc >> 32) in segments:
+                exp = self._exp[i]
+                locs[i] = move(loc, self._seq[i], None if exp != exp else exp, self._blen[i],
+                               self._flags[i])
+                moved += 1
+        return moved
+
+
+class PagedPriority(PriorityReady):
+    """``PriorityReady`` of a durable x-max-priority queue: one ``PagedFifo`` per level.
+
+    Each level pages on its own (``budget`` is shared out evenly), so the highest
+    level is always served first, whatever is on disk. ``paged_index()`` is the
+    levels' indexes, highest first; ``paged_levels()`` adds the parallel priority
+    column a store keeps to rebuild it with ``restore_paged(..., prios)``.
+    """
+
+    __slots__ = ()
+    accepts_paged_index = True
+
+    def __init__(self, store, timers, max_priority: int, budget: int = DEFAULT_BUDGET,
+                 entries=(), restored=None):
+        per_level = budget // (max_priority + 1)
+        self._levels = [PagedFifo(store, timers, per_level, level=p, restored=restored)
+                        for p in range(max_priority + 1)]
+        self._count = 0
+        for e in entries:
+            self.append(e)
+
+    def head_entries(self) -> list:
+        out: list = []
+        for level in reversed(self._levels):
+            out.extend(level.head_entries())
+        return out
+
+    def paged_levels(self):
+        """``(seqs, locs, exps, blens, flags, prios)`` of the stored paged entries, or None."""
+        cols = (array("q"), array("q"), array("d"), array("I"), array("B"), array("B"))
+        for level in reversed(self._levels):
+            part = level.paged_index()
+            if part is None:
+                continue
+            for c, a in zip(cols, part, strict=False):
+                c.extend(a)
+            cols[5].frombytes(bytes((level.level,)) * len(part[0]))
+        return cols if len(cols[0]) else None
+
+    def paged_index(self):
+        cols = self.paged_levels()
+        return None if cols is None else cols[:5]
+
+    def restore_paged(self, seqs, locs, exps, blens, flags, prios=None) -> None:
+        """Recovery: ``prios`` (required) is each entry's level; entries in seq order,
+        or grouped by level from the lowest, in seq order within each (faster)."""
+        if prios is None:
+            raise TypeError("a paged priority queue needs the priorities of its index")
+        top = len(self._levels) - 1
+        if prios and max(prios) > top:
+            prios = array("B", [min(p, top) for p in prios])
+        raw = bytes(prios)
+        counts = [raw.count(level.level) for level in self._levels]
+        cols: tuple = (seqs, locs, exps, blens, flags)
+        if raw != b"".join(bytes((p,)) * n for p, n in enumerate(counts)):
+            # not grouped by level yet: a stable sort by level keeps seq order within
+            # each level (C loops: a million entries take a fraction of a second)
+            order = sorted(range(len(raw)), key=raw.__getitem__)
+            cols = tuple(array(a.typecode, map(a.__getitem__, order)) for a in map(
+                array, "qqdIB", cols))
+        start = 0
+        for level, n in zip(self._levels, counts, strict=True):
+            if n:
+                level.extend_paged(*(c[start:start + n] for c in cols))
+            start += n
+        self._count += len(seqs)
+
+    def relocate_paged(self, segments, move) -> int:
+        return sum(level.relocate_paged(segments, move) for level in self._levels)

@@ -54,6 +54,9 @@ class EntryDef:
     expires_at: float | None  # wall clock (time.time()), so TTL survives restarts
     priority: int
     delivered: bool = False
+    # deliveries so far (x-delivery-count, x-delivery-limit, x-retry-delays level);
+    # 0 with delivered=True = a store that keeps only the flag: counts as 1
+    delivery_count: int = 0
 
 
 def exchange_def(vhost, x) -> ExchangeDef:
@@ -75,7 +78,7 @@ def entry_def(vhost, queue, entry) -> EntryDef:
     if entry.expires_at is not None:
         expires = time.time() + (entry.expires_at - queue.vhost.timers.now())
     return EntryDef(vhost.name, queue.name, entry.message.id, entry.seq, expires, entry.priority,
-                    entry.delivery_count > 0)
+                    entry.delivery_count > 0, entry.delivery_count)
 
 
 def encode_arguments(arguments: dict) -> bytes:

@@ -9,6 +9,7 @@ from ..message import set_message_id_floor
 from ..queues.args import ArgumentError, parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
+from ..queues.retry import restore_delivery_count
 from .records import BindingDef, EntryDef, ExchangeDef, QueueDef
 
 log = logging.getLogger("broker.recovery")
@@ -20,7 +21,8 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
 
     Returns counts for the log. Entries are re-enqueued in seq order, so queue
     order survives; every recovered message that had been delivered comes back
-    with redelivered=true.
+    with redelivered=true and its delivery count (``EntryDef.delivery_count``, at
+    least 1), which keeps delivery limits and retry levels across the restart.
     """
     counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0}
     for xd in exchanges:
@@ -43,8 +45,8 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
         except ArgumentError as exc:
             log.warning("queue %r has invalid stored arguments (%s); using none", qd.name, exc)
             opts = parse_queue_arguments({})
-        q = Queue(vhost, qd.name, durable=True, auto_delete=qd.auto_delete,
-                  arguments=qd.arguments, opts=opts)
+        q = new_queue(broker, vhost, qd.name, durable=True, auto_delete=qd.auto_delete,
+                      arguments=qd.arguments, opts=opts)
         vhost.add_queue(q, persist=False)
         counts["queues"] += 1
     for bd in bindings:
@@ -62,11 +64,12 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
             counts["bindings"] += 1
     now_wall = time.time()
     max_id = 0
+    by_queue: dict = {}  # Queue -> [QueueEntry] in seq order
     for ed in sorted(entries, key=lambda e: (e.vhost, e.queue, e.seq)):
         vhost = broker.vhosts.get(ed.vhost)
-        q = vhost.queues.get(ed.queue) if vhost is not None else None
+        owner = vhost.queues.get(ed.queue) if vhost is not None else None
         message = messages.get(ed.message_id)
-        if q is None or message is None:
+        if owner is None or message is None:
             continue
         max_id = max(max_id, ed.message_id)
         expires_at = None
@@ -74,11 +77,34 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
             expires_at = vhost.timers.now() + (ed.expires_at - now_wall)
         entry = QueueEntry(message, ed.seq, expires_at, ed.priority)
         entry.redelivered = ed.delivered
-        q.enqueue(message, entry=entry)
-        counts["messages"] += 1
+        if ed.delivered or ed.delivery_count:
+            restore_delivery_count(owner, entry, max(ed.delivery_count, 1))
+        by_queue.setdefault(owner, []).append(entry)
+    for owner, restored in by_queue.items():
+        counts["messages"] += owner.restore(restored)
     if messages:
         max_id = max(max_id, max(messages))
     set_message_id_floor(max_id)
     log.info("recovered %(exchanges)d exchanges, %(queues)d queues, %(bindings)d bindings, "
              "%(messages)d messages", counts)
     return counts
+
+
+# ---- queue variants (scheduler seam) ----------------------------------------------
+# A queue variant -- a Queue subclass with its own ready store, e.g. the scheduler's
+# ScheduledQueue for ``amq.triomq.scheduled`` -- is recreated as that variant, not as a
+# plain Queue. name -> factory(broker, vhost, name, **Queue keyword arguments) -> Queue
+QUEUE_VARIANTS: dict = {}
+
+
+def register_queue_variant(name: str, factory) -> None:
+    """Recreate the stored queue ``name`` with ``factory`` (see QUEUE_VARIANTS)."""
+    QUEUE_VARIANTS[name] = factory
+
+
+def new_queue(broker, vhost, name: str, **kwargs) -> Queue:
+    """The queue to recreate for a stored definition: a registered variant, else a Queue."""
+    factory = QUEUE_VARIANTS.get(name)
+    if factory is None:
+        return Queue(vhost, name, **kwargs)
+    return factory(broker, vhost, name, **kwargs)

@@ -18,32 +18,64 @@ import fcntl
 import hashlib
 import logging
 import os
+import secrets
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import trio
-from sqlalchemy import (create_engine, delete, event, exists, func, insert, select, text,
-                        update)
+from sqlalchemy import create_engine, delete, event, exists, func, insert, or_, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from ..config import SQLSettings
 from . import sql_schema as S
-from .base import Store, StoreUnavailable
-from .records import (BindingDef, EntryDef, ExchangeDef, QueueDef, decode_arguments,
-                      decode_message, encode_arguments, encode_message)
+from .base import DURABLE, Store, StoreUnavailable
+from .records import (
+    BindingDef,
+    EntryDef,
+    ExchangeDef,
+    QueueDef,
+    decode_arguments,
+    decode_message,
+    encode_arguments,
+    encode_message,
+)
 from .recovery import restore
 
 log = logging.getLogger("broker.store.sql")
 
 CHUNK = 500          # ids per IN (...) list
-LOCK_CHECK = 2.0     # seconds between checks that the lock connection is alive
-RETRY_MAX = 5.0      # seconds between reconnect attempts while the database is down
+IDLE_RECHECK = 20.0  # seconds idle after which the writer's connection is pinged before use
 
 
 class StoreLocked(StoreUnavailable):
-    """Another broker holds the lock row."""
+    """Another broker holds the lease."""
+
+
+def _abort_socket(conn) -> None:
+    """Reset (RST, SO_LINGER 0) the socket of a connection a blocked thread still uses,
+    so nothing it buffered (a COMMIT) reaches the server later; that thread then fails."""
+    try:
+        dbapi = conn.connection.dbapi_connection
+        fd = None
+        pg = getattr(dbapi, "pgconn", None)
+        if pg is not None:
+            fd = pg.socket
+        elif getattr(dbapi, "_sock", None) is not None:
+            fd = dbapi._sock.fileno()
+        if fd is None or fd < 0:
+            return
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+    except Exception:
+        pass
 
 
 def _safe_url(url) -> str:
@@ -77,7 +109,9 @@ def _chunks(seq, n=CHUNK):
 
 class _Batch:
     """What the core asked for since the last hand-off (only touched on the trio thread)."""
-    __slots__ = ("defs", "msgs", "enq", "dlv", "rm", "rm_msgs", "callbacks")
+    __slots__ = ("callbacks", "defs", "dlv", "enq", "msgs", "rm", "rm_msgs")
+    # callbacks: (on_success, on_failure, held) — held: the (queue, entry) of the publish,
+    # taken back from the queues when it is nacked
 
     def __init__(self):
         self.defs: list = []                 # ordered definition ops
@@ -93,24 +127,29 @@ class _Batch:
 
 
 class _Lock:
-    """ACTIVEMQ_LOCK: a row held with SELECT ... FOR UPDATE NOWAIT on its own connection
-    (an open transaction for the life of the broker); SQLite uses flock on a side file."""
+    """ACTIVEMQ_LOCK as ActiveMQ's ``LeaseDatabaseLocker``: the row names its ``owner`` (unique
+    per store start) and ``expires_at`` (wall clock); the holder renews it every ``renew``
+    seconds with short statements (no transaction is ever held open), another broker takes
+    it only once it expired, and the holder writes only while its own lease is valid by
+    its monotonic clock (``valid()``), which always ends before the stored expiry.
+    SQLite uses flock on a side file (one machine: the kernel releases it on death)."""
 
-    def __init__(self, store: "SQLStore"):
+    def __init__(self, store: SQLStore):
         self.store = store
-        self.conn = None
-        self.trans = None
-        self.fd = None
-
-    def _owner(self) -> str:
-        return f"triomq {socket.gethostname()} pid {os.getpid()}"
+        self.fd: int | None = None
+        self.owner = f"triomq {socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
+        self.valid_until = 0.0     # monotonic end of the lease as this process counts it
+        self.taken = False         # the lease was ours at the last successful take/renew
+        self.deposed = False       # another broker took the lease: never write again
+        self.last_error = ""
 
     def acquire(self) -> None:
         st = self.store
         with st.engine.begin() as c:
-            # plain read first: on InnoDB, INSERT IGNORE would wait for the holder's row lock
+            # plain read first: on InnoDB, INSERT IGNORE would wait for a holder's row lock
             if c.execute(select(S.lock.c.id).where(S.lock.c.id == 1)).first() is None:
                 c.execute(st.insert_ignore(S.lock), [{"id": 1, "owner": None, "acquired_at": None,
+                                                      "expires_at": None,
                                                       "schema_version": S.SCHEMA_VERSION}])
         if st.dialect == "sqlite":
             path = st.sqlite_path
@@ -122,76 +161,105 @@ class _Lock:
                     os.close(fd)
                     raise StoreLocked(self._locked_message()) from None
                 self.fd = fd
-            self._record_owner()
+            with st.engine.begin() as c:
+                c.execute(update(S.lock).where(S.lock.c.id == 1)
+                          .values(owner=self.owner, acquired_at=time.time(), expires_at=None))
+            self.taken = True
             return
-        # 1) lock, write who we are, commit (so others can read it); 2) lock again and hold.
-        for hold in (False, True):
-            conn = st.lock_engine.connect()
-            trans = conn.begin()
-            try:
-                conn.execute(select(S.lock.c.id).where(S.lock.c.id == 1)
-                             .with_for_update(nowait=True))
-            except DBAPIError as exc:
-                trans.rollback()
-                conn.close()
-                if exc.connection_invalidated:
-                    raise
-                raise StoreLocked(self._locked_message()) from None
-            if not hold:
-                conn.execute(update(S.lock).where(S.lock.c.id == 1)
-                             .values(owner=self._owner(), acquired_at=time.time()))
-                trans.commit()
-                conn.close()
-            else:
-                self.conn, self.trans = conn, trans
+        if not self.renew(first=True):
+            dead = self._dead_owner()
+            if dead is None or not self.renew(first=True, steal_from=dead):
+                raise StoreLocked(self._locked_message())
+            log.warning("store %s: lease of %s taken over at once (that process is gone)",
+                        st.safe_url, dead)
 
-    def _record_owner(self) -> None:
+    def _dead_owner(self) -> str | None:
+        """The lease's owner if it is a process of THIS host that no longer exists (a
+        ``kill -9`` then restart need not wait for the lease); else None."""
+        with self.store.engine.connect() as c:
+            owner = c.execute(select(S.lock.c.owner).where(S.lock.c.id == 1)).scalar()
+        parts = (owner or "").split()
+        if len(parts) < 4 or parts[0] != "triomq" or parts[2] != "pid" \
+                or parts[1] != socket.gethostname() or not parts[3].isdigit():
+            return None
+        try:
+            os.kill(int(parts[3]), 0)
+        except ProcessLookupError:
+            return owner
+        except OSError:
+            return None
+        return None
+
+    def renew(self, first: bool = False, steal_from: str | None = None) -> bool:
+        """Take (``first``: if free, expired or ours) or extend (only if still ours) the lease
+        in one autocommitted UPDATE, in a worker thread. True if it is ours; raises
+        SQLAlchemyError if the database cannot be reached. Once another broker took it
+        over, this store is ``deposed`` for good: its memory is no longer the truth."""
         st = self.store
-        with st.engine.begin() as c:
-            c.execute(update(S.lock).where(S.lock.c.id == 1)
-                      .values(owner=self._owner(), acquired_at=time.time()))
+        if st.dialect == "sqlite":
+            return True
+        if self.deposed:
+            return False
+        lease = st.settings.lease
+        started = time.monotonic()
+        now = time.time()
+        L = S.lock
+        values: dict[str, Any] = {"owner": self.owner, "expires_at": now + lease}
+        if steal_from is not None:
+            values["acquired_at"] = now
+            cond = L.c.owner == steal_from
+        elif first:
+            values["acquired_at"] = now
+            cond = or_(L.c.owner == self.owner, L.c.owner.is_(None), L.c.expires_at.is_(None),
+                       L.c.expires_at < now)
+        else:
+            cond = L.c.owner == self.owner
+        with st.lock_engine.begin() as c:
+            n = c.execute(update(L).where(L.c.id == 1, cond).values(**values)).rowcount
+        if n != 1:
+            self.taken = False
+            self.valid_until = 0.0
+            if not first:
+                self.deposed = True
+                self.last_error = "the lease row names another owner"
+            return False
+        self.taken = True
+        # counted from before the statement was sent: ends before the stored expiry
+        self.valid_until = max(self.valid_until, started + lease)
+        return True
+
+    def valid(self) -> bool:
+        if self.store.dialect == "sqlite":
+            return self.fd is not None
+        return time.monotonic() < self.valid_until
 
     def _locked_message(self) -> str:
         st = self.store
         who = "another broker"
         try:
             with st.engine.connect() as c:
-                row = c.execute(select(S.lock.c.owner, S.lock.c.acquired_at)
+                row = c.execute(select(S.lock.c.owner, S.lock.c.acquired_at, S.lock.c.expires_at)
                                 .where(S.lock.c.id == 1)).first()
             if row is not None and row.owner:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.acquired_at or 0))
                 who = f"{row.owner} (since {since})"
+                if row.expires_at:
+                    who += f", lease valid {max(0.0, row.expires_at - time.time()):.1f} s more"
         except SQLAlchemyError:
             pass
         return f"store {st.safe_url} is locked by {who}; two brokers cannot share one database"
 
-    def check(self) -> bool:
-        if self.conn is None:
-            return self.store.dialect == "sqlite"
-        try:
-            self.conn.execute(text("SELECT 1"))
-            return True
-        except SQLAlchemyError:
-            self.drop()
-            return False
-
-    def drop(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.invalidate()
-                self.conn.close()
-            except Exception:
-                pass
-        self.conn = self.trans = None
-
     def release(self) -> None:
-        if self.conn is not None:
+        st = self.store
+        if st.dialect != "sqlite" and self.taken and st.lock_engine is not None:
             try:
-                self.trans.rollback()
-                self.conn.close()
-            except Exception:
-                pass
-        self.conn = self.trans = None
+                with st.lock_engine.begin() as c:
+                    c.execute(update(S.lock).where(S.lock.c.id == 1, S.lock.c.owner == self.owner)
+                              .values(owner=None, expires_at=None))
+            except SQLAlchemyError:
+                pass  # the lease simply runs out
+        self.taken = False
+        self.valid_until = 0.0
         if self.fd is not None:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -200,19 +268,23 @@ class _Lock:
                 pass
             self.fd = None
 
-    @property
-    def held(self) -> bool:
-        return self.conn is not None or self.fd is not None or \
-            (self.store.dialect == "sqlite" and not self.store.sqlite_path)
-
 
 class SQLStore(Store):
-    def __init__(self, url: str, flush: str = "sync", async_interval: float = 0.02):
+    """Observes durable queues (``Store.queue_op``); keeps each queue's id in ``_qids``."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({DURABLE})
+
+    def __init__(self, url: str, flush: str = "sync", async_interval: float = 0.02,
+                 settings: SQLSettings | None = None):
         if flush not in ("sync", "async"):
             raise StoreUnavailable(f"unknown flush policy {flush!r} (sync, async)")
         self.url = url
         self.flush = flush
         self.async_interval = async_interval
+        self.settings = settings or SQLSettings()
+        if not 0 < self.settings.renew < self.settings.lease:
+            raise StoreUnavailable(f"SQL lease renew interval ({self.settings.renew} s) must be "
+                                   f"shorter than the lease ({self.settings.lease} s)")
         try:
             u = make_url(url)
         except Exception as exc:
@@ -222,20 +294,26 @@ class SQLStore(Store):
         self.dialect = "mysql" if backend in ("mysql", "mariadb") else backend
         self.name = f"sql ({backend}, flush={flush})"
         db = u.database or ""
-        self.sqlite_path = os.path.abspath(db) if self.dialect == "sqlite" and db not in ("", ":memory:") else None
+        self.sqlite_path = (os.path.abspath(db) if self.dialect == "sqlite"
+                            and db not in ("", ":memory:") else None)
         self._u = u
-        self.engine = None
-        self.lock_engine = None
-        self._conn = None                    # the writer's connection (worker thread only)
-        self._lock = None
+        self.engine: Any = None
+        self.lock_engine: Any = None
+        self._conn: Any = None                   # the writer's connection (worker thread only)
+        self._lock: Any = None
         self._batch = _Batch()
         self._retry: list[_Batch] = []       # handed off but not committed (database down)
         self._inflight = False
         self._down = False
         self._wake = trio.Event()
+        self._held: list = []                # (queue, entry) enqueued since the last when_durable
+        self._renewing = False
+        self._gen = 0                        # bumped when a stuck write is abandoned
+        self._conn_used = 0.0
         self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
         self._next_qid = 1
-        self._loaded = None
+        self._loaded: Any = None
+        self.broker: Any = None                  # for on_store_failure / on_store_recovered
         self.batches = 0                     # statistics
         self.rows_written = 0
 
@@ -252,12 +330,23 @@ class SQLStore(Store):
 
     # ------------------------------------------------------------------ engine
     def _make_engines(self) -> None:
-        connect_args = {}
-        kw = {}
+        connect_args: dict[str, Any] = {}
+        kw: dict[str, Any] = {}
+        st = self.settings
+        timeout = max(1, int(st.timeout))
+        if self.dialect == "postgresql" or self.dialect == "mysql":
+            connect_args["connect_timeout"] = min(5, timeout)
         if self.dialect == "postgresql":
-            connect_args["connect_timeout"] = 5
+            # the server ends what a vanished broker left behind; keepalives find dead peers
+            ms = int(st.timeout * 1000)
+            connect_args.update(
+                keepalives=1, keepalives_idle=st.keepalive_idle,
+                keepalives_interval=st.keepalive_interval, keepalives_count=st.keepalive_count,
+                tcp_user_timeout=ms,
+                options=f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} "
+                        f"-c lock_timeout={ms}")
         elif self.dialect == "mysql":
-            connect_args["connect_timeout"] = 5
+            connect_args.update(read_timeout=timeout, write_timeout=timeout)
         elif self.dialect == "sqlite":
             connect_args["check_same_thread"] = False
             connect_args["timeout"] = 10
@@ -265,6 +354,11 @@ class SQLStore(Store):
             # the writer keeps one connection (no ping per batch); a failed batch drops it
             kw.update(pool_pre_ping=True, pool_size=2, max_overflow=2)
         self.engine = create_engine(self._u, connect_args=connect_args, **kw)
+        if self.dialect != "sqlite":
+            self.lock_engine = create_engine(self._u, connect_args=connect_args, poolclass=NullPool)
+        if self.dialect == "mysql":
+            for eng in (self.engine, self.lock_engine):
+                event.listen(eng, "connect", self._mysql_session)
         if self.dialect == "sqlite":
             sync = "FULL" if self.flush == "sync" else "NORMAL"
 
@@ -275,8 +369,21 @@ class SQLStore(Store):
                 cur.execute(f"PRAGMA synchronous={sync}")
                 cur.execute("PRAGMA busy_timeout=10000")
                 cur.close()
-        else:
-            self.lock_engine = create_engine(self._u, connect_args=connect_args, poolclass=NullPool)
+
+    def _mysql_session(self, dbapi_conn, _record) -> None:
+        """MariaDB/MySQL session timeouts: lock waits, idle sessions and (MariaDB only)
+        transactions left open by a broker that vanished."""
+        timeout = max(1, int(self.settings.timeout))
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"SET SESSION innodb_lock_wait_timeout={timeout}, "
+                        f"SESSION wait_timeout={max(60, 6 * timeout)}")
+            try:
+                cur.execute(f"SET SESSION idle_transaction_timeout={timeout}")
+            except Exception:
+                pass  # MySQL has no such variable
+        finally:
+            cur.close()
 
     def insert_ignore(self, table):
         if self.dialect == "postgresql":
@@ -289,6 +396,20 @@ class SQLStore(Store):
 
     # ------------------------------------------------------------- life cycle
     async def open(self) -> None:
+        waiting = False
+        while True:
+            try:
+                await self._open_once()
+                return
+            except StoreLocked as exc:
+                if not self.settings.standby:
+                    raise
+                if not waiting:
+                    log.warning("%s; standby: waiting for the lease", exc)
+                    waiting = True
+                await trio.sleep(self.settings.renew)
+
+    async def _open_once(self) -> None:
         try:
             await trio.to_thread.run_sync(self._open_sync)
         except StoreUnavailable:
@@ -297,7 +418,8 @@ class SQLStore(Store):
             self._dispose()
             raise StoreUnavailable(f"cannot open store {self.safe_url}: {_reason(exc)}") from None
         except ModuleNotFoundError as exc:
-            raise StoreUnavailable(f"cannot open store {self.safe_url}: driver missing ({exc.name})") from None
+            raise StoreUnavailable(
+                f"cannot open store {self.safe_url}: driver missing ({exc.name})") from None
 
     def _open_sync(self) -> None:
         if self.dialect == "sqlite" and not self.sqlite_path:
@@ -309,6 +431,8 @@ class SQLStore(Store):
                 raise StoreUnavailable(f"cannot open store {self.safe_url}: directory {d} does not exist")
         self._make_engines()
         S.metadata.create_all(self.engine)
+        with self.engine.begin() as c:
+            S.migrate(c)
         self._lock = _Lock(self)
         try:
             self._lock.acquire()
@@ -351,6 +475,7 @@ class SQLStore(Store):
         self._loaded = (xs, qs, bs, es, messages, by_qid)
 
     def recover(self, broker) -> None:
+        self.broker = broker
         if self._loaded is None:
             return
         xs, qs, bs, es, messages, by_qid = self._loaded
@@ -363,78 +488,184 @@ class SQLStore(Store):
                 self._qids[(vname, qname)] = (q, qid)
 
     async def run(self) -> None:
-        backoff = 0.2
-        next_check = time.monotonic() + LOCK_CHECK
+        async with trio.open_nursery() as nursery:
+            if self.dialect != "sqlite":
+                nursery.start_soon(self._renewer)
+            await self._writer()
+
+    # ------------------------------------------------------------------ lease
+    async def _renewer(self) -> None:
+        """Renews the lease every ``renew`` seconds on its own short connection, so a slow
+        or silent write never delays it (and a silent database lets it run out)."""
+        lost = False
+        while True:
+            await trio.sleep(self.settings.renew)
+            if self._lock.deposed:
+                return
+            ok = await self._renew()
+            if ok and lost:
+                log.warning("store %s: lease renewed again", self.safe_url)
+            elif not ok and not lost:
+                log.error("store %s: lease not renewed (%s); writes stop when it runs out "
+                          "in %.1f s", self.safe_url, self._lock.last_error,
+                          max(0.0, self._lock.valid_until - time.monotonic()))
+            lost = not ok
+
+    async def _renew(self) -> bool:
+        """One renewal in a worker thread, abandoned after ``timeout`` (at most one runs)."""
+        if self._renewing:
+            return self._lock.valid()
+        self._renewing = True
+        with trio.move_on_after(self.settings.timeout):
+            return await trio.to_thread.run_sync(self._renew_sync, abandon_on_cancel=True)
+        self._lock.last_error = f"no answer in {self.settings.timeout:g} s"
+        return False
+
+    def _renew_sync(self) -> bool:
+        try:
+            return self._lock.renew()
+        except SQLAlchemyError as exc:
+            self._lock.last_error = _reason(exc)
+            return False
+        finally:
+            self._renewing = False
+
+    # ----------------------------------------------------------------- writer
+    async def _writer(self) -> None:
+        backoff = 0.1
         while True:
             if self._down:
+                # probe often at first (publishers wait), then every ``retry_max`` seconds
                 await trio.sleep(backoff)
-                backoff = min(RETRY_MAX, backoff * 2)
-                ok = await trio.to_thread.run_sync(self._reconnect)
-                if not ok:
+                backoff = min(self.settings.retry_max, backoff * 2)
+                if not await self._reconnect():
                     self._fail_waiting()
                     continue
                 self._down = False
-                backoff = 0.2
+                backoff = 0.1
                 log.warning("store %s: database reachable again, resuming writes", self.safe_url)
+                if self.broker is not None:
+                    self.broker.on_store_recovered(self)
             elif self.flush == "sync":
-                with trio.move_on_after(LOCK_CHECK):
+                with trio.move_on_after(self.settings.renew):
                     await self._wake.wait()
             else:
                 await trio.sleep(self.async_interval)
             self._wake = trio.Event()
-            check = time.monotonic() >= next_check
-            if check:
-                next_check = time.monotonic() + LOCK_CHECK
-            if self._batch.empty() and not self._batch.callbacks and not self._retry and not check:
+            if self._batch.empty() and not self._batch.callbacks and not self._retry:
+                if not self._down and not self._lock.valid():
+                    self._go_down(self._lease_error(), [])
                 continue
-            await self._commit_once(check)
+            await self._commit_once()
 
-    async def _commit_once(self, check_lock: bool = False) -> bool:
+    def _lease_error(self) -> str:
+        if self._lock.deposed:
+            return f"lease taken over by another broker ({self._lock.last_error})"
+        return f"store lease expired, not renewed in time ({self._lock.last_error})"
+
+    async def _commit_once(self) -> bool:
         batch = self._batch
         self._batch = _Batch()
-        batches = self._retry + [batch]
+        self._held = []
+        batches = [*self._retry, batch]
         self._retry = []
         callbacks = [cb for b in batches for cb in b.callbacks]
         for b in batches:
             b.callbacks = []
         self._inflight = True
+        error: str | None = None
         try:
-            error = await trio.to_thread.run_sync(self._write, batches, check_lock)
+            if not self._lock.valid():
+                error = self._lease_error()
+            else:
+                timeout = self.settings.timeout
+                with trio.move_on_after(timeout) as scope:
+                    error = await trio.to_thread.run_sync(self._write, batches, self._gen,
+                                                          abandon_on_cancel=True)
+                if scope.cancelled_caught:
+                    error = f"no answer from the database in {timeout:g} s"
+                    self._abandon_conn()
+                elif error is None and not self._lock.valid():
+                    # committed, but maybe after a standby took over: never confirmed
+                    error = self._lease_error() + " during the write"
         finally:
             self._inflight = False
         if error is None:
             self.batches += 1
-            for ok, _fail in callbacks:
+            for ok, _fail, _held in callbacks:
                 ok()
             return True
-        if not self._down:
-            log.error("store %s: database lost (%s); unconfirmed publishes are nacked until it is back",
-                      self.safe_url, error)
-        self._down = True
+        # In doubt: no answer, a dropped connection or a lease that ran out during the
+        # write can each hide a commit, so these publishes are neither confirmed nor
+        # nacked (a standby may already be delivering them). The broker closes the
+        # connections waiting for them; the batch is written again, idempotently, once
+        # the database and the lease are back, and its callbacks run then.
         self._retry = [b for b in batches if not b.empty()]
-        for _ok, fail in callbacks:
-            if fail is not None:
-                fail()
+        if self._retry:
+            self._retry[-1].callbacks = callbacks
+            callbacks = []
+        self._go_down(error, callbacks)
         return False
+
+    def _go_down(self, error: str, callbacks: list) -> None:
+        if not self._down:
+            log.error("store %s: database lost (%s); publishes in flight are in doubt (their "
+                      "connections are closed), new ones are nacked and never stored until "
+                      "it is back", self.safe_url, error)
+        self._down = True
+        if self.broker is not None:
+            self.broker.on_store_failure(self, error)
+        self._fail(callbacks)
 
     def _fail_waiting(self) -> None:
         callbacks, self._batch.callbacks = self._batch.callbacks, []
-        for _ok, fail in callbacks:
-            if fail is not None:
-                fail()
+        self._fail(callbacks)
 
-    def _reconnect(self) -> bool:
+    def _fail(self, callbacks: list) -> None:
+        """Nack what waited (on_failure) after taking its entries back from the queues
+        (a nack means "not stored, not delivered from now on"); a callback without
+        ``on_failure`` waits for the retry."""
+        by_queue: dict = {}
+        nacks = []
+        for ok, fail, held in callbacks:
+            if fail is None:
+                self._batch.callbacks.append((ok, None, ()))
+                continue
+            for q, e in held:
+                by_queue.setdefault(q, []).append(e)
+            nacks.append(fail)
+        self._withdraw(by_queue)
+        for fail in nacks:
+            fail()
+
+    @staticmethod
+    def _withdraw(by_queue: dict) -> None:
+        for q, entries in by_queue.items():
+            if not q.deleted:
+                q.withdraw(entries)
+
+    async def _reconnect(self) -> bool:
+        with trio.move_on_after(self.settings.timeout):
+            return await trio.to_thread.run_sync(self._reconnect_sync, abandon_on_cancel=True)
+        return False
+
+    def _reconnect_sync(self) -> bool:
+        """The database answers and the lease is (still, or again) ours."""
+        if self._lock.deposed:
+            return False
         try:
             with self.engine.connect() as c:
                 c.execute(text("SELECT 1"))
-            if not self._lock.check():
-                self._lock.acquire()
-            return True
-        except StoreLocked as exc:
-            log.error("%s", exc)
+            if self.dialect == "sqlite":
+                return True
+            if self._lock.renew():
+                return True
+        except SQLAlchemyError as exc:
+            self._lock.last_error = _reason(exc)
             return False
-        except SQLAlchemyError:
-            return False
+        log.error("%s; this broker no longer writes and must be restarted",
+                  self._lock._locked_message())
+        return False
 
     async def close(self) -> None:
         if self.engine is None:
@@ -463,36 +694,52 @@ class SQLStore(Store):
         self.engine = self.lock_engine = None
 
     # ------------------------------------------------------ worker (thread)
-    def _write(self, batches: list, check_lock: bool):
-        """One transaction for all batches; returns None or the error text."""
+    def _write(self, batches: list, gen: int):
+        """One transaction for all batches; returns None or the error text. ``gen`` changes
+        when the trio side gave up on this call: its connection is then dropped here."""
+        if all(b.empty() for b in batches):
+            return None
+        c = self._conn
         try:
-            if check_lock or self._lock.conn is None and self.dialect != "sqlite":
-                if not self._lock.check():
-                    # the row lock went with its connection: take it again before writing
-                    self._lock.acquire()
-            if all(b.empty() for b in batches):
-                return None
-            if self._conn is None:
-                self._conn = self.engine.connect()
-            c = self._conn
+            if c is not None and time.monotonic() - self._conn_used > IDLE_RECHECK:
+                self._conn = None  # may have been closed by the server: take a pinged one
+                c.close()
+                c = None
+            if c is None:
+                c = self.engine.connect()
+                if gen == self._gen:
+                    self._conn = c
             with c.begin():
                 for b in batches:
                     self._write_batch(c, b)
+            self._conn_used = time.monotonic()
+            if gen != self._gen:
+                self._drop(c)
             return None
-        except StoreLocked as exc:
-            return str(exc)
         except SQLAlchemyError as exc:
-            self._drop_conn()
+            self._drop(c)
             return _reason(exc)
 
-    def _drop_conn(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.invalidate()
-                self._conn.close()
-            except Exception:
-                pass
+    def _drop(self, c) -> None:
+        if c is None:
+            return
+        try:
+            c.invalidate()
+            c.close()
+        except Exception:
+            pass
+        if self._conn is c:
             self._conn = None
+
+    def _drop_conn(self) -> None:
+        self._drop(self._conn)
+
+    def _abandon_conn(self) -> None:
+        """The writer thread is stuck (silent database): reset its socket, forget it."""
+        self._gen += 1
+        c, self._conn = self._conn, None
+        if c is not None:
+            _abort_socket(c)
 
     def _write_batch(self, c, b: _Batch) -> None:
         E = S.entries
@@ -504,11 +751,11 @@ class SQLStore(Store):
             self._bulk_insert(c, "msgs", params)
             rows += len(params)
         if b.enq:
-            params = [(qid, seq, r[0], r[1], r[2], r[3])
-                      for qid, seqs in b.enq.items() for seq, r in seqs.items()]
-            if params:
-                self._bulk_insert(c, "entries", params)
-                rows += len(params)
+            erows = [(qid, seq, r[0], r[1], r[2], r[3])
+                     for qid, seqs in b.enq.items() for seq, r in seqs.items()]
+            if erows:
+                self._bulk_insert(c, "entries", erows)
+                rows += len(erows)
         pg = self.dialect == "postgresql"
         for qid, seqs in b.dlv.items():
             if pg:
@@ -532,7 +779,7 @@ class SQLStore(Store):
     # Vendor "adapters" for the two hot inserts, as ActiveMQ has per-database JDBC adapters:
     # PostgreSQL inserts a whole batch as arrays (unnest), MariaDB/MySQL get one multi-row
     # INSERT IGNORE from pymysql's executemany, SQLite uses sqlite3's executemany.
-    _INSERTS = {
+    _INSERTS: ClassVar[dict[tuple[str, str], str]] = {
         ("postgresql", "msgs"):
             "INSERT INTO triomq_msgs (id, body) SELECT * FROM unnest(%s::bigint[], %s::bytea[]) "
             "ON CONFLICT DO NOTHING",
@@ -555,11 +802,11 @@ class SQLStore(Store):
         if sql is None:  # another SQLAlchemy dialect: portable Core executemany
             table = S.msgs if what == "msgs" else S.entries
             names = [col.name for col in table.columns]
-            c.execute(self.insert_ignore(table), [dict(zip(names, r)) for r in rows])
+            c.execute(self.insert_ignore(table), [dict(zip(names, r, strict=True)) for r in rows])
             return
         if self.dialect == "postgresql":
             for part in _chunks(rows, 5000):
-                c.exec_driver_sql(sql, tuple(list(col) for col in zip(*part)))
+                c.exec_driver_sql(sql, tuple(list(col) for col in zip(*part, strict=True)))
         else:
             c.exec_driver_sql(sql, rows)
 
@@ -695,6 +942,8 @@ class SQLStore(Store):
         if seqs is None:
             seqs = b.enq[qid] = {}
         seqs[entry.seq] = [message.id, expires, entry.priority, entry.delivery_count > 0]
+        if not queue.internal:
+            self._held.append((queue, entry))  # taken back if the publish is nacked
         self._poke()
 
     def delivered(self, queue, entry) -> None:
@@ -719,15 +968,12 @@ class SQLStore(Store):
         if qid is None:
             return
         b = self._batch
-        seqs = b.enq.get(qid)
-        if seqs is not None:
-            r = seqs.pop(entry.seq, None)
-            if r is not None:
-                # never reached the database: nothing to write at all
-                if not seqs:
-                    del b.enq[qid]
-                self._unref(b, r[0])
-                return
+        if self._cancel(b, qid, entry.seq):
+            return  # never handed to the database: nothing to write at all
+        for rb in self._retry:
+            # a failed batch (database down) need not keep it; its commit outcome may be
+            # unknown, so the delete below is written as well
+            self._cancel(rb, qid, entry.seq)
         d = b.dlv.get(qid)
         if d is not None:
             d.discard(entry.seq)
@@ -737,6 +983,18 @@ class SQLStore(Store):
         s.add(entry.seq)
         b.rm_msgs.add(entry.message.id)
         self._poke()
+
+    def _cancel(self, b: _Batch, qid: int, seq: int) -> bool:
+        seqs = b.enq.get(qid)
+        if seqs is None:
+            return False
+        r = seqs.pop(seq, None)
+        if r is None:
+            return False
+        if not seqs:
+            del b.enq[qid]
+        self._unref(b, r[0])
+        return True
 
     def _unref(self, b: _Batch, msg_id: int) -> None:
         m = b.msgs.get(msg_id)
@@ -749,9 +1007,14 @@ class SQLStore(Store):
 
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:
+        # the entries enqueued since the last call are this publish's (Channel.route_message
+        # enqueues, then calls this at once): a nack takes them back from their queues
+        held, self._held = self._held, []
         if self._down:
             if on_failure is not None:
-                on_failure()
+                self._fail([(callback, on_failure, held)])
+            else:
+                self._batch.callbacks.append((callback, None, ()))
             return
         if self.flush == "async":
             callback()
@@ -760,7 +1023,7 @@ class SQLStore(Store):
                 and not self._batch.callbacks:
             callback()
             return
-        self._batch.callbacks.append((callback, on_failure))
+        self._batch.callbacks.append((callback, on_failure, held if on_failure else ()))
         self._wake.set()
 
 
@@ -788,8 +1051,8 @@ def inspect(url: str) -> str:
                 row = c.execute(select(S.lock.c.owner, S.lock.c.acquired_at)
                                 .where(S.lock.c.id == 1)).first()
                 if row is not None and row.owner:
-                    lines.append(f"  last lock owner: {row.owner} at "
-                                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.acquired_at or 0))}")
+                    when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.acquired_at or 0))
+                    lines.append(f"  last lock owner: {row.owner} at {when}")
             if {S.queues.name, S.entries.name, S.msgs.name} <= present:
                 Q, E, M = S.queues, S.entries, S.msgs
                 stmt = (select(Q.c.vhost, Q.c.name, func.count(E.c.seq),

@@ -3,16 +3,30 @@
 ActiveMQ            TrioMQ
 ACTIVEMQ_MSGS   ->  triomq_msgs      one row per persistent message (blob from records.encode_message)
 ACTIVEMQ_ACKS   ->  triomq_entries   one row per (durable queue, message) still to be acked
-ACTIVEMQ_LOCK   ->  triomq_lock      the row the running broker holds (SELECT ... FOR UPDATE)
+ACTIVEMQ_LOCK   ->  triomq_lock      the lease of the running broker (owner, expires_at)
 (destinations)  ->  triomq_exchanges, triomq_queues, triomq_bindings
 """
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, Column, Float, Index, Integer, LargeBinary, MetaData,
-                        SmallInteger, String, Table, UniqueConstraint)
+from sqlalchemy import (
+                        BigInteger,
+                        Boolean,
+                        Column,
+                        Float,
+                        Index,
+                        Integer,
+                        LargeBinary,
+                        MetaData,
+                        SmallInteger,
+                        String,
+                        Table,
+                        UniqueConstraint,
+)
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 1
+# 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at,
+# added in place by ``migrate`` — a version-1 database opens unchanged otherwise)
+SCHEMA_VERSION = 2
 
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
 NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
@@ -43,6 +57,7 @@ lock = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("owner", String(255), nullable=True),
     Column("acquired_at", Float(53), nullable=True),
+    Column("expires_at", Float(53), nullable=True),  # wall clock end of the lease (v2)
     Column("schema_version", Integer, nullable=False, default=SCHEMA_VERSION),
 )
 
@@ -78,3 +93,15 @@ bindings = Table(
 )
 
 ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings)
+
+
+def migrate(conn) -> None:
+    """Bring an existing database to SCHEMA_VERSION (after ``metadata.create_all``)."""
+    from sqlalchemy import inspect as sa_inspect
+    from sqlalchemy import text, update
+    cols = {c["name"] for c in sa_inspect(conn).get_columns(lock.name)}
+    if "expires_at" not in cols:
+        kind = {"postgresql": "DOUBLE PRECISION", "sqlite": "REAL"}.get(conn.dialect.name, "DOUBLE")
+        conn.execute(text(f"ALTER TABLE {lock.name} ADD COLUMN expires_at {kind} NULL"))
+    conn.execute(update(lock).where(lock.c.schema_version < SCHEMA_VERSION)
+                 .values(schema_version=SCHEMA_VERSION))

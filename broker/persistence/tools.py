@@ -14,7 +14,7 @@ import time
 import zlib
 
 from . import journal_format as jf
-from .base import StoreUnavailable
+from .base import StoreUnavailable, journal_dir, store_class, store_scheme
 
 
 def add_subcommands(subparsers) -> None:
@@ -30,13 +30,10 @@ def add_subcommands(subparsers) -> None:
 
 
 def _store_class(url):
-    if url in (None, "", "journal"):
-        from .journal import JournalStore
-        return JournalStore
-    if url.startswith(("sqlite", "postgresql", "mysql", "mariadb")):
-        from .sql import SQLStore
-        return SQLStore
-    raise StoreUnavailable(f"no inspect support for store URL {url!r}")
+    try:
+        return store_class(url)
+    except StoreUnavailable:
+        raise StoreUnavailable(f"no inspect support for store URL {url!r}") from None
 
 
 def _inspect_cmd(args) -> int:
@@ -46,7 +43,8 @@ def _inspect_cmd(args) -> int:
         if fn is None:
             print(f"triomq: error: the {cls.name} store has no inspect support", file=sys.stderr)
             return 1
-        target = args.data_dir if args.store in (None, "", "journal") else args.store
+        target = (journal_dir(args.store, args.data_dir) if store_scheme(args.store) == "journal"
+                  else args.store)
         return fn(target, sys.stdout) or 0
     except StoreUnavailable as exc:
         print(f"triomq: error: {exc}", file=sys.stderr)
@@ -101,7 +99,7 @@ def inspect_journal(data_dir: str, out) -> int:
           f"bindings: {len(state.bindings)}", file=out)
     print("live messages per queue:", file=out)
     total = 0
-    for qid, qs in sorted(state.queues.items(), key=lambda kv: (kv[1].qdef.vhost, kv[1].qdef.name)):
+    for _qid, qs in sorted(state.queues.items(), key=lambda kv: (kv[1].qdef.vhost, kv[1].qdef.name)):
         n = qs.count()
         total += n
         print(f"  vhost {qs.qdef.vhost!r} queue {qs.qdef.name!r}: {n}", file=out)
@@ -136,7 +134,7 @@ def repair_journal(data_dir: str, out) -> int:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        raise StoreUnavailable(f"journal {jdir} is in use by a running broker; stop it first")
+        raise StoreUnavailable(f"journal {jdir} is in use by a running broker; stop it first") from None
     state = load_state(jdir, salvage=True)
     maps = {}
 
@@ -154,16 +152,14 @@ def repair_journal(data_dir: str, out) -> int:
     if os.path.exists(tmp_dir):
         import shutil
         shutil.rmtree(tmp_dir)
-    new = JournalStore(data_dir)
-    new.jdir = tmp_dir
+    new = JournalStore(data_dir, jdir=tmp_dir)
     os.makedirs(tmp_dir)
-    new._seg, new._off = 1, 0
     for xd in state.exchanges.values():
-        new._append(jf.T_EXCHANGE, jf.pack_exchange(xd))
+        new.append_record(jf.T_EXCHANGE, jf.pack_exchange(xd))
     dropped_msgs = 0
     kept = 0
     for qid, qs in state.queues.items():
-        new._append(jf.T_QUEUE, jf.pack_queue(qs.qdef, qid))
+        new.append_record(jf.T_QUEUE, jf.pack_queue(qs.qdef, qid))
         for seq, loc, exp, prio, blen, fl in qs.entries():
             rec = _record_at(buf_of(loc >> 32), loc & 0xFFFFFFFF)
             if rec is None or rec[0] != jf.T_ENQ:
@@ -172,16 +168,14 @@ def repair_journal(data_dir: str, out) -> int:
                       f"{jf.seg_name(loc >> 32)} offset {loc & 0xFFFFFFFF} is unreadable", file=out)
                 continue
             blob = rec[1][jf.ENQ.size:]
-            new._append(jf.T_ENQ, jf.pack_enq(qid, seq, None if exp != exp else exp, prio, blen, 0)
+            new.append_record(jf.T_ENQ, jf.pack_enq(qid, seq, None if exp != exp else exp, prio, blen, 0)
                         + blob)
             if fl:
-                new._append(jf.T_DELIVERED, jf.QSEQ.pack(qid, seq))
+                new.append_record(jf.T_DELIVERED, jf.QSEQ.pack(qid, seq))
             kept += 1
     for bd in state.bindings.values():
-        new._append(jf.T_BINDING, jf.pack_binding(bd))
-    new._write_chunks(new._pending)
-    for fd in new._fds.values():
-        os.close(fd)
+        new.append_record(jf.T_BINDING, jf.pack_binding(bd))
+    new.write_buffered_and_close()
     for m in maps.values():
         if not isinstance(m, bytes):
             m.close()

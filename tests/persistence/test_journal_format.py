@@ -5,11 +5,11 @@ import os
 
 import pytest
 
+from broker.message import Message
 from broker.persistence import journal_format as jf
 from broker.persistence.base import StoreUnavailable
 from broker.persistence.journal import JournalStore, load_state
 from broker.persistence.records import ExchangeDef, QueueDef, encode_message
-from broker.message import Message
 
 
 def _msg(i: int) -> Message:

@@ -1,0 +1,358 @@
+"""The SQL store under database faults (issue 15), against the REAL PostgreSQL and MariaDB.
+
+A broker subprocess reaches the database through ``faultproxy.FaultProxy`` (blackhole,
+reset, refuse); a pika publisher with confirms records which ids were confirmed, nacked
+or in doubt. After the fault, every confirmed id must come back, no nacked id ever does,
+and the broker recovers by itself (it never locks itself out). The lease tests run a
+second broker with ``--sql-standby``. Timings are short (lease 3 s, renew 0.5 s,
+timeouts 1.5 s); the figures printed (``-s``) are those of docs/performance-sql.md.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from broker.config import SQLSettings
+from broker.persistence import sql_schema as S
+from broker.persistence.sql import SQLStore
+
+from .faultproxy import FaultProxy
+from .test_sql_store import MY_HOST, MY_PORT, PG_HOST, PG_PORT, BrokerProc, _make_db, _reachable
+
+LEASE, RENEW, TIMEOUT = 3.0, 0.5, 1.5
+SQL_ARGS = ["--sql-lease", str(LEASE), "--sql-renew", str(RENEW), "--sql-timeout", str(TIMEOUT)]
+TARGET = {"postgresql": (PG_HOST, PG_PORT), "mysql": (MY_HOST, MY_PORT)}
+
+
+def _via(url: str, kind: str, port: int) -> str:
+    host, real = TARGET[kind]
+    return url.replace(f"{host}:{real}", f"127.0.0.1:{port}")
+
+
+class Broker(BrokerProc):
+    """``BrokerProc`` with the short SQL settings, its log in a file (never a full pipe)."""
+
+    def __init__(self, url, data_dir, log_path, extra=()):
+        super().__init__(url, data_dir)
+        self.log_path = log_path
+        self.extra = list(extra)
+
+    def start(self, expect_ok=True, wait=30.0):
+        import subprocess
+
+        from .test_sql_store import PY, REPO
+        self.log = open(self.log_path, "a")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
+             "--data-dir", self.data_dir, "--store", self.url, *SQL_ARGS, *self.extra],
+            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        if expect_ok:
+            self.wait_listening(wait)
+        return self.proc
+
+    def wait_listening(self, wait: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < wait:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"broker exited: {self.text()}")
+            if _reachable("127.0.0.1", self.port):
+                return time.monotonic()
+            time.sleep(0.05)
+        raise AssertionError(f"broker did not start: {self.text()}")
+
+    def text(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def kill9(self):
+        import signal
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+def _connect(port):
+    import pika
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", port, connection_attempts=3, retry_delay=0.3, heartbeat=0))
+
+
+class Publisher(threading.Thread):
+    """Publishes persistent messages "0", "1", … with confirms, one at a time. A connection
+    closed while a publish waits for its confirm makes that id in doubt (the broker could
+    not tell whether it was stored); the publisher then reconnects and goes on."""
+
+    def __init__(self, port, queue="q"):
+        super().__init__(daemon=True)
+        self.port = port
+        self.queue = queue
+        self.confirmed: dict[int, float] = {}  # id -> monotonic time of the confirm
+        self.nacked: dict[int, float] = {}
+        self.doubted: dict[int, float] = {}
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.n = 0
+
+    @property
+    def in_doubt(self) -> set[int]:
+        return set(self.doubted)
+
+    def _channel(self):
+        conn = _connect(self.port)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        return conn, ch
+
+    def run(self):
+        import pika
+        try:
+            conn, ch = self._channel()
+            props = pika.BasicProperties(delivery_mode=2)
+            while not self.stop_event.is_set():
+                i = self.n
+                self.n += 1
+                try:
+                    ch.basic_publish("", self.queue, str(i).encode(), props)
+                    self.confirmed[i] = time.monotonic()
+                except pika.exceptions.NackError:
+                    self.nacked[i] = time.monotonic()
+                except pika.exceptions.AMQPError:
+                    self.doubted[i] = time.monotonic()
+                    if not conn.is_closed:
+                        conn.close()
+                    conn, ch = self._channel()
+                time.sleep(0.005)
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def finish(self):
+        self.stop_event.set()
+        self.join(30)
+        assert self.error is None, repr(self.error)
+
+    def first(self, what, after: float, timeout: float) -> float:
+        """When the first id of ``what`` (a dict of ids, e.g. confirmed, or a tuple of such
+        dicts) after ``after`` was decided."""
+        dicts = what if isinstance(what, tuple) else (what,)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [t for d in dicts for t in list(d.values()) if t > after]
+            if hits:
+                return min(hits)
+            time.sleep(0.02)
+        raise AssertionError("nothing decided in time")
+
+
+def _declare(port, queue="q"):
+    conn = _connect(port)
+    conn.channel().queue_declare(queue, durable=True)
+    conn.close()
+
+
+def _drain(port, queue="q") -> list[int]:
+    conn = _connect(port)
+    ch = conn.channel()
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append(int(body))
+    conn.close()
+    return got
+
+
+def _check(pub: Publisher, consumed: list[int]) -> None:
+    got = set(consumed)
+    assert len(got) == len(consumed), "a message came back twice"
+    lost = set(pub.confirmed) - got
+    assert not lost, f"confirmed but lost: {sorted(lost)[:10]}"
+    leaked = got & set(pub.nacked)
+    assert not leaked, f"nacked but delivered: {sorted(leaked)[:10]}"
+    assert got <= set(pub.confirmed) | pub.in_doubt
+
+
+@pytest.fixture
+def env(request, tmp_path):
+    made = []
+
+    def make(kind):
+        db = _make_db(kind)
+        proxy = FaultProxy(*TARGET[kind]).start()
+        made.append((db, proxy))
+        return db, proxy
+    brokers: list[Broker] = []
+
+    def broker(url, name="a", extra=()):
+        b = Broker(url, str(tmp_path / name), str(tmp_path / f"{name}.log"), extra)
+        brokers.append(b)
+        return b
+    yield make, broker
+    for b in brokers:
+        b.stop()
+    for db, proxy in made:
+        proxy.stop()
+        db.drop()
+
+
+# ------------------------------------------------------------ outages
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+@pytest.mark.parametrize("fault", ["blackhole", "reset"])
+def test_outage_confirmed_kept_nacked_gone(env, kind, fault):
+    """Publish through an outage: nothing confirmed is lost, nothing nacked is delivered
+    (during or after it), and the broker resumes by itself once the database answers."""
+    make, broker = env
+    db, proxy = make(kind)
+    a = broker(_via(db.url, kind, proxy.port))
+    a.start()
+    _declare(a.port)
+    pub = Publisher(a.port)
+    pub.start()
+    time.sleep(1.0)
+    t_fault = time.monotonic()
+    if fault == "blackhole":
+        proxy.blackhole()  # longer than the lease: the broker must get its own lease back
+        hold = LEASE + 2
+    else:
+        proxy.close_all()
+        proxy.refuse()
+        hold = 2.0
+    detect = pub.first((pub.nacked, pub.doubted), t_fault, 15) - t_fault
+    time.sleep(max(0.0, t_fault + hold - time.monotonic()))
+    t_resume = time.monotonic()
+    proxy.resume()
+    recover = pub.first(pub.confirmed, t_resume, 20) - t_resume
+    time.sleep(0.5)
+    pub.finish()
+    print(f"\n[{kind} {fault}] detect {detect:.2f} s, recover {recover:.2f} s after resume; "
+          f"{len(pub.confirmed)} confirmed, {len(pub.nacked)} nacked, {len(pub.in_doubt)} in doubt")
+    assert detect <= TIMEOUT + 1.0
+    assert recover <= TIMEOUT + 3.0
+    assert pub.nacked, "the outage nacked nothing"
+    # what the database holds: kill -9, restart on the database directly
+    a.kill9()
+    b = broker(db.url, "b")
+    b.start()
+    _check(pub, _drain(b.port))
+
+
+# ------------------------------------------------------------ lease
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+def test_standby_waits_then_takes_over_a_silent_master(env, kind):
+    """A second broker cannot take the lease while the first renews it; when the first
+    goes silent it takes over after the lease, and the deposed first never confirms
+    again (it stopped before the standby started)."""
+    make, broker = env
+    db, proxy = make(kind)
+    a = broker(_via(db.url, kind, proxy.port))
+    a.start()
+    _declare(a.port)
+    second = broker(db.url, "second")
+    second.start(expect_ok=False)
+    assert second.proc.wait(15) != 0
+    assert "is locked by" in second.text()
+    b = broker(db.url, "b", ["--sql-standby"])
+    b.start(expect_ok=False)
+    pub = Publisher(a.port)
+    pub.start()
+    time.sleep(2 * LEASE)  # several renewals: the standby keeps waiting
+    assert not _reachable("127.0.0.1", b.port) and b.proc.poll() is None
+    t_fault = time.monotonic()
+    proxy.blackhole()
+    t_up = b.wait_listening(LEASE + 10)
+    takeover = t_up - t_fault
+    last_ok = max(pub.confirmed.values())
+    proxy.resume()  # the deposed master reaches the database again: it must not write
+    time.sleep(1.5)
+    pub.finish()
+    print(f"\n[{kind}] lease takeover of a silent master after {takeover:.2f} s "
+          f"(lease {LEASE} s); its last confirm {last_ok - t_fault:.2f} s after the fault")
+    assert LEASE - 0.5 <= takeover <= LEASE + RENEW + TIMEOUT + 2
+    assert last_ok < t_fault + LEASE, "the deposed master confirmed after its lease"
+    assert all(t < t_up for t in pub.confirmed.values())
+    assert "lease" in a.text()
+    _check(pub, _drain(b.port))
+
+
+@pytest.mark.timeout(60)
+def test_standby_takes_over_after_kill9(env):
+    make, broker = env
+    db, _proxy = make("postgresql")
+    a = broker(db.url)
+    a.start()
+    _declare(a.port)
+    pub = Publisher(a.port)
+    pub.start()
+    b = broker(db.url, "b", ["--sql-standby"])
+    b.start(expect_ok=False)
+    time.sleep(1.5)
+    pub.stop_event.set()
+    pub.join(10)
+    t_kill = time.monotonic()
+    a.kill9()
+    takeover = b.wait_listening(LEASE + 10) - t_kill
+    print(f"\n[postgresql] standby took over {takeover:.2f} s after kill -9 of the master")
+    assert takeover <= LEASE + RENEW + 1
+    _check(pub, _drain(b.port))
+
+
+def test_lease_owner_renewed_and_released(env):
+    """The lock row holds the owner and an expiry in the future while running; a clean
+    stop releases it so the next broker starts at once."""
+    make, broker = env
+    db, _proxy = make("postgresql")
+    a = broker(db.url)
+    a.start()
+    time.sleep(RENEW * 3)
+    import psycopg
+    dbname = db.url.rsplit("/", 1)[1]
+    with psycopg.connect(host=PG_HOST, port=PG_PORT, user="postgres", dbname=dbname) as c:
+        owner, expires = c.execute("SELECT owner, expires_at FROM triomq_lock").fetchone()
+        assert owner.startswith("triomq ") and expires > time.time()
+        a.stop()
+        owner, expires = c.execute("SELECT owner, expires_at FROM triomq_lock").fetchone()
+        assert owner is None and expires is None
+    t0 = time.monotonic()
+    broker(db.url, "b").start()
+    assert time.monotonic() - t0 < LEASE
+
+
+def test_schema_v1_database_is_migrated(tmp_path):
+    """A version-1 database (no triomq_lock.expires_at) opens and gets the column."""
+    url = f"sqlite:///{tmp_path}/store.db"
+
+    async def main():
+        st = SQLStore(url, settings=SQLSettings(lease=LEASE, renew=RENEW, timeout=TIMEOUT))
+        await st.open()
+        await st.close()
+        import sqlite3
+        c = sqlite3.connect(f"{tmp_path}/store.db")
+        c.execute("ALTER TABLE triomq_lock DROP COLUMN expires_at")
+        c.execute("UPDATE triomq_lock SET schema_version = 1")
+        c.commit()
+        c.close()
+        st = SQLStore(url)
+        await st.open()
+        await st.close()
+        c = sqlite3.connect(f"{tmp_path}/store.db")
+        cols = [r[1] for r in c.execute("PRAGMA table_info(triomq_lock)")]
+        version = c.execute("SELECT schema_version FROM triomq_lock").fetchone()[0]
+        c.close()
+        assert "expires_at" in cols and version == S.SCHEMA_VERSION
+    trio.run(main)
