@@ -8,7 +8,7 @@ HOST ?= 0.0.0.0
 DATA ?= ./data
 RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: setup system-deps run test test-triomq test-rabbitmq bench
+.PHONY: setup system-deps run lint test test-triomq test-rabbitmq bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 # client (Java 17 is on the machine). Installed with apt when missing (CI runs as root).
 SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java
 system-deps:
-	@if ! command -v amqp-publish >/dev/null || [ ! -f /usr/share/java/rabbitmq-client.jar ]; then \
+	@if ! command -v amqp-publish >/dev/null || { [ ! -f /usr/share/java/amqp-client.jar ] && [ ! -f /usr/share/java/rabbitmq-client.jar ]; }; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_TEST_PACKAGES) >/dev/null; \
 	fi
@@ -31,16 +31,21 @@ system-deps:
 run: setup
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
 
-## Set up and run every test: unit, CLI, storage, scheduler and the interop suite against
+## Set up and run every test: lint (ruff, mypy), unit, CLI, storage, scheduler and the interop suite against
 ## TrioMQ, then the same interop suite against the reference RabbitMQ when one is reachable.
 test: setup system-deps
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-triomq
 	$(MAKE) --no-print-directory test-rabbitmq
 
-# Two runs: both folders have a conftest.py meant for their own tests.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# One pytest session: unit and component tests (tests/) and the interop suite against a
+# TrioMQ subprocess it starts itself.
 test-triomq: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
-	$(PY) -m pytest -q -p no:cacheprovider interop-tests
+	$(PY) -m pytest -q -p no:cacheprovider tests interop-tests
 
 test-rabbitmq: setup
 	@if $(PY) -c "import socket,sys,urllib.parse as u; p=u.urlparse('$(RABBITMQ_URL)'); socket.create_connection((p.hostname, p.port or 5672), 2)" 2>/dev/null; then \

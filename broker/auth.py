@@ -6,9 +6,10 @@ Only guest/guest exists for now, accepted from loopback only as RabbitMQ's
 from __future__ import annotations
 
 import ipaddress
-
-from .amqp.fields import FieldError, decode_table
 import struct
+
+from .amqp.connection import Authenticator
+from .amqp.fields import FieldError, decode_table
 
 
 class UserDatabase:
@@ -17,13 +18,13 @@ class UserDatabase:
         self.loopback_only = set(loopback_only if loopback_only is not None else {"guest"})
 
     def check(self, username: str, password: str, peer_host: str | None) -> str | None:
-        """None when accepted, else RabbitMQ's refusal text."""
+        """None when accepted, else RabbitMQ's explanation of the refusal (403 ACCESS_REFUSED)."""
         if self.users.get(username) != password:
-            return (f"ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
-                    f"For details see the broker logfile.")
+            return ("Login was refused using authentication mechanism PLAIN. "
+                    "For details see the broker logfile.")
         if username in self.loopback_only and not _is_loopback(peer_host):
-            return (f"ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
-                    f"For details see the broker logfile.")
+            return ("Login was refused using authentication mechanism PLAIN. "
+                    "For details see the broker logfile.")
         return None
 
 
@@ -51,15 +52,18 @@ def parse_credentials(mechanism: str, response: bytes) -> tuple[str, str] | None
         login, password = table.get("LOGIN"), table.get("PASSWORD")
         if login is None or password is None:
             return None
-        as_str = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-        return as_str(login), as_str(password)
+        return _as_str(login), _as_str(password)
     return None
 
 
-def make_authenticator(users: UserDatabase, peer_host: str | None):
-    def authenticate(mechanism: str, response: bytes):
+def _as_str(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def make_authenticator(users: UserDatabase, peer_host: str | None) -> Authenticator:
+    def authenticate(mechanism: str, response: bytes) -> tuple[str | None, str]:
         if mechanism not in ("PLAIN", "AMQPLAIN"):
-            return None, (f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'")
+            return None, (f"unsupported authentication mechanism '{mechanism}'")
         creds = parse_credentials(mechanism, response)
         if creds is None:
             return None, ""  # RabbitMQ drops the socket without a close

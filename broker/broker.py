@@ -4,10 +4,11 @@ from __future__ import annotations
 import logging
 import os
 
-from . import scheduler
+from . import errors, scheduler
 from .auth import UserDatabase
 from .config import Config
-from .persistence import MemoryStore, Store
+from .persistence import DURABLE, MemoryStore, Store
+from .persistence.base import BLOCKS_ON_FAILURE
 from .timers import TimerQueue
 from .vhost import VirtualHost
 
@@ -34,7 +35,7 @@ class Broker:
         self.config = config or Config()
         self.timers = TimerQueue()
         self.store = store or MemoryStore()
-        backing = None if isinstance(self.store, MemoryStore) else self.store
+        backing = self.store if DURABLE in self.store.capabilities else None
         self.vhosts: dict[str, VirtualHost] = {"/": VirtualHost("/", self.timers, backing)}
         for vhost in self.vhosts.values():
             vhost.on_queue_deleted.append(self._queue_deleted)
@@ -49,6 +50,7 @@ class Broker:
         self.background_tasks: list = []
         # Called after the store has recreated durable state, before listeners open.
         self.recovery_hooks: list = []
+        self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
 
     def recover(self) -> None:
@@ -73,6 +75,39 @@ class Broker:
 
     def session_closed(self, session) -> None:
         self.sessions.discard(session)
+
+    # ---- store failures (persistence.base.Store contract) ----
+    def on_store_failure(self, store: Store, reason: str) -> None:
+        """``store`` could not write (``reason``: one line, e.g. "no space left on device").
+
+        Called by the store before anything else. The publishes waiting for that write
+        are in doubt (it may have reached the disk or database, or not), so neither a
+        confirm nor a nack would be true: every connection waiting for confirms is
+        closed with 541, as RabbitMQ closes channels whose queue died, and its
+        publisher must treat what it did not get confirmed as in doubt. A store
+        declaring ``BLOCKS_ON_FAILURE`` (the journal: its disk is full or failing) also
+        raises a resource alarm named after it, which blocks publishers, and on its
+        first failure closes every connection. Never raises.
+        """
+        first = store not in self._failing_stores
+        self._failing_stores.add(store)
+        blocks = BLOCKS_ON_FAILURE in store.capabilities
+        if blocks:
+            self.set_alarm(store.name, True)
+        for session in list(self.sessions):
+            if (blocks and first) or any(ch.awaiting_confirms for ch in session.channels.values()):
+                try:
+                    session.force_close(errors.internal_error("%s write failed: %s", store.name, reason))
+                except Exception:  # pragma: no cover
+                    log.exception("could not close a session after a store failure")
+
+    def on_store_recovered(self, store: Store) -> None:
+        """``store`` writes again after ``on_store_failure``: clear its alarm."""
+        if store not in self._failing_stores:
+            return
+        self._failing_stores.discard(store)
+        if BLOCKS_ON_FAILURE in store.capabilities:
+            self.set_alarm(store.name, False)
 
     def _queue_deleted(self, queue, consumers) -> None:
         for consumer in consumers:

@@ -9,12 +9,26 @@ import base64
 import os
 from collections import deque
 
+from . import errors
 from .amqp import spec
-from .amqp.codec import ack_frame, content_frames, deliver_frames, method_frame, nack_frame, shortstr
-from .amqp.connection import ChannelException, ConnectionException
 from .message import Message
-from .queues.queue import Consumer
+from .queues.queue import Consumer, Queue
+from .queues.selector import SelectorError, compile_selector
 from .queues.ttl import ExpirationError, parse_expiration
+
+
+def _selector(value):
+    """The compiled ``x-filter`` consumer argument (None without one); 406 if invalid."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise errors.precondition_failed("invalid arg 'x-filter' for consumer: must be a string")
+    try:
+        return compile_selector(value)
+    except SelectorError as exc:
+        raise errors.precondition_failed("invalid arg 'x-filter' for consumer: %s", exc) from None
 
 
 def _random_tag(prefix: str) -> str:
@@ -22,7 +36,7 @@ def _random_tag(prefix: str) -> str:
 
 
 class Unacked:
-    __slots__ = ("tag", "entry", "queue", "consumer")
+    __slots__ = ("consumer", "entry", "queue", "tag")
 
     def __init__(self, tag, entry, queue, consumer):
         self.tag = tag
@@ -67,11 +81,8 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message
-        conn = self.conn
-        parts = deliver_frames(self.number, consumer.tag_raw, tag, entry.redelivered,
-                               shortstr(message.exchange), shortstr(message.routing_key),
-                               message.props_raw, message.body, conn.frame_max)
-        conn.write_many(parts, len(message.body) + 100)
+        self.conn.deliver(self.number, consumer.tag_raw, tag, entry.redelivered, message.exchange,
+                          message.routing_key, message.props_raw, message.body)
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(tag, entry, queue, consumer)
         self.session.wake()
@@ -80,8 +91,7 @@ class Channel:
     def handle(self, method: spec.Method) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
-            raise ConnectionException(
-                spec.COMMAND_INVALID, f"COMMAND_INVALID - unexpected {method.amqp_name}", method)
+            raise errors.command_invalid(f"unexpected {method.amqp_name}")
         handler(self, method)
 
     def reply(self, method: spec.Method) -> None:
@@ -91,7 +101,7 @@ class Channel:
     def on_flow(self, m) -> None:
         # RabbitMQ 3.x refuses client-initiated flow stop; we keep its wire contract.
         if not m.active:
-            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - active=false", m)
+            raise errors.not_implemented("active=false")
         self.reply(spec.Channel.FlowOk(True))
 
     # ---- exchange class ----
@@ -106,29 +116,26 @@ class Channel:
             self.reply(spec.Exchange.DeleteOk())
 
     def on_exchange_bind(self, m) -> None:
-        dest = self.vhost.get_exchange(m.destination, m)
+        dest = self.vhost.get_exchange(m.destination)
         if m.destination == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
-        self.vhost.bind(m.source, dest, m.routing_key, m.arguments, m)
+            raise errors.access_refused("operation not permitted on the default exchange")
+        self.vhost.bind(m.source, dest, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(spec.Exchange.BindOk())
 
     def on_exchange_unbind(self, m) -> None:
         if m.destination == "" or m.source == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
+            raise errors.access_refused("operation not permitted on the default exchange")
         self.vhost.unbind(m.source, self.vhost.exchanges.get(m.destination), m.routing_key,
                           m.arguments)
         if not m.nowait:
             self.reply(spec.Exchange.UnbindOk())
 
     # ---- queue class ----
-    def _queue_name(self, name: str, m) -> str:
+    def _queue_name(self, name: str) -> str:
         if name == "":
             if self.last_queue is None:
-                raise ChannelException(
-                    spec.NOT_FOUND, "NOT_FOUND - no previously declared queue", m)
+                raise errors.amqp_error("not_found", "no previously declared queue")
             return self.last_queue
         return name
 
@@ -139,27 +146,26 @@ class Channel:
             self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
 
     def on_queue_bind(self, m) -> None:
-        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
-        self.vhost.bind(m.exchange, q, m.routing_key, m.arguments, m)
+        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
+        self.vhost.bind(m.exchange, q, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(spec.Queue.BindOk())
 
     def on_queue_unbind(self, m) -> None:
         if m.exchange == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
-        self.vhost.unbind(m.exchange, self.vhost.queues.get(self._queue_name(m.queue, m)),
-                          m.routing_key, m.arguments, self.session, m)
+            raise errors.access_refused("operation not permitted on the default exchange")
+        self.vhost.unbind(m.exchange, self.vhost.find_queue(self._queue_name(m.queue)),
+                          m.routing_key, m.arguments, self.session)
         self.reply(spec.Queue.UnbindOk())
 
     def on_queue_purge(self, m) -> None:
-        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         count = q.purge()
         if not m.nowait:
             self.reply(spec.Queue.PurgeOk(count))
 
     def on_queue_delete(self, m) -> None:
-        m.queue = self._queue_name(m.queue, m)
+        m.queue = self._queue_name(m.queue)
         # RabbitMQ sends delete-ok before the basic.cancel of this channel's own consumers.
         self._deferred_cancels = []
         try:
@@ -174,8 +180,7 @@ class Channel:
     # ---- basic class ----
     def on_basic_qos(self, m) -> None:
         if m.prefetch_size != 0:
-            raise ConnectionException(
-                spec.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})", m)
+            raise errors.not_implemented(f"prefetch_size!=0 ({m.prefetch_size})")
         if m.global_:
             self.global_prefetch = m.prefetch_count
         else:
@@ -190,22 +195,18 @@ class Channel:
         self._kick_consumers()
 
     def on_basic_consume(self, m) -> None:
-        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers:
-            raise ConnectionException(
-                spec.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", m)
+            raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
         if q.consumers and (m.exclusive or q.exclusive_consumer):
-            raise ChannelException(
-                spec.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use", m)
+            raise errors.access_refused("%s in exclusive use", self.vhost.queue_resource(q.name))
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - invalid arg 'x-priority' for consumer: must be an integer", m)
-        consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, priority, self.prefetch, args)
+            raise errors.precondition_failed("invalid arg 'x-priority' for consumer: must be an integer")
+        consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, priority, self.prefetch, args,
+                            _selector(args.get("x-filter")))
         self.consumers[tag] = consumer
         if not m.nowait:
             self.reply(spec.Basic.ConsumeOk(tag))
@@ -230,7 +231,7 @@ class Channel:
             self.session.wake()
 
     def on_basic_get(self, m) -> None:
-        q = self.vhost.get_queue(self._queue_name(m.queue, m), self.session, m)
+        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         entry = q.get()
         if entry is None:
             self.reply(spec.Basic.GetEmpty(""))
@@ -238,10 +239,8 @@ class Channel:
         tag = self.next_tag
         self.next_tag += 1
         message = entry.message
-        header = method_frame(self.number, spec.Basic.GetOk(
-            tag, entry.redelivered, message.exchange, message.routing_key, q.message_count))
-        self.conn.write_many([header] + content_frames(self.number, message.props_raw, message.body,
-                                                       self.conn.frame_max), len(message.body) + 100)
+        self.conn.get_ok(self.number, tag, entry.redelivered, message.exchange, message.routing_key,
+                         q.message_count, message.props_raw, message.body)
         if m.no_ack:
             q.settled(entry)
         else:
@@ -256,8 +255,7 @@ class Channel:
                 unacked.clear()
                 return taken
             if tag not in unacked:
-                raise ChannelException(spec.PRECONDITION_FAILED,
-                                       f"PRECONDITION_FAILED - unknown delivery tag {tag}", m)
+                raise errors.precondition_failed("unknown delivery tag %d", tag)
             taken = []
             while unacked:
                 first = next(iter(unacked))
@@ -267,8 +265,7 @@ class Channel:
             return taken
         item = unacked.pop(tag, None)
         if item is None:
-            raise ChannelException(spec.PRECONDITION_FAILED,
-                                   f"PRECONDITION_FAILED - unknown delivery tag {tag}", m)
+            raise errors.precondition_failed("unknown delivery tag %d", tag)
         return [item]
 
     def on_basic_ack(self, m) -> None:
@@ -292,8 +289,8 @@ class Channel:
             return
         self._settle(taken, ack=False, requeue=m.requeue)
 
-    def _settle(self, taken: list, ack: bool, requeue: bool = False) -> None:
-        queues = {}
+    def _settle(self, taken: list[Unacked], ack: bool, requeue: bool = False) -> None:
+        queues: dict[Queue, None] = {}  # the queues touched, in order
         if ack:
             for item in taken:
                 item.queue.ack(item.entry, item.consumer)
@@ -316,7 +313,7 @@ class Channel:
 
     def on_basic_recover(self, m) -> None:
         if not m.requeue:
-            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", m)
+            raise errors.not_implemented("requeue=false")
         self.requeue_all()
         if isinstance(m, spec.Basic.Recover):
             self.reply(spec.Basic.RecoverOk())
@@ -338,26 +335,22 @@ class Channel:
         vhost = self.vhost
         x = vhost.exchanges.get(ev.exchange)
         if x is None:
-            raise ChannelException(spec.NOT_FOUND, vhost._no_exchange(ev.exchange), spec.Basic.Publish())
+            raise errors.not_found(vhost.exchange_resource(ev.exchange))
         if x.internal:
-            raise ChannelException(
-                spec.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - cannot publish to internal exchange '{ev.exchange}' in vhost "
-                f"'{vhost.name}'", spec.Basic.Publish())
+            raise errors.access_refused("cannot publish to internal %s",
+                                        vhost.exchange_resource(ev.exchange))
         if ev.immediate:
-            raise ConnectionException(spec.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true",
-                                      spec.Basic.Publish())
+            raise errors.not_implemented("immediate=true")
         user_id = properties.get("user_id")
         if user_id is not None and user_id != self.session.conn.username:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user "
-                f"was '{self.session.conn.username}'", spec.Basic.Publish())
+            raise errors.precondition_failed(
+                "user_id property set to '%s' but authenticated user was '%s'", user_id,
+                self.session.conn.username)
         if "expiration" in properties:
             try:
                 parse_expiration(properties["expiration"])
             except ExpirationError as exc:
-                raise ChannelException(spec.PRECONDITION_FAILED, str(exc), spec.Basic.Publish()) from None
+                raise errors.precondition_failed(str(exc)) from None
         message = Message(ev.exchange, ev.routing_key, ev.props_raw, properties, ev.body)
         if self.tx is not None:
             self.tx.append(("publish", (message, ev.mandatory)))
@@ -381,11 +374,15 @@ class Channel:
             return
         accepted = True
         durable = False
+        flow_high = self.session.flow_high
         for q in queues:
             if not q.enqueue(message):
                 accepted = False
             elif q.store is not None and message.persistent:
                 durable = True
+            # Flow control: a queue with consumers that keeps growing slows its publishers.
+            if len(q.ready) > flow_high and q.consumers:
+                self.session.queue_over_threshold(q)
         if seq:
             if durable and accepted:
                 q_store = self.vhost.store
@@ -396,18 +393,15 @@ class Channel:
                 self.confirm_decided(seq, accepted)
 
     def send_return(self, message: Message, code: int, text: str) -> None:
-        head = method_frame(self.number, spec.Basic.Return(code, text, message.exchange,
-                                                           message.routing_key))
-        self.conn.write_many([head] + content_frames(self.number, message.props_raw, message.body,
-                                                     self.conn.frame_max), len(message.body) + 100)
+        self.conn.basic_return(self.number, code, text, message.exchange, message.routing_key,
+                               message.props_raw, message.body)
         # Returns also come from timers (scheduled messages), outside any receive batch.
         self.session.wake()
 
     # ---- confirms ----
     def on_confirm_select(self, m) -> None:
         if self.tx is not None:
-            raise ChannelException(spec.PRECONDITION_FAILED,
-                                   "PRECONDITION_FAILED - cannot switch from tx to confirm mode", m)
+            raise errors.precondition_failed("cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
             self.reply(spec.Confirm.SelectOk())
@@ -433,25 +427,23 @@ class Channel:
                 run_len += 1
                 continue
             if run_len:
-                conn.write(ack_frame(self.number, run_end, run_len > 1))
+                conn.confirm(self.number, run_end, run_len > 1)
                 run_len = 0
-            conn.write(nack_frame(self.number, seq, False))
+            conn.confirm(self.number, seq, False, ok=False)
         if run_len:
-            conn.write(ack_frame(self.number, run_end, run_len > 1))
+            conn.confirm(self.number, run_end, run_len > 1)
 
     # ---- transactions ----
     def on_tx_select(self, m) -> None:
         if self.confirm:
-            raise ChannelException(spec.PRECONDITION_FAILED,
-                                   "PRECONDITION_FAILED - cannot switch from confirm to tx mode", m)
+            raise errors.precondition_failed("cannot switch from confirm to tx mode")
         if self.tx is None:
             self.tx = []
         self.reply(spec.Tx.SelectOk())
 
     def on_tx_commit(self, m) -> None:
         if self.tx is None:
-            raise ChannelException(spec.PRECONDITION_FAILED,
-                                   "PRECONDITION_FAILED - channel is not transactional", m)
+            raise errors.precondition_failed("channel is not transactional")
         actions, self.tx = self.tx, []
         for kind, data in actions:
             if kind == "publish":
@@ -467,8 +459,7 @@ class Channel:
 
     def on_tx_rollback(self, m) -> None:
         if self.tx is None:
-            raise ChannelException(spec.PRECONDITION_FAILED,
-                                   "PRECONDITION_FAILED - channel is not transactional", m)
+            raise errors.precondition_failed("channel is not transactional")
         actions, self.tx = self.tx, []
         restored = {}
         for kind, data in actions:
@@ -514,6 +505,13 @@ class Channel:
         self.consumers.clear()
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
+
+    # ---- seam for broker.on_store_failure (persistence/seams) ----
+    @property
+    def awaiting_confirms(self) -> bool:
+        """True if the channel is in confirm mode and owes publisher confirms."""
+        return self.confirm and bool(self._unconfirmed)
+    # ---- end of seam ----
 
 
 _HANDLERS = {

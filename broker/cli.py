@@ -9,9 +9,29 @@ import sys
 import trio
 
 from .broker import Broker
-from .config import Config
+from .config import Config, JournalSettings, SQLSettings
 from .persistence import StoreUnavailable, open_store
 from .server import describe_listen_error, run_server
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,14 +42,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672)")
     run.add_argument("--data-dir", default="./data", help="data directory (default ./data)")
     run.add_argument("--store", default=None,
-                     help="storage backend: journal (default), memory, sqlite:///file, "
-                          "postgresql+psycopg://..., mysql+pymysql://...")
+                     help="storage backend (persistence.base registry): journal (default), "
+                          "journal:DIR, memory, sqlite:///file, postgresql+psycopg://..., "
+                          "mysql+pymysql://...")
     run.add_argument("--flush", choices=("sync", "async"), default="sync",
                      help="sync: fsync before confirming (default); async: fsync every few ms")
     run.add_argument("--heartbeat", type=int, default=60, help="heartbeat the server proposes (s)")
     run.add_argument("--memory-limit", type=int, default=None,
                      help="block publishers above this RSS in bytes (default 0.4 of RAM)")
     run.add_argument("--log-level", default=os.environ.get("TRIOMQ_LOG_LEVEL", "INFO"))
+    journal = JournalSettings()
+    run.add_argument("--journal-segment-size", type=_positive, default=journal.segment_size,
+                     metavar="BYTES", help="journal segment file size (default 32 MiB)")
+    run.add_argument("--journal-checkpoint-bytes", type=_positive, metavar="BYTES",
+                     default=journal.checkpoint_bytes,
+                     help="journal bytes between checkpoints (default 64 MiB)")
+    run.add_argument("--queue-memory-budget", type=_positive, metavar="BYTES",
+                     default=journal.queue_memory_budget,
+                     help="bytes of ready messages a durable queue keeps in memory before "
+                          "paging (default 32 MiB)")
+    run.add_argument("--max-message-size", type=_positive, metavar="BYTES",
+                     default=Config.max_message_size,
+                     help="largest message body accepted (default 128 MiB)")
+    sql = SQLSettings()
+    run.add_argument("--sql-lease", type=_seconds, default=sql.lease, metavar="S",
+                     help="SQL store: lease time of the store lock (default 10 s)")
+    run.add_argument("--sql-renew", type=_seconds, default=sql.renew, metavar="S",
+                     help="SQL store: seconds between lease renewals (default 3 s)")
+    run.add_argument("--sql-timeout", type=_seconds, default=sql.timeout, metavar="S",
+                     help="SQL store: statement / idle transaction / write timeout (default 10 s)")
+    run.add_argument("--sql-standby", action="store_true",
+                     help="SQL store: wait for the lease of a running broker to expire "
+                          "instead of exiting (ActiveMQ's slave)")
     for extension in _extensions():
         extension.add_subcommands(sub)
     return parser
@@ -72,14 +116,20 @@ def _run(args) -> int:
         return 2
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
                     heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
-                    flush=args.flush)
+                    flush=args.flush, max_message_size=args.max_message_size,
+                    journal=JournalSettings(segment_size=args.journal_segment_size,
+                                            checkpoint_bytes=args.journal_checkpoint_bytes,
+                                            queue_memory_budget=args.queue_memory_budget),
+                    sql=SQLSettings(lease=args.sql_lease, renew=args.sql_renew,
+                                    timeout=args.sql_timeout, standby=args.sql_standby))
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:
         print(f"triomq: error: cannot create data dir {config.data_dir}: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        store = open_store(config.store, config.data_dir, config.flush)
+        store = open_store(config.store, config.data_dir, config.flush, config.journal,
+                           config.sql)
         broker = Broker(config, store)
         trio.run(run_server, broker, config.host, config.port)
     except KeyboardInterrupt:

@@ -1,7 +1,38 @@
 """Broker settings, filled from the command line."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class JournalSettings:
+    """Tuning of the journal store (``--journal-*`` and ``--queue-memory-budget``)."""
+    segment_size: int = 32 * MiB  # bytes per segment file (tests use small segments)
+    checkpoint_bytes: int = 64 * MiB  # journal bytes written between checkpoints
+    # A segment older than the checkpoint holding at most this many live messages has them
+    # rewritten forward, so a handful of old messages never pins a whole file.
+    compact_max_live: int = 2000
+    # Bytes of ready messages per durable FIFO queue kept in memory; the rest stay paged
+    # in the journal and are read back in order when needed.
+    queue_memory_budget: int = 32 * MiB
+
+
+@dataclass
+class SQLSettings:
+    """Fault handling of the SQL store (``--sql-*``); see docs/sql-store.md "Lease"."""
+    lease: float = 10.0  # seconds a lease is valid after each renewal
+    renew: float = 3.0  # seconds between renewals (well under ``lease``)
+    # statement_timeout / idle_in_transaction_session_timeout (PostgreSQL),
+    # idle_transaction_timeout / innodb_lock_wait_timeout / read+write timeouts (MariaDB),
+    # and the longest the broker waits for one write before it counts as failed
+    timeout: float = 10.0
+    keepalive_idle: int = 5  # TCP keepalives of the store's connections (s, s, probes)
+    keepalive_interval: int = 2
+    keepalive_count: int = 3
+    retry_max: float = 2.0  # longest pause between reconnect attempts while the database is down
+    standby: bool = False  # wait at start until the lease is free instead of exiting
 
 
 @dataclass
@@ -21,3 +52,21 @@ class Config:
     memory_limit_bytes: int | None = None  # overrides the fraction when set
     disk_free_limit: int = 50 * 1024 * 1024
     log_level: str = "INFO"
+    # AMQP: the largest message body accepted (406 PRECONDITION_FAILED above it)
+    max_message_size: int = 128 * 1024 * 1024
+    # Network edge: bytes asked of the socket per receive, and bytes queued for a client's
+    # socket before its deliveries pause (publishers are not read above 4 times that).
+    receive_size: int = 256 * 1024
+    output_high_water: int = 1 << 20
+    # Flow control (docs/architecture.md "Back-pressure"): a publish into a queue that has
+    # consumers and more than ``flow_high`` ready messages puts the publishing connection
+    # "in flow" (its socket is not read) until the queue is back to ``flow_low`` ready
+    # messages. 0 disables flow control. Input is handed to the connection in slices of
+    # ``flow_read_slice`` bytes, with a yield to other connections between slices.
+    flow_high: int = 1000
+    flow_low: int = 500
+    flow_read_slice: int = 64 * 1024
+    # Scheduler: occurrences fired per timer callback before connections get the loop back.
+    scheduler_fire_batch: int = 2000
+    journal: JournalSettings = field(default_factory=JournalSettings)
+    sql: SQLSettings = field(default_factory=SQLSettings)

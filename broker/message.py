@@ -14,8 +14,16 @@ class Message:
     ``props_raw`` is kept as received so delivery re-sends it without re-encoding.
     """
 
-    __slots__ = ("id", "exchange", "routing_key", "props_raw", "properties", "body", "persistent",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "body",
+        "exchange",
+        "id",
+        "persistent",
+        "properties",
+        "props_raw",
+        "routing_key",
+    )
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, properties: dict,
                  body: bytes, msg_id: int | None = None):
@@ -37,7 +45,7 @@ class Message:
         return h if isinstance(h, dict) else {}
 
     def with_changes(self, *, exchange: str | None = None, routing_key: str | None = None,
-                     properties: dict | None = None) -> "Message":
+                     properties: dict | None = None) -> Message:
         """A new message (new id) differing in routing data and/or properties."""
         props = self.properties if properties is None else properties
         raw = self.props_raw if properties is None else encode_properties(props)

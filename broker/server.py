@@ -14,21 +14,22 @@ import socket
 import time
 
 import trio
+import trio.lowlevel
 
+from . import errors
 from .amqp.connection import State
 from .broker import Broker
-from .session import OUTPUT_HIGH_WATER, Session
+from .session import Session
 
 log = logging.getLogger("broker.server")
 
-RECEIVE_SIZE = 256 * 1024
 BLOCKED_READ_SIZE = 4096
 BLOCKED_READ_INTERVAL = 0.1
-SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 
 
 class ConnectionHandler:
-    def __init__(self, server: "Server", stream: trio.SocketStream):
+    def __init__(self, server: Server, stream: trio.SocketStream):
         self.server = server
         self.stream = stream
         try:
@@ -38,6 +39,8 @@ class ConnectionHandler:
             host, self.peer = None, "?"
         self.session = Session(server.broker, self.peer, host)
         self.session.wake = self._wake
+        self.session.flow_resumed = self._flow_resumed
+        self._flow_event = trio.Event()
         self._wake_event = trio.Event()
         self._drained = trio.Event()
         self._writer_done = trio.Event()
@@ -47,6 +50,17 @@ class ConnectionHandler:
 
     def _wake(self) -> None:
         self._wake_event.set()
+
+    def _flow_resumed(self) -> None:
+        self._flow_event.set()
+
+    async def _flow_pause(self) -> None:
+        """In flow: wait until the queues that throttle this connection drain, at most
+        ``BLOCKED_READ_INTERVAL`` (then the caller reads a small slice, so that close,
+        heartbeats and a stuck consumer never hold the connection forever)."""
+        self._flow_event = trio.Event()
+        with trio.move_on_after(BLOCKED_READ_INTERVAL):
+            await self._flow_event.wait()
 
     async def run(self) -> None:
         session = self.session
@@ -80,13 +94,14 @@ class ConnectionHandler:
         conn = session.conn
         broker = self.server.broker
         stream = self.stream
+        slice_size = broker.config.flow_read_slice
         while not session.finished:
             # Back-pressure: do not read while our own output piles up
             # (a client that does not read) or publishers are blocked by an alarm.
-            while conn.pending_output > OUTPUT_HIGH_WATER * 4 and not session.finished:
+            while conn.pending_output > session.output_high_water * 4 and not session.finished:
                 self._drained = trio.Event()
                 await self._drained.wait()
-            size = RECEIVE_SIZE
+            size = broker.config.receive_size
             if broker.blocked and session.is_publisher and conn.state is State.OPEN:
                 # Blocked by a resource alarm: trickle-read (so close, acks and heartbeats
                 # still get through) instead of stopping dead as RabbitMQ does.
@@ -94,6 +109,10 @@ class ConnectionHandler:
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
                     await self.server.unblocked_event().wait()
                 size = BLOCKED_READ_SIZE
+            elif session.flow_queues:
+                await self._flow_pause()
+                if session.flow_queues:
+                    size = BLOCKED_READ_SIZE
             try:
                 data = await stream.receive_some(size)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -102,17 +121,38 @@ class ConnectionHandler:
                 log.info("connection %s: closed by peer without connection.close", self.peer)
                 return
             self.last_received = time.monotonic()
-            session.data_received(data)
+            if len(data) <= slice_size:
+                session.data_received(data)
+            else:
+                await self._feed_slices(data, slice_size)
+
+    async def _feed_slices(self, data: bytes, slice_size: int) -> None:
+        """Hand a large chunk to the session in slices, yielding between them so that other
+        connections (consumers' acks, writers) get the loop; stop between slices while the
+        connection is in flow (the rest of the chunk waits here, bounded by receive_size)."""
+        session = self.session
+        pos, end = 0, len(data)
+        while pos < end:
+            step = slice_size
+            if pos and not session.finished:
+                if session.flow_queues:
+                    await self._flow_pause()
+                    if session.flow_queues:
+                        step = BLOCKED_READ_SIZE
+                else:
+                    await trio.lowlevel.checkpoint()
+            session.data_received(data[pos:pos + step])
+            pos += step
 
     async def _discard_until_eof(self) -> None:
-        """After the closing handshake, read and drop until the peer closes its end (as
+        """After answering the peer's close, read and drop until the peer closes its end (as
         RabbitMQ does): closing our socket while the client still writes would reset the
         connection, and a client that sent close with publishes in flight would never see
         its close-ok. Bounded by the caller's close timeout."""
-        if not self.session.conn.closed_by_handshake:
-            return  # EOF or a failed socket already, or a stream dropped for a framing error
+        if not self.session.conn.linger_for_eof:
+            return  # the peer is done (its close-ok), or a stream dropped for a framing error
         try:
-            while await self.stream.receive_some(RECEIVE_SIZE):
+            while await self.stream.receive_some(self.server.broker.config.receive_size):
                 pass
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
@@ -181,8 +221,8 @@ class Server:
         self.broker = broker
         self.handlers: set[ConnectionHandler] = set()
         self._unblocked = trio.Event()
-        self.listeners = []
-        self.port = None
+        self.listeners: list[trio.SocketListener] = []
+        self.port: int | None = None
         self._accept_scope = trio.CancelScope()
 
     def unblocked_event(self) -> trio.Event:
@@ -210,7 +250,7 @@ class Server:
 
     async def _run_timers(self) -> None:
         timers = self.broker.timers
-        scope_holder = {}
+        scope_holder: dict[str, trio.CancelScope | None] = {}
 
         def earlier(when: float) -> None:
             scope = scope_holder.get("scope")
@@ -227,7 +267,7 @@ class Server:
                 await trio.sleep_forever()
             scope_holder["scope"] = None
             # Let connection tasks run between batches of due timers.
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async def _monitor_resources(self) -> None:
         while True:
@@ -273,9 +313,9 @@ class Server:
         """Close every connection with 320 CONNECTION_FORCED, then stop."""
         self._accept_scope.cancel()
         for handler in list(self.handlers):
-            handler.session.force_close(320, SHUTDOWN_TEXT)
+            handler.session.force_close(errors.connection_forced(SHUTDOWN_REASON))
         with trio.move_on_after(2):
-            while self.handlers:
+            while self.handlers:  # noqa: ASYNC110 - a short poll, once, at shutdown
                 await trio.sleep(0.05)
         self.nursery.cancel_scope.cancel()
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import logging
 
+from . import __version__, errors
 from .amqp import spec
 from .amqp.connection import (
     AuthenticationFailed,
     ChannelClosedByPeer,
-    ChannelException,
     ChannelOpened,
     ConnectionCloseCompleted,
     ConnectionClosedByPeer,
-    ConnectionException,
     ConnectionOpened,
     ContentReceived,
     MethodReceived,
@@ -28,7 +27,7 @@ from .channel import Channel
 
 log = logging.getLogger("broker.connection")
 
-OUTPUT_HIGH_WATER = 1 << 20  # bytes queued for the socket before deliveries pause
+_PUBLISH = spec.Basic.Publish()
 
 
 class Session:
@@ -38,7 +37,15 @@ class Session:
         self.conn = ServerConnection(
             make_authenticator(broker.users, peer_host), broker.vhosts.__contains__,
             frame_max=broker.config.frame_max, channel_max=broker.config.channel_max,
-            heartbeat=broker.config.heartbeat)
+            heartbeat=broker.config.heartbeat, max_message_size=broker.config.max_message_size,
+            server_properties={"version": __version__})
+        self.output_high_water = broker.config.output_high_water
+        self.flow_high = broker.config.flow_high or float("inf")
+        self.flow_low = broker.config.flow_low
+        # Flow control: the queues this connection published into above their threshold
+        # and that have not drained since. Non-empty = "in flow": the edge stops reading.
+        self.flow_queues: set = set()
+        self.flow_resumed = lambda: None  # set by the edge: "read again"
         self.vhost = None
         self.channels: dict[int, Channel] = {}
         self._confirming: set = set()
@@ -51,7 +58,7 @@ class Session:
 
     @property
     def output_full(self) -> bool:
-        if self.conn.pending_output > OUTPUT_HIGH_WATER:
+        if self.conn.pending_output > self.output_high_water:
             self.delivery_stalled = True
             return True
         return False
@@ -107,13 +114,17 @@ class Session:
                 elif kind is AuthenticationFailed:
                     log.warning("connection %s: authentication failed: %s", self.peer,
                                 ev.reply_text)
-            except ConnectionException as exc:
-                log.warning("connection %s: closing: %s", self.peer, exc.text)
-                self.flush_confirms()
-                self.conn.close(exc.code, exc.text, exc.class_id, exc.method_id)
-                self._close_all_channels()
-            except ChannelException as exc:
+            except errors.AMQPError as exc:
                 number = getattr(ev, "channel", 0)
+                # The failing method is known here, not at the raise site.
+                exc.for_method(ev.method if kind is MethodReceived
+                               else _PUBLISH if kind is ContentReceived else None)
+                if exc.hard or number == 0:
+                    log.warning("connection %s: closing: %s", self.peer, exc.text)
+                    self.flush_confirms()
+                    self.conn.close(exc.code, exc.text, exc.class_id, exc.method_id)
+                    self._close_all_channels()
+                    continue
                 log.info("connection %s channel %s: %s", self.peer, number, exc.text)
                 ch = channels.pop(number, None)
                 if ch is not None:
@@ -141,6 +152,40 @@ class Session:
             ch.flush_confirms()
 
     # ---- flow ----
+    @property
+    def in_flow(self) -> bool:
+        return bool(self.flow_queues)
+
+    @property
+    def flow_state(self) -> str:
+        """``"flow"`` while throttled by credit flow, else ``"running"`` (management API)."""
+        return "flow" if self.flow_queues else "running"
+
+    def queue_over_threshold(self, queue) -> None:
+        """This connection published into ``queue`` (which has consumers) above its flow
+        threshold: put it in flow until the queue drains -- unless it consumes or holds
+        unacknowledged messages itself, since then its unread acks could be what the queue
+        (or another publisher's queue) waits for. Such a connection is only read in slices."""
+        if queue in self.flow_queues or self.closed:
+            return
+        for ch in self.channels.values():
+            if ch.consumers or ch.unacked:
+                return
+        if not self.flow_queues:
+            log.debug("connection %s: flow (queue %r has %d ready messages)", self.peer,
+                      queue.name, len(queue.ready))
+        self.flow_queues.add(queue)
+        queue.flow_wait(self, self.flow_low)
+
+    def flow_released(self, queue) -> None:
+        """``queue`` drained below its low-water mark (or lost its consumers)."""
+        flow = self.flow_queues
+        if queue in flow:
+            flow.discard(queue)
+            if not flow:
+                log.debug("connection %s: running", self.peer)
+                self.flow_resumed()
+
     def output_drained(self) -> None:
         if self.delivery_stalled and not self.output_full:
             self.delivery_stalled = False
@@ -151,9 +196,10 @@ class Session:
     def consumer_cancelled(self, consumer) -> None:
         consumer.channel.consumer_cancelled_by_broker(consumer)
 
-    def force_close(self, code: int, text: str) -> None:
+    def force_close(self, error: errors.AMQPError) -> None:
+        """Close the connection from the broker's side (shutdown, store failure, ...)."""
         self._close_all_channels()
-        self.conn.close(code, text)
+        self.conn.close(error.code, error.text)
         self.wake()
 
     # ---- teardown ----
@@ -174,6 +220,9 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        for queue in self.flow_queues:
+            queue.flow_forget(self)
+        self.flow_queues.clear()
         self._close_all_channels()
         if self.vhost is not None:
             self.vhost.drop_owner(self)

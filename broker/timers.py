@@ -9,15 +9,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class TimerHandle:
-    __slots__ = ("when", "callback", "cancelled")
+    __slots__ = ("callback", "cancelled", "when")
 
     def __init__(self, when: float, callback: Callable[[], None]):
         self.when = when
-        self.callback = callback
+        self.callback: Callable[[], None] | None = callback  # None once cancelled or run
         self.cancelled = False
 
     def cancel(self) -> None:

@@ -1,26 +1,27 @@
 """A virtual host: its exchanges, queues and bindings, and routing between them.
 
-Every operation raises ``ChannelException``/``ConnectionException`` with the
-code and text RabbitMQ sends, so the channel layer only translates.
+Every operation raises ``errors.AMQPError`` by name (``not_found``,
+``precondition_failed``, ...) with RabbitMQ's explanation; broker/errors.py
+decides codes, texts and channel-vs-connection closes.
 """
 from __future__ import annotations
 
 import base64
 import logging
 import os
+from collections.abc import Callable
 
-from .amqp import spec
-from .amqp.connection import ChannelException, ConnectionException
+from . import errors
+from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
-from .exchanges.headers import match_mode
 from .queues.args import (
     ArgumentError,
     TypeArgumentError,
     equivalence_mismatch,
     parse_queue_arguments,
 )
-from .queues.queue import Queue
+from .queues.queue import Consumer, Queue
 
 log = logging.getLogger("broker.vhost")
 
@@ -38,10 +39,6 @@ def _stored(destination) -> bool:
     return destination.durable
 
 
-def _quoted(value) -> str:
-    return "none" if value is None else f"'{value}'"
-
-
 def _text(value):
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
@@ -56,33 +53,37 @@ class VirtualHost:
         self.exchanges[""] = DefaultExchange(self.queues)
         for xname, xtype in STANDARD_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
-        self.on_queue_deleted = []  # callbacks(queue, consumers)
+        self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []  # (queue, consumers)
 
     # ---- naming helpers ----
-    def _no_exchange(self, name: str) -> str:
-        return f"NOT_FOUND - no exchange '{name}' in vhost '{self.name}'"
+    def exchange_resource(self, name: str) -> Resource:
+        return Resource("exchange", name, self.name)
 
-    def _no_queue(self, name: str) -> str:
-        return f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'"
+    def queue_resource(self, name: str) -> Resource:
+        return Resource("queue", name, self.name)
 
-    def _locked(self, name: str) -> str:
-        return (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
-                f"'{self.name}'. It could be originally declared on another connection or the "
-                f"exclusive property value does not match that of the original declaration.")
-
-    def get_exchange(self, name: str, method=None) -> Exchange:
+    def get_exchange(self, name: str) -> Exchange:
         x = self.exchanges.get(name)
         if x is None:
-            raise ChannelException(spec.NOT_FOUND, self._no_exchange(name), method)
+            raise errors.not_found(self.exchange_resource(name))
         return x
 
-    def get_queue(self, name: str, owner, method=None) -> Queue:
+    def find_queue(self, name: str) -> Queue | None:
+        """The queue ``name`` as clients see it: None if missing or broker-internal."""
         q = self.queues.get(name)
+        return None if q is None or q.internal else q
+
+    def get_queue(self, name: str, owner) -> Queue:
+        q = self.find_queue(name)
         if q is None:
-            raise ChannelException(spec.NOT_FOUND, self._no_queue(name), method)
-        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
-            raise ChannelException(spec.RESOURCE_LOCKED, self._locked(name), method)
+            raise errors.not_found(self.queue_resource(name))
+        self.check_owner(q, owner)
         return q
+
+    def check_owner(self, q: Queue, owner) -> None:
+        """405 unless ``owner`` may use ``q`` (not another connection's exclusive queue)."""
+        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
+            raise errors.resource_locked(self.queue_resource(q.name))
 
     # ---- exchanges ----
     def declare_exchange(self, m, persist: bool = True) -> Exchange:
@@ -90,39 +91,20 @@ class VirtualHost:
         if m.passive:
             if name == "":
                 return self.exchanges[""]
-            return self.get_exchange(name, m)
+            return self.get_exchange(name)
         if name == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
+            raise errors.access_refused("operation not permitted on the default exchange")
         if name.startswith("amq.") and name not in self.exchanges:
-            raise ChannelException(
-                spec.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'", m)
+            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         xtype = EXCHANGE_TYPES.get(m.type)
         if xtype is None:
-            raise ConnectionException(spec.COMMAND_INVALID,
-                                      f"COMMAND_INVALID - unknown exchange type '{m.type}'", m)
+            raise errors.command_invalid(f"unknown exchange type '{m.type}'")
         args = m.arguments or {}
-        self._validate_exchange_args(xtype, args, m)
+        xtype.validate(args, self.exchange_resource(name))
         existing = self.exchanges.get(name)
         if existing is not None:
-            for arg, have, want in (("type", existing.type_name, m.type),
-                                    ("durable", _b(existing.durable), _b(m.durable)),
-                                    ("auto_delete", _b(existing.auto_delete), _b(m.auto_delete)),
-                                    ("internal", _b(existing.internal), _b(m.internal))):
-                if have != want:
-                    raise ChannelException(
-                        spec.PRECONDITION_FAILED,
-                        f"PRECONDITION_FAILED - inequivalent arg '{arg}' for exchange '{name}' in vhost "
-                        f"'{self.name}': received '{want}' but current is '{have}'", m)
-            have_ae = _text(existing.arguments.get("alternate-exchange"))
-            want_ae = _text(args.get("alternate-exchange"))
-            if have_ae != want_ae:
-                raise ChannelException(
-                    spec.PRECONDITION_FAILED,
-                    f"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange '{name}' "
-                    f"in vhost '{self.name}': received {_quoted(want_ae)} but current is "
-                    f"{_quoted(have_ae)}", m)
+            existing.check_equivalent(m.type, m.durable, m.auto_delete, m.internal, args,
+                                      self.exchange_resource(name))
             return existing
         x = xtype(name, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
                   arguments=args)
@@ -131,37 +113,18 @@ class VirtualHost:
             self.store.save_exchange(self, x)
         return x
 
-    def _validate_exchange_args(self, xtype, args: dict, m) -> None:
-        ae = args.get("alternate-exchange")
-        if ae is not None and not isinstance(ae, (bytes, str)):
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - invalid arg 'alternate-exchange' for exchange '{m.exchange}' in "
-                f"vhost '{self.name}': {{unacceptable_type,{type(ae).__name__}}}", m)
-        extra_check = getattr(xtype, "validate_arguments", None)
-        if extra_check is not None:
-            problem = extra_check(args)
-            if problem:
-                raise ChannelException(spec.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {problem}", m)
-
     def delete_exchange(self, m) -> None:
         name = m.exchange
         if name == "":
-            raise ChannelException(
-                spec.ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange",
-                m)
+            raise errors.access_refused("operation not permitted on the default exchange")
         if name.startswith("amq."):
-            raise ChannelException(
-                spec.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - deletion of system exchange '{name}' in vhost '{self.name}' not "
-                f"allowed", m)
+            raise errors.access_refused("deletion of system %s not allowed",
+                                        self.exchange_resource(name))
         x = self.exchanges.get(name)
         if x is None:
             return  # idempotent, as RabbitMQ 3.x
         if m.if_unused and x.has_bindings:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - exchange '{name}' in vhost '{self.name}' in use", m)
+            raise errors.precondition_failed("%s in use", self.exchange_resource(name))
         self._remove_exchange(x)
 
     def _remove_exchange(self, x: Exchange) -> None:
@@ -180,21 +143,12 @@ class VirtualHost:
             self.store.delete_exchange(self, x)
 
     # ---- bindings ----
-    def _check_binding_args(self, source: Exchange, arguments: dict, m) -> None:
-        if source.type_name == "headers" and match_mode(arguments or {}) is None:
-            mode = arguments.get("x-match")
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - Invalid x-match field value <<\"{_text(mode)}\">>; expected "
-                f"all, any, all-with-x, or any-with-x", m)
-
-    def bind(self, source_name: str, destination, routing_key: str, arguments: dict, m,
+    def bind(self, source_name: str, destination, routing_key: str, arguments: dict,
              persist: bool = True) -> None:
         if source_name == "":
-            raise ChannelException(spec.ACCESS_REFUSED,
-                                   "ACCESS_REFUSED - operation not permitted on the default exchange", m)
-        source = self.get_exchange(source_name, m)
-        self._check_binding_args(source, arguments, m)
+            raise errors.access_refused("operation not permitted on the default exchange")
+        source = self.get_exchange(source_name)
+        source.validate_binding(routing_key, arguments)
         binding = Binding(source_name, destination, routing_key, arguments)
         if source.add_binding(binding):
             if destination.kind == "queue":
@@ -202,8 +156,8 @@ class VirtualHost:
             if persist and self.store is not None and source.durable and _stored(destination):
                 self.store.save_binding(self, binding)
 
-    def unbind(self, source_name: str, destination, routing_key: str, arguments: dict, owner=None,
-               m=None) -> None:
+    def unbind(self, source_name: str, destination, routing_key: str, arguments: dict,
+               owner=None) -> None:
         """Remove a binding; idempotent as in RabbitMQ: a missing source, destination
         (``None``) or binding is not an error. Only an existing binding to another connection's
         exclusive queue is refused. The default-exchange checks are the caller's."""
@@ -213,9 +167,8 @@ class VirtualHost:
         key = Binding(source_name, destination, routing_key, arguments).key
         if key not in source.bindings:
             return
-        if destination.kind == "queue" and destination.exclusive_owner is not None \
-                and destination.exclusive_owner is not owner:
-            raise ChannelException(spec.RESOURCE_LOCKED, self._locked(destination.name), m)
+        if destination.kind == "queue":
+            self.check_owner(destination, owner)
         binding = source.remove_binding(key)
         if binding is not None:
             self._forget_binding(binding)
@@ -239,47 +192,38 @@ class VirtualHost:
         name = m.queue
         if m.passive:
             if name == "":
-                raise ChannelException(spec.NOT_FOUND, self._no_queue(name), m)
-            return self.get_queue(name, owner, m)
+                raise errors.not_found(self.queue_resource(name))
+            return self.get_queue(name, owner)
         if name == "":
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
-            raise ChannelException(
-                spec.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'", m)
+            raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         args = m.arguments or {}
+        resource = self.queue_resource(name)
         try:
             opts = parse_queue_arguments(args)
         except TypeArgumentError as exc:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - invalid type '{exc.detail}' for arg '{exc.name}' in queue "
-                f"'{name}' in vhost '{self.name}'", m) from None
+            raise errors.precondition_failed("invalid type '%s' for arg '%s' in %s", exc.detail,
+                                             exc.name, resource) from None
         except ArgumentError as exc:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - invalid arg '{exc.name}' for queue '{name}' in vhost "
-                f"'{self.name}': {exc.detail}", m) from None
+            raise errors.precondition_failed("invalid arg '%s' for %s: %s", exc.name, resource,
+                                             exc.detail) from None
         existing = self.queues.get(name)
         if existing is not None:
-            if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
-                raise ChannelException(spec.RESOURCE_LOCKED, self._locked(name), m)
+            self.check_owner(existing, owner)
             checks = [("auto_delete", existing.auto_delete, m.auto_delete)]
             if existing.exclusive_owner is None:  # RabbitMQ skips 'durable' for exclusive queues
                 checks.insert(0, ("durable", existing.durable, m.durable))
             for arg, have, want in checks:
                 if have != want:
-                    raise ChannelException(
-                        spec.PRECONDITION_FAILED,
-                        f"PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost "
-                        f"'{self.name}': received '{_b(want)}' but current is '{_b(have)}'", m)
+                    raise errors.precondition_failed(
+                        "inequivalent arg '%s' for %s: received '%s' but current is '%s'", arg,
+                        resource, _b(want), _b(have))
             if (existing.exclusive_owner is not None) != bool(m.exclusive):
-                raise ChannelException(spec.RESOURCE_LOCKED, self._locked(name), m)
+                raise errors.resource_locked(resource)
             mismatch = equivalence_mismatch(existing.arguments, args)
             if mismatch:
-                raise ChannelException(
-                    spec.PRECONDITION_FAILED,
-                    "PRECONDITION_FAILED - " + mismatch.format(queue=name, vhost=self.name), m)
+                raise errors.precondition_failed(mismatch.format(queue=name, vhost=self.name))
             existing.touch()
             return existing
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
@@ -289,9 +233,8 @@ class VirtualHost:
 
     def add_queue(self, q: Queue, persist: bool = True) -> None:
         self.queues[q.name] = q
-        # Exclusive queues die with their connection, so they are never stored (as RabbitMQ).
-        if q.durable and self.store is not None and q.exclusive_owner is None:
-            q.store = self.store
+        if self.store is not None and q.keeps_definition:
+            q.attach_store(self.store)
             if persist:
                 self.store.save_queue(self, q)
 
@@ -316,19 +259,14 @@ class VirtualHost:
         return count
 
     def delete_queue_checked(self, m, owner) -> int:
-        q = self.queues.get(m.queue)
+        q = self.find_queue(m.queue)
         if q is None:
             return 0
-        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
-            raise ChannelException(spec.RESOURCE_LOCKED, self._locked(m.queue), m)
+        self.check_owner(q, owner)
         if m.if_unused and q.consumers:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - queue '{m.queue}' in vhost '{self.name}' in use", m)
+            raise errors.precondition_failed("%s in use", self.queue_resource(m.queue))
         if m.if_empty and q.message_count:
-            raise ChannelException(
-                spec.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - queue '{m.queue}' in vhost '{self.name}' not empty", m)
+            raise errors.precondition_failed("%s not empty", self.queue_resource(m.queue))
         return self.delete_queue(q)
 
     def drop_owner(self, owner) -> None:
@@ -346,7 +284,8 @@ class VirtualHost:
         x = self.exchanges.get(exchange_name)
         if x is None:
             return []
-        headers = message.properties.get("headers") if message is not None else None
+        properties = message.properties if message is not None else None
+        headers = properties.get("headers") if properties is not None else None
         keys = None
         if headers and ("CC" in headers or "BCC" in headers):
             keys = [routing_key]
@@ -354,28 +293,29 @@ class VirtualHost:
                 extra = headers.get(h)
                 if isinstance(extra, list):
                     keys.extend(_text(k) for k in extra)
-        if keys is None and x.type_name == "direct" and not x.alternate_exchange:
-            # the common case: one exchange, one key, no e2e bindings to follow
-            dests = x.route(routing_key, headers)
+        if keys is None and not x.alternate_exchange:
+            # the common case: one exchange, one key, no e2e bindings or alternate to follow
+            dests = x.route(routing_key, headers, properties)
             if all(d.kind == "queue" for d in dests):
                 return dests if len(dests) < 2 else list(dict.fromkeys(dests))
         queues: dict = {}
-        self._route_into(x, keys or [routing_key], headers, queues, set())
+        self._route_into(x, keys or [routing_key], headers, properties, queues, set())
         return list(queues)
 
-    def _route_into(self, x: Exchange, keys: list, headers, queues: dict, seen: set) -> None:
+    def _route_into(self, x: Exchange, keys: list, headers, properties, queues: dict,
+                    seen: set) -> None:
         seen.add(x.name)
         found = False
         for key in keys:
-            for dest in x.route(key, headers):
+            for dest in x.route(key, headers, properties):
                 if dest.kind == "queue":
                     queues[dest] = None
                     found = True
                 elif dest.name not in seen:
                     before = len(queues)
-                    self._route_into(dest, keys, headers, queues, seen)
+                    self._route_into(dest, keys, headers, properties, queues, seen)
                     found = found or len(queues) > before
         if not found and x.alternate_exchange:
             ae = self.exchanges.get(x.alternate_exchange)
             if ae is not None and ae.name not in seen:
-                self._route_into(ae, keys, headers, queues, seen)
+                self._route_into(ae, keys, headers, properties, queues, seen)
