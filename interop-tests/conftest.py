@@ -11,6 +11,9 @@ pytest_collection_modifyitems, so it beats the ini ``timeout``) unless it carrie
 its own ``@pytest.mark.timeout`` or ``--timeout`` is given on the command line.
 
 $TRIOMQ_ARGS adds extra arguments to the broker command line (e.g. "--store memory").
+
+``--broker-url`` is declared in the repository's root conftest.py (shared with ``tests/``, so
+``pytest tests interop-tests`` is one session); the hypothesis home is set there too.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,31 +32,13 @@ from urllib.parse import unquote, urlparse
 import pika
 import pytest
 
+import rawamqp  # the repo's rawamqp/ package (repo root on sys.path via the root conftest.py)
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-import rawamqp  # noqa: E402
-
-try:  # keep hypothesis' example database out of the repository
-    from hypothesis.configuration import set_hypothesis_home_dir
-
-    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "triomq-interop-hypothesis"))
-except Exception:  # pragma: no cover
-    pass
 
 DEFAULT_TIMEOUT = 60
 STARTUP_TIMEOUT = 20.0
-
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--broker-url",
-        action="store",
-        default=os.environ.get("BROKER_URL") or None,
-        help="AMQP URL of an already running broker (default: start TrioMQ from this repo). "
-        "Also read from $BROKER_URL.",
-    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -105,7 +89,7 @@ def start_triomq(data_dir: Path, extra_args=(), timeout: float = STARTUP_TIMEOUT
     def logs():
         return (f"command: {' '.join(cmd)}\n--- stderr ({log_path}) ---\n"
                 + log_path.read_text(errors="replace")[-5000:]
-                + f"\n--- stdout ---\n" + out_path.read_text(errors="replace")[-2000:])
+                + "\n--- stdout ---\n" + out_path.read_text(errors="replace")[-2000:])
 
     try:
         deadline = time.monotonic() + timeout

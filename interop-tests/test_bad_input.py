@@ -8,16 +8,28 @@ from __future__ import annotations
 import random
 import socket
 import struct
-import threading
 import time
 
 import pika
 import pytest
+from helpers import get_one, wait_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import rawamqp
-from helpers import get_one, wait_for
-from rawamqp import (BASIC_PUBLISH, BASIC_QOS, CHANNEL_OPEN, QUEUE_DECLARE, Closed, body_frame,
-                     content_header, frame, method_frame, method_payload, shortstr, table)
+from rawamqp import (
+    BASIC_PUBLISH,
+    BASIC_QOS,
+    QUEUE_DECLARE,
+    Closed,
+    body_frame,
+    content_header,
+    frame,
+    method_frame,
+    method_payload,
+    shortstr,
+    table,
+)
 
 
 @pytest.fixture
@@ -335,7 +347,6 @@ def test_unknown_field_type_in_table(raw_conn, bystander, assert_broker_alive):
     assert_broker_alive()
 
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,

@@ -6,11 +6,18 @@ import struct
 import pika
 import pika.exceptions
 import pytest
+from helpers import (
+    assert_channel_error,
+    assert_connection_error,
+    assert_empty,
+    consume_n,
+    drain,
+    get_one,
+    wait_for,
+)
 
 import rawamqp
-from helpers import (assert_channel_error, assert_connection_error, assert_empty, consume_n, drain,
-                     get_one, wait_for)
-from rawamqp import BASIC_CONSUME, BASIC_PUBLISH, content_header, body_frame, method_frame, shortstr, table
+from rawamqp import BASIC_CONSUME, BASIC_PUBLISH, body_frame, content_header, method_frame, shortstr, table
 
 
 def _q(ch, **args):
@@ -220,7 +227,7 @@ def test_broker_cancel_on_queue_delete_pika(conn, cleanup, uid):
 def test_broker_cancel_on_queue_delete_raw(raw_conn, uid):
     r = raw_conn
     r.queue_declare(1, uid, exclusive=True)
-    tag = r.basic_consume(1, uid, "my-tag")
+    r.basic_consume(1, uid, "my-tag")
     r.channel_open(2)
     r.send_method(2, (50, 40), struct.pack(">H", 0) + shortstr(uid) + b"\x00")
     seen = {}

@@ -6,11 +6,22 @@ import struct
 import pika
 import pika.exceptions
 import pytest
+from helpers import assert_channel_error, assert_connection_error, get_one
 
 import rawamqp
-from helpers import assert_channel_error, assert_connection_error, get_one
-from rawamqp import (BASIC_QOS, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_FLOW, CHANNEL_FLOW_OK,
-                     CHANNEL_OPEN, EXCHANGE_DECLARE, QUEUE_DECLARE, content_header, shortstr, table)
+from rawamqp import (
+    BASIC_QOS,
+    CHANNEL_CLOSE,
+    CHANNEL_CLOSE_OK,
+    CHANNEL_FLOW,
+    CHANNEL_FLOW_OK,
+    CHANNEL_OPEN,
+    EXCHANGE_DECLARE,
+    QUEUE_DECLARE,
+    content_header,
+    shortstr,
+    table,
+)
 
 
 def test_channel_open_close_raw(raw_socket):

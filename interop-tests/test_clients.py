@@ -255,8 +255,8 @@ def test_kombu_simple_queue(amqp_params):
 
 
 def test_kombu_channel_error_reports_code(amqp_params):
-    import kombu
     import amqp.exceptions
+    import kombu
 
     with kombu.Connection(amqp_params.url, transport="amqp", connect_timeout=10) as conn:
         ch = conn.channel()

@@ -16,11 +16,12 @@ import time
 
 import pika
 import pytest
+from helpers import assert_channel_error, get_one
 
 import rawamqp
-from helpers import assert_channel_error, get_one
 from rawamqp import (
     BASIC_ACK,
+    BASIC_DELIVER,
     BASIC_GET,
     BASIC_GET_OK,
     CHANNEL_CLOSE,
@@ -81,7 +82,7 @@ def test_confirms_are_written_before_channel_close_ok(raw_conn, count):
     stray basic.ack)."""
     raw_conn.confirm_select(1)
     data = b""
-    for i in range(count):
+    for _i in range(count):
         data += method_frame(1, rawamqp.BASIC_PUBLISH, struct.pack(">H", 0) + shortstr("")
                              + shortstr("itest-no-such-queue") + b"\x00")
         data += rawamqp.content_header(1, 1) + rawamqp.body_frame(1, b"x")
@@ -224,6 +225,23 @@ def test_empty_body_dead_lettered_then_got(raw_conn, connect, uid, cleanup):
         assert time.monotonic() < deadline, "message was not dead-lettered"
         ch.connection.sleep(0.02)
     assert _raw_get(raw_conn, dlq) == b""
+
+
+def test_empty_body_scheduled_then_delivered(raw_conn, connect, uid, cleanup, external_broker):
+    """An empty body fired by the scheduler (a timer, outside any client's read) reaches a
+    waiting consumer at once. RabbitMQ ignores AMQ_SCHEDULED_DELAY and delivers it now."""
+    q = cleanup.queue(uid)
+    ch = connect().channel()
+    ch.queue_declare(q)
+    raw_conn.basic_consume(1, q, tag="c", no_ack=True)
+    t0 = time.monotonic()
+    ch.basic_publish("", q, b"", pika.BasicProperties(headers={"AMQ_SCHEDULED_DELAY": 300}))
+    _, cm, _ = raw_conn.read_method(5.0)
+    assert cm == BASIC_DELIVER
+    ftype, _, payload = raw_conn.read_frame(1.0)
+    assert ftype == FRAME_HEADER and struct.unpack(">Q", payload[4:12])[0] == 0
+    if not external_broker:
+        assert time.monotonic() - t0 >= 0.3
 
 
 # ------------------------------------------------------- idempotent operations

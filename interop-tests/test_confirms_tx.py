@@ -6,9 +6,9 @@ import struct
 import pika
 import pika.exceptions
 import pytest
+from helpers import assert_channel_error, assert_empty, drain, get_one
 
 import rawamqp
-from helpers import assert_channel_error, assert_empty, drain, get_one, wait_for
 from rawamqp import BASIC_PUBLISH, body_frame, content_header, method_frame, shortstr
 
 
@@ -33,7 +33,7 @@ def _read_acks(r, last_tag):
 
 def _covered(acks):
     seen, prev = set(), 0
-    for kind, tag, multiple in acks:
+    for _kind, tag, multiple in acks:
         assert tag > prev, f"confirm tags must increase: {acks}"
         if multiple:
             seen.update(range(prev + 1, tag + 1))
@@ -113,6 +113,7 @@ def test_confirm_nack_on_reject_publish_raw(raw_conn):
 
 def test_aio_pika_confirms_pipelined(amqp_params):
     import asyncio
+
     import aio_pika
 
     async def main():

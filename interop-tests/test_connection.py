@@ -9,8 +9,15 @@ import pika.exceptions
 import pytest
 
 import rawamqp
-from rawamqp import (CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN_OK, Closed,
-                     amqplain_response, plain_response, shortstr)
+from rawamqp import (
+    CONNECTION_CLOSE,
+    CONNECTION_CLOSE_OK,
+    CONNECTION_OPEN_OK,
+    Closed,
+    amqplain_response,
+    plain_response,
+    shortstr,
+)
 
 EXPECTED_CAPABILITIES = [
     "publisher_confirms",

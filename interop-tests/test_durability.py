@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(180)
 def _sql_importable() -> str | None:
     try:
         import broker.persistence.sql  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"broker.persistence.sql does not import yet ({type(exc).__name__}: {exc})"
     return None
 
@@ -68,14 +68,14 @@ def store_url(request, tmp_path):
             with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres",
                                  autocommit=True) as c:
                 c.execute(f'CREATE DATABASE "{db}"')
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             pytest.skip(f"cannot create a PostgreSQL database: {exc}")
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
         try:
             with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres",
                                  autocommit=True) as c:
                 c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return
     if kind == "mysql":
@@ -87,7 +87,7 @@ def store_url(request, tmp_path):
             with c.cursor() as cur:
                 cur.execute(f"CREATE DATABASE `{db}`")
             c.close()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             pytest.skip(f"cannot create a MySQL database: {exc}")
         yield f"mysql+pymysql://root@127.0.0.1:3306/{db}"
         try:
@@ -95,7 +95,7 @@ def store_url(request, tmp_path):
             with c.cursor() as cur:
                 cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
             c.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -395,7 +395,7 @@ def test_unacked_come_back_redelivered_acked_never(broker):
     ch.basic_consume("ua", lambda _c, m, p, b: got.append((m.delivery_tag, b)))
     while len(got) < 10:
         c.process_data_events(0.1)
-    for tag, body in got[:5]:
+    for tag, _body in got[:5]:
         ch.basic_ack(tag)
     c.process_data_events(0.5)
     time.sleep(0.5)  # the acks are written (not confirmed) by the next group commit
@@ -615,9 +615,8 @@ def test_async_flush_policy_survives_clean_restart(tmp_path, store_url):
 
 def test_gc_and_compaction_of_old_segments(tmp_path):
     """Small segments: acked segments are deleted, a long-lived message is moved forward."""
-    b = BrokerProc(tmp_path / "data", "journal", env={
-        "TRIOMQ_JOURNAL_SEGMENT_SIZE": str(64 * 1024),
-        "TRIOMQ_JOURNAL_CHECKPOINT_BYTES": str(128 * 1024)})
+    b = BrokerProc(tmp_path / "data", "journal", extra=(
+        "--journal-segment-size", str(64 * 1024), "--journal-checkpoint-bytes", str(128 * 1024)))
     b.start()
     try:
         c = b.connect()

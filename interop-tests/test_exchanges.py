@@ -4,8 +4,7 @@ from __future__ import annotations
 import pika
 import pika.exceptions
 import pytest
-
-from helpers import assert_channel_error, assert_connection_error, assert_empty, drain, get_one, wait_for
+from helpers import assert_channel_error, assert_empty, drain, get_one
 
 
 def _q(ch):
@@ -21,7 +20,7 @@ def test_default_exchange_routes_by_queue_name(ch):
 
 def test_default_exchange_bind_forbidden(ch):
     q = _q(ch)
-    assert_channel_error(403, f"ACCESS_REFUSED - operation not permitted on the default exchange",
+    assert_channel_error(403, "ACCESS_REFUSED - operation not permitted on the default exchange",
                          ch.queue_bind, q, "", "foo")
 
 

@@ -8,9 +8,9 @@ import time
 import pika
 import pika.exceptions
 import pytest
+from helpers import assert_channel_error, assert_empty, drain, get_one, wait_for
 
 import rawamqp
-from helpers import assert_channel_error, assert_empty, drain, get_one, wait_for
 
 
 def _q(ch, **args):
@@ -201,10 +201,10 @@ def test_dead_letter_on_reject_x_death(ch, cleanup, uid):
     dlx, dq, src = _dlx_setup(ch, cleanup, uid)
     ch.basic_publish("", src, b"r", pika.BasicProperties(headers={"keep": "me"}, content_type="text/plain"))
     m, _, _ = get_one(ch, src, auto_ack=False)
-    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     ch.basic_reject(m.delivery_tag, requeue=False)
     m, p, b = get_one(ch, dq)
-    after = datetime.datetime.now(datetime.timezone.utc)
+    after = datetime.datetime.now(datetime.UTC)
     assert (b, m.exchange, m.routing_key) == (b"r", dlx, src)
     assert p.content_type == "text/plain"
     h = p.headers
@@ -390,7 +390,7 @@ INVALID_ARGS = [
 ]
 
 
-@pytest.mark.parametrize("args,text", INVALID_ARGS, ids=[list(a)[0] + "=" + str(list(a.values())[0]) for a, _ in INVALID_ARGS])
+@pytest.mark.parametrize("args,text", INVALID_ARGS, ids=[next(iter(a)) + "=" + str(next(iter(a.values()))) for a, _ in INVALID_ARGS])
 def test_invalid_queue_argument(ch, uid, args, text):
     assert_channel_error(406, "PRECONDITION_FAILED - " + text.format(q=uid),
                          ch.queue_declare, uid, exclusive=True, arguments=args)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import pika
 import pika.exceptions
-import pytest
-
 from helpers import assert_channel_error, assert_empty, get_one, wait_for
 
 
@@ -19,7 +17,7 @@ def test_server_named_queue(ch):
 
 def test_declare_ok_counts(ch, uid):
     q = ch.queue_declare(uid, exclusive=True).method.queue
-    for i in range(3):
+    for _i in range(3):
         ch.basic_publish("", q, b"x")
     wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 3, conn=ch.connection)
     ch.basic_consume(q, lambda *a: None, auto_ack=False)
@@ -96,7 +94,7 @@ def test_exclusive_queue_deleted_when_connection_closes(connect, uid):
     c1, c2 = connect(), connect()
     c1.channel().queue_declare(uid, exclusive=True)
     c1.close()
-    ch2 = c2.channel()
+    c2.channel()
 
     def gone():
         try:
@@ -194,7 +192,7 @@ def test_bind_without_routing_key_uses_queue_name(ch, cleanup, uid):
 def test_purge_returns_count(ch):
     q = ch.queue_declare("", exclusive=True).method.queue
     ch.confirm_delivery()
-    for i in range(7):
+    for _i in range(7):
         ch.basic_publish("", q, b"p")
     ok = ch.queue_purge(q)
     assert ok.method.message_count == 7
@@ -219,7 +217,7 @@ def test_delete_returns_message_count(ch, cleanup, uid):
     q = cleanup.queue(uid)
     ch.queue_declare(q)
     ch.confirm_delivery()
-    for i in range(4):
+    for _i in range(4):
         ch.basic_publish("", q, b"d")
     ok = ch.queue_delete(q)
     assert ok.method.message_count == 4

@@ -1,4 +1,4 @@
-"""Retry with backoff before dead-lettering (issue 4, item 5) with pika and aio-pika.
+"""Retry with backoff before dead-lettering with pika and aio-pika.
 
 Queue arguments x-retry-delays (ms levels), x-delivery-limit (quorum-queue
 semantics) and x-retry-ordered; x-delivery-count on redeliveries; x-death

@@ -6,7 +6,6 @@ import asyncio
 import pika
 import pika.exceptions
 import pytest
-
 from helpers import get_one
 
 LOGIN_REFUSED = "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN"
@@ -61,11 +60,11 @@ def test_bad_credentials_aio_pika(amqp_params):
 
 
 def test_bad_credentials_kombu(amqp_params):
-    import kombu
     import amqp.exceptions
+    import kombu
 
     url = amqp_params.url_with(password="wrong-password")
-    with kombu.Connection(url, connect_timeout=10) as c:
-        with pytest.raises(amqp.exceptions.AccessRefused) as ei:
-            c.connect()
+    with kombu.Connection(url, connect_timeout=10) as c, \
+            pytest.raises(amqp.exceptions.AccessRefused) as ei:
+        c.connect()
     assert ei.value.code == 403 and LOGIN_REFUSED in str(ei.value)
