@@ -7,6 +7,7 @@ import os
 from . import errors, scheduler
 from .auth import UserDatabase
 from .config import Config
+from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
 from .timers import TimerQueue
@@ -46,6 +47,7 @@ class Broker:
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()
+        self.fenced = False  # the store's lease ran out: serve nobody (on_store_fenced)
         # Async callables run for the broker's lifetime in the server's nursery.
         self.background_tasks: list = []
         # Called after the store has recreated durable state, before listeners open.
@@ -101,6 +103,30 @@ class Broker:
                 except Exception:  # pragma: no cover
                     log.exception("could not close a session after a store failure")
 
+    def on_store_fenced(self, store: Store, fenced: bool) -> None:
+        """``store``'s lease on a shared database ran out (``fenced``) or was renewed.
+
+        While fenced a standby may take the store over at any moment, so this broker
+        serves nobody: every connection is closed with 320 CONNECTION_FORCED and new
+        ones are refused (``Broker.fenced``) until the lease is renewed. Never raises.
+        """
+        self.fenced = fenced
+        if not fenced:
+            return
+        for session in list(self.sessions):
+            try:
+                session.force_close(errors.connection_forced(
+                    "store lease expired: this broker does not serve until it renews it"))
+            except Exception:  # pragma: no cover
+                log.exception("could not close a session of a fenced broker")
+
+    def on_store_backlog(self, store: Store, full: bool) -> None:
+        """``store`` holds more unwritten message bytes than its bound (``full``), or is
+        back under it: a resource alarm, as RabbitMQ's memory alarm, blocks publishers
+        (connection.blocked, their sockets no longer read) while it is full. Never raises.
+        """
+        self.set_alarm(f"memory ({store.name} backlog)", full)
+
     def on_store_recovered(self, store: Store) -> None:
         """``store`` writes again after ``on_store_failure``: clear its alarm."""
         if store not in self._failing_stores:
@@ -139,6 +165,9 @@ class Broker:
                 session.wake()
 
     def check_resources(self) -> None:
+        freed = give_back(self.config.free_heap_kept)
+        if freed:
+            log.debug("gave %d MB of free heap back to the system", freed >> 20)
         self.set_alarm("memory", process_rss() > self.memory_limit)
         try:
             st = os.statvfs(self.config.data_dir)

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="SQL store: seconds between lease renewals (default 3 s)")
     run.add_argument("--sql-timeout", type=_seconds, default=sql.timeout, metavar="S",
                      help="SQL store: statement / idle transaction / write timeout (default 10 s)")
+    run.add_argument("--sql-max-unwritten", type=_positive, default=sql.max_unwritten,
+                     metavar="BYTES", help="SQL store: message bytes that may wait for the database "
+                                           "before publishers are blocked (default 128 MiB)")
     run.add_argument("--sql-standby", action="store_true",
                      help="SQL store: wait for the lease of a running broker to expire "
                           "instead of exiting (ActiveMQ's slave)")
@@ -121,7 +124,8 @@ def _run(args) -> int:
                                             checkpoint_bytes=args.journal_checkpoint_bytes,
                                             queue_memory_budget=args.queue_memory_budget),
                     sql=SQLSettings(lease=args.sql_lease, renew=args.sql_renew,
-                                    timeout=args.sql_timeout, standby=args.sql_standby))
+                                    timeout=args.sql_timeout, standby=args.sql_standby,
+                                    max_unwritten=args.sql_max_unwritten))
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:

@@ -32,6 +32,10 @@ class SQLSettings:
     keepalive_interval: int = 2
     keepalive_count: int = 3
     retry_max: float = 2.0  # longest pause between reconnect attempts while the database is down
+    # body bytes that may wait for the database (an outage's backlog) before publishers are
+    # blocked with a resource alarm; they are unblocked below half of it
+    max_unwritten: int = 128 * 1024 * 1024
+    batch_bytes: int = 8 * 1024 * 1024  # body bytes of one transaction at most (one message more)
     standby: bool = False  # wait at start until the lease is free instead of exiting
 
 
@@ -51,6 +55,8 @@ class Config:
     memory_high_watermark: float = 0.4
     memory_limit_bytes: int | None = None  # overrides the fraction when set
     disk_free_limit: int = 50 * 1024 * 1024
+    # free heap the broker keeps for the next burst; more is given back to the system
+    free_heap_kept: int = 32 * 1024 * 1024
     log_level: str = "INFO"
     # AMQP: the largest message body accepted (406 PRECONDITION_FAILED above it)
     max_message_size: int = 128 * 1024 * 1024

@@ -19,6 +19,7 @@ import trio.lowlevel
 from . import errors
 from .amqp.connection import State
 from .broker import Broker
+from .persistence import StoreUnavailable
 from .session import Session
 
 log = logging.getLogger("broker.server")
@@ -224,6 +225,7 @@ class Server:
         self.listeners: list[trio.SocketListener] = []
         self.port: int | None = None
         self._accept_scope = trio.CancelScope()
+        self.fatal: BaseException | None = None  # why the server stopped by itself
 
     def unblocked_event(self) -> trio.Event:
         if not self.broker.blocked:
@@ -235,6 +237,10 @@ class Server:
         return self._unblocked
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        if self.broker.fenced:
+            # a standby may own the store by now: refuse before the handshake
+            await stream.aclose()
+            return
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
@@ -305,6 +311,11 @@ class Server:
             await store.run()
             # stores without background work return at once
             await trio.sleep_forever()
+        except StoreUnavailable as exc:
+            # the store can no longer be served from (another broker took it over): close
+            # every connection with 320, then stop with the store's one-line reason
+            self.fatal = exc
+            await self.shutdown()
         finally:
             with trio.CancelScope(shield=True):
                 await store.close()
@@ -323,7 +334,12 @@ class Server:
 async def run_server(broker: Broker, host: str, port: int) -> None:
     server = Server(broker)
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, host, port)
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED):
+            await server.serve(host, port, task_status=task_status)
+            nursery.cancel_scope.cancel()  # stopped by itself (server.fatal): stop the rest
+
+        await nursery.start(serve)
 
         async def on_signals():
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -334,6 +350,8 @@ async def run_server(broker: Broker, host: str, port: int) -> None:
                     return
 
         nursery.start_soon(on_signals)
+    if server.fatal is not None:
+        raise server.fatal
 
 
 def describe_listen_error(exc: OSError, host: str, port: int) -> str:

@@ -53,8 +53,11 @@ class Store:
     While writes keep failing, a ``when_durable`` with an ``on_failure`` gets it
     (a publisher NACK): the SQL store first withdraws that publish from its
     queues, so a nacked message is never stored nor delivered; a
-    ``BLOCKS_ON_FAILURE`` store blocks publishers instead. A store never touches
-    sessions or channels: what happens to connections is the broker's decision.
+    ``BLOCKS_ON_FAILURE`` store blocks publishers instead. A store that buffers
+    writes bounds what it holds: it calls ``broker.on_store_backlog(self, True)``
+    when the bound is passed (the broker blocks publishers) and ``(self, False)``
+    once it is back under it. A store never touches sessions or channels: what
+    happens to connections is the broker's decision.
     """
 
     name: str = "abstract"

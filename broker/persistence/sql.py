@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -53,6 +54,10 @@ IDLE_RECHECK = 20.0  # seconds idle after which the writer's connection is pinge
 
 class StoreLocked(StoreUnavailable):
     """Another broker holds the lease."""
+
+
+class StoreDeposed(StoreUnavailable):
+    """Another broker took the lease over while this one ran: it must stop for good."""
 
 
 def _abort_socket(conn) -> None:
@@ -109,13 +114,16 @@ def _chunks(seq, n=CHUNK):
 
 class _Batch:
     """What the core asked for since the last hand-off (only touched on the trio thread)."""
-    __slots__ = ("callbacks", "defs", "dlv", "enq", "msgs", "rm", "rm_msgs")
+    __slots__ = ("callbacks", "defs", "dlv", "enq", "msgs", "nbytes", "rm", "rm_msgs")
     # callbacks: (on_success, on_failure, held) — held: the (queue, entry) of the publish,
     # taken back from the queues when it is nacked
 
     def __init__(self):
         self.defs: list = []                 # ordered definition ops
-        self.msgs: dict = {}                 # msg id -> [blob, pending entry count]
+        # msg id -> [Message, pending entry count]: the queues' own (immutable) message, so a
+        # body waiting for the database is held once; encoded by the worker thread
+        self.msgs: dict = {}
+        self.nbytes = 0                      # body bytes of ``msgs``
         self.enq: dict = {}                  # qid -> {seq: [msg_id, expires_at, priority, delivered]}
         self.dlv: dict = {}                  # qid -> set(seq) of entries already handed off
         self.rm: dict = {}                   # qid -> set(seq) of entries already handed off
@@ -302,18 +310,23 @@ class SQLStore(Store):
         self._conn: Any = None                   # the writer's connection (worker thread only)
         self._lock: Any = None
         self._batch = _Batch()
-        self._retry: list[_Batch] = []       # handed off but not committed (database down)
+        # written in order, one transaction each, before the current batch: what an outage
+        # left unwritten (in doubt, or not tried) and batches sealed at ``batch_bytes``
+        self._retry: list[_Batch] = []
+        self._unwritten = 0                  # body bytes in batches not yet committed
+        self._backlog_full = False
         self._inflight = False
         self._down = False
         self._wake = trio.Event()
         self._held: list = []                # (queue, entry) enqueued since the last when_durable
         self._renewing = False
+        self._lease_checked = trio.Event()   # set after each renewal attempt (_guard_lease)
         self._gen = 0                        # bumped when a stuck write is abandoned
         self._conn_used = 0.0
         self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
         self._next_qid = 1
         self._loaded: Any = None
-        self.broker: Any = None                  # for on_store_failure / on_store_recovered
+        self.broker: Any = None              # on_store_failure / _backlog / _recovered
         self.batches = 0                     # statistics
         self.rows_written = 0
 
@@ -488,10 +501,36 @@ class SQLStore(Store):
                 self._qids[(vname, qname)] = (q, qid)
 
     async def run(self) -> None:
+        """Writer, lease renewer and lease guard. Raises StoreDeposed once another broker
+        took the lease over (the broker then stops: its memory is no longer the truth)."""
         async with trio.open_nursery() as nursery:
             if self.dialect != "sqlite":
                 nursery.start_soon(self._renewer)
+                nursery.start_soon(self._guard_lease)
             await self._writer()
+
+    async def _guard_lease(self) -> None:
+        """Fence the broker (``broker.on_store_fenced``: it stops serving) the moment the
+        lease runs out by this process's clock, which is before a standby can take it, and
+        lift the fence when it is renewed (still ours: nobody served meanwhile)."""
+        fenced = False
+        while True:
+            left = self._lock.valid_until - time.monotonic()
+            if self._lock.deposed:
+                raise StoreDeposed(f"store {self.safe_url}: {self._lease_error()}; this broker "
+                                   f"stopped serving (restart it, e.g. with --sql-standby)")
+            if (left <= 0) != fenced:
+                fenced = left <= 0
+                if fenced:
+                    log.error("store %s: lease ran out (%s): not serving until it is renewed",
+                              self.safe_url, self._lock.last_error or "not renewed in time")
+                else:
+                    log.warning("store %s: lease renewed: serving again", self.safe_url)
+                if self.broker is not None:
+                    self.broker.on_store_fenced(self, fenced)
+            with trio.move_on_after(left if left > 0 else math.inf):
+                await self._lease_checked.wait()
+            self._lease_checked = trio.Event()
 
     # ------------------------------------------------------------------ lease
     async def _renewer(self) -> None:
@@ -501,8 +540,10 @@ class SQLStore(Store):
         while True:
             await trio.sleep(self.settings.renew)
             if self._lock.deposed:
+                self._lease_checked.set()
                 return
             ok = await self._renew()
+            self._lease_checked.set()
             if ok and lost:
                 log.warning("store %s: lease renewed again", self.safe_url)
             elif not ok and not lost:
@@ -538,7 +579,9 @@ class SQLStore(Store):
                 # probe often at first (publishers wait), then every ``retry_max`` seconds
                 await trio.sleep(backoff)
                 backoff = min(self.settings.retry_max, backoff * 2)
-                if not await self._reconnect():
+                reconnected = await self._reconnect()
+                self._lease_checked.set()  # it renewed the lease, or found it taken over
+                if not reconnected:
                     self._fail_waiting()
                     continue
                 self._down = False
@@ -564,14 +607,25 @@ class SQLStore(Store):
         return f"store lease expired, not renewed in time ({self._lock.last_error})"
 
     async def _commit_once(self) -> bool:
+        """Write the backlog (``_retry``), then the current batch, each in a transaction
+        of its own; False once one fails (the rest waits for the next attempt)."""
+        while self._retry:
+            b = self._retry.pop(0)
+            if not await self._commit(b):
+                if not b.empty():
+                    self._retry.insert(0, b)
+                return False
         batch = self._batch
         self._batch = _Batch()
         self._held = []
-        batches = [*self._retry, batch]
-        self._retry = []
-        callbacks = [cb for b in batches for cb in b.callbacks]
-        for b in batches:
-            b.callbacks = []
+        if await self._commit(batch):
+            return True
+        if not batch.empty():
+            self._retry.append(batch)
+        return False
+
+    async def _commit(self, batch: _Batch) -> bool:
+        callbacks, batch.callbacks = batch.callbacks, []
         self._inflight = True
         error: str | None = None
         try:
@@ -580,7 +634,7 @@ class SQLStore(Store):
             else:
                 timeout = self.settings.timeout
                 with trio.move_on_after(timeout) as scope:
-                    error = await trio.to_thread.run_sync(self._write, batches, self._gen,
+                    error = await trio.to_thread.run_sync(self._write, batch, self._gen,
                                                           abandon_on_cancel=True)
                 if scope.cancelled_caught:
                     error = f"no answer from the database in {timeout:g} s"
@@ -592,6 +646,8 @@ class SQLStore(Store):
             self._inflight = False
         if error is None:
             self.batches += 1
+            self._unwritten -= batch.nbytes
+            self._check_backlog()
             for ok, _fail, _held in callbacks:
                 ok()
             return True
@@ -600,9 +656,8 @@ class SQLStore(Store):
         # nacked (a standby may already be delivering them). The broker closes the
         # connections waiting for them; the batch is written again, idempotently, once
         # the database and the lease are back, and its callbacks run then.
-        self._retry = [b for b in batches if not b.empty()]
-        if self._retry:
-            self._retry[-1].callbacks = callbacks
+        if not batch.empty():
+            batch.callbacks = callbacks
             callbacks = []
         self._go_down(error, callbacks)
         return False
@@ -694,10 +749,10 @@ class SQLStore(Store):
         self.engine = self.lock_engine = None
 
     # ------------------------------------------------------ worker (thread)
-    def _write(self, batches: list, gen: int):
-        """One transaction for all batches; returns None or the error text. ``gen`` changes
+    def _write(self, batch: _Batch, gen: int):
+        """One transaction for ``batch``; returns None or the error text. ``gen`` changes
         when the trio side gave up on this call: its connection is then dropped here."""
-        if all(b.empty() for b in batches):
+        if batch.empty():
             return None
         c = self._conn
         try:
@@ -710,10 +765,10 @@ class SQLStore(Store):
                 if gen == self._gen:
                     self._conn = c
             with c.begin():
-                for b in batches:
-                    self._write_batch(c, b)
+                self._write_batch(c, batch)
             self._conn_used = time.monotonic()
-            if gen != self._gen:
+            # a big statement leaves the driver's buffers that big for the connection's life
+            if gen != self._gen or batch.nbytes >= self.settings.batch_bytes // 2:
                 self._drop(c)
             return None
         except SQLAlchemyError as exc:
@@ -747,7 +802,7 @@ class SQLStore(Store):
         for op in b.defs:
             rows += self._write_def(c, op)
         if b.msgs:
-            params = [(mid, v[0]) for mid, v in b.msgs.items()]
+            params = [(mid, encode_message(v[0])) for mid, v in b.msgs.items()]
             self._bulk_insert(c, "msgs", params)
             rows += len(params)
         if b.enq:
@@ -932,7 +987,12 @@ class SQLStore(Store):
         message = entry.message
         m = b.msgs.get(message.id)
         if m is None:
-            b.msgs[message.id] = [encode_message(message), 1]
+            b.msgs[message.id] = [message, 1]
+            size = len(message.body)
+            b.nbytes += size
+            self._unwritten += size
+            if b.nbytes >= self.settings.batch_bytes:
+                self._seal()
         else:
             m[1] += 1
         expires = None
@@ -1004,6 +1064,33 @@ class SQLStore(Store):
         m[1] -= 1
         if m[1] <= 0:
             del b.msgs[msg_id]
+            size = len(m[0].body)
+            b.nbytes -= size
+            self._unwritten -= size
+            self._check_backlog()
+
+    def _seal(self) -> None:
+        """Close a batch that reached ``batch_bytes``: it waits (in ``_retry``) to be written
+        in a transaction of its own, so no write, and no encoding buffer, grows past that."""
+        self._retry.append(self._batch)
+        self._batch = _Batch()
+        self._check_backlog()
+        self._poke()
+
+    def _check_backlog(self) -> None:
+        """Block publishers (a resource alarm, through the broker) while more than
+        ``max_unwritten`` body bytes wait for the database; unblock below half of it."""
+        limit = self.settings.max_unwritten
+        if not self._backlog_full and self._unwritten > limit:
+            self._backlog_full = True
+            log.warning("store %s: %d MB wait for the database (limit %d MB): publishers are "
+                        "blocked", self.safe_url, self._unwritten >> 20, limit >> 20)
+        elif self._backlog_full and self._unwritten <= limit // 2:
+            self._backlog_full = False
+        else:
+            return
+        if self.broker is not None:
+            self.broker.on_store_backlog(self, self._backlog_full)
 
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:

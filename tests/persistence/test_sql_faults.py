@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy
 import trio
 
 from broker.config import SQLSettings
@@ -102,6 +103,7 @@ class Publisher(threading.Thread):
         self.confirmed: dict[int, float] = {}  # id -> monotonic time of the confirm
         self.nacked: dict[int, float] = {}
         self.doubted: dict[int, float] = {}
+        self.refused = 0  # connection attempts refused (a fenced or stopped broker)
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.n = 0
@@ -111,17 +113,26 @@ class Publisher(threading.Thread):
         return set(self.doubted)
 
     def _channel(self):
-        conn = _connect(self.port)
-        ch = conn.channel()
-        ch.confirm_delivery()
-        return conn, ch
+        """A confirm channel on a new connection, retried while the broker refuses them
+        (fenced: its lease ran out); None once stopped."""
+        import pika
+        while not self.stop_event.is_set():
+            try:
+                conn = _connect(self.port)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                return conn, ch
+            except pika.exceptions.AMQPError:
+                self.refused += 1
+                time.sleep(0.1)
+        return None, None
 
     def run(self):
         import pika
         try:
             conn, ch = self._channel()
             props = pika.BasicProperties(delivery_mode=2)
-            while not self.stop_event.is_set():
+            while ch is not None and not self.stop_event.is_set():
                 i = self.n
                 self.n += 1
                 try:
@@ -135,7 +146,8 @@ class Publisher(threading.Thread):
                         conn.close()
                     conn, ch = self._channel()
                 time.sleep(0.005)
-            conn.close()
+            if conn is not None and conn.is_open:
+                conn.close()
         except BaseException as exc:  # reported by the test
             self.error = exc
 
@@ -244,6 +256,8 @@ def test_outage_confirmed_kept_nacked_gone(env, kind, fault):
     assert detect <= TIMEOUT + 1.0
     assert recover <= TIMEOUT + 3.0
     assert pub.nacked, "the outage nacked nothing"
+    if fault == "blackhole":  # longer than the lease: fenced (clients refused), then back
+        assert "not serving until it is renewed" in a.text() and "serving again" in a.text()
     # what the database holds: kill -9, restart on the database directly
     a.kill9()
     b = broker(db.url, "b")
@@ -286,7 +300,13 @@ def test_standby_waits_then_takes_over_a_silent_master(env, kind):
     assert LEASE - 0.5 <= takeover <= LEASE + RENEW + TIMEOUT + 2
     assert last_ok < t_fault + LEASE, "the deposed master confirmed after its lease"
     assert all(t < t_up for t in pub.confirmed.values())
-    assert "lease" in a.text()
+    # fenced before the standby started: its connections closed, new ones refused
+    assert "lease ran out" in a.text() and "not serving until it is renewed" in a.text()
+    fenced_at = max(pub.doubted.values(), default=t_fault)
+    assert fenced_at < t_up
+    # back in reach of the database, it finds the lease taken over and stops
+    assert a.proc.wait(LEASE + 10) == 1
+    assert "taken over" in a.text() and "stopped serving" in a.text()
     _check(pub, _drain(b.port))
 
 
@@ -356,3 +376,120 @@ def test_schema_v1_database_is_migrated(tmp_path):
         c.close()
         assert "expires_at" in cols and version == S.SCHEMA_VERSION
     trio.run(main)
+
+
+# ------------------------------------------------------------ memory during an outage
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class BulkPublisher(threading.Thread):
+    """Persistent 200 KB messages without confirms, as fast as the broker reads them (a
+    blocked connection stops it in its socket write: pika's blocking adapter does not read
+    connection.blocked while it waits to write)."""
+
+    def __init__(self, port, size=200 * 1024):
+        super().__init__(daemon=True)
+        self.port, self.size = port, size
+        self.sent = 0
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self):
+        import pika
+        try:
+            conn = _connect(self.port)
+            ch = conn.channel()
+            props = pika.BasicProperties(delivery_mode=2)
+            pad = b"x" * self.size
+            while not self.stop_event.is_set():
+                ch.basic_publish("", "q", str(self.sent).encode() + b" " + pad, props)
+                self.sent += 1
+            conn.close()  # close-ok: every publish before it was taken by the broker
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+def test_long_outage_blocks_publishers_at_the_memory_bound(env, kind):
+    """Publishes without confirms go on through an outage: the broker holds each body once,
+    blocks the publisher (connection.blocked, socket no longer read) when the unwritten
+    bytes reach --sql-max-unwritten, writes the backlog in bounded transactions when the
+    database is back, and gives the memory back after the drain. Nothing is lost."""
+    bound = 20 << 20
+    make, broker = env
+    db, proxy = make(kind)
+    # a lease longer than the outage: the broker stays unfenced and keeps its publisher
+    a = broker(_via(db.url, kind, proxy.port),
+               extra=["--sql-max-unwritten", str(bound), "--sql-lease", "30"])
+    a.start()
+    _declare(a.port)
+    rss0 = _rss_mb(a.proc.pid)
+    proxy.close_all()
+    proxy.refuse()
+    pub = BulkPublisher(a.port)
+    pub.start()
+    peak = rss0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "resource alarm set: memory" not in a.text():
+        peak = max(peak, _rss_mb(a.proc.pid))
+        time.sleep(0.05)
+    assert "publishers are blocked" in a.text(), f"never blocked ({pub.sent} sent)"
+    for _ in range(40):  # blocked: the count stops, memory stays at the bound
+        sent = pub.sent
+        peak = max(peak, _rss_mb(a.proc.pid))
+        time.sleep(0.05)
+    time.sleep(1.0)
+    held = pub.sent
+    assert pub.sent - sent <= 40, "the publisher was not held back"
+    peak = max(peak, _rss_mb(a.proc.pid))
+    t_resume = time.monotonic()
+    proxy.resume()
+    pub.stop_event.set()
+    pub.join(60)
+    assert pub.error is None, repr(pub.error)
+    # a confirmed publish after the backlog: every earlier write is committed before it
+    conn = _connect(a.port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", "q", b"end", pika_props())
+    conn.close()
+    written = time.monotonic() - t_resume
+    engine = sqlalchemy.create_engine(db.url, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as c:
+        stored = c.execute(sqlalchemy.text("SELECT count(*) FROM triomq_entries")).scalar()
+    assert stored == pub.sent + 1, "the database does not hold the whole backlog"
+    consumed = _drain_bodies(a.port)
+    time.sleep(2.5)  # the broker's periodic check gives free heap back
+    after = _rss_mb(a.proc.pid)
+    print(f"\n[{kind}] outage backlog: blocked after {held} x 200 KB; RSS {rss0:.0f} MB -> "
+          f"peak {peak:.0f} MB (bound {bound >> 20} MB), after the drain {after:.0f} MB; "
+          f"{pub.sent} published, backlog written {written:.1f} s after the database returned")
+    # the bodies held once, plus what one transaction in flight encodes, plus the driver
+    assert peak - rss0 <= (bound >> 20) * 2 + 2 * (SQLSettings.batch_bytes >> 20) + 30
+    assert after - rss0 <= 30
+    ids = [int(b.split(b" ", 1)[0]) for b in consumed if b != b"end"]
+    assert sorted(ids) == list(range(pub.sent)) and consumed[-1] == b"end"
+
+
+def pika_props():
+    import pika
+    return pika.BasicProperties(delivery_mode=2)
+
+
+def _drain_bodies(port, queue="q") -> list[bytes]:
+    conn = _connect(port)
+    ch = conn.channel()
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append(body)
+    conn.close()
+    return got
