@@ -633,7 +633,9 @@ class SQLStore(Store):
                 error = self._lease_error()
             else:
                 timeout = self.settings.timeout
-                with trio.move_on_after(timeout) as scope:
+                # shielded: a clean stop lets the write in flight finish (or time out), then
+                # close() writes the rest; abandoning it would roll it back
+                with trio.CancelScope(shield=True), trio.move_on_after(timeout) as scope:
                     error = await trio.to_thread.run_sync(self._write, batch, self._gen,
                                                           abandon_on_cancel=True)
                 if scope.cancelled_caught:
