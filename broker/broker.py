@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import errors, scheduler
+from . import errors, scheduler, transactions
 from .auth import UserDatabase
 from .config import Config
 from .malloc import give_back
@@ -54,6 +54,7 @@ class Broker:
         self.recovery_hooks: list = []
         self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
+        transactions.install(self)  # half messages: prepare, commit/rollback, check-back
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""
