@@ -134,6 +134,9 @@ QUEUE_ARGUMENTS: dict[str, Callable] = {
     "x-single-active-consumer": bool_arg,
     "x-queue-type": one_of("classic"),
     "x-queue-mode": one_of("default", "lazy"),
+    # the message-deduplication plugin's queue argument (queues/dedup.py); like every
+    # plugin argument it is outside RabbitMQ's equivalence list
+    "x-message-deduplication": bool_arg,
 }
 
 # Arguments whose values must match on redeclaration (RabbitMQ's equivalence list).

@@ -12,6 +12,7 @@ from collections import deque
 from . import max_length, ttl
 from .args import QueueOptions
 from .dead_letter import dead_letter
+from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .ops import Op
@@ -90,6 +91,7 @@ class Queue:
         self.opts = opts or QueueOptions()
         # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
         self.retry = _make_retry(self)
+        self.dedup = make_queue_dedup(self)  # x-message-deduplication (queues/dedup.py)
         # Follow the operation stream (queues/ops.py): the store of a durable queue, tests.
         self.observers: list = []
         self.ready = self._new_ready()
@@ -118,6 +120,8 @@ class Queue:
         it is called; an ordered retry policy wraps the store it is given.
         """
         ready = PriorityReady(self.opts.max_priority) if self.opts.max_priority else FifoReady()
+        if self.dedup is not None:
+            ready = self.dedup.unpaged(ready)
         if self.retry is not None:
             ready = self.retry.wrap_ready(ready)
         return ready
@@ -169,6 +173,8 @@ class Queue:
             if opts.overflow == "reject-publish-dlx":
                 dead_letter(self, [QueueEntry(message, 0)], "maxlen")
             return False
+        if self.dedup is not None and not self.dedup.admit(message, entry):
+            return True  # a duplicate is dropped, its publisher confirmed
         if entry is None:
             seq = self._next_seq
             self._next_seq = seq + 1
@@ -375,6 +381,8 @@ class Queue:
             self._emit(op, entry)
         if self.retry is not None:
             self.retry.on_settled(entry)
+        if self.dedup is not None:
+            self.dedup.left(entry)
 
     def discard(self, entries: list, reason: str) -> None:
         """Entries leave: dead-lettered if the queue has a DLX, else dropped."""
