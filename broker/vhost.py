@@ -111,6 +111,8 @@ class VirtualHost:
         self.exchanges[name] = x
         if persist and x.durable and self.store is not None:
             self.store.save_exchange(self, x)
+        if persist:
+            x.declared(self)
         return x
 
     def delete_exchange(self, m) -> None:
@@ -229,6 +231,16 @@ class VirtualHost:
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
                   auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)
+        return q
+
+    def ensure_queue(self, name: str, durable: bool, arguments: dict) -> Queue:
+        """The queue ``name``, declared as a client would if it does not exist (for
+        entities an exchange owns); an existing one is returned as it is."""
+        q = self.queues.get(name)
+        if q is None:
+            q = Queue(self, name, durable=durable, arguments=arguments,
+                      opts=parse_queue_arguments(arguments))
+            self.add_queue(q)
         return q
 
     def add_queue(self, q: Queue, persist: bool = True) -> None:

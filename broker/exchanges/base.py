@@ -75,6 +75,11 @@ class ExchangeType(Protocol):
     def has_bindings(self) -> bool:
         """True while any binding has this exchange as its source."""
 
+    def declared(self, vhost: Any) -> None:
+        """Called once after a client declared this (new) exchange, not at recovery: a
+        type may create what it owns through ``vhost``'s public methods (the
+        consistent-hash exchange's partition queues). Raises ``errors.AMQPError``."""
+
 
 class Binding:
     __slots__ = ("arguments", "destination", "key", "routing_key", "source")
@@ -194,3 +199,6 @@ class Exchange:
     @property
     def has_bindings(self) -> bool:
         return bool(self.bindings)
+
+    def declared(self, vhost: Any) -> None:
+        return None

@@ -23,9 +23,12 @@ import zlib
 from typing import Any
 
 from .. import errors
+from ..queues.group import GROUP_ARGUMENT
 from .base import Binding, Exchange
 
 HASH_PROPERTIES = ("message_id", "correlation_id", "timestamp")
+PARTITIONS = "x-partitions"  # partition queues the exchange declares for one consumer group
+MAX_PARTITIONS = 1024
 _MASK64 = (1 << 64) - 1
 
 
@@ -67,6 +70,10 @@ class ConsistentHashExchange(Exchange):
 
     @classmethod
     def argument_problem(cls, arguments: dict) -> str | None:
+        parts = arguments.get(PARTITIONS)
+        if parts is not None and (isinstance(parts, bool) or not isinstance(parts, int)
+                                  or not 1 <= parts <= MAX_PARTITIONS):
+            return f"{PARTITIONS} must be an integer from 1 to {MAX_PARTITIONS}, got {_text(parts)!r}"
         header = arguments.get("hash-header")
         prop = arguments.get("hash-property")
         if header is not None and prop is not None:
@@ -80,6 +87,17 @@ class ConsistentHashExchange(Exchange):
 
     def validate_binding(self, routing_key: str, arguments: dict) -> None:
         weight_of(routing_key)
+
+    def declared(self, vhost: Any) -> None:
+        """With ``x-partitions: N``, declare the partitions ``<name>-0`` … ``<name>-N-1``
+        (as RabbitMQ names a super stream's), each bound with weight 1 and one consumer
+        group named after the exchange (queues/group.py); durable if the exchange is."""
+        count = self.arguments.get(PARTITIONS)
+        if not count:
+            return
+        for i in range(count):
+            q = vhost.ensure_queue(f"{self.name}-{i}", self.durable, {GROUP_ARGUMENT: self.name})
+            vhost.bind(self.name, q, "1", {})
 
     def _index_add(self, binding: Binding) -> None:
         n = weight_of(binding.routing_key)

@@ -15,6 +15,7 @@ from .dead_letter import dead_letter
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
+from .group import group_of
 from .ops import Op
 from .priority import PriorityReady, message_priority
 
@@ -110,6 +111,8 @@ class Queue:
         self.stats_delivered = 0
         self.store = None  # set by attach_store for durable queues with a persistent store
         self.flow_waiters: set | None = None  # sessions in flow because of this queue
+        # x-consumer-group: a partition whose active consumer the group chooses (group.py)
+        self.group = group_of(self)
         self._flow_low = 0
         self.touch()
 
@@ -297,6 +300,8 @@ class Queue:
 
     def _pick_consumer(self) -> Consumer | None:
         consumers = self.consumers
+        if self.group is not None:
+            return self.group.active(self)
         if len(consumers) == 1 or self.opts.single_active_consumer:
             c = consumers[0]
             return c if c.can_take() else None
@@ -447,6 +452,8 @@ class Queue:
             self._groups.append((consumer.priority, deque([consumer])))
             self._groups.sort(key=lambda g: -g[0])
         self.touch()
+        if self.group is not None:
+            self.group.rebalance()
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -463,6 +470,8 @@ class Queue:
                     del self._groups[i]
                 break
         self.touch()
+        if self.group is not None:
+            self.group.rebalance()
         if not self.consumers and self.auto_delete and self._had_consumer:
             self.vhost.delete_queue(self, reason="auto-delete")
         elif self.consumers:
@@ -513,6 +522,8 @@ class Queue:
         consumers = list(self.consumers)
         self.consumers.clear()
         self._groups.clear()
+        if self.group is not None:
+            self.group.remove(self)
         for entry in self.ready.clear():
             self._left(entry, Op.DELETE)
         self.ready_bytes = 0
