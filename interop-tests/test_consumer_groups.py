@@ -39,8 +39,9 @@ class Member(threading.Thread):
     so its deliveries stay unacknowledged for a while, as real processing keeps them.
     Records [received, key, seq, redelivered, member, acked] for every delivery."""
 
-    def __init__(self, connect, exchange, name, log, lock, prefetch=20):
+    def __init__(self, connect, exchange, name, log, lock, prefetch=20, parts=PARTS):
         super().__init__(daemon=True)
+        self.parts = parts
         self.connect, self.exchange, self.name = connect, exchange, name
         self.log, self.lock, self.prefetch = log, lock, prefetch
         self.stop = threading.Event()
@@ -75,7 +76,7 @@ class Member(threading.Thread):
                 if len(pending) >= 10:
                     ack_pending()
 
-            for i in range(PARTS):
+            for i in range(self.parts):
                 ch.basic_consume(f"{self.exchange}-{i}", on_message,
                                  consumer_tag=f"{self.name}-p{i}")
             self.ready.set()
@@ -203,3 +204,45 @@ def test_bad_partition_count_is_406(connect, uid, cleanup):
         assert exc.reply_code == 406 and "x-partitions must be an integer from 1 to 1024" in exc.reply_text
         return
     raise AssertionError("x-partitions 0 was accepted")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hard", [False, True], ids=["restart", "kill9"])
+def test_durable_partitions_and_their_group_survive_a_restart(tmp_path, external_broker, hard):
+    """A durable partitioned exchange: partitions, bindings and messages come back after a
+    restart and a kill -9, the group forms again, and per-key order holds across it."""
+    if external_broker:
+        pytest.skip("starts its own TrioMQ brokers")
+    from test_durability import BrokerProc
+    b = BrokerProc(tmp_path / "data", "journal").start()
+    try:
+        ch = b.connect().channel()
+        ch.exchange_declare("px", "x-consistent-hash", durable=True, arguments={"x-partitions": 4})
+        ch.confirm_delivery()
+        props = pika.BasicProperties(delivery_mode=2)
+        for i in range(400):
+            ch.basic_publish("px", f"k{i % 40}", f"k{i % 40}:{i}".encode(), props)
+        b.restart(hard=hard)
+        log: list = []
+        lock = threading.Lock()
+        members = [Member(b.connect, "px", n, log, lock, parts=4) for n in "AB"]
+        for m in members:
+            m.start()
+            m.ready.wait(10)
+        wait_for(lambda: len({r[2] for r in list(log) if r[5] is not None}) >= 400, timeout=30,
+                 msg="all consumed after the restart")
+        check_per_key_order(log, 400, 40)
+        for m in members:  # the group formed again: two partitions each
+            m.partitions.clear()
+        ch = b.connect().channel()
+        for i in range(400, 800):
+            ch.basic_publish("px", f"k{i % 40}", f"k{i % 40}:{i}".encode())
+        wait_for(lambda: len({r[2] for r in list(log) if r[5] is not None}) >= 800, timeout=30,
+                 msg="second round consumed")
+        for m in members:
+            m.stop.set()
+            m.join(10)
+        assert all(m.error is None for m in members), [m.error for m in members]
+        assert sorted(len(m.partitions) for m in members) == [2, 2]
+    finally:
+        b.stop()
