@@ -213,7 +213,7 @@ def test_durable_partitions_and_their_group_survive_a_restart(tmp_path, external
     restart and a kill -9, the group forms again, and per-key order holds across it."""
     if external_broker:
         pytest.skip("starts its own TrioMQ brokers")
-    from test_durability import BrokerProc
+    from brokerproc import BrokerProc
     b = BrokerProc(tmp_path / "data", "journal").start()
     try:
         ch = b.connect().channel()

@@ -7,19 +7,15 @@ RabbitMQ without the plugin ignores the queue argument); those tests start their
 """
 from __future__ import annotations
 
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
+from brokerproc import BrokerProc
 from helpers import drain
 
-REPO = Path(__file__).resolve().parent.parent
 HEADER = "x-deduplication-header"
 
 
@@ -160,52 +156,6 @@ def test_a_non_boolean_queue_argument_is_406_naming_it(connect, uid, cleanup, ex
 
 
 # ------------------------------------------------------------------ restarts (TrioMQ-only)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProc:
-    """A TrioMQ subprocess on a data dir we own: start, stop (SIGTERM), kill -9."""
-
-    def __init__(self, data_dir: Path, store: str):
-        self.data_dir, self.store = data_dir, store
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-        self.log = data_dir.parent / "broker.log"
-
-    def start(self) -> BrokerProc:
-        self.port = _free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
-                 str(self.port), "--data-dir", str(self.data_dir), "--store", self.store],
-                cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail("broker exited:\n" + self.log.read_text()[-3000:])
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("broker did not start:\n" + self.log.read_text()[-3000:])
-                time.sleep(0.05)
-
-    def stop(self, hard: bool = False) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
-            self.proc.wait(30)
-        self.proc = None
-
-    def connect(self) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.port, connection_attempts=3, retry_delay=0.2))
-
-
 @pytest.fixture(params=["journal", "sqlite"])
 def store_url(request, tmp_path, external_broker):
     if external_broker:

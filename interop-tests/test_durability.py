@@ -8,7 +8,6 @@ import or the database server is unreachable).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,10 +18,10 @@ from pathlib import Path
 
 import pika
 import pytest
+from brokerproc import BrokerProc
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
@@ -100,96 +99,6 @@ def store_url(request, tmp_path):
 
 
 # ------------------------------------------------------------------ broker process
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProc:
-    """A TrioMQ subprocess on a fixed data dir that can be stopped, killed and restarted."""
-
-    def __init__(self, data_dir: Path, store: str, extra=(), env=None):
-        self.env = dict(os.environ, **(env or {}))
-        self.data_dir = Path(data_dir)
-        self.store = store
-        self.extra = list(extra)
-        self.proc = None
-        self.port = None
-        self.n = 0
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir.parent / f"broker-{self.n}.log"
-
-    def command(self):
-        return [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
-                str(self.port), "--data-dir", str(self.data_dir), "--store", self.store, *self.extra]
-
-    def start(self, timeout: float = 60.0):
-        self.n += 1
-        self.port = _free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command(), cwd=str(REPO_ROOT), stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"broker exited with {self.proc.returncode}:\n{self.log()}", pytrace=False)
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"broker did not listen within {timeout}s:\n{self.log()}", pytrace=False)
-            time.sleep(0.05)
-        return self
-
-    def start_expect_failure(self, timeout: float = 30.0) -> tuple[int, str]:
-        self.n += 1
-        self.port = _free_port()
-        p = subprocess.run(self.command(), cwd=str(REPO_ROOT), capture_output=True, text=True,
-                           timeout=timeout, env=self.env)
-        return p.returncode, p.stderr
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-5000:]
-        except OSError:
-            return ""
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def kill(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def restart(self, hard: bool = False):
-        self.kill() if hard else self.stop()
-        return self.start()
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
-
-    def connect(self) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.port, connection_attempts=3, retry_delay=0.2, socket_timeout=10,
-            blocked_connection_timeout=30))
-
-
 @pytest.fixture
 def broker(tmp_path, store_url):
     b = BrokerProc(tmp_path / "data", store_url)

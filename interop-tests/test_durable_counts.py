@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pika
 import pytest
-from test_durability import BrokerProc, _drain, _publish
+from brokerproc import BrokerProc
+from test_durability import _drain, _publish
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,21 +13,18 @@ messages); the restart tests start their own brokers.
 """
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
+from brokerproc import BrokerProc
 from helpers import assert_channel_error, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 CONTROL = "amq.triomq.transaction"
 
 
@@ -207,64 +204,10 @@ def test_check_back_after_the_producer_process_crashed(connect, amqp_params, uid
 
 
 # ----------------------------------------------------------------- restarts (own brokers)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProc:
-    """A TrioMQ subprocess on a data dir of its own: start, stop (SIGTERM), kill -9."""
-
-    def __init__(self, data_dir: Path, store_args=()):
-        self.data_dir = data_dir
-        self.store_args = list(store_args)
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-        self.log = data_dir.parent / f"{data_dir.name}-stderr.log"
-
-    def start(self) -> BrokerProc:
-        self.port = _free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
-                 str(self.port), "--data-dir", str(self.data_dir), *self.store_args],
-                cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"broker exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("broker did not start:\n" + self.log.read_text()[-3000:])
-                time.sleep(0.05)
-
-    def stop(self, kill9: bool = False) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            if kill9:
-                os.kill(self.proc.pid, signal.SIGKILL)
-            else:
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def connect(self) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.URLParameters(
-            f"amqp://guest:guest@127.0.0.1:{self.port}/?heartbeat=0"))
-
-
 @pytest.fixture(params=["journal", "sqlite"])
 def own_broker(request, tmp_path):
-    args = [] if request.param == "journal" else ["--store", f"sqlite:///{tmp_path}/tx.db"]
-    b = BrokerProc(tmp_path / "data", args)
+    store = None if request.param == "journal" else f"sqlite:///{tmp_path}/tx.db"
+    b = BrokerProc(tmp_path / "data", store)
     yield b
     b.stop()
 
@@ -284,7 +227,7 @@ def test_prepared_messages_survive_broker_restart(own_broker, how):
         "c", reply_to="orders.checks", **{"x-transaction-timeout": 2500}))
     ch.basic_publish("", "orders", b"transient", half_props("d", persistent=False))
     conn.close()
-    b.stop(kill9=how == "kill9")                       # every prepare was confirmed: stored
+    b.stop(hard=how == "kill9")                       # every prepare was confirmed: stored
     b.start()
     conn = b.connect()
     ch = conn.channel()
@@ -306,7 +249,7 @@ def test_prepared_messages_survive_broker_restart(own_broker, how):
     got = collect(conn, ch, "orders", 0.5)
     assert sorted(got) == [b"asked-later", b"to-commit"]
     conn.close()
-    b.stop(kill9=how == "kill9")                       # decisions are durable too
+    b.stop(hard=how == "kill9")                       # decisions are durable too
     b.start()
     conn = b.connect()
     ch = conn.channel()

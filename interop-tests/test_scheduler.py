@@ -12,26 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import brokerproc
 import pika
 import pika.exceptions
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def store_available(kind: str) -> str | None:
@@ -46,61 +38,19 @@ def store_available(kind: str) -> str | None:
     return None
 
 
-class BrokerProc:
-    """A TrioMQ subprocess on a data dir we own: start, stop (SIGTERM), kill (-9), restart."""
+class BrokerProc(brokerproc.BrokerProc):
+    """The shared broker subprocess (store given as command-line arguments) with the
+    ``scheduled`` CLI."""
 
     def __init__(self, data_dir: Path, store_args=()):
-        self.data_dir = Path(data_dir)
-        self.store_args = list(store_args)
-        self.proc = None
-        self.port = None
-        self.log = self.data_dir.parent / (self.data_dir.name + "-stderr.log")
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
-
-    def start(self, timeout: float = 20.0) -> BrokerProc:
-        self.port = _free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), *self.store_args]
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"broker exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("broker did not start:\n" + self.log.read_text()[-3000:])
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+        super().__init__(data_dir, extra=store_args)
 
     def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def connect(self) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.URLParameters(self.url + "?heartbeat=0"))
+        self.stop(hard=True)
 
     def cli(self, *args, check=True) -> subprocess.CompletedProcess:
         cmd = [PY, "-m", "broker", "scheduled", *args, "--data-dir", str(self.data_dir),
-               *self.store_args]
+               *self.extra]
         r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=60)
         if check and r.returncode != 0:
             raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
