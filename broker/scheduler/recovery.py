@@ -28,14 +28,14 @@ def adopt(scheduler, q: ScheduledQueue, entry: QueueEntry) -> bool:
         sid, schedule, due, left, run = read_state(entry.message.headers)
     except (KeyError, ValueError, TypeError) as exc:
         log.warning("scheduler: dropping unreadable stored entry %s (%s)", entry.seq, exc)
-        q.drop_entry(entry)
+        q.forget(entry)
         return False
     found = scheduler.lookup(sid)
     if found is not None:
         # crash between "write next occurrence" and "remove fired one": keep the newer
         t, slot = found
         if t.seq_of(slot) > entry.seq:
-            q.drop_entry(entry)
+            q.forget(entry)
             return False
         scheduler.drop_stored(t, slot)
     else:

@@ -20,61 +20,26 @@ back (SQL), or nothing but a blob for a transient message.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..persistence.base import READS_BACK
-from ..queues.args import parse_queue_arguments
 from ..queues.entry import QueueEntry
-from ..queues.queue import Queue
+from ..queues.internal import InternalQueue
 from .slots import SlotTable
 
 INTERNAL_QUEUE = "amq.triomq.scheduled"
 
 
-class _SystemOwner:
-    """Exclusive owner of the internal queues: never a client session."""
-
-    def __repr__(self) -> str:
-        return "<triomq scheduler>"
-
-
-SYSTEM_OWNER = _SystemOwner()
-
-
-class ScheduledQueue(Queue):
+class ScheduledQueue(InternalQueue):
     """The internal queue of one vhost; created by ``Scheduler.new_queue``."""
-
-    store: Any  # the vhost's persistent store (or None): written by this queue itself
-    internal = True
 
     def __init__(self, scheduler, vhost, name: str = INTERNAL_QUEUE):
         self.scheduler = scheduler  # before Queue.__init__: _new_ready() asks it for the table
-        opts = parse_queue_arguments({})
-        opts.max_length = 0
-        opts.overflow = "reject-publish"
-        super().__init__(vhost, name, durable=True, exclusive_owner=SYSTEM_OWNER,
-                         arguments={}, opts=opts)
-        self._stored_seq = 1  # seq of the next stored occurrence
+        super().__init__(vhost, name)
         self.ready.queue = self  # the table reads its stored copies through this queue
 
     def _new_ready(self) -> SlotTable:
         return self.scheduler.table(self.vhost.name)
 
-    @property
-    def keeps_definition(self) -> bool:
-        return True  # durable although owned by the broker: the vhost stores it
-
-    def attach_store(self, store) -> None:
-        """Persist through ``store``; the slot table stays the ready store."""
-        self.store = store
-
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
-        """A publish routed here is refused (x-max-length 0, reject-publish); a stored
-        entry handed back by recovery is adopted by the scheduler."""
-        if entry is None:
-            return super().enqueue(message)
-        if entry.seq >= self._stored_seq:
-            self._stored_seq = entry.seq + 1
+    def adopt(self, entry: QueueEntry) -> bool:
         return self.scheduler.adopt(self, entry)
 
     @property
@@ -103,14 +68,6 @@ class ScheduledQueue(Queue):
     def reads_back(self) -> bool:
         """Whether the store can read a message back by location (the journal)."""
         return self.store is not None and READS_BACK in self.store.capabilities
-
-    def write(self, message) -> QueueEntry:
-        """Store one occurrence (persistent message, durable store)."""
-        seq = self._stored_seq
-        self._stored_seq = seq + 1
-        entry = QueueEntry(message, seq)
-        self.store.enqueue(self, entry)
-        return entry
 
     def keep(self, slot: int, entry: QueueEntry) -> bool:
         """Record where a freshly stored occurrence lives; True if the entry itself is
@@ -160,11 +117,6 @@ class ScheduledQueue(Queue):
         if self.store is not None:
             self.store.remove(self, held)
         return True
-
-    def drop_entry(self, entry: QueueEntry) -> None:
-        """Remove a stored entry that is not (or no longer) adopted."""
-        if self.store is not None:
-            self.store.remove(self, entry)
 
     def release_read_maps(self) -> None:
         # Reading pending messages back (at recovery, or as they fall due over hours) would

@@ -15,23 +15,11 @@ store code of their own. But:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-from ..queues.args import parse_queue_arguments
 from ..queues.entry import QueueEntry
-from ..queues.queue import Queue
+from ..queues.internal import InternalQueue
 
 HELD_QUEUE = "amq.triomq.transactions"
-
-
-class _SystemOwner:
-    """Exclusive owner of the internal queue: never a client session."""
-
-    def __repr__(self) -> str:
-        return "<triomq transactions>"
-
-
-SYSTEM_OWNER = _SystemOwner()
 
 
 class HeldReady:
@@ -80,52 +68,18 @@ class HeldReady:
         return 0
 
 
-class HeldQueue(Queue):
+class HeldQueue(InternalQueue):
     """The internal queue of one vhost; created by ``Transactions.new_queue``."""
-
-    store: Any  # the vhost's persistent store (or None): written by this queue itself
-    internal = True
 
     def __init__(self, transactions, vhost, name: str = HELD_QUEUE) -> None:
         self.transactions = transactions  # before Queue.__init__: _new_ready() asks it
-        opts = parse_queue_arguments({})
-        opts.max_length = 0
-        opts.overflow = "reject-publish"
-        super().__init__(vhost, name, durable=True, exclusive_owner=SYSTEM_OWNER,
-                         arguments={}, opts=opts)
-        self._stored_seq = 1  # seq of the next stored half message
+        super().__init__(vhost, name)
 
     def _new_ready(self) -> HeldReady:
         return HeldReady(self.transactions.table(self.vhost.name))
 
-    @property
-    def keeps_definition(self) -> bool:
-        return True  # durable although owned by the broker: the vhost stores it
-
-    def attach_store(self, store) -> None:
-        """Persist through ``store``; writes are this queue's own (``write``/``forget``)."""
-        self.store = store
-
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
-        """A publish routed here is refused; a stored entry handed back is adopted."""
-        if entry is None:
-            return super().enqueue(message)
-        if entry.seq >= self._stored_seq:
-            self._stored_seq = entry.seq + 1
+    def adopt(self, entry: QueueEntry) -> bool:
         return self.transactions.adopt(self, entry)
 
     def restore(self, entries=(), *, paged=None) -> int:
         return sum(self.enqueue(e.message, entry=e) for e in entries)
-
-    def write(self, message) -> QueueEntry:
-        """Store one half message (persistent, durable store)."""
-        seq = self._stored_seq
-        self._stored_seq = seq + 1
-        entry = QueueEntry(message, seq)
-        self.store.enqueue(self, entry)
-        return entry
-
-    def forget(self, entry: QueueEntry) -> None:
-        """Remove a stored half message (decided, or a stale copy found at recovery)."""
-        if self.store is not None:
-            self.store.remove(self, entry)

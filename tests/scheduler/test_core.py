@@ -196,8 +196,8 @@ def test_unpersisted_items_deliver_original_properties():
 
 
 def test_scheduled_queue_is_a_variant_with_its_own_store():
+    from broker.queues.internal import SYSTEM_OWNER
     from broker.scheduler import ScheduledQueue
-    from broker.scheduler.scheduled_queue import SYSTEM_OWNER
     from broker.scheduler.slots import SlotTable
     clock = Clock()
     store = FakeStore()
