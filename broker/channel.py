@@ -191,6 +191,7 @@ class Channel:
             self.prefetch = m.prefetch_count
             for consumer in self.consumers.values():
                 consumer.prefetch = m.prefetch_count
+                consumer.queue.credit_changed(consumer)
         self.reply(spec.Basic.QosOk())
         self._kick_consumers()
 
