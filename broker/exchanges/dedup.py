@@ -31,7 +31,7 @@ from typing import Any
 from ..amqp.fields import encode_properties
 from ..message import Message
 from ..queues.args import parse_queue_arguments
-from ..queues.dedup import DEDUP_HEADER, dedup_key
+from ..queues.dedup import DEDUP_HEADER, DIGEST_OVER, dedup_key
 from ..queues.entry import QueueEntry
 from ..queues.fifo import FifoReady
 from ..queues.queue import Queue
@@ -42,6 +42,7 @@ log = logging.getLogger("broker.exchanges.dedup")
 TTL_HEADER = "x-cache-ttl"
 CACHE_QUEUE_PREFIX = "amq.triomq.dedup."
 _FOREVER = float("inf")
+_KEPT = (_FOREVER, None)  # a memory cache's entry for a value without TTL: shared, not allocated
 
 # cache queue name -> exchange name, for recovery (queue variants are looked up by name)
 _CACHE_QUEUES: dict[str, str] = {}
@@ -188,9 +189,14 @@ class MessageDeduplicationExchange(Exchange):
     def is_duplicate(self, headers: dict | None) -> bool:
         """Whether a message with these headers repeats one seen within the TTL; a new
         value is remembered (so this is called once per message, by ``route``)."""
-        if not headers or DEDUP_HEADER not in headers:
+        if not headers:
             return False
-        key = dedup_key(headers[DEDUP_HEADER])
+        value = headers.get(DEDUP_HEADER)
+        if value is None:
+            return False
+        # dedup_key's result for the usual short longstr, inline
+        key = (b"s" + value if type(value) is bytes and len(value) < DIGEST_OVER
+               else dedup_key(value))
         if key is None:
             return False
         now = self.clock()
@@ -202,7 +208,13 @@ class MessageDeduplicationExchange(Exchange):
             del seen[key]
         own = headers.get(TTL_HEADER)
         ttl = (_whole(own) if own is not None else None) or self.cache_ttl
-        self._remember(key, now + ttl / 1000 if ttl else _FOREVER, ttl)
+        expiry = now + ttl / 1000 if ttl else _FOREVER
+        if not self.persistent_cache:  # memory: _remember's first branch, inline
+            seen[key] = (expiry, None) if ttl else _KEPT
+            if len(seen) > self.cache_size:
+                seen.popitem(last=False)
+        else:
+            self._remember(key, expiry, ttl)
         return False
 
     def _remember(self, key: bytes, expiry: float, ttl: int | None) -> None:

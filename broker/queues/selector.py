@@ -20,6 +20,7 @@ Comparing a string with a number is unknown too (JMS: no conversions).
 """
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from decimal import Decimal
@@ -117,13 +118,21 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+_MISSING = object()
+
+
 def _lookup(name: str) -> Expr:
     prop = _PROPERTY_NAMES.get(name.lower())
 
     def value(message: Message) -> Any:
         headers = message.properties.get("headers")
-        if headers and name in headers:
-            return _norm(headers[name])
+        if headers:
+            v = headers.get(name, _MISSING)
+            if v is not _MISSING:
+                t = type(v)
+                if t is str or t is int:
+                    return v
+                return v.decode("utf-8", "replace") if t is bytes else _norm(v)
         if prop is not None:
             return _norm(message.properties.get(prop))
         if name == "routing_key":
@@ -134,8 +143,25 @@ def _lookup(name: str) -> Expr:
     return value
 
 
+class _Const:
+    """A literal: compare and IN read ``value`` once, at compile time."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __call__(self, _m: Message) -> Any:
+        return self.value
+
+
 def _const(v: Any) -> Expr:
-    return lambda _m: v
+    return _Const(v)
+
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq, "<>": operator.ne, "<": operator.lt, ">": operator.gt,
+    "<=": operator.le, ">=": operator.ge}
 
 
 def _cmp(op: str, a: Any, b: Any) -> bool | None:
@@ -203,6 +229,8 @@ class _Compile(Transformer[Token, Expr]):
         return f
 
     def arith(self, first: Expr, *rest: Any) -> Expr:
+        if not rest:  # a lone operand (the grammar wraps every value in sum and product)
+            return first
         pairs = list(zip(rest[::2], rest[1::2], strict=True))
 
         def f(m: Message) -> Any:
@@ -226,6 +254,19 @@ class _Compile(Transformer[Token, Expr]):
 
     def compare(self, a: Expr, op: Token, b: Expr) -> Expr:
         o = str(op)
+        if isinstance(b, _Const) and not isinstance(a, _Const):
+            # the usual `name OP literal`: _cmp's rules with the literal's type known
+            c, fn = b.value, _OPS[o]
+            if _number(c):
+                def number(m: Message) -> bool | None:
+                    v = a(m)
+                    return bool(fn(v, c)) if _number(v) else None
+                return number
+            if type(c) is str:
+                def text(m: Message) -> bool | None:
+                    v = a(m)
+                    return bool(fn(v, c)) if type(v) is str else None
+                return text
         return lambda m: _cmp(o, a(m), b(m))
 
     def between(self, value: Expr, low: Expr, high: Expr) -> Expr:
@@ -246,11 +287,14 @@ class _Compile(Transformer[Token, Expr]):
 
     def in_(self, value: Expr, *items: Expr) -> Expr:
         consts = [i(None) for i in items]
+        texts = frozenset(consts) if all(type(c) is str for c in consts) else None
 
         def f(m: Message) -> bool | None:
             v = value(m)
             if v is None:
                 return None
+            if texts is not None and type(v) is str:
+                return v in texts
             return any(_cmp("=", v, c) for c in consts)
         return f
 
@@ -287,10 +331,10 @@ class _Compile(Transformer[Token, Expr]):
         return lambda m: _not(operand(m))
 
     def and_(self, *operands: Expr) -> Expr:
-        return _connective(operands, decisive=False)
+        return operands[0] if len(operands) == 1 else _connective(operands, decisive=False)
 
     def or_(self, *operands: Expr) -> Expr:
-        return _connective(operands, decisive=True)
+        return operands[0] if len(operands) == 1 else _connective(operands, decisive=True)
 
 
 def _connective(operands: tuple[Expr, ...], decisive: bool) -> Expr:
