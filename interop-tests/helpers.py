@@ -1,11 +1,14 @@
 """Small helpers shared by the interop tests."""
 from __future__ import annotations
 
+import struct
 import time
 
 import pika
 import pika.exceptions
 import pytest
+
+import rawamqp
 
 
 def wait_for(pred, timeout=10.0, interval=0.02, conn=None, msg="condition"):
@@ -91,3 +94,26 @@ def consume_n(conn, ch, queue, n, timeout=10.0, auto_ack=True, **kw):
         conn.process_data_events(time_limit=0.05)
     ch.basic_cancel(tag)
     return got
+
+
+def raw_get(r, queue, timeout=10.0):
+    """basic.get (no-ack) on a raw connection's channel 1 until a message arrives; returns
+    (typed properties, body)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r.send_method(1, rawamqp.BASIC_GET, struct.pack(">H", 0) + rawamqp.shortstr(queue) + b"\x01")
+        _, cm, _ = r.read_method()
+        if cm == rawamqp.BASIC_GET_OK:
+            break
+        assert cm == rawamqp.BASIC_GET_EMPTY, cm
+        assert time.monotonic() < deadline, f"no message in {queue!r}"
+        time.sleep(0.05)
+    ftype, _, payload = r.read_frame()
+    assert ftype == rawamqp.FRAME_HEADER
+    props = rawamqp.parse_basic_properties(payload, typed=True)
+    body = b""
+    while len(body) < props["_body_size"]:
+        ftype, _, chunk = r.read_frame()
+        assert ftype == rawamqp.FRAME_BODY
+        body += chunk
+    return props, body

@@ -13,16 +13,13 @@ client module.
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 import time
 
 import pika
 import pika.exceptions
 import pytest
-from helpers import drain, get_one, wait_for
-
-import rawamqp
+from helpers import drain, get_one, raw_get, wait_for
 
 TOOLS = ("amqp-publish", "amqp-get", "amqp-consume", "amqp-declare-queue", "amqp-delete-queue")
 _missing = [t for t in TOOLS if shutil.which(t) is None]
@@ -77,28 +74,6 @@ def _queue(ch, name):
     """(message_count, consumer_count) of an existing queue via a passive declare."""
     m = ch.queue_declare(name, passive=True).method
     return m.message_count, m.consumer_count
-
-
-def _raw_get(r, queue, timeout=10.0):
-    """basic.get (no-ack) on raw channel 1 until a message arrives; returns (typed props, body)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r.send_method(1, rawamqp.BASIC_GET, struct.pack(">H", 0) + rawamqp.shortstr(queue) + b"\x01")
-        _, cm, _ = r.read_method()
-        if cm == rawamqp.BASIC_GET_OK:
-            break
-        assert cm == rawamqp.BASIC_GET_EMPTY, cm
-        assert time.monotonic() < deadline, f"no message in {queue!r}"
-        time.sleep(0.05)
-    ftype, _, payload = r.read_frame()
-    assert ftype == rawamqp.FRAME_HEADER
-    props = rawamqp.parse_basic_properties(payload, typed=True)
-    body = b""
-    while len(body) < props["_body_size"]:
-        ftype, _, chunk = r.read_frame()
-        assert ftype == rawamqp.FRAME_BODY
-        body += chunk
-    return props, body
 
 
 # ---------------------------------------------------------------- declare / delete
@@ -182,7 +157,7 @@ def test_publish_properties_and_headers_typed(tool, raw_conn, ch, uid, cleanup):
     ok(tool("amqp-publish", "-r", q, "--persistent", "-C", "application/json", "-E", "utf-8",
             "-t", "reply-" + uid, "-H", "x-one: 1", "-H", "x-two:two words", "-H", "x-empty: ",
             "-b", '{"a": 1}'))
-    props, body = _raw_get(raw_conn, q)
+    props, body = raw_get(raw_conn, q)
     assert body == b'{"a": 1}'
     assert props == {
         "_body_size": 8,
@@ -223,7 +198,7 @@ def test_publish_empty_bodies(tool, raw_conn, ch, uid, cleanup):
     ok(tool("amqp-publish", "-r", q, "-b", ""))           # empty -b
     ok(tool("amqp-publish", "-r", q, "-b", "after"))
     assert _queue(ch, q) == (3, 0)
-    props, body = _raw_get(raw_conn, q)
+    props, body = raw_get(raw_conn, q)
     assert (props["_body_size"], body) == (0, b"")
     msgs = drain(ch, q)
     assert [b for _, _, b in msgs] == [b"", b"after"]

@@ -11,14 +11,11 @@ without javac, run as a single source file by ``java``), never into the reposito
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-
-import rawamqp
+from helpers import raw_get
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "java" / "InteropClient.java"
@@ -101,28 +98,6 @@ def java(java_cmd, amqp_params):
     return _run
 
 
-def _raw_get(r, queue, timeout=10.0):
-    """basic.get (no-ack) on raw channel 1; returns (typed properties, body)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r.send_method(1, rawamqp.BASIC_GET, struct.pack(">H", 0) + rawamqp.shortstr(queue) + b"\x01")
-        _, cm, _ = r.read_method()
-        if cm == rawamqp.BASIC_GET_OK:
-            break
-        assert cm == rawamqp.BASIC_GET_EMPTY, cm
-        assert time.monotonic() < deadline, f"no message in {queue!r}"
-        time.sleep(0.05)
-    ftype, _, payload = r.read_frame()
-    assert ftype == rawamqp.FRAME_HEADER
-    props = rawamqp.parse_basic_properties(payload, typed=True)
-    body = b""
-    while len(body) < props["_body_size"]:
-        ftype, _, chunk = r.read_frame()
-        assert ftype == rawamqp.FRAME_BODY
-        body += chunk
-    return props, body
-
-
 # ---------------------------------------------------------------- confirms + typed headers
 UNICODE = "hello \u00fcn\u00efcode \u2713"
 
@@ -203,7 +178,7 @@ def test_java_confirms_and_typed_headers(java, raw_conn, amqp_params, uid, clean
     assert r.one("left") == ["1"]
 
     # the second copy, read on the wire: every field type kept exactly as the client sent it
-    props, body = _raw_get(raw_conn, q)
+    props, body = raw_get(raw_conn, q)
     assert body == b"typed-headers"
     headers = props.pop("headers")
     assert headers == WIRE_HEADERS

@@ -176,16 +176,7 @@ def _declare(port, queue="q"):
 
 
 def _drain(port, queue="q") -> list[int]:
-    conn = _connect(port)
-    ch = conn.channel()
-    got = []
-    while True:
-        method, _props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        got.append(int(body))
-    conn.close()
-    return got
+    return [int(body) for body in _drain_bodies(port, queue)]
 
 
 def _check(pub: Publisher, consumed: list[int]) -> None:
