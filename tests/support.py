@@ -304,3 +304,18 @@ class TrioClient:
     async def aclose(self) -> None:
         await self.stream.aclose()
 
+
+def broker_life(url: str, data_dir, body) -> None:
+    """One broker life on the store at ``url``: open, recover, ``body(vhost '/')``, close
+    (for tests that check what survives a restart)."""
+    async def main():
+        from broker.broker import Broker
+        from broker.config import Config
+        from broker.persistence import open_store
+        store = open_store(url, str(data_dir))
+        await store.open()
+        broker = Broker(Config(data_dir=str(data_dir)), store)
+        broker.recover()
+        body(broker.vhosts["/"])
+        await store.close()
+    trio.run(main)

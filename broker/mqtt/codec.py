@@ -228,10 +228,7 @@ def decode(first: int, body: bytes) -> Packet:
         pid = _packet_id(b)
         topics = []
         while b.left:
-            t = b.string()
-            if not valid_topic_filter(t):
-                raise MalformedPacket(f"invalid topic filter {t!r}")
-            topics.append(t)
+            topics.append(_topic_filter(b))
         if not topics:
             raise MalformedPacket("UNSUBSCRIBE without topic filters")
         packet = Unsubscribe(pid, topics)
@@ -297,13 +294,18 @@ def _decode_connect(b: _Body) -> Connect:
     return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, level)
 
 
+def _topic_filter(b: _Body) -> str:
+    t = b.string()
+    if not valid_topic_filter(t):
+        raise MalformedPacket(f"invalid topic filter {t!r}")
+    return t
+
+
 def _decode_subscribe(b: _Body) -> Subscribe:
     pid = _packet_id(b)
     topics = []
     while b.left:
-        t = b.string()
-        if not valid_topic_filter(t):
-            raise MalformedPacket(f"invalid topic filter {t!r}")
+        t = _topic_filter(b)
         options = b.u8()
         if options & 0xFC or options & 0x03 == 3:
             raise MalformedPacket(f"invalid requested QoS byte {options:#x}")

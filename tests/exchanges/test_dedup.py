@@ -3,14 +3,11 @@ the cache on disk (``x-cache-persistence: disk``) across restarts of every store
 from __future__ import annotations
 
 import pytest
-import trio
 
-from broker.broker import Broker
-from broker.config import Config
 from broker.exchanges.dedup import CacheQueue, MessageDeduplicationExchange, cache_queue_name
-from broker.persistence import open_store
 
 from ..support import amqp_error, bind, declare_exchange, declare_queue, make_message
+from ..support import broker_life as _life
 from ._dest import Dest
 from ._dest import bind as bind_dest
 
@@ -164,17 +161,6 @@ def test_a_redeclared_exchange_does_not_inherit_the_deleted_ones_cache(vhost):
     bind(vhost, "d", vhost.queues["q"])
     assert publish(vhost, "a") == ["q"]
     assert [e.message.body for e in x.cache_queue.stored_entries()] == [b"sa"]
-
-
-def _life(url: str, data_dir, body) -> None:
-    async def main():
-        store = open_store(url, str(data_dir))
-        await store.open()
-        broker = Broker(Config(data_dir=str(data_dir)), store)
-        broker.recover()
-        body(broker.vhosts["/"])
-        await store.close()
-    trio.run(main)
 
 
 @pytest.fixture(params=["journal", "sqlite"])

@@ -4,14 +4,11 @@ from the queue's own messages after a restart."""
 from __future__ import annotations
 
 import pytest
-import trio
 
-from broker.broker import Broker
-from broker.config import Config
-from broker.persistence import open_store
 from broker.queues.ops import OpRecorder
 
 from ..support import amqp_error, declare_queue, make_message
+from ..support import broker_life as _life
 
 DEDUP = {"x-message-deduplication": True}
 
@@ -110,17 +107,6 @@ def test_dedup_through_the_channel_confirms_duplicates_without_returning_them(se
     assert acks and max(a.delivery_tag for a in acks) == 2
     assert not [w for w in written if isinstance(w.method, (spec.Basic.Return, spec.Basic.Nack))]
     assert c.broker.vhosts["/"].queues["q"].message_count == 1
-
-
-def _life(url: str, data_dir, body) -> None:
-    async def main():
-        store = open_store(url, str(data_dir))
-        await store.open()
-        broker = Broker(Config(data_dir=str(data_dir)), store)
-        broker.recover()
-        body(broker.vhosts["/"])
-        await store.close()
-    trio.run(main)
 
 
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
