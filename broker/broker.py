@@ -52,6 +52,10 @@ class Broker:
         self.background_tasks: list = []
         # Called after the store has recreated durable state, before listeners open.
         self.recovery_hooks: list = []
+        # kind -> callable(key, value): the feature owning a kind of stored metadata
+        # (Store.save_meta) takes its records back at recovery (restore_meta).
+        self.meta_restorers: dict = {}
+        self.unclaimed_meta: dict = {}  # (kind, key) -> value no feature registered for
         self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
         transactions.install(self)  # half messages: prepare, commit/rollback, check-back
@@ -61,6 +65,25 @@ class Broker:
         self.store.recover(self)
         for hook in self.recovery_hooks:
             hook()
+
+    def restore_meta(self, kind: str, key: str, value: dict) -> None:
+        """One stored metadata record at recovery, before exchanges and queues come
+        back: handed to ``meta_restorers[kind]``; a kind nobody registered is kept in
+        ``unclaimed_meta`` (it stays in the store)."""
+        restorer = self.meta_restorers.get(kind)
+        if restorer is None:
+            self.unclaimed_meta[(kind, key)] = value
+            return
+        restorer(key, value)
+
+    def create_vhost(self, name: str) -> VirtualHost:
+        """The live vhost ``name``, created (empty, in ``vhosts``) if missing."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            backing = self.store if DURABLE in self.store.capabilities else None
+            vhost = self.vhosts[name] = VirtualHost(name, self.timers, backing)
+            vhost.on_queue_deleted.append(self._queue_deleted)
+        return vhost
 
     @property
     def blocked(self) -> bool:

@@ -4,7 +4,8 @@ The core calls a store synchronously from the event loop; a backend buffers and
 does its I/O in its own task (``run``), started in the broker's nursery. A
 store learns about messages only by observing queues (``queue_op``, the
 operation stream of ``queues/ops.py``); definitions come from the vhost
-(``save_*`` / ``delete_*``). A confirm for a persistent message waits on
+(``save_*`` / ``delete_*``); metadata of features (users, vhosts, permissions,
+policies, ...) comes through ``save_meta`` / ``delete_meta``. A confirm for a persistent message waits on
 ``when_durable``: the callback runs once everything enqueued before it is on
 disk (group commit).
 """
@@ -84,8 +85,10 @@ class Store:
     def recover(self, broker: Any) -> None:
         """Recreate durable exchanges, queues, bindings and persistent messages.
 
-        Called once after ``open``, before listeners open. Queues are rebuilt
-        through ``Queue.restore`` (never by assigning their fields).
+        Called once after ``open``, before listeners open. Every metadata record
+        goes back first, through ``broker.restore_meta(kind, key, value)`` (see
+        ``recovery.restore_meta``), so a vhost exists before its queues come back.
+        Queues are rebuilt through ``Queue.restore`` (never by assigning their fields).
         """
 
     # ---- definitions (from the vhost) ----
@@ -95,6 +98,23 @@ class Store:
     def delete_queue(self, vhost, queue) -> None: ...
     def save_binding(self, vhost, binding) -> None: ...
     def delete_binding(self, vhost, binding) -> None: ...
+
+    # ---- metadata (features: users, vhosts, permissions, policies, ...) ----
+    def save_meta(self, kind: str, key: str, value: dict) -> None:
+        """Store the record ``(kind, key)``, replacing an earlier one with the same pair.
+
+        ``kind`` names the owner's record type ("user", "vhost", "permission",
+        "policy", ...; distinct per feature), ``key`` identifies the record within it
+        (any string, never used as a path), ``value`` is a JSON-able dict, encoded at
+        the call (later changes to the dict are not stored). Raises TypeError /
+        ValueError at once if ``value`` is not JSON-able. Ordered with the other writes:
+        durable once a later ``when_durable`` callback runs. At ``recover`` the newest
+        value of every record comes back through ``broker.restore_meta``. A store
+        without ``DURABLE`` forgets it (no-op).
+        """
+
+    def delete_meta(self, kind: str, key: str) -> None:
+        """Forget the record ``(kind, key)`` (no error if there is none)."""
 
     # ---- messages: the queue operation stream (QueueObserver) ----
     def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:

@@ -138,6 +138,7 @@ class JournalState:
         self.exchanges: dict = {}   # (vhost, name) -> ExchangeDef
         self.queues: dict = {}      # qid -> QueueState
         self.bindings: dict = {}    # binding_key -> BindingDef
+        self.meta: dict = {}        # (kind, key) -> value JSON text
         self.next_qid = 1
         self.max_msg_id = 0
         self.ckpt_pos = (0, 0)
@@ -197,6 +198,12 @@ class JournalState:
         elif rtype == jf.T_BINDING_DEL:
             bd = jf.unpack_binding(payload)
             self.bindings.pop(jf.binding_key(bd), None)
+        elif rtype == jf.T_META:
+            kind, key, raw = jf.unpack_meta(payload)
+            self.meta[(kind, key)] = raw
+        elif rtype == jf.T_META_DEL:
+            kind, key, _ = jf.unpack_meta(payload)
+            self.meta.pop((kind, key), None)
 
     def queue_defs(self):
         return [qs.qdef for qs in self.queues.values()]
@@ -247,7 +254,7 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
                 prios = array("B")
                 prios.frombytes(bytes(payload[jf.QSEQ.size:jf.QSEQ.size + n]))
                 qs.base_prio = prios
-        elif rtype in (jf.T_EXCHANGE, jf.T_QUEUE, jf.T_BINDING):
+        elif rtype in (jf.T_EXCHANGE, jf.T_QUEUE, jf.T_BINDING, jf.T_META):
             state.apply(rtype, payload, 0)
     return True
 
@@ -361,6 +368,7 @@ class JournalStore(Store):
         self._qids: dict = {}      # Queue -> qid (this store's id of a live queue)
         self._out: dict = {}       # stored QueueEntry delivered, not yet settled -> Queue
         self._bindings: dict = {}
+        self._meta: dict = {}      # (kind, key) -> value JSON text (for checkpoints)
         self._next_qid = 1
         self._ckpt_seg = 0
 
@@ -403,11 +411,13 @@ class JournalStore(Store):
 
     def recover(self, broker) -> None:
         from ..message import set_message_id_floor
-        from .recovery import restore
+        from .recovery import restore, restore_meta
         self.broker = broker
         state = self._state
         if state is None:
             return
+        self._meta = dict(state.meta)
+        restore_meta(broker, [(k, key, raw) for (k, key), raw in state.meta.items()])
         self._exchanges = dict(state.exchanges)
         self._bindings = dict(state.bindings)
         restore(broker, list(state.exchanges.values()), state.queue_defs(),
@@ -712,6 +722,16 @@ class JournalStore(Store):
         self._bindings.pop(jf.binding_key(bd), None)
         self._append(jf.T_BINDING_DEL, jf.pack_binding(bd))
 
+    def save_meta(self, kind: str, key: str, value: dict) -> None:
+        from .recovery import encode_meta
+        raw = encode_meta(value)
+        self._meta[(kind, key)] = raw
+        self._append(jf.T_META, jf.pack_meta(kind, key, raw))
+
+    def delete_meta(self, kind: str, key: str) -> None:
+        if self._meta.pop((kind, key), None) is not None:
+            self._append(jf.T_META_DEL, jf.pack_meta(kind, key))
+
     # ------------------------------------------------------------------ messages
     def queue_op(self, queue, op, entry) -> None:
         if not entry.message.persistent:
@@ -811,6 +831,8 @@ class JournalStore(Store):
             {"seg": self._seg, "off": self._off, "next_qid": self._next_qid,
              "format": jf.FORMAT_VERSION,
              "max_msg_id": self._max_msg_id, "time": now_wall}).encode())]
+        for (kind, key), raw in self._meta.items():
+            recs.append(jf.pack_record(jf.T_META, jf.pack_meta(kind, key, raw)))
         for xd in self._exchanges.values():
             recs.append(jf.pack_record(jf.T_EXCHANGE, jf.pack_exchange(xd)))
         for qid, qd in self._queues.items():

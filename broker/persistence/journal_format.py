@@ -38,6 +38,8 @@ T_ENQ = 8        # enqueue with the message blob inline
 T_ENQ_REF = 9    # enqueue of a message stored by an earlier T_ENQ in the same segment
 T_DELIVERED = 10
 T_REMOVE = 11
+T_META = 12      # a feature's metadata record (Store.save_meta); also in the checkpoint
+T_META_DEL = 13
 T_CKPT_HEAD = 20   # checkpoint file only
 T_CKPT_QUEUE = 21
 T_CKPT_END = 22
@@ -53,7 +55,8 @@ FLAGS_MAX = 255
 TYPE_NAMES = {T_EXCHANGE: "exchange", T_EXCHANGE_DEL: "exchange-delete", T_QUEUE: "queue",
               T_QUEUE_DEL: "queue-delete", T_BINDING: "binding", T_BINDING_DEL: "binding-delete",
               T_ENQ: "enqueue", T_ENQ_REF: "enqueue-ref", T_DELIVERED: "delivered",
-              T_REMOVE: "remove", T_CKPT_HEAD: "checkpoint-head",
+              T_REMOVE: "remove", T_META: "meta", T_META_DEL: "meta-delete",
+              T_CKPT_HEAD: "checkpoint-head",
               T_CKPT_QUEUE: "checkpoint-queue", T_CKPT_END: "checkpoint-end",
               T_CKPT_PRIO: "checkpoint-priorities"}
 
@@ -142,6 +145,21 @@ def pack_name(vhost: str, name: str) -> bytes:
 def unpack_name(payload) -> tuple[str, str]:
     v, n = json.loads(bytes(payload))
     return v, n
+
+
+def pack_meta(kind: str, key: str, raw: str | None = None) -> bytes:
+    """A metadata record: JSON ``[kind, key]``, then (not for a delete) a newline and the
+    value's JSON text (``recovery.encode_meta``)."""
+    head = json.dumps([kind, key]).encode()
+    return head if raw is None else head + b"\n" + raw.encode()
+
+
+def unpack_meta(payload) -> tuple[str, str, str | None]:
+    """(kind, key, value JSON text or None for a delete record)."""
+    data = bytes(payload)
+    head, sep, raw = data.partition(b"\n")
+    kind, key = json.loads(head)
+    return kind, key, raw.decode() if sep else None
 
 
 def binding_key(bd: BindingDef) -> tuple:

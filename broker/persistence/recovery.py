@@ -1,6 +1,7 @@
 """Rebuild durable state in a broker from stored records (shared by all backends)."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -13,6 +14,32 @@ from ..queues.retry import restore_delivery_count
 from .records import BindingDef, EntryDef, ExchangeDef, QueueDef
 
 log = logging.getLogger("broker.recovery")
+
+
+def encode_meta(value: dict) -> str:
+    """A metadata value as stored (compact JSON); raises TypeError/ValueError if not JSON-able."""
+    if not isinstance(value, dict):
+        raise TypeError(f"metadata value must be a dict, not {type(value).__name__}")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def restore_meta(broker, records) -> int:
+    """Hand every stored metadata record ``(kind, key, json text)`` to
+    ``broker.restore_meta(kind, key, value)``, in the order given; a record its
+    owner rejects is logged and skipped, never stops recovery. Returns the count."""
+    hook = getattr(broker, "restore_meta", None)
+    n = 0
+    for kind, key, raw in records:
+        try:
+            value = json.loads(raw) if isinstance(raw, (str, bytes, bytearray)) else raw
+            if hook is not None:
+                hook(kind, key, value)
+            n += 1
+        except Exception:
+            log.exception("skipping stored %s record %r", kind, key)
+    if n:
+        log.info("recovered %d metadata records", n)
+    return n
 
 
 def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],

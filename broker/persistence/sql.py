@@ -44,7 +44,7 @@ from .records import (
     encode_arguments,
     encode_message,
 )
-from .recovery import restore
+from .recovery import encode_meta, restore, restore_meta
 
 log = logging.getLogger("broker.store.sql")
 
@@ -104,6 +104,10 @@ def _binding_key(b: BindingDef) -> str:
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     h.update(encode_arguments(b.arguments))
     return h.hexdigest()
+
+
+def _meta_key(kind: str, key: str) -> str:
+    return hashlib.sha1(f"{kind}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _chunks(seq, n=CHUNK):
@@ -326,6 +330,8 @@ class SQLStore(Store):
         self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
         self._next_qid = 1
         self._loaded: Any = None
+        self._loaded_meta: list = []         # (kind, key, value JSON) read by open, in write order
+        self._meta_seq = 0                   # triomq_meta.seq of the last save_meta
         self.broker: Any = None              # on_store_failure / _backlog / _recovered
         self.batches = 0                     # statistics
         self.rows_written = 0
@@ -484,7 +490,11 @@ class SQLStore(Store):
             messages = {}
             for r in c.execute(select(S.msgs.c.id, S.msgs.c.body)):
                 messages[r.id] = decode_message(bytes(r.body))
+            meta = [(r.kind, r.name, r.value, r.seq)
+                    for r in c.execute(select(S.meta).order_by(S.meta.c.seq))]
         self._next_qid = max(by_qid, default=0) + 1
+        self._meta_seq = max((m[3] for m in meta), default=0)
+        self._loaded_meta = [m[:3] for m in meta]
         self._loaded = (xs, qs, bs, es, messages, by_qid)
 
     def recover(self, broker) -> None:
@@ -493,6 +503,8 @@ class SQLStore(Store):
             return
         xs, qs, bs, es, messages, by_qid = self._loaded
         self._loaded = None
+        restore_meta(broker, self._loaded_meta)
+        self._loaded_meta = []
         restore(broker, xs, qs, bs, es, messages)
         for qid, (vname, qname) in by_qid.items():
             vhost = broker.vhosts.get(vname)
@@ -915,6 +927,13 @@ class SQLStore(Store):
                                                 arguments=encode_arguments(bd.arguments)))
         elif kind == "b-":
             c.execute(delete(S.bindings).where(S.bindings.c.bkey == _binding_key(op[1])))
+        elif kind == "m+":
+            mkey = _meta_key(op[1], op[2])
+            c.execute(delete(S.meta).where(S.meta.c.mkey == mkey))
+            c.execute(insert(S.meta).values(mkey=mkey, kind=op[1], name=op[2], value=op[3],
+                                            seq=op[4]))
+        elif kind == "m-":
+            c.execute(delete(S.meta).where(S.meta.c.mkey == _meta_key(op[1], op[2])))
         return 1
 
     # ------------------------------------------- core hooks (trio thread, buffer only)
@@ -969,6 +988,15 @@ class SQLStore(Store):
     def delete_binding(self, vhost, binding) -> None:
         from .records import binding_def
         self._batch.defs.append(("b-", binding_def(vhost, binding)))
+        self._poke()
+
+    def save_meta(self, kind: str, key: str, value: dict) -> None:
+        self._meta_seq += 1
+        self._batch.defs.append(("m+", kind, key, encode_meta(value), self._meta_seq))
+        self._poke()
+
+    def delete_meta(self, kind: str, key: str) -> None:
+        self._batch.defs.append(("m-", kind, key))
         self._poke()
 
     def _qid(self, queue):

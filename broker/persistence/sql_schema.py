@@ -5,6 +5,7 @@ ACTIVEMQ_MSGS   ->  triomq_msgs      one row per persistent message (blob from r
 ACTIVEMQ_ACKS   ->  triomq_entries   one row per (durable queue, message) still to be acked
 ACTIVEMQ_LOCK   ->  triomq_lock      the lease of the running broker (owner, expires_at)
 (destinations)  ->  triomq_exchanges, triomq_queues, triomq_bindings
+(metadata)      ->  triomq_meta      users, vhosts, permissions, policies... (Store.save_meta)
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from sqlalchemy import (
                         SmallInteger,
                         String,
                         Table,
+                        Text,
                         UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
@@ -92,7 +94,19 @@ bindings = Table(
     Column("arguments", BLOB, nullable=False),
 )
 
-ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings)
+# keyed by a digest: (kind, key) may be longer than an index allows on MariaDB
+meta = Table(
+    "triomq_meta", metadata,
+    Column("mkey", String(40), primary_key=True),  # sha1 of kind + NUL + key
+    Column("kind", String(64), nullable=False),
+    Column("name", Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"),
+                                       "mysql", "mariadb"), nullable=False),
+    Column("value", Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb"),
+           nullable=False),  # JSON text
+    Column("seq", BigInteger, nullable=False),  # write order, so recovery replays it in order
+)
+
+ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings, meta)
 
 
 def migrate(conn) -> None:

@@ -154,6 +154,8 @@ def repair_journal(data_dir: str, out) -> int:
         shutil.rmtree(tmp_dir)
     new = JournalStore(data_dir, jdir=tmp_dir)
     os.makedirs(tmp_dir)
+    for (kind, key), raw in state.meta.items():
+        new.append_record(jf.T_META, jf.pack_meta(kind, key, raw))
     for xd in state.exchanges.values():
         new.append_record(jf.T_EXCHANGE, jf.pack_exchange(xd))
     dropped_msgs = 0
