@@ -15,6 +15,7 @@ from .message import Message
 from .queues.queue import Consumer, Queue
 from .queues.selector import SelectorError, compile_selector
 from .queues.ttl import ExpirationError, parse_expiration
+from .schemas import exchange as avro
 
 
 def _selector(value):
@@ -336,10 +337,20 @@ class Channel:
         vhost = self.vhost
         x = vhost.exchanges.get(ev.exchange)
         if x is None:
-            raise errors.not_found(vhost.exchange_resource(ev.exchange))
+            # destinations created on first use (virtual topics, composite destinations)
+            x = vhost.resolve_exchange(ev.exchange)
+            if x is None:
+                raise errors.not_found(vhost.exchange_resource(ev.exchange))
         if x.internal:
             raise errors.access_refused("cannot publish to internal %s",
                                         vhost.exchange_resource(ev.exchange))
+        if x.arguments and avro.ARG in x.arguments:
+            problem = avro.body_problem(x.arguments, ev.body, properties)
+            if problem is not None:
+                if seq:  # confirm mode: a nack, the channel stays open
+                    self.confirm_decided(seq, False)
+                    return
+                raise avro.publish_refused(vhost, ev.exchange, problem)
         if ev.immediate:
             raise errors.not_implemented("immediate=true")
         user_id = properties.get("user_id")

@@ -22,6 +22,8 @@ from .queues.args import (
     parse_queue_arguments,
 )
 from .queues.queue import Consumer, Queue
+from .routing import RESOLVERS
+from .schemas import exchange as avro_exchange
 
 log = logging.getLogger("broker.vhost")
 
@@ -54,6 +56,9 @@ class VirtualHost:
         for xname, xtype in STANDARD_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
         self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []  # (queue, consumers)
+        self.policies = None  # broker/policies, once this vhost has any: new entities ask it
+        # names standing for destinations created on first use (routing/): asked on misses only
+        self.resolvers = list(RESOLVERS)
 
     # ---- naming helpers ----
     def exchange_resource(self, name: str) -> Resource:
@@ -76,7 +81,9 @@ class VirtualHost:
     def get_queue(self, name: str, owner) -> Queue:
         q = self.find_queue(name)
         if q is None:
-            raise errors.not_found(self.queue_resource(name))
+            q = self.resolve_queue(name)
+            if q is None:
+                raise errors.not_found(self.queue_resource(name))
         self.check_owner(q, owner)
         return q
 
@@ -101,6 +108,8 @@ class VirtualHost:
             raise errors.command_invalid(f"unknown exchange type '{m.type}'")
         args = m.arguments or {}
         xtype.validate(args, self.exchange_resource(name))
+        if avro_exchange.ARG in args:
+            avro_exchange.validate_arguments(args, self.exchange_resource(name))
         existing = self.exchanges.get(name)
         if existing is not None:
             existing.check_equivalent(m.type, m.durable, m.auto_delete, m.internal, args,
@@ -109,6 +118,8 @@ class VirtualHost:
         x = xtype(name, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
                   arguments=args)
         self.exchanges[name] = x
+        if self.policies is not None:
+            self.policies.exchange_added(self, x)
         if persist and x.durable and self.store is not None:
             self.store.save_exchange(self, x)
         if persist:
@@ -231,6 +242,8 @@ class VirtualHost:
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
                   auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)
+        for resolver in self.resolvers:
+            resolver.queue_declared(self, q)
         return q
 
     def ensure_queue(self, name: str, durable: bool, arguments: dict) -> Queue:
@@ -245,6 +258,8 @@ class VirtualHost:
 
     def add_queue(self, q: Queue, persist: bool = True) -> None:
         self.queues[q.name] = q
+        if self.policies is not None and not q.internal:
+            self.policies.queue_added(self, q)
         if self.store is not None and q.keeps_definition:
             q.attach_store(self.store)
             if persist:
@@ -309,10 +324,37 @@ class VirtualHost:
             # the common case: one exchange, one key, no e2e bindings or alternate to follow
             dests = x.route(routing_key, headers, properties)
             if all(d.kind == "queue" for d in dests):
+                if not dests and not exchange_name and self.resolvers:
+                    return self._route_resolved(routing_key, message)
                 return dests if len(dests) < 2 else list(dict.fromkeys(dests))
         queues: dict = {}
         self._route_into(x, keys or [routing_key], headers, properties, queues, set())
         return list(queues)
+
+    # ---- destinations created on first use (routing/: virtual topics, composites) ----
+    def resolve_exchange(self, name: str) -> Exchange | None:
+        """The exchange a missing name stands for, created now; None if none does."""
+        for resolver in self.resolvers:
+            x = resolver.exchange(self, name)
+            if x is not None:
+                return x
+        return None
+
+    def resolve_queue(self, name: str) -> Queue | None:
+        """The queue a missing name stands for, created and bound now; None if none does."""
+        for resolver in self.resolvers:
+            q = resolver.queue(self, name)
+            if q is not None:
+                return q
+        return None
+
+    def _route_resolved(self, routing_key: str, message) -> list:
+        # a default-exchange key that names no queue may name a virtual topic or a composite
+        for resolver in self.resolvers:
+            name = resolver.route_key(self, routing_key)
+            if name is not None and name in self.exchanges:
+                return self.route(name, routing_key, message)
+        return []
 
     def _route_into(self, x: Exchange, keys: list, headers, properties, queues: dict,
                     seen: set) -> None:

@@ -1,0 +1,78 @@
+"""Avro-validated exchanges: the ``x-avro-schema`` exchange argument.
+
+An exchange declared with ``x-avro-schema`` (the schema as JSON text) refuses AMQP publishes
+whose body does not conform: the channel nacks it in confirm mode, otherwise closes the
+channel with 406 PRECONDITION_FAILED naming the field. A body is read as JSON when the
+message's content_type is ``application/json`` (validated, stored unchanged), else as Avro
+binary (schemaless, one record). Only exchanges carrying the argument pay for it: the
+channel tests ``x.arguments`` (usually empty) before calling ``body_problem``.
+"""
+from __future__ import annotations
+
+import json
+
+from .. import errors
+from ..errors import Resource
+from .avro import SchemaError, ValidationFailed, backward_problem, compiled
+
+ARG = "x-avro-schema"
+JSON_TYPES = ("application/json", "text/json")
+
+
+def schema_text(arguments: dict) -> str | None:
+    value = arguments.get(ARG)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def validate_arguments(arguments: dict, resource: Resource) -> None:
+    """406 for an ``x-avro-schema`` that is not a string holding a valid Avro schema."""
+    if ARG not in arguments:
+        return
+    text = schema_text(arguments)
+    if text is None:
+        raise errors.precondition_failed("invalid arg '%s' for %s: {unacceptable_type,%s}", ARG,
+                                         resource, type(arguments[ARG]).__name__)
+    try:
+        compiled(text)
+    except SchemaError as exc:
+        raise errors.precondition_failed("invalid arg '%s' for %s: %s", ARG, resource, exc) from None
+
+
+def body_problem(arguments: dict, body: bytes, properties: dict) -> str | None:
+    """Why ``body`` does not conform to the exchange's schema, or None (also without one)."""
+    text = schema_text(arguments)
+    if text is None:
+        return None
+    schema = compiled(text)
+    content_type = properties.get("content_type")
+    try:
+        if content_type and content_type.split(";")[0].strip().lower() in JSON_TYPES:
+            try:
+                datum = json.loads(body)
+            except (ValueError, RecursionError) as exc:
+                return f"invalid JSON: {exc}"
+            schema.validate(datum)
+        else:
+            schema.check_binary(body)
+    except ValidationFailed as exc:
+        return str(exc)
+    return None
+
+
+def publish_refused(vhost, exchange_name: str, problem: str):
+    """The 406 a channel raises for a body that does not conform (outside confirm mode)."""
+    return errors.precondition_failed("message rejected by the Avro schema of %s: %s",
+                                      vhost.exchange_resource(exchange_name), problem)
+
+
+def evolution_problem(old_text: str | None, new_text: str) -> str | None:
+    """None if ``new_text`` may replace ``old_text`` (valid and BACKWARD compatible)."""
+    try:
+        new = compiled(new_text)
+    except SchemaError as exc:
+        return str(exc)
+    if old_text is None:
+        return None
+    return backward_problem(compiled(old_text), new)
