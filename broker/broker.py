@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import errors, scheduler, transactions
+from . import audit, errors, management, policies, scheduler, transactions
 from .auth import UserDatabase
 from .config import Config
 from .malloc import give_back
@@ -57,8 +57,13 @@ class Broker:
         self.meta_restorers: dict = {}
         self.unclaimed_meta: dict = {}  # (kind, key) -> value no feature registered for
         self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
+        # starlette Route/Mount objects served on the HTTP port; features append at install
+        self.http_routes: list = []
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
         transactions.install(self)  # half messages: prepare, commit/rollback, check-back
+        self.policies = policies.install(self)  # policies and operator policies per vhost
+        management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
+        self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""

@@ -10,6 +10,7 @@ import trio
 
 from .broker import Broker
 from .config import Config, JournalSettings, SQLSettings
+from .management.http import HttpListenError
 from .persistence import StoreUnavailable, open_store
 from .server import describe_listen_error, run_server
 
@@ -77,6 +78,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sql-standby", action="store_true",
                      help="SQL store: wait for the lease of a running broker to expire "
                           "instead of exiting (ActiveMQ's slave)")
+    run.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                     help="management HTTP API, /metrics and web console port (default 15672; "
+                          "0 disables it)")
+    run.add_argument("--http-host", default=None, metavar="HOST",
+                     help="address of the HTTP listener (default: the AMQP --host)")
+    run.add_argument("--http-max-body", type=_positive, default=Config.http_max_body,
+                     metavar="BYTES", help="largest HTTP request body (default 20 MiB)")
+    run.add_argument("--http-timeout", type=_seconds, default=Config.http_timeout, metavar="S",
+                     help="HTTP request body / socket read timeout (default 30 s)")
+    run.add_argument("--mqtt-port", type=int, default=None, metavar="PORT",
+                     help="MQTT 3.1/3.1.1 listener port (default: no MQTT listener)")
+    run.add_argument("--mqtts-port", type=int, default=None, metavar="PORT",
+                     help="MQTT over TLS listener port (needs --tls-cert and --tls-key)")
+    run.add_argument("--mqtt-exchange", default=Config.mqtt_exchange, metavar="NAME",
+                     help="topic exchange MQTT publishes go to (default amq.topic)")
+    run.add_argument("--mqtt-prefetch", type=_positive, default=Config.mqtt_prefetch,
+                     metavar="N", help="QoS 1 deliveries in flight per MQTT subscription "
+                                       "(default 10)")
+    run.add_argument("--tls-cert", default=None, metavar="PEM",
+                     help="server certificate (chain) for the TLS listeners")
+    run.add_argument("--tls-key", default=None, metavar="PEM",
+                     help="private key of --tls-cert")
+    run.add_argument("--tls-ca", default=None, metavar="PEM",
+                     help="CA bundle: TLS clients must present a certificate it signed")
     for extension in _extensions():
         extension.add_subcommands(sub)
     return parser
@@ -105,6 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _tls_problem(args) -> str | None:
+    """One line saying what is wrong with the TLS options, or None."""
+    if args.mqtts_port is not None and not (args.tls_cert and args.tls_key):
+        return "--mqtts-port needs --tls-cert and --tls-key"
+    for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                         ("--tls-ca", args.tls_ca)):
+        if path and not os.path.isfile(path):
+            return f"{option} {path}: no such file"
+    return None
+
+
 def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -117,6 +153,17 @@ def _run(args) -> int:
     if not 0 <= args.port <= 65535:
         print(f"triomq: error: invalid port {args.port}", file=sys.stderr)
         return 2
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        print(f"triomq: error: invalid --http-port {args.http_port}", file=sys.stderr)
+        return 2
+    for option, value in (("--mqtt-port", args.mqtt_port), ("--mqtts-port", args.mqtts_port)):
+        if value is not None and not 0 <= value <= 65535:
+            print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
+            return 2
+    tls_problem = _tls_problem(args)
+    if tls_problem:
+        print(f"triomq: error: {tls_problem}", file=sys.stderr)
+        return 2
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
                     heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
                     flush=args.flush, max_message_size=args.max_message_size,
@@ -125,7 +172,14 @@ def _run(args) -> int:
                                             queue_memory_budget=args.queue_memory_budget),
                     sql=SQLSettings(lease=args.sql_lease, renew=args.sql_renew,
                                     timeout=args.sql_timeout, standby=args.sql_standby,
-                                    max_unwritten=args.sql_max_unwritten))
+                                    max_unwritten=args.sql_max_unwritten),
+                    # the default port is optional (a RabbitMQ may hold 15672 on this machine)
+                    http_port=(15672 if args.http_port is None else args.http_port or None),
+                    http_optional=args.http_port is None, http_host=args.http_host,
+                    http_max_body=args.http_max_body, http_timeout=args.http_timeout,
+                    mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port,
+                    mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
+                    tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:
@@ -141,6 +195,9 @@ def _run(args) -> int:
     except BaseException as exc:  # trio wraps failures of its tasks in exception groups
         leaf = _leaf(exc)
         if isinstance(leaf, StoreUnavailable):
+            print(f"triomq: error: {leaf}", file=sys.stderr)
+            return 1
+        if isinstance(leaf, HttpListenError):
             print(f"triomq: error: {leaf}", file=sys.stderr)
             return 1
         if isinstance(leaf, OSError):

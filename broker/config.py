@@ -40,6 +40,20 @@ class SQLSettings:
 
 
 @dataclass
+class AuditSettings:
+    """The audit trail (``--audit-*``, docs/audit.md); off while ``dir`` is None."""
+    dir: str | None = None  # where the Avro files go (Hive-style partitions)
+    scope: str = "all"  # all: every queue unless its policy says audit=false; policy: only audit=true
+    policy: str = "block"  # writer behind: block publishers, or drop (and count) events
+    node: str = ""  # the trail's node name; "" is the host name
+    roll_bytes: int = 64 * MiB
+    roll_seconds: float = 300.0
+    codec: str = "deflate"
+    buffer_events: int = 65536  # events held for the writer before the policy applies
+    flush_interval: float = 0.05  # seconds between batches to the writer process
+
+
+@dataclass
 class Config:
     host: str = "0.0.0.0"
     port: int = 5672
@@ -74,5 +88,23 @@ class Config:
     flow_read_slice: int = 64 * 1024
     # Scheduler: occurrences fired per timer callback before connections get the loop back.
     scheduler_fire_batch: int = 2000
+    # Management HTTP API (docs/management.md): None disables the listener (the library
+    # default; the command line's default is 15672); 0 picks a free port. ``http_host``
+    # None listens where AMQP does. ``http_optional``: a busy port only logs a warning.
+    http_port: int | None = None
+    http_host: str | None = None
+    http_optional: bool = False
+    http_max_body: int = 20 * MiB  # RabbitMQ's management.http.max_body_size default
+    http_timeout: float = 30.0  # request body / each socket read, seconds
+    # MQTT listener (docs/mqtt.md): None disables it; 0 picks a free port. mqtts needs
+    # ``tls_cert`` and ``tls_key`` (PEM files; ``tls_ca`` set: client certificates verified).
+    mqtt_port: int | None = None
+    mqtts_port: int | None = None
+    mqtt_exchange: str = "amq.topic"
+    mqtt_prefetch: int = 10  # QoS 1 deliveries in flight per subscription (RabbitMQ's default)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
     journal: JournalSettings = field(default_factory=JournalSettings)
     sql: SQLSettings = field(default_factory=SQLSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)

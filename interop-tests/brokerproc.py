@@ -29,8 +29,11 @@ class BrokerProc:
     ``store``: the ``--store`` URL (None: the default journal); ``extra``: more arguments.
     Each start gets a free port and a log file of its own (``log()`` reads the latest)."""
 
-    def __init__(self, data_dir: Path, store: str | None = None, extra=(), env=None):
+    def __init__(self, data_dir: Path, store: str | None = None, extra=(), env=None,
+                 http: bool = False):
         self.env = dict(os.environ, **(env or {}))
+        self.http = http  # serve the management HTTP API on a free port (http_port)
+        self.http_port = 0
         self.data_dir = Path(data_dir)
         self.store = store
         self.extra = list(extra)
@@ -47,16 +50,22 @@ class BrokerProc:
         return self.data_dir.parent / f"{self.data_dir.name}-broker-{self.n}.log"
 
     @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
-                str(self.port), "--data-dir", str(self.data_dir), *self.store_args, *self.extra]
+                str(self.port), "--data-dir", str(self.data_dir), *self.store_args,
+                "--http-port", str(self.http_port), *self.extra]
 
     def start(self, timeout: float = 60.0) -> BrokerProc:
         self.n += 1
         self.port = free_port()
+        self.http_port = free_port() if self.http else 0  # 0: no HTTP listener
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), cwd=str(REPO_ROOT), stdout=log,
@@ -77,6 +86,7 @@ class BrokerProc:
     def start_expect_failure(self, timeout: float = 30.0) -> tuple[int, str]:
         self.n += 1
         self.port = free_port()
+        self.http_port = free_port() if self.http else 0
         p = subprocess.run(self.command(), cwd=str(REPO_ROOT), capture_output=True, text=True,
                            timeout=timeout, env=self.env)
         return p.returncode, p.stderr

@@ -1,0 +1,23 @@
+"""Management: RabbitMQ-compatible HTTP API, Prometheus metrics and the web console, served
+in the broker process (docs/management.md).
+
+``install(broker)`` creates the HTTP listener (``broker.http_server``) and adds this package's
+routes to ``broker.http_routes``; other features append their own starlette ``Route``/``Mount``
+objects to that list at their install time (the app is built when the listener starts).
+"""
+from __future__ import annotations
+
+from .http import ApiError, HttpServer
+
+__all__ = ["ApiError", "HttpServer", "install"]
+
+
+def install(broker) -> HttpServer:
+    from . import api
+
+    server = HttpServer(broker)
+    broker.http_server = server
+    api.add_routes(broker)
+    if broker.config.http_port is not None:
+        broker.background_tasks.append(server.run)
+    return server

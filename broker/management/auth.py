@@ -1,0 +1,141 @@
+"""Basic authentication and RabbitMQ's tag-based authorization for the HTTP API.
+
+Every ``/api`` handler starts with ``require(request, level)``: it authenticates the request's
+basic credentials (``broker.access`` when installed, else ``broker.users``) and checks the
+user's tags. RabbitMQ's levels: ``management`` (own vhosts), ``policymaker`` (+ policies and
+parameters of own vhosts), ``monitoring`` (everything, read-only), ``administrator``
+(everything). Failures raise ``ApiError`` with RabbitMQ's 401 bodies.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+
+import trio
+from starlette.requests import Request
+
+from .http import ApiError
+
+# Which tags grant each level (RabbitMQ: administrator > monitoring > management,
+# administrator > policymaker > management).
+LEVELS = {
+    "management": {"management", "policymaker", "monitoring", "administrator"},
+    "policymaker": {"policymaker", "administrator"},
+    "monitoring": {"monitoring", "administrator"},
+    "administrator": {"administrator"},
+}
+KNOWN_TAGS = {"administrator", "monitoring", "policymaker", "management", "impersonator"}
+FAILED_LOGIN_DELAY = 0.1  # seconds; as for AMQP, a refusal is never instant
+CHALLENGE = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'}
+
+
+@dataclass
+class ApiUser:
+    """The authenticated caller: its name, tags, and ``broker.access``'s User (if any)."""
+    name: str
+    tags: frozenset[str] = field(default_factory=frozenset)
+    user: object = None
+
+    def has(self, level: str) -> bool:
+        return bool(self.tags & LEVELS[level])
+
+    @property
+    def is_admin(self) -> bool:
+        return "administrator" in self.tags
+
+    @property
+    def sees_all(self) -> bool:
+        """Monitoring and administrator users see every vhost's objects."""
+        return self.has("monitoring")
+
+
+def _tags_of(user) -> frozenset[str]:
+    tags = getattr(user, "tags", ())
+    if isinstance(tags, str):
+        tags = [t for t in tags.replace(",", " ").split() if t]
+    return frozenset(tags)
+
+
+def login(broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
+    """The user for these credentials, or None (wrong password, unknown user, loopback-only
+    user from elsewhere)."""
+    access = getattr(broker, "access", None)
+    if access is not None:
+        result = access.authenticate("PLAIN", username, password, peer_host)
+        if result is None or isinstance(result, str):
+            return None
+        user = result
+        return ApiUser(getattr(user, "name", username), _tags_of(user), user)
+    if broker.users.check(username, password, peer_host) is not None:
+        return None
+    # before the security model: the built-in users are administrators
+    return ApiUser(username, frozenset({"administrator"}))
+
+
+def credentials(request: Request) -> tuple[str, str] | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    username, sep, password = decoded.partition(":")
+    return (username, password) if sep else None
+
+
+async def authenticate(request: Request) -> ApiUser:
+    """The caller, or ApiError 401 (RabbitMQ's "Login failed" after a short delay)."""
+    cached = request.scope.get("triomq.user")
+    if cached is not None:
+        return cached
+    creds = credentials(request)
+    if creds is None:
+        raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
+    peer = request.client.host if request.client else None
+    user = login(request.app.state.broker, creds[0], creds[1], peer)
+    if user is None:
+        await trio.sleep(FAILED_LOGIN_DELAY)
+        raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
+    request.scope["triomq.user"] = user
+    return user
+
+
+async def require(request: Request, level: str = "management") -> ApiUser:
+    """Authenticate and check ``level``; RabbitMQ answers a missing tag with 401
+    ``{"error": "not_authorised", "reason": "Not <level> user"}``."""
+    user = await authenticate(request)
+    if not user.has("management"):
+        raise ApiError(401, "Not management user", "not_authorised", CHALLENGE)
+    if not user.has(level):
+        raise ApiError(401, f"Not {level} user", "not_authorised", CHALLENGE)
+    return user
+
+
+def may_see_vhost(broker, user: ApiUser, vhost: str) -> bool:
+    """Monitoring/administrator see every vhost; others the vhosts they have access to."""
+    if user.sees_all:
+        return True
+    access = getattr(broker, "access", None)
+    if access is None:
+        return True
+    try:
+        access.check_vhost(user.user, vhost)
+    except Exception:
+        return False
+    return True
+
+
+def require_vhost(broker, user: ApiUser, vhost: str) -> None:
+    """Access to ``vhost`` for a management/policymaker user; 401 as RabbitMQ when missing."""
+    if user.is_admin:
+        return
+    access = getattr(broker, "access", None)
+    if access is None:
+        return
+    try:
+        access.check_vhost(user.user, vhost)
+    except Exception:
+        raise ApiError(401, "Not_Authorized", "not_authorised", CHALLENGE) from None

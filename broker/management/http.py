@@ -1,0 +1,210 @@
+"""The HTTP listener: one starlette app served by hypercorn's trio worker in the broker's
+nursery (``broker.background_tasks``), on ``Config.http_host``:``Config.http_port``.
+
+Routes come from ``broker.http_routes``: features append starlette ``Route``/``Mount``
+objects to it at install time; the app is built from the list when the listener starts,
+followed by the web console's static files at "/" (a catch-all, so it goes last).
+
+Limits (docs/management.md): a request body above ``http_max_body`` gets 413, a body not
+received within ``http_timeout`` gets 408 and the connection is dropped, each socket read
+waits at most ``http_timeout`` and idle keep-alive connections close after 5 s. HTTP work
+runs on the same loop as AMQP, so handlers stay short and never wait for clients.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+log = logging.getLogger("broker.management")
+
+CONSOLE_DIR = Path(__file__).with_name("console")
+
+# RabbitMQ's error bodies: {"error": ..., "reason": ...}
+_STATUS_ERRORS = {
+    400: "bad_request",
+    401: "not_authorized",
+    403: "not_authorised",
+    404: "Object Not Found",
+    405: "method_not_allowed",
+    408: "timeout",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+class HttpListenError(Exception):
+    """The HTTP port could not be bound (one line: address and reason)."""
+
+
+class ApiError(HTTPException):
+    """An HTTP error with RabbitMQ's JSON body ``{"error": ..., "reason": ...}``."""
+
+    def __init__(self, status: int, reason: str, error: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(status, reason, headers)
+        self.error = error or _STATUS_ERRORS.get(status, "error")
+        self.reason = reason
+
+
+def error_response(status: int, reason: str, error: str | None = None,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error or _STATUS_ERRORS.get(status, "error"), "reason": reason},
+                        status_code=status, headers=headers)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if isinstance(exc, ApiError):
+        return error_response(exc.status_code, exc.reason, exc.error, exc.headers)
+    if exc.status_code == 404:
+        return error_response(404, "Not Found")
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+class LimitsMiddleware:
+    """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds."""
+
+    def __init__(self, app, max_body: int, timeout: float):
+        self.app = app
+        self.max_body = max_body
+        self.timeout = timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    return await self._refuse(send, 400, "invalid content-length")
+                if length > self.max_body:
+                    return await self._refuse(send, 413, f"request body larger than "
+                                                         f"{self.max_body} bytes")
+        deadline = trio.current_time() + self.timeout
+        received = 0
+        # a request body must arrive whole within ``timeout`` (slow clients are cut off)
+
+        async def limited_receive():
+            nonlocal received
+            remaining = deadline - trio.current_time()
+            with trio.move_on_after(max(remaining, 0)):
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > self.max_body:
+                        raise ApiError(413, f"request body larger than {self.max_body} bytes",
+                                       headers={"connection": "close"})
+                return message
+            raise ApiError(408, f"request body not received within {self.timeout:g} s",
+                           headers={"connection": "close"})
+
+        # the app's exception handler turns the ApiError raised in receive into its answer
+        await self.app(scope, limited_receive, send)
+
+    @staticmethod
+    async def _refuse(send, status: int, reason: str) -> None:
+        body = json.dumps({"error": _STATUS_ERRORS.get(status, "error"), "reason": reason}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _api_not_found(request: Request) -> Response:
+    return error_response(404, "Not Found")
+
+
+def build_app(broker) -> Starlette:
+    routes = list(broker.http_routes)
+    # unknown /api paths answer RabbitMQ's JSON 404, not the console's HTML
+    routes.append(Route("/api/{rest:path}", _api_not_found,
+                        methods=["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]))
+    if CONSOLE_DIR.is_dir():
+        routes.append(Mount("/", app=StaticFiles(directory=str(CONSOLE_DIR), html=True),
+                            name="console"))
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app.state.broker = broker
+    return app
+
+
+class HttpServer:
+    """The broker's HTTP listener. ``port`` is the bound port once ``run`` has started."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.port: int | None = None
+        self.started = trio.Event()
+
+    def bind(self) -> socket.socket:
+        """The listening socket on the configured address; OSError says why not."""
+        config = self.broker.config
+        host = config.http_host if config.http_host is not None else config.host
+        host = None if host in ("", "*") else host
+        last: OSError | None = None
+        for family, kind, proto, _, addr in socket.getaddrinfo(
+                host, config.http_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind(addr)
+                sock.listen(128)
+                sock.setblocking(False)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc
+        raise last or OSError(errno.EADDRNOTAVAIL, f"no address for {host}")
+
+    async def run(self) -> None:
+        config = self.broker.config
+        host = config.http_host if config.http_host is not None else config.host
+        try:
+            sock = self.bind()
+        except OSError as exc:
+            reason = {errno.EADDRINUSE: "address already in use",
+                      errno.EACCES: "permission denied"}.get(exc.errno or 0, exc.strerror or str(exc))
+            text = f"cannot listen on {host}:{config.http_port} (HTTP): {reason}"
+            if config.http_optional:
+                log.warning("%s; the management HTTP API is not served (--http-port)", text)
+                return
+            raise HttpListenError(text) from None
+        self.port = sock.getsockname()[1]
+        hyper = HyperConfig()
+        hyper.accesslog = None
+        hyper.errorlog = logging.getLogger("broker.management.hypercorn")
+        hyper.read_timeout = math.ceil(config.http_timeout)
+        hyper.keep_alive_timeout = 5
+        hyper.graceful_timeout = 1
+        hyper.h11_max_incomplete_size = 16 * 1024
+        app = LimitsMiddleware(build_app(self.broker), config.http_max_body, config.http_timeout)
+        log.info("management HTTP API listening on %s:%s", host, self.port)
+        started = self.started
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED):
+            await worker_serve(wrap_app(app, hyper.wsgi_max_body_size, "asgi"), hyper,
+                               sockets=Sockets([], [sock], []), task_status=task_status)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve)
+            started.set()
