@@ -56,6 +56,7 @@ class VirtualHost:
         for xname, xtype in STANDARD_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
         self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []  # (queue, consumers)
+        self.on_queue_added: list[Callable[[Queue], None]] = []  # declared or recovered (audit)
         self.policies = None  # broker/policies, once this vhost has any: new entities ask it
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
@@ -264,6 +265,8 @@ class VirtualHost:
             q.attach_store(self.store)
             if persist:
                 self.store.save_queue(self, q)
+        for callback in self.on_queue_added:
+            callback(q)
 
     def delete_queue(self, q: Queue, reason: str = "deleted") -> int:
         if self.queues.get(q.name) is not q:

@@ -75,6 +75,10 @@ class ExchangeType(Protocol):
     def has_bindings(self) -> bool:
         """True while any binding has this exchange as its source."""
 
+    def apply_policy(self, policy: str | None, definition: dict) -> None:
+        """Run with the policy ``policy`` (its validated ``definition``; None and ``{}``
+        when none applies) from the next publish on. Never raises."""
+
     def declared(self, vhost: Any) -> None:
         """Called once after a client declared this (new) exchange, not at recovery: a
         type may create what it owns through ``vhost``'s public methods (the
@@ -133,6 +137,8 @@ class Exchange:
         self.bindings: dict[tuple, Binding] = {}
         alt = self.arguments.get("alternate-exchange")
         self.alternate_exchange = alt.decode() if isinstance(alt, bytes) else alt
+        self.policy: str | None = None  # the policy in force (broker/policies), for the API
+        self.effective_policy_definition: dict = {}
 
     # ---- declaration checks ----
     @classmethod
@@ -170,6 +176,17 @@ class Exchange:
 
     def validate_binding(self, routing_key: str, arguments: dict) -> None:
         return None
+
+    def apply_policy(self, policy: str | None, definition: dict) -> None:
+        """Run with this (validated) policy definition from the next publish on (``{}``:
+        none). Its ``alternate-exchange`` applies unless the exchange's own argument sets
+        one, as RabbitMQ's ``rabbit_policy:get_arg``."""
+        self.policy = policy
+        self.effective_policy_definition = dict(definition)
+        alt = self.arguments.get("alternate-exchange")
+        if alt is None:
+            alt = definition.get("alternate-exchange")
+        self.alternate_exchange = alt.decode() if isinstance(alt, bytes) else alt
 
     # Subclasses index bindings for routing.
     def _index_add(self, binding: Binding) -> None:

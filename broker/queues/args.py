@@ -8,7 +8,7 @@ limits) add theirs without touching this table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..amqp.fields import Long, Timestamp
 
@@ -226,3 +226,36 @@ def _norm(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value
+
+
+# Policy keys as RabbitMQ 3.10's classic queue resolves them against its x- arguments
+# (rabbit_amqqueue_process:process_args_policy): the lower value wins for these...
+_POLICY_MIN = (("message-ttl", "message_ttl"), ("expires", "expires"),
+               ("max-length", "max_length"), ("max-length-bytes", "max_length_bytes"))
+# ...and the queue's own argument wins for these.
+_POLICY_ARG_WINS = (("overflow", "overflow"), ("dead-letter-exchange", "dead_letter_exchange"),
+                    ("dead-letter-routing-key", "dead_letter_routing_key"))
+
+
+def with_policy(base: QueueOptions, arguments: dict, definition: dict) -> QueueOptions:
+    """The options a queue runs with: ``base`` (parsed from its ``arguments``) combined
+    with a policy ``definition`` (already validated, operator policy merged in). Numeric
+    limits take the lower of argument and policy; overflow and dead-lettering keep the
+    argument when there is one; ``delivery-limit`` takes the lower, in ``extra``."""
+    if not definition:
+        return base
+    opts = replace(base, extra=dict(base.extra))
+    for key, attr in _POLICY_MIN:
+        value = definition.get(key)
+        if value is not None:
+            have = getattr(base, attr)
+            setattr(opts, attr, value if have is None else min(have, value))
+    for key, attr in _POLICY_ARG_WINS:
+        value = definition.get(key)
+        if value is not None and "x-" + key not in arguments:
+            setattr(opts, attr, value)
+    limit = definition.get("delivery-limit")
+    if limit is not None:
+        have = base.extra.get("x-delivery-limit")
+        opts.extra["x-delivery-limit"] = limit if have is None else min(have, limit)
+    return opts

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from . import max_length, ttl
-from .args import QueueOptions
+from .args import QueueOptions, with_policy
 from .dead_letter import dead_letter
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
@@ -94,11 +94,20 @@ class Queue:
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
         self.opts = opts or QueueOptions()
+        self._base_opts = self.opts  # from the arguments alone; a policy combines with it
+        # The policy in force (broker/policies): names and the merged definition, for
+        # the management API; None / {} without one.
+        self.policy: str | None = None
+        self.operator_policy: str | None = None
+        self.effective_policy_definition: dict = {}
         # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
         self.retry = _make_retry(self)
         self.dedup = make_queue_dedup(self)  # x-message-deduplication (queues/dedup.py)
         # Follow the operation stream (queues/ops.py): the store of a durable queue, tests.
         self.observers: list = []
+        # Why the entries of the leaving ops being emitted by ``discard`` leave ("rejected",
+        # "expired", "maxlen", "delivery_limit"), else None: observers may read it (ops.py).
+        self.leave_reason: str | None = None
         self.ready = self._new_ready()
         self.ready_bytes = 0
         self.unacked_count = 0
@@ -420,8 +429,10 @@ class Queue:
         if dlx:
             dead_letter(self, entries, reason)
         op = Op.EXPIRE if reason == "expired" else Op.DEAD_LETTER if dlx else _SETTLE
+        self.leave_reason = reason
         for entry in entries:
             self._left(entry, op)
+        self.leave_reason = None
 
     def withdraw(self, entries: list) -> int:
         """Take back entries still in the ready list whose publish was nacked (the
@@ -504,6 +515,50 @@ class Queue:
     @property
     def exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
+
+    # ---- policies: runtime reconfiguration ----
+    def apply_policy(self, policy: str | None, operator_policy: str | None,
+                     definition: dict) -> None:
+        """Run with this (validated) policy definition, operator policy merged in, from
+        now on (``{}``: none). What RabbitMQ's classic queues do on a policy change: a
+        lower max-length drops or dead-letters the overflowing head (drop-head only), a
+        new DLX serves the next dead letters, a message TTL applies to messages enqueued
+        from now on, an expiry restarts the idle timer, a delivery limit counts from the
+        deliveries already made. Arguments keep their precedence (``args.with_policy``)."""
+        self.policy = policy
+        self.operator_policy = operator_policy
+        self.effective_policy_definition = dict(definition)
+        self.reconfigure(with_policy(self._base_opts, self.arguments, definition))
+
+    def reconfigure(self, opts: QueueOptions) -> None:
+        """Switch to ``opts`` (the policy-controlled fields may differ; the priority and
+        single-active-consumer fields must not, as no policy sets them)."""
+        if self.deleted:
+            return
+        old, self.opts = self.opts, opts
+        limit = opts.extra.get("x-delivery-limit")
+        if self.retry is not None:
+            self.retry.set_limit(limit)
+            if self.retry.idle:
+                self.retry = None
+        elif limit is not None:
+            self.retry = _make_retry(self)
+        if opts.expires is None:
+            if self._expires_handle is not None:
+                self._expires_handle.cancel()
+                self._expires_handle = None
+        elif opts.expires != old.expires or self._expires_handle is None:
+            self.touch()
+        if opts.message_ttl is not None or old.message_ttl is not None:
+            self.expire_ready(self.vhost.timers.now())
+            self._expiry.arm()
+        if opts.overflow == "drop-head" and max_length.is_limited(opts):
+            dropped = max_length.drop_head(self)
+            if dropped:
+                self.discard(dropped, "maxlen")
+                self._expiry.arm()
+                if self.flow_waiters:
+                    self.flow_check()
 
     # ---- management ----
     def purge(self) -> int:

@@ -23,6 +23,7 @@ restart is ready again at once; its next rejection uses the next level.
 from __future__ import annotations
 
 from ..amqp.fields import encode_properties
+from ..audit import note_retry
 from ..message import Message
 from .args import ArgumentError, amqp_type_name, bool_arg, non_neg_int, register_queue_argument
 
@@ -116,6 +117,15 @@ class RetryPolicy:
         self.retried = 0
         self.dead_lettered = 0
 
+    def set_limit(self, limit: int | None) -> None:
+        """A policy changed ``x-delivery-limit`` (Queue.reconfigure): counts so far stay."""
+        self.limit = limit
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to do: no delays, no limit, unordered, nobody waiting."""
+        return not self.delays and self.limit is None and not self.ordered and not self.waiting
+
     # ---- seams of Queue ----
     def wrap_ready(self, ready):
         """Called by ``Queue._new_ready``: the ready store the queue should use."""
@@ -153,6 +163,8 @@ class RetryPolicy:
         if self.ordered:
             self.blocked_by = entry
         self.retried += 1
+        if q.observers:
+            note_retry(q, entry, delay)  # the audit trail, if it follows this queue
         if delay == 0 and requeue:
             return False  # Queue.requeue puts it back and dispatches
         if delay == 0:

@@ -1,0 +1,49 @@
+"""Policies and operator policies (RabbitMQ's), at ``broker.policies``.
+
+``install(broker)`` is called from ``Broker.__init__``: it creates the registry
+(``registry.Policies``), lets the vhosts ask it for the policy of each new queue and
+exchange, takes its stored records back at recovery (metadata kinds ``policy`` and
+``operator_policy``) and applies them once queues and exchanges are recreated.
+Validation (``validate``) is apart from behaviour; the queue and the exchange
+reconfigure themselves (``Queue.apply_policy``, ``Exchange.apply_policy``).
+See docs/policies.md.
+"""
+from __future__ import annotations
+
+from .registry import MissingKey, Policies, Policy, merge_operator, parse_policy
+from .validate import (
+    OPERATOR_POLICY_KEYS,
+    POLICY_KEYS,
+    PolicyError,
+    PolicyNotFound,
+    VhostNotFound,
+    validate_definition,
+)
+
+__all__ = [
+    "OPERATOR_POLICY_KEYS",
+    "POLICY_KEYS",
+    "MissingKey",
+    "Policies",
+    "Policy",
+    "PolicyError",
+    "PolicyNotFound",
+    "VhostNotFound",
+    "install",
+    "merge_operator",
+    "parse_policy",
+    "validate_definition",
+]
+
+
+def install(broker) -> Policies:
+    policies = Policies(broker)
+    broker.policies = policies
+    for vhost in broker.vhosts.values():
+        vhost.policies = policies
+    restorers = getattr(broker, "meta_restorers", None)
+    if restorers is not None:
+        restorers["policy"] = lambda _key, value: policies.restore(0, value)
+        restorers["operator_policy"] = lambda _key, value: policies.restore(1, value)
+    broker.recovery_hooks.append(policies.recovered)
+    return policies
