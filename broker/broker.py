@@ -7,6 +7,7 @@ import os
 from . import audit, errors, management, policies, scheduler, transactions
 from .auth import UserDatabase
 from .config import Config
+from .listeners import mqtt as mqtt_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
@@ -64,6 +65,7 @@ class Broker:
         self.policies = policies.install(self)  # policies and operator policies per vhost
         management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
+        self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""

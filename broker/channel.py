@@ -68,6 +68,7 @@ class Channel:
         self.closed = False  # no more deliveries or replies on this channel
         self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
+        self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
 
     # ---- state used by queues ----
     @property
@@ -86,6 +87,8 @@ class Channel:
                           message.routing_key, message.props_raw, message.body)
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(tag, entry, queue, consumer)
+        if self.audit is not None:
+            self.audit.delivered(self, consumer.tag, tag, queue, entry)
         self.session.wake()
 
     # ---- dispatch of methods ----
@@ -243,6 +246,8 @@ class Channel:
         message = entry.message
         self.conn.get_ok(self.number, tag, entry.redelivered, message.exchange, message.routing_key,
                          q.message_count, message.props_raw, message.body)
+        if self.audit is not None:
+            self.audit.delivered(self, None, tag, q, entry)
         if m.no_ack:
             q.settled(entry)
         else:
@@ -279,6 +284,8 @@ class Channel:
 
     def on_basic_nack(self, m) -> None:
         taken = self._take_unacked(m.delivery_tag, m.multiple, m)
+        if self.audit is not None:
+            self.audit.rejected(self, taken, m.requeue, "nacked")
         if self.tx is not None:
             self.tx.append(("requeue" if m.requeue else "reject", taken))
             return
@@ -286,6 +293,8 @@ class Channel:
 
     def on_basic_reject(self, m) -> None:
         taken = self._take_unacked(m.delivery_tag, False, m)
+        if self.audit is not None:
+            self.audit.rejected(self, taken, m.requeue, "rejected")
         if self.tx is not None:
             self.tx.append(("requeue" if m.requeue else "reject", taken))
             return
@@ -294,7 +303,10 @@ class Channel:
     def _settle(self, taken: list[Unacked], ack: bool, requeue: bool = False) -> None:
         queues: dict[Queue, None] = {}  # the queues touched, in order
         if ack:
+            audit = self.audit
             for item in taken:
+                if audit is not None:
+                    audit.acked(self, item)  # before the queue's SETTLE, which it stands for
                 item.queue.ack(item.entry, item.consumer)
                 queues[item.queue] = None
         elif requeue:
@@ -373,6 +385,8 @@ class Channel:
         """Route and enqueue; hooks (scheduler) may take the message over first."""
         for hook in self.session.broker.publish_hooks:
             if hook(self, message, mandatory, seq):
+                if self.audit is not None:
+                    self.audit.published(self, message, [], "taken", seq)
                 return
         self.route_message(message, mandatory, seq)
 
@@ -383,6 +397,9 @@ class Channel:
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
             if seq:
                 self.confirm_decided(seq, True)
+            if self.audit is not None:
+                self.audit.published(self, message, queues,
+                                     "returned" if mandatory else "unroutable", seq)
             return
         accepted = True
         durable = False
@@ -395,6 +412,8 @@ class Channel:
             # Flow control: a queue with consumers that keeps growing slows its publishers.
             if len(q.ready) > flow_high and q.consumers:
                 self.session.queue_over_threshold(q)
+        if self.audit is not None:
+            self.audit.published(self, message, queues, "routed" if accepted else "nacked", seq)
         if seq:
             if durable and accepted:
                 q_store = self.vhost.store

@@ -9,7 +9,8 @@ import sys
 import trio
 
 from .broker import Broker
-from .config import Config, JournalSettings, SQLSettings
+from .config import AuditSettings, Config, JournalSettings, SQLSettings
+from .listeners import ListenError
 from .management.http import HttpListenError
 from .persistence import StoreUnavailable, open_store
 from .server import describe_listen_error, run_server
@@ -102,6 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="private key of --tls-cert")
     run.add_argument("--tls-ca", default=None, metavar="PEM",
                      help="CA bundle: TLS clients must present a certificate it signed")
+    audit = AuditSettings()
+    run.add_argument("--audit-dir", default=None, metavar="DIR",
+                     help="write the audit trail (Avro, docs/audit.md) under DIR: every queue "
+                          "unless a policy sets audit=false")
+    run.add_argument("--audit-scope", choices=("all", "policy"), default=audit.scope,
+                     help="all (default): audit every queue; policy: only queues whose "
+                          "policy sets audit=true")
+    run.add_argument("--audit-policy", choices=("block", "drop"), default=audit.policy,
+                     help="when the audit writer falls behind: block publishers (default) "
+                          "or drop events and count them")
+    run.add_argument("--audit-node", default="", metavar="NAME",
+                     help="node name in the trail and its partitions (default: host name)")
+    run.add_argument("--audit-roll-bytes", type=_positive, default=audit.roll_bytes,
+                     metavar="BYTES", help="roll audit files past this size (default 64 MiB)")
+    run.add_argument("--audit-roll-seconds", type=_seconds, default=audit.roll_seconds,
+                     metavar="S", help="roll audit files after this long (default 300 s)")
+    run.add_argument("--audit-codec", choices=("deflate", "null"), default=audit.codec,
+                     help="Avro block codec of the audit files (default deflate)")
     for extension in _extensions():
         extension.add_subcommands(sub)
     return parser
@@ -164,6 +183,15 @@ def _run(args) -> int:
     if tls_problem:
         print(f"triomq: error: {tls_problem}", file=sys.stderr)
         return 2
+    if args.audit_dir:
+        try:
+            os.makedirs(args.audit_dir, exist_ok=True)
+            if not os.access(args.audit_dir, os.W_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as exc:
+            print(f"triomq: error: --audit-dir {args.audit_dir}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
                     heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
                     flush=args.flush, max_message_size=args.max_message_size,
@@ -179,7 +207,12 @@ def _run(args) -> int:
                     http_max_body=args.http_max_body, http_timeout=args.http_timeout,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
-                    tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
+                    tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                    audit=AuditSettings(dir=args.audit_dir, scope=args.audit_scope,
+                                        policy=args.audit_policy, node=args.audit_node,
+                                        roll_bytes=args.audit_roll_bytes,
+                                        roll_seconds=args.audit_roll_seconds,
+                                        codec=args.audit_codec))
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:
@@ -198,6 +231,9 @@ def _run(args) -> int:
             print(f"triomq: error: {leaf}", file=sys.stderr)
             return 1
         if isinstance(leaf, HttpListenError):
+            print(f"triomq: error: {leaf}", file=sys.stderr)
+            return 1
+        if isinstance(leaf, ListenError):
             print(f"triomq: error: {leaf}", file=sys.stderr)
             return 1
         if isinstance(leaf, OSError):

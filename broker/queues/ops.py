@@ -66,7 +66,10 @@ class QueueObserver(Protocol):
         changed. The observer owns nothing of ``entry``: it may keep a reference
         until the entry leaves (``op.leaves``), and may write ``entry.loc``
         (its own location of the message), nothing else. It must not call back
-        into the queue.
+        into the queue. For ``SETTLE``, ``EXPIRE`` and ``DEAD_LETTER`` emitted
+        while the queue discards entries, ``queue.leave_reason`` says why
+        ("rejected", "expired", "maxlen", "delivery_limit"); otherwise it is None
+        (an ack, a no-ack delivery, a withdrawn publish).
         """
         ...
 

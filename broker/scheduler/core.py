@@ -21,8 +21,9 @@ from __future__ import annotations
 import gc
 import time
 
+from ..persistence.base import READS_BACK
 from ..queues.entry import QueueEntry
-from . import recovery, views
+from . import checkpoint, recovery, views
 from .engine import TimerEngine
 from .ids import SidIndex
 from .packing import blob_delivery, pack_blob, stored_delivery, with_state
@@ -58,6 +59,11 @@ class Scheduler:
         self._schedules: dict = {}  # interned complex schedules, shared by the tables
         self._journal_reads = 0
         self._maps_released_at = 0.0
+        # the timer index on disk (checkpoint.py): operations since the last snapshot, and
+        # the snapshot read at start-up (kept until recovery is over)
+        self.changes = 0
+        self.recovery_reads = 0  # stored entries read back at start-up (not in the index)
+        self._index: dict = {}  # sidecar path -> Snapshot | None, during recovery only
 
     @property
     def clock(self):
@@ -150,7 +156,10 @@ class Scheduler:
         else:
             t.held[slot] = pack_blob(message)
         self.engine.push(t, slot, due)
+        if getattr(self.broker, "audit", None) is not None:
+            self.broker.audit.scheduled(vhost, message, due)
         self.scheduled += 1
+        self.changes += 1
         self.engine.arm()
         return views.Item(self, t, slot, sid)
 
@@ -183,9 +192,13 @@ class Scheduler:
                 out = blob_delivery(held, t.kind[slot] == K_DELAY, t.delay[slot])
             else:
                 out = stored_delivery(stored_msg, t.delivered_as_delayed(slot), t.delay[slot])
-            for target in vhost.route(out.exchange, out.routing_key, out):
+            targets = vhost.route(out.exchange, out.routing_key, out)
+            if getattr(self.broker, "audit", None) is not None:
+                self.broker.audit.fired(vhost.name, out, due, targets)
+            for target in targets:
                 target.enqueue(out)
         self.fired += 1
+        self.changes += 1
         nxt = None
         if t.kind[slot] == K_COMPLEX:
             sched, left, run = t.cx[slot]
@@ -222,8 +235,11 @@ class Scheduler:
         if found is None:
             return False
         t, slot = found
+        if getattr(self.broker, "audit", None) is not None:
+            self.broker.audit.cancelled(t.vhost_name, sid)
         self._forget(t, slot)
         self.removed += 1
+        self.changes += 1
         self.engine.maybe_compact(self.pending)
         self._gc_maybe_unfreeze()
         self.engine.arm()
@@ -239,6 +255,7 @@ class Scheduler:
         self.sids.clear()
         self.engine.clear()
         self.removed += count
+        self.changes += count
         self._gc_maybe_unfreeze()
         self.engine.arm()
         return count
@@ -248,6 +265,45 @@ class Scheduler:
         """A stored entry handed back to ``q`` by the store's recovery."""
         return recovery.adopt(self, q, entry)
 
+    def restore_paged(self, q: ScheduledQueue, seqs, locs, blens) -> int:
+        """A journal's paged index of ``q`` handed back at start-up."""
+        return recovery.restore_paged(self, q, seqs, locs, blens)
+
     def recovered(self) -> int:
         """Recovery hook: the store has handed every stored entry back; arm the timer."""
+        self._index.clear()
         return recovery.finish(self)
+
+    # ---- the timer index on disk ----
+    def index_path(self) -> str | None:
+        """Where the timer index lives (beside the journal), or None for a store
+        without a local directory or without read-back (nothing to gain)."""
+        for q in self.queues.values():
+            if q.reads_back:
+                return q.sidecar_path(checkpoint.FILE_NAME)
+        store = self.broker.store
+        if READS_BACK in store.capabilities:
+            return store.sidecar_path(checkpoint.FILE_NAME)
+        return None
+
+    def loaded_index(self, q: ScheduledQueue) -> checkpoint.Snapshot | None:
+        """The snapshot on disk beside ``q``'s store, read once per start."""
+        path = q.sidecar_path(checkpoint.FILE_NAME)
+        if path is None:
+            return None
+        if path not in self._index:
+            self._index[path] = checkpoint.read(path)
+        return self._index[path]
+
+    def note_recovery_reads(self, count: int) -> None:
+        """Entries read back at start-up are not in the index yet: snapshot soon."""
+        self.recovery_reads += count
+        self.changes += count
+
+    def index_due(self) -> bool:
+        return self.changes >= max(checkpoint.CHANGES, checkpoint.CHANGES_SHARE * self.pending)
+
+    def take_index(self) -> checkpoint.Snapshot:
+        """A snapshot of the journal-paged slots (synchronous, C-level copies)."""
+        self.changes = 0
+        return checkpoint.take(self.tables, self.sids.prefixes)

@@ -1,0 +1,115 @@
+"""The audit trail's events: the compact tuples the broker appends, and their Avro records.
+
+The hot path appends one tuple per event (kind code first, then ``time.time()``, then
+references it already holds: names, ids, the message's property dict); everything else --
+turning them into records, the sequence number, text decoding -- happens in the writer
+process (``writer.py``), off the broker's event loop.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = os.path.join(os.path.dirname(__file__), f"audit_event_v{SCHEMA_VERSION}.avsc")
+
+# kind codes (first element of every tuple)
+PUB, ENQ, DEL, ACK, REJ, LEFT, SCH, FIRE, CAN, RETRY, TRAIL = range(11)
+
+# header names the trail keeps from a message's headers
+REF_KEY = "x-ref-key"
+PRODUCER = "x-producer"
+PRODUCER_SEQ = "x-seq"
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH) as f:
+        return json.load(f)
+
+
+def _text(value):
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _int(value):
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (bytes, bytearray, str)):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _props(rec: dict, props) -> None:
+    if not props:
+        return
+    rec["message_id"] = _text(props.get("message_id"))
+    rec["correlation_id"] = _text(props.get("correlation_id"))
+    rec["app_id"] = _text(props.get("app_id"))
+    headers = props.get("headers")
+    if isinstance(headers, dict) and headers:
+        rec["ref_key"] = _text(headers.get(REF_KEY))
+        rec["producer"] = _text(headers.get(PRODUCER))
+        rec["producer_seq"] = _int(headers.get(PRODUCER_SEQ))
+
+
+def to_record(ev: tuple, node: str, seq: int) -> dict:
+    """The Avro record (a dict following the schema) of one event tuple."""
+    kind = ev[0]
+    rec: dict = {"seq": seq, "ts_us": int(ev[1] * 1_000_000), "node": node}
+    if kind == PUB:
+        (_, _, rec["vhost"], rec["exchange"], rec["routing_key"], rec["msg"], props,
+         rec["body_size"], rec["persistent"], rec["user"], rec["connection"], rec["channel"],
+         cseq, queues, rec["outcome"]) = ev
+        rec["event"] = "published"
+        rec["confirm_seq"] = cseq or None
+        rec["queues"] = list(queues)
+        _props(rec, props)
+    elif kind == ENQ:
+        _, _, rec["vhost"], rec["queue"], rec["msg"] = ev
+        rec["event"] = "enqueued"
+    elif kind == DEL:
+        (_, _, rec["vhost"], rec["queue"], rec["msg"], rec["consumer_tag"], rec["delivery_tag"],
+         rec["redelivered"], rec["delivery_count"], rec["connection"], rec["channel"]) = ev
+        rec["event"] = "delivered"
+    elif kind == ACK:
+        (_, _, rec["vhost"], rec["queue"], rec["msg"], rec["consumer_tag"], rec["delivery_tag"],
+         rec["connection"], rec["channel"]) = ev
+        rec["event"] = "acked"
+    elif kind == REJ:
+        (_, _, rec["vhost"], rec["queue"], rec["msg"], rec["consumer_tag"], rec["delivery_tag"],
+         rec["connection"], rec["channel"], rec["requeue"], rec["event"]) = ev
+    elif kind == LEFT:
+        _, _, rec["vhost"], rec["queue"], rec["msg"], rec["event"], rec["reason"], rec["target"] = ev
+    elif kind == SCH:
+        _, _, rec["vhost"], rec["exchange"], rec["routing_key"], rec["msg"], props, due = ev
+        rec["event"] = "scheduled"
+        rec["due_us"] = int(due * 1_000_000)
+        _props(rec, props)
+    elif kind == FIRE:
+        (_, _, rec["vhost"], rec["exchange"], rec["routing_key"], rec["msg"], props, due,
+         queues) = ev
+        rec["event"] = "fired"
+        rec["due_us"] = int(due * 1_000_000)
+        rec["queues"] = list(queues)
+        _props(rec, props)
+    elif kind == CAN:
+        _, _, rec["vhost"], rec["detail"] = ev
+        rec["event"] = "cancelled"
+    elif kind == RETRY:
+        _, _, rec["vhost"], rec["queue"], rec["msg"], rec["delivery_count"], rec["detail"] = ev
+        rec["event"] = "retried"
+    elif kind == TRAIL:
+        _, _, rec["event"], rec["count"], rec["detail"] = ev
+    else:  # pragma: no cover - a broker bug, never a client's input
+        raise ValueError(f"unknown audit event kind {kind!r}")
+    return rec

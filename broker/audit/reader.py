@@ -1,0 +1,198 @@
+"""Read audit trail files (Avro object containers) and survive damage.
+
+One reader for the writer (where to continue the sequence) and the Spark jobs. It parses
+the container itself -- header, then blocks of (count, size, data, sync marker) -- so that a
+block that does not check out is skipped instead of ending the file:
+
+- a block whose sync marker is wrong, or whose data does not decompress or decode, is
+  *corrupt*: it is skipped, counted, and reading resumes at the next sync marker;
+- a file that ends inside a block is *truncated* (a torn tail, e.g. a writer killed while
+  writing): what came before is read, the tail is counted.
+
+Each problem is reported as ``Problem(path, offset, kind, detail)``. A file whose header
+is unreadable is one problem (``bad header``); a file written with a newer schema version
+than this reader knows raises ``UnknownSchemaVersion`` naming the file.
+"""
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import fastavro
+
+from .events import SCHEMA_VERSION
+
+MAGIC = b"Obj\x01"
+VERSION_KEY = "triomq.audit.schema_version"
+
+
+class Problem(NamedTuple):
+    path: str
+    offset: int
+    kind: str  # "corrupt block", "truncated", "bad header"
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path} @ {self.offset}: {self.kind} ({self.detail})"
+
+
+class UnknownSchemaVersion(ValueError):
+    pass
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """Avro's zig-zag long at ``pos``: (value, next position); IndexError past the end."""
+    shift = 0
+    acc = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        acc |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+    return (acc >> 1) ^ -(acc & 1), pos
+
+
+def _header(data: bytes) -> tuple[dict, bytes, int]:
+    if data[:4] != MAGIC:
+        raise ValueError("not an Avro object container file")
+    pos = 4
+    meta: dict[str, bytes] = {}
+    while True:
+        count, pos = _varint(data, pos)
+        if count == 0:
+            break
+        if count < 0:
+            _, pos = _varint(data, pos)
+            count = -count
+        for _ in range(count):
+            klen, pos = _varint(data, pos)
+            key = data[pos:pos + klen].decode()
+            pos += klen
+            vlen, pos = _varint(data, pos)
+            meta[key] = data[pos:pos + vlen]
+            pos += vlen
+    sync = data[pos:pos + 16]
+    if len(sync) != 16:
+        raise IndexError("header cut short")
+    return meta, sync, pos + 16
+
+
+class FileReader:
+    """The records of one file, skipping what is damaged (``problems`` lists it)."""
+
+    def __init__(self, path: str, data: bytes | None = None, known_version: int = SCHEMA_VERSION):
+        self.path = path
+        self.problems: list[Problem] = []
+        self.blocks = 0
+        if data is None:
+            with open(path, "rb") as f:
+                data = f.read()
+        self.data = data
+        self.records_read = 0
+        self.meta: dict = {}
+        self.ok = False
+        try:
+            self.meta, self.sync, self.start = _header(data)
+            version = int(self.meta.get(VERSION_KEY, b"1").decode() or 1)
+            self.codec = self.meta.get("avro.codec", b"null").decode()
+            self.schema = fastavro.parse_schema(json.loads(self.meta["avro.schema"]))
+        except (ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
+            self.problems.append(Problem(path, 0, "bad header", str(exc) or type(exc).__name__))
+            return
+        if version > known_version:
+            raise UnknownSchemaVersion(
+                f"{path}: audit schema version {version} is newer than this reader's "
+                f"({known_version}); upgrade the jobs")
+        self.version = version
+        self.ok = True
+
+    def _decode(self, raw: bytes, count: int) -> list:
+        if self.codec == "deflate":
+            raw = zlib.decompress(raw, -15)
+        elif self.codec == "snappy":
+            import snappy  # type: ignore[import-not-found]  # only for snappy-coded files
+            raw = snappy.decompress(raw[:-4])
+        elif self.codec != "null":
+            raise ValueError(f"unsupported codec {self.codec}")
+        bio = io.BytesIO(raw)
+        schema = self.schema
+        read = fastavro.schemaless_reader
+        out = [read(bio, schema) for _ in range(count)]
+        if bio.tell() != len(raw):
+            raise ValueError(f"{len(raw) - bio.tell()} bytes left over in the block")
+        return out
+
+    def blocks_iter(self) -> Iterator[list]:
+        """Each good block's records (dicts), in file order."""
+        if not self.ok:
+            return
+        data = self.data
+        end = len(data)
+        sync = self.sync
+        pos = self.start
+        while pos < end:
+            block_at = pos
+            try:
+                count, p = _varint(data, pos)
+                size, p = _varint(data, p)
+                if count < 0 or size < 0:
+                    raise ValueError(f"negative count {count} or size {size}")
+                if p + size + 16 > end:
+                    raise IndexError
+            except IndexError:
+                nxt = data.find(sync, block_at + 1)
+                if nxt < 0:
+                    self.problems.append(Problem(self.path, block_at, "truncated",
+                                                 f"{end - block_at} bytes of a torn tail"))
+                    return
+                self.problems.append(Problem(self.path, block_at, "corrupt block",
+                                             "block length runs past the file; resynced"))
+                pos = nxt + 16
+                continue
+            except ValueError as exc:
+                pos = self._resync(block_at, str(exc))
+                continue
+            if data[p + size:p + size + 16] != sync:
+                pos = self._resync(block_at, "sync marker mismatch")
+                continue
+            try:
+                records = self._decode(data[p:p + size], count)
+            except Exception as exc:  # any decoding failure of damaged bytes
+                self.problems.append(Problem(self.path, block_at, "corrupt block",
+                                             f"{type(exc).__name__}: {exc}"[:200]))
+                pos = p + size + 16
+                continue
+            self.blocks += 1
+            self.records_read += count
+            pos = p + size + 16
+            yield records
+
+    def _resync(self, block_at: int, why: str) -> int:
+        nxt = self.data.find(self.sync, block_at + 1)
+        if nxt < 0:
+            self.problems.append(Problem(self.path, block_at, "truncated",
+                                         f"{why}; no sync marker after it"))
+            return len(self.data)
+        self.problems.append(Problem(self.path, block_at, "corrupt block", f"{why}; resynced"))
+        return nxt + 16
+
+    def __iter__(self) -> Iterator[dict]:
+        for block in self.blocks_iter():
+            yield from block
+
+
+def read_records(path: str, problems: list | None = None) -> Iterator[dict]:
+    """Every readable record of ``path``; damage is appended to ``problems``."""
+    reader = FileReader(path)
+    try:
+        yield from reader
+    finally:
+        if problems is not None:
+            problems.extend(reader.problems)

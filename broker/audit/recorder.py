@@ -1,0 +1,360 @@
+"""The broker side of the audit trail: hot-path hooks, queue observer, drain task.
+
+Every hook appends one compact tuple (``events.py``) to ``AuditTrail.buf``: no encoding,
+no allocation beyond the tuple, no task. One task (``AuditTrail.run``, in the server's
+nursery) swaps the buffer every ``flush_interval`` seconds, pickles the batch and writes it
+into the pipe of the writer process (``writer.py``), which encodes Avro on the other core.
+
+When the writer cannot keep up the buffer reaches ``buffer_events``; then the policy
+decides. ``block``: a resource alarm ("audit trail") blocks publishing connections, as a
+memory alarm does, until the buffer is back under half; events of publishes already read
+are still kept (up to twice the bound). ``drop``: events past the bound are counted and not
+kept; the count is recorded as an ``audit_dropped`` event.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import trio
+
+from ..queues.ops import Op
+from . import events
+from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL
+
+log = logging.getLogger("broker.audit")
+
+_time = time.time
+_ENQUEUE, _DELIVER, _REQUEUE, _SETTLE, _EXPIRE, _DEAD_LETTER, _PURGE, _DELETE = (
+    Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE, Op.EXPIRE, Op.DEAD_LETTER, Op.PURGE, Op.DELETE)
+ALARM = "audit trail"
+_TRUE = (True, "true", "on", "yes", 1)
+_FALSE = (False, "false", "off", "no", 0)
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class AuditTrail:
+    """Records lifecycle events of audited queues and vhosts; owns the writer process.
+
+    Selection: a queue is audited when its effective policy (``broker.policies``) has the
+    key ``audit`` set to true, or -- without such a key -- when the scope is ``all``
+    (``--audit-dir`` alone: broker-wide). A publish is recorded when its vhost is audited
+    (scope ``all``, or the vhost has at least one audited queue).
+    """
+
+    def __init__(self, broker, settings) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.buf: list = []
+        self.limit = settings.buffer_events
+        self.hard_limit = 2 * settings.buffer_events
+        self.dropped = 0  # not yet reported in an audit_dropped event
+        self.dropped_total = 0
+        self.sent = 0
+        self.blocking = False
+        self._acking = None  # the entry a channel is acking right now (its SETTLE is the ack)
+        self._audited: set = set()  # Queue objects this trail observes
+        self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
+        self._hooked: set[str] = set()
+        self._policies_hooked = False
+        self._proc = None
+
+    # ---- selection ----
+    def _policy_audit(self, q):
+        policies = getattr(self.broker, "policies", None)
+        if policies is None:
+            return None
+        try:
+            definition = policies.effective(q.vhost.name, "queue", q.name)[2]
+        except Exception:  # a policy store that is not ready must not break declares
+            log.exception("audit: cannot read the policy of queue %r", q.name)
+            return None
+        value = definition.get("audit") if isinstance(definition, dict) else None
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        return None
+
+    def queue_audited(self, q) -> bool:
+        if q.internal:
+            return False
+        chosen = self._policy_audit(q)
+        return self.settings.scope == "all" if chosen is None else chosen
+
+    def vhost_audited(self, name: str) -> bool:
+        return self.settings.scope == "all" or self._vhosts_on.get(name, 0) > 0
+
+    def hook_vhosts(self) -> None:
+        """Follow every vhost's queues (new vhosts are picked up by the drain task)."""
+        policies = getattr(self.broker, "policies", None)
+        if policies is not None and not self._policies_hooked:
+            self._policies_hooked = True
+            policies.on_change.append(self.policies_changed)
+        for vhost in list(self.broker.vhosts.values()):
+            if vhost.name in self._hooked:
+                continue
+            self._hooked.add(vhost.name)
+            vhost.on_queue_added.append(self.queue_added)
+            vhost.on_queue_deleted.append(self._queue_deleted)
+            for q in list(vhost.queues.values()):
+                self.queue_added(q)
+
+    def queue_added(self, q) -> None:
+        if self.queue_audited(q):
+            self._observe(q)
+
+    def _observe(self, q) -> None:
+        if q in self._audited:
+            return
+        self._audited.add(q)
+        q.observers.append(self)
+        name = q.vhost.name
+        self._vhosts_on[name] = self._vhosts_on.get(name, 0) + 1
+
+    def _forget(self, q) -> None:
+        if q not in self._audited:
+            return
+        self._audited.discard(q)
+        if self in q.observers:
+            q.observers.remove(self)
+        name = q.vhost.name
+        self._vhosts_on[name] = self._vhosts_on.get(name, 1) - 1
+
+    def _queue_deleted(self, q, consumers) -> None:
+        # DELETE ops of entries still unacked come later; keep observing them (the queue
+        # object is gone from the vhost, nothing else will reach it).
+        self._audited.discard(q)
+        name = q.vhost.name
+        if self._vhosts_on.get(name):
+            self._vhosts_on[name] -= 1
+
+    def policies_changed(self, vhost_name: str) -> None:
+        """``broker.policies.on_change`` callback: re-select the vhost's queues."""
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            return
+        for q in list(vhost.queues.values()):
+            if self.queue_audited(q):
+                self._observe(q)
+            else:
+                self._forget(q)
+
+    # ---- the bounded buffer ----
+    def _full(self) -> None:
+        if self.settings.policy == "drop" or len(self.buf) > self.hard_limit:
+            self.buf.pop()
+            self.dropped += 1
+            self.dropped_total += 1
+        elif not self.blocking:
+            self.blocking = True
+            self.broker.set_alarm(ALARM, True)
+
+    # ---- hooks: channel ----
+    def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
+        vhost = channel.vhost.name
+        if self.settings.scope != "all" and not self._vhosts_on.get(vhost):
+            return
+        session = channel.session
+        buf = self.buf
+        buf.append((PUB, _time(), vhost, message.exchange, message.routing_key, message.id,
+                    message.properties, len(message.body), message.persistent,
+                    session.conn.username, session.peer, channel.number, seq,
+                    [q.name for q in queues], outcome))
+        if len(buf) >= self.limit:
+            self._full()
+
+    def delivered(self, channel, ctag, tag: int, queue, entry) -> None:
+        if queue not in self._audited:
+            return
+        buf = self.buf
+        buf.append((DEL, _time(), queue.vhost.name, queue.name, entry.message.id, ctag, tag,
+                    entry.redelivered, entry.delivery_count, channel.session.peer,
+                    channel.number))
+        if len(buf) >= self.limit:
+            self._full()
+
+    def acked(self, channel, item) -> None:
+        queue = item.queue
+        if queue not in self._audited:
+            return
+        self._acking = item.entry
+        consumer = item.consumer
+        buf = self.buf
+        buf.append((ACK, _time(), queue.vhost.name, queue.name, item.entry.message.id,
+                    consumer.tag if consumer is not None else None, item.tag,
+                    channel.session.peer, channel.number))
+        if len(buf) >= self.limit:
+            self._full()
+
+    def rejected(self, channel, taken: list, requeue: bool, name: str) -> None:
+        t = _time()
+        for item in taken:
+            queue = item.queue
+            if queue not in self._audited:
+                continue
+            consumer = item.consumer
+            self.buf.append((REJ, t, queue.vhost.name, queue.name, item.entry.message.id,
+                             consumer.tag if consumer is not None else None, item.tag,
+                             channel.session.peer, channel.number, requeue, name))
+        if len(self.buf) >= self.limit:
+            self._full()
+
+    # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
+    def queue_op(self, queue, op, entry) -> None:
+        if op is _DELIVER:
+            return  # recorded by the channel, which knows the consumer
+        if op is _ENQUEUE:
+            self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, entry.message.id))
+        elif op is _SETTLE:
+            if entry is self._acking:
+                self._acking = None  # the ack was recorded as such
+                return
+            reason = queue.leave_reason
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "dropped" if reason == "maxlen" else "settled", reason, None))
+        elif op is _REQUEUE:
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "requeued", None, None))
+        elif op is _DEAD_LETTER:
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "dead_lettered", queue.leave_reason,
+                             queue.opts.dead_letter_exchange))
+        elif op is _EXPIRE:
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "expired", "expired", queue.opts.dead_letter_exchange))
+        elif op is _PURGE:
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "purged", None, None))
+        elif op is _DELETE:
+            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                             "deleted", None, None))
+        if len(self.buf) >= self.limit:
+            self._full()
+
+    # ---- hooks: scheduler and retries ----
+    def scheduled(self, vhost, message, due: float) -> None:
+        if not self.vhost_audited(vhost.name):
+            return
+        self.buf.append((SCH, _time(), vhost.name, message.exchange, message.routing_key,
+                         message.id, message.properties, due))
+        if len(self.buf) >= self.limit:
+            self._full()
+
+    def fired(self, vhost_name: str, message, due: float, queues: list) -> None:
+        if not self.vhost_audited(vhost_name):
+            return
+        self.buf.append((FIRE, _time(), vhost_name, message.exchange, message.routing_key,
+                         message.id, message.properties, due, [q.name for q in queues]))
+        if len(self.buf) >= self.limit:
+            self._full()
+
+    def cancelled(self, vhost_name: str, sid: str) -> None:
+        if not self.vhost_audited(vhost_name):
+            return
+        self.buf.append((CAN, _time(), vhost_name, sid))
+
+    def retried(self, queue, entry, delay_ms: int) -> None:
+        if queue not in self._audited:
+            return
+        self.buf.append((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,
+                         entry.delivery_count, f"delay {delay_ms} ms"))
+
+    # ---- the drain task and the writer process ----
+    def writer_command(self) -> list[str]:
+        s = self.settings
+        return [sys.executable, "-m", "broker.audit.writer", "--dir", s.dir, "--node", s.node,
+                "--roll-bytes", str(s.roll_bytes), "--roll-seconds", str(s.roll_seconds),
+                "--codec", s.codec]
+
+    async def _start_writer(self):
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return await trio.lowlevel.open_process(self.writer_command(), stdin=subprocess.PIPE,
+                                                env=env)
+
+    def _take_batch(self) -> list:
+        batch, self.buf = self.buf, []
+        if self.dropped:
+            batch.append((TRAIL, _time(), "audit_dropped", self.dropped,
+                          f"policy {self.settings.policy}: buffer of {self.limit} events full"))
+            self.dropped = 0
+        return batch
+
+    async def _send(self, batch: list) -> None:
+        if not batch:
+            return
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        proc = self._proc
+        try:
+            if proc is None or proc.returncode is not None:
+                raise trio.BrokenResourceError("writer process is not running")
+            await proc.stdin.send_all(struct.pack(">I", len(data)) + data)
+            self.sent += len(batch)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            lost = sum(1 for ev in batch if not (ev[0] == TRAIL and ev[2] == "audit_dropped"))
+            self.dropped += lost
+            self.dropped_total += lost
+            log.error("audit writer failed (%s): %d events lost; restarting it", exc, lost)
+            await self._restart_writer()
+        if self.blocking and len(self.buf) <= self.limit // 2:
+            self.blocking = False
+            self.broker.set_alarm(ALARM, False)
+
+    async def _restart_writer(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.kill()
+            except OSError:
+                pass
+            await self._proc.wait()
+        await trio.sleep(0.2)
+        self._proc = await self._start_writer()
+
+    async def run(self) -> None:
+        """The drain task: one batch per ``flush_interval``; at shutdown, the tail."""
+        os.makedirs(self.settings.dir, exist_ok=True)
+        self._proc = await self._start_writer()
+        try:
+            while True:
+                await trio.sleep(self.settings.flush_interval)
+                self.hook_vhosts()  # vhosts created since, a policy module installed late
+                await self._send(self._take_batch())
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(10):
+                    batch = self._take_batch()
+                    batch.append((TRAIL, _time(), "node_stopped", None, "clean shutdown"))
+                    await self._send(batch)
+                    if self._proc is not None:
+                        await self._proc.stdin.aclose()
+                        await self._proc.wait()
+                if self._proc is not None and self._proc.returncode is None:
+                    self._proc.kill()
+
+
+def install(broker) -> AuditTrail | None:
+    """Turn the trail on when ``broker.config.audit.dir`` is set; returns it (or None)."""
+    settings = broker.config.audit
+    if not settings.dir:
+        return None
+    if not settings.node:
+        settings.node = socket.gethostname()
+    trail = AuditTrail(broker, settings)
+    trail.hook_vhosts()
+    broker.recovery_hooks.append(trail.hook_vhosts)
+    broker.background_tasks.append(trail.run)
+    return trail
+
+
+__all__ = ["ALARM", "AuditTrail", "events", "install"]
