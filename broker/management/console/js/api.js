@@ -1,0 +1,88 @@
+// The management API client: basic auth from sessionStorage, JSON in and out, errors as ApiError.
+const KEY = "triomq.auth";
+
+export class ApiError extends Error {
+  constructor(status, error, reason) {
+    super(reason || error || `HTTP ${status}`);
+    this.status = status;
+    this.error = error;
+    this.reason = reason;
+  }
+}
+
+export function credentials() {
+  const raw = sessionStorage.getItem(KEY);
+  return raw ? JSON.parse(raw) : null;
+}
+
+export function saveCredentials(username, password) {
+  // Base64 of UTF-8, so non-ASCII user names and passwords survive btoa.
+  const bytes = new TextEncoder().encode(`${username}:${password}`);
+  const token = btoa(String.fromCharCode(...bytes));
+  sessionStorage.setItem(KEY, JSON.stringify({ username, token }));
+}
+
+export function forgetCredentials() {
+  sessionStorage.removeItem(KEY);
+}
+
+// Vhost and object names are path segments: "/" becomes %2F as RabbitMQ expects.
+export const enc = (s) => encodeURIComponent(s);
+
+export function path(strings, ...values) {
+  return strings.reduce((out, s, i) => out + s + (i < values.length ? enc(values[i]) : ""), "");
+}
+
+let onUnauthorized = () => {};
+export function setUnauthorizedHandler(fn) { onUnauthorized = fn; }
+
+export async function request(method, url, body, { token, headers = {}, raw = false } = {}) {
+  const auth = token ?? credentials()?.token;
+  const init = { method, headers: { ...headers }, cache: "no-store" };
+  if (auth) init.headers.Authorization = `Basic ${auth}`;
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(url, init);
+  } catch (e) {
+    throw new ApiError(0, "network", `The broker is not reachable (${e.message})`);
+  }
+  if (response.status === 401 && token === undefined) onUnauthorized();
+  if (!response.ok) {
+    let error = `HTTP ${response.status}`;
+    let reason = response.statusText;
+    try {
+      const data = await response.json();
+      error = data.error ?? error;
+      reason = data.reason ?? reason;
+    } catch { /* not JSON: keep the status line */ }
+    throw new ApiError(response.status, error, typeof reason === "string" ? reason : JSON.stringify(reason));
+  }
+  if (raw) return response;
+  if (response.status === 204) return null;
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
+}
+
+export const get = (url, opts) => request("GET", url, undefined, opts);
+export const put = (url, body, opts) => request("PUT", url, body ?? {}, opts);
+export const post = (url, body, opts) => request("POST", url, body ?? {}, opts);
+export const del = (url, opts) => request("DELETE", url, undefined, opts);
+
+// A list endpoint with RabbitMQ's paging parameters; always answers the paged shape.
+export async function page(url, { page = 1, pageSize = 100, name = "", regex = false, sort = "", reverse = false } = {}) {
+  const q = new URLSearchParams({ page, page_size: pageSize, name, use_regex: regex, pagination: true });
+  if (sort) {
+    q.set("sort", sort);
+    q.set("sort_reverse", reverse);
+  }
+  const data = await get(`${url}?${q}`);
+  if (Array.isArray(data)) {
+    return { items: data, page: 1, page_count: 1, page_size: data.length, filtered_count: data.length,
+             item_count: data.length, total_count: data.length };
+  }
+  return data;
+}

@@ -1,0 +1,221 @@
+// The console shell: login, header and navigation, hash routing and the refresh timer.
+import * as api from "./api.js";
+import { h, clear, toast, errorText } from "./util.js";
+import { field, input } from "./forms.js";
+import * as overview from "./pages/overview.js";
+import * as connections from "./pages/connections.js";
+import * as exchanges from "./pages/exchanges.js";
+import * as queues from "./pages/queues.js";
+import * as admin from "./pages/admin.js";
+
+const REFRESH_KEY = "triomq.refresh";
+const VHOST_KEY = "triomq.vhost";
+
+// [pattern, tab, render]; render(ctx, ...params) -> {el, refresh?, stop?}
+const ROUTES = [
+  [/^\/?$/, "overview", overview.render],
+  [/^\/connections$/, "connections", connections.renderConnections],
+  [/^\/channels$/, "channels", connections.renderChannels],
+  [/^\/exchanges$/, "exchanges", exchanges.renderList],
+  [/^\/exchanges\/([^/]+)\/([^/]*)$/, "exchanges", exchanges.renderOne],
+  [/^\/queues$/, "queues", queues.renderList],
+  [/^\/queues\/([^/]+)\/([^/]+)$/, "queues", queues.renderOne],
+  [/^\/users$/, "admin", admin.renderUsers],
+  [/^\/users\/([^/]+)$/, "admin", admin.renderUser],
+  [/^\/vhosts$/, "admin", admin.renderVhosts],
+  [/^\/policies$/, "admin", admin.renderPolicies],
+];
+
+const TABS = [
+  ["overview", "Overview", "#/"],
+  ["connections", "Connections", "#/connections"],
+  ["channels", "Channels", "#/channels"],
+  ["exchanges", "Exchanges", "#/exchanges"],
+  ["queues", "Queues", "#/queues"],
+  ["admin", "Admin", "#/users"],
+];
+
+const ctx = {
+  user: null, // {name, tags}
+  overview: null,
+  vhosts: [],
+  get vhost() { return sessionStorage.getItem(VHOST_KEY) || ""; },
+  isAdmin() { return this.user?.tags.includes("administrator"); },
+  can(tag) { return this.isAdmin() || this.user?.tags.includes(tag); },
+  // A list endpoint limited to the selected vhost, as RabbitMQ's UI does.
+  scoped(kind) { return this.vhost ? `/api/${kind}/${api.enc(this.vhost)}` : `/api/${kind}`; },
+  refreshNow: () => refresh(),
+};
+
+let current = null; // the page on screen
+let timer = null;
+const root = document.getElementById("app");
+
+function normaliseTags(tags) {
+  if (Array.isArray(tags)) return tags;
+  return String(tags || "").split(",").map((t) => t.trim()).filter(Boolean);
+}
+
+const MANAGEMENT_TAGS = ["administrator", "monitoring", "policymaker", "management"];
+
+// Login: whoami with the typed credentials decides; nothing is stored unless it answers 200.
+function showLogin(message) {
+  stopTimer();
+  current = null;
+  const user = input("username", { autocomplete: "username", required: true, autofocus: true });
+  const pass = input("password", { type: "password", autocomplete: "current-password" });
+  const error = h("div.login-error", { role: "alert" }, message || "");
+  const button = h("button.btn.btn-primary.btn-wide", { type: "submit" }, "Log in");
+  const form = h("form.login-card", { on: { submit: async (ev) => {
+    ev.preventDefault();
+    button.disabled = true;
+    clear(error);
+    api.saveCredentials(user.value, pass.value);
+    const token = api.credentials().token;
+    api.forgetCredentials();
+    try {
+      const me = await api.get("/api/whoami", { token });
+      const tags = normaliseTags(me.tags);
+      if (!tags.some((t) => MANAGEMENT_TAGS.includes(t))) {
+        clear(error, "Not a management user: this user has no management, policymaker, monitoring or administrator tag.");
+        return;
+      }
+      api.saveCredentials(user.value, pass.value);
+      await start();
+    } catch (e) {
+      clear(error, e.status === 401 ? "Login failed: wrong user name or password." : errorText(e));
+    } finally {
+      button.disabled = false;
+    }
+  } } },
+  h("div.login-brand", h("img", { src: "img/logo.svg", alt: "" }), h("span", "TrioMQ")),
+  h("p.muted", "Sign in with a broker user."),
+  field("Username", user), field("Password", pass), error, button);
+  clear(root, h("div.login-page", form));
+  user.focus();
+}
+
+function header() {
+  const refreshSel = h("select#refresh-interval", { "aria-label": "Refresh interval", on: { change: () => {
+    sessionStorage.setItem(REFRESH_KEY, refreshSel.value);
+    startTimer();
+  } } }, [["2", "every 2 s"], ["5", "every 5 s"], ["10", "every 10 s"], ["30", "every 30 s"], ["0", "off"]].map(([v, l]) =>
+    h("option", { value: v, selected: v === (sessionStorage.getItem(REFRESH_KEY) || "5") }, `Refresh ${l}`)));
+  const vhostSel = h("select#vhost-select", { "aria-label": "Virtual host", on: { change: () => {
+    sessionStorage.setItem(VHOST_KEY, vhostSel.value);
+    route();
+  } } }, h("option", { value: "" }, "All virtual hosts"),
+  ctx.vhosts.map((v) => h("option", { value: v, selected: v === ctx.vhost }, v)));
+  const ov = ctx.overview || {};
+  const product = `${ov.product_name || "TrioMQ"} ${ov.product_version || ov.management_version || ""}`.trim();
+  return h("header.top",
+    h("div.brand", h("img", { src: "img/logo.svg", alt: "" }), h("span.brand-name", "TrioMQ"),
+      h("span.brand-meta", product, ov.cluster_name ? ` · ${ov.cluster_name}` : "")),
+    h("nav.tabs", TABS.filter(([id]) => id !== "admin" || ctx.can("policymaker")).map(([id, label, href]) =>
+      h("a.tab", { href, dataset: { tab: id } }, label))),
+    h("div.top-right", vhostSel, refreshSel,
+      h("span.whoami", h("span.user-icon", "●"), " ", h("b#whoami", ctx.user.name), " ",
+        ctx.user.tags.map((t) => h("span.tag.tag-dark", t))),
+      h("button.btn.btn-ghost#logout", { type: "button", on: { click: logout } }, "Log out")));
+}
+
+function logout() {
+  api.forgetCredentials();
+  sessionStorage.removeItem(VHOST_KEY);
+  showLogin("You have logged out.");
+}
+
+async function loadContext() {
+  const [me, ov, vhosts] = await Promise.all([
+    api.get("/api/whoami"), api.get("/api/overview"), api.get("/api/vhosts").catch(() => []),
+  ]);
+  ctx.user = { name: me.name, tags: normaliseTags(me.tags) };
+  ctx.overview = ov;
+  const list = Array.isArray(vhosts) ? vhosts : vhosts.items || [];
+  ctx.vhosts = list.map((v) => v.name).sort();
+  if (ctx.vhost && !ctx.vhosts.includes(ctx.vhost)) sessionStorage.removeItem(VHOST_KEY);
+}
+
+let shell = null;
+
+async function start() {
+  try {
+    await loadContext();
+  } catch (e) {
+    if (e.status === 401) return showLogin("Your session ended: please log in again.");
+    return clear(root, h("div.fatal", "The management API did not answer: ", errorText(e)));
+  }
+  shell = { main: h("main.content") };
+  clear(root, header(), shell.main, h("footer.foot", "TrioMQ management console · data from the HTTP API at ", h("code", "/api")));
+  route();
+}
+
+// Rebuilds the header's vhost list after vhosts change.
+ctx.reloadHeader = async () => {
+  await loadContext();
+  if (shell) root.firstElementChild.replaceWith(header());
+  markTab();
+};
+
+function markTab() {
+  for (const a of root.querySelectorAll(".tabs .tab")) a.classList.toggle("active", a.dataset.tab === ctx.tab);
+}
+
+async function route() {
+  if (!api.credentials()) return showLogin();
+  if (!shell) return start();
+  const hash = location.hash.replace(/^#/, "") || "/";
+  if (current?.stop) current.stop();
+  current = null;
+  for (const [re, tab, render] of ROUTES) {
+    const m = hash.match(re);
+    if (!m) continue;
+    ctx.tab = tab;
+    markTab();
+    const params = m.slice(1).map((p) => decodeURIComponent(p));
+    let page;
+    try {
+      page = await render(ctx, ...params);
+    } catch (e) {
+      page = { el: h("div.card.fatal", errorText(e)) };
+    }
+    current = page;
+    clear(shell.main, page.el);
+    if (page.mounted) page.mounted();
+    window.scrollTo(0, 0);
+    startTimer();
+    return;
+  }
+  ctx.tab = null;
+  markTab();
+  clear(shell.main, h("div.card", h("h2", "Not found"), h("p", "No page at ", h("code", hash), ". ", h("a", { href: "#/" }, "Back to the overview"))));
+}
+
+async function refresh() {
+  if (!current?.refresh || document.hidden) return;
+  try {
+    await current.refresh();
+  } catch (e) {
+    if (e.status !== 401) toast(errorText(e), "error");
+  }
+}
+
+function stopTimer() {
+  clearInterval(timer);
+  timer = null;
+}
+
+function startTimer() {
+  stopTimer();
+  const seconds = Number(sessionStorage.getItem(REFRESH_KEY) || "5");
+  if (seconds > 0) timer = setInterval(refresh, seconds * 1000);
+}
+
+api.setUnauthorizedHandler(() => {
+  api.forgetCredentials();
+  shell = null;
+  showLogin("Your session ended: please log in again.");
+});
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,123 @@
+// Overview: totals, live graphs of queued messages and message rates, nodes, listeners,
+// and definitions export / import.
+import * as api from "../api.js";
+import { h, clear, num, rate, bytes, duration, detail, toast, errorText, download } from "../util.js";
+import { chartCard } from "../chart.js";
+import { select } from "../forms.js";
+
+const RATE_SERIES = [
+  { key: "publish", label: "Publish", color: "#0d9488" },
+  { key: "confirm", label: "Confirm", color: "#6366f1" },
+  { key: "deliver_get", label: "Deliver", color: "#f59e0b" },
+  { key: "ack", label: "Ack", color: "#ec4899" },
+];
+const QUEUED_SERIES = [
+  { key: "messages_ready", label: "Ready", color: "#0ea5e9" },
+  { key: "messages_unacknowledged", label: "Unacked", color: "#f97316" },
+  { key: "messages", label: "Total", color: "#334155" },
+];
+
+function stat(label, value, id) {
+  return h("div.stat", { id }, h("div.stat-value", value), h("div.stat-label", label));
+}
+
+export async function render(ctx) {
+  const queued = chartCard({ id: "chart-queued", title: "Queued messages", series: QUEUED_SERIES,
+    format: (v) => num(v) });
+  const rates = chartCard({ id: "chart-rates", title: "Message rates", series: RATE_SERIES,
+    format: (v, axis) => (axis ? `${num(v)}/s` : rate(v)) });
+  const totals = h("div.stats");
+  const nodes = h("div.table-wrap");
+  const listeners = h("div.table-wrap");
+
+  async function refresh() {
+    const [ov, nodeList] = await Promise.all([api.get("/api/overview"), api.get("/api/nodes").catch(() => [])]);
+    const now = Date.now() / 1000;
+    const qt = ov.queue_totals || {}, ms = ov.message_stats || {}, ot = ov.object_totals || {};
+    queued.add(now, QUEUED_SERIES.map((s) => qt[s.key] ?? 0));
+    rates.add(now, RATE_SERIES.map((s) => detail(ms, s.key) ?? 0));
+    clear(totals,
+      stat("Connections", num(ot.connections ?? 0), "total-connections"),
+      stat("Channels", num(ot.channels ?? 0), "total-channels"),
+      stat("Exchanges", num(ot.exchanges ?? 0), "total-exchanges"),
+      stat("Queues", num(ot.queues ?? 0), "total-queues"),
+      stat("Consumers", num(ot.consumers ?? 0), "total-consumers"),
+      stat("Messages", num(qt.messages ?? 0), "total-messages"),
+      stat("Publish rate", rate(detail(ms, "publish") ?? 0), "publish-rate"));
+    const list = Array.isArray(nodeList) ? nodeList : [];
+    clear(nodes, h("table.data", h("thead", h("tr", ["Name", "Memory", "File descriptors", "Sockets", "Disk free", "Uptime", "Alarms"].map((x) => h("th", x)))),
+      h("tbody", list.length ? list.map((n) => h("tr",
+        h("td", n.name), h("td", bytes(n.mem_used), n.mem_limit ? h("small.muted", ` of ${bytes(n.mem_limit)}`) : ""),
+        h("td", num(n.fd_used), n.fd_total ? h("small.muted", ` of ${num(n.fd_total)}`) : ""),
+        h("td", num(n.sockets_used), n.sockets_total ? h("small.muted", ` of ${num(n.sockets_total)}`) : ""),
+        h("td", bytes(n.disk_free)), h("td", duration((n.uptime ?? 0) / 1000)),
+        h("td", n.mem_alarm || n.disk_free_alarm ? h("span.pill.pill-bad", [n.mem_alarm && "memory", n.disk_free_alarm && "disk"].filter(Boolean).join(", ")) : h("span.pill.pill-on", "none"))))
+        : h("tr.empty", h("td", { colSpan: 7 }, "No node information")))));
+    clear(listeners, h("table.data", h("thead", h("tr", ["Protocol", "Bound to", "Port"].map((x) => h("th", x)))),
+      h("tbody", (ov.listeners || []).map((l) => h("tr", h("td", l.protocol), h("td", l.ip_address), h("td.num", l.port))))));
+  }
+
+  await refresh().catch((e) => toast(errorText(e), "error"));
+
+  const el = h("div.page",
+    h("div.page-head", h("h1", "Overview")),
+    totals,
+    h("div.grid-2", queued.el, rates.el),
+    h("section.card", h("h2", "Nodes"), nodes),
+    h("section.card", h("h2", "Listeners"), listeners),
+    definitionsCard(ctx));
+  return {
+    el, refresh,
+    mounted() { queued.render(); rates.render(); },
+    stop() { queued.stop(); rates.stop(); },
+  };
+}
+
+// Definitions: download the broker's (or one vhost's) definitions; upload a file to import.
+function definitionsCard(ctx) {
+  if (!ctx.isAdmin()) return null;
+  const scope = select("scope", [["", "All virtual hosts"], ...ctx.vhosts.map((v) => [v, v])], "");
+  scope.setAttribute("aria-label", "Definitions scope");
+  const file = h("input#definitions-file", { type: "file", accept: ".json,application/json", "aria-label": "Definitions file" });
+  const result = h("div.muted#definitions-result");
+  const url = () => (scope.value ? `/api/definitions/${api.enc(scope.value)}` : "/api/definitions");
+
+  const exportBtn = h("button.btn#export-definitions", { type: "button", on: { click: async () => {
+    try {
+      const defs = await api.get(url());
+      const stamp = new Date().toISOString().slice(0, 19).replace(/[:T]/g, "-");
+      const host = (ctx.overview?.cluster_name || "triomq").replace(/[^\w.-]+/g, "_");
+      download(`${host}_${stamp}.json`, JSON.stringify(defs, null, 2));
+      clear(result, "Definitions downloaded.");
+    } catch (e) { toast(errorText(e), "error"); }
+  } } }, "Download definitions");
+
+  const importBtn = h("button.btn.btn-primary#import-definitions", { type: "button", on: { click: async () => {
+    const f = file.files[0];
+    if (!f) return toast("Choose a definitions file first", "error");
+    let body;
+    try {
+      body = JSON.parse(await f.text());
+    } catch (e) {
+      return toast(`${f.name} is not valid JSON: ${e.message}`, "error");
+    }
+    importBtn.disabled = true;
+    try {
+      await api.post(url(), body);
+      clear(result, `Imported ${f.name}.`);
+      toast("Definitions imported");
+      await ctx.reloadHeader();
+    } catch (e) {
+      clear(result, `Import failed, nothing was changed: ${errorText(e)}`);
+      toast(errorText(e), "error");
+    } finally { importBtn.disabled = false; }
+  } } }, "Upload definitions");
+
+  return h("section.card#definitions", h("h2", "Definitions"),
+    h("p.muted", "Users, virtual hosts, permissions, policies, exchanges, queues and bindings, in RabbitMQ's definitions format."),
+    h("div.row", h("label.inline", "Scope ", scope)),
+    h("div.split",
+      h("div", h("h3", "Export"), exportBtn),
+      h("div", h("h3", "Import"), h("div.row", file, importBtn))),
+    result);
+}
