@@ -91,6 +91,12 @@ class Store:
         Queues are rebuilt through ``Queue.restore`` (never by assigning their fields).
         """
 
+    def sidecar_path(self, name: str) -> str | None:
+        """A path for a file named ``name`` that a feature keeps beside this store's own
+        data (the scheduler's timer index), moving and vanishing with it; None when the
+        store has no local directory. The store never reads or trusts such a file."""
+        return None
+
     # ---- definitions (from the vhost) ----
     def save_exchange(self, vhost, exchange) -> None: ...
     def delete_exchange(self, vhost, exchange) -> None: ...

@@ -647,6 +647,9 @@ class JournalStore(Store):
             os.fdatasync(current[1])
 
     # ------------------------------------------------------------------ reading
+    def sidecar_path(self, name: str) -> str | None:
+        return os.path.join(self.jdir, name)
+
     def read_message(self, loc: int):
         seg = loc >> 32
         off = loc & 0xFFFFFFFF

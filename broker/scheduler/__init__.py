@@ -10,12 +10,16 @@ task to ``broker.background_tasks`` (started by the server). Module map:
 """
 from __future__ import annotations
 
+import logging
+
 from .. import errors
 from ..amqp import spec as amqp_spec
 from .core import INTERNAL_QUEUE, ScheduledQueue, Scheduler
 from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
+
+log = logging.getLogger("broker.scheduler")
 
 
 def _refuse(exc: ScheduleError):
@@ -91,4 +95,37 @@ def install(broker) -> Scheduler:
         await serve_control(broker, scheduler)
 
     broker.background_tasks.append(control_task)
+    broker.background_tasks.append(lambda: write_index(scheduler))
     return scheduler
+
+
+INDEX_POLL = 1.0  # seconds between checks of whether the timer index is due
+
+
+async def write_index(scheduler: Scheduler) -> None:
+    """Keep the timer index on disk (checkpoint.py) current: after enough changes, and
+    once more at a clean stop. A failed write costs the next start time, nothing else."""
+    import trio
+
+    from . import checkpoint
+
+    path = scheduler.index_path()
+    if path is None:
+        return
+
+    async def write_now() -> None:
+        snap = scheduler.take_index()
+        try:
+            await trio.to_thread.run_sync(checkpoint.write, path, snap)
+        except OSError as exc:
+            log.warning("scheduler: cannot write the timer index %s: %s", path, exc.strerror)
+
+    try:
+        while True:
+            await trio.sleep(INDEX_POLL)
+            if scheduler.index_due():
+                await write_now()
+    finally:
+        if scheduler.changes:
+            with trio.CancelScope(shield=True):
+                await write_now()

@@ -45,6 +45,13 @@ class TimerEngine:
     def push(self, t: SlotTable, slot: int, due: float) -> None:
         heapq.heappush(self.heap, (due_us(due) << KEY_SHIFT) | (t.vi << SLOT_BITS) | slot)
 
+    def push_many(self, t: SlotTable, first: int, dues) -> None:
+        """Keys for slots ``first, first+1, ...`` due at ``dues`` (recovery, in bulk)."""
+        base = (t.vi << SLOT_BITS) | first
+        heap = self.heap
+        heap.extend([(round(d * 1_000_000) << KEY_SHIFT) | (base + i) for i, d in enumerate(dues)])
+        heapq.heapify(heap)
+
     def _live(self, k: int) -> bool:
         t = self.tables[(k >> SLOT_BITS) & VH_MASK]
         slot = k & SLOT_MASK

@@ -50,6 +50,26 @@ class SidMap:
         vals[i] = value + 1
         self.n += 1
 
+    def insert_many(self, ps, ns, first_value: int) -> None:
+        """Insert ids ``(ps[i], ns[i])`` with values ``first_value + i`` (recovery: one
+        resize up front, the probe loop inline)."""
+        count = len(ns)
+        cap = self.mask + 1
+        while (self.n + count) * 10 > cap * 7:
+            cap *= 2
+        if cap != self.mask + 1:
+            self._grow(cap)
+        vals, mask = self.vals, self.mask
+        v = first_value + 1
+        for p, n in zip(ps, ns, strict=True):
+            h = (n * 0x9E3779B97F4A7C15 + p * 0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+            i = (h ^ (h >> 32)) & mask
+            while vals[i]:
+                i = (i + 1) & mask
+            vals[i] = v
+            v += 1
+        self.n += count
+
     def find(self, p: int, n: int) -> int:
         vals, mask, ident = self.vals, self.mask, self.ident
         i = self.hkey(p, n) & mask
@@ -88,9 +108,9 @@ class SidMap:
         self.n -= 1
         return True
 
-    def _grow(self) -> None:
+    def _grow(self, cap: int = 0) -> None:
         old = self.vals
-        cap = (self.mask + 1) * 2
+        cap = cap or (self.mask + 1) * 2
         self.vals = vals = array("q", bytes(8 * cap))
         self.mask = mask = cap - 1
         ident, hkey = self.ident, self.hkey
@@ -124,6 +144,10 @@ class SidIndex:
         self._own = os.urandom(4).hex()
         self._counter = itertools.count(1)
         self._own_p = self.prefix_of(self._own)
+
+    @property
+    def prefixes(self) -> list[str]:
+        return self._prefixes
 
     def prefix_of(self, prefix: str) -> int:
         p = self._prefix_index.get(prefix)
@@ -173,6 +197,16 @@ class SidIndex:
         p = self.prefix_of(prefix)
         t.set_sid(slot, p, n)
         self._map.insert(p, n, (t.vi << SLOT_BITS) | slot)
+
+    def own_prefixes(self, prefixes: list[str]) -> list[int]:
+        """This index's prefix numbers for a snapshot's prefix table (added as needed)."""
+        return [self.prefix_of(prefix) for prefix in prefixes]
+
+    def assign_loaded(self, t: SlotTable, first: int, count: int) -> None:
+        """Index the ids of slots ``first .. first+count-1`` of ``t`` (filled by
+        ``SlotTable.load`` with prefix numbers of this index)."""
+        self._map.insert_many(t.sidp[first:first + count], t.sidn[first:first + count],
+                              (t.vi << SLOT_BITS) | first)
 
     def forget(self, t: SlotTable, slot: int) -> None:
         p, n = t.sid_pair(slot)

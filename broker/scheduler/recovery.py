@@ -8,6 +8,10 @@ slot, id and heap key, and keeps only its journal location (the message is read
 once, here, and dropped again). The recovery hook (``finish``) then arms the
 timer: overdue entries fire at once, in batches.
 
+A journal hands back the paged index instead (``restore_paged``): the entries the
+timer index on disk describes (``checkpoint``) are rebuilt from it in bulk, without
+reading a message; only the others are read back and adopted one by one.
+
 A crash between "write the next occurrence" and "remove the fired one" leaves
 both stored: the newer (higher seq) wins, so a schedule is never multiplied.
 """
@@ -15,9 +19,15 @@ from __future__ import annotations
 
 import logging
 
+from array import array
+from bisect import bisect_left
+
 from ..queues.entry import QueueEntry
+from . import checkpoint
 from .packing import read_state
 from .scheduled_queue import INTERNAL_QUEUE, ScheduledQueue
+from .slots import K_AMQ, K_COMPLEX, K_DELAY
+from .spec import Schedule
 
 log = logging.getLogger("broker.scheduler")
 
@@ -49,6 +59,61 @@ def adopt(scheduler, q: ScheduledQueue, entry: QueueEntry) -> bool:
     return True
 
 
+def restore_paged(scheduler, q: ScheduledQueue, seqs, locs, blens) -> int:
+    """Adopt a journal's paged index of ``q`` (sorted by seq); returns how many."""
+    t = q.ready
+    misses: range | list[int] = range(len(seqs))
+    loaded = 0
+    snap = scheduler.loaded_index(q)
+    ti = snap.tables.get(t.vhost_name) if snap is not None else None
+    if ti is not None and not len(t.kind):
+        hits, misses = checkpoint.join(ti, seqs, locs, blens)
+        loaded = _load(scheduler, t, ti, hits, snap.prefixes)
+        if loaded < 0:  # an inconsistent index: read everything back
+            loaded, misses = 0, range(len(seqs))
+    n = loaded
+    for i in misses:
+        n += q.read_back(seqs[i], locs[i])
+    scheduler.note_recovery_reads(len(misses))
+    return n
+
+
+def _load(scheduler, t, ti: checkpoint.TableIndex, hits: list[int] | None,
+          prefixes: list[str]) -> int:
+    """Fill the empty table ``t`` with the snapshot rows ``hits`` (all of them in order
+    when None); -1 if the rows do not describe valid slots."""
+    if hits is None:
+        cols = [ti.seq, ti.loc, ti.blen, ti.due, ti.kind, ti.delay, ti.sidp, ti.sidn]
+    else:
+        cols = [array(c.typecode, map(c.__getitem__, hits))
+                for c in (ti.seq, ti.loc, ti.blen, ti.due, ti.kind, ti.delay, ti.sidp, ti.sidn)]
+    seq, kind, sidp = cols[0], cols[4], cols[6]
+    n = len(seq)
+    if not n:
+        return 0
+    n_complex = kind.count(K_COMPLEX)
+    if kind.count(K_DELAY) + kind.count(K_AMQ) + n_complex != n or max(sidp) >= len(prefixes):
+        return -1
+    complex_: list[tuple[int, Schedule, int, float]] = []
+    for s, (kname, delay, period, repeat, cron, left, run) in ti.complex.items():
+        slot = bisect_left(seq, s)
+        if slot < n and seq[slot] == s:
+            complex_.append((slot, Schedule(kname, delay=delay, period=period, repeat=repeat,
+                                            cron=cron), left, run))
+    if len(complex_) != n_complex:
+        return -1
+    own = scheduler.sids.own_prefixes(prefixes)
+    if own != list(range(len(own))):
+        cols[6] = array("H", map(own.__getitem__, sidp))
+    t.load(*cols)
+    for slot, sched, left, run in complex_:
+        t.set_complex(slot, sched, left, run)
+    scheduler.sids.assign_loaded(t, 0, n)
+    scheduler.engine.push_many(t, 0, t.due)
+    scheduler.recovering += n
+    return n
+
+
 def finish(scheduler) -> int:
     """After the store has handed everything back: arm the timer. Returns how many
     pending occurrences were recovered."""
@@ -63,5 +128,6 @@ def finish(scheduler) -> int:
         q.release_read_maps()
     scheduler.engine.arm()
     if restored:
-        log.info("scheduler: recovered %d pending scheduled messages", restored)
+        log.info("scheduler: recovered %d pending scheduled messages (%d read back, the rest "
+                 "from the timer index)", restored, scheduler.recovery_reads)
     return restored

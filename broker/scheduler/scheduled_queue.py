@@ -48,20 +48,25 @@ class ScheduledQueue(InternalQueue):
         return self.reads_back
 
     def restore(self, entries=(), *, paged=None) -> int:
-        """Start-up: adopt stored entries, and a paged index ``(seqs, locs, ...)`` read
-        back one message at a time (each is dropped again once its slot is rebuilt)."""
+        """Start-up: adopt stored entries, and a paged index ``(seqs, locs, exps, blens,
+        ...)``: rebuilt from the timer index where it matches (``checkpoint``), the rest
+        read back one message at a time (each is dropped again once its slot is rebuilt)."""
         n = 0
         for entry in entries:
             n += self.enqueue(entry.message, entry=entry)
         if paged is not None:
-            seqs, locs = paged[0], paged[1]
-            read = self.store.read_message
-            for i in range(len(seqs)):
-                loc = locs[i]
-                entry = QueueEntry(read(loc), seqs[i])
-                entry.loc = loc
-                n += self.enqueue(entry.message, entry=entry)
+            n += self.scheduler.restore_paged(self, paged[0], paged[1], paged[3])
         return n
+
+    def sidecar_path(self, name: str) -> str | None:
+        """A file beside this queue's store, for the scheduler's timer index."""
+        return self.store.sidecar_path(name) if self.store is not None else None
+
+    def read_back(self, seq: int, loc: int) -> bool:
+        """Adopt one stored entry of the paged index by reading its message."""
+        entry = QueueEntry(self.store.read_message(loc), seq)
+        entry.loc = loc
+        return self.enqueue(entry.message, entry=entry)
 
     # ---- the stored copies of the slots ----
     @property

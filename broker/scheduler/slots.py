@@ -197,6 +197,33 @@ class SlotTable(PagedFifo):
         self.held[slot] = held
         self._seq[slot] = seq
 
+    def seq_column(self) -> array:
+        return self._seq
+
+    def loc_column(self) -> array:
+        return self._loc
+
+    def blen_column(self) -> array:
+        return self._blen
+
+    def load(self, seq: array, loc: array, blen: array, due: array, kind: array, delay: array,
+             sidp: array, sidn: array) -> None:
+        """Start-up: fill an empty table with journal-paged slots 0..n-1 in one go (the
+        columns are taken over, not copied)."""
+        if len(self.kind):
+            raise ValueError("SlotTable.load: the table is in use")
+        n = len(seq)
+        if not all(len(c) == n for c in (loc, blen, due, kind, delay, sidp, sidn)):
+            raise ValueError("SlotTable.load: columns of different lengths")
+        self._seq, self._loc, self._blen = seq, loc, blen
+        self.due, self.kind, self.delay, self.sidp, self.sidn = due, kind, delay, sidp, sidn
+        self.held = [None] * n
+        self.live = self.n_stored = n
+
+    def set_complex(self, slot: int, sched: Schedule, left: int, run: float) -> None:
+        """The repeat/cron state of a loaded K_COMPLEX slot."""
+        self.set_state(slot, sched, self.due[slot], left, run)
+
     # ---- the queue's ready store, as the core sees it ----
     def __len__(self) -> int:
         return 0

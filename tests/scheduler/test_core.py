@@ -4,7 +4,7 @@ import random
 from broker.amqp.fields import encode_properties
 from broker.broker import Broker
 from broker.message import Message
-from broker.persistence.base import DURABLE, READS_BACK
+from broker.persistence.base import DURABLE, READS_BACK, Store
 from broker.queues.args import parse_queue_arguments
 from broker.queues.queue import Queue
 from broker.scheduler.core import INTERNAL_QUEUE, Scheduler
@@ -19,7 +19,7 @@ class Clock:
         return self.t
 
 
-class FakeStore:
+class FakeStore(Store):
     """Records what the scheduler asks a real store to do."""
 
     capabilities = frozenset({DURABLE})

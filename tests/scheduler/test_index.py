@@ -1,0 +1,130 @@
+"""The timer index on disk (scheduler/checkpoint.py): a restart rebuilds the pending
+messages it describes without reading them back, reads only the rest, and a missing,
+torn or stale index costs time, never a message or a schedule."""
+import os
+
+import trio
+
+from broker.scheduler import INTERNAL_QUEUE, checkpoint
+from broker.scheduler.spec import Schedule
+
+from .test_compact import Clock, drain, msg, open_broker
+
+
+def _index_path(store):
+    return store.sidecar_path(checkpoint.FILE_NAME)
+
+
+def _write_index(b, store):
+    checkpoint.write(_index_path(store), b.scheduler.take_index())
+
+
+def _schedule_mix(s, v, n, tag=b"m", base_delay=1000):
+    ids = []
+    for i in range(n):
+        ids.append(s.schedule(v, msg(tag + b"%04d" % i, {"x-delay": base_delay + i}),
+                              Schedule("delay", delay=base_delay + i)).sid)
+    return ids
+
+
+def _fire_all(b, clock, v, seconds):
+    clock.t += seconds
+    while b.scheduler.run_due():
+        pass
+    return [m.body for m in drain(v.queues["out"])]
+
+
+def test_clean_index_rebuilds_everything_without_reads(tmp_path):
+    clock = Clock()
+    b, store, v = open_broker(tmp_path, clock)
+    s = b.scheduler
+    ids = _schedule_mix(s, v, 300)
+    per = s.schedule(v, msg(b"periodic", {"AMQ_SCHEDULED_DELAY": 500}),
+                     Schedule("amq", delay=500, period=100, repeat=3))
+    cron = s.schedule(v, msg(b"cron", {"AMQ_SCHEDULED_CRON": "0 0 1 1 *"}),
+                      Schedule("amq", cron="0 0 1 1 *"))
+    s.remove(ids[7])  # slot 7 becomes free and is reused out of seq order
+    ids[7] = s.schedule(v, msg(b"m0007", {"x-delay": 1007}), Schedule("delay", delay=1007)).sid
+    trio.run(store._flush_once)
+    before = {sid: (s.items[sid].left, s.items[sid].due) for sid in [*ids, per.sid, cron.sid]}
+    _write_index(b, store)
+    trio.run(store.close)
+
+    b2, store2, v2 = open_broker(tmp_path, clock)
+    s2 = b2.scheduler
+    assert s2.recovery_reads == 0
+    assert s2.stats()["pending"] == 302
+    assert {sid: (s2.items[sid].left, s2.items[sid].due) for sid in before} == before
+    assert all(h is None for h in v2.queues[INTERNAL_QUEUE].ready.held)
+    bodies = _fire_all(b2, clock, v2, 1.5)
+    assert sorted(bb for bb in bodies if bb.startswith(b"m")) == [b"m%04d" % i for i in range(300)]
+    assert bodies.count(b"periodic") == 4 and per.sid not in s2.items
+    assert cron.sid in s2.items  # next New Year: still pending
+    trio.run(store2.close)
+
+
+def test_tail_after_the_index_is_read_back_and_removed_entries_stay_gone(tmp_path):
+    clock = Clock()
+    b, store, v = open_broker(tmp_path, clock)
+    s = b.scheduler
+    ids = _schedule_mix(s, v, 200)
+    trio.run(store._flush_once)
+    _write_index(b, store)
+    # after the snapshot: some removed, some fired, some new (the tail a kill -9 leaves)
+    for sid in ids[:20]:
+        assert s.remove(sid)
+    tail = _schedule_mix(s, v, 50, tag=b"t", base_delay=5000)
+    trio.run(store._flush_once)
+    trio.run(store.close)  # the index is not rewritten: the old one, as after a kill -9
+
+    b2, store2, v2 = open_broker(tmp_path, clock)
+    s2 = b2.scheduler
+    assert s2.recovery_reads == 50
+    assert s2.stats()["pending"] == 230
+    assert not any(sid in s2.items for sid in ids[:20])
+    assert all(sid in s2.items for sid in ids[20:] + tail)
+    bodies = _fire_all(b2, clock, v2, 10)
+    assert sorted(bodies) == sorted([b"m%04d" % i for i in range(20, 200)] + [b"t%04d" % i for i in range(50)])
+    trio.run(store2.close)
+
+
+def test_torn_or_foreign_index_is_ignored(tmp_path, caplog):
+    clock = Clock()
+    b, store, v = open_broker(tmp_path, clock)
+    ids = _schedule_mix(b.scheduler, v, 100)
+    trio.run(store._flush_once)
+    _write_index(b, store)
+    path = _index_path(store)
+    trio.run(store.close)
+    with open(path, "r+b") as f:  # a torn write: the tail of the file is gone
+        f.truncate(os.path.getsize(path) - 37)
+    b2, store2, v2 = open_broker(tmp_path, clock)
+    assert b2.scheduler.recovery_reads == 100
+    assert all(sid in b2.scheduler.items for sid in ids)
+    assert "ignoring the timer index" in caplog.text
+    trio.run(store2.close)
+    with open(path, "wb") as f:
+        f.write(b"not an index at all")
+    b3, store3, v3 = open_broker(tmp_path, clock)
+    assert b3.scheduler.stats()["pending"] == 100
+    assert len(_fire_all(b3, clock, v3, 2)) == 100
+    trio.run(store3.close)
+
+
+def test_index_of_another_journal_never_changes_a_schedule(tmp_path):
+    """An index copied from elsewhere: same seqs, other locations or sizes -> read back."""
+    clock = Clock()
+    other, ostore, ov = open_broker(tmp_path / "other", clock)
+    _schedule_mix(other.scheduler, ov, 30, tag=b"x", base_delay=99_000)
+    trio.run(ostore._flush_once)
+    _write_index(other, ostore)
+    trio.run(ostore.close)
+    b, store, v = open_broker(tmp_path / "mine", clock)
+    _schedule_mix(b.scheduler, v, 30, tag=b"mine", base_delay=1000)
+    trio.run(store.close)
+    os.replace(_index_path(ostore), _index_path(store))
+    b2, store2, v2 = open_broker(tmp_path / "mine", clock)
+    assert b2.scheduler.recovery_reads == 30
+    bodies = _fire_all(b2, clock, v2, 1.1)
+    assert sorted(bodies) == [b"mine%04d" % i for i in range(30)]
+    trio.run(store2.close)
