@@ -18,7 +18,6 @@ both stored: the newer (higher seq) wins, so a schedule is never multiplied.
 from __future__ import annotations
 
 import logging
-
 from array import array
 from bisect import bisect_left
 
