@@ -1,0 +1,219 @@
+"""The MQTT listener's trio edge: sockets (plain and TLS), one nursery per connection with a
+reader, a writer and a watchdog (CONNECT timeout, keep-alive), all ending with it.
+
+``install(broker)`` adds the listener to ``broker.background_tasks`` when
+``config.mqtt_port`` or ``config.mqtts_port`` is set. The protocol is
+``broker.mqtt.connection`` (sans-IO); the broker side is ``mqtt_session``.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import time
+
+import trio
+
+from ..mqtt.connection import State
+from . import ListenError
+from .mqtt_session import MQTTService, MQTTSession
+
+log = logging.getLogger("broker.mqtt")
+
+BLOCKED_READ_SIZE = 4096
+BLOCKED_READ_INTERVAL = 0.1
+
+
+class MQTTConnectionHandler:
+    def __init__(self, listener: MQTTListener, stream, sock: socket.socket):
+        self.listener = listener
+        self.stream = stream
+        try:
+            host, port = sock.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            host, self.peer = None, "?"
+        self.session = MQTTSession(listener.service, self.peer, host)
+        self.session.wake = self._wake
+        self.session.flow_resumed = self._flow_resumed
+        self._wake_event = trio.Event()
+        self._drained = trio.Event()
+        self._flow_event = trio.Event()
+        self.last_received = time.monotonic()
+
+    def _wake(self) -> None:
+        self._wake_event.set()
+
+    def _flow_resumed(self) -> None:
+        self._flow_event.set()
+
+    async def run(self) -> None:
+        session = self.session
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._watchdog)
+                nursery.start_soon(self._reader)
+                await self._writer()  # returns once the session is finished and flushed
+                nursery.cancel_scope.cancel()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
+            log.info("mqtt connection %s: dropped", self.peer)
+        finally:
+            session.connection_lost()  # will, requeue, consumers leave (idempotent)
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(1):
+                    await self.stream.aclose()
+
+    async def _reader(self) -> None:
+        session = self.session
+        conn = session.conn
+        broker = self.listener.broker
+        stream = self.stream
+        while not session.finished:
+            while conn.pending_output > session.output_high_water * 4 and not session.finished:
+                self._drained = trio.Event()
+                await self._drained.wait()
+            size = broker.config.receive_size
+            if broker.blocked and session.is_publisher:
+                # resource alarm: trickle-read (PINGREQ, PUBACKs still pass), as for AMQP
+                with trio.move_on_after(BLOCKED_READ_INTERVAL):
+                    await self.listener.server_unblocked()
+                size = BLOCKED_READ_SIZE
+            elif session.flow_queues:
+                self._flow_event = trio.Event()
+                with trio.move_on_after(BLOCKED_READ_INTERVAL):
+                    await self._flow_event.wait()
+                if session.flow_queues:
+                    size = BLOCKED_READ_SIZE
+            try:
+                data = await stream.receive_some(size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
+                data = b""
+            if not data:
+                # EOF without DISCONNECT: an abnormal end, the will is published
+                session.finished = True
+                session.connection_lost()
+                self._wake()
+                return
+            self.last_received = time.monotonic()
+            session.data_received(data)
+
+    async def _writer(self) -> None:
+        session = self.session
+        conn = session.conn
+        stream = self.stream
+        while True:
+            await self._wake_event.wait()
+            self._wake_event = trio.Event()
+            while True:
+                data = conn.data_to_send()
+                if not data:
+                    break
+                await stream.send_all(data)
+                if session.delivery_stalled:
+                    session.output_drained()
+            self._drained.set()
+            if session.finished:
+                return
+
+    async def _watchdog(self) -> None:
+        session = self.session
+        conn = session.conn
+        timeout = self.listener.broker.config.handshake_timeout
+        started = time.monotonic()
+        while not session.finished:
+            now = time.monotonic()
+            if conn.state in (State.AWAIT_CONNECT, State.CONNECTING):
+                if now - started > timeout:
+                    log.warning("mqtt connection %s: no CONNECT within %ss", self.peer, timeout)
+                    session.close("connect timeout")
+                    return
+                await trio.sleep(0.5)
+                continue
+            keep_alive = conn.keep_alive
+            if not keep_alive:
+                await trio.sleep(3600)
+                continue
+            # section 3.1.2.10: one and a half keep-alive periods without a packet
+            if now - self.last_received > 1.5 * keep_alive:
+                log.warning("mqtt client %r: keep-alive of %ss expired", session.client_id,
+                            keep_alive)
+                session.close("keep-alive timeout")
+                return
+            await trio.sleep(min(keep_alive / 4, 5.0))
+
+
+class MQTTListener:
+    """Plain and TLS listeners of one broker; ``ports`` holds the bound ports once open."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.service = MQTTService(broker)
+        self.handlers: set[MQTTConnectionHandler] = set()
+        self.ports: dict[str, int] = {}
+
+    async def server_unblocked(self) -> None:
+        while self.broker.blocked:  # noqa: ASYNC110 - a bounded poll under a resource alarm
+            await trio.sleep(BLOCKED_READ_INTERVAL)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        config = self.broker.config
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_ca:
+            ctx.load_verify_locations(config.tls_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise ListenError(f"cannot listen for {name} on {host or '*'}:{port}: "
+                              f"{exc.strerror or exc}") from None
+        self.ports[name] = listeners[0].socket.getsockname()[1]
+        log.info("%s listening on %s:%s", name.upper(), host or "*", self.ports[name])
+        if tls:
+            ctx = self.ssl_context()
+            return [trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners]
+        return listeners
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        config = self.broker.config
+        host = None if config.host in ("", "*", "0.0.0.0") else config.host
+        listeners = []
+        if config.mqtt_port is not None:
+            listeners += await self._open("mqtt", config.mqtt_port, host, False)
+        if config.mqtts_port is not None:
+            listeners += await self._open("mqtts", config.mqtts_port, host, True)
+        task_status.started(self.ports)
+        try:
+            await trio.serve_listeners(self._handle, listeners)
+        finally:
+            self.service.stopping = True
+
+    async def _handle(self, stream) -> None:
+        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        sock = raw.socket
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        except OSError:
+            pass
+        handler = MQTTConnectionHandler(self, stream, sock)
+        self.handlers.add(handler)
+        try:
+            await handler.run()
+        except Exception:
+            log.exception("mqtt connection %s: internal error", handler.peer)
+        finally:
+            self.handlers.discard(handler)
+
+
+def install(broker) -> MQTTListener | None:
+    """Start the MQTT listener(s) with the broker when configured (``broker.mqtt``)."""
+    config = broker.config
+    if config.mqtt_port is None and config.mqtts_port is None:
+        return None
+    listener = MQTTListener(broker)
+    broker.background_tasks.append(listener.run)
+    return listener

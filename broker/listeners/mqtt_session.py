@@ -1,0 +1,527 @@
+"""One MQTT client as the broker sees it: login, publishes into the routing core,
+subscriptions as queues and bindings, deliveries to the client. Synchronous (no trio):
+the edge (``mqtt.py``) feeds bytes and writes out what the sans-IO connection queued
+whenever ``wake`` is called.
+
+The mapping is RabbitMQ's MQTT plugin's (docs/mqtt.md):
+
+- PUBLISH goes to the configured topic exchange (amq.topic) with the topic translated
+  ('/' -> '.'); QoS 1 messages are persistent (delivery_mode 2), QoS 0 transient, both
+  carry the headers ``x-mqtt-publish-qos`` and ``x-mqtt-dup``. A QoS 1 PUBLISH is answered
+  with PUBACK once routed and, when a durable queue took it, once the store has it
+  (``when_durable``); a publish a queue refused (overflow reject-publish) or the store
+  failed gets no PUBACK, so the client sends it again. PUBACKs leave in PUBLISH order.
+- Each client has up to two queues, ``mqtt-subscription-<client id>qos0`` and
+  ``...qos1``, with one consumer each; every SUBSCRIBE filter is a binding of one of them
+  (a filter moves when it is subscribed again with the other QoS). QoS 0 deliveries are
+  settled as they are written; QoS 1 deliveries stay unacknowledged (``prefetch`` at most
+  in flight) until the client's PUBACK.
+- clean session: the queues are auto-delete and go with the connection; otherwise the
+  QoS 1 queue is durable and both stay, with their bindings and messages, until a clean
+  session of the same client id.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from typing import Any
+
+from .. import errors
+from ..amqp import spec
+from ..amqp.fields import encode_properties
+from ..message import Message
+from ..mqtt import codec
+from ..mqtt.connection import (
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    ProtocolViolation,
+    PublishReceived,
+    ServerConnection,
+    SubscribeRequested,
+    UnsubscribeRequested,
+    topic_field,
+)
+from ..mqtt.topics import to_mqtt_topic, to_routing_key
+from ..persistence import DURABLE
+from ..queues.queue import Consumer
+from .mqtt_retained import RetainedStore
+
+log = logging.getLogger("broker.mqtt")
+
+MAX_KEY = 255  # an AMQP shortstr: routing keys and queue names
+
+
+def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
+    props = {"delivery_mode": 2 if qos else 1,
+             "headers": {"x-mqtt-publish-qos": qos, "x-mqtt-dup": dup}}
+    return props, encode_properties(props)
+
+
+# the four property sets an MQTT publish can have, encoded once
+_PROPS_RAW = {(q, d): _props(q, d)[1] for q in (0, 1) for d in (False, True)}
+
+
+def queue_names(client_id: str) -> tuple[str, str]:
+    base = f"mqtt-subscription-{client_id}"
+    return base + "qos0", base + "qos1"
+
+
+class MQTTService:
+    """The listener's broker-wide state: settings, the client id registry (for session
+    takeover), the retained messages and the live sessions."""
+
+    def __init__(self, broker):
+        config = broker.config
+        self.broker = broker
+        self.exchange = config.mqtt_exchange
+        self.prefetch = config.mqtt_prefetch
+        self.max_packet = config.max_message_size + 65_546  # body + a topic and a packet id
+        self.clients: dict[tuple[str, str], MQTTSession] = {}
+        self.sessions: set[MQTTSession] = set()
+        self.retained = RetainedStore(broker)
+        self.stopping = False  # broker shutdown: no will messages
+
+
+def _access(broker):
+    return getattr(broker, "access", None)
+
+
+class MQTTSession:
+    """One connection; also the ``channel`` of its two consumers (the queue calls
+    ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
+
+    global_prefetch = 0
+
+    def __init__(self, service: MQTTService, peer: str, peer_host: str | None):
+        self.service = service
+        self.broker = service.broker
+        self.peer = peer
+        self.peer_host = peer_host
+        self.conn = ServerConnection(service.max_packet)
+        self.output_high_water = self.broker.config.output_high_water
+        self.wake = lambda: None  # set by the edge: "there is output to write"
+        self.flow_resumed = lambda: None  # set by the edge: "read again"
+        self.flow_queues: set = set()
+        self.vhost: Any = None
+        self.user: Any = None
+        self.username: str | None = None
+        self.client_id = ""
+        self.clean = True
+        self.will: codec.Will | None = None
+        self.consumers: dict[int, Consumer] = {}  # subscription QoS -> its queue's consumer
+        self.delivering = False
+        self.delivery_stalled = False
+        self.is_publisher = False
+        self.finished = False  # the edge closes the socket once output is written
+        self.ended = False
+        self._pubacks: deque = deque()  # (seq, packet id) of QoS 1 publishes, in order
+        self._decided: dict[int, bool] = {}
+        self._seq = 0
+        self._touched: dict = {}  # queues acked in this batch: dispatched once at its end
+        self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
+        self._may_write_exchange = False
+
+    # ---- input ----
+    def data_received(self, data: bytes) -> None:
+        for ev in self.conn.receive_data(data):
+            if isinstance(ev, PublishReceived):
+                self._on_publish(ev.publish)
+            elif isinstance(ev, DeliveryAcked):
+                self._on_delivery_acked(ev.token)
+            elif isinstance(ev, ConnectRequested):
+                self._on_connect(ev.connect)
+                if not self.finished:
+                    self.data_received(b"")  # what came right behind the CONNECT
+                    return
+            elif isinstance(ev, SubscribeRequested):
+                self._on_subscribe(ev.packet_id, ev.topics)
+            elif isinstance(ev, UnsubscribeRequested):
+                self._on_unsubscribe(ev.packet_id, ev.topics)
+            elif isinstance(ev, Disconnected):
+                self.will = None
+                self.finished = True
+            elif isinstance(ev, ProtocolViolation):
+                log.warning("mqtt connection %s: closing: %s", self.peer, ev.reason)
+                self.finished = True
+            if self.finished:
+                break
+        touched = self._touched
+        if touched:
+            self._touched = {}
+            for q in touched:
+                if q.consumers:
+                    q.dispatch()
+        if self._pubacks:
+            self._flush_pubacks()
+        if self.conn.has_output or self.finished:
+            self.wake()
+
+    # ---- CONNECT ----
+    def _on_connect(self, c: codec.Connect) -> None:
+        conn = self.conn
+        service = self.service
+        if self.broker.fenced or service.stopping:
+            conn.refuse(codec.REFUSED_SERVER_UNAVAILABLE, "broker not serving")
+            self.finished = True
+            return
+        client_id = c.client_id
+        if not client_id:
+            if not c.clean_session:  # section 3.1.3-8
+                conn.refuse(codec.REFUSED_IDENTIFIER, "empty client id without clean session")
+                self.finished = True
+                return
+            client_id = "triomq-" + os.urandom(8).hex()
+        if len(queue_names(client_id)[1].encode()) > MAX_KEY:
+            conn.refuse(codec.REFUSED_IDENTIFIER, "client id too long")
+            self.finished = True
+            return
+        refusal = self._login(c)
+        if refusal is not None:
+            code, reason = refusal
+            log.warning("mqtt connection %s: refused: %s", self.peer, reason)
+            conn.refuse(code, reason)
+            self.finished = True
+            return
+        self.client_id = client_id
+        self.clean = c.clean_session
+        self.will = c.will
+        key = (self.vhost.name, client_id)
+        old = service.clients.get(key)
+        if old is not None:
+            # section 3.1.4-2: the existing connection of this client id is closed first
+            log.info("mqtt client %r: connection %s takes over from %s", client_id, self.peer,
+                     old.peer)
+            old.close("another connection took the session over")
+        service.clients[key] = self
+        q0_name, q1_name = queue_names(client_id)
+        vhost = self.vhost
+        existing = [q for q in (vhost.find_queue(q0_name), vhost.find_queue(q1_name))
+                    if q is not None]
+        present = False
+        if self.clean:
+            for q in existing:  # a clean session starts without the previous one's state
+                vhost.delete_queue(q, reason="clean MQTT session")
+        else:
+            present = bool(existing)
+        self.delivering = True
+        try:
+            for q in existing if not self.clean else ():
+                self._consume(q, 0 if q.name == q0_name else 1)
+        except errors.AMQPError as exc:
+            conn.refuse(codec.REFUSED_SERVER_UNAVAILABLE, exc.text)
+            self.finished = True
+            return
+        conn.accept(present)
+        service.sessions.add(self)
+        log.info("mqtt connection %s: client %r user %r vhost %r (clean session %s)",
+                 self.peer, client_id, self.username, vhost.name, self.clean)
+        for q in self.consumers.values():
+            q.queue.dispatch()
+
+    def _login(self, c: codec.Connect) -> tuple[int, str] | None:
+        """Authenticate and pick the vhost ('vhost:user' in the user name, as RabbitMQ);
+        (CONNACK code, reason) when refused. No user name: guest, as RabbitMQ's default
+        ``allow_anonymous`` (so only from loopback, like guest over AMQP)."""
+        username = c.username
+        password = c.password.decode("utf-8", "replace") if c.password is not None else None
+        if username is None:
+            username, password = "guest", "guest"
+        vhost_name = "/"
+        if ":" in username:
+            vhost_name, username = username.split(":", 1)
+        if password is None:
+            return codec.REFUSED_BAD_CREDENTIALS, "no password"
+        broker = self.broker
+        access = _access(broker)
+        if access is not None:
+            user = access.authenticate("PLAIN", username, password, self.peer_host)
+            if user is None or isinstance(user, str):
+                return codec.REFUSED_BAD_CREDENTIALS, user or "login refused"
+            vhost = broker.vhosts.get(vhost_name)
+            if vhost is None:
+                return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
+            try:
+                access.check_vhost(user, vhost_name)
+            except errors.AMQPError as exc:
+                return codec.REFUSED_NOT_AUTHORIZED, exc.text
+            self.user = user
+        else:
+            failure = broker.users.check(username, password, self.peer_host)
+            if failure is not None:
+                return codec.REFUSED_BAD_CREDENTIALS, failure
+            vhost = broker.vhosts.get(vhost_name)
+            if vhost is None:
+                return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
+        self.username = username
+        self.vhost = vhost
+        return None
+
+    def _check(self, kind: str, name: str, perm: str) -> None:
+        access = _access(self.broker)
+        if access is not None:
+            access.check(self.user, self.vhost.name, kind, name, perm)
+
+    def _check_topic(self, routing_key: str, perm: str) -> None:
+        access = _access(self.broker)
+        if access is not None:
+            access.check_topic(self.user, self.vhost.name, self.service.exchange, routing_key,
+                               perm)
+
+    # ---- PUBLISH from the client ----
+    def _on_publish(self, p: codec.Publish) -> None:
+        key = to_routing_key(p.topic)
+        if len(key.encode()) > MAX_KEY:
+            self.close(f"topic {p.topic[:40]!r}... longer than {MAX_KEY} bytes")
+            return
+        try:
+            if not self._may_write_exchange:
+                self._check("exchange", self.service.exchange, "write")
+                self._may_write_exchange = True
+            self._check_topic(key, "write")
+        except errors.AMQPError as exc:
+            # RabbitMQ closes an MQTT connection that publishes where it may not
+            self.close(exc.text)
+            return
+        self.is_publisher = True
+        stored = self._route(p.topic, key, p.payload, p.qos, p.retain, p.dup)
+        if p.qos:
+            seq = self._seq = self._seq + 1
+            self._pubacks.append((seq, p.packet_id))
+            if stored is None:
+                self._decided[seq] = False
+            elif stored:
+                self.broker.store.when_durable(lambda: self._puback_decided(seq, True),
+                                               on_failure=lambda: self._puback_decided(seq, False))
+            else:
+                self._decided[seq] = True
+
+    def _route(self, topic: str, key: str, payload: bytes, qos: int, retain: bool,
+               dup: bool = False) -> bool | None:
+        """Route one message; None if a queue refused it, else whether a store write must
+        be durable before it counts as taken."""
+        props, _ = _props(qos, dup)
+        message = Message(self.service.exchange, key, _PROPS_RAW[(qos, dup)], props, payload)
+        vhost = self.vhost
+        needs_store = False
+        if retain:
+            self.service.retained.set(vhost.name, topic, payload, qos)
+            needs_store = DURABLE in self.broker.store.capabilities
+        accepted = True
+        flow_high = self.broker.config.flow_high or float("inf")
+        for q in vhost.route(message.exchange, key, message):
+            if not q.enqueue(message):
+                accepted = False
+            elif q.store is not None and qos:
+                needs_store = True
+            if len(q.ready) > flow_high and q.consumers and not self.consumers:
+                self._queue_over_threshold(q)
+        return needs_store if accepted else None
+
+    def _puback_decided(self, seq: int, ok: bool) -> None:
+        if self.ended:
+            return
+        self._decided[seq] = ok
+        self._flush_pubacks()
+        self.wake()
+
+    def _flush_pubacks(self) -> None:
+        pubacks, decided = self._pubacks, self._decided
+        conn = self.conn
+        while pubacks and pubacks[0][0] in decided:
+            seq, pid = pubacks.popleft()
+            if decided.pop(seq):
+                conn.puback(pid)
+
+    # ---- SUBSCRIBE / UNSUBSCRIBE ----
+    def _on_subscribe(self, packet_id: int, topics: list[tuple[str, int]]) -> None:
+        codes = []
+        vhost = self.vhost
+        exchange = self.service.exchange
+        granted = []
+        for topic_filter, qos in topics:
+            key = to_routing_key(topic_filter)
+            try:
+                if len(key.encode()) > MAX_KEY:
+                    raise errors.precondition_failed("topic filter longer than %d bytes", MAX_KEY)
+                q = self._subscription_queue(qos)
+                self._check("queue", q.name, "write")
+                self._check("exchange", exchange, "read")
+                self._check_topic(key, "read")
+                vhost.bind(exchange, q, key, {})
+                other = self.consumers.get(1 - qos)
+                if other is not None:
+                    vhost.unbind(exchange, other.queue, key, {})
+            except errors.AMQPError as exc:
+                log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
+                            topic_filter, exc.text)
+                codes.append(codec.SUBACK_FAILURE)
+                continue
+            codes.append(qos)
+            granted.append((topic_filter, qos))
+        self.conn.suback(packet_id, codes)
+        retained = self.service.retained
+        for topic_filter, qos in granted:  # after the SUBACK (section 3.3.1.3)
+            for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
+                self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True)
+
+    def _subscription_queue(self, qos: int):
+        consumer = self.consumers.get(qos)
+        if consumer is not None:
+            return consumer.queue
+        name = queue_names(self.client_id)[qos]
+        self._check("queue", name, "configure")
+        self._check("queue", name, "read")
+        # QoS 1: durable unless clean, as RabbitMQ; QoS 0: transient, but kept across
+        # reconnects of a non-clean session (RabbitMQ makes it auto-delete)
+        m = spec.Queue.Declare(queue=name, durable=bool(qos), auto_delete=self.clean)
+        q = self.vhost.declare_queue(m, None)
+        self._consume(q, qos)
+        return q
+
+    def _consume(self, q, qos: int) -> None:
+        tag = f"mqtt-{self.client_id}-qos{qos}"
+        consumer = Consumer(tag, self, q, not qos, False, 0, self.service.prefetch if qos else 0,
+                            {})
+        self.consumers[qos] = consumer
+        q.add_consumer(consumer)
+
+    def _on_unsubscribe(self, packet_id: int, topics: list[str]) -> None:
+        exchange = self.service.exchange
+        for topic_filter in topics:
+            key = to_routing_key(topic_filter)
+            for consumer in self.consumers.values():
+                try:
+                    self.vhost.unbind(exchange, consumer.queue, key, {})
+                except errors.AMQPError as exc:  # pragma: no cover - not our exclusive queue
+                    log.warning("mqtt client %r: unsubscribe %r: %s", self.client_id,
+                                topic_filter, exc.text)
+        self.conn.unsuback(packet_id)
+
+    # ---- deliveries (the queue calls these, as on an AMQP channel) ----
+    @property
+    def can_deliver(self) -> bool:
+        if not self.delivering:
+            return False
+        if self.conn.pending_output > self.output_high_water:
+            self.delivery_stalled = True
+            return False
+        return True
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.conn.inflight)
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        message = entry.message
+        topic = self._topics.get(message.routing_key)
+        if topic is None:
+            if len(self._topics) > 4096:
+                self._topics.clear()
+            topic = self._topics[message.routing_key] = topic_field(
+                to_mqtt_topic(message.routing_key))
+        if consumer.no_ack:
+            self.conn.publish(topic, message.body, 0)
+        else:
+            headers = message.properties.get("headers")
+            if headers and headers.get("x-mqtt-publish-qos") == 0:
+                # published at QoS 0: delivered at QoS 0 (the lower of the two), settled now
+                self.conn.publish(topic, message.body, 0)
+                queue.ack(entry, consumer)
+            else:
+                self.conn.publish(topic, message.body, 1, (queue, entry, consumer),
+                                  dup=entry.redelivered)
+        self.wake()
+
+    def _on_delivery_acked(self, token) -> None:
+        if token is None:
+            return  # a retained message sent at subscribe time: nothing to settle
+        queue, entry, consumer = token
+        queue.ack(entry, consumer)
+        self._touched[queue] = None
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The subscription queue was deleted (by AMQP or management): its subscriptions
+        are gone; the client is not told (MQTT 3.1.1 has no way to)."""
+        for qos, c in list(self.consumers.items()):
+            if c is consumer:
+                del self.consumers[qos]
+        # unacknowledged deliveries of that queue stay in flight: their PUBACKs settle them
+        # with the deleted queue (which emits DELETE for them)
+
+    def output_drained(self) -> None:
+        if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:
+            self.delivery_stalled = False
+            for consumer in list(self.consumers.values()):
+                consumer.queue.dispatch()
+
+    # ---- flow (queues/queue.py: flow_wait calls flow_released) ----
+    def _queue_over_threshold(self, q) -> None:
+        if q in self.flow_queues or self.ended:
+            return
+        self.flow_queues.add(q)
+        q.flow_wait(self, self.broker.config.flow_low)
+
+    def flow_released(self, queue) -> None:
+        if queue in self.flow_queues:
+            self.flow_queues.discard(queue)
+            if not self.flow_queues:
+                self.flow_resumed()
+
+    # ---- the end ----
+    def close(self, reason: str) -> None:
+        """The server ends the connection (takeover, keep-alive, refused publish, shutdown):
+        the will is published, the socket closed once pending output is written."""
+        if self.ended:
+            return
+        log.info("mqtt connection %s: closing: %s", self.peer, reason)
+        self.conn.close(reason)
+        self.finished = True
+        self.connection_lost()
+        self.wake()
+
+    def connection_lost(self) -> None:
+        """Every way a connection ends comes here once: the will (unless the client sent
+        DISCONNECT or the broker is stopping), then unacknowledged QoS 1 deliveries back
+        to their queues (redelivered, with DUP), then the consumers leave (a clean
+        session's auto-delete queues go with them)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.delivering = False
+        service = self.service
+        will, self.will = self.will, None
+        if will is not None and self.vhost is not None and not service.stopping:
+            self._publish_will(will)
+        by_queue: dict = {}
+        for token in self.conn.take_inflight():
+            if token is not None:
+                queue, entry, consumer = token
+                by_queue.setdefault(queue, []).append((entry, consumer))
+        for q, items in by_queue.items():
+            items.sort(key=lambda pair: -pair[0].seq)
+            q.requeue(items)
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        for q in self.flow_queues:
+            q.flow_forget(self)
+        self.flow_queues.clear()
+        if self.vhost is not None and service.clients.get((self.vhost.name,
+                                                           self.client_id)) is self:
+            del service.clients[(self.vhost.name, self.client_id)]
+        service.sessions.discard(self)
+
+    def _publish_will(self, will: codec.Will) -> None:
+        key = to_routing_key(will.topic)
+        try:
+            if len(key.encode()) > MAX_KEY:
+                raise errors.precondition_failed("will topic too long")
+            self._check("exchange", self.service.exchange, "write")
+            self._check_topic(key, "write")
+        except errors.AMQPError as exc:
+            log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)
+            return
+        self._route(will.topic, key, will.message, min(will.qos, 1), will.retain)

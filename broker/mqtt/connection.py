@@ -1,0 +1,296 @@
+"""One MQTT 3.1/3.1.1 network connection as the server sees it, sans-IO.
+
+``ServerConnection.receive_data(data)`` parses packets (``codec.PacketReader``), enforces
+the order the spec requires (CONNECT first and once, nothing before CONNACK is decided),
+answers what needs no broker (PINGREQ) and returns events for the rest; the broker answers
+through ``accept`` / ``refuse`` / ``suback`` / ``unsuback`` / ``puback`` and sends messages
+with ``publish``, which numbers QoS 1 deliveries and keeps them in flight until the client's
+PUBACK comes back as ``DeliveryAcked``. Bytes to write accumulate until ``data_to_send()``.
+
+QoS 2 is downgraded to QoS 1 as RabbitMQ's MQTT plugin does: a QoS 2 PUBLISH is taken as
+QoS 1 (the client gets PUBACK, not PUBREC) and a QoS 2 subscription is granted QoS 1.
+
+After a protocol violation the connection is ``closed``: the edge drops the socket
+without a reply (section 4.8), except for an unsupported protocol level, which gets
+CONNACK 1 first (section 3.1.2.2). No sockets, clocks or broker state here.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from . import codec
+from .codec import (
+    PINGREQ,
+    PINGRESP,
+    PUBACK,
+    PUBCOMP,
+    PUBREL,
+    UNSUBACK,
+    Bare,
+    Connect,
+    MalformedPacket,
+    PacketId,
+    PacketReader,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    UnsupportedProtocol,
+)
+
+_H = struct.Struct(">H")
+_PINGRESP = codec.encode(Bare(PINGRESP))
+
+
+class State(Enum):
+    AWAIT_CONNECT = "await-connect"  # nothing received yet
+    CONNECTING = "connecting"  # CONNECT received, the broker decides (accept / refuse)
+    CONNECTED = "connected"
+    CLOSED = "closed"  # refused, violated, or DISCONNECT: the edge closes the socket
+
+
+# ---- events -------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class ConnectRequested:
+    """A well-formed CONNECT: answer with ``accept`` or ``refuse``."""
+    connect: Connect
+
+
+@dataclass(slots=True)
+class PublishReceived:
+    """PUBLISH from the client (``publish.qos`` already downgraded to at most 1). For QoS 1
+    the broker answers ``puback(publish.packet_id)`` once the message is routed."""
+    publish: Publish
+
+
+@dataclass(slots=True)
+class SubscribeRequested:
+    """SUBSCRIBE; requested QoS 2 already downgraded to 1. Answer with ``suback``."""
+    packet_id: int
+    topics: list[tuple[str, int]]
+
+
+@dataclass(slots=True)
+class UnsubscribeRequested:
+    packet_id: int
+    topics: list[str]
+
+
+@dataclass(slots=True)
+class DeliveryAcked:
+    """The client's PUBACK for a QoS 1 ``publish``: ``token`` is what was passed there."""
+    token: Any
+
+
+@dataclass(slots=True)
+class Disconnected:
+    """DISCONNECT: a clean end; the will message is discarded (section 3.14.4)."""
+
+
+@dataclass(slots=True)
+class ProtocolViolation:
+    """The connection is closed for ``reason``; the will message is published."""
+    reason: str
+
+
+Event = (ConnectRequested | PublishReceived | SubscribeRequested | UnsubscribeRequested
+         | DeliveryAcked | Disconnected | ProtocolViolation)
+
+
+def encode_publish(topic_raw: bytes, payload: bytes, qos: int, packet_id: int,
+                   retain: bool = False, dup: bool = False) -> bytes:
+    """A PUBLISH from a topic already encoded as a length-prefixed string (the hot path of
+    deliveries: no dataclass, one join)."""
+    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+    n = len(topic_raw) + len(payload) + (2 if qos else 0)
+    if n < 128:
+        head = bytes((first, n))
+    else:
+        head = bytes((first,)) + codec._encode_length(n)
+    if qos:
+        return b"".join((head, topic_raw, _H.pack(packet_id), payload))
+    return b"".join((head, topic_raw, payload))
+
+
+def topic_field(topic: str) -> bytes:
+    """``topic`` as the length-prefixed UTF-8 string PUBLISH carries."""
+    raw = topic.encode("utf-8")
+    return _H.pack(len(raw)) + raw
+
+
+class ServerConnection:
+    """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
+
+    def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
+        self.reader = PacketReader(max_packet)
+        self.state = State.AWAIT_CONNECT
+        self.keep_alive = 0  # seconds, from CONNECT (0: none)
+        self.protocol_level = 4
+        self._out: list[bytes] = []
+        self.pending_output = 0
+        self.inflight: dict[int, Any] = {}  # packet id -> token of an unacknowledged QoS 1 delivery
+        self._next_id = 1
+        self.close_reason: str | None = None
+        self._held: list[codec.Packet] = []  # packets behind a CONNECT not yet decided
+
+    # ---- input ----
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Events for every complete packet in ``data``; nothing after the connection closed."""
+        if self.state is State.CLOSED:
+            return []
+        try:
+            packets = self.reader.feed(data)
+        except UnsupportedProtocol as exc:
+            if self.state is State.AWAIT_CONNECT:
+                self._write(codec.encode(codec.ConnAck(codec.REFUSED_PROTOCOL_VERSION)))
+            return [self._violation(str(exc))]
+        except MalformedPacket as exc:
+            # the packets before the bad one are not handed out: the connection is over
+            return [self._violation(str(exc))]
+        if self._held:
+            packets = self._held + packets
+            self._held = []
+        events: list[Event] = []
+        for i, packet in enumerate(packets):
+            if self.closed:
+                break
+            ev = self._handle(packet)
+            if ev is not None:
+                events.append(ev)
+            if self.state is State.CONNECTING:
+                # what the client sent right behind its CONNECT waits for the broker's
+                # decision: ``accept`` then ``receive_data(b"")`` hands it out
+                self._held = packets[i + 1:]
+                break
+        return events
+
+    def _violation(self, reason: str) -> ProtocolViolation:
+        self.state = State.CLOSED
+        self.close_reason = reason
+        return ProtocolViolation(reason)
+
+    def _handle(self, packet: codec.Packet) -> Event | None:
+        state = self.state
+        if state is State.AWAIT_CONNECT:
+            if not isinstance(packet, Connect):  # section 3.1.0-1: CONNECT comes first
+                return self._violation("first packet is not CONNECT")
+            self.state = State.CONNECTING
+            self.keep_alive = packet.keep_alive
+            self.protocol_level = packet.protocol_level
+            return ConnectRequested(packet)
+        if isinstance(packet, Publish):
+            if packet.qos == 2:
+                packet.qos = 1
+            return PublishReceived(packet)
+        if isinstance(packet, PacketId):
+            if packet.type == PUBACK:
+                token = self.inflight.pop(packet.packet_id, _MISSING)
+                if token is _MISSING:
+                    return None  # an acknowledgement for something already settled
+                return DeliveryAcked(token)
+            if packet.type == PUBREL:  # a QoS 2 client that got PUBACK may still release
+                self._write(codec.encode(PacketId(PUBCOMP, packet.packet_id)))
+                return None
+            if packet.type == UNSUBACK:
+                return self._violation("UNSUBACK sent to the server")
+            return None  # PUBREC / PUBCOMP: we never send QoS 2, nothing to answer
+        if isinstance(packet, Subscribe):
+            return SubscribeRequested(packet.packet_id,
+                                      [(t, min(q, 1)) for t, q in packet.topics])
+        if isinstance(packet, Unsubscribe):
+            return UnsubscribeRequested(packet.packet_id, packet.topics)
+        if isinstance(packet, Bare):
+            if packet.type == PINGREQ:
+                self._write(_PINGRESP)
+                return None
+            if packet.type == codec.DISCONNECT:
+                self.state = State.CLOSED
+                self.close_reason = "client disconnected"
+                return Disconnected()
+            return self._violation(f"server-bound packet type {packet.type}")
+        if isinstance(packet, Connect):  # section 3.1.0-2: a second CONNECT is a violation
+            return self._violation("second CONNECT")
+        return self._violation(f"{type(packet).__name__} sent to the server")
+
+    # ---- answers ----
+    def accept(self, session_present: bool) -> None:
+        if self.state is not State.CONNECTING:
+            raise RuntimeError("accept without a pending CONNECT")
+        self.state = State.CONNECTED
+        self._write(codec.encode(codec.ConnAck(codec.ACCEPTED, session_present)))
+
+    def refuse(self, return_code: int, reason: str) -> None:
+        """CONNACK with a refusal code, then the connection is closed (section 3.2.2.3)."""
+        if self.state is not State.CONNECTING:
+            raise RuntimeError("refuse without a pending CONNECT")
+        self._write(codec.encode(codec.ConnAck(return_code)))
+        self.state = State.CLOSED
+        self.close_reason = reason
+
+    def suback(self, packet_id: int, return_codes: list[int]) -> None:
+        self._write(codec.encode(codec.SubAck(packet_id, return_codes)))
+
+    def unsuback(self, packet_id: int) -> None:
+        self._write(codec.encode(PacketId(UNSUBACK, packet_id)))
+
+    def puback(self, packet_id: int) -> None:
+        self._write(b"\x40\x02" + _H.pack(packet_id))
+
+    def close(self, reason: str) -> None:
+        """The server ends the connection (keep-alive, takeover, shutdown, refused publish)."""
+        if self.state is not State.CLOSED:
+            self.state = State.CLOSED
+            self.close_reason = reason
+
+    # ---- output ----
+    def publish(self, topic_raw: bytes, payload: bytes, qos: int, token: Any = None,
+                retain: bool = False, dup: bool = False) -> int:
+        """Queue a PUBLISH (``topic_raw`` from ``topic_field``). QoS 1 gets a free packet
+        identifier, returned, and stays in ``inflight`` with ``token`` until the PUBACK."""
+        pid = 0
+        if qos:
+            inflight = self.inflight
+            if len(inflight) >= 65535:
+                raise RuntimeError("no free packet identifier")
+            pid = self._next_id
+            while pid in inflight:
+                pid = pid % 65535 + 1
+            self._next_id = pid % 65535 + 1
+            inflight[pid] = token
+        data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
+        self._out.append(data)
+        self.pending_output += len(data)
+        return pid
+
+    def take_inflight(self) -> list[Any]:
+        """The tokens of every unacknowledged QoS 1 delivery, in sending order (the
+        connection is going: the broker returns them to their queues)."""
+        tokens = list(self.inflight.values())
+        self.inflight.clear()
+        return tokens
+
+    def _write(self, data: bytes) -> None:
+        self._out.append(data)
+        self.pending_output += len(data)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._out)
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self.pending_output = 0
+        return data
+
+
+_MISSING = object()
