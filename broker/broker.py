@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import audit, errors, management, policies, scheduler, transactions
+from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .auth import UserDatabase
 from .config import Config
 from .listeners import mqtt as mqtt_listener
@@ -60,10 +60,12 @@ class Broker:
         self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
         # starlette Route/Mount objects served on the HTTP port; features append at install
         self.http_routes: list = []
+        security.install(self)  # broker.access: users, vhosts, permissions, limits
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
         transactions.install(self)  # half messages: prepare, commit/rollback, check-back
         self.policies = policies.install(self)  # policies and operator policies per vhost
         management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
+        hermes.install(self)  # Hermes-style HTTP publishing and push subscriptions (broker.hermes)
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
 

@@ -107,4 +107,10 @@ class Config:
     tls_ca: str | None = None
     journal: JournalSettings = field(default_factory=JournalSettings)
     sql: SQLSettings = field(default_factory=SQLSettings)
+    # Security (broker/security): the user created on first start, the users allowed from
+    # loopback only (RabbitMQ's loopback_users), and the pause before a failed login's answer.
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    loopback_users: tuple[str, ...] = ("guest",)
+    auth_failure_delay: float = 1.0
     audit: AuditSettings = field(default_factory=AuditSettings)

@@ -1,0 +1,493 @@
+"""AccessControl (``broker.access``): users, vhosts, permissions, topic permissions and
+limits -- their state, persistence (the store's metadata seam) and the checks. See the
+package docstring for the API; ``definitions`` does export/import, ``authz`` the cached
+per-(user, vhost) checks."""
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+from .. import errors
+from . import model
+from .authz import Authz
+from .model import NotFound, Permission, TopicPermission, User
+from .passwords import SHA256, hash_password, verify_password
+
+log = logging.getLogger("broker.access")
+
+# kinds of stored metadata records (Store.save_meta)
+KIND_USER = "user"
+KIND_VHOST = "vhost"
+KIND_PERMISSION = "permission"
+KIND_TOPIC = "topic_permission"
+KIND_STATE = "access"  # key "initialized": the defaults were created once
+
+_DUMMY_HASH = hash_password("", SHA256)
+
+
+def login_refused(mechanism: str) -> str:
+    """RabbitMQ's explanation of every failed login (it never says why)."""
+    return (f"Login was refused using authentication mechanism {mechanism}. "
+            f"For details see the broker logfile.")
+
+
+def is_loopback(host: str | None) -> bool:
+    import ipaddress
+    if host is None:
+        return True  # a non-IP transport (unix socket, in-process) is local
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _pkey(*parts: str) -> str:
+    return json.dumps(list(parts), ensure_ascii=False)
+
+
+class AccessControl:
+    def __init__(self, broker, default_user: str = "guest", default_pass: str = "guest",
+                 loopback_users: tuple[str, ...] | list[str] = ("guest",),
+                 failure_delay: float = 1.0):
+        self.broker = broker
+        self.default_user = default_user
+        self.default_pass = default_pass
+        self.loopback_users = set(loopback_users)
+        #: seconds the edge waits before answering a failed login (the caller sleeps)
+        self.failure_delay = failure_delay
+        self.users: dict[str, User] = {}
+        self.vhost_info: dict[str, dict] = {}  # name -> {"description", "tags", "limits", ...}
+        self.perms: dict[tuple[str, str], Permission] = {}  # (user, vhost)
+        self.topic_perms: dict[tuple[str, str], dict[str, TopicPermission]] = {}
+        self._authz: dict[tuple[str, str], Authz] = {}
+        #: callbacks(vhost name) after a vhost is created / deleted, and callbacks() after
+        #: any user or permission change (features caching what the access allows)
+        self.on_vhost_added: list = []
+        self.on_vhost_deleted: list = []
+        self.on_change: list = []
+        self._restored = False
+        self._defaults()
+        for kind, restorer in ((KIND_USER, self._restore_user), (KIND_VHOST, self._restore_vhost),
+                               (KIND_PERMISSION, self._restore_permission),
+                               (KIND_TOPIC, self._restore_topic),
+                               (KIND_STATE, self._restore_state)):
+            broker.meta_restorers[kind] = restorer
+        broker.recovery_hooks.append(self._after_recovery)
+
+    # ------------------------------------------------------------------ first start
+    def _defaults(self) -> None:
+        """RabbitMQ's first boot: vhost "/", the default user (administrator) with every
+        permission on it. Kept in memory until recovery tells whether the store has state."""
+        self.users = {self.default_user: User(self.default_user, hash_password(self.default_pass),
+                                              SHA256, ("administrator",))}
+        self.vhost_info = {name: {"description": "Default virtual host" if name == "/" else "",
+                                  "tags": [], "limits": {}} for name in self.broker.vhosts}
+        self.perms = {(self.default_user, v): Permission(".*", ".*", ".*") for v in self.vhost_info}
+        self.topic_perms = {}
+
+    def _after_recovery(self) -> None:
+        store = self.broker.store
+        if self._restored:
+            for name in [n for n in self.broker.vhosts if n not in self.vhost_info]:
+                if not self.broker.vhosts[name].queues:
+                    del self.broker.vhosts[name]  # deleted before the restart
+                else:
+                    self.vhost_info[name] = {"description": "", "tags": [], "limits": {}}
+                    self._save_vhost(name)
+        else:
+            for name in self.broker.vhosts:
+                self.vhost_info.setdefault(name, {"description": "", "tags": [], "limits": {}})
+                self._save_vhost(name)
+            for user in self.users.values():
+                store.save_meta(KIND_USER, user.name, user.record())
+            for (u, v), p in self.perms.items():
+                store.save_meta(KIND_PERMISSION, _pkey(u, v), p.record(u, v))
+            store.save_meta(KIND_STATE, "initialized", {})
+            log.info("created the default user %r and vhost '/'", self.default_user)
+        self._changed()
+
+    # ------------------------------------------------------------------ restore (store)
+    def _first_record(self) -> None:
+        if not self._restored:
+            self._restored = True
+            self.users, self.vhost_info, self.perms, self.topic_perms = {}, {}, {}, {}
+
+    def _restore_state(self, key: str, value: dict) -> None:
+        self._first_record()
+
+    def _restore_user(self, key: str, value: dict) -> None:
+        self._first_record()
+        self.users[key] = User(key, value.get("password_hash", ""),
+                               value.get("hashing_algorithm", SHA256),
+                               tuple(value.get("tags", ())), dict(value.get("limits", {})))
+
+    def _restore_vhost(self, key: str, value: dict) -> None:
+        self._first_record()
+        self.vhost_info[key] = {"description": value.get("description", ""),
+                                "tags": list(value.get("tags", [])),
+                                "limits": dict(value.get("limits", {}))}
+        if value.get("default_queue_type"):
+            self.vhost_info[key]["default_queue_type"] = value["default_queue_type"]
+        self.broker.create_vhost(key)
+
+    def _restore_permission(self, key: str, value: dict) -> None:
+        self._first_record()
+        self.perms[(value["user"], value["vhost"])] = Permission(
+            value["configure"], value["write"], value["read"])
+
+    def _restore_topic(self, key: str, value: dict) -> None:
+        self._first_record()
+        self.topic_perms.setdefault((value["user"], value["vhost"]), {})[value["exchange"]] = \
+            TopicPermission(value["exchange"], value["write"], value["read"])
+
+    # ------------------------------------------------------------------ persistence helpers
+    def _save_vhost(self, name: str) -> None:
+        self.broker.store.save_meta(KIND_VHOST, name, dict(self.vhost_info[name]))
+
+    def _save_user(self, user: User) -> None:
+        self.broker.store.save_meta(KIND_USER, user.name, user.record())
+
+    def _changed(self, username: str | None = None) -> None:
+        """Reload the cached checks (of ``username``, or everyone's)."""
+        for (u, v), authz in self._authz.items():
+            if username is None or u == username:
+                authz.reload(self.users.get(u), self.perms.get((u, v)),
+                             self.topic_perms.get((u, v)))
+        for callback in self.on_change:
+            callback()
+
+    # ------------------------------------------------------------------ authentication
+    def user(self, name: str) -> User | None:
+        return self.users.get(name)
+
+    def authenticate(self, username: str, password: str, peer_host: str | None = None) -> User | None:
+        """The user if ``password`` is theirs and they may log in from ``peer_host``
+        (loopback users only from loopback); None otherwise, in about the same time
+        whether the user exists or not. The caller delays its refusal by
+        ``failure_delay`` seconds (without blocking anybody else)."""
+        user = self.users.get(username)
+        if user is None:
+            verify_password(password, _DUMMY_HASH, SHA256)
+            return None
+        if not verify_password(password, user.password_hash, user.hashing_algorithm):
+            return None
+        if user.name in self.loopback_users and not is_loopback(peer_host):
+            log.warning("user %r can only connect via localhost (peer %s)", username, peer_host)
+            return None
+        return user
+
+    def login(self, mechanism: str, response: bytes, peer_host: str | None,
+              peer_cert_user: str | None = None) -> tuple[User | None, str]:
+        """An AMQP login (connection.start-ok): (user, "") or (None, RabbitMQ's refusal
+        text, "" for a malformed response, which RabbitMQ answers by dropping the
+        socket). EXTERNAL maps ``peer_cert_user`` (the client certificate's CN) to a user."""
+        from ..auth import parse_credentials
+        if mechanism == "EXTERNAL":
+            user = self.users.get(peer_cert_user) if peer_cert_user is not None else None
+            if user is None or (user.name in self.loopback_users and not is_loopback(peer_host)):
+                return None, login_refused(mechanism)
+            return user, ""
+        if mechanism not in ("PLAIN", "AMQPLAIN"):
+            return None, f"unsupported authentication mechanism '{mechanism}'"
+        creds = parse_credentials(mechanism, response)
+        if creds is None:
+            return None, ""
+        user = self.authenticate(creds[0], creds[1], peer_host)
+        if user is None:
+            return None, login_refused(mechanism)
+        return user, ""
+
+    # ------------------------------------------------------------------ checks
+    def authz(self, user: User | str, vhost_name: str) -> Authz:
+        """The cached checks of ``user`` in ``vhost_name`` (shared, reloaded in place)."""
+        name = user if isinstance(user, str) else user.name
+        key = (name, vhost_name)
+        authz = self._authz.get(key)
+        if authz is None:
+            authz = self._authz[key] = Authz(name, vhost_name)
+            authz.reload(self.users.get(name), self.perms.get(key), self.topic_perms.get(key))
+        return authz
+
+    def check_vhost(self, user: User | None, vhost_name: str) -> None:
+        """530 NOT_ALLOWED unless ``user`` has a permission entry in ``vhost_name``."""
+        name = user.name if user is not None else ""
+        if user is None or (name, vhost_name) not in self.perms:
+            raise errors.not_allowed("access to vhost '%s' refused for user '%s'", vhost_name, name)
+
+    def check(self, user: User | str, vhost_name: str, kind: str, name: str, perm: str) -> None:
+        """403 ACCESS_REFUSED (RabbitMQ's text) unless ``perm`` ("configure" | "write" |
+        "read") on the ``kind`` ("exchange" | "queue") ``name`` is allowed."""
+        self.authz(user, vhost_name).check(kind, name, perm)
+
+    def check_topic(self, user: User | str, vhost_name: str, exchange: str, routing_key: str,
+                    perm: str) -> None:
+        """403 unless the user's topic permission on ``exchange`` (if any) allows ``perm``
+        ("write" | "read") for ``routing_key``."""
+        self.authz(user, vhost_name).check_topic(exchange, routing_key, perm)
+
+    def check_connection_limits(self, user: User, vhost_name: str, sessions) -> None:
+        """530 NOT_ALLOWED if opening one more connection of ``user`` on ``vhost_name``
+        passes the vhost's or the user's max-connections (``sessions``: the open ones)."""
+        vlimit = self.vhost_info.get(vhost_name, {}).get("limits", {}).get("max-connections", -1)
+        if vlimit >= 0:
+            n = sum(1 for s in sessions if s.vhost is not None and s.vhost.name == vhost_name)
+            if n >= vlimit:
+                raise errors.not_allowed(
+                    "access to vhost '%s' refused for user '%s': connection limit (%d) is reached",
+                    vhost_name, user.name, vlimit)
+        ulimit = user.limits.get("max-connections", -1)
+        if ulimit >= 0:
+            n = sum(1 for s in sessions if getattr(s, "user", None) is not None
+                    and s.user.name == user.name)
+            if n >= ulimit:
+                raise errors.not_allowed(
+                    "connection refused for user '%s': user connection limit (%d) is reached",
+                    user.name, ulimit)
+
+    def check_channel_limit(self, user: User, sessions) -> None:
+        """530 NOT_ALLOWED if the user's channels (the one just opened included) pass
+        their max-channels."""
+        limit = user.limits.get("max-channels", -1)
+        if limit < 0:
+            return
+        n = sum(len(s.channels) for s in sessions
+                if getattr(s, "user", None) is not None and s.user.name == user.name)
+        if n > limit:
+            raise errors.not_allowed("number of channels opened for user '%s' has reached the "
+                                     "maximum allowed user limit of (%d)", user.name, limit)
+
+    def check_queue_limit(self, vhost, name: str) -> None:
+        """406 PRECONDITION_FAILED if declaring the new queue ``name`` passes the vhost's
+        max-queues."""
+        limit = self.vhost_info.get(vhost.name, {}).get("limits", {}).get("max-queues", -1)
+        if limit < 0:
+            return
+        if sum(1 for q in vhost.queues.values() if not q.internal) >= limit:
+            raise errors.precondition_failed(
+                "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached",
+                name, vhost.name, limit)
+
+    # ------------------------------------------------------------------ users
+    def put_user(self, name: str, password: str | None = None, password_hash: str | None = None,
+                 hashing_algorithm: str | None = None, tags=None, limits=None) -> User:
+        """Create or update a user (the management API's PUT /api/users/NAME): ``password``
+        is hashed (sha256), else ``password_hash`` is taken as is; neither keeps an existing
+        user's password (a new one gets none: no password login). Raises DefinitionError."""
+        name = model.name("name", name)
+        old = self.users.get(name)
+        if password is not None:
+            if not isinstance(password, str):
+                raise model.DefinitionError("password", "must be a string")
+            phash, algo = hash_password(password), SHA256
+        elif password_hash is not None:
+            phash, algo = model.password_hash("password_hash", password_hash, hashing_algorithm)
+        elif old is not None:
+            phash, algo = old.password_hash, old.hashing_algorithm
+        else:
+            phash, algo = "", SHA256
+        user = User(name, phash, algo,
+                    model.tags("tags", tags) if tags is not None else (old.tags if old else ()),
+                    model.limits("limits", limits, model.USER_LIMITS) if limits is not None
+                    else (dict(old.limits) if old else {}))
+        self.users[name] = user
+        self._save_user(user)
+        self._changed(name)
+        return user
+
+    def add_user(self, name: str, password: str, tags=None) -> User:
+        """rabbitmqctl add_user: refuses an existing user (DefinitionError on "name")."""
+        if name in self.users:
+            raise model.DefinitionError("name", f"user '{name}' already exists")
+        return self.put_user(name, password=password, tags=tags or [])
+
+    def _user(self, name: str) -> User:
+        user = self.users.get(name)
+        if user is None:
+            raise NotFound(f"no such user '{name}'")
+        return user
+
+    def delete_user(self, name: str) -> None:
+        """Delete a user with their permissions and topic permissions (NotFound if none)."""
+        self._user(name)
+        del self.users[name]
+        store = self.broker.store
+        store.delete_meta(KIND_USER, name)
+        for key in [k for k in self.perms if k[0] == name]:
+            del self.perms[key]
+            store.delete_meta(KIND_PERMISSION, _pkey(*key))
+        for key in [k for k in self.topic_perms if k[0] == name]:
+            for exchange in self.topic_perms.pop(key):
+                store.delete_meta(KIND_TOPIC, _pkey(*key, exchange))
+        self._changed(name)
+
+    def change_password(self, name: str, password: str) -> None:
+        self._user(name)
+        self.put_user(name, password=password)
+
+    def clear_password(self, name: str) -> None:
+        self._user(name)
+        self.put_user(name, password_hash="")
+
+    def set_user_tags(self, name: str, tags) -> None:
+        self._user(name)
+        self.put_user(name, tags=tags)
+
+    def set_user_limits(self, name: str, limits: dict) -> None:
+        """Set (merge) user limits: max-connections, max-channels (negative: no limit)."""
+        user = self._user(name)
+        merged = dict(user.limits)
+        merged.update(model.limits("limits", limits, model.USER_LIMITS))
+        self.put_user(name, limits=merged)
+
+    def clear_user_limits(self, name: str, limit: str | None = None) -> None:
+        """Clear one limit (``limit``) or all of a user's limits."""
+        user = self._user(name)
+        self.put_user(name, limits={} if limit in (None, "all") else
+                      {k: v for k, v in user.limits.items() if k != limit})
+
+    def list_users(self) -> list[dict]:
+        return [u.record() for u in sorted(self.users.values(), key=lambda u: u.name)]
+
+    # ------------------------------------------------------------------ vhosts
+    def _vhost(self, name: str) -> dict:
+        info = self.vhost_info.get(name)
+        if info is None:
+            raise NotFound(f"no such vhost '{name}'")
+        return info
+
+    def add_vhost(self, name: str, description: str = "", tags=None,
+                  default_queue_type: str | None = None) -> None:
+        """Create (or update the description/tags of) a vhost; durable."""
+        name = model.name("name", name)
+        if not isinstance(description, str):
+            raise model.DefinitionError("description", "must be a string")
+        if isinstance(tags, str):
+            tags = [t.strip() for t in tags.split(",") if t.strip()]
+        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+            raise model.DefinitionError("tags", "must be a list of strings")
+        info = self.vhost_info.get(name, {"description": "", "tags": [], "limits": {}})
+        info = dict(info, description=description, tags=list(tags or info.get("tags", [])))
+        if default_queue_type:
+            info["default_queue_type"] = default_queue_type
+        created = name not in self.broker.vhosts
+        self.vhost_info[name] = info
+        self.broker.create_vhost(name)
+        self._save_vhost(name)
+        if created:
+            for callback in self.on_vhost_added:
+                callback(name)
+
+    def delete_vhost(self, name: str) -> None:
+        """Delete a vhost and everything in it: its connections are closed (320), its
+        queues (with their messages) and exchanges deleted, permissions dropped."""
+        if name not in self.vhost_info and name not in self.broker.vhosts:
+            raise NotFound(f"no such vhost '{name}'")
+        vhost = self.broker.vhosts.pop(name, None)
+        self.vhost_info.pop(name, None)
+        store = self.broker.store
+        if vhost is not None:
+            for session in list(self.broker.sessions):
+                if session.vhost is vhost:
+                    session.force_close(errors.connection_forced("vhost '%s' is deleted", name))
+            for q in list(vhost.queues.values()):
+                vhost.delete_queue(q, "vhost deleted")
+            for xname in [x for x in vhost.exchanges if x and not x.startswith("amq.")]:
+                vhost.delete_exchange(SimpleNamespace(exchange=xname, if_unused=False))
+        store.delete_meta(KIND_VHOST, name)
+        for key in [k for k in self.perms if k[1] == name]:
+            del self.perms[key]
+            store.delete_meta(KIND_PERMISSION, _pkey(*key))
+        for key in [k for k in self.topic_perms if k[1] == name]:
+            for exchange in self.topic_perms.pop(key):
+                store.delete_meta(KIND_TOPIC, _pkey(*key, exchange))
+        for key in [k for k in self._authz if k[1] == name]:
+            self._authz[key].reload(None, None, None)
+            del self._authz[key]
+        for callback in self.on_vhost_deleted:
+            callback(name)
+        self._changed()
+
+    def set_vhost_limits(self, name: str, limits: dict) -> None:
+        """Set (merge) vhost limits: max-connections, max-queues (negative: no limit)."""
+        info = self._vhost(name)
+        merged = dict(info.get("limits", {}))
+        merged.update(model.limits("limits", limits, model.VHOST_LIMITS))
+        info["limits"] = merged
+        self._save_vhost(name)
+
+    def clear_vhost_limits(self, name: str, limit: str | None = None) -> None:
+        info = self._vhost(name)
+        info["limits"] = ({} if limit in (None, "all") else
+                          {k: v for k, v in info.get("limits", {}).items() if k != limit})
+        self._save_vhost(name)
+
+    def list_vhosts(self) -> list[dict]:
+        return [{"name": n, "description": i.get("description", ""), "tags": list(i.get("tags", [])),
+                 "limits": dict(i.get("limits", {})),
+                 **({"default_queue_type": i["default_queue_type"]}
+                    if i.get("default_queue_type") else {})}
+                for n, i in sorted(self.vhost_info.items())]
+
+    # ------------------------------------------------------------------ permissions
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        """Grant regexes (they must compile: DefinitionError names the field)."""
+        self._user(user)
+        self._vhost(vhost)
+        p = Permission(model.pattern("configure", configure), model.pattern("write", write),
+                       model.pattern("read", read))
+        self.perms[(user, vhost)] = p
+        self.broker.store.save_meta(KIND_PERMISSION, _pkey(user, vhost), p.record(user, vhost))
+        self._changed(user)
+
+    def clear_permissions(self, user: str, vhost: str) -> None:
+        if self.perms.pop((user, vhost), None) is None:
+            raise NotFound(f"no permissions for user '{user}' in vhost '{vhost}'")
+        self.broker.store.delete_meta(KIND_PERMISSION, _pkey(user, vhost))
+        self._changed(user)
+
+    def list_permissions(self, user: str | None = None, vhost: str | None = None) -> list[dict]:
+        return [p.record(u, v) for (u, v), p in sorted(self.perms.items())
+                if (user is None or u == user) and (vhost is None or v == vhost)]
+
+    def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: str,
+                              read: str) -> None:
+        self._user(user)
+        self._vhost(vhost)
+        tp = TopicPermission(model.name("exchange", exchange), model.pattern("write", write),
+                             model.pattern("read", read))
+        self.topic_perms.setdefault((user, vhost), {})[exchange] = tp
+        self.broker.store.save_meta(KIND_TOPIC, _pkey(user, vhost, exchange), tp.record(user, vhost))
+        self._changed(user)
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
+        perms = self.topic_perms.get((user, vhost))
+        if not perms or (exchange is not None and exchange not in perms):
+            raise NotFound(f"no topic permissions for user '{user}' in vhost '{vhost}'")
+        for x in [exchange] if exchange is not None else list(perms):
+            del perms[x]
+            self.broker.store.delete_meta(KIND_TOPIC, _pkey(user, vhost, x))
+        if not perms:
+            del self.topic_perms[(user, vhost)]
+        self._changed(user)
+
+    def list_topic_permissions(self, user: str | None = None, vhost: str | None = None) -> list[dict]:
+        return [tp.record(u, v) for (u, v), perms in sorted(self.topic_perms.items())
+                for tp in perms.values()
+                if (user is None or u == user) and (vhost is None or v == vhost)]
+
+    # ------------------------------------------------------------------ definitions
+    def export(self) -> dict:
+        from .definitions import export
+        return export(self)
+
+    def validate(self, defs: dict):
+        """Check ``defs`` (users, vhosts, permissions, topic_permissions, vhost-limits
+        parameters); raises DefinitionError naming the field. Returns the import plan."""
+        from .definitions import validate
+        return validate(self, defs)
+
+    def import_(self, defs: dict) -> None:
+        """Validate everything, then apply (all or nothing); raises DefinitionError."""
+        from .definitions import apply
+        apply(self, self.validate(defs))
