@@ -1,0 +1,31 @@
+"""Hermes-style HTTP publishing and push subscriptions on the broker's routing core.
+
+``install(broker)``: ``broker.hermes`` (``service.Hermes``), its routes appended to
+``broker.http_routes`` (served by the management HTTP listener), its push subscribers'
+nursery as a background task, its stored definitions claimed at recovery
+(``broker.meta_restorers``), and a publish hook validating AMQP publishes to AVRO topics.
+Modules: ``model`` (definitions, validation), ``service`` (topics, subscriptions, publish),
+``push`` (the push subscriber), ``http`` (routes). See docs/hermes.md.
+"""
+from __future__ import annotations
+
+from . import http
+from .model import HermesError, SubscriptionDef, TopicDef
+from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes
+
+__all__ = ["Hermes", "HermesError", "SubscriptionDef", "TopicDef", "install"]
+
+
+def install(broker) -> Hermes:
+    hermes = Hermes(broker)
+    broker.hermes = hermes
+    if not hasattr(broker, "http_routes"):
+        broker.http_routes = []
+    broker.http_routes.extend(http.routes(hermes))
+    broker.background_tasks.append(hermes.run)
+    restorers = getattr(broker, "meta_restorers", None)
+    if restorers is not None:
+        restorers[TOPIC_KIND] = hermes.restore_topic
+        restorers[SUBSCRIPTION_KIND] = hermes.restore_subscription
+    broker.publish_hooks.append(hermes.publish_hook)
+    return hermes
