@@ -30,8 +30,10 @@ class BrokerProc:
     Each start gets a free port and a log file of its own (``log()`` reads the latest)."""
 
     def __init__(self, data_dir: Path, store: str | None = None, extra=(), env=None,
-                 http: bool = False):
+                 http: bool = False, mqtt: bool = False):
         self.env = dict(os.environ, **(env or {}))
+        self.mqtt = mqtt  # also listen for MQTT on a free port (mqtt_port)
+        self.mqtt_port = 0
         self.http = http  # serve the management HTTP API on a free port (http_port)
         self.http_port = 0
         self.data_dir = Path(data_dir)
@@ -60,12 +62,17 @@ class BrokerProc:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
                 str(self.port), "--data-dir", str(self.data_dir), *self.store_args,
-                "--http-port", str(self.http_port), *self.extra]
+                "--http-port", str(self.http_port), *self.mqtt_args, *self.extra]
+
+    @property
+    def mqtt_args(self) -> list[str]:
+        return ["--mqtt-port", str(self.mqtt_port)] if self.mqtt else []
 
     def start(self, timeout: float = 60.0) -> BrokerProc:
         self.n += 1
         self.port = free_port()
         self.http_port = free_port() if self.http else 0  # 0: no HTTP listener
+        self.mqtt_port = free_port() if self.mqtt else 0
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), cwd=str(REPO_ROOT), stdout=log,
@@ -76,7 +83,10 @@ class BrokerProc:
                 pytest.fail(f"broker exited with {self.proc.returncode}:\n{self.log()}", pytrace=False)
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
+                    pass
+                if self.mqtt:
+                    socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
+                return self
             except OSError:
                 pass
             if time.monotonic() > deadline:

@@ -205,20 +205,14 @@ class MQTTSession:
                 vhost.delete_queue(q, reason="clean MQTT session")
         else:
             present = bool(existing)
-        self.delivering = True
-        try:
-            for q in existing if not self.clean else ():
-                self._consume(q, 0 if q.name == q0_name else 1)
-        except errors.AMQPError as exc:
-            conn.refuse(codec.REFUSED_SERVER_UNAVAILABLE, exc.text)
-            self.finished = True
-            return
         conn.accept(present)
         service.sessions.add(self)
         log.info("mqtt connection %s: client %r user %r vhost %r (clean session %s)",
                  self.peer, client_id, self.username, vhost.name, self.clean)
-        for q in self.consumers.values():
-            q.queue.dispatch()
+        self.delivering = True
+        if not self.clean:  # the stored session's messages follow the CONNACK
+            for q in existing:
+                self._consume(q, 0 if q.name == q0_name else 1)
 
     def _login(self, c: codec.Connect) -> tuple[int, str] | None:
         """Authenticate and pick the vhost ('vhost:user' in the user name, as RabbitMQ);
@@ -236,9 +230,9 @@ class MQTTSession:
         broker = self.broker
         access = _access(broker)
         if access is not None:
-            user = access.authenticate("PLAIN", username, password, self.peer_host)
-            if user is None or isinstance(user, str):
-                return codec.REFUSED_BAD_CREDENTIALS, user or "login refused"
+            user = access.authenticate(username, password, self.peer_host)
+            if user is None:
+                return codec.REFUSED_BAD_CREDENTIALS, f"login refused for user {username!r}"
             vhost = broker.vhosts.get(vhost_name)
             if vhost is None:
                 return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"

@@ -1,0 +1,212 @@
+"""The MQTT session against a whole broker (memory store, fake clock), without sockets:
+publish/subscribe mapping onto amq.topic and subscription queues, the QoS 1 window,
+clean and persistent sessions, takeover, will, retained messages, login, and AMQP on the
+other end (SessionClient)."""
+from __future__ import annotations
+
+import pytest
+
+from broker.amqp import spec
+from broker.listeners.mqtt_session import MQTTService, MQTTSession, queue_names
+from broker.mqtt import codec as m
+from broker.mqtt.codec import PacketReader, encode
+
+from ..support import declare_queue
+
+
+@pytest.fixture
+def service(broker):
+    broker.config.mqtt_prefetch = 3
+    return MQTTService(broker)
+
+
+class Client:
+    def __init__(self, service, client_id="c1", clean=True, username=None, password=None,
+                 will=None, peer="127.0.0.1:40000"):
+        self.session = MQTTSession(service, peer, peer.rsplit(":", 1)[0])
+        self.reader = PacketReader()
+        self.connack = self.send(m.Connect(client_id, clean, 60, username, password, will))
+
+    def send(self, *packets) -> list:
+        self.session.data_received(b"".join(encode(p) for p in packets))
+        return self.output()
+
+    def output(self) -> list:
+        return self.reader.feed(self.session.conn.data_to_send())
+
+    def subscribe(self, *topics, pid=1) -> list:
+        return self.send(m.Subscribe(pid, list(topics)))
+
+    def publish(self, topic, payload, qos=0, retain=False, pid=None) -> list:
+        return self.send(m.Publish(topic, payload, qos, retain, False,
+                                   pid if qos else None))
+
+    def drop(self):
+        self.session.connection_lost()
+
+
+def publishes(packets) -> list:
+    return [(p.topic, p.payload, p.qos, p.retain, p.dup) for p in packets
+            if isinstance(p, m.Publish)]
+
+
+def test_connect_and_subscribe_declares_queue_and_binding(broker, service):
+    c = Client(service)
+    assert c.connack == [m.ConnAck(0, False)]
+    assert c.subscribe(("a/+/c", 1), ("d/#", 0), ("e", 2)) == [m.SubAck(1, [1, 0, 1])]
+    q0, q1 = (broker.vhosts["/"].queues[n] for n in queue_names("c1"))
+    assert q1.durable and q1.auto_delete and not q0.durable
+    assert {key[2] for _, key in q1.bindings} == {"a.*.c", "e"}
+    assert {key[2] for _, key in q0.bindings} == {"d.#"}
+    assert len(q1.consumers) == 1 and len(q0.consumers) == 1
+
+
+def test_publish_reaches_subscriber_with_puback_order(broker, service):
+    sub = Client(service, "sub")
+    sub.subscribe(("a/b", 1))
+    pub = Client(service, "pub")
+    got = pub.send(m.Publish("a/b", b"1", 1, False, False, 10),
+                   m.Publish("nobody/here", b"2", 1, False, False, 11),
+                   m.Publish("a/b", b"3", 0))
+    assert got == [m.PacketId(m.PUBACK, 10), m.PacketId(m.PUBACK, 11)]
+    out = sub.output()
+    assert publishes(out) == [("a/b", b"1", 1, False, False), ("a/b", b"3", 0, False, False)]
+    q1 = broker.vhosts["/"].queues[queue_names("sub")[1]]
+    assert q1.unacked_count == 1  # the QoS 0 message was settled as written
+    sub.send(m.PacketId(m.PUBACK, out[0].packet_id))
+    assert q1.unacked_count == 0 and q1.message_count == 0
+
+
+def test_qos1_window_is_the_prefetch(broker, service):
+    sub = Client(service, "sub")
+    sub.subscribe(("t", 1))
+    pub = Client(service, "pub")
+    for i in range(5):
+        pub.publish("t", b"%d" % i, qos=1, pid=i + 1)
+    first = sub.output()
+    assert [p.payload for p in first] == [b"0", b"1", b"2"]  # prefetch 3
+    more = sub.send(m.PacketId(m.PUBACK, first[0].packet_id))
+    assert [p.payload for p in more] == [b"3"]
+
+
+def test_unacked_come_back_with_dup_to_a_persistent_session(broker, service):
+    sub = Client(service, "dev", clean=False)
+    sub.subscribe(("t", 1))
+    pub = Client(service, "pub")
+    pub.publish("t", b"x", qos=1, pid=1)
+    assert publishes(sub.output()) == [("t", b"x", 1, False, False)]
+    sub.drop()
+    pub.publish("t", b"y", qos=1, pid=2)
+    again = Client(service, "dev", clean=False)
+    assert again.connack[0] == m.ConnAck(0, True)
+    assert publishes(again.connack[1:]) == [("t", b"x", 1, False, True), ("t", b"y", 1, False, False)]
+    # a clean session of the same client id discards it all
+    again.drop()
+    fresh = Client(service, "dev", clean=True)
+    assert fresh.connack == [m.ConnAck(0, False)]
+    assert queue_names("dev")[1] not in broker.vhosts["/"].queues
+
+
+def test_clean_session_queues_go_with_the_connection(broker, service):
+    sub = Client(service, "tmp")
+    sub.subscribe(("t", 1), ("u", 0))
+    sub.send(m.Bare(m.DISCONNECT))
+    sub.drop()
+    assert not any(n in broker.vhosts["/"].queues for n in queue_names("tmp"))
+
+
+def test_second_connection_takes_the_session_over(broker, service):
+    first = Client(service, "same", clean=False)
+    first.subscribe(("t", 1))
+    second = Client(service, "same", clean=False)
+    assert first.session.finished and first.session.ended
+    assert second.connack == [m.ConnAck(0, True)]
+    Client(service, "pub").publish("t", b"z", qos=1, pid=1)
+    assert publishes(second.output()) == [("t", b"z", 1, False, False)]
+    assert first.output() == []
+
+
+def test_will_published_on_abnormal_end_only(broker, service):
+    watcher = Client(service, "w")
+    watcher.subscribe(("status/#", 0))
+    dev = Client(service, "dev", will=m.Will("status/dev", b"gone", 1, False))
+    dev.drop()
+    assert publishes(watcher.output()) == [("status/dev", b"gone", 0, False, False)]
+    polite = Client(service, "dev2", will=m.Will("status/dev2", b"gone", 0, False))
+    polite.send(m.Bare(m.DISCONNECT))
+    polite.drop()
+    assert watcher.output() == []
+
+
+def test_retained_messages(broker, service):
+    pub = Client(service, "pub")
+    pub.publish("home/kitchen/temp", b"21", qos=1, retain=True, pid=1)
+    pub.publish("home/hall/temp", b"19", qos=0, retain=True)
+    sub = Client(service, "sub")
+    got = sub.subscribe(("home/+/temp", 1))
+    assert got[0] == m.SubAck(1, [1])
+    assert sorted(publishes(got[1:])) == [("home/hall/temp", b"19", 0, True, False),
+                                          ("home/kitchen/temp", b"21", 1, True, False)]
+    pub.publish("home/kitchen/temp", b"", qos=0, retain=True)  # clears it
+    live = sub.output()
+    assert publishes(live) == [("home/kitchen/temp", b"", 0, False, False)]
+    other = Client(service, "other")
+    assert publishes(other.subscribe(("home/#", 0))[1:]) == [("home/hall/temp", b"19", 0, True, False)]
+
+
+def test_amqp_publish_reaches_mqtt_and_back(broker, service, session_client):
+    amqp = session_client()
+    amqp.open_channel(1)
+    q = declare_queue(broker.vhosts["/"], "amqp-side")
+    amqp.ok(1, spec.Queue.Bind(queue="amqp-side", exchange="amq.topic", routing_key="sensors.#"),
+            spec.Queue.BindOk)
+    dev = Client(service, "dev")
+    dev.subscribe(("cmd/+", 1))
+    amqp.publish(1, b"reboot", exchange="amq.topic", routing_key="cmd.dev")
+    assert publishes(dev.output()) == [("cmd/dev", b"reboot", 1, False, False)]
+    assert dev.publish("sensors/t1", b"20.5", qos=1, pid=5) == [m.PacketId(m.PUBACK, 5)]
+    assert q.message_count == 1
+    entry = q.get()
+    assert entry.message.routing_key == "sensors.t1"
+    assert entry.message.persistent
+    assert entry.message.properties["headers"] == {"x-mqtt-publish-qos": 1, "x-mqtt-dup": False}
+
+
+def test_no_puback_when_a_queue_refuses(broker, service):
+    vh = broker.vhosts["/"]
+    q = declare_queue(vh, "full", arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    vh.bind("amq.topic", q, "full", {})
+    pub = Client(service, "pub")
+    assert pub.publish("full", b"x", qos=1, pid=1) == []  # refused: the client will resend
+    assert pub.publish("other", b"x", qos=1, pid=2) == [m.PacketId(m.PUBACK, 2)]
+    assert not pub.session.finished
+
+
+def test_login(broker, service):
+    assert Client(service, "a", username="guest", password=b"nope").connack == [m.ConnAck(4)]
+    assert Client(service, "b", username="nohost:guest", password=b"guest").connack == [m.ConnAck(5)]
+    assert Client(service, "c", username="/:guest", password=b"guest").connack == [m.ConnAck(0)]
+    remote = Client(service, "d", peer="10.1.2.3:5000")  # anonymous is guest: loopback only
+    assert remote.connack == [m.ConnAck(4)]
+    assert Client(service, "", clean=False).connack == [m.ConnAck(2)]
+    anon = Client(service, "", clean=True)
+    assert anon.connack == [m.ConnAck(0)] and anon.session.client_id.startswith("triomq-")
+
+
+def test_wildcard_publish_closes_only_that_connection(broker, service):
+    sub = Client(service, "sub")
+    sub.subscribe(("ok", 0))
+    bad = Client(service, "bad")
+    raw = b"\x30\x06\x00\x03a/#x"
+    bad.session.data_received(raw)
+    assert bad.session.finished
+    Client(service, "pub").publish("ok", b"fine")
+    assert publishes(sub.output()) == [("ok", b"fine", 0, False, False)]
+
+
+def test_unsubscribe(broker, service):
+    sub = Client(service, "sub")
+    sub.subscribe(("a", 1), ("b", 0))
+    assert sub.send(m.Unsubscribe(2, ["a", "b"])) == [m.PacketId(m.UNSUBACK, 2)]
+    Client(service, "pub").publish("a", b"x")
+    assert sub.output() == []
