@@ -22,6 +22,7 @@ class HermesBroker:
     server: Server
     port: int
     http: httpx.AsyncClient
+    stopped: trio.Event
 
     @property
     def hermes(self):
@@ -38,16 +39,26 @@ async def start_broker(nursery, data_dir, store: str | None = "journal") -> Herm
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = Broker(config, open_store(store, str(data_dir)))
     server = Server(broker)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    stopped = trio.Event()
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await server.serve("127.0.0.1", 0, task_status=task_status)
+        finally:
+            stopped.set()
+
+    port = await nursery.start(serve)
     with trio.fail_after(10):
         await broker.http_server.started.wait()
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{broker.http_server.port}", timeout=10)
-    return HermesBroker(broker, server, port, client)
+    return HermesBroker(broker, server, port, client, stopped)
 
 
 async def stop_broker(hb: HermesBroker) -> None:
     await hb.http.aclose()
     await hb.server.shutdown()
+    with trio.fail_after(10):
+        await hb.stopped.wait()  # the store is closed: the data dir may be opened again
 
 
 @pytest.fixture
