@@ -202,16 +202,22 @@ class VirtualHost:
             self._remove_exchange(source)
 
     # ---- queues ----
-    def declare_queue(self, m, owner) -> Queue:
+    def declare_queue(self, m, owner, authorize: Callable[[str], None] | None = None) -> Queue:
+        """queue.declare; ``authorize(name)`` (permissions, limits) runs once the name is
+        known (server-named queues included), before anything is created."""
         name = m.queue
         if m.passive:
             if name == "":
                 raise errors.not_found(self.queue_resource(name))
-            return self.get_queue(name, owner)
+            q = self.get_queue(name, owner)
+            q.touch()  # a passive declare is a use for x-expires, as RabbitMQ's queue.stat
+            return q
         if name == "":
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if authorize is not None:
+            authorize(name)
         args = m.arguments or {}
         resource = self.queue_resource(name)
         try:
