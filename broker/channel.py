@@ -51,6 +51,8 @@ class Channel:
         self.session = session
         self.conn = session.conn
         self.vhost = session.vhost
+        # the user's cached permission checks in this vhost (security.authz; None: no login)
+        self.authz = session.authz
         self.number = number
         self.flow_active = True
         self.consumers: dict[str, Consumer] = {}
@@ -69,6 +71,8 @@ class Channel:
         self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
         self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
+        # message counters read by management's sampler (rates) and /metrics
+        self.stats_publish = self.stats_deliver = self.stats_get = self.stats_ack = 0
 
     # ---- state used by queues ----
     @property
@@ -85,6 +89,7 @@ class Channel:
         message = entry.message
         self.conn.deliver(self.number, consumer.tag_raw, tag, entry.redelivered, message.exchange,
                           message.routing_key, message.props_raw, message.body)
+        self.stats_deliver += 1
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(tag, entry, queue, consumer)
         if self.audit is not None:
@@ -110,16 +115,40 @@ class Channel:
 
     # ---- exchange class ----
     def on_exchange_declare(self, m) -> None:
+        authz = self.authz
+        if authz is not None and not m.passive and m.exchange:
+            authz.check("exchange", m.exchange, "configure")
+            ae = (m.arguments or {}).get("alternate-exchange")
+            if isinstance(ae, (str, bytes)) and m.exchange not in self.vhost.exchanges:
+                authz.check("exchange", m.exchange, "read")
+                authz.check("exchange", ae.decode() if isinstance(ae, bytes) else ae, "write")
         self.vhost.declare_exchange(m)
         if not m.nowait:
             self.reply(spec.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m) -> None:
+        if self.authz is not None and m.exchange and not m.exchange.startswith("amq."):
+            self.authz.check("exchange", m.exchange, "configure")
         self.vhost.delete_exchange(m)
         if not m.nowait:
             self.reply(spec.Exchange.DeleteOk())
 
+    def _authorize_binding(self, kind: str, destination: str, source: str, key: str) -> None:
+        """RabbitMQ's binding checks: write on the destination, read on the source, and
+        the topic permission (read) of a topic source on the binding key."""
+        authz = self.authz
+        if authz is None:
+            return
+        authz.check(kind, destination, "write")
+        if source == "" or (kind == "exchange" and destination == ""):
+            return  # refused by the operation itself (the default exchange)
+        authz.check("exchange", source, "read")
+        x = self.vhost.exchanges.get(source)
+        if x is not None and authz.topics and x.type_name == "topic":
+            authz.check_topic(source, key, "read")
+
     def on_exchange_bind(self, m) -> None:
+        self._authorize_binding("exchange", m.destination, m.source, m.routing_key)
         dest = self.vhost.get_exchange(m.destination)
         if m.destination == "":
             raise errors.access_refused("operation not permitted on the default exchange")
@@ -128,6 +157,7 @@ class Channel:
             self.reply(spec.Exchange.BindOk())
 
     def on_exchange_unbind(self, m) -> None:
+        self._authorize_binding("exchange", m.destination, m.source, m.routing_key)
         if m.destination == "" or m.source == "":
             raise errors.access_refused("operation not permitted on the default exchange")
         self.vhost.unbind(m.source, self.vhost.exchanges.get(m.destination), m.routing_key,
@@ -143,19 +173,38 @@ class Channel:
             return self.last_queue
         return name
 
+    def _authorize_queue(self, name: str, arguments: dict) -> None:
+        """queue.declare of ``name`` (server-named ones too): configure on it; with a
+        dead-letter exchange, read on it and write on that exchange; then max-queues."""
+        authz = self.authz
+        if authz is None:
+            return
+        authz.check("queue", name, "configure")
+        dlx = (arguments or {}).get("x-dead-letter-exchange")
+        if isinstance(dlx, (str, bytes)):
+            authz.check("queue", name, "read")
+            authz.check("exchange", dlx.decode() if isinstance(dlx, bytes) else dlx, "write")
+        if name not in self.vhost.queues:
+            self.session.broker.access.check_queue_limit(self.vhost, name)
+
     def on_queue_declare(self, m) -> None:
-        q = self.vhost.declare_queue(m, self.session)
+        q = self.vhost.declare_queue(
+            m, self.session,
+            authorize=None if self.authz is None or m.passive
+            else lambda name: self._authorize_queue(name, m.arguments))
         self.last_queue = q.name
         if not m.nowait:
             self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
 
     def on_queue_bind(self, m) -> None:
+        self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         self.vhost.bind(m.exchange, q, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(spec.Queue.BindOk())
 
     def on_queue_unbind(self, m) -> None:
+        self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
         if m.exchange == "":
             raise errors.access_refused("operation not permitted on the default exchange")
         self.vhost.unbind(m.exchange, self.vhost.find_queue(self._queue_name(m.queue)),
@@ -163,6 +212,8 @@ class Channel:
         self.reply(spec.Queue.UnbindOk())
 
     def on_queue_purge(self, m) -> None:
+        if self.authz is not None:
+            self.authz.check("queue", self._queue_name(m.queue), "read")
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         count = q.purge()
         if not m.nowait:
@@ -170,6 +221,8 @@ class Channel:
 
     def on_queue_delete(self, m) -> None:
         m.queue = self._queue_name(m.queue)
+        if self.authz is not None:
+            self.authz.check("queue", m.queue, "configure")
         # RabbitMQ sends delete-ok before the basic.cancel of this channel's own consumers.
         self._deferred_cancels = []
         try:
@@ -200,6 +253,8 @@ class Channel:
         self._kick_consumers()
 
     def on_basic_consume(self, m) -> None:
+        if self.authz is not None:
+            self.authz.check("queue", self._queue_name(m.queue), "read")
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers:
@@ -236,6 +291,8 @@ class Channel:
             self.session.wake()
 
     def on_basic_get(self, m) -> None:
+        if self.authz is not None:
+            self.authz.check("queue", self._queue_name(m.queue), "read")
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         entry = q.get()
         if entry is None:
@@ -246,6 +303,7 @@ class Channel:
         message = entry.message
         self.conn.get_ok(self.number, tag, entry.redelivered, message.exchange, message.routing_key,
                          q.message_count, message.props_raw, message.body)
+        self.stats_get += 1
         if self.audit is not None:
             self.audit.delivered(self, None, tag, q, entry)
         if m.no_ack:
@@ -303,6 +361,7 @@ class Channel:
     def _settle(self, taken: list[Unacked], ack: bool, requeue: bool = False) -> None:
         queues: dict[Queue, None] = {}  # the queues touched, in order
         if ack:
+            self.stats_ack += len(taken)
             audit = self.audit
             for item in taken:
                 if audit is not None:
@@ -340,6 +399,7 @@ class Channel:
 
     # ---- publishing ----
     def on_publish(self, ev) -> None:
+        self.stats_publish += 1
         properties = ev.properties
         seq = 0
         if self.confirm:
@@ -347,6 +407,9 @@ class Channel:
             self.next_publish_seq = seq + 1
             self._unconfirmed.append(seq)
         vhost = self.vhost
+        authz = self.authz
+        if authz is not None and ev.exchange not in authz.write_ok:
+            authz.check("exchange", ev.exchange, "write")
         x = vhost.exchanges.get(ev.exchange)
         if x is None:
             # destinations created on first use (virtual topics, composite destinations)
@@ -356,6 +419,8 @@ class Channel:
         if x.internal:
             raise errors.access_refused("cannot publish to internal %s",
                                         vhost.exchange_resource(ev.exchange))
+        if authz is not None and authz.topics and x.type_name == "topic":
+            authz.check_topic(x.name, ev.routing_key, "write")
         if x.arguments and avro.ARG in x.arguments:
             problem = avro.body_problem(x.arguments, ev.body, properties)
             if problem is not None:
@@ -366,7 +431,8 @@ class Channel:
         if ev.immediate:
             raise errors.not_implemented("immediate=true")
         user_id = properties.get("user_id")
-        if user_id is not None and user_id != self.session.conn.username:
+        if user_id is not None and user_id != self.session.conn.username \
+                and not (authz is not None and authz.impersonator):
             raise errors.precondition_failed(
                 "user_id property set to '%s' but authenticated user was '%s'", user_id,
                 self.session.conn.username)
@@ -391,6 +457,8 @@ class Channel:
         self.route_message(message, mandatory, seq)
 
     def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
+        if self.audit is not None:
+            self.audit.begin_route(message)
         queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
             if mandatory:
@@ -524,6 +592,7 @@ class Channel:
         if self.released:
             return
         self.released = True
+        self.session.broker.message_totals.retire(self)  # its counters outlive it
         self.stop_deliveries()
         if self.tx:
             for kind, data in self.tx:

@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+from types import SimpleNamespace
 
 import trio
 
@@ -103,6 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="private key of --tls-cert")
     run.add_argument("--tls-ca", default=None, metavar="PEM",
                      help="CA bundle: TLS clients must present a certificate it signed")
+    run.add_argument("--tls-port", type=int, default=None, metavar="PORT",
+                     help="AMQP over TLS (amqps) listener port, e.g. 5671 (needs --tls-cert "
+                          "and --tls-key; default: none)")
+    run.add_argument("--tls-verify", choices=("peer", "none"), default=None,
+                     help="peer: verify client certificates against --tls-ca (default when "
+                          "--tls-ca is given); none: do not ask for one")
+    run.add_argument("--tls-fail-if-no-peer-cert", action="store_true",
+                     help="with --tls-verify peer: refuse TLS clients without a certificate")
+    run.add_argument("--default-user", default="guest", metavar="NAME",
+                     help="user created on first start, administrator (default guest)")
+    run.add_argument("--default-pass", default="guest", metavar="PASSWORD",
+                     help="its password (default guest)")
+    run.add_argument("--loopback-users", default="guest", metavar="NAMES",
+                     help="comma-separated users who may only connect from localhost "
+                          "(default guest; 'none' for nobody)")
+    run.add_argument("--load-definitions", default=None, metavar="JSON",
+                     help="import users, vhosts, permissions, topic permissions and limits "
+                          "from a RabbitMQ definitions file at start")
     audit = AuditSettings()
     run.add_argument("--audit-dir", default=None, metavar="DIR",
                      help="write the audit trail (Avro, docs/audit.md) under DIR: every queue "
@@ -160,6 +179,36 @@ def _tls_problem(args) -> str | None:
     return None
 
 
+def _security_problem(args) -> str | None:
+    """One line saying what is wrong with the amqps / user options, or None."""
+    from .security.tls import TLSConfigError, server_context
+    if args.tls_port is not None:
+        if not 0 <= args.tls_port <= 65535:
+            return f"invalid --tls-port {args.tls_port}"
+        try:
+            server_context(SimpleNamespace(
+                tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
+        except TLSConfigError as exc:
+            return f"--tls-port: {exc}"
+    if not args.default_user:
+        return "--default-user must not be empty"
+    if args.load_definitions:
+        from .security.definitions import read_definitions
+        from .security.model import DefinitionError
+        try:
+            read_definitions(args.load_definitions)
+        except DefinitionError as exc:
+            return f"--load-definitions {args.load_definitions}: {exc}"
+    return None
+
+
+def _loopback_users(text: str) -> tuple[str, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(u.strip() for u in text.split(",") if u.strip())
+
+
 def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -179,7 +228,7 @@ def _run(args) -> int:
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
             return 2
-    tls_problem = _tls_problem(args)
+    tls_problem = _tls_problem(args) or _security_problem(args)
     if tls_problem:
         print(f"triomq: error: {tls_problem}", file=sys.stderr)
         return 2
@@ -208,6 +257,11 @@ def _run(args) -> int:
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                    tls_port=args.tls_port, tls_verify=args.tls_verify,
+                    tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,
+                    default_user=args.default_user, default_pass=args.default_pass,
+                    loopback_users=_loopback_users(args.loopback_users),
+                    load_definitions=args.load_definitions,
                     audit=AuditSettings(dir=args.audit_dir, scope=args.audit_scope,
                                         policy=args.audit_policy, node=args.audit_node,
                                         roll_bytes=args.audit_roll_bytes,

@@ -113,4 +113,10 @@ class Config:
     default_pass: str = "guest"
     loopback_users: tuple[str, ...] = ("guest",)
     auth_failure_delay: float = 1.0
+    load_definitions: str | None = None  # users/vhosts/permissions JSON imported at start
+    # amqps (broker/security/tls.py): None = no TLS listener; 0 picks a free port. Uses
+    # tls_cert/tls_key/tls_ca; tls_verify "peer" | "none" (None: "peer" when tls_ca is set).
+    tls_port: int | None = None
+    tls_verify: str | None = None
+    tls_fail_if_no_peer_cert: bool = False
     audit: AuditSettings = field(default_factory=AuditSettings)

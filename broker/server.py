@@ -11,7 +11,10 @@ import logging
 import math
 import signal
 import socket
+import ssl
 import time
+from functools import partial
+from typing import Any
 
 import trio
 import trio.lowlevel
@@ -20,6 +23,7 @@ from . import errors
 from .amqp.connection import State
 from .broker import Broker
 from .persistence import StoreUnavailable
+from .security import tls
 from .session import Session
 
 log = logging.getLogger("broker.server")
@@ -30,15 +34,20 @@ SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 
 
 class ConnectionHandler:
-    def __init__(self, server: Server, stream: trio.SocketStream):
+    def __init__(self, server: Server, stream: trio.SocketStream | trio.SSLStream,
+                 peer_cert_user: str | None = None):
         self.server = server
-        self.stream = stream
+        # Any: an SSLStream is typed to receive bytearray; both give bytes here
+        self.stream: Any = stream
+        tls = isinstance(stream, trio.SSLStream)
+        raw: Any = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         try:
-            host, port = stream.socket.getpeername()[:2]
+            host, port = raw.socket.getpeername()[:2]
             self.peer = f"{host}:{port}"
         except OSError:
             host, self.peer = None, "?"
-        self.session = Session(server.broker, self.peer, host)
+        self.session = Session(server.broker, self.peer, host, peer_cert_user=peer_cert_user,
+                               tls=tls)
         self.session.wake = self._wake
         self.session.flow_resumed = self._flow_resumed
         self._flow_event = trio.Event()
@@ -165,6 +174,10 @@ class ConnectionHandler:
         while True:
             await self._wake_event.wait()
             self._wake_event = trio.Event()
+            if session.output_delay:
+                # a failed login is answered late, as RabbitMQ does; only this connection waits
+                delay, session.output_delay = session.output_delay, 0.0
+                await trio.sleep(delay)
             while True:
                 data = conn.data_to_send()
                 if not data:
@@ -226,6 +239,8 @@ class Server:
         self.port: int | None = None
         self._accept_scope = trio.CancelScope()
         self.fatal: BaseException | None = None  # why the server stopped by itself
+        self.tls_port: int | None = None  # the amqps port once open (config.tls_port)
+        self.tls_context: ssl.SSLContext | None = None
 
     def unblocked_event(self) -> trio.Event:
         if not self.broker.blocked:
@@ -245,7 +260,39 @@ class Server:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
             pass
-        handler = ConnectionHandler(self, stream)
+        await self._serve_connection(stream)
+
+    async def _handle_tls(self, stream: trio.SocketStream) -> None:
+        """amqps: the TLS handshake first, bounded by the handshake timeout; a client that
+        fails it (wrong CA, expired certificate, plain AMQP) is logged and dropped alone."""
+        if self.broker.fenced:
+            await stream.aclose()
+            return
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        except OSError:
+            pass
+        assert self.tls_context is not None  # built by _open_tls before accepting
+        tls_stream = trio.SSLStream(stream, self.tls_context, server_side=True)
+        try:
+            with trio.fail_after(self.broker.config.handshake_timeout):
+                await tls_stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+                OSError) as exc:
+            try:
+                peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+            except OSError:
+                peer = "?"
+            log.warning("connection %s: TLS handshake failed: %s", peer,
+                        exc.__cause__ or exc or type(exc).__name__)
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await stream.aclose()
+            return
+        await self._serve_connection(tls_stream, tls.peer_cert_user(tls_stream))
+
+    async def _serve_connection(self, stream, peer_cert_user: str | None = None) -> None:
+        handler = ConnectionHandler(self, stream, peer_cert_user)
         self.handlers.add(handler)
         try:
             await handler.run()
@@ -296,11 +343,28 @@ class Server:
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
             log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
+            tls_listeners = await self._open_tls(host)
             task_status.started(self.port)
             with trio.CancelScope() as self._accept_scope:
-                await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
-            for listener in listeners:
+                async with trio.open_nursery() as accepting:
+                    if tls_listeners:
+                        accepting.start_soon(partial(trio.serve_listeners, self._handle_tls,
+                                                     tls_listeners, handler_nursery=nursery))
+                    await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            for listener in listeners + tls_listeners:
                 await listener.aclose()
+
+    async def _open_tls(self, host: str) -> list:
+        """The amqps listeners of ``config.tls_port`` (none when it is None)."""
+        config = self.broker.config
+        port = getattr(config, "tls_port", None)
+        if port is None:
+            return []
+        self.tls_context = tls.server_context(config)
+        listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
+        self.tls_port = listeners[0].socket.getsockname()[1]
+        log.info("TrioMQ listening for amqps on %s:%s", host, self.tls_port)
+        return listeners
 
     async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         store = self.broker.store

@@ -22,7 +22,6 @@ from .amqp.connection import (
     ServerConnection,
     State,
 )
-from .auth import make_authenticator
 from .channel import Channel
 
 log = logging.getLogger("broker.connection")
@@ -31,14 +30,23 @@ _PUBLISH = spec.Basic.Publish()
 
 
 class Session:
-    def __init__(self, broker, peer: str, peer_host: str | None):
+    def __init__(self, broker, peer: str, peer_host: str | None,
+                 peer_cert_user: str | None = None, tls: bool = False):
         self.broker = broker
         self.peer = peer
+        self.peer_host = peer_host
+        # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified
+        self.peer_cert_user = peer_cert_user
+        self.user = None  # security.User once logged in
+        self.authz = None  # its cached permission checks in the vhost (security.authz)
+        # seconds the edge waits before writing out a failed login's answer
+        self.output_delay = 0.0
         self.conn = ServerConnection(
-            make_authenticator(broker.users, peer_host), broker.vhosts.__contains__,
+            self._authenticate, self._open_vhost,
             frame_max=broker.config.frame_max, channel_max=broker.config.channel_max,
             heartbeat=broker.config.heartbeat, max_message_size=broker.config.max_message_size,
-            server_properties={"version": __version__})
+            server_properties={"version": __version__},
+            mechanisms=b"AMQPLAIN PLAIN EXTERNAL" if tls else b"AMQPLAIN PLAIN")
         self.output_high_water = broker.config.output_high_water
         self.flow_high = broker.config.flow_high or float("inf")
         self.flow_low = broker.config.flow_low
@@ -55,6 +63,27 @@ class Session:
         self.blocked_sent = False
         self.finished = False  # the socket should be closed once output is flushed
         self.closed = False
+
+    # ---- security (broker.access) ----
+    def _authenticate(self, mechanism: str, response: bytes) -> tuple[str | None, str]:
+        user, refusal = self.broker.access.login(mechanism, response, self.peer_host,
+                                                 self.peer_cert_user)
+        if user is None:
+            self.output_delay = self.broker.access.failure_delay
+            return None, refusal
+        self.user = user
+        return user.name, ""
+
+    def _open_vhost(self, name: str) -> bool:
+        """connection.open: False if the vhost does not exist; 530 for the limits and a
+        user without permissions there (RabbitMQ's order)."""
+        if name not in self.broker.vhosts:
+            return False
+        access = self.broker.access
+        access.check_connection_limits(self.user, name, self.broker.sessions)
+        access.check_vhost(self.user, name)
+        self.authz = access.authz(self.user, name)
+        return True
 
     @property
     def output_full(self) -> bool:
@@ -89,6 +118,8 @@ class Session:
                         ch.handle(ev.method)
                 elif kind is ChannelOpened:
                     channels[ev.channel] = Channel(self, ev.channel)
+                    if self.user is not None:
+                        self.broker.access.check_channel_limit(self.user, self.broker.sessions)
                 elif kind is ChannelClosedByPeer:
                     ch = channels.pop(ev.channel, None)
                     if ch is not None:

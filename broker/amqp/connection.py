@@ -174,8 +174,10 @@ class ServerConnection:
     def __init__(self, authenticate: Authenticator, vhost_exists: Callable[[str], bool],
                  server_properties: FieldTable | None = None, frame_max: int = DEFAULT_FRAME_MAX,
                  channel_max: int = DEFAULT_CHANNEL_MAX, heartbeat: int = DEFAULT_HEARTBEAT,
-                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
+                 max_message_size: int = MAX_MESSAGE_SIZE,
+                 mechanisms: bytes = b"AMQPLAIN PLAIN") -> None:
         self.state = State.AWAIT_HEADER
+        self.mechanisms = mechanisms  # offered in connection.start (EXTERNAL on TLS)
         self._authenticate = authenticate
         self._vhost_exists = vhost_exists
         props: FieldTable = {"product": "TrioMQ", "version": "", "platform": "Python/trio",
@@ -372,7 +374,7 @@ class ServerConnection:
             events.append(ConnectionCloseCompleted())
             return b""
         self.send_method(0, spec.Connection.Start(
-            0, 9, self.server_properties, b"AMQPLAIN PLAIN", b"en_US"))
+            0, 9, self.server_properties, self.mechanisms, b"en_US"))
         self.state = State.AWAIT_START_OK
         return rest
 

@@ -61,4 +61,10 @@ def install(broker) -> AccessControl:
                            loopback_users=tuple(getattr(config, "loopback_users", ("guest",))),
                            failure_delay=getattr(config, "auth_failure_delay", 1.0))
     broker.access = access
+    path = getattr(config, "load_definitions", None)
+    if path:
+        def load() -> None:
+            from .definitions import read_definitions
+            access.import_(read_definitions(path))
+        broker.recovery_hooks.append(load)
     return access

@@ -236,6 +236,7 @@ class AccessControl:
                 raise errors.not_allowed(
                     "access to vhost '%s' refused for user '%s': connection limit (%d) is reached",
                     vhost_name, user.name, vlimit)
+        user = self.users.get(user.name, user)
         ulimit = user.limits.get("max-connections", -1)
         if ulimit >= 0:
             n = sum(1 for s in sessions if getattr(s, "user", None) is not None
@@ -248,6 +249,7 @@ class AccessControl:
     def check_channel_limit(self, user: User, sessions) -> None:
         """530 NOT_ALLOWED if the user's channels (the one just opened included) pass
         their max-channels."""
+        user = self.users.get(user.name, user)
         limit = user.limits.get("max-channels", -1)
         if limit < 0:
             return

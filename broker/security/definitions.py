@@ -135,3 +135,23 @@ def apply(access, plan: dict) -> None:
         access.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
     for p in plan["topic_permissions"]:
         access.set_topic_permissions(p["user"], p["vhost"], p["exchange"], p["write"], p["read"])
+
+
+def read_definitions(path: str) -> dict:
+    """The definitions JSON in ``path``, checked against an empty broker (users and vhosts
+    it refers to must be defined in it, or be the defaults); raises DefinitionError."""
+    import json
+    from types import SimpleNamespace
+
+    from .access import AccessControl
+    try:
+        with open(path, encoding="utf-8") as f:
+            defs = json.load(f)
+    except OSError as exc:
+        raise DefinitionError("file", exc.strerror or str(exc)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DefinitionError("file", f"not valid JSON: {exc}") from None
+    scratch = AccessControl(SimpleNamespace(vhosts={"/": None}, meta_restorers={},
+                                            recovery_hooks=[]))
+    validate(scratch, defs)
+    return defs
