@@ -62,6 +62,10 @@ class AuditTrail:
         self.sent = 0
         self.blocking = False
         self._acking = None  # the entry a channel is acking right now (its SETTLE is the ack)
+        # The message a channel is routing now: its enqueues are listed in its published
+        # event (``queues``) instead of one enqueued event each.
+        self._routing = None
+        self._into: list[str] = []
         self._audited: set = set()  # Queue objects this trail observes
         self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
         self._hooked: set[str] = set()
@@ -160,7 +164,20 @@ class AuditTrail:
             self.broker.set_alarm(ALARM, True)
 
     # ---- hooks: channel ----
+    def begin_route(self, message) -> None:
+        """A channel starts routing ``message``; ``published`` follows."""
+        self._routing = message
+        self._into = []
+
     def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
+        """``message`` was routed (``queues``: where to) or taken over by a publish hook.
+
+        The event's ``queues`` are the audited queues that enqueued it (a queue may refuse:
+        overflow, deduplication)."""
+        into: list = []
+        if self._routing is message:
+            into = self._into
+            self._routing = None
         vhost = channel.vhost.name
         if self.settings.scope != "all" and not self._vhosts_on.get(vhost):
             return
@@ -168,8 +185,7 @@ class AuditTrail:
         buf = self.buf
         buf.append((PUB, _time(), vhost, message.exchange, message.routing_key, message.id,
                     message.properties, len(message.body), message.persistent,
-                    session.conn.username, session.peer, channel.number, seq,
-                    [q.name for q in queues], outcome))
+                    session.conn.username, session.peer, channel.number, seq, into, outcome))
         if len(buf) >= self.limit:
             self._full()
 
@@ -214,6 +230,9 @@ class AuditTrail:
         if op is _DELIVER:
             return  # recorded by the channel, which knows the consumer
         if op is _ENQUEUE:
+            if entry.message is self._routing:
+                self._into.append(queue.name)
+                return
             self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, entry.message.id))
         elif op is _SETTLE:
             if entry is self._acking:

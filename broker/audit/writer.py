@@ -1,7 +1,7 @@
 """The audit writer process: pickled batches of event tuples in, rolled Avro files out.
 
 ``python -m broker.audit.writer --dir DIR --node NAME [--roll-bytes N] [--roll-seconds S]
-[--codec deflate|null|snappy]`` reads frames (4-byte big-endian length, then a pickled list
+[--codec deflate|null]`` reads frames (4-byte big-endian length, then a pickled list
 of event tuples) from stdin until EOF. Each event gets the node's next sequence number and
 becomes one record (``events.to_record``). Files are Hive-style partitions
 ``dt=YYYY-MM-DD/hour=HH/node=NAME/part-<first seq>.avro`` (UTC, from the event time) and
@@ -19,16 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import json
 import os
 import pickle
 import struct
 import sys
 import time
-from typing import Any
-
-import fastavro
 
 from . import events
+from .encoder import BatchEncoder, ContainerFile
 from .reader import VERSION_KEY, FileReader
 
 
@@ -60,16 +59,18 @@ def last_state(root: str, node: str) -> tuple[int, str | None]:
 
 
 class RollingWriter:
+    """The node's current file; one Avro block per batch; rolled by hour, size and age."""
+
     def __init__(self, root: str, node: str, roll_bytes: int, roll_seconds: float,
-                 codec: str) -> None:
+                 codec: str, next_seq: int) -> None:
         self.root = root
         self.node = node
         self.roll_bytes = roll_bytes
         self.roll_seconds = roll_seconds
         self.codec = codec
-        self.schema = fastavro.parse_schema(events.load_schema())
-        self.file: Any = None
-        self.avro: Any = None
+        self.schema_json = json.dumps(events.load_schema())
+        self.encoder = BatchEncoder(node, next_seq)
+        self.file: ContainerFile | None = None
         self.part: str | None = None
         self.opened_at = 0.0
 
@@ -78,31 +79,33 @@ class RollingWriter:
         directory = os.path.join(self.root, part)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"part-{first_seq:020d}.avro")
-        self.file = open(path, "wb")  # noqa: SIM115 - kept open until the roll
-        self.avro = fastavro.write.Writer(
-            self.file, self.schema, codec=self.codec, sync_interval=1 << 20,
-            metadata={VERSION_KEY: str(events.SCHEMA_VERSION)})
+        self.file = ContainerFile(path, self.schema_json, self.codec,
+                                  {VERSION_KEY: str(events.SCHEMA_VERSION)})
         self.part = part
         self.opened_at = time.monotonic()
 
-    def write(self, records: list) -> None:
-        for rec in records:
-            part = _partition(rec["ts_us"], self.node)
-            if self.avro is None or part != self.part or self.file.tell() >= self.roll_bytes \
+    def write(self, batch: list) -> None:
+        """Encode and write ``batch`` (event tuples, in order), split where the hour changes."""
+        start = 0
+        while start < len(batch):
+            part = _partition(int(batch[start][1] * 1e6), self.node)
+            stop = len(batch)
+            if _partition(int(batch[-1][1] * 1e6), self.node) != part:
+                stop = next((i for i in range(start, len(batch))
+                             if _partition(int(batch[i][1] * 1e6), self.node) != part),
+                            len(batch))
+            f = self.file
+            if f is None or part != self.part or f.size >= self.roll_bytes \
                     or time.monotonic() - self.opened_at >= self.roll_seconds:
-                self._open(part, rec["seq"])
-            self.avro.write(rec)
-        if self.avro is not None:
-            self.avro.flush()
-            self.file.flush()
+                self._open(part, self.encoder.seq)
+            chunk = batch[start:stop]
+            assert self.file is not None
+            self.file.write_block(len(chunk), self.encoder.encode(chunk))
+            start = stop
 
     def close(self) -> None:
-        if self.avro is not None:
-            self.avro.flush()
-            self.file.flush()
-            os.fsync(self.file.fileno())
+        if self.file is not None:
             self.file.close()
-            self.avro = None
             self.file = None
 
 
@@ -123,19 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", required=True)
     p.add_argument("--roll-bytes", type=int, default=64 << 20)
     p.add_argument("--roll-seconds", type=float, default=300.0)
-    p.add_argument("--codec", default="deflate", choices=("deflate", "null", "snappy"))
+    p.add_argument("--codec", default="deflate", choices=("deflate", "null"))
     args = p.parse_args(argv)
     seq, last_event = last_state(args.dir, args.node)
-    out = RollingWriter(args.dir, args.node, args.roll_bytes, args.roll_seconds, args.codec)
+    out = RollingWriter(args.dir, args.node, args.roll_bytes, args.roll_seconds, args.codec,
+                        seq + 1)
     previous = ("first run" if last_event is None and seq == 0 else
                 "previous run ended cleanly" if last_event == "node_stopped" else
                 "previous run did not stop cleanly: its unsent tail is lost")
-    seq += 1
-    out.write([events.to_record((events.TRAIL, time.time(), "node_started", None, previous),
-                                args.node, seq)])
+    out.write([(events.TRAIL, time.time(), "node_started", None, previous)])
     stdin = sys.stdin.buffer
-    to_record = events.to_record
-    node = args.node
     try:
         while True:
             head = _read_exact(stdin, 4)
@@ -144,12 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             data = _read_exact(stdin, struct.unpack(">I", head)[0])
             if not data:
                 break
-            batch = pickle.loads(data)
-            records = []
-            for ev in batch:
-                seq += 1
-                records.append(to_record(ev, node, seq))
-            out.write(records)
+            out.write(pickle.loads(data))
     finally:
         out.close()
     return 0
