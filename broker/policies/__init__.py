@@ -2,7 +2,8 @@
 
 ``install(broker)`` is called from ``Broker.__init__``: it creates the registry
 (``registry.Policies``), lets the vhosts ask it for the policy of each new queue and
-exchange, takes its stored records back at recovery (metadata kinds ``policy`` and
+exchange, follows vhosts created and deleted in ``broker.access`` (a deleted
+vhost's policies go with it), takes its stored records back at recovery (metadata kinds ``policy`` and
 ``operator_policy``) and applies them once queues and exchanges are recreated.
 Validation (``validate``) is apart from behaviour; the queue and the exchange
 reconfigure themselves (``Queue.apply_policy``, ``Exchange.apply_policy``).
@@ -45,5 +46,9 @@ def install(broker) -> Policies:
     if restorers is not None:
         restorers["policy"] = lambda _key, value: policies.restore(0, value)
         restorers["operator_policy"] = lambda _key, value: policies.restore(1, value)
+    access = getattr(broker, "access", None)  # broker/security: vhosts come and go there
+    if access is not None:
+        access.on_vhost_added.append(policies.vhost_added)
+        access.on_vhost_deleted.append(policies.vhost_deleted)
     broker.recovery_hooks.append(policies.recovered)
     return policies

@@ -194,6 +194,12 @@ class Policies:
         for x in list(vhost.exchanges.values()):
             self._apply_exchange(vhost, x)
 
+    def vhost_added(self, vhost_name: str) -> None:
+        """A new vhost: its queues and exchanges will ask for their policy."""
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is not None:
+            vhost.policies = self
+
     def vhost_deleted(self, vhost_name: str) -> None:
         """The vhost is gone: its policies and operator policies go with it."""
         for index in (0, 1):

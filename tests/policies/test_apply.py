@@ -281,3 +281,20 @@ def test_export_and_all_or_nothing_import(c):
     assert pol.export() == exported
     q = declare(c, "abc")
     assert (q.policy, q.operator_policy) == ("p", "o")
+
+
+def test_policies_follow_vhosts_of_the_access_control(broker):
+    from ..support import declare_queue
+    access, pol = broker.access, broker.policies
+    access.add_vhost("v1")
+    pol.set_policy("v1", "p", "^q", {"max-length": 2})
+    pol.set_operator_policy("v1", "o", "^q", {"max-length": 1})
+    q = declare_queue(broker.vhosts["v1"], "q1")
+    assert (q.policy, q.operator_policy, q.opts.max_length) == ("p", "o", 1)
+    assert pol.effective("/", "queue", "q1") == (None, None, {})
+    access.delete_vhost("v1")
+    assert pol.list_policies() == [] and pol.list_operator_policies() == []
+    access.add_vhost("v1")
+    assert declare_queue(broker.vhosts["v1"], "q1").policy is None
+    with pytest.raises(VhostNotFound):
+        pol.set_policy("v2", "p", ".*", {"max-length": 1})
