@@ -38,7 +38,9 @@ export function setUnauthorizedHandler(fn) { onUnauthorized = fn; }
 
 export async function request(method, url, body, { token, headers = {}, raw = false } = {}) {
   const auth = token ?? credentials()?.token;
-  const init = { method, headers: { ...headers }, cache: "no-store" };
+  // credentials "omit": a 401 comes back to the page instead of opening the browser's own
+  // basic-auth prompt, and the browser's cached credentials are never sent instead of ours.
+  const init = { method, headers: { ...headers }, cache: "no-store", credentials: "omit" };
   if (auth) init.headers.Authorization = `Basic ${auth}`;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";

@@ -1,7 +1,7 @@
 // A sortable, filterable, paged table over a list endpoint. Paging, filtering and sorting go to
 // the API (page, page_size, name, use_regex, sort, sort_reverse); endpoints that answer a plain
 // array are paged, filtered and sorted here the same way.
-import { page } from "./api.js";
+import { get, page } from "./api.js";
 import { h, clear, num, errorText } from "./util.js";
 
 const STATE = "triomq.table.";
@@ -97,8 +97,9 @@ export class PagedTable {
     let data;
     try {
       if (this.local) {
-        const { items } = await page(this.url(), { pageSize: 100000 });
-        data = localPage(items, this.state);
+        // endpoints without paging (users, policies, permissions): the whole list, once
+        const all = await get(this.url());
+        data = localPage(Array.isArray(all) ? all : all.items, this.state);
       } else {
         data = await page(this.url(), this.state);
         if (data.items.length > data.page_size) data = localPage(data.items, this.state);

@@ -1,0 +1,243 @@
+"""The web console in a real browser (Debian's chromium, headless, driven by playwright) against a
+TrioMQ subprocess: login and a failed login, a rate graph moving under a pika load, a queue
+created, published to, read and deleted through the pages, a policy created and applied."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import pika
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists("/usr/bin/chromium") or shutil.which("chromium")),
+    reason="/usr/bin/chromium is missing (make system-deps installs Debian's chromium)")
+
+
+def login(page, user="guest", password="guest"):
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.click("form.login-card button[type=submit]")
+
+
+def logged_in(page):
+    login(page)
+    page.wait_for_selector("#whoami")
+
+
+def test_failed_login_then_login_and_logout(page, shot):
+    page.wait_for_selector("form.login-card")
+    shot(page, "login")
+    login(page, "guest", "not-the-password")
+    page.wait_for_selector(".login-error:has-text('Login failed')")
+    assert page.evaluate("sessionStorage.getItem('triomq.auth')") is None
+    assert page.locator("#whoami").count() == 0
+
+    login(page)
+    assert page.locator("#whoami").inner_text() == "guest"
+    assert "administrator" in page.locator(".whoami").inner_text()
+    assert page.evaluate("sessionStorage.getItem('triomq.auth')") is not None
+    # a reload keeps the session (sessionStorage), logout ends it
+    page.reload()
+    page.wait_for_selector("#whoami")
+    page.click("#logout")
+    page.wait_for_selector(".login-error:has-text('logged out')")
+    assert page.evaluate("sessionStorage.getItem('triomq.auth')") is None
+
+
+class Load:
+    """Publishes with confirms and consumes with acks on two pika connections until stopped."""
+
+    def __init__(self, port: int, queue: str):
+        self.port, self.queue = port, queue
+        self.stop = threading.Event()
+        self.published = self.acked = 0
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True) for f in (self._publish, self._consume)]
+
+    def _conn(self):
+        return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.port, heartbeat=0))
+
+    def _guard(self, fn):
+        try:
+            fn()
+        except BaseException as e:  # reported by the test, not lost in the thread
+            self.errors.append(e)
+
+    def _publish(self):
+        conn = self._conn()
+        ch = conn.channel()
+        ch.queue_declare(self.queue, durable=False)
+        ch.confirm_delivery()
+        while not self.stop.is_set():
+            for _ in range(20):
+                ch.basic_publish("", self.queue, b"x" * 100)
+                self.published += 1
+            time.sleep(0.02)  # a steady, modest rate: the machine is shared
+        conn.close()
+
+    def _consume(self):
+        conn = self._conn()
+        ch = conn.channel()
+        ch.queue_declare(self.queue, durable=False)
+        ch.basic_qos(prefetch_count=50)
+
+        def on_message(ch, method, props, body):
+            ch.basic_ack(method.delivery_tag)
+            self.acked += 1
+        ch.basic_consume(self.queue, on_message)
+        while not self.stop.is_set():
+            conn.process_data_events(time_limit=0.2)
+        conn.close()
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+        assert not self.errors, self.errors
+
+
+def chart_state(page, chart_id):
+    el = page.locator(f"#{chart_id}")
+    return int(el.get_attribute("data-points") or 0), json.loads(el.get_attribute("data-latest") or "[]")
+
+
+def test_rate_graph_moves_while_a_load_runs(page, broker_proc, shot):
+    logged_in(page)
+    page.select_option("#refresh-interval", "2")
+    page.wait_for_selector("#chart-rates canvas")
+    points_before, latest = chart_state(page, "chart-rates")
+    assert latest[0] == 0  # nothing published yet: publish rate 0
+
+    with Load(broker_proc.port, "console-load") as load:
+        deadline = time.monotonic() + 30
+        while True:
+            points, latest = chart_state(page, "chart-rates")
+            publish, _confirm, deliver, ack = latest
+            if publish > 0 and deliver > 0 and ack > 0 and points > points_before:
+                break
+            assert time.monotonic() < deadline, f"rates never moved: {latest}, {points} points, {load.published} published"
+            page.wait_for_timeout(500)
+        # the legend shows the same figure the graph draws
+        assert page.locator("#chart-rates [data-series=Publish] .legend-value").inner_text() != "0.0/s"
+        page.wait_for_function("document.querySelector('#total-connections .stat-value').textContent !== '0'")
+        shot(page, "overview")
+        page.goto(broker_proc.http_url + "/#/connections")
+        page.wait_for_selector("#connections-table tbody tr:not(.empty)")
+        assert page.locator("#connections-table tbody tr").count() == 2
+        shot(page, "connections")
+        page.goto(broker_proc.http_url + "/#/channels")
+        page.wait_for_selector("#channels-table tbody tr:not(.empty)")
+    assert load.published > 0 and load.acked > 0
+
+
+def test_queue_policy_publish_get_delete(page, broker_proc, shot):
+    base = broker_proc.http_url
+    logged_in(page)
+    page.goto(base + "/#/queues")
+    page.click("#add-queue summary")
+    page.fill("#add-queue input[name=name]", "console-q-orders")
+    page.click("#add-queue button[type=submit]")
+    row = page.locator("#queues-table tbody tr", has_text="console-q-orders")
+    row.wait_for()
+    for name in ("console-q-b", "console-q-a"):
+        page.fill("#add-queue input[name=name]", name)
+        page.click("#add-queue button[type=submit]")
+        page.locator("#queues-table tbody tr", has_text=name).wait_for()
+
+    # filter (sent to the API as name=...) and sort by name, both directions
+    page.fill("#queues-table input.filter", "console-q-")
+    page.wait_for_function("document.querySelectorAll('#queues-table tbody tr').length === 3")
+    page.click("#queues-table th:has-text('Name')")
+    page.wait_for_selector("#queues-table th[aria-sort=ascending]:has-text('Name')")
+    names = lambda: page.locator("#queues-table tbody tr td:nth-child(2)").all_inner_texts()  # noqa: E731
+    page.wait_for_function("document.querySelector('#queues-table tbody tr td:nth-child(2)').textContent === 'console-q-a'")
+    assert names() == ["console-q-a", "console-q-b", "console-q-orders"]
+    page.click("#queues-table th:has-text('Name')")
+    page.wait_for_function("document.querySelector('#queues-table tbody tr td:nth-child(2)').textContent === 'console-q-orders'")
+    assert names() == ["console-q-orders", "console-q-b", "console-q-a"]
+    page.fill("#queues-table input.filter", "orders")
+    page.wait_for_function("document.querySelectorAll('#queues-table tbody tr').length === 1")
+    shot(page, "queues")
+
+    # a policy that applies to the queue
+    page.goto(base + "/#/policies")
+    page.click("#add-policy summary")
+    page.fill("#add-policy input[name=name]", "console-cap")
+    page.fill("#add-policy input[name=pattern]", "^console-q-orders$")
+    page.select_option("#add-policy select[name=apply-to]", "queues")
+    page.click("#add-policy button.link:has-text('max-length')")
+    page.locator("#add-policy .kv-row").first.locator(".kv-value").fill("100")
+    page.click("#add-policy button[type=submit]")
+    page.locator("#policies-table tbody tr", has_text="console-cap").wait_for()
+    assert "max-length: 100" in page.locator("#policies-table tbody tr", has_text="console-cap").inner_text()
+    shot(page, "policies")
+
+    # the queue page: effective policy, publish, get
+    page.goto(base + "/#/queues")
+    page.click("#queues-table a:has-text('console-q-orders')")
+    page.wait_for_selector("#queue-name:has-text('console-q-orders')")
+    page.locator("dl.props", has_text="console-cap").wait_for()
+    page.click("#publish-message summary")
+    page.fill("#publish-message textarea[name=payload]", "hello from the console")
+    page.click("#publish-message button[type=submit]")
+    page.wait_for_selector(".toast:has-text('Message published')")
+    page.wait_for_function("document.querySelector('#queue-total .stat-value').textContent === '1'", timeout=15_000)
+    page.click("#get-messages button[type=submit]")
+    page.wait_for_selector("#get-result pre.payload")
+    assert page.locator("#get-result pre.payload").inner_text() == "hello from the console"
+    assert "(AMQP default)" in page.locator("#get-result").inner_text()
+    shot(page, "queue")
+
+    # purge, then delete: back on the list, the queue is gone
+    page.click("#purge-queue")
+    page.wait_for_selector(".toast:has-text('purged')")
+    page.click("#delete-queue")
+    page.wait_for_url("**/#/queues")
+    page.fill("#queues-table input.filter", "console-q-orders")
+    page.wait_for_selector("#queues-table tr.empty")
+
+
+def test_admin_pages(page, broker_proc, shot):
+    base = broker_proc.http_url
+    logged_in(page)
+    page.goto(base + "/#/vhosts")
+    page.click("#add-vhost summary")
+    page.fill("#add-vhost input[name=name]", "console-vh")
+    page.fill("#add-vhost input[name=description]", "made in the browser")
+    page.click("#add-vhost button[type=submit]")
+    page.locator("#vhosts-table tbody tr", has_text="console-vh").wait_for()
+    assert page.locator("#vhost-select option", has_text="console-vh").count() == 1
+    shot(page, "vhosts")
+
+    page.goto(base + "/#/users")
+    page.click("#add-user summary")
+    page.fill("#add-user input[name=username]", "console-ann")
+    page.fill("#add-user input[name=password]", "s3cret")
+    page.fill("#add-user input[name=password_confirm]", "s3cret")
+    page.fill("#add-user input[name=tags]", "management")
+    page.click("#add-user button[type=submit]")
+    page.locator("#users-table a", has_text="console-ann").click()
+    page.select_option("#set-permission select[name=vhost]", "console-vh")
+    page.fill("#set-permission input[name=write]", "^ann-.*")
+    page.click("#set-permission button[type=submit]")
+    page.locator("#permissions-table tbody tr", has_text="console-vh").wait_for()
+    assert "^ann-.*" in page.locator("#permissions-table").inner_text()
+    shot(page, "user")
+    page.goto(base + "/#/users")
+    page.locator("#users-table tbody tr", has_text="console-ann").wait_for()
+    shot(page, "users")
+
+    # the new user logs in and sees the console without the admin tab
+    page.click("#logout")
+    login(page, "console-ann", "s3cret")
+    page.wait_for_selector("#whoami:has-text('console-ann')")
+    assert page.locator(".tabs a[data-tab=admin]").count() == 0
