@@ -33,6 +33,8 @@ from ..schemas import compiled
 from .model import SubscriptionDef
 
 log = logging.getLogger("broker.hermes.push")
+# httpx logs every request at INFO: one line per pushed message would cost more than the push
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class AdaptiveRate:
