@@ -7,6 +7,8 @@ objects to that list at their install time (the app is built when the listener s
 """
 from __future__ import annotations
 
+import trio
+
 from .http import ApiError, HttpServer
 
 __all__ = ["ApiError", "HttpServer", "install"]
@@ -14,10 +16,15 @@ __all__ = ["ApiError", "HttpServer", "install"]
 
 def install(broker) -> HttpServer:
     from . import api
+    from .stats import MessageTotals, Sampler
 
     server = HttpServer(broker)
     broker.http_server = server
+    broker.amqp_listening = trio.Event()  # set by the server once AMQP listens
+    broker.message_totals = MessageTotals(broker)  # channels fold their counters in at close
+    broker.stats_sampler = Sampler(broker)
     api.add_routes(broker)
     if broker.config.http_port is not None:
         broker.background_tasks.append(server.run)
+        broker.background_tasks.append(broker.stats_sampler.run)
     return server

@@ -1,11 +1,12 @@
 """The ``/api`` routes, gathered from one module per area."""
 from __future__ import annotations
 
-from . import api_overview
+from . import api_access, api_connections, api_entities, api_overview, api_policies, definitions, metrics
 
 
 def add_routes(broker) -> None:
     routes: list = []
-    for module in (api_overview,):
+    for module in (api_overview, api_entities, api_connections, api_access, api_policies,
+                   definitions, metrics):
         routes.extend(module.routes())
     broker.http_routes.extend(routes)

@@ -1,11 +1,45 @@
-"""/api/overview, /api/whoami and the node-level endpoints."""
+"""/api/overview, /api/nodes, /api/whoami, /api/vhosts, /api/aliveness-test and
+/api/health/checks/*."""
 from __future__ import annotations
+
+import os
+import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from .. import __version__, errors
+from ..broker import process_rss
+from ..exchanges import EXCHANGE_TYPES
 from .auth import require
+from .common import (
+    NODE,
+    amqp_error,
+    body,
+    broker_of,
+    check_vhost_access,
+    created,
+    json_response,
+    no_content,
+    param,
+    visible_vhosts,
+)
+from .http import ApiError
+from .listing import paginate
+from .stats import rate_details
+
+STARTED = time.time()
+
+_DESCRIPTIONS = {"direct": "AMQP direct exchange, as per the AMQP specification",
+                 "fanout": "AMQP fanout exchange, as per the AMQP specification",
+                 "headers": "AMQP headers exchange, as per the AMQP specification",
+                 "topic": "AMQP topic exchange, as per the AMQP specification"}
+
+
+def exchange_types() -> list[dict]:
+    return [{"name": n, "description": _DESCRIPTIONS.get(n, f"{n} exchange"), "enabled": True}
+            for n in sorted(EXCHANGE_TYPES)]
 
 
 async def whoami(request: Request) -> JSONResponse:
@@ -13,5 +47,316 @@ async def whoami(request: Request) -> JSONResponse:
     return JSONResponse({"name": user.name, "tags": sorted(user.tags)})
 
 
+def _totals(broker, vhosts) -> tuple[dict, dict]:
+    queues = consumers = ready = unacked = exchanges = 0
+    for v in vhosts:
+        exchanges += len(v.exchanges)
+        for q in v.queues.values():
+            if q.internal:
+                continue
+            queues += 1
+            consumers += len(q.consumers)
+            ready += q.message_count
+            unacked += q.unacked_count
+    sessions = [s for s in list(broker.sessions) if s.vhost in vhosts]
+    channels = sum(len(s.channels) for s in sessions)
+    objects = {"channels": channels, "connections": len(sessions), "consumers": consumers,
+               "exchanges": exchanges, "queues": queues}
+    return objects, {"messages": ready + unacked, "messages_ready": ready,
+                     "messages_unacknowledged": unacked}
+
+
+def _listeners(broker) -> list[dict]:
+    config = broker.config
+    out = [{"node": NODE, "protocol": "amqp", "ip_address": config.host, "port": config.port,
+            "socket_opts": {}}]
+    http = getattr(broker, "http_server", None)
+    if http is not None and http.port:
+        host = config.http_host if config.http_host is not None else config.host
+        out.append({"node": NODE, "protocol": "http", "ip_address": host, "port": http.port,
+                    "socket_opts": {}})
+    return out
+
+
+async def overview(request: Request) -> JSONResponse:
+    user = await require(request)
+    broker = broker_of(request)
+    vhosts = visible_vhosts(broker, user)
+    objects, totals = _totals(broker, vhosts)
+    sampler = broker.stats_sampler
+    rates = sampler.overview_rates()
+    t = broker.message_totals.current()
+    stats = rate_details({"publish": t["publish"], "deliver": t["deliver"], "get": t["get"],
+                          "deliver_get": t["deliver"] + t["get"], "ack": t["ack"]}, rates)
+    queue_totals = {}
+    for key, value in totals.items():
+        queue_totals[key] = value
+        queue_totals[key + "_details"] = {"rate": round(rates.get(key, 0.0), 1)}
+    out = {
+        "management_version": __version__, "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
+        "exchange_types": exchange_types(), "product_version": __version__,
+        "product_name": "TrioMQ", "rabbitmq_version": "3.10.8", "cluster_name": NODE,
+        "erlang_version": "n/a", "erlang_full_version": "n/a",
+        "disable_stats": False, "enable_queue_totals": True,
+        "message_stats": stats, "churn_rates": {}, "queue_totals": queue_totals,
+        "object_totals": objects, "statistics_db_event_queue": 0, "node": NODE,
+        "listeners": _listeners(broker), "contexts": [],
+    }
+    if "samples" in request.query_params or request.query_params.get("msg_rates_age"):
+        # the console's graphs: the ring of overview samples (time ms, counters)
+        out["samples"] = [{"timestamp": int(ts * 1000), **values}
+                          for ts, values in sampler.overview]
+    return JSONResponse(out)
+
+
+def _node(broker) -> dict:
+    return {
+        "name": NODE, "type": "disc", "running": True, "being_drained": False,
+        "os_pid": str(os.getpid()), "mem_used": process_rss(), "mem_limit": broker.memory_limit,
+        "mem_alarm": any(a.startswith("memory") for a in broker.alarms),
+        "disk_free_limit": broker.config.disk_free_limit,
+        "disk_free_alarm": "disk" in broker.alarms,
+        "disk_free": _disk_free(broker), "fd_total": _fd_limit(), "fd_used": _fd_used(),
+        "sockets_total": _fd_limit(), "sockets_used": len(broker.sessions),
+        "proc_total": 0, "proc_used": 0, "processors": os.cpu_count() or 1,
+        "uptime": int((time.time() - STARTED) * 1000), "run_queue": 0, "rates_mode": "basic",
+        "exchange_types": exchange_types(),
+        "auth_mechanisms": [{"name": m, "description": d, "enabled": True} for m, d in
+                            (("PLAIN", "SASL PLAIN authentication mechanism"),
+                             ("AMQPLAIN", "QPid AMQPLAIN mechanism"),
+                             ("EXTERNAL", "TLS client certificate (CN) authentication"))],
+        "applications": [{"name": "triomq", "description": "TrioMQ", "version": __version__}],
+        "partitions": [], "cluster_links": [], "alarms": sorted(broker.alarms),
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
+        "listeners": _listeners(broker), "contexts": [],
+    }
+
+
+def _disk_free(broker) -> int:
+    try:
+        st = os.statvfs(broker.config.data_dir)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _fd_limit() -> int:
+    try:
+        import resource
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return 0
+
+
+def _fd_used() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+async def nodes(request: Request) -> JSONResponse:
+    await require(request, "monitoring")
+    return JSONResponse([_node(broker_of(request))])
+
+
+async def node(request: Request) -> JSONResponse:
+    await require(request, "monitoring")
+    if param(request, "name") != NODE:
+        raise ApiError(404, "Not Found")
+    return JSONResponse(_node(broker_of(request)))
+
+
+async def cluster_name(request: Request) -> JSONResponse:
+    await require(request)
+    return JSONResponse({"name": NODE})
+
+
+async def extensions(request: Request) -> JSONResponse:
+    await require(request)
+    return JSONResponse([])
+
+
+# ---- vhosts --------------------------------------------------------------------------------
+
+
+def vhost_json(broker, name: str, info: dict | None) -> dict:
+    vhost = broker.vhosts.get(name)
+    ready = unacked = 0
+    if vhost is not None:
+        for q in vhost.queues.values():
+            if not q.internal:
+                ready += q.message_count
+                unacked += q.unacked_count
+    info = info or {}
+    return {"cluster_state": {NODE: "running"},
+            "default_queue_type": info.get("default_queue_type", "undefined"),
+            "description": info.get("description", ""),
+            "messages": ready + unacked, "messages_details": {"rate": 0.0},
+            "messages_ready": ready, "messages_ready_details": {"rate": 0.0},
+            "messages_unacknowledged": unacked,
+            "messages_unacknowledged_details": {"rate": 0.0},
+            "metadata": {"description": info.get("description", ""),
+                         "tags": list(info.get("tags", []))},
+            "name": name, "tags": list(info.get("tags", [])), "tracing": False}
+
+
+def _vhost_infos(broker) -> dict:
+    access = getattr(broker, "access", None)
+    infos = {v["name"]: v for v in access.list_vhosts()} if access is not None else {}
+    for name in broker.vhosts:
+        infos.setdefault(name, {"name": name})
+    return infos
+
+
+async def list_vhosts(request: Request):
+    user = await require(request)
+    broker = broker_of(request)
+    names = {v.name for v in visible_vhosts(broker, user)}
+    infos = _vhost_infos(broker)
+    items = [(n, infos[n]) for n in sorted(infos) if n in names]
+    return json_response(paginate(request, items, lambda p: vhost_json(broker, *p),
+                                  lambda p: p[0]))
+
+
+async def get_vhost(request: Request):
+    user = await require(request)
+    broker = broker_of(request)
+    name = param(request, "vhost")
+    infos = _vhost_infos(broker)
+    if name not in infos:
+        raise ApiError(404, "Not Found")
+    check_vhost_access(broker, user, name)
+    return json_response(vhost_json(broker, name, infos[name]))
+
+
+async def put_vhost(request: Request):
+    await require(request, "administrator")
+    broker = broker_of(request)
+    name = param(request, "vhost")
+    data = await body(request, {"description", "tags", "default_queue_type", "tracing", "name"})
+    existed = name in broker.vhosts
+    from ..security import DefinitionError
+    try:
+        broker.access.add_vhost(name, data.get("description", ""), data.get("tags"),
+                                data.get("default_queue_type"))
+    except DefinitionError as exc:
+        raise ApiError(400, str(exc)) from None
+    return no_content() if existed else created()
+
+
+async def delete_vhost(request: Request):
+    await require(request, "administrator")
+    broker = broker_of(request)
+    from ..security import NotFound
+    try:
+        broker.access.delete_vhost(param(request, "vhost"))
+    except NotFound:
+        raise ApiError(404, "Not Found") from None
+    return no_content()
+
+
+# ---- health --------------------------------------------------------------------------------
+
+
+async def aliveness(request: Request):
+    """Declare aliveness-test in the vhost, publish to it and get the message back."""
+    user = await require(request)
+    broker = broker_of(request)
+    name = param(request, "vhost")
+    vhost = broker.vhosts.get(name)
+    if vhost is None:
+        raise ApiError(404, "Not Found")
+    check_vhost_access(broker, user, name)
+    from ..amqp import spec
+    from .api_entities import publish_message
+    try:
+        q = vhost.declare_queue(spec.Queue.Declare(queue="aliveness-test", durable=False,
+                                                   auto_delete=False, exclusive=False,
+                                                   arguments={}), None)
+    except errors.AMQPError as exc:
+        raise amqp_error(exc) from None
+    publish_message(vhost, "", "aliveness-test", {}, b"test_message")
+    entry = q.get()
+    if entry is None:
+        return JSONResponse({"status": "failed", "reason": "no message"}, status_code=503)
+    q.settled(entry)
+    return JSONResponse({"status": "ok"})
+
+
+def _ok() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+def _failed(reason: str, **extra) -> JSONResponse:
+    return JSONResponse({"status": "failed", "reason": reason, **extra}, status_code=503)
+
+
+async def health_alarms(request: Request):
+    await require(request, "monitoring")
+    broker = broker_of(request)
+    if broker.alarms:
+        return _failed("resource alarm(s) in effect in the cluster",
+                       alarms=[{"node": NODE, "resource": a} for a in sorted(broker.alarms)])
+    return _ok()
+
+
+async def health_virtual_hosts(request: Request):
+    await require(request, "monitoring")
+    return _ok()  # every vhost of this node runs in the broker's loop
+
+
+async def health_port(request: Request):
+    await require(request, "monitoring")
+    broker = broker_of(request)
+    try:
+        port = int(request.path_params["port"])
+    except ValueError:
+        raise ApiError(400, "port must be an integer") from None
+    ports = {entry["port"] for entry in _listeners(broker)}
+    if port in ports:
+        return JSONResponse({"status": "ok", "port": port})
+    return _failed(f"No active listener on port {port}", missing=port, ports=sorted(ports))
+
+
+async def health_protocol(request: Request):
+    await require(request, "monitoring")
+    broker = broker_of(request)
+    proto = request.path_params["protocol"]
+    protocols = {entry["protocol"] for entry in _listeners(broker)}
+    if proto in protocols or (proto == "amqp091" and "amqp" in protocols):
+        return JSONResponse({"status": "ok", "protocol": proto})
+    return _failed(f"No active listener for protocol {proto}", missing=proto,
+                   protocols=sorted(protocols))
+
+
+async def health_simple_ok(request: Request):
+    await require(request, "monitoring")
+    return _ok()
+
+
 def routes() -> list:
-    return [Route("/api/whoami", whoami)]
+    return [
+        Route("/api/whoami", whoami),
+        Route("/api/overview", overview),
+        Route("/api/cluster-name", cluster_name),
+        Route("/api/extensions", extensions),
+        Route("/api/nodes", nodes),
+        Route("/api/nodes/{name}", node),
+        Route("/api/vhosts", list_vhosts),
+        Route("/api/vhosts/{vhost}", get_vhost, methods=["GET"]),
+        Route("/api/vhosts/{vhost}", put_vhost, methods=["PUT"]),
+        Route("/api/vhosts/{vhost}", delete_vhost, methods=["DELETE"]),
+        Route("/api/aliveness-test/{vhost}", aliveness),
+        Route("/api/health/checks/alarms", health_alarms),
+        Route("/api/health/checks/local-alarms", health_alarms),
+        Route("/api/health/checks/virtual-hosts", health_virtual_hosts),
+        Route("/api/health/checks/port-listener/{port}", health_port),
+        Route("/api/health/checks/protocol-listener/{protocol}", health_protocol),
+        Route("/api/health/checks/certificate-expiration/{within}/{unit}", health_simple_ok),
+        Route("/api/health/checks/node-is-mirror-sync-critical", health_simple_ok),
+        Route("/api/health/checks/node-is-quorum-critical", health_simple_ok),
+    ]
+
+

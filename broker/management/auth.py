@@ -62,11 +62,10 @@ def login(broker, username: str, password: str, peer_host: str | None) -> ApiUse
     user from elsewhere)."""
     access = getattr(broker, "access", None)
     if access is not None:
-        result = access.authenticate("PLAIN", username, password, peer_host)
-        if result is None or isinstance(result, str):
+        user = access.authenticate(username, password, peer_host)
+        if user is None:
             return None
-        user = result
-        return ApiUser(getattr(user, "name", username), _tags_of(user), user)
+        return ApiUser(user.name, _tags_of(user), user)
     if broker.users.check(username, password, peer_host) is not None:
         return None
     # before the security model: the built-in users are administrators
@@ -97,7 +96,8 @@ async def authenticate(request: Request) -> ApiUser:
     peer = request.client.host if request.client else None
     user = login(request.app.state.broker, creds[0], creds[1], peer)
     if user is None:
-        await trio.sleep(FAILED_LOGIN_DELAY)
+        access = getattr(request.app.state.broker, "access", None)
+        await trio.sleep(getattr(access, "failure_delay", FAILED_LOGIN_DELAY))
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
     request.scope["triomq.user"] = user
     return user
@@ -112,30 +112,3 @@ async def require(request: Request, level: str = "management") -> ApiUser:
     if not user.has(level):
         raise ApiError(401, f"Not {level} user", "not_authorised", CHALLENGE)
     return user
-
-
-def may_see_vhost(broker, user: ApiUser, vhost: str) -> bool:
-    """Monitoring/administrator see every vhost; others the vhosts they have access to."""
-    if user.sees_all:
-        return True
-    access = getattr(broker, "access", None)
-    if access is None:
-        return True
-    try:
-        access.check_vhost(user.user, vhost)
-    except Exception:
-        return False
-    return True
-
-
-def require_vhost(broker, user: ApiUser, vhost: str) -> None:
-    """Access to ``vhost`` for a management/policymaker user; 401 as RabbitMQ when missing."""
-    if user.is_admin:
-        return
-    access = getattr(broker, "access", None)
-    if access is None:
-        return
-    try:
-        access.check_vhost(user.user, vhost)
-    except Exception:
-        raise ApiError(401, "Not_Authorized", "not_authorised", CHALLENGE) from None

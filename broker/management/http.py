@@ -89,6 +89,10 @@ class LimitsMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        raw = scope.get("raw_path")
+        if raw and scope["path"].startswith("/api/"):
+            # match /api paths still percent-encoded: a vhost "%2F" is one path segment
+            scope = dict(scope, path=raw.split(b"?", 1)[0].decode("latin-1"))
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -179,6 +183,8 @@ class HttpServer:
     async def run(self) -> None:
         config = self.broker.config
         host = config.http_host if config.http_host is not None else config.host
+        # bind once AMQP listens: a broker that cannot serve AMQP stops with that one error
+        await self.broker.amqp_listening.wait()
         try:
             sock = self.bind()
         except OSError as exc:

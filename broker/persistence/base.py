@@ -39,6 +39,32 @@ BLOCKS_ON_FAILURE = "blocks_on_failure"
 _ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
 
 
+class FlushStats:
+    """Cheap counters of a store's group commits, read by /metrics: durations of each
+    write+sync (a fixed-bucket histogram), how many confirms each one released, failures."""
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self):
+        self.counts = [0] * (len(self.BUCKETS) + 1)
+        self.seconds = 0.0
+        self.commits = 0
+        self.committed = 0  # confirms released by commits (group-commit size = committed/commits)
+        self.errors = 0
+
+    def observe(self, seconds: float, batch: int) -> None:
+        i = 0
+        for i, bound in enumerate(self.BUCKETS):  # noqa: B007 - i is the bucket found
+            if seconds <= bound:
+                break
+        else:
+            i = len(self.BUCKETS)
+        self.counts[i] += 1
+        self.seconds += seconds
+        self.commits += 1
+        self.committed += batch
+
+
 class Store:
     """Base class and contract of a storage backend.
 

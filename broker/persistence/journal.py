@@ -48,6 +48,7 @@ from .base import (
     DURABLE,
     PAGES_MESSAGES,
     READS_BACK,
+    FlushStats,
     Store,
     StoreUnavailable,
 )
@@ -339,6 +340,7 @@ class JournalStore(Store):
         if segment_size is None:
             segment_size = settings.segment_size
         self.settings = settings
+        self.flush_stats = FlushStats()  # /metrics: fsync latency, group-commit size, errors
         self.data_dir = data_dir
         self.jdir = jdir or os.path.join(data_dir, "journal")
         self.flush = flush
@@ -564,8 +566,11 @@ class JournalStore(Store):
         self._inflight = chunks
         try:
             if chunks:
+                started = time.monotonic()
                 await trio.to_thread.run_sync(self._write_chunks, chunks)
+                self.flush_stats.observe(time.monotonic() - started, len(cbs))
         except OSError as exc:
+            self.flush_stats.errors += 1
             self._inflight = []
             self._pending = chunks + self._pending
             self._write_failed(exc)

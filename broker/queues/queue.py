@@ -122,6 +122,7 @@ class Queue:
         self._expires_handle = None
         self.stats_published = 0
         self.stats_delivered = 0
+        self.stats_acked = 0
         self.store = None  # set by attach_store for durable queues with a persistent store
         self.flow_waiters: set | None = None  # sessions in flow because of this queue
         # x-consumer-group: a partition whose active consumer the group chooses (group.py)
@@ -367,6 +368,7 @@ class Queue:
 
     # ---- settlement (called by channels) ----
     def ack(self, entry: QueueEntry, consumer: Consumer | None) -> None:
+        self.stats_acked += 1
         self._unacked_done(consumer)
         self.settled(entry)
 

@@ -1,0 +1,222 @@
+"""/api/connections (list, show, close), /api/channels and /api/consumers."""
+from __future__ import annotations
+
+import time
+import weakref
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from .. import errors
+from .auth import require
+from .common import (
+    NODE,
+    broker_of,
+    check_vhost_access,
+    json_response,
+    jsonable,
+    no_content,
+    param,
+    vhost_or_404,
+)
+from .http import ApiError
+from .listing import paginate
+from .stats import rate_details
+
+# first time the API saw each connection (ms since the epoch), for "connected_at"
+_first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def connection_name(session) -> str:
+    port = session.broker.config.port
+    return f"{session.peer} -> 127.0.0.1:{port}"
+
+
+def _peer(session) -> tuple[str, int]:
+    host, _, port = session.peer.rpartition(":")
+    try:
+        return host, int(port)
+    except ValueError:
+        return session.peer, 0
+
+
+def _user_of(session) -> str:
+    return session.conn.username or ""
+
+
+def _open_sessions(broker) -> list:
+    return [s for s in list(broker.sessions) if s.vhost is not None and not s.closed]
+
+
+def _visible(broker, user, session) -> bool:
+    if user.sees_all:
+        return True
+    return _user_of(session) == user.name  # RabbitMQ: management users see their own
+
+
+def connection_json(session) -> dict:
+    conn = session.conn
+    host, port = _peer(session)
+    connected = _first_seen.setdefault(session, int(time.time() * 1000))
+    state = "blocked" if session.blocked_sent else ("flow" if session.flow_queues else "running")
+    return {"auth_mechanism": "PLAIN", "channel_max": conn.channel_max,
+            "channels": len(session.channels), "client_properties": jsonable(conn.client_properties),
+            "connected_at": connected, "frame_max": conn.frame_max, "host": "127.0.0.1",
+            "name": connection_name(session), "node": NODE, "peer_cert_issuer": None,
+            "peer_cert_subject": None, "peer_cert_validity": None, "peer_host": host,
+            "peer_port": port, "port": session.broker.config.port, "protocol": "AMQP 0-9-1",
+            "send_pend": conn.pending_output, "ssl": bool(getattr(session, "tls", False)),
+            "ssl_cipher": None, "ssl_hash": None, "ssl_key_exchange": None,
+            "ssl_protocol": None, "state": state, "timeout": conn.heartbeat,
+            "type": "network", "user": _user_of(session),
+            "user_who_performed_action": _user_of(session),
+            "vhost": session.vhost.name if session.vhost is not None else None}
+
+
+def channel_ref(ch) -> dict:
+    session = ch.session
+    host, port = _peer(session)
+    return {"connection_name": connection_name(session),
+            "name": f"{connection_name(session)} ({ch.number})", "node": NODE,
+            "number": ch.number, "peer_host": host, "peer_port": port, "user": _user_of(session)}
+
+
+def channel_json(broker, ch) -> dict:
+    session = ch.session
+    host, port = _peer(session)
+    rates = broker.stats_sampler.channel_rates(ch)
+    stats = rate_details({"publish": ch.stats_publish, "deliver": ch.stats_deliver,
+                          "get": ch.stats_get, "deliver_get": ch.stats_deliver + ch.stats_get,
+                          "ack": ch.stats_ack},
+                         dict(rates, deliver_get=rates["deliver"] + rates["get"]))
+    return {"acks_uncommitted": len(ch.tx_acks) if ch.tx is not None else 0,
+            "confirm": ch.confirm,
+            "connection_details": {"name": connection_name(session), "peer_host": host,
+                                   "peer_port": port},
+            "consumer_count": len(ch.consumers),
+            "global_prefetch_count": ch.global_prefetch,
+            "message_stats": stats,
+            "messages_unacknowledged": len(ch.unacked),
+            "messages_uncommitted": len(ch.tx) if ch.tx is not None else 0,
+            "messages_unconfirmed": len(ch._unconfirmed) if ch.confirm else 0,
+            "name": f"{connection_name(session)} ({ch.number})", "node": NODE,
+            "number": ch.number, "prefetch_count": ch.prefetch,
+            "state": "running" if ch.flow_active else "flow",
+            "transactional": ch.tx is not None, "user": _user_of(session),
+            "user_who_performed_action": _user_of(session),
+            "vhost": session.vhost.name if session.vhost is not None else None}
+
+
+
+
+async def list_connections(request: Request):
+    user = await require(request)
+    broker = broker_of(request)
+    sessions = [s for s in _open_sessions(broker) if _visible(broker, user, s)]
+    if "vhost" in request.path_params:
+        vhost = vhost_or_404(broker, param(request, "vhost"))
+        check_vhost_access(broker, user, vhost.name)
+        sessions = [s for s in sessions if s.vhost is vhost]
+    return json_response(paginate(request, sessions, connection_json, connection_name))
+
+
+def _session_named(request: Request, user):
+    broker = broker_of(request)
+    name = param(request, "name")
+    for s in _open_sessions(broker):
+        if connection_name(s) == name:
+            if not _visible(broker, user, s):
+                break
+            return s
+    raise ApiError(404, "Not Found")
+
+
+async def get_connection(request: Request):
+    user = await require(request)
+    return json_response(connection_json(_session_named(request, user)))
+
+
+async def close_connection(request: Request):
+    user = await require(request)
+    session = _session_named(request, user)
+    if not user.is_admin and _user_of(session) != user.name:
+        raise ApiError(401, "Not administrator user", "not_authorised")
+    reason = request.headers.get("x-reason") or "Closed via management plugin"
+    session.force_close(errors.connection_forced(reason))
+    return no_content()
+
+
+async def connection_channels(request: Request):
+    user = await require(request)
+    session = _session_named(request, user)
+    broker = broker_of(request)
+    return json_response([channel_json(broker, ch) for ch in list(session.channels.values())])
+
+
+def _channels(broker, user, vhost=None) -> list:
+    out: list = []
+    for s in _open_sessions(broker):
+        if not _visible(broker, user, s) or (vhost is not None and s.vhost is not vhost):
+            continue
+        out.extend(ch for ch in s.channels.values() if not ch.released)
+    return out
+
+
+def _channel_name(ch) -> str:
+    return f"{connection_name(ch.session)} ({ch.number})"
+
+
+async def list_channels(request: Request):
+    user = await require(request)
+    broker = broker_of(request)
+    vhost = None
+    if "vhost" in request.path_params:
+        vhost = vhost_or_404(broker, param(request, "vhost"))
+        check_vhost_access(broker, user, vhost.name)
+    chans = _channels(broker, user, vhost)
+    return json_response(paginate(request, chans, lambda ch: channel_json(broker, ch),
+                                  _channel_name))
+
+
+async def get_channel(request: Request):
+    user = await require(request)
+    broker = broker_of(request)
+    name = param(request, "name")
+    for ch in _channels(broker, user):
+        if _channel_name(ch) == name:
+            out = channel_json(broker, ch)
+            from .api_entities import consumer_json
+            out["consumer_details"] = [consumer_json(c, ch.session.vhost.name)
+                                       for c in ch.consumers.values()]
+            return json_response(out)
+    raise ApiError(404, "Not Found")
+
+
+async def list_consumers(request: Request):
+    from .api_entities import consumer_json
+    user = await require(request)
+    broker = broker_of(request)
+    vhost = None
+    if "vhost" in request.path_params:
+        vhost = vhost_or_404(broker, param(request, "vhost"))
+        check_vhost_access(broker, user, vhost.name)
+    out: list[dict] = []
+    for ch in _channels(broker, user, vhost):
+        for c in ch.consumers.values():
+            out.append(consumer_json(c, ch.session.vhost.name))
+    return json_response(out)
+
+
+def routes() -> list:
+    return [
+        Route("/api/connections", list_connections),
+        Route("/api/vhosts/{vhost}/connections", list_connections),
+        Route("/api/connections/{name}", get_connection, methods=["GET"]),
+        Route("/api/connections/{name}", close_connection, methods=["DELETE"]),
+        Route("/api/connections/{name}/channels", connection_channels),
+        Route("/api/channels", list_channels),
+        Route("/api/vhosts/{vhost}/channels", list_channels),
+        Route("/api/channels/{name}", get_channel),
+        Route("/api/consumers", list_consumers),
+        Route("/api/consumers/{vhost}", list_consumers),
+    ]

@@ -1,0 +1,114 @@
+"""/api/policies and /api/operator-policies over ``broker.policies`` (broker/policies),
+which validates (PolicyError -> 400 with RabbitMQ's text) and applies at once."""
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ..policies import PolicyError, PolicyNotFound, VhostNotFound
+from .auth import require
+from .common import broker_of, check_vhost_access, created, json_response, no_content, param
+from .http import ApiError
+from .listing import paginate
+
+
+def _kind(request: Request) -> str:
+    return "operator" if request.url.path.startswith("/api/operator-policies") else "policy"
+
+
+def _level(request: Request) -> str:
+    # RabbitMQ: operator policies are the administrator's, policies the policymaker's
+    return "administrator" if _kind(request) == "operator" else "policymaker"
+
+
+async def list_policies(request: Request):
+    user = await require(request, _level(request))
+    broker = broker_of(request)
+    vhost = param(request, "vhost") if "vhost" in request.path_params else None
+    if vhost is not None:
+        if vhost not in broker.vhosts:
+            raise ApiError(404, "Not Found")
+        check_vhost_access(broker, user, vhost)
+    lister = (broker.policies.list_operator_policies if _kind(request) == "operator"
+              else broker.policies.list_policies)
+    items = lister(vhost)
+    if not user.is_admin:
+        allowed = set()
+        for name in {p["vhost"] for p in items}:
+            try:
+                check_vhost_access(broker, user, name)
+                allowed.add(name)
+            except ApiError:
+                pass
+        items = [p for p in items if p["vhost"] in allowed]
+    return json_response(paginate(request, items, lambda p: p, lambda p: p["name"],
+                                  lambda p: p["vhost"]))
+
+
+async def get_policy(request: Request):
+    user = await require(request, _level(request))
+    broker = broker_of(request)
+    vhost, name = param(request, "vhost"), param(request, "name")
+    check_vhost_access(broker, user, vhost)
+    getter = (broker.policies.get_operator_policy if _kind(request) == "operator"
+              else broker.policies.get_policy)
+    try:
+        return json_response(getter(vhost, name))
+    except (PolicyNotFound, VhostNotFound):
+        raise ApiError(404, "Not Found") from None
+
+
+async def put_policy(request: Request):
+    user = await require(request, _level(request))
+    broker = broker_of(request)
+    vhost, name = param(request, "vhost"), param(request, "name")
+    check_vhost_access(broker, user, vhost)
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "not_json") from None
+    policies = broker.policies
+    operator = _kind(request) == "operator"
+    getter = policies.get_operator_policy if operator else policies.get_policy
+    try:
+        getter(vhost, name)
+        existed = True
+    except (PolicyNotFound, VhostNotFound):
+        existed = False
+    try:
+        (policies.put_operator_policy if operator else policies.put_policy)(vhost, name, data)
+    except PolicyError as exc:
+        raise ApiError(400, exc.text) from None
+    except VhostNotFound:
+        raise ApiError(404, "vhost_not_found", "not_found") from None
+    return no_content() if existed else created()
+
+
+async def delete_policy(request: Request):
+    user = await require(request, _level(request))
+    broker = broker_of(request)
+    vhost, name = param(request, "vhost"), param(request, "name")
+    check_vhost_access(broker, user, vhost)
+    policies = broker.policies
+    try:
+        if _kind(request) == "operator":
+            policies.clear_operator_policy(vhost, name)
+        else:
+            policies.clear_policy(vhost, name)
+    except (PolicyNotFound, VhostNotFound):
+        raise ApiError(404, "Not Found") from None
+    return no_content()
+
+
+def routes() -> list:
+    out = []
+    for base in ("/api/policies", "/api/operator-policies"):
+        out += [Route(base, list_policies),
+                Route(base + "/{vhost}", list_policies),
+                Route(base + "/{vhost}/{name}", get_policy, methods=["GET"]),
+                Route(base + "/{vhost}/{name}", put_policy, methods=["PUT"]),
+                Route(base + "/{vhost}/{name}", delete_policy, methods=["DELETE"])]
+    return out

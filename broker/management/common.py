@@ -1,0 +1,165 @@
+"""Helpers shared by the API modules: path parameters, JSON bodies with field validation,
+JSON-able AMQP values, and AMQP errors turned into RabbitMQ's HTTP answers."""
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import unquote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .. import errors
+from .auth import CHALLENGE, ApiUser
+from .http import ApiError
+
+NODE = "triomq@localhost"
+
+
+def broker_of(request: Request):
+    return request.app.state.broker
+
+
+def param(request: Request, name: str) -> str:
+    """A path parameter, percent-decoded (paths are matched still encoded, so that a vhost
+    ``%2F`` stays one segment as in RabbitMQ)."""
+    return unquote(request.path_params[name])
+
+
+def vhost_or_404(broker, name: str):
+    vhost = broker.vhosts.get(name)
+    if vhost is None:
+        raise ApiError(404, "vhost_not_found", "not_found")
+    return vhost
+
+
+async def body(request: Request, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:
+    """The JSON object in the request body; 400 naming the field for malformed JSON, a
+    non-object, an unknown key or a missing required one."""
+    raw = await request.body()
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "not_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "not_json: expected a JSON object")
+    allowed = set(allowed)
+    for key in data:
+        if key not in allowed:
+            raise ApiError(400, f"unknown field '{key}' (expected one of: "
+                                f"{', '.join(sorted(allowed))})")
+    for key in required:
+        if key not in data:
+            raise ApiError(400, f"{key} missing", "bad_request")
+    return data
+
+
+def flag(data: dict, key: str, default: bool) -> bool:
+    """A boolean field; rabbitmqadmin sends "true"/"false" strings."""
+    value = data.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ApiError(400, f"field '{key}': expected a boolean, got {json.dumps(value)}")
+
+
+def text(data: dict, key: str, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ApiError(400, f"field '{key}': expected a string, got {json.dumps(value)}")
+    return value
+
+
+def table(data: dict, key: str) -> dict:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ApiError(400, f"field '{key}': expected a JSON object, got {json.dumps(value)}")
+    return value
+
+
+def jsonable(value: Any) -> Any:
+    """AMQP field values as RabbitMQ renders them in JSON."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    return value
+
+
+def amqp_error(exc: errors.AMQPError) -> ApiError:
+    """An AMQP error as RabbitMQ's management plugin answers it."""
+    text_ = exc.text.split(" - ", 1)[1] if " - " in exc.text else exc.text
+    code = exc.code
+    if code == 404:
+        return ApiError(404, exc.text, "not_found")
+    if code == 403:
+        return ApiError(401, text_ or "Access refused.", "not_authorised", CHALLENGE)
+    return ApiError(400, text_, "bad_request")
+
+
+def no_content() -> Response:
+    return Response(status_code=204)
+
+
+def created() -> Response:
+    return Response(status_code=201)
+
+
+def json_response(data: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status)
+
+
+def check_perm(broker, user: ApiUser, vhost: str, kind: str, name: str, perm: str) -> None:
+    """broker.access's resource permission check for the API caller (as RabbitMQ's
+    management plugin checks a user's AMQP permissions); 401 when refused."""
+    access = getattr(broker, "access", None)
+    if access is None or user.user is None:
+        return
+    try:
+        access.check(user.user, vhost, kind, name, perm)
+    except errors.AMQPError as exc:
+        raise amqp_error(exc) from None
+
+
+def check_vhost_access(broker, user: ApiUser, vhost: str) -> None:
+    access = getattr(broker, "access", None)
+    if access is None or user.user is None or user.is_admin:
+        return
+    try:
+        access.check_vhost(user.user, vhost)
+    except errors.AMQPError:
+        raise ApiError(401, "Access refused.", "not_authorised", CHALLENGE) from None
+    except Exception:
+        raise ApiError(401, "Access refused.", "not_authorised", CHALLENGE) from None
+
+
+def visible_vhosts(broker, user: ApiUser) -> list:
+    """The vhosts the caller may list objects of."""
+    if user.sees_all:
+        return list(broker.vhosts.values())
+    out = []
+    for vhost in list(broker.vhosts.values()):
+        try:
+            check_vhost_access(broker, user, vhost.name)
+        except ApiError:
+            continue
+        out.append(vhost)
+    return out

@@ -1,0 +1,327 @@
+"""/api/definitions: export and import in RabbitMQ's JSON format.
+
+An import is all or nothing: every section is validated first (the security model's users,
+vhosts, permissions and limits by ``broker.access.validate``; policies by
+``broker.policies.check_import``; exchanges, queues and bindings here, including equivalence
+with what exists), and only then applied. Other features add sections through
+``broker.definition_sections`` (objects with ``export(vhost) -> dict``, ``check(defs)``
+raising ValueError with the field, ``apply(defs)``).
+"""
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .. import __version__, errors
+from ..amqp import spec
+from ..exchanges import EXCHANGE_TYPES
+from ..queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
+from .auth import require
+from .common import broker_of, jsonable, param
+from .http import ApiError
+
+
+class ImportError_(ValueError):
+    """One line naming the item and field that is wrong."""
+
+
+def export(broker, vhost_name: str | None = None) -> dict:
+    out: dict = {"rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8",
+                 "product_name": "TrioMQ", "product_version": __version__}
+    access = getattr(broker, "access", None)
+    sec = access.export() if access is not None else {}
+    parameters = list(sec.get("parameters", []))
+    policies: list = []
+    if getattr(broker, "policies", None) is not None:
+        pol = broker.policies.export(vhost_name)
+        policies = pol.get("policies", [])
+        parameters += pol.get("parameters", [])
+    exchanges, queues, bindings = [], [], []
+    for vhost in list(broker.vhosts.values()):
+        if vhost_name is not None and vhost.name != vhost_name:
+            continue
+        for x in vhost.exchanges.values():
+            if x.name == "" or x.name.startswith("amq.") or getattr(x, "hidden", False):
+                continue
+            exchanges.append({"name": x.name, "vhost": vhost.name, "type": x.type_name,
+                              "durable": x.durable, "auto_delete": x.auto_delete,
+                              "internal": x.internal, "arguments": jsonable(x.arguments)})
+        for q in vhost.queues.values():
+            if q.internal or q.exclusive_owner is not None:
+                continue
+            queues.append({"name": q.name, "vhost": vhost.name, "durable": q.durable,
+                           "auto_delete": q.auto_delete, "arguments": jsonable(q.arguments)})
+        for x in vhost.exchanges.values():
+            if x.name == "":
+                continue
+            for b in x.bindings.values():
+                d = b.destination
+                if getattr(d, "internal", False) or getattr(d, "exclusive_owner", None):
+                    continue
+                bindings.append({"source": x.name, "vhost": vhost.name, "destination": d.name,
+                                 "destination_type": d.kind, "routing_key": b.routing_key,
+                                 "arguments": jsonable(b.arguments)})
+    if vhost_name is None:
+        out.update({"users": sec.get("users", []), "vhosts": sec.get("vhosts", []),
+                    "permissions": sec.get("permissions", []),
+                    "topic_permissions": sec.get("topic_permissions", []),
+                    "parameters": parameters, "global_parameters": [],
+                    "policies": policies})
+    else:
+        out.update({"parameters": [p for p in parameters if p.get("vhost") == vhost_name],
+                    "policies": policies})
+    out.update({"queues": queues, "exchanges": exchanges, "bindings": bindings})
+    for section in getattr(broker, "definition_sections", ()):
+        for key, value in section.export(vhost_name).items():
+            out.setdefault(key, []).extend(value)
+    return out
+
+
+def _list(defs: dict, key: str) -> list:
+    value = defs.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ImportError_(f"{key}: must be a list")
+    return value
+
+
+def _bool(item: dict, where: str, key: str, default: bool) -> bool:
+    value = item.get(key, default)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise ImportError_(f"{where}.{key}: must be true or false")
+    return value
+
+
+def _str(item: dict, where: str, key: str, default: str | None = None) -> str:
+    value = item.get(key, default)
+    if not isinstance(value, str):
+        raise ImportError_(f"{where}.{key}: must be a string")
+    return value
+
+
+def _args(item: dict, where: str) -> dict:
+    value = item.get("arguments") or {}
+    if not isinstance(value, dict):
+        raise ImportError_(f"{where}.arguments: must be a JSON object")
+    return value
+
+
+def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str | None):
+    """Validated (exchanges, queues, bindings) lists, each item normalised."""
+    def vhost_of(item: dict, where: str) -> str:
+        v = only_vhost if only_vhost is not None else _str(item, where, "vhost")
+        if v not in broker.vhosts and v not in vhosts_to_come:
+            raise ImportError_(f"{where}.vhost: no vhost '{v}'")
+        return v
+
+    exchanges, queues, bindings = [], [], []
+    new_x: set[tuple[str, str]] = set()
+    new_q: set[tuple[str, str]] = set()
+    for i, item in enumerate(_list(defs, "exchanges")):
+        where = f"exchanges[{i}]"
+        if not isinstance(item, dict):
+            raise ImportError_(f"{where}: must be a JSON object")
+        v = vhost_of(item, where)
+        name = _str(item, where, "name")
+        xtype = _str(item, where, "type")
+        if xtype not in EXCHANGE_TYPES:
+            raise ImportError_(f"{where}.type: unknown exchange type '{xtype}'")
+        if name == "" or name.startswith("amq."):
+            continue  # as RabbitMQ: the standard exchanges are not imported
+        args = _args(item, where)
+        entry = {"vhost": v, "name": name, "type": xtype,
+                 "durable": _bool(item, where, "durable", True),
+                 "auto_delete": _bool(item, where, "auto_delete", False),
+                 "internal": _bool(item, where, "internal", False), "arguments": args}
+        vhost = broker.vhosts.get(v)
+        existing = vhost.exchanges.get(name) if vhost is not None else None
+        if existing is not None:
+            try:
+                existing.check_equivalent(xtype, entry["durable"], entry["auto_delete"],
+                                          entry["internal"], args, vhost.exchange_resource(name))
+            except errors.AMQPError as exc:
+                raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
+        else:
+            try:
+                EXCHANGE_TYPES[xtype].validate(args, _resource("exchange", name, v))
+            except errors.AMQPError as exc:
+                raise ImportError_(f"{where}.arguments: {exc.text.split(' - ', 1)[-1]}") from None
+        exchanges.append(entry)
+        new_x.add((v, name))
+    for i, item in enumerate(_list(defs, "queues")):
+        where = f"queues[{i}]"
+        if not isinstance(item, dict):
+            raise ImportError_(f"{where}: must be a JSON object")
+        v = vhost_of(item, where)
+        name = _str(item, where, "name")
+        if not name or name.startswith("amq."):
+            raise ImportError_(f"{where}.name: '{name}' is not a valid queue name")
+        args = _args(item, where)
+        try:
+            parse_queue_arguments(args)
+        except ArgumentError as exc:
+            raise ImportError_(f"{where}.arguments.{exc.name}: {exc.detail}") from None
+        entry = {"vhost": v, "name": name, "durable": _bool(item, where, "durable", True),
+                 "auto_delete": _bool(item, where, "auto_delete", False), "arguments": args}
+        vhost = broker.vhosts.get(v)
+        existing = vhost.find_queue(name) if vhost is not None else None
+        if existing is not None:
+            if existing.durable != entry["durable"]:
+                raise ImportError_(f"{where}.durable: inequivalent with the existing queue "
+                                   f"'{name}' in vhost '{v}'")
+            mismatch = equivalence_mismatch(existing.arguments, args)
+            if mismatch:
+                raise ImportError_(f"{where}.arguments: "
+                                   + mismatch.format(queue=name, vhost=v))
+        queues.append(entry)
+        new_q.add((v, name))
+    for i, item in enumerate(_list(defs, "bindings")):
+        where = f"bindings[{i}]"
+        if not isinstance(item, dict):
+            raise ImportError_(f"{where}: must be a JSON object")
+        v = vhost_of(item, where)
+        source = _str(item, where, "source")
+        dest = _str(item, where, "destination")
+        kind = _str(item, where, "destination_type", "queue")
+        if kind not in ("queue", "exchange"):
+            raise ImportError_(f"{where}.destination_type: must be queue or exchange")
+        vhost = broker.vhosts.get(v)
+        if source == "":
+            continue  # the default exchange's implicit bindings
+        if (v, source) not in new_x and (vhost is None or source not in vhost.exchanges):
+            raise ImportError_(f"{where}.source: no exchange '{source}' in vhost '{v}'")
+        if kind == "queue":
+            ok = (v, dest) in new_q or (vhost is not None and vhost.find_queue(dest) is not None)
+        else:
+            ok = (v, dest) in new_x or (vhost is not None and dest in vhost.exchanges)
+        if not ok:
+            raise ImportError_(f"{where}.destination: no {kind} '{dest}' in vhost '{v}'")
+        bindings.append({"vhost": v, "source": source, "destination": dest,
+                         "destination_type": kind,
+                         "routing_key": _str(item, where, "routing_key", ""),
+                         "arguments": _args(item, where)})
+    return exchanges, queues, bindings
+
+
+def _resource(kind: str, name: str, vhost: str):
+    return errors.Resource(kind, name, vhost)
+
+
+def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
+    """Validate everything, then apply; raises ImportError_ (nothing changed)."""
+    if not isinstance(defs, dict):
+        raise ImportError_("definitions: must be a JSON object")
+    access = getattr(broker, "access", None)
+    from ..policies import PolicyError, VhostNotFound
+    from ..security import DefinitionError
+    sec_plan = None
+    vhosts_to_come: set[str] = set()
+    if only_vhost is None:
+        for i, v in enumerate(_list(defs, "vhosts")):
+            if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+                raise ImportError_(f"vhosts[{i}].name: must be a string")
+            vhosts_to_come.add(v["name"])
+        if access is not None:
+            try:
+                sec_plan = access.validate(defs)
+            except DefinitionError as exc:
+                raise ImportError_(str(exc)) from None
+    elif only_vhost not in broker.vhosts:
+        raise ImportError_(f"vhost: no vhost '{only_vhost}'")
+    pol_defs = defs
+    if only_vhost is not None:
+        pol_defs = dict(defs, policies=[dict(p, vhost=only_vhost) for p in
+                                        _list(defs, "policies") if isinstance(p, dict)])
+    try:
+        broker.policies.check_import(pol_defs, vhosts_to_come)
+    except PolicyError as exc:
+        raise ImportError_(f"policies: {exc.text}") from None
+    except VhostNotFound as exc:
+        raise ImportError_(f"policies: no vhost '{exc}'") from None
+    exchanges, queues, bindings = check_entities(broker, defs, vhosts_to_come, only_vhost)
+    sections = list(getattr(broker, "definition_sections", ()))
+    for section in sections:
+        try:
+            section.check(defs)
+        except ValueError as exc:
+            raise ImportError_(str(exc)) from None
+    # ---- apply: nothing below may fail on input any more ----
+    if sec_plan is not None:
+        from ..security.definitions import apply
+        apply(access, sec_plan)
+    for name in vhosts_to_come:
+        broker.create_vhost(name)
+    broker.policies.import_(pol_defs, vhosts_to_come)
+    for x in exchanges:
+        broker.vhosts[x["vhost"]].declare_exchange(spec.Exchange.Declare(
+            exchange=x["name"], type=x["type"], passive=False, durable=x["durable"],
+            auto_delete=x["auto_delete"], internal=x["internal"], arguments=x["arguments"]))
+    for q in queues:
+        broker.vhosts[q["vhost"]].declare_queue(spec.Queue.Declare(
+            queue=q["name"], passive=False, durable=q["durable"], exclusive=False,
+            auto_delete=q["auto_delete"], arguments=q["arguments"]), None)
+    for b in bindings:
+        vhost = broker.vhosts[b["vhost"]]
+        dest = (vhost.find_queue(b["destination"]) if b["destination_type"] == "queue"
+                else vhost.exchanges.get(b["destination"]))
+        vhost.bind(b["source"], dest, b["routing_key"], b["arguments"])
+    for section in sections:
+        section.apply(defs)
+
+
+async def get_definitions(request: Request):
+    await require(request, "administrator")
+    broker = broker_of(request)
+    vhost = param(request, "vhost") if "vhost" in request.path_params else None
+    if vhost is not None and vhost not in broker.vhosts:
+        raise ApiError(404, "Not Found")
+    headers = {}
+    if "download" in request.query_params:
+        headers["content-disposition"] = (
+            f'attachment; filename="{request.query_params["download"] or "definitions.json"}"')
+    return JSONResponse(export(broker, vhost), headers=headers)
+
+
+async def post_definitions(request: Request):
+    await require(request, "administrator")
+    broker = broker_of(request)
+    vhost = param(request, "vhost") if "vhost" in request.path_params else None
+    raw = await request.body()
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("multipart/form-data") or ctype.startswith(
+            "application/x-www-form-urlencoded"):
+        form = await request.form()
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raw = (upload or "").encode()
+        else:
+            raw = await upload.read()
+    try:
+        defs = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "not_json") from None
+    try:
+        import_definitions(broker, defs, vhost)
+    except ImportError_ as exc:
+        raise ApiError(400, str(exc)) from None
+    return _no_content()
+
+
+def _no_content():
+    from starlette.responses import Response
+    return Response(status_code=204)
+
+
+def routes() -> list:
+    return [
+        Route("/api/definitions", get_definitions, methods=["GET"]),
+        Route("/api/definitions", post_definitions, methods=["POST"]),
+        Route("/api/definitions/{vhost}", get_definitions, methods=["GET"]),
+        Route("/api/definitions/{vhost}", post_definitions, methods=["POST"]),
+    ]

@@ -1,0 +1,150 @@
+"""Prometheus /metrics: one custom collector that reads the broker's state at scrape time
+(no metric objects on the message path). RabbitMQ's names (rabbitmq_prometheus plugin) where
+the meaning is the same; ``triomq_*`` for this broker's own."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..broker import process_rss
+from .common import broker_of
+
+
+class BrokerCollector:
+    def __init__(self, broker):
+        self.broker = broker
+
+    def collect(self):
+        broker = self.broker
+        totals = broker.message_totals.current()
+        sessions = [s for s in list(broker.sessions) if s.vhost is not None]
+        channels = sum(len(s.channels) for s in sessions)
+        consumers = 0
+        labels = ["vhost", "queue"]
+        ready = GaugeMetricFamily("rabbitmq_queue_messages_ready",
+                                  "Messages ready to be delivered to consumers", labels=labels)
+        unacked = GaugeMetricFamily("rabbitmq_queue_messages_unacked",
+                                    "Messages delivered to consumers but not yet acknowledged",
+                                    labels=labels)
+        messages = GaugeMetricFamily("rabbitmq_queue_messages",
+                                     "Sum of ready and unacknowledged messages", labels=labels)
+        qcons = GaugeMetricFamily("rabbitmq_queue_consumers", "Consumers on a queue",
+                                  labels=labels)
+        qbytes = GaugeMetricFamily("rabbitmq_queue_messages_ready_bytes",
+                                   "Size in bytes of ready messages", labels=labels)
+        qpub = CounterMetricFamily("rabbitmq_queue_messages_published",
+                                   "Messages published into a queue", labels=labels)
+        queues = 0
+        for vhost in list(broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                if q.internal:
+                    continue
+                queues += 1
+                key = [vhost.name, q.name]
+                r, u = q.message_count, q.unacked_count
+                ready.add_metric(key, r)
+                unacked.add_metric(key, u)
+                messages.add_metric(key, r + u)
+                qcons.add_metric(key, len(q.consumers))
+                qbytes.add_metric(key, q.ready_bytes)
+                qpub.add_metric(key, q.stats_published)
+                consumers += len(q.consumers)
+        yield from (ready, unacked, messages, qcons, qbytes, qpub)
+        yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
+                                value=len(sessions))
+        yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
+        yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected",
+                                value=consumers)
+        yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=queues)
+        yield CounterMetricFamily("rabbitmq_global_messages_received",
+                                  "Total number of messages received from publishers",
+                                  value=totals["publish"])
+        yield CounterMetricFamily("rabbitmq_global_messages_delivered",
+                                  "Total number of messages delivered to consumers",
+                                  value=totals["deliver"] + totals["get"])
+        yield CounterMetricFamily("rabbitmq_global_messages_delivered_get",
+                                  "Total number of messages fetched with basic.get",
+                                  value=totals["get"])
+        yield CounterMetricFamily("rabbitmq_global_messages_acknowledged",
+                                  "Total number of messages acknowledged by consumers",
+                                  value=totals["ack"])
+        alarms = broker.alarms
+        yield GaugeMetricFamily("rabbitmq_alarms_memory_used_watermark",
+                                "is 1 if VM memory watermark alarm is in effect",
+                                value=int(any(a.startswith("memory") for a in alarms)))
+        yield GaugeMetricFamily("rabbitmq_alarms_free_disk_space_watermark",
+                                "is 1 if free disk space watermark alarm is in effect",
+                                value=int("disk" in alarms))
+        yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
+                                "Memory used in bytes", value=process_rss())
+        yield GaugeMetricFamily("rabbitmq_resident_memory_limit_bytes",
+                                "Memory high watermark in bytes", value=broker.memory_limit)
+        # ---- this broker's own ----
+        store = broker.store
+        stats = getattr(store, "flush_stats", None)
+        if stats is not None:
+            buckets = []
+            cumulative = 0
+            for bound, count in zip((*stats.BUCKETS, float("inf")), stats.counts, strict=True):
+                cumulative += count
+                buckets.append((repr(bound) if bound != float("inf") else "+Inf", cumulative))
+            yield _histogram(store.name, buckets, stats.seconds)
+            yield _counter("triomq_store_group_commits", "Group commits (one write+sync each)",
+                           store.name, stats.commits)
+            yield _counter("triomq_store_group_committed_messages",
+                           "Publishes confirmed by group commits (divide by group_commits for "
+                           "the mean group-commit size)", store.name, stats.committed)
+            yield _counter("triomq_store_errors", "Failed store writes", store.name,
+                           stats.errors)
+        scheduler = getattr(broker, "scheduler", None)
+        if scheduler is not None:
+            try:
+                pending = scheduler.pending
+                pending = pending() if callable(pending) else pending
+            except Exception:
+                pending = None
+            if isinstance(pending, int):
+                yield GaugeMetricFamily("triomq_scheduler_pending",
+                                        "Scheduled messages waiting for their time",
+                                        value=pending)
+        yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
+
+
+def _histogram(store: str, buckets: list, total: float) -> HistogramMetricFamily:
+    h = HistogramMetricFamily("triomq_store_sync_seconds",
+                              "Duration of each store write+fsync (one group commit)",
+                              labels=["store"])
+    h.add_metric([store], buckets, total)
+    return h
+
+
+def _counter(name: str, doc: str, store: str, value: int) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=["store"])
+    c.add_metric([store], value)
+    return c
+
+
+def make_registry(broker) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    return registry
+
+
+async def metrics(request: Request) -> Response:
+    broker = broker_of(request)
+    registry = getattr(broker, "_metrics_registry", None)
+    if registry is None:
+        registry = broker._metrics_registry = make_registry(broker)
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def routes() -> list:
+    return [Route("/metrics", metrics)]
