@@ -295,7 +295,8 @@ class MQTTSession:
                dup: bool = False) -> bool | None:
         """Route one message; None if a queue refused it, else whether a store write must
         be durable before it counts as taken."""
-        props, _ = _props(qos, dup)
+        props = {"delivery_mode": 2 if qos else 1,
+                 "headers": {"x-mqtt-publish-qos": qos, "x-mqtt-dup": dup}}
         message = Message(self.service.exchange, key, _PROPS_RAW[(qos, dup)], props, payload)
         vhost = self.vhost
         needs_store = False

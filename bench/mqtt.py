@@ -1,0 +1,328 @@
+"""MQTT benchmarks: TrioMQ (started here) and the machine's Mosquitto, same load tool, one run.
+
+    .venv/bin/python -m bench.mqtt throughput [--publishers 2] [--window 64] [--size 64]
+                                              [--duration 10] [--warmup 2] [--prefetch 20]
+    .venv/bin/python -m bench.mqtt connections [--count 10000]
+
+``throughput``: one QoS 1 subscriber (PUBACK for every message) on ``bench/<run>/#`` and N
+QoS 1 publishers, each keeping at most ``--window`` PUBLISHes without PUBACK; the figure is
+the messages the subscriber received per second in the measured window. TrioMQ gets
+``--mqtt-prefetch`` equal to Mosquitto's default ``max_inflight_messages`` (20).
+
+``connections``: opens ``--count`` MQTT connections (CONNECT, keep-alive 0, wait for every
+CONNACK), holds them, and reads each broker's RSS from /proc.
+
+The load tool is raw sockets with a tiny MQTT encoder written here (nothing from broker/),
+one process per client role. Extra TrioMQ arguments: ``--broker-arg X`` (repeatable).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import selectors
+import shlex
+import socket
+import struct
+import sys
+import time
+import uuid
+
+from .procinfo import TrioMQProcess, free_port, pid_listening_on, rss_kb
+
+MOSQUITTO = ("127.0.0.1", 1883)
+
+
+# ---- a minimal MQTT 3.1.1 client encoding ---------------------------------------------------
+def _length(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n % 128, n // 128
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _str(s: str) -> bytes:
+    raw = s.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def connect_packet(client_id: str, keep_alive: int = 0) -> bytes:
+    body = _str("MQTT") + bytes((4, 0x02)) + struct.pack(">H", keep_alive) + _str(client_id)
+    return b"\x10" + _length(len(body)) + body
+
+
+def subscribe_packet(topic: str, qos: int) -> bytes:
+    body = struct.pack(">H", 1) + _str(topic) + bytes((qos,))
+    return b"\x82" + _length(len(body)) + body
+
+
+def publish_packet(topic_raw: bytes, pid: int, payload: bytes) -> bytes:
+    body = topic_raw + struct.pack(">H", pid) + payload
+    return b"\x32" + _length(len(body)) + body
+
+
+class Parser:
+    """Splits a stream into (first byte, body) packets."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buf = self.buf
+        buf += data
+        out: list[tuple[int, bytes]] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 2:
+            length, mult, i = 0, 1, pos + 1
+            while True:
+                if i >= n:
+                    del buf[:pos]
+                    return out
+                b = buf[i]
+                length += (b & 0x7F) * mult
+                i += 1
+                if not b & 0x80:
+                    break
+                mult *= 128
+            if n - i < length:
+                break
+            out.append((buf[pos], bytes(buf[i:i + length])))
+            pos = i + length
+        del buf[:pos]
+        return out
+
+
+def _open(addr, client_id: str, keep_alive: int = 0) -> tuple[socket.socket, Parser]:
+    s = socket.create_connection(addr, timeout=30)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(connect_packet(client_id, keep_alive))
+    parser = Parser()
+    while True:
+        packets = parser.feed(s.recv(4096))
+        if packets:
+            first, body = packets[0]
+            if first >> 4 != 2 or body[1] != 0:
+                raise RuntimeError(f"CONNACK refused: {body!r}")
+            return s, parser
+
+
+# ---- throughput workers --------------------------------------------------------------------
+def _subscriber(addr, topic, start_at, end_at, ready, results):
+    s, parser = _open(addr, "sub-" + uuid.uuid4().hex[:8])
+    s.sendall(subscribe_packet(topic, 1))
+    got_suback = False
+    while not got_suback:
+        got_suback = any(first >> 4 == 9 for first, _ in parser.feed(s.recv(4096)))
+    ready.set()
+    s.settimeout(1.0)
+    counted = total = 0
+    while time.time() < end_at:
+        try:
+            data = s.recv(1 << 18)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        acks = []
+        for first, body in parser.feed(data):
+            if first >> 4 == 3:
+                total += 1
+                qos = (first >> 1) & 3
+                if qos:
+                    tlen = struct.unpack_from(">H", body)[0]
+                    acks.append(b"\x40\x02" + body[2 + tlen:4 + tlen])
+        now = time.time()
+        if start_at <= now < end_at:
+            counted += len(acks) if acks else 0
+        if acks:
+            s.sendall(b"".join(acks))
+    results.put(("sub", counted, total))
+    s.close()
+
+
+def _publisher(addr, topic, payload, window, end_at, ready, results):
+    s, parser = _open(addr, "pub-" + uuid.uuid4().hex[:8])
+    ready.wait(30)
+    topic_raw = _str(topic)
+    inflight = 0
+    pid = 0
+    sent = 0
+    s.settimeout(1.0)
+    while time.time() < end_at:
+        if inflight < window:
+            batch = []
+            while inflight < window:
+                pid = pid % 65535 + 1
+                batch.append(publish_packet(topic_raw, pid, payload))
+                inflight += 1
+            s.sendall(b"".join(batch))
+            sent += len(batch)
+        try:
+            data = s.recv(1 << 16)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        inflight -= sum(1 for first, _ in parser.feed(data) if first >> 4 == 4)
+    results.put(("pub", sent, 0))
+    s.close()
+
+
+def throughput(addr, publishers: int, window: int, size: int, duration: float,
+               warmup: float) -> dict:
+    run = uuid.uuid4().hex[:8]
+    ctx = mp.get_context("spawn")
+    results: mp.Queue = ctx.Queue()
+    ready = ctx.Event()
+    t0 = time.time() + 3.0  # spawn time
+    start_at, end_at = t0 + warmup, t0 + warmup + duration
+    sub = ctx.Process(target=_subscriber, args=(addr, f"bench/{run}/#", start_at, end_at, ready,
+                                                results))
+    sub.start()
+    pubs = [ctx.Process(target=_publisher, args=(addr, f"bench/{run}/p{i}", b"x" * size, window,
+                                                 end_at, ready, results))
+            for i in range(publishers)]
+    for p in pubs:
+        p.start()
+    out = [results.get(timeout=duration + warmup + 60) for _ in range(publishers + 1)]
+    for p in [sub, *pubs]:
+        p.join(10)
+    received = sum(c for kind, c, _ in out if kind == "sub")
+    sent = sum(c for kind, c, _ in out if kind == "pub")
+    return {"msg_per_s": received / duration, "published": sent}
+
+
+# ---- idle connections ------------------------------------------------------------------------
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def hold_connections(addr, count: int, broker_pid: int | None) -> dict:
+    """Open ``count`` connections (a few hundred CONNECTs in flight at once), wait for every
+    CONNACK, then read the broker's RSS while they are all held."""
+    sel = selectors.DefaultSelector()
+    socks: list[socket.socket] = []
+    socks_by_fd: dict[int, socket.socket] = {}
+    pending = 0
+    t0 = time.monotonic()
+    opened = 0
+    refused = 0
+    while opened < count or pending:
+        while opened < count and pending < 500:
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(addr)
+            except BlockingIOError:
+                pass
+            sel.register(s, selectors.EVENT_WRITE, [b"", False])
+            socks.append(s)
+            socks_by_fd[s.fileno()] = s
+            opened += 1
+            pending += 1
+        for key, ev in sel.select(timeout=5):
+            s, state = socks_by_fd[key.fd], key.data
+            if ev & selectors.EVENT_WRITE and not state[1]:
+                try:
+                    s.send(connect_packet("idle-" + uuid.uuid4().hex[:10]))
+                except OSError:
+                    refused += 1
+                    pending -= 1
+                    sel.unregister(s)
+                    continue
+                state[1] = True
+                sel.modify(s, selectors.EVENT_READ, state)
+                continue
+            try:
+                data = s.recv(16)
+            except OSError:
+                data = b""
+            state[0] += data
+            if len(state[0]) >= 4 or not data:
+                if not data or state[0][3] != 0:
+                    refused += 1
+                sel.unregister(s)
+                pending -= 1
+    elapsed = time.monotonic() - t0
+    time.sleep(2.0)
+    rss = rss_kb(broker_pid) if broker_pid else None
+    alive = 0
+    for s in socks:  # still open: a non-blocking read finds nothing (not EOF)
+        try:
+            if s.recv(1):
+                alive += 1
+        except BlockingIOError:
+            alive += 1
+        except OSError:
+            pass
+    for s in socks:
+        s.close()
+    return {"connected": count - refused, "held": alive, "seconds": elapsed,
+            "rss_mb": rss / 1024 if rss else None}
+
+
+# ---- command line ----------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.mqtt")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--publishers", type=int, default=2)
+    t.add_argument("--window", type=int, default=64)
+    t.add_argument("--size", type=int, default=64)
+    t.add_argument("--duration", type=float, default=10.0)
+    t.add_argument("--warmup", type=float, default=2.0)
+    t.add_argument("--prefetch", type=int, default=20)
+    c = sub.add_parser("connections")
+    c.add_argument("--count", type=int, default=10_000)
+    for p in (t, c):
+        p.add_argument("--broker-arg", action="append", default=[])
+        p.add_argument("--skip-mosquitto", action="store_true")
+        p.add_argument("--triomq-port", type=int, default=None,
+                       help="an MQTT port of a TrioMQ already running (not started here)")
+    args = parser.parse_args(argv)
+    print("$ " + shlex.join([sys.executable, "-m", "bench.mqtt", *(argv or sys.argv[1:])]))
+    hard = raise_nofile()
+    mqtt_port = free_port()
+    extra = ["--mqtt-port", str(mqtt_port), "--http-port", "0", *args.broker_arg]
+    if args.cmd == "throughput":
+        extra += ["--mqtt-prefetch", str(args.prefetch)]
+    triomq = TrioMQProcess(extra_args=extra, quiet=True)
+    if args.triomq_port:
+        mqtt_port = args.triomq_port
+        triomq.proc = None
+    else:
+        triomq.start()
+        print("TrioMQ:", " ".join(triomq.cmd))
+    rows = []
+    try:
+        if args.cmd == "throughput":
+            rows.append(("TrioMQ", throughput(("127.0.0.1", mqtt_port), args.publishers,
+                                              args.window, args.size, args.duration,
+                                              args.warmup)))
+        else:
+            print(f"open files limit raised to {hard}")
+            rows.append(("TrioMQ", hold_connections(("127.0.0.1", mqtt_port), args.count,
+                                                    triomq.pid or pid_listening_on(mqtt_port))))
+    finally:
+        triomq.stop()
+    if not args.skip_mosquitto:
+        if args.cmd == "throughput":
+            rows.append(("Mosquitto", throughput(MOSQUITTO, args.publishers, args.window,
+                                                 args.size, args.duration, args.warmup)))
+        else:
+            rows.append(("Mosquitto", hold_connections(MOSQUITTO, args.count,
+                                                       pid_listening_on(MOSQUITTO[1]))))
+    for name, r in rows:
+        print(name, r)
+    if len(rows) == 2 and args.cmd == "throughput":
+        print(f"ratio TrioMQ/Mosquitto: {rows[0][1]['msg_per_s'] / rows[1][1]['msg_per_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
