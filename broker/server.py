@@ -174,11 +174,11 @@ class ConnectionHandler:
         while True:
             await self._wake_event.wait()
             self._wake_event = trio.Event()
-            if session.output_delay:
-                # a failed login is answered late, as RabbitMQ does; only this connection waits
-                delay, session.output_delay = session.output_delay, 0.0
-                await trio.sleep(delay)
             while True:
+                if session.output_delay:
+                    # a failed login is answered late; only this connection waits
+                    delay, session.output_delay = session.output_delay, 0.0
+                    await trio.sleep(delay)
                 data = conn.data_to_send()
                 if not data:
                     break
