@@ -68,7 +68,7 @@ _LAYOUTS = {
     PUB: _HEAD + [_ev("published"), ("s", 2), N, ("s", 3), ("s", 4), ("l", 5)] + _props(6)
     + [("l", 7), ("b", 8), ("s", 9), ("s", 10), ("l", 11), ("l", 12), ("s", 14), ("q", 13)]
     + [N] * 10,
-    ENQ: _HEAD + [_ev("enqueued"), ("s", 2), ("s", 3), N, N, ("l", 4)] + [N] * 24,
+    ENQ: _HEAD + [_ev("enqueued"), ("s", 2), ("s", 3), N, N, ("l", 4)] + _props(5) + [N] * 18,
     DEL: _HEAD + [_ev("delivered"), ("s", 2), ("s", 3), N, N, ("l", 4)] + [N] * 9
     + [("s", 9), ("l", 10), N, N, N, ("s", 5), ("l", 6), ("b", 7), ("l", 8)] + [N] * 6,
     ACK: _HEAD + [_ev("acked"), ("s", 2), ("s", 3), N, N, ("l", 4)] + [N] * 9
@@ -249,6 +249,8 @@ class BatchEncoder:
             props = None
             if kind in (PUB, SCH, FIRE):
                 props = [_prop_fields(p) for p in cols[6]]
+            elif kind == ENQ:
+                props = [_prop_fields(p) for p in cols[5]]
             pieces = []
             const = b""
             for spec in layout:

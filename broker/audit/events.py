@@ -75,8 +75,9 @@ def to_record(ev: tuple, node: str, seq: int) -> dict:
         rec["queues"] = list(queues)
         _props(rec, props)
     elif kind == ENQ:
-        _, _, rec["vhost"], rec["queue"], rec["msg"] = ev
+        _, _, rec["vhost"], rec["queue"], rec["msg"], props = ev
         rec["event"] = "enqueued"
+        _props(rec, props)
     elif kind == DEL:
         (_, _, rec["vhost"], rec["queue"], rec["msg"], rec["consumer_tag"], rec["delivery_tag"],
          rec["redelivered"], rec["delivery_count"], rec["connection"], rec["channel"]) = ev

@@ -129,8 +129,9 @@ class FileReader:
             raise ValueError(f"{len(raw) - bio.tell()} bytes left over in the block")
         return out
 
-    def blocks_iter(self) -> Iterator[list]:
-        """Each good block's records (dicts), in file order."""
+    def _spans(self) -> Iterator[tuple[int, int, int, int]]:
+        """(block offset, data offset, data size, record count) of each block whose
+        framing checks out; framing damage is noted in ``problems``."""
         if not self.ok:
             return
         data = self.data
@@ -162,17 +163,36 @@ class FileReader:
             if data[p + size:p + size + 16] != sync:
                 pos = self._resync(block_at, "sync marker mismatch")
                 continue
-            try:
-                records = self._decode(data[p:p + size], count)
-            except Exception as exc:  # any decoding failure of damaged bytes
-                self.problems.append(Problem(self.path, block_at, "corrupt block",
-                                             f"{type(exc).__name__}: {exc}"[:200]))
-                pos = p + size + 16
-                continue
-            self.blocks += 1
-            self.records_read += count
             pos = p + size + 16
-            yield records
+            yield block_at, p, size, count
+
+    def _block(self, block_at: int, p: int, size: int, count: int) -> list | None:
+        try:
+            records = self._decode(self.data[p:p + size], count)
+        except Exception as exc:  # any decoding failure of damaged bytes
+            self.problems.append(Problem(self.path, block_at, "corrupt block",
+                                         f"{type(exc).__name__}: {exc}"[:200]))
+            return None
+        self.blocks += 1
+        self.records_read += count
+        return records
+
+    def blocks_iter(self) -> Iterator[list]:
+        """Each good block's records (dicts), in file order."""
+        for span in self._spans():
+            records = self._block(*span)
+            if records is not None:
+                yield records
+
+    def last_records(self, blocks: int = 4) -> list:
+        """The records of the last ``blocks`` good blocks (only those are decoded)."""
+        spans = list(self._spans())
+        out: list = []
+        for span in spans[-blocks:]:
+            records = self._block(*span)
+            if records is not None:
+                out.extend(records)
+        return out
 
     def _resync(self, block_at: int, why: str) -> int:
         nxt = self.data.find(self.sync, block_at + 1)

@@ -24,6 +24,7 @@ import time
 
 import trio
 
+from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
 from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL
@@ -66,6 +67,7 @@ class AuditTrail:
         # event (``queues``) instead of one enqueued event each.
         self._routing = None
         self._into: list[str] = []
+        self._route_t = 0.0
         self._audited: set = set()  # Queue objects this trail observes
         self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
         self._hooked: set[str] = set()
@@ -168,6 +170,7 @@ class AuditTrail:
         """A channel starts routing ``message``; ``published`` follows."""
         self._routing = message
         self._into = []
+        self._route_t = _time()  # the publish time: deliveries happen while routing
 
     def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
         """``message`` was routed (``queues``: where to) or taken over by a publish hook.
@@ -175,15 +178,17 @@ class AuditTrail:
         The event's ``queues`` are the audited queues that enqueued it (a queue may refuse:
         overflow, deduplication)."""
         into: list = []
+        t = None
         if self._routing is message:
             into = self._into
+            t = self._route_t
             self._routing = None
         vhost = channel.vhost.name
         if self.settings.scope != "all" and not self._vhosts_on.get(vhost):
             return
         session = channel.session
         buf = self.buf
-        buf.append((PUB, _time(), vhost, message.exchange, message.routing_key, message.id,
+        buf.append((PUB, t or _time(), vhost, message.exchange, message.routing_key, message.id,
                     message.properties, len(message.body), message.persistent,
                     session.conn.username, session.peer, channel.number, seq, into, outcome))
         if len(buf) >= self.limit:
@@ -233,7 +238,10 @@ class AuditTrail:
             if entry.message is self._routing:
                 self._into.append(queue.name)
                 return
-            self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, entry.message.id))
+            # not a client's publish (a dead letter, a scheduled firing): its properties
+            # link it to the original (message id, x-ref-key)
+            msg = entry.message
+            self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, msg.id, msg.properties))
         elif op is _SETTLE:
             if entry is self._acking:
                 self._acking = None  # the ack was recorded as such
@@ -362,6 +370,20 @@ class AuditTrail:
                     self._proc.kill()
 
 
+def last_msg_id(root: str, node: str) -> int:
+    """The highest message id in the newest readable file of ``node`` (0 if none)."""
+    from .reader import FileReader
+    from .writer import node_files
+    for path in reversed(node_files(root, node)):
+        best = 0
+        for rec in FileReader(path).last_records():
+            if rec["msg"] is not None and rec["msg"] > best:
+                best = rec["msg"]
+        if best:
+            return best
+    return 0
+
+
 def install(broker) -> AuditTrail | None:
     """Turn the trail on when ``broker.config.audit.dir`` is set; returns it (or None)."""
     settings = broker.config.audit
@@ -370,6 +392,9 @@ def install(broker) -> AuditTrail | None:
     if not settings.node:
         settings.node = socket.gethostname()
     trail = AuditTrail(broker, settings)
+    # Message ids restart at 1 in a broker without stored messages: continue above the
+    # trail's, so (node, vhost, queue, msg) names one message copy across restarts.
+    set_message_id_floor(last_msg_id(settings.dir, settings.node))
     trail.hook_vhosts()
     broker.recovery_hooks.append(trail.hook_vhosts)
     broker.background_tasks.append(trail.run)

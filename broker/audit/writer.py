@@ -44,11 +44,8 @@ def node_files(root: str, node: str) -> list[str]:
 def last_state(root: str, node: str) -> tuple[int, str | None]:
     """(highest sequence on disk for ``node`` or 0, the last event's name)."""
     for path in reversed(node_files(root, node)):
-        reader = FileReader(path)
-        last = None
-        for block in reader.blocks_iter():
-            if block:
-                last = block[-1]
+        records = FileReader(path).last_records(1)
+        last = records[-1] if records else None
         if last is not None:
             return last["seq"], last["event"]
         try:  # an empty or unreadable file: its name still says where it started
