@@ -59,6 +59,9 @@ class MQTTConnectionHandler:
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
             log.info("mqtt connection %s: dropped", self.peer)
         finally:
+            if trio.current_effective_deadline() == -math.inf:
+                # cancelled from outside: the broker is stopping, devices did nothing wrong
+                self.listener.service.stopping = True
             session.connection_lost()  # will, requeue, consumers leave (idempotent)
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):

@@ -210,3 +210,20 @@ def test_unsubscribe(broker, service):
     assert sub.send(m.Unsubscribe(2, ["a", "b"])) == [m.PacketId(m.UNSUBACK, 2)]
     Client(service, "pub").publish("a", b"x")
     assert sub.output() == []
+
+
+def test_permissions_and_vhost_from_the_user_name(broker, service):
+    access = broker.access
+    access.add_vhost("iot")
+    access.add_user("dev", "pw")
+    access.set_permissions("dev", "iot", "^mqtt-", "^(amq\\.topic|mqtt-.*)$",
+                           "^(amq\\.topic|mqtt-.*)$")
+    access.set_topic_permissions("dev", "iot", "amq.topic", "^sensors\\.", "^(sensors|cmd)\\.")
+    assert Client(service, "d0", username="dev", password=b"pw").connack == [m.ConnAck(5)]
+    dev = Client(service, "d1", username="iot:dev", password=b"pw")
+    assert dev.connack == [m.ConnAck(0)]
+    assert dev.session.vhost.name == "iot"
+    assert dev.subscribe(("cmd/#", 1), ("admin/#", 1)) == [m.SubAck(1, [1, 0x80])]
+    assert dev.publish("sensors/t", b"1", qos=1, pid=3) == [m.PacketId(m.PUBACK, 3)]
+    assert dev.publish("admin/x", b"1", qos=1, pid=4) == []
+    assert dev.session.finished  # a refused publish closes the connection, as RabbitMQ
