@@ -24,6 +24,8 @@ def _lives(url, data_dir):
         pol.set_policy("/", "gone", ".*", {"max-length": 1})
         pol.clear_policy("/", "gone")
         assert q.message_count == 3
+        vhost.declare_exchange(spec.Exchange.Declare(exchange="x", type="direct", durable=True))
+        pol.set_policy("/", "ae", "^x$", {"alternate-exchange": "ae"}, apply_to="exchanges")
 
     def second(vhost):
         pol = vhost.policies
@@ -35,6 +37,8 @@ def _lives(url, data_dir):
         for i in range(5):
             q.enqueue(make_message(b"n%d" % i, routing_key="q", delivery_mode=2))
         seen["after"] = q.message_count
+        x = vhost.exchanges["x"]
+        seen["exchange"] = (x.policy, x.alternate_exchange)
         pol.clear_operator_policy("/", "o")
 
     def third(vhost):
@@ -43,13 +47,15 @@ def _lives(url, data_dir):
     broker_life(url, data_dir, first)
     broker_life(url, data_dir, second)
     broker_life(url, data_dir, third)
-    assert seen["policies"] == [{"vhost": "/", "name": "p", "pattern": "^q$", "apply-to": "queues",
+    assert seen["policies"][0]["name"] == "ae"
+    assert seen["policies"][1:] == [{"vhost": "/", "name": "p", "pattern": "^q$", "apply-to": "queues",
                                  "definition": {"max-length": 3, "ha-mode": "exactly",
                                                 "ha-params": 2}, "priority": 1}]
     assert [p["name"] for p in seen["operator"]] == ["o"]
     assert seen["queue"] == ("p", "o", {"max-length": 3, "ha-mode": "exactly", "ha-params": 2,
                                         "message-ttl": 60000}, 3)
     assert seen["after"] == 3
+    assert seen["exchange"] == ("ae", "ae")  # recreated by the store, then given its policy
     assert seen["third"] == []
 
 
@@ -57,7 +63,7 @@ def test_policies_survive_restarts_in_the_journal(tmp_path):
     _lives("journal", tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
 def test_policies_survive_restarts_in_sql(kind, tmp_path):
     db = _make_db(kind)
     try:
