@@ -298,3 +298,13 @@ def test_policies_follow_vhosts_of_the_access_control(broker):
     assert declare_queue(broker.vhosts["v1"], "q1").policy is None
     with pytest.raises(VhostNotFound):
         pol.set_policy("v2", "p", ".*", {"max-length": 1})
+
+
+def test_lower_max_length_bytes_drops_the_head(c):
+    declare(c, "mb")
+    for i in range(5):
+        c.publish(1, b"x" * 10 + str(i).encode(), "", "mb")
+    c.broker.policies.set_policy("/", "p", "^mb$", {"max-length-bytes": 25})
+    assert bodies(c, "mb") == [b"xxxxxxxxxx3", b"xxxxxxxxxx4"]
+    c.broker.policies.set_operator_policy("/", "o", "^mb$", {"max-length-bytes": 11})
+    assert bodies(c, "mb") == [b"xxxxxxxxxx4"]
