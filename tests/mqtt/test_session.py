@@ -227,3 +227,50 @@ def test_permissions_and_vhost_from_the_user_name(broker, service):
     assert dev.publish("sensors/t", b"1", qos=1, pid=3) == [m.PacketId(m.PUBACK, 3)]
     assert dev.publish("admin/x", b"1", qos=1, pid=4) == []
     assert dev.session.finished  # a refused publish closes the connection, as RabbitMQ
+
+
+async def test_puback_waits_for_the_journal_and_retained_survive(tmp_path):
+    """A QoS 1 publish into a durable queue, and a retained one, are acknowledged only after
+    the journal wrote them; both come back after a restart."""
+    import trio
+
+    from broker.broker import Broker
+    from broker.config import Config
+    from broker.persistence import open_store
+
+    async def life(body):
+        store = open_store("journal", str(tmp_path))
+        await store.open()
+        # as the command line does: the listener's service exists before recovery
+        broker = Broker(Config(data_dir=str(tmp_path), mqtt_port=0), store)
+        broker.recover()
+        service = broker.mqtt.service
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            await body(broker, service)
+            nursery.cancel_scope.cancel()
+        await store.close()
+
+    async def first(broker, service):
+        dev = Client(service, "dev", clean=False)
+        dev.subscribe(("jobs/#", 1))
+        dev.drop()
+        pub = Client(service, "pub")
+        assert pub.publish("jobs/1", b"j1", qos=1, pid=1) == []  # not yet on disk
+        assert pub.publish("cfg", b"5", qos=1, retain=True, pid=2) == []
+        with trio.fail_after(5):
+            while True:
+                await trio.sleep(0.01)
+                got = pub.output()
+                if got:
+                    break
+        assert got == [m.PacketId(m.PUBACK, 1), m.PacketId(m.PUBACK, 2)]
+
+    async def second(broker, service):
+        dev = Client(service, "dev", clean=False)
+        assert dev.connack[0] == m.ConnAck(0, True)
+        assert publishes(dev.connack[1:]) == [("jobs/1", b"j1", 1, False, False)]
+        assert publishes(dev.subscribe(("cfg", 0))[1:]) == [("cfg", b"5", 0, True, False)]
+
+    await life(first)
+    await life(second)
