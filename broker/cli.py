@@ -140,6 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="S", help="roll audit files after this long (default 300 s)")
     run.add_argument("--audit-codec", choices=("deflate", "null"), default=audit.codec,
                      help="Avro block codec of the audit files (default deflate)")
+    run.add_argument("--cluster", default=None, metavar="URL",
+                     help="join the cluster coordinated by etcd://HOST:2379[,HOST:2379]/PREFIX "
+                          "(docs/cluster.md; default: a single node, no etcd)")
+    run.add_argument("--node-name", default=None, metavar="NAME",
+                     help="this node's name in the cluster (needed with --cluster)")
+    run.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                     help="AMQP address other nodes and clients are told (default --host:--port)")
+    run.add_argument("--cluster-secret-file", default=None, metavar="FILE",
+                     help="the cluster secret (like RabbitMQ's Erlang cookie): nodes with "
+                          "another secret are refused")
+    run.add_argument("--cluster-ttl", type=_seconds, default=5.0, metavar="S",
+                     help="node lease: a node that stops renewing is gone after this (default 5 s)")
     for extension in _extensions():
         extension.add_subcommands(sub)
     return parser
@@ -149,7 +161,8 @@ def _extensions():
     """Modules that contribute subcommands (store tools, scheduler management)."""
     import importlib
     found = []
-    for name in ("broker.persistence.tools", "broker.scheduler.tools"):
+    for name in ("broker.persistence.tools", "broker.scheduler.tools", "broker.ctl",
+                 "broker.cluster.tools"):
         try:
             found.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:
@@ -228,6 +241,12 @@ def _run(args) -> int:
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
             return 2
+    if args.cluster:
+        from .cluster import cluster_problem
+        problem = cluster_problem(args)
+        if problem:
+            print(f"triomq: error: {problem}", file=sys.stderr)
+            return 2
     tls_problem = _tls_problem(args) or _security_problem(args)
     if tls_problem:
         print(f"triomq: error: {tls_problem}", file=sys.stderr)
@@ -275,6 +294,9 @@ def _run(args) -> int:
     try:
         store = open_store(config.store, config.data_dir, config.flush, config.journal,
                            config.sql)
+        if args.cluster:
+            from .cluster import clustered_store
+            store = clustered_store(store, args)
         broker = Broker(config, store)
         trio.run(run_server, broker, config.host, config.port)
     except KeyboardInterrupt:
