@@ -72,6 +72,8 @@ def shot():
     def take(pg, name: str) -> None:
         if target:
             Path(target).mkdir(parents=True, exist_ok=True)
+            # a scrolled sticky header lands mid-page; toasts of earlier steps are noise
+            pg.evaluate("window.scrollTo(0, 0); document.getElementById('toasts')?.remove()")
             pg.wait_for_timeout(300)  # let charts and tables settle
             pg.screenshot(path=str(Path(target) / f"{name}.png"), full_page=True)
     return take

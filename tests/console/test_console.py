@@ -8,7 +8,9 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import pika
 import pytest
 
@@ -158,7 +160,7 @@ def test_queue_policy_publish_get_delete(page, broker_proc, shot):
     page.wait_for_function("document.querySelectorAll('#queues-table tbody tr').length === 3")
     page.click("#queues-table th:has-text('Name')")
     page.wait_for_selector("#queues-table th[aria-sort=ascending]:has-text('Name')")
-    names = lambda: page.locator("#queues-table tbody tr td:nth-child(2)").all_inner_texts()  # noqa: E731
+    names = lambda: page.locator("#queues-table tbody tr td:nth-child(2)").all_inner_texts()
     page.wait_for_function("document.querySelector('#queues-table tbody tr td:nth-child(2)').textContent === 'console-q-a'")
     assert names() == ["console-q-a", "console-q-b", "console-q-orders"]
     page.click("#queues-table th:has-text('Name')")
@@ -241,3 +243,31 @@ def test_admin_pages(page, broker_proc, shot):
     login(page, "console-ann", "s3cret")
     page.wait_for_selector("#whoami:has-text('console-ann')")
     assert page.locator(".tabs a[data-tab=admin]").count() == 0
+
+
+def test_definitions_download_and_upload(page, broker_proc):
+    base = broker_proc.http_url
+    logged_in(page)
+    page.wait_for_selector("#definitions")
+    with page.expect_download() as download:
+        page.click("#export-definitions")
+    defs = json.loads(Path(download.value.path()).read_text())
+    assert {"users", "vhosts", "permissions", "queues", "exchanges", "bindings"} <= defs.keys()
+    assert any(u["name"] == "guest" for u in defs["users"])
+
+    # a file that is not JSON: a clear error, nothing sent
+    page.set_input_files("#definitions-file", files=[{"name": "broken.json", "mimeType": "application/json", "buffer": b"{not json"}])
+    page.click("#import-definitions")
+    page.wait_for_selector(".toast-error:has-text('broken.json is not valid JSON')")
+
+    upload = {"vhosts": [{"name": "console-imported-vh"}],
+              "queues": [{"name": "console-imported", "vhost": "console-imported-vh", "durable": True,
+                          "auto_delete": False, "arguments": {}}]}
+    page.set_input_files("#definitions-file", files=[{"name": "defs.json", "mimeType": "application/json",
+                                                      "buffer": json.dumps(upload).encode()}])
+    page.click("#import-definitions")
+    page.wait_for_selector("#definitions-result:has-text('Imported defs.json')")
+    r = httpx.get(f"{base}/api/queues/console-imported-vh/console-imported", auth=("guest", "guest"))
+    assert r.status_code == 200, r.text
+    # the new vhost is offered in the header at once
+    assert page.locator("#vhost-select option", has_text="console-imported-vh").count() == 1

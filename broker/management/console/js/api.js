@@ -52,7 +52,9 @@ export async function request(method, url, body, { token, headers = {}, raw = fa
   } catch (e) {
     throw new ApiError(0, "network", `The broker is not reachable (${e.message})`);
   }
-  if (response.status === 401 && token === undefined) onUnauthorized();
+  // Only a refusal of the session's current credentials ends it (not a request still in
+  // flight from before a logout).
+  if (response.status === 401 && token === undefined && auth && auth === credentials()?.token) onUnauthorized();
   if (!response.ok) {
     let error = `HTTP ${response.status}`;
     let reason = response.statusText;

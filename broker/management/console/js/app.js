@@ -48,6 +48,7 @@ const ctx = {
 };
 
 let current = null; // the page on screen
+let navigation = 0; // bumped by every route and logout: a slower page load that lost the race is dropped
 let timer = null;
 const root = document.getElementById("app");
 
@@ -61,6 +62,7 @@ const MANAGEMENT_TAGS = ["administrator", "monitoring", "policymaker", "manageme
 // Login: whoami with the typed credentials decides; nothing is stored unless it answers 200.
 function showLogin(message) {
   stopTimer();
+  if (current?.stop) current.stop();
   current = null;
   const user = input("username", { autocomplete: "username", required: true, autofocus: true });
   const pass = input("password", { type: "password", autocomplete: "current-password" });
@@ -120,6 +122,8 @@ function header() {
 }
 
 function logout() {
+  navigation++;
+  shell = null;
   api.forgetCredentials();
   sessionStorage.removeItem(VHOST_KEY);
   showLogin("You have logged out.");
@@ -164,6 +168,7 @@ function markTab() {
 async function route() {
   if (!api.credentials()) return showLogin();
   if (!shell) return start();
+  const nav = ++navigation;
   const hash = location.hash.replace(/^#/, "") || "/";
   if (current?.stop) current.stop();
   current = null;
@@ -178,6 +183,11 @@ async function route() {
       page = await render(ctx, ...params);
     } catch (e) {
       page = { el: h("div.card.fatal", errorText(e)) };
+    }
+    if (nav !== navigation || !shell) {
+      // another navigation, a logout or an expired session came first
+      if (page.stop) page.stop();
+      return;
     }
     current = page;
     clear(shell.main, page.el);
@@ -211,10 +221,25 @@ function startTimer() {
   if (seconds > 0) timer = setInterval(refresh, seconds * 1000);
 }
 
-api.setUnauthorizedHandler(() => {
-  api.forgetCredentials();
-  shell = null;
-  showLogin("Your session ended: please log in again.");
+// A 401 also answers a tag the user lacks ("Not monitoring user"): whoami tells whether the
+// credentials themselves stopped working (user deleted, password changed).
+let checking = false;
+api.setUnauthorizedHandler(async () => {
+  const token = api.credentials()?.token;
+  if (checking || !token) return;
+  checking = true;
+  try {
+    await api.get("/api/whoami", { token });
+  } catch (e) {
+    if (e.status === 401 && api.credentials()?.token === token) {
+      api.forgetCredentials();
+      navigation++;
+      shell = null;
+      showLogin("Your session ended: please log in again.");
+    }
+  } finally {
+    checking = false;
+  }
 });
 
 window.addEventListener("hashchange", route);

@@ -1,9 +1,19 @@
-// Live time-series charts (uPlot, vendored). A Series keeps its samples in memory for the
-// session's page life, so leaving and returning to a page keeps the history.
+// Live time-series charts (uPlot, vendored). A chart's history lives in memory for the page's
+// life, so leaving and returning to a page keeps it; the overview seeds it from the API's samples.
 import { h } from "./util.js";
 
-const KEEP = 240; // samples kept: 20 minutes at the default 5 s refresh
+const KEEP_SECONDS = 3600;
 const histories = new Map();
+const SPAN_KEY = "triomq.span";
+export const SPANS = [[60, "Last minute"], [600, "Last 10 minutes"], [3600, "Last hour"]];
+
+export function span() {
+  return Number(sessionStorage.getItem(SPAN_KEY) || "600");
+}
+
+export function setSpan(seconds) {
+  sessionStorage.setItem(SPAN_KEY, String(seconds));
+}
 
 export function history(id, names) {
   if (!histories.has(id)) histories.set(id, { names, t: [], values: names.map(() => []) });
@@ -14,14 +24,21 @@ export function push(hist, seconds, values) {
   if (hist.t.length && seconds <= hist.t[hist.t.length - 1]) return;
   hist.t.push(seconds);
   values.forEach((v, i) => hist.values[i].push(v ?? null));
-  if (hist.t.length > KEEP) {
+  while (hist.t.length && hist.t[0] < seconds - KEEP_SECONDS) {
     hist.t.shift();
     hist.values.forEach((a) => a.shift());
   }
 }
 
+const pad = (n) => String(n).padStart(2, "0");
+function clock(seconds, withSeconds) {
+  const d = new Date(seconds * 1000);
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}${withSeconds ? `:${pad(d.getSeconds())}` : ""}`;
+}
+
 // A chart card: title, a uPlot canvas and a legend with the latest value of each series.
-// series: [{label, color}]; format: value -> text.
+// series: [{label, color}]; format(value, axis) -> text. The element carries data-points (samples
+// held) and data-latest (JSON of the last values) for tests and scripts.
 export function chartCard({ id, title, series, format }) {
   const hist = history(id, series.map((s) => s.label));
   const plotBox = h("div.plot");
@@ -35,26 +52,28 @@ export function chartCard({ id, title, series, format }) {
   }
 
   function build() {
+    const axis = { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" }, font: "11px system-ui, sans-serif" };
     const opts = {
       ...size(),
       cursor: { drag: { x: false, y: false } },
       legend: { show: false },
-      // At least two minutes on x and 0..5 on y, so a new or idle chart has sensible ticks.
-      scales: { x: { time: true, range: (u, min, max) => [Math.min(min ?? 0, (max ?? 0) - 120), max ?? 0] },
-                y: { range: (u, min, max) => [0, Math.max((max ?? 0) * 1.15, 5)] } },
+      // the chosen span on x, and at least 0..5 on y, so a new or idle chart has sensible ticks
+      scales: {
+        x: { time: true, range: (u, min, max) => { const end = Math.max(max ?? 0, Date.now() / 1000); return [end - span(), end]; } },
+        y: { range: (u, min, max) => [0, Math.max((max ?? 0) * 1.15, 5)] },
+      },
       axes: [
-        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" } },
-        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" }, size: 60,
-          values: (u, vals) => vals.map((v) => format(v, true)) },
+        { ...axis, values: (u, splits) => splits.map((s) => clock(s, span() <= 60)) },
+        { ...axis, size: 64, values: (u, splits) => splits.map((v) => format(v, true)) },
       ],
-      series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, fill: `${s.color}1a`, points: { show: false } }))],
+      series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, fill: `${s.color}14`, points: { show: false }, spanGaps: false }))],
     };
     plot = new window.uPlot(opts, [hist.t, ...hist.values], plotBox);
   }
 
   function render() {
     el.dataset.points = String(hist.t.length);
-    const last = hist.values.map((a) => a[a.length - 1]);
+    const last = hist.values.map((a) => a[a.length - 1] ?? null);
     el.dataset.latest = JSON.stringify(last);
     el.querySelectorAll(".legend-value").forEach((b, i) => { b.textContent = last[i] == null ? "–" : format(last[i]); });
     if (!window.uPlot) return;
@@ -67,8 +86,20 @@ export function chartCard({ id, title, series, format }) {
 
   return {
     el,
+    empty: () => hist.t.length === 0,
     add(seconds, values) { push(hist, seconds, values); render(); },
     render,
+    redraw() { plot?.destroy(); plot = null; render(); },
     stop() { window.removeEventListener("resize", onResize); plot?.destroy(); plot = null; },
   };
+}
+
+// Rates from cumulative counter samples [{t: seconds, v: count}] (ascending): one per interval.
+export function ratesFrom(samples) {
+  const out = [];
+  for (let i = 1; i < samples.length; i++) {
+    const dt = samples[i].t - samples[i - 1].t;
+    if (dt > 0) out.push({ t: samples[i].t, v: Math.max(0, (samples[i].v - samples[i - 1].v) / dt) });
+  }
+  return out;
 }

@@ -89,7 +89,7 @@ export async function renderOne(ctx, vhost, name) {
     if (ok !== undefined) location.hash = "#/exchanges";
   } } }, "Delete exchange");
   const el = h("div.page",
-    h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/exchanges" }, "Exchanges"), " / ", vhost),
+    h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/exchanges" }, "Exchanges"), " · virtual host ", h("span.mono", vhost)),
       h("h1", "Exchange ", h("span.mono", real === "" ? "(AMQP default)" : name)))),
     h("section.card", h("h2", "Details"), details),
     bindings.el,

@@ -2,7 +2,7 @@
 // and definitions export / import.
 import * as api from "../api.js";
 import { h, clear, num, rate, bytes, duration, detail, toast, errorText, download } from "../util.js";
-import { chartCard } from "../chart.js";
+import { chartCard, ratesFrom, span, setSpan, SPANS } from "../chart.js";
 import { select } from "../forms.js";
 
 const RATE_SERIES = [
@@ -31,11 +31,17 @@ export async function render(ctx) {
   const listeners = h("div.table-wrap");
 
   async function refresh() {
-    const [ov, nodeList] = await Promise.all([api.get("/api/overview"), api.get("/api/nodes").catch(() => [])]);
+    // the first load asks for the API's samples too, so the graphs start with history
+    const first = queued.empty() && rates.empty();
+    const url = first ? "/api/overview?lengths_age=600&lengths_incr=5&msg_rates_age=600&msg_rates_incr=5" : "/api/overview";
+    const [ov, nodeList] = await Promise.all([api.get(url), ctx.can("monitoring") ? api.get("/api/nodes").catch(() => []) : []]);
     const now = Date.now() / 1000;
     const qt = ov.queue_totals || {}, ms = ov.message_stats || {}, ot = ov.object_totals || {};
+    if (first) seed(ov, queued, rates);
+    // a counter the broker does not report is a gap, not a zero (an idle RabbitMQ reports none)
+    const none = Object.keys(ms).length === 0 ? 0 : null;
     queued.add(now, QUEUED_SERIES.map((s) => qt[s.key] ?? 0));
-    rates.add(now, RATE_SERIES.map((s) => detail(ms, s.key) ?? 0));
+    rates.add(now, RATE_SERIES.map((s) => detail(ms, s.key) ?? none));
     clear(totals,
       stat("Connections", num(ot.connections ?? 0), "total-connections"),
       stat("Channels", num(ot.channels ?? 0), "total-channels"),
@@ -59,11 +65,15 @@ export async function render(ctx) {
 
   await refresh().catch((e) => toast(errorText(e), "error"));
 
+  const spanSel = select("span", SPANS.map(([v, l]) => [String(v), l]), String(span()));
+  spanSel.id = "chart-span";
+  spanSel.setAttribute("aria-label", "Graph time span");
+  spanSel.addEventListener("change", () => { setSpan(Number(spanSel.value)); queued.redraw(); rates.redraw(); });
   const el = h("div.page",
-    h("div.page-head", h("h1", "Overview")),
+    h("div.page-head", h("h1", "Overview"), h("label.inline.muted", "Graphs ", spanSel)),
     totals,
     h("div.grid-2", queued.el, rates.el),
-    h("section.card", h("h2", "Nodes"), nodes),
+    ctx.can("monitoring") ? h("section.card", h("h2", "Nodes"), nodes) : null,
     h("section.card", h("h2", "Listeners"), listeners),
     definitionsCard(ctx));
   return {
@@ -71,6 +81,26 @@ export async function render(ctx) {
     mounted() { queued.render(); rates.render(); },
     stop() { queued.stop(); rates.stop(); },
   };
+}
+
+// Seeds the graphs from the API's samples: TrioMQ's ring of counters ("samples") or RabbitMQ's
+// <key>_details.samples (newest first). Rates are the counters' differences over time.
+function samplesOf(ov, section, key) {
+  if (Array.isArray(ov.samples)) {
+    return ov.samples.filter((x) => typeof x[key] === "number").map((x) => ({ t: x.timestamp / 1000, v: x[key] }));
+  }
+  const list = ov[section]?.[`${key}_details`]?.samples || [];
+  return list.map((x) => ({ t: x.timestamp / 1000, v: x.sample })).sort((a, b) => a.t - b.t);
+}
+
+function seed(ov, queued, rates) {
+  const fill = (chart, columns) => {
+    const maps = columns.map((c) => new Map(c.map((p) => [p.t, p.v])));
+    const times = [...new Set(columns.flat().map((p) => p.t))].sort((a, b) => a - b);
+    for (const t of times) chart.add(t, maps.map((m) => m.get(t) ?? null));
+  };
+  fill(queued, QUEUED_SERIES.map((s) => samplesOf(ov, "queue_totals", s.key)));
+  fill(rates, RATE_SERIES.map((s) => ratesFrom(samplesOf(ov, "message_stats", s.key))));
 }
 
 // Definitions: download the broker's (or one vhost's) definitions; upload a file to import.

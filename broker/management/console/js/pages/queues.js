@@ -135,7 +135,7 @@ export async function renderOne(ctx, vhost, name) {
   await refresh().catch((e) => toast(errorText(e), "error"));
 
   const el = h("div.page",
-    h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/queues" }, "Queues"), " / ", vhost), h("h1", "Queue ", h("span.mono#queue-name", name))),
+    h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/queues" }, "Queues"), " · virtual host ", h("span.mono", vhost)), h("h1", "Queue ", h("span.mono#queue-name", name))),
       h("div.head-tags", tags(first.type ? [first.type] : []))),
     summary,
     h("div.grid-2", h("section.card", h("h2", "Details"), details), chart.el),
