@@ -8,7 +8,8 @@ then comes back redelivered).
 
 Tasks: ``run`` is the subscription's one task; it owns a nursery with a fixed pool of
 senders (``inflightSize`` for parallel delivery, one when ordered or batched), which end
-with it. No task per message: deliveries go through a bounded memory channel.
+with it, each with its own keep-alive connection (``client.Connection``). No task per
+message: deliveries go through a bounded memory channel.
 
 Per message (or batch): wait for the adaptive rate limiter, POST with Hermes' headers; 2xx
 acks; 5xx, timeouts and network errors retry after the backoff and slow the limiter down
@@ -25,16 +26,17 @@ import math
 import uuid
 from typing import Any
 
-import httpx
 import trio
 
 from ..queues.queue import Consumer
 from ..schemas import compiled
+from .client import Connection, Endpoint, PushError
 from .model import SubscriptionDef
 
 log = logging.getLogger("broker.hermes.push")
-# httpx logs every request at INFO: one line per pushed message would cost more than the push
-logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+BURST = 0.01  # s
 
 
 class AdaptiveRate:
@@ -50,7 +52,8 @@ class AdaptiveRate:
 
     async def acquire(self) -> None:
         now = trio.current_time()
-        at = max(now, self._next)
+        # a burst of up to BURST seconds' worth of requests passes without sleeping
+        at = max(now - BURST, self._next)
         self._next = at + 1.0 / self.rate
         if at > now:
             await trio.sleep(at - now)
@@ -63,8 +66,8 @@ class AdaptiveRate:
         self.rate = max(self.floor, self.rate / 2)
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
+def _retry_after(headers: dict) -> float | None:
+    value = headers.get("retry-after")
     if value is None:
         return None
     try:
@@ -80,7 +83,7 @@ class PushSubscriber:
     Contract: ``run`` returns when ``stop()`` is called, the queue is deleted, or its
     cancel scope is cancelled. On the way out, every entry it holds and has not settled
     goes back to the queue (requeued, redelivered) before its consumer leaves. It owns its
-    httpx client and sender tasks; the queue and the service are not its own.
+    sender tasks and their connections; the queue and the service are not its own.
     """
 
     global_prefetch = 0  # read by Consumer.can_take as a channel's
@@ -95,6 +98,7 @@ class PushSubscriber:
         self.workers = 1 if (self.batch or policy.ordered) else policy.inflightSize
         window = sub.batchSubscriptionPolicy.batchSize if self.batch else policy.inflightSize
         self.limiter = AdaptiveRate(policy.rate)
+        self.endpoint = Endpoint(sub.endpoint)
         self.consumer = Consumer(f"hermes.{sub.qualified}", self, queue, no_ack=False,
                                  exclusive=False, priority=0, prefetch=window, arguments={})
         self._send, self._receive = trio.open_memory_channel[Any](window)
@@ -125,16 +129,12 @@ class PushSubscriber:
         self._scope.cancel()
 
     async def run(self) -> None:
-        timeout = self.sub.subscriptionPolicy.requestTimeout / 1000.0
-        limits = httpx.Limits(max_connections=self.workers, max_keepalive_connections=self.workers)
         try:
             with self._scope:
-                async with httpx.AsyncClient(timeout=timeout, limits=limits) as client, \
-                        trio.open_nursery() as nursery:
+                async with trio.open_nursery() as nursery:
                     self.queue.add_consumer(self.consumer)
                     for _ in range(self.workers):
-                        nursery.start_soon(self._batch_sender if self.batch else self._sender,
-                                           client)
+                        nursery.start_soon(self._batch_sender if self.batch else self._sender)
         finally:
             self._release()
 
@@ -186,7 +186,14 @@ class PushSubscriber:
             return mid
         return str(uuid.uuid5(uuid.NAMESPACE_OID, f"triomq.{message.id}"))
 
-    async def _sender(self, client: httpx.AsyncClient) -> None:
+    async def _sender(self) -> None:
+        conn = Connection(self.endpoint)
+        try:
+            await self._send_each(conn)
+        finally:
+            await conn.aclose()
+
+    async def _send_each(self, conn: Connection) -> None:
         async for entry in self._receive:
             message = entry.message
             try:
@@ -197,10 +204,17 @@ class PushSubscriber:
                 self._settle([entry], ok=False)
                 continue
             mid = self.message_id(message)
-            ok = await self._deliver(client, body, ctype, lambda n, mid=mid: self._headers(mid, n))
+            ok = await self._deliver(conn, body, ctype, lambda n, mid=mid: self._headers(mid, n))
             self._settle([entry], ok)
 
-    async def _batch_sender(self, client: httpx.AsyncClient) -> None:
+    async def _batch_sender(self) -> None:
+        conn = Connection(self.endpoint)
+        try:
+            await self._send_batches(conn)
+        finally:
+            await conn.aclose()
+
+    async def _send_batches(self, conn: Connection) -> None:
         bp = self.sub.batchSubscriptionPolicy
         while True:
             batch = [await self._receive.receive()]
@@ -237,15 +251,16 @@ class PushSubscriber:
                 h["Hermes-Batch-Id"] = batch_id
                 return h
 
-            ok = await self._deliver(client, json.dumps(items).encode(), "application/json", headers)
+            ok = await self._deliver(conn, json.dumps(items).encode(), "application/json", headers)
             self._settle(keep, ok)
 
-    async def _deliver(self, client: httpx.AsyncClient, body: bytes, ctype: str, headers) -> bool:
+    async def _deliver(self, conn: Connection, body: bytes, ctype: str, headers) -> bool:
         """POST until a 2xx (True) or until the message must be discarded (False)."""
         policy = self.sub.subscriptionPolicy
         first = trio.current_time()
         ttl = policy.messageTtl
         backoff = policy.messageBackoff / 1000.0
+        timeout = policy.requestTimeout / 1000.0
         retries = 0
         while True:
             await self.limiter.acquire()
@@ -253,13 +268,12 @@ class PushSubscriber:
             h["Content-Type"] = ctype
             wait = None
             try:
-                response = await client.post(self.sub.endpoint, content=body, headers=h)
-                status = response.status_code
+                status, rheaders = await conn.post(body, h, timeout)
                 if status == 503:
-                    wait = _retry_after(response)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                    wait = _retry_after(rheaders)
+            except (PushError, trio.TooSlowError) as exc:
                 status = 0
-                log.debug("subscription %s: %s", self.sub.qualified, exc)
+                log.debug("subscription %s: %r", self.sub.qualified, exc)
             if 200 <= status < 300:
                 self.limiter.success()
                 self.stats["delivered"] += 1
