@@ -271,3 +271,49 @@ def test_definitions_download_and_upload(page, broker_proc):
     assert r.status_code == 200, r.text
     # the new vhost is offered in the header at once
     assert page.locator("#vhost-select option", has_text="console-imported-vh").count() == 1
+
+
+def test_exchange_page_bind_publish_unbind_and_vhost_scope(page, broker_proc):
+    base = broker_proc.http_url
+    auth = ("guest", "guest")
+    httpx.put(f"{base}/api/vhosts/console-x-vh", auth=auth, json={}).raise_for_status()
+    httpx.put(f"{base}/api/queues/%2F/console-x-q", auth=auth, json={"durable": False}).raise_for_status()
+    logged_in(page)
+    page.goto(base + "/#/exchanges")
+    page.click("#add-exchange summary")
+    page.fill("#add-exchange input[name=name]", "console-x")
+    page.select_option("#add-exchange select[name=type]", "topic")
+    page.click("#add-exchange button[type=submit]")
+    page.locator("#exchanges-table a", has_text="console-x").click()
+    page.wait_for_selector("h1:has-text('console-x')")
+
+    page.click("#add-binding summary")
+    page.fill("#add-binding input[name=destination]", "console-x-q")
+    page.fill("#add-binding input[name=routing_key]", "orders.*")
+    page.click("#add-binding button[type=submit]")
+    page.locator("#bindings-table tbody tr", has_text="orders.*").wait_for()
+
+    page.click("#publish-message summary")
+    page.fill("#publish-message input[name=routing_key]", "orders.new")
+    page.fill("#publish-message textarea[name=payload]", "routed")
+    page.click("#publish-message button[type=submit]")
+    page.wait_for_selector(".toast-ok:has-text('Message published')")
+    q = httpx.get(f"{base}/api/queues/%2F/console-x-q", auth=auth).json()
+    assert q["messages"] == 1
+
+    page.locator("#bindings-table tbody tr", has_text="orders.*").locator("button:has-text('Unbind')").click()
+    page.wait_for_selector("#bindings-table tr.empty")
+    page.click("#publish-message button[type=submit]")
+    page.wait_for_selector(".toast-warn:has-text('not routed')")
+
+    # the header's vhost selector scopes the lists to one vhost
+    page.goto(base + "/#/queues")
+    page.select_option("#vhost-select", "console-x-vh")
+    page.wait_for_selector("#queues-table tr.empty")
+    page.select_option("#vhost-select", "")
+    page.locator("#queues-table tbody tr", has_text="console-x-q").wait_for()
+
+    page.goto(base + "/#/exchanges/%2F/console-x")
+    page.click("#delete-exchange")
+    page.wait_for_url("**/#/exchanges")
+    assert httpx.get(f"{base}/api/exchanges/%2F/console-x", auth=auth).status_code == 404
