@@ -342,9 +342,9 @@ class Server:
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
-            listening = getattr(broker, "amqp_listening", None)
+            listening = getattr(broker, "on_amqp_listening", None)
             if listening is not None:
-                listening.set()  # the HTTP listener (management) binds after AMQP's
+                listening(self.port)  # management: its HTTP listener binds after AMQP's
             log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
             tls_listeners = await self._open_tls(host)
             task_status.started(self.port)

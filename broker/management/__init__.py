@@ -20,7 +20,13 @@ def install(broker) -> HttpServer:
 
     server = HttpServer(broker)
     broker.http_server = server
-    broker.amqp_listening = trio.Event()  # set by the server once AMQP listens
+    broker.amqp_listening = trio.Event()  # set once AMQP listens (the HTTP port binds then)
+
+    def amqp_listening(port: int) -> None:
+        server.amqp_port = port
+        broker.amqp_listening.set()
+
+    broker.on_amqp_listening = amqp_listening  # called by server.Server.serve
     broker.message_totals = MessageTotals(broker)  # channels fold their counters in at close
     broker.stats_sampler = Sampler(broker)
     api.add_routes(broker)

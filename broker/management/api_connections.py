@@ -28,7 +28,7 @@ _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def connection_name(session) -> str:
-    port = session.broker.config.port
+    port = session.broker.http_server.amqp_port or session.broker.config.port
     return f"{session.peer} -> 127.0.0.1:{port}"
 
 
@@ -64,7 +64,9 @@ def connection_json(session) -> dict:
             "connected_at": connected, "frame_max": conn.frame_max, "host": "127.0.0.1",
             "name": connection_name(session), "node": NODE, "peer_cert_issuer": None,
             "peer_cert_subject": None, "peer_cert_validity": None, "peer_host": host,
-            "peer_port": port, "port": session.broker.config.port, "protocol": "AMQP 0-9-1",
+            "peer_port": port,
+            "port": session.broker.http_server.amqp_port or session.broker.config.port,
+            "protocol": "AMQP 0-9-1",
             "send_pend": conn.pending_output, "ssl": bool(getattr(session, "tls", False)),
             "ssl_cipher": None, "ssl_hash": None, "ssl_key_exchange": None,
             "ssl_protocol": None, "state": state, "timeout": conn.heartbeat,

@@ -68,10 +68,10 @@ def _totals(broker, vhosts) -> tuple[dict, dict]:
 
 def _listeners(broker) -> list[dict]:
     config = broker.config
-    out = [{"node": NODE, "protocol": "amqp", "ip_address": config.host, "port": config.port,
-            "socket_opts": {}}]
-    http = getattr(broker, "http_server", None)
-    if http is not None and http.port:
+    http = broker.http_server
+    out = [{"node": NODE, "protocol": "amqp", "ip_address": config.host,
+            "port": http.amqp_port or config.port, "socket_opts": {}}]
+    if http.port:
         host = config.http_host if config.http_host is not None else config.host
         out.append({"node": NODE, "protocol": "http", "ip_address": host, "port": http.port,
                     "socket_opts": {}})
@@ -232,7 +232,7 @@ async def get_vhost(request: Request):
 
 
 async def put_vhost(request: Request):
-    await require(request, "administrator")
+    user = await require(request, "administrator")
     broker = broker_of(request)
     name = param(request, "vhost")
     data = await body(request, {"description", "tags", "default_queue_type", "tracing", "name"})
@@ -241,6 +241,9 @@ async def put_vhost(request: Request):
     try:
         broker.access.add_vhost(name, data.get("description", ""), data.get("tags"),
                                 data.get("default_queue_type"))
+        if not existed and broker.access.user(user.name) is not None:
+            # as RabbitMQ: the creator gets full permissions in the new vhost
+            broker.access.set_permissions(user.name, name, ".*", ".*", ".*")
     except DefinitionError as exc:
         raise ApiError(400, str(exc)) from None
     return no_content() if existed else created()

@@ -156,6 +156,7 @@ class HttpServer:
     def __init__(self, broker):
         self.broker = broker
         self.port: int | None = None
+        self.amqp_port: int | None = None  # the AMQP listener's, once it listens
         self.started = trio.Event()
 
     def bind(self) -> socket.socket:
