@@ -297,7 +297,7 @@ def _failed(reason: str, **extra) -> JSONResponse:
 
 
 async def health_alarms(request: Request):
-    await require(request, "monitoring")
+    await require(request)
     broker = broker_of(request)
     if broker.alarms:
         return _failed("resource alarm(s) in effect in the cluster",
@@ -306,12 +306,12 @@ async def health_alarms(request: Request):
 
 
 async def health_virtual_hosts(request: Request):
-    await require(request, "monitoring")
+    await require(request)
     return _ok()  # every vhost of this node runs in the broker's loop
 
 
 async def health_port(request: Request):
-    await require(request, "monitoring")
+    await require(request)
     broker = broker_of(request)
     try:
         port = int(request.path_params["port"])
@@ -324,7 +324,7 @@ async def health_port(request: Request):
 
 
 async def health_protocol(request: Request):
-    await require(request, "monitoring")
+    await require(request)
     broker = broker_of(request)
     proto = request.path_params["protocol"]
     protocols = {entry["protocol"] for entry in _listeners(broker)}
@@ -335,7 +335,7 @@ async def health_protocol(request: Request):
 
 
 async def health_simple_ok(request: Request):
-    await require(request, "monitoring")
+    await require(request)
     return _ok()
 
 

@@ -110,5 +110,6 @@ async def require(request: Request, level: str = "management") -> ApiUser:
     if not user.has("management"):
         raise ApiError(401, "Not management user", "not_authorised", CHALLENGE)
     if not user.has(level):
-        raise ApiError(401, f"Not {level} user", "not_authorised", CHALLENGE)
+        name = "monitor" if level == "monitoring" else level  # RabbitMQ's wording
+        raise ApiError(401, f"Not {name} user", "not_authorised", CHALLENGE)
     return user

@@ -146,9 +146,8 @@ def check_vhost_access(broker, user: ApiUser, vhost: str) -> None:
     try:
         access.check_vhost(user.user, vhost)
     except errors.AMQPError:
-        raise ApiError(401, "Access refused.", "not_authorised", CHALLENGE) from None
-    except Exception:
-        raise ApiError(401, "Access refused.", "not_authorised", CHALLENGE) from None
+        raise ApiError(401, "User not authorised to access virtual host", "not_authorised",
+                       CHALLENGE) from None
 
 
 def visible_vhosts(broker, user: ApiUser) -> list:
