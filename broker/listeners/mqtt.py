@@ -26,6 +26,9 @@ BLOCKED_READ_INTERVAL = 0.1
 
 
 class MQTTConnectionHandler:
+    __slots__ = ("_drained", "_flow_event", "_last_received", "_started", "_wake_event",
+                 "listener", "nursery", "peer", "session", "stream")
+
     def __init__(self, listener: MQTTListener, stream, sock: socket.socket):
         self.listener = listener
         self.stream = stream
@@ -38,15 +41,17 @@ class MQTTConnectionHandler:
         self.session.wake = self._wake
         self.session.flow_resumed = self._flow_resumed
         self._wake_event = trio.Event()
-        self._drained = trio.Event()
-        self._flow_event = trio.Event()
+        # created only while the reader waits on them: idle connections are many
+        self._drained: trio.Event | None = None
+        self._flow_event: trio.Event | None = None
         self._started = self._last_received = trio.current_time()
 
     def _wake(self) -> None:
         self._wake_event.set()
 
     def _flow_resumed(self) -> None:
-        self._flow_event.set()
+        if self._flow_event is not None:
+            self._flow_event.set()
 
     async def run(self) -> None:
         session = self.session
@@ -74,8 +79,9 @@ class MQTTConnectionHandler:
         stream = self.stream
         while not session.finished:
             while conn.pending_output > session.output_high_water * 4 and not session.finished:
-                self._drained = trio.Event()
-                await self._drained.wait()
+                drained = self._drained = trio.Event()
+                await drained.wait()
+                self._drained = None
             size = broker.config.receive_size
             if broker.blocked and session.is_publisher:
                 # resource alarm: trickle-read (PINGREQ, PUBACKs still pass), as for AMQP
@@ -83,9 +89,10 @@ class MQTTConnectionHandler:
                     await self.listener.server_unblocked()
                 size = BLOCKED_READ_SIZE
             elif session.flow_queues:
-                self._flow_event = trio.Event()
+                flow = self._flow_event = trio.Event()
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await self._flow_event.wait()
+                    await flow.wait()
+                self._flow_event = None
                 if session.flow_queues:
                     size = BLOCKED_READ_SIZE
             try:
@@ -125,7 +132,8 @@ class MQTTConnectionHandler:
                 await stream.send_all(data)
                 if session.delivery_stalled:
                     session.output_drained()
-            self._drained.set()
+            if self._drained is not None:
+                self._drained.set()
             if session.finished:
                 return
 

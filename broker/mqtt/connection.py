@@ -124,6 +124,9 @@ def topic_field(topic: str) -> bytes:
 class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
+    __slots__ = ("_held", "_next_id", "_out", "close_reason", "inflight", "keep_alive",
+                 "pending_output", "protocol_level", "reader", "state")
+
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
         self.state = State.AWAIT_CONNECT
