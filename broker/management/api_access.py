@@ -61,7 +61,7 @@ async def put_user(request: Request):
     access = broker_of(request).access
     name = param(request, "user")
     data = await body(request, {"password", "password_hash", "hashing_algorithm", "tags",
-                                "limits", "name"})
+                                "limits", "name", "vhost"})
     if "password" not in data and "password_hash" not in data and access.user(name) is None:
         raise ApiError(400, "field 'password' or 'password_hash': one of them is required")
     existed = access.user(name) is not None
@@ -182,7 +182,7 @@ async def list_vhost_limits(request: Request):
 
 async def put_vhost_limit(request: Request):
     await require(request, "administrator")
-    data = await body(request, {"value"}, required=("value",))
+    data = await body(request, {"value", "vhost", "name"}, required=("value",))
     _call(broker_of(request).access.set_vhost_limits, param(request, "vhost"),
           {param(request, "name"): data["value"]})
     return no_content()
@@ -205,7 +205,7 @@ async def list_user_limits(request: Request):
 
 async def put_user_limit(request: Request):
     await require(request, "administrator")
-    data = await body(request, {"value"}, required=("value",))
+    data = await body(request, {"value", "vhost", "name", "user"}, required=("value",))
     _call(broker_of(request).access.set_user_limits, param(request, "user"),
           {param(request, "name"): data["value"]})
     return no_content()

@@ -235,7 +235,8 @@ async def put_vhost(request: Request):
     user = await require(request, "administrator")
     broker = broker_of(request)
     name = param(request, "vhost")
-    data = await body(request, {"description", "tags", "default_queue_type", "tracing", "name"})
+    data = await body(request, {"description", "tags", "default_queue_type", "tracing", "name",
+                                "vhost"})
     existed = name in broker.vhosts
     from ..security import DefinitionError
     try:
