@@ -37,6 +37,10 @@ class SQLSettings:
     max_unwritten: int = 128 * 1024 * 1024
     batch_bytes: int = 8 * 1024 * 1024  # body bytes of one transaction at most (one message more)
     standby: bool = False  # wait at start until the lease is free instead of exiting
+    # A durable FIFO queue's backlog stays in the database beyond its first ``page_window``
+    # entries and is read ahead ``page_size`` entries at a time as consumers drain it.
+    page_window: int = 5000
+    page_size: int = 2000
 
 
 @dataclass

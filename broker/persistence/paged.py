@@ -55,6 +55,7 @@ class PagedFifo:
     #: ``restore_paged`` rebuilds it from a store's index (``ReadyStore``). Not inherited:
     #: a subclass opts in by setting it again.
     accepts_paged_index = True
+    stored_behind = 0  # everything paged is read back on demand (ReadyStore)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

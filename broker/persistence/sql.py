@@ -22,6 +22,8 @@ import os
 import secrets
 import socket
 import time
+from array import array
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -32,11 +34,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from ..config import SQLSettings
+from ..message import set_message_id_floor
+from ..queues.entry import QueueEntry
+from ..queues.priority import PriorityReady
+from ..queues.retry import restore_delivery_count
 from . import sql_schema as S
-from .base import DURABLE, Store, StoreUnavailable
+from .base import DURABLE, PAGES_MESSAGES, Store, StoreUnavailable
 from .records import (
     BindingDef,
-    EntryDef,
     ExchangeDef,
     QueueDef,
     decode_arguments,
@@ -49,6 +54,8 @@ from .recovery import encode_meta, restore, restore_meta
 log = logging.getLogger("broker.store.sql")
 
 CHUNK = 500          # ids per IN (...) list
+NAN = float("nan")
+PAGER_RETRY = 1.0    # seconds before reading a page again after the database failed
 IDLE_RECHECK = 20.0  # seconds idle after which the writer's connection is pinged before use
 
 
@@ -281,10 +288,51 @@ class _Lock:
             self.fd = None
 
 
-class SQLStore(Store):
-    """Observes durable queues (``Store.queue_op``); keeps each queue's id in ``_qids``."""
+class _QueueIndex:
+    """The stored entries of one queue, as read at start-up (columns, seq order)."""
+    __slots__ = ("blens", "exps", "flags", "mids", "prios", "seqs")
 
-    capabilities: ClassVar[frozenset[str]] = frozenset({DURABLE})
+    def __init__(self):
+        self.seqs = array("q")
+        self.mids = array("q")
+        self.exps = array("d")
+        self.blens = array("I")
+        self.prios = array("B")
+        self.flags = array("B")
+
+    def add(self, seq: int, mid: int, exp: float | None, prio: int, delivered: bool,
+            blen: int | None) -> None:
+        self.seqs.append(seq)
+        self.mids.append(mid)
+        self.exps.append(NAN if exp is None else exp)
+        self.blens.append(blen or 0)
+        self.prios.append(min(max(prio or 0, 0), 255))
+        self.flags.append(1 if delivered else 0)
+
+    def entry(self, queue, i: int, messages: dict, wall_minus_mono: float) -> QueueEntry | None:
+        message = messages.get(self.mids[i])
+        if message is None:
+            return None
+        exp = self.exps[i]
+        entry = QueueEntry(message, self.seqs[i], None if exp != exp else exp - wall_minus_mono,
+                           self.prios[i])
+        if self.flags[i]:
+            restore_delivery_count(queue, entry, self.flags[i])
+        return entry
+
+    def columns(self, start: int) -> tuple:
+        """(seqs, message ids, expiries, body lengths, delivery counts) from ``start``."""
+        return (self.seqs[start:], self.mids[start:], self.exps[start:], self.blens[start:],
+                self.flags[start:])
+
+
+class SQLStore(Store):
+    """Observes durable queues (``Store.queue_op``); keeps each queue's id in ``_qids``.
+
+    Durable FIFO queues page (``PAGES_MESSAGES``): a backlog stays in the database and is
+    read ahead in pages as consumers drain it (``sql_paged.SQLPagedFifo``, ``_pager``)."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({DURABLE, PAGES_MESSAGES})
 
     def __init__(self, url: str, flush: str = "sync", async_interval: float = 0.02,
                  settings: SQLSettings | None = None):
@@ -328,6 +376,8 @@ class SQLStore(Store):
         self._gen = 0                        # bumped when a stuck write is abandoned
         self._conn_used = 0.0
         self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
+        self._wanted: deque = deque()        # SQLPagedFifo waiting for their next page
+        self._page_wanted = trio.Event()
         self._next_qid = 1
         self._loaded: Any = None
         self._loaded_meta: list = []         # (kind, key, value JSON) read by open, in write order
@@ -462,6 +512,8 @@ class SQLStore(Store):
             raise
 
     def _load(self) -> None:
+        """Definitions, every queue's entry index, and the messages of the first
+        ``page_window`` entries of each queue (the rest is read in pages: sql_paged.py)."""
         with self.engine.begin() as c:
             # GC: messages whose last entry went away (crash between statements is impossible —
             # one transaction per batch — but queue deletes chunk their message GC)
@@ -476,41 +528,89 @@ class SQLStore(Store):
             bs = [BindingDef(r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
                              decode_arguments(r.arguments))
                   for r in c.execute(select(S.bindings))]
-            es = []
-            orphan_entries = []
-            for r in c.execute(select(S.entries)):
-                owner = by_qid.get(r.qid)
-                if owner is None:
-                    orphan_entries.append(r.qid)
-                    continue
-                es.append(EntryDef(owner[0], owner[1], r.message_id, r.seq, r.expires_at,
-                                   r.priority, bool(r.delivered)))
-            for qid in set(orphan_entries):
+            index, orphans = self._load_index(c, by_qid)
+            for qid in orphans:
                 c.execute(delete(S.entries).where(S.entries.c.qid == qid))
-            messages = {}
-            for r in c.execute(select(S.msgs.c.id, S.msgs.c.body)):
-                messages[r.id] = decode_message(bytes(r.body))
+            window = self.settings.page_window
+            messages = self._read_messages(
+                c, {mid for ix in index.values() for mid in ix.mids[:window]})
+            max_id = c.execute(select(func.max(S.msgs.c.id))).scalar() or 0
             meta = [(r.kind, r.name, r.value, r.seq)
                     for r in c.execute(select(S.meta).order_by(S.meta.c.seq))]
         self._next_qid = max(by_qid, default=0) + 1
         self._meta_seq = max((m[3] for m in meta), default=0)
         self._loaded_meta = [m[:3] for m in meta]
-        self._loaded = (xs, qs, bs, es, messages, by_qid)
+        self._loaded = (xs, qs, bs, index, messages, by_qid, max_id)
+
+    @staticmethod
+    def _load_index(c, by_qid: dict) -> tuple[dict, set]:
+        """qid -> _QueueIndex of its entries in seq order (streamed: a million rows cost
+        their arrays, ~30 bytes each, not a million row objects); qids without a queue."""
+        E, M = S.entries, S.msgs
+        index: dict[int, _QueueIndex] = {}
+        orphans: set[int] = set()
+        query = (select(E.c.qid, E.c.seq, E.c.message_id, E.c.expires_at, E.c.priority,
+                        E.c.delivered, func.length(M.c.body))
+                 .join(M, M.c.id == E.c.message_id).order_by(E.c.qid, E.c.seq))
+        ix = None
+        current = None
+        for qid, seq, mid, exp, prio, delivered, blen in c.execution_options(
+                stream_results=True, yield_per=20_000).execute(query):
+            if qid != current:
+                current = qid
+                if qid in by_qid:
+                    ix = index[qid] = _QueueIndex()
+                else:
+                    ix = None
+                    orphans.add(qid)
+            if ix is not None:
+                ix.add(seq, mid, exp, prio, delivered, blen)
+        return index, orphans
+
+    @staticmethod
+    def _read_messages(c, mids) -> dict:
+        """id -> Message for the ids ``mids`` (those still stored)."""
+        messages = {}
+        for part in _chunks(sorted(mids)):
+            for mid, body in c.execute(select(S.msgs.c.id, S.msgs.c.body).where(S.msgs.c.id.in_(part))):
+                messages[mid] = decode_message(bytes(body))
+        return messages
 
     def recover(self, broker) -> None:
         self.broker = broker
         if self._loaded is None:
             return
-        xs, qs, bs, es, messages, by_qid = self._loaded
+        xs, qs, bs, index, messages, by_qid, max_id = self._loaded
         self._loaded = None
         restore_meta(broker, self._loaded_meta)
         self._loaded_meta = []
-        restore(broker, xs, qs, bs, es, messages)
+        restore(broker, xs, qs, bs, [], {})
+        window = self.settings.page_window
+        total = paged = 0
         for qid, (vname, qname) in by_qid.items():
             vhost = broker.vhosts.get(vname)
             q = vhost.queues.get(qname) if vhost is not None else None
-            if q is not None and q.durable:
-                self._qids[(vname, qname)] = (q, qid)
+            if q is None or not q.durable:
+                continue
+            self._qids[(vname, qname)] = (q, qid)
+            ix = index.get(qid)
+            if ix is None:
+                continue
+            n = len(ix.seqs)
+            k = min(n, window) if q.restores_paged else n
+            if k > window:  # a queue that cannot page (priority, a variant): all of it now
+                # (before the listeners open: nothing else waits on the event loop yet)
+                with self.engine.connect() as c:
+                    messages.update(self._read_messages(c, ix.mids[window:]))
+            wall_minus_mono = time.time() - vhost.timers.now()
+            entries = [entry for i in range(k)
+                       if (entry := ix.entry(q, i, messages, wall_minus_mono)) is not None]
+            rest = ix.columns(k) if k < n else None
+            total += q.restore(entries, paged=rest)
+            paged += n - k
+        set_message_id_floor(max_id)
+        log.info("store %s: recovered %d messages (%d left in the database, read as consumers "
+                 "drain)", self.safe_url, total, paged)
 
     async def run(self) -> None:
         """Writer, lease renewer and lease guard. Raises StoreDeposed once another broker
@@ -519,7 +619,65 @@ class SQLStore(Store):
             if self.dialect != "sqlite":
                 nursery.start_soon(self._renewer)
                 nursery.start_soon(self._guard_lease)
+            nursery.start_soon(self._pager)
             await self._writer()
+
+    # ------------------------------------------------------------- paging
+    def paged_ready(self, queue, entries):
+        """The ready store of a durable queue (``PAGES_MESSAGES``): FIFO queues page; a
+        priority queue keeps its messages in memory."""
+        if queue.opts.max_priority:
+            ready = PriorityReady(queue.opts.max_priority)
+            for entry in entries:
+                ready.append(entry)
+            return ready
+        from .sql_paged import SQLPagedFifo
+        return SQLPagedFifo(self, queue, entries, page=self.settings.page_size)
+
+    def want_page(self, ready) -> None:
+        """``ready`` (an SQLPagedFifo) wants its next page read (once until it arrives)."""
+        self._wanted.append(ready)
+        self._page_wanted.set()
+
+    def forget_unread(self, queue, seqs, mids) -> None:
+        """A purge dropped entries still only in the database: delete them there."""
+        qid = self._qid(queue)
+        if qid is None:
+            return
+        b = self._batch
+        s = b.rm.get(qid)
+        if s is None:
+            s = b.rm[qid] = set()
+        s.update(seqs)
+        b.rm_msgs.update(mids)
+        self._poke()
+
+    async def _pager(self) -> None:
+        """Read pages of the backlogs left in the database, one at a time, in a worker
+        thread; a failed read is retried (the queue waits, nothing is lost)."""
+        while True:
+            await self._page_wanted.wait()
+            self._page_wanted = trio.Event()
+            while self._wanted:
+                ready = self._wanted.popleft()
+                gen, queue, _seqs, mids = ready.next_page()
+                if queue.deleted:
+                    continue
+                try:
+                    messages = await trio.to_thread.run_sync(self._read_page, mids)
+                except (SQLAlchemyError, OSError) as exc:
+                    log.warning("store %s: cannot read queue %r's messages (%s); retrying",
+                                self.safe_url, queue.name, _reason(exc))
+                    self._wanted.append(ready)
+                    await trio.sleep(PAGER_RETRY)
+                    continue
+                wall_minus_mono = time.time() - queue.vhost.timers.now()
+                if ready.page_arrived(gen, messages, wall_minus_mono) and not queue.deleted:
+                    queue.dispatch()
+
+    def _read_page(self, mids) -> dict:
+        with self.engine.connect() as c:
+            return self._read_messages(c, mids)
 
     async def _guard_lease(self) -> None:
         """Fence the broker (``broker.on_store_fenced``: it stops serving) the moment the

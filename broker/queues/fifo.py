@@ -16,6 +16,10 @@ class FifoReady:
 
     accepts_paged_index = False  # see ready.ReadyStore
 
+    @property
+    def stored_behind(self) -> int:
+        return 0
+
     def paged_index(self) -> None:
         return None
 

@@ -13,20 +13,22 @@ def is_limited(opts) -> bool:
 
 def would_overflow(queue, size: int) -> bool:
     opts = queue.opts
-    if opts.max_length is not None and len(queue.ready) + 1 > opts.max_length:
+    if opts.max_length is not None and queue.message_count + 1 > opts.max_length:
         return True
     return opts.max_length_bytes is not None and queue.ready_bytes + size > opts.max_length_bytes
 
 
 def over_limit(queue) -> bool:
     opts = queue.opts
-    if opts.max_length is not None and len(queue.ready) > opts.max_length:
+    if opts.max_length is not None and queue.message_count > opts.max_length:
         return True
     return opts.max_length_bytes is not None and queue.ready_bytes > opts.max_length_bytes
 
 
 def drop_head(queue) -> list:
-    """Remove ready messages from the front until within limits; returns them."""
+    """Remove ready messages from the front until within limits; returns them. Only what is
+    in memory can go: a backlog still being read from the SQL store counts towards the
+    limits, and is dropped from once read, on the next publish."""
     dropped = []
     while len(queue.ready) and over_limit(queue):
         entry = queue.ready.popleft()

@@ -23,6 +23,7 @@ class PriorityReady:
         self._count = 0
 
     accepts_paged_index = False  # see ready.ReadyStore
+    stored_behind = 0
 
     def paged_index(self) -> None:
         return None

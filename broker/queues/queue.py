@@ -170,7 +170,8 @@ class Queue:
     # ---- info ----
     @property
     def message_count(self) -> int:
-        return len(self.ready)
+        ready = self.ready
+        return len(ready) + ready.stored_behind
 
     @property
     def consumer_count(self) -> int:
@@ -564,6 +565,7 @@ class Queue:
 
     # ---- management ----
     def purge(self) -> int:
+        count = self.message_count  # with a backlog the SQL store deletes unread (sql_paged)
         entries = self.ready.clear()
         self.ready_bytes = 0
         for entry in entries:
@@ -571,7 +573,7 @@ class Queue:
         self._expiry.cancel()
         if self.flow_waiters:
             self.flow_check()
-        return len(entries)
+        return count
 
     def touch(self) -> None:
         """Note activity for x-expires (consumers, get, redeclare)."""

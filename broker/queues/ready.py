@@ -27,6 +27,11 @@ class ReadyStore(Protocol):
     #: array, each entry's priority, which its store gets from ``paged_levels()``).
     accepts_paged_index: bool
 
+    #: Ready entries not deliverable yet because their messages are still being read
+    #: from the store (``persistence.sql_paged``); counted in message counts and
+    #: max-length, not in ``len``. 0 for every other ready store.
+    stored_behind: int
+
     def __len__(self) -> int:
         """How many entries may be delivered now (a blocked ordered retry store says 0)."""
         ...

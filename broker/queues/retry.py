@@ -64,6 +64,10 @@ class RetryReady:
     __slots__ = ("_inner", "_policy")
     accepts_paged_index = False
 
+    @property
+    def stored_behind(self) -> int:
+        return self._inner.stored_behind
+
     def __init__(self, inner, policy):
         self._inner = inner
         self._policy = policy

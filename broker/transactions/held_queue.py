@@ -30,6 +30,7 @@ class HeldReady:
     """
 
     accepts_paged_index = False
+    stored_behind = 0
 
     def __init__(self, pending: dict):
         self.pending = pending

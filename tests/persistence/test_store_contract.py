@@ -67,7 +67,7 @@ def test_capabilities_are_declared():
     from broker.persistence.sql import SQLStore
     assert MemoryStore.capabilities == frozenset()
     assert {DURABLE, PAGES_MESSAGES, READS_BACK, BLOCKS_ON_FAILURE} <= JournalStore.capabilities
-    assert SQLStore.capabilities == frozenset({DURABLE})
+    assert SQLStore.capabilities == frozenset({DURABLE, PAGES_MESSAGES})  # FIFO backlogs page
 
 
 def test_memory_store_is_not_attached_to_queues():
