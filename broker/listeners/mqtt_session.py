@@ -162,6 +162,8 @@ class MQTTSession:
                     q.dispatch()
         if self._pubacks:
             self._flush_pubacks()
+        if self.finished:
+            self.delivering = False  # nothing more is written: leave messages in the queues
         if self.conn.has_output or self.finished:
             self.wake()
 
@@ -425,7 +427,7 @@ class MQTTSession:
         message = entry.message
         topic = self._topics.get(message.routing_key)
         if topic is None:
-            if len(self._topics) > 4096:
+            if len(self._topics) >= 256:  # bounded: thousands of sessions keep one each
                 self._topics.clear()
             topic = self._topics[message.routing_key] = topic_field(
                 to_mqtt_topic(message.routing_key))

@@ -4,7 +4,11 @@ clean and persistent sessions, takeover, will, retained messages, login, and AMQ
 other end (SessionClient)."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.amqp import spec
 from broker.listeners.mqtt_session import MQTTService, MQTTSession, queue_names
@@ -274,3 +278,65 @@ async def test_puback_waits_for_the_journal_and_retained_survive(tmp_path):
 
     await life(first)
     await life(second)
+
+
+_topics = st.sampled_from(["a", "a/b", "a/c", "b", "$x/a"])
+_filters = st.sampled_from(["a", "a/+", "#", "+/b", "b", "a/#"])
+_packets = st.one_of(
+    st.builds(m.Publish, _topics, st.binary(max_size=8), st.integers(0, 2), st.booleans(),
+              st.just(False), st.integers(1, 5)),
+    st.builds(m.Subscribe, st.integers(1, 5),
+              st.lists(st.tuples(_filters, st.integers(0, 2)), min_size=1, max_size=3)),
+    st.builds(m.Unsubscribe, st.integers(1, 5), st.lists(_filters, min_size=1, max_size=2)),
+    st.builds(m.PacketId, st.sampled_from([m.PUBACK, m.PUBREL, m.PUBREC, m.PUBCOMP]),
+              st.integers(1, 70)),
+    st.just(m.Bare(m.PINGREQ)),
+    st.just(m.Bare(m.DISCONNECT)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), _packets, st.booleans()), max_size=40),
+       st.binary(max_size=12))
+def test_random_traffic_keeps_every_message_accounted(tmp_path_factory, script, garbage):
+    """Three clients (persistent, clean, clean) send random packets (and one of them
+    garbage at the end); nothing raises, and once all are gone every message is either in
+    the persistent session's queues or settled."""
+    from broker.broker import Broker
+    from broker.config import Config
+    from broker.persistence import MemoryStore
+    from broker.queues.ops import LEAVING, Op, OpRecorder
+
+    broker = Broker(Config(data_dir=str(tmp_path_factory.mktemp("d")), mqtt_port=0,
+                           memory_limit_bytes=1 << 50), MemoryStore())
+    service = broker.mqtt.service
+    clients = [Client(service, "p0", clean=False), Client(service, "c1"), Client(service, "c2")]
+    recorders: dict = {}
+    for who, packet, reconnect in script:
+        c = clients[who]
+        if c.session.finished:
+            if not reconnect:
+                continue
+            c.drop()
+            c = clients[who] = Client(service, ["p0", "c1", "c2"][who], clean=who != 0)
+        c.send(packet)
+        for q in broker.vhosts["/"].queues.values():
+            if q not in recorders:
+                recorders[q] = OpRecorder()
+                q.observers.append(recorders[q])
+            assert q.unacked_count >= 0
+    clients[2].session.data_received(garbage)
+    for c in clients:
+        c.drop()
+    live = broker.vhosts["/"].queues
+    assert set(live) <= set(queue_names("p0"))
+    for q in live.values():
+        assert q.unacked_count == 0 and not q.consumers
+    for q, rec in recorders.items():
+        entered = {seq for op, seq in rec.ops if op is Op.ENQUEUE}
+        gone = Counter(seq for op, seq in rec.ops if op in LEAVING)
+        assert all(n == 1 for n in gone.values())  # nothing leaves twice
+        if live.get(q.name) is not q:  # a deleted queue: everything it took has left
+            assert entered <= set(gone)
+        else:
+            assert len(entered - set(gone)) <= q.message_count
