@@ -136,12 +136,13 @@ class Broker:
                 except Exception:  # pragma: no cover
                     log.exception("could not close a session after a store failure")
 
-    def on_store_fenced(self, store: Store, fenced: bool) -> None:
+    def on_store_fenced(self, store: Store, fenced: bool, reason: str | None = None) -> None:
         """``store``'s lease on a shared database ran out (``fenced``) or was renewed.
 
         While fenced a standby may take the store over at any moment, so this broker
         serves nobody: every connection is closed with 320 CONNECTION_FORCED and new
         ones are refused (``Broker.fenced``) until the lease is renewed. Never raises.
+        ``reason`` names another lease (the cluster's) in the close text.
         """
         self.fenced = fenced
         if not fenced:
@@ -149,7 +150,8 @@ class Broker:
         for session in list(self.sessions):
             try:
                 session.force_close(errors.connection_forced(
-                    "store lease expired: this broker does not serve until it renews it"))
+                    "%s: this broker does not serve until it renews it",
+                    reason or "store lease expired"))
             except Exception:  # pragma: no cover
                 log.exception("could not close a session of a fenced broker")
 

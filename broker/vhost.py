@@ -268,7 +268,8 @@ class VirtualHost:
         if self.policies is not None and not q.internal:
             self.policies.queue_added(self, q)
         if self.store is not None and q.keeps_definition:
-            q.attach_store(self.store)
+            # a store wrapper (the cluster's) names the store messages go to
+            q.attach_store(getattr(self.store, "message_store", self.store))
             if persist:
                 self.store.save_queue(self, q)
         for callback in self.on_queue_added:

@@ -19,6 +19,8 @@ import httpx
 import trio
 
 log = logging.getLogger("broker.cluster.etcd")
+# httpx logs every request at INFO: a lease renewal every TTL/3 would flood the broker's log
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class CoordinationUnavailable(RuntimeError):

@@ -1,0 +1,427 @@
+"""The cluster's view of a node's store: definitions and metadata go to etcd as well.
+
+``ClusterStore`` wraps the node's own store (journal, SQL, memory) and is what the broker
+gets as ``broker.store``. Messages never pass through it: queues attach the wrapped store
+(``message_store``) as their observer, so the hot path is unchanged. What it adds:
+
+* **Definitions to etcd.** Every ``save_/delete_exchange``, ``_binding``, ``_queue`` and
+  ``save_/delete_meta`` (users, vhosts, permissions, policies, ... of every feature) goes to
+  the local store as before and is queued for etcd under ``defs/``; a background task
+  writes the queue in transactions (coalesced by key, so a burst of changes to one record
+  is one write). Each value names the node it came from.
+* **Catch-up.** ``open()`` joins the cluster and reads ``defs/``; ``recover()`` first lets
+  the local store recover, then hands every metadata record from etcd to
+  ``broker.restore_meta`` (before the recovery hooks, so a joining node takes the cluster's
+  users instead of creating its defaults) and declares the cluster's exchanges and
+  bindings. Local durable exchanges etcd does not know are published (union).
+* **Live changes.** A watch on ``defs/`` applies other nodes' changes through the owning
+  feature's public API (``broker.access``, ``broker.policies``, the vhost), with the etcd
+  echo of those calls suppressed.
+* **Queue masters.** A durable queue saved here is claimed in etcd (``node.claim_master``);
+  a deleted one is released. Queues stay on the node that declared them: forwarding to
+  another node's master is not built yet (docs/cluster.md).
+* **Fencing.** When the node's lease view runs out, ``broker.on_store_fenced`` closes every
+  connection and refuses new ones until the lease is renewed.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any, ClassVar
+from urllib.parse import quote, unquote
+
+import trio
+
+from ..persistence.base import Store, StoreUnavailable
+from ..persistence.records import decode_arguments, encode_arguments
+from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
+from .node import ClusterJoinError, ClusterNode
+
+log = logging.getLogger("broker.cluster.defs")
+
+# meta kinds applied live through the owning feature's API (others: broker.restore_meta)
+_ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission")
+_POLICY_KINDS = ("policy", "operator_policy")
+
+
+def _q(text: str) -> str:
+    return quote(text, safe="")
+
+
+def _args_out(arguments: dict) -> str:
+    return base64.b64encode(encode_arguments(arguments)).decode("ascii")
+
+
+def _args_in(text: str) -> dict:
+    return decode_arguments(base64.b64decode(text)) if text else {}
+
+
+class ClusterStore(Store):
+    """``inner`` plus the cluster (see the module docstring). Every ``Store`` method the
+    core calls is the inner store's, except the definitions, ``open``/``recover``/``run``/
+    ``close``; anything else (``paged_ready``, ``read_message``, ``flush_stats``, ...) is
+    looked up on the inner store."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, inner: Store, coord: Coordinator, node: ClusterNode):
+        self.inner = inner
+        self.message_store = inner  # what queues attach (vhost.add_queue)
+        self.coord = coord
+        self.node = node
+        self.name = inner.name
+        self.capabilities = inner.capabilities  # type: ignore[misc]  # the inner store's, per instance
+        self.broker: Any = None
+        self._pending: dict[str, bytes | None] = {}  # etcd key -> value (None: delete)
+        self._claims: dict[tuple[str, str], bool] = {}  # (vhost, queue) -> claim / release
+        self._wake = trio.Event()
+        self._snapshot: list = []  # defs/ key-values read at open()
+        self._revision = 0
+        self._known: dict[str, dict] = {}  # defs/ key -> last value seen (for deletes)
+        self._applying = False  # applying another node's change: no echo to etcd
+        self.applied = 0  # other nodes' changes applied live (tests, status)
+        node.on_fenced.append(self._fenced)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes this class does not define (backend extras)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # ---- keys ----
+    def _defs(self, *parts: str) -> str:
+        """The etcd key of a definition; ``_defs("")`` is the prefix of them all."""
+        return self.node.key("defs", *parts)
+
+    def _queue_write(self, key: str, value: dict | None) -> None:
+        if self._applying:
+            return
+        if value is None:
+            self._known.pop(key, None)
+            self._pending[key] = None
+        else:
+            self._known[key] = value
+            self._pending[key] = json.dumps({"node": self.node.name, "d": value},
+                                            separators=(",", ":")).encode()
+        self._wake.set()
+
+    # ---- life cycle ----
+    async def open(self) -> None:
+        try:
+            await self.node.join()
+            self._snapshot, self._revision = await self.coord.get_prefix(self._defs(""))
+        except (CoordinationUnavailable, CoordinationError, ClusterJoinError) as exc:
+            await self.coord.aclose()
+            raise StoreUnavailable(f"cluster: {exc}") from None
+        try:
+            await self.inner.open()
+        except BaseException:
+            await self.node.leave()
+            await self.coord.aclose()
+            raise
+
+    def recover(self, broker) -> None:
+        self.broker = broker
+        self.inner.recover(broker)
+        records = []
+        for kv in self._snapshot:
+            try:
+                payload = json.loads(kv.value)
+            except ValueError:
+                log.warning("skipping unreadable cluster definition %s", kv.key)
+                continue
+            self._known[kv.key] = payload.get("d", {})
+            records.append((kv.key, payload.get("d", {})))
+        self._snapshot = []
+        self._applying = True
+        try:
+            # metadata first (vhosts before what lives in them), then exchanges, then bindings
+            order = {"meta": 0, "exchange": 1, "binding": 2}
+            records.sort(key=lambda r: order.get(self._section(r[0]), 3))
+            for key, value in records:
+                self._apply_put(key, value, recovering=True)
+        finally:
+            self._applying = False
+        self._publish_local()
+
+    def _publish_local(self) -> None:
+        """Union at join: durable exchanges, exchange-to-exchange bindings and durable queues
+        of this node that etcd does not list yet."""
+        from ..persistence.records import binding_def
+        for vhost in list(self.broker.vhosts.values()):
+            for x in list(vhost.exchanges.values()):
+                if x.durable and x.name and not x.name.startswith("amq."):
+                    if self._exchange_key(vhost, x) not in self._known:
+                        self.save_exchange(vhost, x)
+                    for b in list(x.bindings.values()):
+                        bd = binding_def(vhost, b)
+                        if bd.destination_kind == "exchange" and self._binding_key(vhost, b) \
+                                not in self._known:
+                            self.save_binding(vhost, b)
+            for q in list(vhost.queues.values()):
+                if q.durable and getattr(q, "keeps_definition", True) and not q.internal:
+                    self._claims[(vhost.name, q.name)] = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.node.run)
+            nursery.start_soon(self._writer)
+            nursery.start_soon(self._watcher)
+            await self.inner.run()
+            await trio.sleep_forever()
+
+    async def close(self) -> None:
+        try:
+            with trio.move_on_after(self.node.settings.etcd_timeout) as scope:
+                scope.shield = True
+                await self._flush()
+        except (CoordinationUnavailable, CoordinationError) as exc:
+            log.warning("cluster definitions not written at stop: %s", exc)
+        await self.node.leave()
+        await self.coord.aclose()
+        await self.inner.close()
+
+    # ---- fencing ----
+    def _fenced(self, fenced: bool, reason: str) -> None:
+        if self.broker is not None:
+            self.broker.on_store_fenced(self, fenced, reason=f"cluster: {reason}")
+
+    # ---- writing to etcd ----
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+            except (CoordinationUnavailable, CoordinationError) as exc:
+                log.warning("cluster definitions not written yet (%s); retrying", exc)
+                await trio.sleep(0.5)
+                self._wake.set()
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch = list(self._pending.items())[:MAX_TXN_OPS]
+            puts = [(k, v) for k, v in batch if v is not None]
+            deletes = [k for k, v in batch if v is None]
+            await self.coord.write_batch(puts, deletes)
+            for k, v in batch:
+                if self._pending.get(k) is v:
+                    del self._pending[k]
+        while self._claims:
+            (vhost, queue), claim = next(iter(self._claims.items()))
+            if claim:
+                await self.node.claim_master(vhost, queue)
+            else:
+                await self.node.release_master(vhost, queue)
+            if self._claims.get((vhost, queue)) is claim:
+                del self._claims[(vhost, queue)]
+
+    # ---- applying other nodes' changes ----
+    async def _watcher(self) -> None:
+        while True:
+            try:
+                await self.coord.watch(self._defs(""), self._revision + 1, self._on_events)
+            except CoordinationUnavailable:
+                await trio.sleep(0.5)
+            except CoordinationError as exc:  # compacted: read everything again
+                log.warning("cluster definitions watch restarts: %s", exc)
+                await trio.sleep(0.5)
+                try:
+                    kvs, self._revision = await self.coord.get_prefix(self._defs(""))
+                except (CoordinationUnavailable, CoordinationError):
+                    continue
+                for kv in kvs:
+                    await self._on_events([WatchEvent("put", kv)], self._revision)
+
+    async def _on_events(self, events: list[WatchEvent], revision: int) -> None:
+        for event in events:
+            key = event.kv.key
+            if event.kind == "delete":
+                value = self._known.pop(key, None)
+                if value is not None and key not in self._pending:
+                    self._apply(self._apply_delete, key, value)
+                continue
+            try:
+                payload = json.loads(event.kv.value)
+            except ValueError:
+                continue
+            if payload.get("node") == self.node.name:
+                continue  # our own write coming back
+            self._known[key] = payload.get("d", {})
+            self._apply(self._apply_put, key, payload.get("d", {}))
+        self._revision = max(self._revision, revision)
+
+    def _apply(self, fn, key: str, value: dict) -> None:
+        self._applying = True
+        try:
+            fn(key, value)
+            self.applied += 1
+        except Exception as exc:
+            log.warning("could not apply cluster definition %s: %s", key, exc)
+        finally:
+            self._applying = False
+
+    def _section(self, key: str) -> str:
+        return key[len(self._defs("")):].split("/", 1)[0]
+
+    def _apply_put(self, key: str, value: dict, recovering: bool = False) -> None:
+        broker = self.broker
+        section = self._section(key)
+        if section == "meta":
+            kind, mkey = (unquote(p) for p in key[len(self._defs("meta", "")):].split("/", 1))
+            if recovering or not self._apply_meta_live(kind, mkey, value):
+                broker.restore_meta(kind, mkey, value)
+        elif section == "exchange":
+            vhost = broker.vhosts.get(value["vhost"])
+            if vhost is None or value["name"] in vhost.exchanges:
+                return
+            vhost.declare_exchange(SimpleNamespace(
+                exchange=value["name"], type=value["type"], passive=False, durable=True,
+                auto_delete=value.get("auto_delete", False), internal=value.get("internal", False),
+                arguments=_args_in(value.get("arguments", ""))), persist=False)
+        elif section == "binding":
+            vhost = broker.vhosts.get(value["vhost"])
+            if vhost is None or value["source"] not in vhost.exchanges:
+                return
+            dest = (vhost.queues if value["destination_kind"] == "queue"
+                    else vhost.exchanges).get(value["destination"])
+            if dest is not None:
+                vhost.bind(value["source"], dest, value["routing_key"],
+                           _args_in(value.get("arguments", "")), persist=False)
+
+    def _apply_meta_live(self, kind: str, key: str, v: dict) -> bool:
+        """Apply another node's metadata change through its owner's API; False if the
+        kind has none (then ``restore_meta`` takes it)."""
+        access = getattr(self.broker, "access", None)
+        policies = getattr(self.broker, "policies", None)
+        if kind in _ACCESS_KINDS and access is not None:
+            if kind == "user":
+                access.put_user(v["name"], password_hash=v.get("password_hash") or None,
+                                hashing_algorithm=v.get("hashing_algorithm"),
+                                tags=v.get("tags", []), limits=v.get("limits", {}))
+            elif kind == "vhost":
+                access.add_vhost(key, v.get("description", ""), v.get("tags"),
+                                 v.get("default_queue_type"))
+            elif kind == "permission":
+                access.set_permissions(v["user"], v["vhost"], v["configure"], v["write"], v["read"])
+            else:
+                access.set_topic_permissions(v["user"], v["vhost"], v["exchange"], v["write"],
+                                             v["read"])
+            return True
+        if kind in _POLICY_KINDS and policies is not None:
+            body = {k: v.get(k) for k in ("pattern", "definition", "priority", "apply-to")}
+            if kind == "policy":
+                policies.put_policy(v["vhost"], v["name"], body)
+            else:
+                policies.put_operator_policy(v["vhost"], v["name"], body)
+            return True
+        return False
+
+    def _apply_delete(self, key: str, value: dict) -> None:
+        broker = self.broker
+        section = self._section(key)
+        if section == "meta":
+            kind, mkey = (unquote(p) for p in key[len(self._defs("meta", "")):].split("/", 1))
+            access = getattr(broker, "access", None)
+            policies = getattr(broker, "policies", None)
+            if kind == "user" and access is not None and mkey in access.users:
+                access.delete_user(mkey)
+            elif kind == "vhost" and access is not None and mkey in broker.vhosts:
+                access.delete_vhost(mkey)
+            elif kind == "permission" and access is not None:
+                access.clear_permissions(value["user"], value["vhost"])
+            elif kind == "topic_permission" and access is not None:
+                access.clear_topic_permissions(value["user"], value["vhost"], value["exchange"])
+            elif kind == "policy" and policies is not None:
+                policies.clear_policy(value["vhost"], value["name"])
+            elif kind == "operator_policy" and policies is not None:
+                policies.clear_operator_policy(value["vhost"], value["name"])
+        elif section == "exchange":
+            vhost = broker.vhosts.get(value["vhost"])
+            if vhost is not None and value["name"] in vhost.exchanges:
+                vhost.delete_exchange(SimpleNamespace(exchange=value["name"], if_unused=False))
+        elif section == "binding":
+            vhost = broker.vhosts.get(value["vhost"])
+            if vhost is None:
+                return
+            dest = (vhost.queues if value["destination_kind"] == "queue"
+                    else vhost.exchanges).get(value["destination"])
+            vhost.unbind(value["source"], dest, value["routing_key"],
+                         _args_in(value.get("arguments", "")))
+
+    # ---- definitions (the vhost) ----
+    def _exchange_key(self, vhost, x) -> str:
+        return self._defs("exchange", _q(vhost.name), _q(x.name))
+
+    def _binding_key(self, vhost, b) -> str:
+        ident = json.dumps([b.source, b.destination.kind, b.destination.name, b.routing_key,
+                            _args_out(b.arguments)])
+        return self._defs("binding", _q(vhost.name), hashlib.sha1(ident.encode()).hexdigest())
+
+    def save_exchange(self, vhost, exchange) -> None:
+        self.inner.save_exchange(vhost, exchange)
+        self._queue_write(self._exchange_key(vhost, exchange), {
+            "vhost": vhost.name, "name": exchange.name, "type": exchange.type_name,
+            "auto_delete": exchange.auto_delete, "internal": exchange.internal,
+            "arguments": _args_out(exchange.arguments)})
+
+    def delete_exchange(self, vhost, exchange) -> None:
+        self.inner.delete_exchange(vhost, exchange)
+        self._queue_write(self._exchange_key(vhost, exchange), None)
+
+    def save_queue(self, vhost, queue) -> None:
+        self.inner.save_queue(vhost, queue)
+        if not self._applying:
+            self._claims[(vhost.name, queue.name)] = True
+            self._wake.set()
+
+    def delete_queue(self, vhost, queue) -> None:
+        self.inner.delete_queue(vhost, queue)
+        if not self._applying:
+            self._claims[(vhost.name, queue.name)] = False
+            self._wake.set()
+
+    def save_binding(self, vhost, binding) -> None:
+        self.inner.save_binding(vhost, binding)
+        if binding.destination.kind == "exchange":  # queue bindings live with the queue
+            self._queue_write(self._binding_key(vhost, binding), {
+                "vhost": vhost.name, "source": binding.source,
+                "destination_kind": binding.destination.kind,
+                "destination": binding.destination.name, "routing_key": binding.routing_key,
+                "arguments": _args_out(binding.arguments)})
+
+    def delete_binding(self, vhost, binding) -> None:
+        self.inner.delete_binding(vhost, binding)
+        if binding.destination.kind == "exchange":
+            self._queue_write(self._binding_key(vhost, binding), None)
+
+    def save_meta(self, kind: str, key: str, value: dict) -> None:
+        self.inner.save_meta(kind, key, value)
+        self._queue_write(self._defs("meta", _q(kind), _q(key)), dict(value))
+
+    def delete_meta(self, kind: str, key: str) -> None:
+        self.inner.delete_meta(kind, key)
+        self._queue_write(self._defs("meta", _q(kind), _q(key)), None)
+
+    # ---- messages: the inner store's ----
+    def queue_op(self, queue, op, entry) -> None:
+        self.inner.queue_op(queue, op, entry)
+
+    def enqueue(self, queue, entry) -> None:
+        self.inner.enqueue(queue, entry)
+
+    def delivered(self, queue, entry) -> None:
+        self.inner.delivered(queue, entry)
+
+    def remove(self, queue, entry) -> None:
+        self.inner.remove(queue, entry)
+
+    def when_durable(self, callback, on_failure=None) -> None:
+        self.inner.when_durable(callback, on_failure)
+
+    def sidecar_path(self, name: str) -> str | None:
+        return self.inner.sidecar_path(name)

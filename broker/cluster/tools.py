@@ -1,0 +1,93 @@
+"""``python -m broker cluster status | forget-node NAME``: read and repair the cluster's
+records in etcd (no running broker needed; the same ``--cluster`` URL as the nodes)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import trio
+
+from .etcd import CoordinationError, CoordinationUnavailable, EtcdGateway
+from .node import cluster_view
+from .settings import ClusterConfigError, parse_cluster_url
+
+
+def add_subcommands(subparsers) -> None:
+    p = subparsers.add_parser("cluster", help="cluster status / forget-node (reads etcd)")
+    p.add_argument("action", choices=("status", "forget-node"))
+    p.add_argument("node", nargs="?", help="node name (forget-node)")
+    p.add_argument("--cluster", required=True, metavar="URL",
+                   help="etcd://HOST:2379[,HOST:2379]/PREFIX, as given to the nodes")
+    p.add_argument("--json", action="store_true", help="print JSON (status)")
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    try:
+        endpoints, prefix = parse_cluster_url(args.cluster)
+    except ClusterConfigError as exc:
+        print(f"triomq: error: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "forget-node" and not args.node:
+        print("triomq: error: cluster forget-node needs a node name", file=sys.stderr)
+        return 2
+    try:
+        return trio.run(_main, args, endpoints, prefix)
+    except (CoordinationUnavailable, CoordinationError) as exc:
+        print(f"triomq: error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _main(args, endpoints, prefix) -> int:
+    coord = EtcdGateway(endpoints)
+    try:
+        if args.action == "status":
+            view = await cluster_view(coord, prefix)
+            print(json.dumps(view, indent=2) if args.json else render(view, prefix))
+            return 0
+        return await _forget(coord, prefix, args.node)
+    finally:
+        await coord.aclose()
+
+
+def render(view: dict, prefix: str) -> str:
+    lines = [f"Cluster {prefix.strip('/')} (etcd revision {view['revision']}, "
+             f"{view['definitions']} definitions)", "", "Nodes:"]
+    if not view["nodes"]:
+        lines.append("  (none)")
+    for n in view["nodes"]:
+        lines.append(f"  {n['name']:<20} {n['health']:<5} {n['advertise']}")
+    lines += ["", "Queues (vhost, name, master, epoch, mirrors, in sync):"]
+    if not view["queues"]:
+        lines.append("  (none)")
+    for q in view["queues"]:
+        mirrors = ",".join(q["mirrors"]) or "-"
+        in_sync = ",".join(q["in_sync"]) or "-"
+        progress = "".join(f" {node} syncing {pct}%" for node, pct in q["progress"].items())
+        lines.append(f"  {q['vhost']:<8} {q['name']:<24} {q['master']:<16} {q['epoch']:<8} "
+                     f"{mirrors:<20} {in_sync}{progress}")
+    return "\n".join(lines)
+
+
+async def _forget(coord: EtcdGateway, prefix: str, node: str) -> int:
+    """As ``rabbitmqctl forget_cluster_node``: refused while the node runs; removes its
+    membership and the master records it left behind (its queues become unmastered)."""
+    live = await coord.get(f"{prefix}nodes/{node}")
+    if live is not None:
+        print(f"triomq: error: node {node!r} is running ({live.json().get('instance', '?')}); "
+              f"stop it first", file=sys.stderr)
+        return 1
+    member = await coord.get(f"{prefix}members/{node}")
+    if member is None:
+        print(f"triomq: error: node {node!r} is not a member of cluster {prefix.strip('/')}",
+              file=sys.stderr)
+        return 1
+    await coord.delete(f"{prefix}members/{node}")
+    kvs, _ = await coord.get_prefix(f"{prefix}masters/")
+    removed = 0
+    for kv in kvs:
+        if kv.json().get("node") == node and await coord.delete_if(kv.key, kv.mod_revision):
+            removed += 1
+    print(f"node {node!r} removed from cluster {prefix.strip('/')} ({removed} queue master "
+          f"records dropped)")
+    return 0
