@@ -161,10 +161,25 @@ class FileReader:
                 pos = self._resync(block_at, str(exc))
                 continue
             if data[p + size:p + size + 16] != sync:
-                pos = self._resync(block_at, "sync marker mismatch")
+                after = p + size + 16
+                if after == end or self._framed_at(after):  # only the marker is damaged
+                    self.problems.append(Problem(self.path, block_at, "corrupt block",
+                                                 "sync marker mismatch"))
+                    pos = after
+                else:
+                    pos = self._resync(block_at, "sync marker mismatch")
                 continue
             pos = p + size + 16
             yield block_at, p, size, count
+
+    def _framed_at(self, pos: int) -> bool:
+        """Whether a block with a correct sync marker starts at ``pos``."""
+        try:
+            count, p = _varint(self.data, pos)
+            size, p = _varint(self.data, p)
+        except (IndexError, ValueError):
+            return False
+        return count >= 0 and size >= 0 and self.data[p + size:p + size + 16] == self.sync
 
     def _block(self, block_at: int, p: int, size: int, count: int) -> list | None:
         try:

@@ -1,0 +1,1 @@
+"""PySpark batch jobs of TrioMQ (``python -m spark.audit``)."""

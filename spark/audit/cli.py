@@ -1,0 +1,215 @@
+"""``python -m spark.audit {reconcile,sequence,latency,deadletters,track,report}
+--input PATH --output PATH [--master URL] [--from T --to T] ...``
+
+Exit status: 0 fine, 1 reconcile found unaccounted messages or sequence found gaps (so a
+cron or CI can gate on it; ``report`` runs both), 2 bad input (one line on stderr): an
+invalid ``--from``/``--to``, an input without audit files, a file of an unknown schema
+version.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from urllib.parse import urlparse
+
+JOBS = ("reconcile", "sequence", "latency", "deadletters", "track", "report")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class BadInput(Exception):
+    pass
+
+
+def parse_time(text: str, option: str) -> int:
+    """ISO 8601 (naive = UTC) or seconds since the epoch -> microseconds since the epoch."""
+    try:
+        return int(float(text) * 1_000_000)
+    except ValueError:
+        pass
+    try:
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"{option} {text!r}: not a time (ISO 8601 like 2026-11-24T09:00:00Z, "
+                       f"or seconds since the epoch)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.UTC)
+    return int(t.timestamp() * 1_000_000)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spark.audit",
+                                description="Batch audits of TrioMQ's audit trail on Spark")
+    p.add_argument("job", choices=JOBS)
+    p.add_argument("--input", required=True, help="the trail: a directory or any path Spark reads")
+    p.add_argument("--output", required=True, help="where Parquet tables, summary.json and "
+                                                   "report.html go")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--from", dest="from_", default=None, metavar="T",
+                   help="only events at or after T (ISO 8601 or epoch seconds)")
+    p.add_argument("--to", default=None, metavar="T", help="only events before T")
+    p.add_argument("--grace", type=float, default=60.0, metavar="S",
+                   help="reconcile: a copy without a final state older than this is "
+                        "unaccounted (default 60 s)")
+    p.add_argument("--window", type=int, default=60, metavar="MIN",
+                   help="reconcile: window width in minutes (default 60)")
+    p.add_argument("--producer-key", choices=("auto", "producer", "app_id"), default="auto",
+                   help="sequence: the producer is header x-producer, app_id, or the first "
+                        "of them present (auto, default)")
+    p.add_argument("--message-id", default=None, help="track: a message_id property")
+    p.add_argument("--ref-key", default=None, help="track: an x-ref-key header")
+    p.add_argument("--msg", type=int, default=None, help="track: the broker's message id")
+    p.add_argument("--consumer", default=None, help="track: a consumer tag")
+    return p
+
+
+def _local_path(path: str) -> str | None:
+    u = urlparse(path)
+    if u.scheme in ("", "file"):
+        return u.path if u.scheme else path
+    return None
+
+
+def check_input(path: str) -> None:
+    local = _local_path(path)
+    if local is None:
+        return  # remote: Spark finds out (an empty listing is reported after loading)
+    if not os.path.exists(local):
+        raise BadInput(f"--input {path}: no such file or directory")
+    if os.path.isfile(local):
+        return
+    for _dirpath, _dirs, files in os.walk(local):
+        if any(f.endswith(".avro") for f in files):
+            return
+    raise BadInput(f"--input {path}: no audit files (*.avro) there")
+
+
+def _package_zip() -> str:
+    """spark/ and broker/audit/ zipped, for the executors of a cluster (--py-files)."""
+    fd, path = tempfile.mkstemp(prefix="triomq-audit-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("broker/__init__.py", "")
+        for pkg in ("spark", os.path.join("broker", "audit")):
+            for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
+                for f in files:
+                    if f.endswith((".py", ".avsc")):
+                        full = os.path.join(dirpath, f)
+                        z.write(full, os.path.relpath(full, ROOT))
+    return path
+
+
+def spark_session(master: str | None = None, app: str = "triomq-audit"):
+    """A session for the jobs; local[*] unless ``master`` says otherwise."""
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                       if os.environ.get("PYTHONPATH") else "")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    builder = (SparkSession.builder.appName(app).master(master or "local[*]")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.files.maxPartitionBytes", str(16 << 20))
+               .config("spark.driver.memory", "2g"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    if master and not master.startswith("local"):
+        spark.sparkContext.addPyFile(_package_zip())
+    return spark
+
+
+def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
+    """Run ``job`` (or all of them for ``report``); write its outputs under ``out``.
+    Returns (summary, exit status)."""
+    from . import jobs, report
+    from .source import Trail
+    trail = Trail(spark, args.input, from_us=args.from_us, to_us=args.to_us)
+    ev = trail.df.cache()
+    started = time.monotonic()
+    from pyspark.sql import functions as F
+    n, last_ts = ev.agg(F.count(F.lit(1)), F.max("ts_us")).first()
+    trail.check_versions()
+    if n == 0 and not trail.problems() and trail.files.limit(1).count() == 0:
+        raise BadInput(f"--input {args.input}: no audit files (*.avro) there")
+    summaries: dict = {}
+    status = 0
+    todo = ("reconcile", "sequence", "latency", "deadletters") if job == "report" else (job,)
+    read_seconds = round(time.monotonic() - started, 3)
+    copies = jobs.queue_copies(ev).cache() if job in ("report", "reconcile", "latency",
+                                                        "deadletters") else None
+    for name in todo:
+        t0 = time.monotonic()
+        if name == "reconcile":
+            tables, summary = jobs.reconcile(ev, args.window, args.grace,
+                                             args.to_us or last_ts, copies)
+            if summary["unaccounted"]:
+                status = 1
+        elif name == "sequence":
+            tables, summary = jobs.sequence(ev, args.producer_key)
+            if summary["gaps"]:
+                status = 1
+        elif name == "latency":
+            tables, summary = jobs.latency(ev, copies)
+        elif name == "deadletters":
+            tables, summary = jobs.deadletters(ev, copies)
+        else:
+            tables, summary = jobs.track(ev, args.message_id, args.ref_key, args.msg,
+                                         args.consumer)
+        for table, df in tables.items():
+            df.coalesce(1).write.mode("overwrite").parquet(os.path.join(out, name, table))
+        summary["seconds"] = round(time.monotonic() - t0, 3)
+        summaries[name] = summary
+    problems = trail.problems()
+    result = {
+        "job": job, "input": args.input, "events": n,
+        "from": args.from_us, "to": args.to_us,
+        "read_seconds": read_seconds, "seconds": round(time.monotonic() - started, 3),
+        "problems": [{"file": p[0], "offset": p[1], "kind": p[2], "detail": p[3]}
+                     for p in problems],
+        "exit_status": status, **summaries}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "summary.json" if job == "report" else f"{job}.json"), "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    if job == "report":
+        report.write_html(result, os.path.join(out, "report.html"))
+    spark.catalog.clearCache()
+    return result, status
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.from_us = parse_time(args.from_, "--from") if args.from_ else None
+        args.to_us = parse_time(args.to, "--to") if args.to else None
+        if args.from_us is not None and args.to_us is not None and args.from_us >= args.to_us:
+            raise BadInput(f"--from {args.from_} is not before --to {args.to}")
+        check_input(args.input)
+        spark = spark_session(args.master)
+        try:
+            result, status = run_job(spark, args.job, args, args.output)
+        finally:
+            spark.stop()
+    except BadInput as exc:
+        print(f"spark.audit: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from .source import SchemaVersionError
+        if isinstance(exc, SchemaVersionError):
+            print(f"spark.audit: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    line = f"{args.job}: {result['events']} events in {result['seconds']} s"
+    if result["problems"]:
+        line += f"; {len(result['problems'])} damaged block(s)/file(s) skipped (see summary)"
+    if "reconcile" in result:
+        line += f"; unaccounted: {result['reconcile']['unaccounted']}"
+    if "sequence" in result:
+        line += f"; missing x-seq: {result['sequence']['missing']}"
+    print(line)
+    return status

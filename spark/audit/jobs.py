@@ -1,0 +1,323 @@
+"""The audit jobs over the trail's events (a DataFrame with ``source.COLUMNS``).
+
+Each job returns ``(tables, summary)``: named DataFrames (written as Parquet by the CLI) and
+a JSON-able dict. Times in the trail are microseconds since the epoch (UTC).
+
+A *queue copy* is one message in one queue: ``(node, vhost, queue, msg)``. It enters with
+``enqueued`` (for a client's publish: listed in the ``published`` event's ``queues``) and
+leaves with one final event: ``acked``, ``settled`` (no-ack delivery, rejected without a
+dead-letter exchange: ``reason`` rejected), ``dropped`` (max-length), ``expired``,
+``dead_lettered``, ``purged`` or ``deleted``.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+FINAL = ("acked", "settled", "dropped", "expired", "dead_lettered", "purged", "deleted")
+HOUR_US = 3_600_000_000
+
+
+def _rows(df: DataFrame, limit: int | None = None) -> list[dict]:
+    rows = df.limit(limit).collect() if limit else df.collect()
+    return [r.asDict(recursive=True) for r in rows]
+
+
+def _iso(col):
+    return F.date_format(F.timestamp_micros(col), "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
+
+
+def _hour(col):
+    return F.date_format(F.timestamp_micros(F.floor(col / HOUR_US) * HOUR_US),
+                         "yyyy-MM-dd'T'HH:00'Z'")
+
+
+def queue_copies(ev: DataFrame) -> DataFrame:
+    """One row per queue copy with its enqueue, first delivery, ack and final state."""
+    listed = (ev.filter(F.col("event") == "published")
+              .select("node", "vhost", F.explode("queues").alias("queue"), "msg", "ts_us",
+                      "seq", F.lit("enqueued").alias("event"),
+                      F.lit(None).cast("string").alias("reason")))
+    own = (ev.filter(F.col("queue").isNotNull())
+           .select("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason"))
+    e = F.col("event")
+    final = e.isin(*FINAL)
+    return (own.unionByName(listed).groupBy("node", "vhost", "queue", "msg").agg(
+        F.min(F.when(e == "enqueued", F.col("ts_us"))).alias("enq_ts"),
+        F.min("ts_us").alias("first_ts"),
+        F.min(F.when(e == "delivered", F.col("ts_us"))).alias("first_delivery_ts"),
+        F.min(F.when(e == "acked", F.col("ts_us"))).alias("ack_ts"),
+        F.sum(F.when(e == "delivered", 1).otherwise(0)).alias("deliveries"),
+        F.sum(F.when(e == "acked", 1).otherwise(0)).alias("acks"),
+        F.max_by(F.when(final, e), F.when(final, F.col("seq"))).alias("final"),
+        F.max_by(F.when(final, F.col("reason")), F.when(final, F.col("seq"))).alias("final_reason"),
+        F.max(F.when(final, F.col("ts_us"))).alias("final_ts"),
+        F.max_by(e, F.col("seq")).alias("last_event"),
+        F.max("ts_us").alias("last_ts")))
+
+
+def _message_ids(ev: DataFrame) -> DataFrame:
+    """(node, msg) -> message_id, ref_key, routing_key of publishes, firings and copies."""
+    return (ev.filter(F.col("event").isin("published", "fired", "enqueued", "scheduled"))
+            .groupBy("node", "msg").agg(F.first("message_id", ignorenulls=True).alias("message_id"),
+                                        F.first("ref_key", ignorenulls=True).alias("ref_key"),
+                                        F.first("routing_key", ignorenulls=True).alias("routing_key")))
+
+
+def trail_integrity(ev: DataFrame) -> tuple[DataFrame, dict]:
+    """Per node: the sequence's range, holes, and runs that did not stop cleanly."""
+    per_node = ev.groupBy("node").agg(
+        F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
+        F.countDistinct("seq").alias("events"),
+        F.sum(F.when(F.col("event") == "node_started", 1).otherwise(0)).alias("starts"),
+        F.sum(F.when(F.col("event") == "node_stopped", 1).otherwise(0)).alias("clean_stops"),
+        F.sum(F.when(F.col("event") == "audit_dropped", F.col("count")).otherwise(0))
+        .alias("events_dropped_by_policy"))
+    per_node = per_node.withColumn(
+        "missing_seqs", F.col("last_seq") - F.col("first_seq") + 1 - F.col("events")).cache()
+    rows = _rows(per_node.orderBy("node"))
+    return per_node, {"nodes": rows,
+                      "missing_seqs": sum(r["missing_seqs"] or 0 for r in rows),
+                      "events_dropped_by_policy": sum(r["events_dropped_by_policy"] or 0
+                                                      for r in rows)}
+
+
+def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
+              as_of_us: int | None = None, copies: DataFrame | None = None
+              ) -> tuple[dict, dict]:
+    """Counts per vhost, queue and window; every copy without a final state enqueued more
+    than ``grace_s`` before ``as_of_us`` (default: the trail's last event) is unaccounted."""
+    if as_of_us is None:
+        as_of_us = ev.agg(F.max("ts_us")).first()[0] or 0
+    width = int(window_minutes) * 60_000_000
+    copies = (queue_copies(ev) if copies is None else copies).withColumn(
+        "start_ts", F.coalesce("enq_ts", "first_ts"))
+    copies = copies.withColumn("window_start", F.floor(F.col("start_ts") / width) * width)
+    fin = F.col("final")
+    window_end = F.col("window_start") + width
+    cutoff = as_of_us - int(grace_s * 1_000_000)
+
+    def count(cond):
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    by_queue = copies.groupBy("vhost", "queue", "window_start").agg(
+        count(F.col("enq_ts").isNotNull()).alias("enqueued"),
+        count(F.col("first_delivery_ts").isNotNull()).alias("delivered"),
+        F.sum("deliveries").alias("deliveries"),
+        count(fin == "acked").alias("acked"),
+        count(fin == "dead_lettered").alias("dead_lettered"),
+        count(fin == "expired").alias("expired"),
+        count(fin == "dropped").alias("dropped"),
+        count((fin == "settled") & (F.col("final_reason") == "rejected")).alias("rejected"),
+        count((fin == "settled") & F.col("final_reason").isNull()).alias("settled_other"),
+        count(fin == "purged").alias("purged"),
+        count(fin == "deleted").alias("deleted"),
+        count(F.col("final_ts").isNull() | (F.col("final_ts") >= window_end))
+        .alias("still_queued_at_window_end"),
+        count(fin.isNull() & (F.col("start_ts") < cutoff)).alias("unaccounted"))
+    by_queue = by_queue.withColumn("window", _iso("window_start")).orderBy(
+        "vhost", "queue", "window_start").cache()
+    pubs = ev.filter(F.col("event") == "published").withColumn(
+        "window_start", F.floor(F.col("ts_us") / width) * width)
+    o = F.col("outcome")
+    publishes = pubs.groupBy("vhost", "window_start").agg(
+        F.count(F.lit(1)).alias("published"), count(o == "routed").alias("routed"),
+        count(o == "unroutable").alias("unroutable"), count(o == "returned").alias("returned"),
+        count(o == "nacked").alias("nacked"), count(o == "taken").alias("taken"),
+        count(F.col("persistent")).alias("persistent")
+    ).withColumn("window", _iso("window_start")).orderBy("vhost", "window_start").cache()
+    lost = copies.filter(fin.isNull() & (F.col("start_ts") < cutoff))
+    unaccounted = (lost.join(_message_ids(ev), ["node", "msg"], "left")
+                   .select("node", "vhost", "queue", "msg", "message_id", "ref_key",
+                           _iso("start_ts").alias("enqueued_at"), "deliveries", "last_event",
+                           _iso("last_ts").alias("last_event_at"))
+                   .orderBy("vhost", "queue", "msg").cache())
+    integrity, integrity_summary = trail_integrity(ev)
+    queue_rows = _rows(by_queue)
+    pub_rows = _rows(publishes)
+    totals = {c: sum(r[c] or 0 for r in queue_rows) for c in (
+        "enqueued", "delivered", "acked", "dead_lettered", "expired", "dropped", "rejected",
+        "settled_other", "purged", "deleted", "unaccounted")}
+    pub_totals = {c: sum(r[c] or 0 for r in pub_rows) for c in (
+        "published", "routed", "unroutable", "returned", "nacked", "taken")}
+    unaccounted_rows = _rows(unaccounted, 1000)
+    summary = {
+        "as_of": as_of_us, "grace_seconds": grace_s, "window_minutes": window_minutes,
+        "queues": {k: int(v or 0) for k, v in totals.items()},
+        "publishes": {k: int(v or 0) for k, v in pub_totals.items()},
+        "unaccounted": int(totals.get("unaccounted") or 0),
+        "unaccounted_messages": unaccounted_rows,
+        "trail": integrity_summary,
+    }
+    tables = {"by_queue": by_queue, "publishes": publishes, "unaccounted": unaccounted,
+              "trail": integrity}
+    return tables, summary
+
+
+def _producer(ev: DataFrame, key: str):
+    if key == "app_id":
+        return F.col("app_id")
+    if key == "producer":
+        return F.col("producer")
+    return F.coalesce(F.col("producer"), F.col("app_id"))
+
+
+def sequence(ev: DataFrame, producer_key: str = "auto") -> tuple[dict, dict]:
+    """Per producer: gaps, out-of-order and duplicate publishes; copies acked more than once."""
+    pubs = (ev.filter((F.col("event") == "published") & F.col("producer_seq").isNotNull())
+            .withColumn("producer", _producer(ev, producer_key))
+            .filter(F.col("producer").isNotNull())
+            .select("node", "vhost", "producer", "producer_seq", "seq", "msg", "message_id",
+                    "ts_us"))
+    pubs = pubs.cache()
+    dups = (pubs.groupBy("producer", "producer_seq")
+            .agg(F.count(F.lit(1)).alias("publishes"),
+                 F.sort_array(F.collect_list("msg")).alias("msgs"),
+                 F.sort_array(F.collect_set("message_id")).alias("message_ids"))
+            .filter(F.col("publishes") > 1).orderBy("producer", "producer_seq").cache())
+    distinct = pubs.select("producer", "producer_seq").distinct()
+    w = Window.partitionBy("producer").orderBy("producer_seq")
+    gaps = (distinct.withColumn("prev", F.lag("producer_seq").over(w))
+            .filter(F.col("producer_seq") - F.col("prev") > 1)
+            .select("producer", (F.col("prev") + 1).alias("missing_from"),
+                    (F.col("producer_seq") - 1).alias("missing_to"),
+                    (F.col("producer_seq") - F.col("prev") - 1).alias("missing"))
+            .orderBy("producer", "missing_from").cache())
+    order = Window.partitionBy("producer").orderBy("seq")
+    first = Window.partitionBy("producer", "producer_seq").orderBy("seq")
+    ooo = (pubs.withColumn("prev_max", F.max("producer_seq").over(
+                order.rowsBetween(Window.unboundedPreceding, -1)))
+           .withColumn("occurrence", F.row_number().over(first))
+           .filter((F.col("occurrence") == 1) & (F.col("producer_seq") < F.col("prev_max")))
+           .select("producer", "producer_seq", "prev_max", "msg", "message_id",
+                   _iso("ts_us").alias("published_at"))
+           .orderBy("producer", "producer_seq").cache())
+    per_producer = (pubs.groupBy("producer").agg(
+        F.count(F.lit(1)).alias("publishes"),
+        F.countDistinct("producer_seq").alias("distinct_seqs"),
+        F.min("producer_seq").alias("first_seq"), F.max("producer_seq").alias("last_seq"))
+        .orderBy("producer").cache())
+    ids = _message_ids(ev)
+    acks = (ev.filter(F.col("event") == "acked").select("node", "vhost", "queue", "msg")
+            .join(ids, ["node", "msg"], "left")
+            .join(pubs.select("node", "msg", "producer", "producer_seq"), ["node", "msg"], "left")
+            .withColumn("key", F.coalesce(
+                F.col("message_id"),
+                F.concat_ws("#", F.col("producer"), F.col("producer_seq").cast("string"))))
+            .filter(F.col("key").isNotNull() & (F.col("key") != "")))
+    acked_twice = (acks.groupBy("vhost", "queue", "key")
+                   .agg(F.count(F.lit(1)).alias("acks"),
+                        F.sort_array(F.collect_list("msg")).alias("msgs"))
+                   .filter(F.col("acks") > 1).orderBy("vhost", "queue", "key").cache())
+    gap_rows = _rows(gaps, 1000)
+    summary = {
+        "producers": _rows(per_producer, 1000),
+        "gaps": gap_rows,
+        "missing": sum(r["missing"] for r in gap_rows),
+        "duplicates": _rows(dups, 1000),
+        "out_of_order": _rows(ooo, 1000),
+        "acked_more_than_once": _rows(acked_twice, 1000),
+    }
+    tables = {"producers": per_producer, "gaps": gaps, "duplicates": dups, "out_of_order": ooo,
+              "acked_more_than_once": acked_twice}
+    return tables, summary
+
+
+def _percentiles(df: DataFrame, keys: list[str], value: str) -> DataFrame:
+    return df.groupBy(*keys).agg(
+        F.count(value).alias("count"),
+        F.percentile_approx(value, 0.5, 10000).alias("p50_ms"),
+        F.percentile_approx(value, 0.95, 10000).alias("p95_ms"),
+        F.percentile_approx(value, 0.99, 10000).alias("p99_ms"),
+        F.max(value).alias("max_ms"))
+
+
+def latency(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, dict]:
+    """publish -> first delivery, publish -> ack per queue and hour; scheduler lateness."""
+    copies = (queue_copies(ev) if copies is None else copies).filter(F.col("enq_ts").isNotNull()).withColumn(
+        "hour", _hour(F.col("enq_ts")))
+    parts = []
+    for metric, end in (("publish_to_first_delivery", "first_delivery_ts"),
+                        ("publish_to_ack", "ack_ts")):
+        parts.append(copies.filter(F.col(end).isNotNull()).select(
+            "vhost", "queue", "hour", F.lit(metric).alias("metric"),
+            ((F.col(end) - F.col("enq_ts")) / 1000.0).alias("ms")))
+    fired = (ev.filter(F.col("event") == "fired")
+             .select("vhost", F.explode_outer("queues").alias("queue"), "ts_us", "due_us")
+             .select("vhost", F.coalesce("queue", F.lit("(unroutable)")).alias("queue"),
+                     _hour(F.col("due_us")).alias("hour"),
+                     F.lit("scheduled_due_to_fire").alias("metric"),
+                     ((F.col("ts_us") - F.col("due_us")) / 1000.0).alias("ms")))
+    parts.append(fired)
+    samples = parts[0].unionByName(parts[1]).unionByName(parts[2])
+    by_hour = _percentiles(samples, ["metric", "vhost", "queue", "hour"], "ms").orderBy(
+        "metric", "vhost", "queue", "hour").cache()
+    overall = _percentiles(samples, ["metric"], "ms").orderBy("metric").cache()
+    summary = {"overall": _rows(overall), "by_queue_hour": _rows(by_hour, 2000)}
+    return {"by_queue_hour": by_hour, "overall": overall}, summary
+
+
+def deadletters(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, dict]:
+    """Dead letters by reason, queue and hour; time before dead-lettering; top routing keys."""
+    dl = (ev.filter((F.col("event") == "dead_lettered")
+                    | ((F.col("event") == "expired") & F.col("target").isNotNull()))
+          .select("node", "vhost", "queue", "msg", "ts_us", "target",
+                  F.coalesce("reason", F.lit("expired")).alias("reason")))
+    by_reason = (dl.withColumn("hour", _hour(F.col("ts_us")))
+                 .groupBy("reason", "vhost", "queue", "hour")
+                 .agg(F.count(F.lit(1)).alias("dead_letters"))
+                 .orderBy("reason", "vhost", "queue", "hour").cache())
+    copies = (queue_copies(ev) if copies is None else copies).select(
+        "node", "vhost", "queue", "msg", "enq_ts")
+    waited = (dl.join(copies, ["node", "vhost", "queue", "msg"], "left")
+              .filter(F.col("enq_ts").isNotNull())
+              .withColumn("ms", (F.col("ts_us") - F.col("enq_ts")) / 1000.0))
+    time_before = _percentiles(waited, ["reason", "vhost", "queue"], "ms").orderBy(
+        "reason", "vhost", "queue").cache()
+    keys = (dl.join(_message_ids(ev), ["node", "msg"], "left")
+            .groupBy("vhost", "queue", "routing_key").agg(F.count(F.lit(1)).alias("dead_letters"))
+            .orderBy(F.desc("dead_letters"), "vhost", "queue", "routing_key").limit(20).cache())
+    reason_rows = _rows(by_reason)
+    totals: dict = {}
+    for r in reason_rows:
+        totals[r["reason"]] = totals.get(r["reason"], 0) + r["dead_letters"]
+    summary = {"by_reason": totals, "total": sum(totals.values()),
+               "by_reason_queue_hour": reason_rows[:2000],
+               "time_before_dead_letter": _rows(time_before, 1000),
+               "top_routing_keys": _rows(keys)}
+    return {"by_reason": by_reason, "time_before": time_before, "top_routing_keys": keys}, summary
+
+
+def track(ev: DataFrame, message_id: str | None = None, ref_key: str | None = None,
+          msg: int | None = None, consumer: str | None = None,
+          limit: int = 10000) -> tuple[dict, dict]:
+    """One message's whole history (by message id, x-ref-key or broker id), or what one
+    consumer did; with none of them, every event of the time range."""
+    cond = None
+    for column, value in (("message_id", message_id), ("ref_key", ref_key), ("msg", msg)):
+        if value is not None:
+            c = F.col(column) == F.lit(value)
+            cond = c if cond is None else cond | c
+    cols = ["seq", "node", "event", "vhost", "queue", "exchange", "routing_key", "msg",
+            "message_id", "ref_key", "consumer_tag", "delivery_tag", "redelivered",
+            "delivery_count", "requeue", "reason", "target", "outcome", "queues", "connection",
+            "user", "ts_us"]
+    if cond is not None:
+        keys = ev.filter(cond).select("node", "msg").distinct()
+        history = ev.join(keys, ["node", "msg"], "inner")
+    elif consumer is not None:
+        history = ev.filter(F.col("consumer_tag") == consumer).drop("message_id", "ref_key").join(
+            _message_ids(ev).drop("routing_key"), ["node", "msg"], "left")
+    else:
+        history = ev
+    if consumer is not None and cond is not None:
+        history = history.filter(F.col("consumer_tag").isNull()
+                                 | (F.col("consumer_tag") == consumer))
+    history = (history.select(*cols).withColumn("at", _iso("ts_us"))
+               .orderBy("ts_us", "seq"))
+    rows = _rows(history, limit)
+    summary = {"query": {"message_id": message_id, "ref_key": ref_key, "msg": msg,
+                         "consumer": consumer},
+               "events": len(rows), "history": rows,
+               "final": [r["event"] for r in rows if r["event"] in FINAL]}
+    return {"history": history}, summary

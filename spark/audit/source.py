@@ -1,0 +1,99 @@
+"""The audit trail as a Spark DataFrame.
+
+pip's pyspark has no spark-avro module, so the files are read with the broker's own
+reader (``broker.audit.reader``: fastavro per block, damaged blocks skipped) inside the
+executors: Spark's ``binaryFile`` source lists and loads the files (any path Spark reads:
+local, HDFS, S3, with the ``dt=/hour=/node=`` partitions below it), ``mapPartitions``
+decodes them into rows of the columns a job asks for. Damage found on the way (corrupt
+block, torn tail, unreadable header) is collected in an accumulator as
+``(path, offset, kind, detail)``; a file of a newer schema version becomes a problem of
+kind ``unknown schema version`` that the caller turns into an error naming the file.
+"""
+from __future__ import annotations
+
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+UNKNOWN_VERSION = "unknown schema version"
+
+# The columns of the trail (audit_event_v1.avsc) and their Spark types.
+_TYPES = {
+    "seq": T.LongType(), "ts_us": T.LongType(), "node": T.StringType(),
+    "event": T.StringType(), "vhost": T.StringType(), "queue": T.StringType(),
+    "exchange": T.StringType(), "routing_key": T.StringType(), "msg": T.LongType(),
+    "message_id": T.StringType(), "correlation_id": T.StringType(), "app_id": T.StringType(),
+    "ref_key": T.StringType(), "producer": T.StringType(), "producer_seq": T.LongType(),
+    "body_size": T.LongType(), "persistent": T.BooleanType(), "user": T.StringType(),
+    "connection": T.StringType(), "channel": T.IntegerType(), "confirm_seq": T.LongType(),
+    "outcome": T.StringType(), "queues": T.ArrayType(T.StringType()),
+    "consumer_tag": T.StringType(), "delivery_tag": T.LongType(),
+    "redelivered": T.BooleanType(), "delivery_count": T.IntegerType(),
+    "requeue": T.BooleanType(), "reason": T.StringType(), "target": T.StringType(),
+    "due_us": T.LongType(), "count": T.LongType(), "detail": T.StringType(),
+}
+COLUMNS = tuple(_TYPES)
+
+
+class _Problems(AccumulatorParam):
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, value1, value2):
+        value1.extend(value2)
+        return value1
+
+
+class Trail:
+    """The events of the files under ``path`` (``columns`` only), and what was damaged."""
+
+    def __init__(self, spark: SparkSession, path: str, columns=COLUMNS,
+                 from_us: int | None = None, to_us: int | None = None) -> None:
+        self.spark = spark
+        self.path = path
+        self.columns = tuple(columns)
+        self._acc = spark.sparkContext.accumulator([], _Problems())
+        files = (spark.read.format("binaryFile").option("pathGlobFilter", "*.avro")
+                 .option("recursiveFileLookup", "true").load(path).select("path", "content"))
+        self.files = files
+        acc = self._acc
+        cols = self.columns
+        lo, hi = from_us, to_us
+
+        def decode(rows):
+            from broker.audit.reader import FileReader, UnknownSchemaVersion
+            for row in rows:
+                try:
+                    reader = FileReader(row.path, bytes(row.content))
+                except UnknownSchemaVersion as exc:
+                    acc.add([(row.path, 0, UNKNOWN_VERSION, str(exc))])
+                    continue
+                for block in reader.blocks_iter():
+                    for rec in block:
+                        ts = rec["ts_us"]
+                        if (lo is not None and ts < lo) or (hi is not None and ts >= hi):
+                            continue
+                        yield tuple([rec.get(c) for c in cols])
+                if reader.problems:
+                    acc.add([tuple(p) for p in reader.problems])
+
+        schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
+        self.df: DataFrame = spark.createDataFrame(files.rdd.mapPartitions(decode), schema)
+
+    def problems(self) -> list[tuple]:
+        """Damage seen so far (after an action), each ``(path, offset, kind, detail)`` once."""
+        seen = []
+        for p in self._acc.value:
+            p = tuple(p)
+            if p not in seen:
+                seen.append(p)
+        return sorted(seen)
+
+    def check_versions(self) -> None:
+        for path, _, kind, detail in self.problems():
+            if kind == UNKNOWN_VERSION:
+                raise SchemaVersionError(detail or path)
+
+
+class SchemaVersionError(Exception):
+    pass

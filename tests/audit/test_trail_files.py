@@ -1,0 +1,168 @@
+"""The trail's files without a broker: encoder against fastavro, writer, damaged files."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import time
+
+import fastavro
+import pytest
+
+from broker.audit import events
+from broker.audit.encoder import BatchEncoder, ContainerFile
+from broker.audit.reader import VERSION_KEY, FileReader, UnknownSchemaVersion
+from broker.audit.writer import RollingWriter, last_state, node_files
+
+T = 1_795_500_000.25
+PROPS = {"message_id": "m-1", "correlation_id": b"c", "app_id": "app",
+         "headers": {"x-seq": 7, "x-ref-key": b"order-42", "x-producer": "p1"}}
+EVERY_KIND = [
+    (events.PUB, T, "/", "x", "rk", 1, PROPS, 64, True, "guest", "127.0.0.1:1", 1, 3, ["q"],
+     "routed"),
+    (events.PUB, T, "/", "", "nowhere", 2, {}, 0, False, "u", "c", 2, 0, [], "unroutable"),
+    (events.ENQ, T, "/", "dlq", 3, PROPS),
+    (events.ENQ, T, "/", "dlq", 4, {"message_id": "ü"}),
+    (events.DEL, T, "/", "q", 1, "ctag", 1, False, 1, "127.0.0.1:1", 1),
+    (events.DEL, T, "/", "q", 2 ** 40, None, 2 ** 33, True, 300, "c", 65535),
+    (events.ACK, T, "/", "q", 1, "ctag", 1, "127.0.0.1:1", 1),
+    (events.REJ, T, "/", "q", 1, None, 3, "c", 1, True, "nacked"),
+    (events.LEFT, T, "/", "q", 1, "dead_lettered", "rejected", "dlx"),
+    (events.LEFT, T, "/", "q", 1, "settled", None, None),
+    (events.SCH, T, "/", "x", "rk", 9, PROPS, T + 5),
+    (events.FIRE, T, "/", "x", "rk", 10, {}, T + 5, ["a", "b"]),
+    (events.CAN, T, "/", "sid-1"),
+    (events.RETRY, T, "/", "q", 1, 2, "delay 5 ms"),
+    (events.TRAIL, T, "node_started", None, "first run"),
+    (events.TRAIL, T, "audit_dropped", 7, "policy drop"),
+]
+FIELDS = [f["name"] for f in events.load_schema()["fields"]]
+
+
+def test_every_kind_decodes_with_fastavro_as_the_reference_records():
+    schema = fastavro.parse_schema(events.load_schema())
+    batch = EVERY_KIND * 3
+    data = BatchEncoder("n1", 100).encode(batch)
+    bio = io.BytesIO(data)
+    for i, ev in enumerate(batch):
+        got = fastavro.schemaless_reader(bio, schema)
+        want = events.to_record(ev, "n1", 100 + i)
+        assert got == {f: want.get(f) for f in FIELDS}, ev
+    assert bio.tell() == len(data)
+
+
+def _write(path, batches, codec="deflate", version=events.SCHEMA_VERSION):
+    f = ContainerFile(str(path), json.dumps(events.load_schema()), codec,
+                      {VERSION_KEY: str(version)})
+    enc = BatchEncoder("n1", 1)
+    offsets = []
+    for batch in batches:
+        offsets.append(f.size)
+        f.write_block(len(batch), enc.encode(batch))
+    f.close()
+    return offsets
+
+
+@pytest.mark.parametrize("codec", ["deflate", "null"])
+def test_container_is_standard_avro(tmp_path, codec):
+    path = tmp_path / "part.avro"
+    _write(path, [EVERY_KIND, EVERY_KIND[:3]], codec)
+    with open(path, "rb") as fo:
+        records = list(fastavro.reader(fo))
+    assert [r["seq"] for r in records] == list(range(1, len(EVERY_KIND) + 4))
+    reader = FileReader(str(path))
+    assert [r["seq"] for r in reader] == [r["seq"] for r in records]
+    assert reader.problems == []
+
+
+def test_corrupt_block_is_skipped_and_named(tmp_path):
+    path = tmp_path / "part.avro"
+    offsets = _write(path, [EVERY_KIND[:4], EVERY_KIND[4:8], EVERY_KIND[8:]], "deflate")
+    data = bytearray(path.read_bytes())
+    data[offsets[1] + 12] ^= 0xFF  # inside the second block's compressed data
+    path.write_bytes(bytes(data))
+    reader = FileReader(str(path))
+    seqs = [r["seq"] for r in reader]
+    assert seqs == [1, 2, 3, 4, *list(range(9, len(EVERY_KIND) + 1))]
+    assert [(p.offset, p.kind) for p in reader.problems] == [(offsets[1], "corrupt block")]
+    assert str(path) in str(reader.problems[0])
+
+
+def test_broken_sync_marker_resyncs(tmp_path):
+    path = tmp_path / "part.avro"
+    offsets = _write(path, [EVERY_KIND[:4], EVERY_KIND[4:8], EVERY_KIND[8:]], "null")
+    data = bytearray(path.read_bytes())
+    data[offsets[2] - 3] ^= 0xFF  # the second block's trailing sync marker
+    path.write_bytes(bytes(data))
+    reader = FileReader(str(path))
+    assert [r["seq"] for r in reader] == [1, 2, 3, 4, *list(range(9, len(EVERY_KIND) + 1))]
+    assert [(p.offset, p.kind) for p in reader.problems] == [(offsets[1], "corrupt block")]
+
+
+@pytest.mark.parametrize("cut", [1, 10, 17])
+def test_torn_tail_is_reported_and_the_rest_read(tmp_path, cut):
+    path = tmp_path / "part.avro"
+    offsets = _write(path, [EVERY_KIND[:4], EVERY_KIND[4:]], "deflate")
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - cut])
+    reader = FileReader(str(path))
+    assert [r["seq"] for r in reader] == [1, 2, 3, 4]
+    assert [(p.offset, p.kind) for p in reader.problems] == [(offsets[1], "truncated")]
+
+
+def test_garbage_and_empty_files_are_one_problem_each(tmp_path):
+    for name, content in (("empty.avro", b""), ("junk.avro", b"hello world" * 10),
+                          ("header.avro", b"Obj\x01\x04")):
+        p = tmp_path / name
+        p.write_bytes(content)
+        reader = FileReader(str(p))
+        assert list(reader) == []
+        assert [x.kind for x in reader.problems] == ["bad header"], name
+
+
+def test_newer_schema_version_is_refused_by_name(tmp_path):
+    path = tmp_path / "part.avro"
+    _write(path, [EVERY_KIND], version=events.SCHEMA_VERSION + 1)
+    with pytest.raises(UnknownSchemaVersion, match=r"part\.avro.*version 2"):
+        FileReader(str(path))
+
+
+def test_writer_rolls_by_hour_and_size_and_continues_the_sequence(tmp_path):
+    w = RollingWriter(str(tmp_path), "n1", 1 << 20, 300.0, "deflate", 1)
+    hour = 3600.0
+    base = 1_795_500_000 - 1_795_500_000 % 3600  # an hour boundary
+    mk = [(events.ENQ, base + hour - 0.5 + i * 0.25, "/", "q", i, {}) for i in range(4)]
+    w.write(mk)  # two events before the hour, two after
+    w.close()
+    files = node_files(str(tmp_path), "n1")
+    assert len(files) == 2
+    assert [os.path.basename(f) for f in files] == ["part-00000000000000000001.avro",
+                                                    "part-00000000000000000003.avro"]
+    assert "/hour=" in files[0] and "/node=n1/" in files[0]
+    assert last_state(str(tmp_path), "n1") == (4, "enqueued")
+
+
+def test_writer_process_survives_restart_with_gapless_sequence(tmp_path):
+    def run(batches):
+        p = subprocess.Popen([sys.executable, "-m", "broker.audit.writer", "--dir", str(tmp_path),
+                              "--node", "n1"], stdin=subprocess.PIPE)
+        for batch in batches:
+            data = pickle.dumps(batch)
+            p.stdin.write(struct.pack(">I", len(data)) + data)
+        p.stdin.close()
+        assert p.wait(30) == 0
+    now = time.time()
+    run([[(events.ENQ, now, "/", "q", 1, {})]])
+    run([[(events.ENQ, now, "/", "q", 2, {}), (events.TRAIL, now, "node_stopped", None, "x")]])
+    run([[]])
+    records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
+    seqs = sorted(r["seq"] for r in records)
+    assert seqs == list(range(1, len(seqs) + 1))
+    started = [r["detail"] for r in sorted(records, key=lambda r: r["seq"])
+               if r["event"] == "node_started"]
+    assert started == ["first run", "previous run did not stop cleanly: its unsent tail is lost",
+                       "previous run ended cleanly"]
