@@ -1,6 +1,7 @@
 // Live time-series charts (uPlot, vendored). A chart's history lives in memory for the page's
 // life, so leaving and returning to a page keeps it; the overview seeds it from the API's samples.
 import { h } from "./util.js";
+import { select } from "./forms.js";
 
 const KEEP_SECONDS = 3600;
 const histories = new Map();
@@ -102,4 +103,23 @@ export function ratesFrom(samples) {
     if (dt > 0) out.push({ t: samples[i].t, v: Math.max(0, (samples[i].v - samples[i - 1].v) / dt) });
   }
   return out;
+}
+
+// The "Graphs: last minute / 10 minutes / hour" choice, shared by every chart of the tab.
+export function spanSelect(charts) {
+  const sel = select("span", SPANS.map(([v, l]) => [String(v), l]), String(span()));
+  sel.id = "chart-span";
+  sel.setAttribute("aria-label", "Graph time span");
+  sel.addEventListener("change", () => {
+    setSpan(Number(sel.value));
+    charts.forEach((c) => c.redraw());
+  });
+  return h("label.inline.muted", "Graphs ", sel);
+}
+
+// Seeds a chart of lengths from RabbitMQ's <key>_details.samples (newest first), when present.
+export function seedLengths(chart, obj, keys) {
+  const columns = keys.map((k) => new Map((obj?.[`${k}_details`]?.samples || []).map((x) => [x.timestamp / 1000, x.sample])));
+  const times = [...new Set(columns.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+  for (const t of times) chart.add(t, columns.map((m) => m.get(t) ?? null));
 }

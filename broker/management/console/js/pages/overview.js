@@ -2,7 +2,7 @@
 // and definitions export / import.
 import * as api from "../api.js";
 import { h, clear, num, rate, bytes, duration, detail, toast, errorText, download } from "../util.js";
-import { chartCard, ratesFrom, span, setSpan, SPANS } from "../chart.js";
+import { chartCard, ratesFrom, spanSelect } from "../chart.js";
 import { select } from "../forms.js";
 
 const RATE_SERIES = [
@@ -65,12 +65,8 @@ export async function render(ctx) {
 
   await refresh().catch((e) => toast(errorText(e), "error"));
 
-  const spanSel = select("span", SPANS.map(([v, l]) => [String(v), l]), String(span()));
-  spanSel.id = "chart-span";
-  spanSel.setAttribute("aria-label", "Graph time span");
-  spanSel.addEventListener("change", () => { setSpan(Number(spanSel.value)); queued.redraw(); rates.redraw(); });
   const el = h("div.page",
-    h("div.page-head", h("h1", "Overview"), h("label.inline.muted", "Graphs ", spanSel)),
+    h("div.page-head", h("h1", "Overview"), spanSelect([queued, rates])),
     totals,
     h("div.grid-2", queued.el, rates.el),
     ctx.can("monitoring") ? h("section.card", h("h2", "Nodes"), nodes) : null,

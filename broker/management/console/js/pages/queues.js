@@ -4,7 +4,7 @@ import * as api from "../api.js";
 import { h, clear, num, rate, bytes, detail, args, yesno, tags, act, toast, errorText, confirmDialog } from "../util.js";
 import { field, input, select, formCard, keyValueEditor, QUEUE_ARGUMENTS } from "../forms.js";
 import { PagedTable } from "../table.js";
-import { chartCard } from "../chart.js";
+import { chartCard, seedLengths, spanSelect } from "../chart.js";
 import { bindingsCard, publishCard } from "./exchanges.js";
 
 export const queueHref = (q) => `#/queues/${api.enc(q.vhost)}/${api.enc(q.name)}`;
@@ -96,7 +96,10 @@ export async function renderOne(ctx, vhost, name) {
 
   async function refresh() {
     if (deleted) return;
-    const q = await api.get(base);
+    // the first load asks for length samples too (RabbitMQ answers *_details.samples)
+    const seed = chart.empty();
+    const q = await api.get(seed ? `${base}?lengths_age=600&lengths_incr=5` : base);
+    if (seed) seedLengths(chart, q, ["messages_ready", "messages_unacknowledged", "messages"]);
     chart.add(Date.now() / 1000, [q.messages_ready ?? 0, q.messages_unacknowledged ?? 0, q.messages ?? 0]);
     const ms = q.message_stats || {};
     clear(summary,
@@ -136,7 +139,7 @@ export async function renderOne(ctx, vhost, name) {
 
   const el = h("div.page",
     h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/queues" }, "Queues"), " · virtual host ", h("span.mono", vhost)), h("h1", "Queue ", h("span.mono#queue-name", name))),
-      h("div.head-tags", tags(first.type ? [first.type] : []))),
+      h("div.head-tags", spanSelect([chart]), tags(first.type ? [first.type] : []))),
     summary,
     h("div.grid-2", h("section.card", h("h2", "Details"), details), chart.el),
     h("section.card", h("h2", "Consumers"), consumers),
