@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="BYTES", help="largest HTTP request body (default 20 MiB)")
     run.add_argument("--http-timeout", type=_seconds, default=Config.http_timeout, metavar="S",
                      help="HTTP request body / socket read timeout (default 30 s)")
+    run.add_argument("--hermes-port", type=int, default=None, metavar="PORT",
+                     help="Hermes frontend: POST /topics/{topic} on a lean listener of its own "
+                          "(default: publishing only on the --http-port)")
     run.add_argument("--mqtt-port", type=int, default=None, metavar="PORT",
                      help="MQTT 3.1/3.1.1 listener port (default: no MQTT listener)")
     run.add_argument("--mqtts-port", type=int, default=None, metavar="PORT",
@@ -237,7 +240,8 @@ def _run(args) -> int:
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         print(f"triomq: error: invalid --http-port {args.http_port}", file=sys.stderr)
         return 2
-    for option, value in (("--mqtt-port", args.mqtt_port), ("--mqtts-port", args.mqtts_port)):
+    for option, value in (("--mqtt-port", args.mqtt_port), ("--mqtts-port", args.mqtts_port),
+                          ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
             return 2
@@ -273,7 +277,7 @@ def _run(args) -> int:
                     http_port=(15672 if args.http_port is None else args.http_port or None),
                     http_optional=args.http_port is None, http_host=args.http_host,
                     http_max_body=args.http_max_body, http_timeout=args.http_timeout,
-                    mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port,
+                    mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,

@@ -98,6 +98,10 @@ class Config:
     http_port: int | None = None
     http_host: str | None = None
     http_optional: bool = False
+    # Hermes frontend (docs/hermes.md): a lean listener for POST /topics/{topic} only; None:
+    # publishing is served on the HTTP port alone. ``hermes_host`` None: where AMQP listens.
+    hermes_port: int | None = None
+    hermes_host: str | None = None
     http_max_body: int = 20 * MiB  # RabbitMQ's management.http.max_body_size default
     http_timeout: float = 30.0  # request body / each socket read, seconds
     # MQTT listener (docs/mqtt.md): None disables it; 0 picks a free port. mqtts needs

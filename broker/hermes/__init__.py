@@ -5,11 +5,14 @@
 nursery as a background task, its stored definitions claimed at recovery
 (``broker.meta_restorers``), and a publish hook validating AMQP publishes to AVRO topics.
 Modules: ``model`` (definitions, validation), ``service`` (topics, subscriptions, publish),
-``push`` (the push subscriber), ``http`` (routes). See docs/hermes.md.
+``push`` (the push subscriber), ``client`` (its HTTP/1.1 connections), ``http``
+(routes on the management port), ``frontend`` (the lean publishing listener,
+--hermes-port). See docs/hermes.md.
 """
 from __future__ import annotations
 
 from . import http
+from .frontend import Frontend
 from .model import HermesError, SubscriptionDef, TopicDef
 from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes
 
@@ -23,6 +26,11 @@ def install(broker) -> Hermes:
         broker.http_routes = []
     broker.http_routes.extend(http.routes(hermes))
     broker.background_tasks.append(hermes.run)
+    config = broker.config
+    if config.hermes_port is not None:
+        host = config.hermes_host if config.hermes_host is not None else config.host
+        hermes.frontend = Frontend(hermes, host, config.hermes_port)
+        broker.background_tasks.append(hermes.frontend.run)
     restorers = getattr(broker, "meta_restorers", None)
     if restorers is not None:
         restorers[TOPIC_KIND] = hermes.restore_topic

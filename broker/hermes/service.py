@@ -71,6 +71,7 @@ class Hermes:
         self.subscribers: dict[str, PushSubscriber] = {}  # qualified name -> running
         self.avro_topics: dict[str, Any] = {}  # AVRO topic name -> compiled schema (AMQP hook)
         self.nursery: trio.Nursery | None = None
+        self.frontend: Any = None  # frontend.Frontend when --hermes-port is set
         self.pending_publishes = 0
 
     @property

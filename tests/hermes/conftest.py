@@ -35,7 +35,7 @@ class HermesBroker:
 
 async def start_broker(nursery, data_dir, store: str | None = "journal") -> HermesBroker:
     config = Config(host="127.0.0.1", port=0, data_dir=str(data_dir), memory_limit_bytes=1 << 50,
-                    disk_free_limit=0, heartbeat=0, http_port=0)
+                    disk_free_limit=0, heartbeat=0, http_port=0, hermes_port=0)
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = Broker(config, open_store(store, str(data_dir)))
     server = Server(broker)
@@ -50,6 +50,7 @@ async def start_broker(nursery, data_dir, store: str | None = "journal") -> Herm
     port = await nursery.start(serve)
     with trio.fail_after(10):
         await broker.http_server.started.wait()
+        await broker.hermes.frontend.started.wait()
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{broker.http_server.port}", timeout=10)
     return HermesBroker(broker, server, port, client, stopped)
 
