@@ -198,7 +198,7 @@ async def get_exchange(request: Request):
 async def put_exchange(request: Request):
     user = await require(request)
     broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
+    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
     check_vhost_access(broker, user, vhost.name)
     name = param(request, "name")
     data = await body(request, {"type", "durable", "auto_delete", "internal", "arguments",
@@ -296,7 +296,7 @@ def _properties(data: dict) -> dict:
 async def publish(request: Request):
     user = await require(request)
     broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
+    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
     check_vhost_access(broker, user, vhost.name)
     name = _exchange_name(request)
     data = await body(request, {"routing_key", "payload", "payload_encoding", "properties",
@@ -354,7 +354,7 @@ async def get_queue(request: Request):
 async def put_queue(request: Request):
     user = await require(request)
     broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
+    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
     check_vhost_access(broker, user, vhost.name)
     name = param(request, "name")
     data = await body(request, {"durable", "auto_delete", "arguments", "node", "vhost", "name",
@@ -562,7 +562,7 @@ async def list_pair_bindings(request: Request):
 async def create_binding(request: Request):
     user = await require(request)
     broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
+    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
     check_vhost_access(broker, user, vhost.name)
     data = await body(request, {"routing_key", "arguments", "vhost", "source", "destination",
                                 "destination_type"})

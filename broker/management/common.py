@@ -30,10 +30,13 @@ def param(request: Request, name: str) -> str:
     return unquote(request.path_params[name])
 
 
-def vhost_or_404(broker, name: str):
+def vhost_or_404(broker, name: str, creating: bool = False):
+    """The vhost; 404 as RabbitMQ words it (``vhost_not_found`` when creating in it)."""
     vhost = broker.vhosts.get(name)
     if vhost is None:
-        raise ApiError(404, "vhost_not_found", "not_found")
+        if creating:
+            raise ApiError(404, "vhost_not_found", "not_found")
+        raise ApiError(404, "Not Found")
     return vhost
 
 

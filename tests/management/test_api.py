@@ -94,7 +94,9 @@ async def test_exchanges_bindings_and_properties_key(api):
     assert r.status_code == 400 and r.json()["reason"] == "unknown exchange type 'nope'"
     assert (await api.delete("/api/exchanges/%2F/ev")).status_code == 204
     assert (await api.get("/api/exchanges/%2F/ev")).status_code == 404
-    assert (await api.get("/api/exchanges/nosuch")).json()["reason"] == "vhost_not_found"
+    assert (await api.get("/api/exchanges/nosuch")).json()["reason"] == "Not Found"
+    r = await api.put("/api/exchanges/nosuch/x", json={"type": "direct"})
+    assert r.status_code == 404 and r.json()["reason"] == "vhost_not_found"
 
 
 async def test_bad_input_names_the_field(api):
