@@ -136,6 +136,7 @@ class ClusterStore(Store):
             self._known[kv.key] = payload.get("d", {})
             records.append((kv.key, payload.get("d", {})))
         self._snapshot = []
+        seeded = self._defs("meta", "access", "initialized") in self._known
         self._applying = True
         try:
             # metadata first (vhosts before what lives in them), then exchanges, then bindings
@@ -145,7 +146,102 @@ class ClusterStore(Store):
                 self._apply_put(key, value, recovering=True)
         finally:
             self._applying = False
+        if seeded:
+            broker.recovery_hooks.append(self._drop_local_only)
+        else:
+            broker.recovery_hooks.append(self._publish_local_meta)
         self._publish_local()
+
+    def _meta_values(self, kind: str) -> list[dict]:
+        head = self._defs("meta", _q(kind), "")
+        return [v for k, v in self._known.items() if k.startswith(head)]
+
+    def _drop_local_only(self) -> None:
+        """etcd is the truth once the cluster has state: what this node still has from its
+        own store but etcd no longer lists was deleted while it was away (users,
+        permissions, policies, durable exchanges; a vhost is only reported, never dropped
+        with its queues here)."""
+        broker = self.broker
+        access = getattr(broker, "access", None)
+        policies = getattr(broker, "policies", None)
+        dropped: list[str] = []
+        self._applying = True
+        try:
+            if access is not None:
+                users = {v.get("name") for v in self._meta_values("user")}
+                for name in [u for u in access.users if u not in users]:
+                    access.delete_user(name)
+                    dropped.append(f"user {name}")
+                perms = {(v["user"], v["vhost"]) for v in self._meta_values("permission")}
+                for user, vhost in [k for k in access.perms if k not in perms]:
+                    access.clear_permissions(user, vhost)
+                    dropped.append(f"permission {user}@{vhost}")
+                topics = {(v["user"], v["vhost"], v["exchange"])
+                          for v in self._meta_values("topic_permission")}
+                for (user, vhost), table in list(access.topic_perms.items()):
+                    for exchange in [x for x in table if (user, vhost, x) not in topics]:
+                        access.clear_topic_permissions(user, vhost, exchange)
+                        dropped.append(f"topic permission {user}@{vhost}/{exchange}")
+                vhosts = set(self._meta_values_keys("vhost"))
+                for name in [n for n in broker.vhosts if n not in vhosts]:
+                    log.warning("vhost %r is not in the cluster's definitions (deleted while this "
+                                "node was away?): kept, delete it again if it should go", name)
+            if policies is not None:
+                for kind, listing, clear in (
+                        ("policy", policies.list_policies, policies.clear_policy),
+                        ("operator_policy", policies.list_operator_policies,
+                         policies.clear_operator_policy)):
+                    known = {(v["vhost"], v["name"]) for v in self._meta_values(kind)}
+                    for p in listing():
+                        if (p["vhost"], p["name"]) not in known:
+                            clear(p["vhost"], p["name"])
+                            dropped.append(f"{kind} {p['name']}")
+            head = self._defs("exchange", "")
+            exchanges = {(v["vhost"], v["name"]) for k, v in self._known.items()
+                         if k.startswith(head)}
+            for vhost in list(broker.vhosts.values()):
+                for x in list(vhost.exchanges.values()):
+                    if x.durable and x.name and not x.name.startswith("amq.") \
+                            and (vhost.name, x.name) not in exchanges:
+                        vhost.delete_exchange(SimpleNamespace(exchange=x.name, if_unused=False))
+                        dropped.append(f"exchange {x.name}")
+        finally:
+            self._applying = False
+        if dropped:
+            log.info("dropped what the cluster deleted while this node was away: %s",
+                     ", ".join(dropped))
+
+    def _meta_values_keys(self, kind: str) -> list[str]:
+        head = self._defs("meta", _q(kind), "")
+        return [unquote(k[len(head):]) for k in self._known if k.startswith(head)]
+
+    def _publish_local_meta(self) -> None:
+        """The first node of a new cluster: its users, vhosts, permissions and policies
+        become the cluster's (written to etcd; the local store has them already)."""
+        broker = self.broker
+        access = getattr(broker, "access", None)
+        policies = getattr(broker, "policies", None)
+        if access is not None:
+            for user in access.users.values():
+                self._queue_write(self._defs("meta", "user", _q(user.name)), user.record())
+            for name, info in access.vhost_info.items():
+                self._queue_write(self._defs("meta", "vhost", _q(name)), dict(info))
+            for (user, vhost), perm in access.perms.items():
+                self._queue_write(self._defs("meta", "permission",
+                                             _q(json.dumps([user, vhost], ensure_ascii=False))),
+                                  perm.record(user, vhost))
+            for (user, vhost), table in access.topic_perms.items():
+                for exchange, tp in table.items():
+                    key = json.dumps([user, vhost, exchange], ensure_ascii=False)
+                    self._queue_write(self._defs("meta", "topic_permission", _q(key)),
+                                      tp.record(user, vhost))
+            self._queue_write(self._defs("meta", "access", "initialized"), {})
+        if policies is not None:
+            for kind, listing in (("policy", policies.list_policies),
+                                  ("operator_policy", policies.list_operator_policies)):
+                for p in listing():
+                    key = json.dumps([p["vhost"], p["name"]], ensure_ascii=False)
+                    self._queue_write(self._defs("meta", kind, _q(key)), p)
 
     def _publish_local(self) -> None:
         """Union at join: durable exchanges, exchange-to-exchange bindings and durable queues

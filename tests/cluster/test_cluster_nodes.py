@@ -134,6 +134,10 @@ def test_definitions_everywhere_and_rejoin_catches_up(tmp_path, etcd, secret):
         b.start()
         assert exchange_exists(b, "late")
         assert exchange_exists(b, "orders")
+        # deleted while b was away: gone on b too, though b's own store still had them
+        assert not exchange_exists(b, "eu")
+        assert httpx.get(f"{b.http_url}/api/users/alice", auth=auth).status_code == 404
+        assert "dropped what the cluster deleted while this node was away: " in b.log()
     finally:
         b.stop()
         a.stop()
