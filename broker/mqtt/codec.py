@@ -315,6 +315,39 @@ def _decode_subscribe(b: _Body) -> Subscribe:
     return Subscribe(pid, topics)
 
 
+def _publish_at(first: int, buf: bytearray, start: int, end: int) -> Publish:
+    """``_decode_publish`` without the copies: the same checks on ``buf[start:end]``."""
+    qos = (first >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(first & 0x08)
+    if dup and qos == 0:
+        raise MalformedPacket("PUBLISH with DUP set at QoS 0")
+    if end - start < 2:
+        raise MalformedPacket("packet ends early")
+    tlen = buf[start] << 8 | buf[start + 1]
+    pos = start + 2 + tlen
+    if pos > end:
+        raise MalformedPacket("length-prefixed field overruns the packet")
+    try:
+        topic = buf[start + 2:pos].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket("string is not well-formed UTF-8") from None
+    if "\x00" in topic:
+        raise MalformedPacket("string contains U+0000")
+    if not valid_topic_name(topic):
+        raise MalformedPacket(f"invalid topic name {topic!r} in PUBLISH")
+    pid = None
+    if qos:
+        if end - pos < 2:
+            raise MalformedPacket("packet ends early")
+        pid = buf[pos] << 8 | buf[pos + 1]
+        if not pid:
+            raise MalformedPacket("packet identifier 0")
+        pos += 2
+    return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 0x01), dup, pid)
+
+
 class PacketReader:
     """Splits a byte stream into packets. ``max_packet`` bounds the remaining length
     (a huge declared length is refused as soon as its length bytes arrive)."""
@@ -350,7 +383,16 @@ class PacketReader:
                                       f"{self.max_packet}")
             if len(buf) - i < length:
                 break
-            packets.append(decode(first, bytes(buf[i:i + length])))
+            # the two packets of the hot path are read in place, the rest through decode
+            if first >> 4 == PUBLISH:
+                packets.append(_publish_at(first, buf, i, i + length))
+            elif first == 0x40 and length == 2:
+                pid = buf[i] << 8 | buf[i + 1]
+                if not pid:
+                    raise MalformedPacket("packet identifier 0")
+                packets.append(PacketId(PUBACK, pid))
+            else:
+                packets.append(decode(first, bytes(buf[i:i + length])))
             pos = i + length
         del buf[:pos]
         return packets

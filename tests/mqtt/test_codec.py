@@ -146,3 +146,25 @@ def test_random_bytes_only_ever_raise_malformed(data):
 def test_any_publish_round_trips(topic, payload, qos, retain, pid):
     p = m.Publish(topic, payload, qos, retain, False, pid if qos else None)
     assert one(encode(p)) == p
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0x30, 0x3F), st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda t, pid, p: m._string(t) + pid + p, st.text(max_size=8),
+              st.binary(min_size=0, max_size=2), st.binary(max_size=8))))
+def test_publish_fast_path_agrees_with_decode(first, body):
+    """PacketReader reads PUBLISH in place (``_publish_at``): same packet, same refusals."""
+    try:
+        expected = decode_or_error(lambda: m.decode(first, body))
+    except UnicodeEncodeError:
+        return
+    got = decode_or_error(lambda: m._publish_at(first, bytearray(body), 0, len(body)))
+    assert got == expected
+
+
+def decode_or_error(f):
+    try:
+        return f()
+    except MalformedPacket:
+        return MalformedPacket
