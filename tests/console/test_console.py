@@ -174,6 +174,11 @@ def test_queue_policy_publish_get_delete(page, broker_proc, shot):
     page.goto(base + "/#/policies")
     page.click("#add-policy summary")
     page.fill("#add-policy input[name=name]", "console-cap")
+    # a pattern that does not compile: the API's 400 reason is shown, nothing is created
+    page.fill("#add-policy input[name=pattern]", "^console-(")
+    page.click("#add-policy button[type=submit]")
+    page.wait_for_selector(".toast-error:has-text('pattern')")
+    assert page.locator("#policies-table tbody tr", has_text="console-cap").count() == 0
     page.fill("#add-policy input[name=pattern]", "^console-q-orders$")
     page.select_option("#add-policy select[name=apply-to]", "queues")
     page.click("#add-policy button.link:has-text('max-length')")
@@ -317,3 +322,29 @@ def test_exchange_page_bind_publish_unbind_and_vhost_scope(page, broker_proc):
     page.click("#delete-exchange")
     page.wait_for_url("**/#/exchanges")
     assert httpx.get(f"{base}/api/exchanges/%2F/console-x", auth=auth).status_code == 404
+
+
+def test_connection_page_and_force_close(page, broker_proc):
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker_proc.port, heartbeat=0, client_properties={"connection_name": "console-victim"}))
+    try:
+        conn.channel()
+        conn.channel()
+        logged_in(page)
+        page.goto(broker_proc.http_url + "/#/connections")
+        page.locator("#connections-table tbody tr", has_text="Pika").first.wait_for()
+        page.locator("#connections-table tbody tr a").first.click()
+        page.wait_for_selector("#close-connection")
+        assert "console-victim" in page.locator(".page").inner_text()
+        page.wait_for_function("document.querySelectorAll('#connection-channels-table tbody tr:not(.empty)').length === 2")
+        page.fill("input[name=reason]", "console test says bye")
+        page.click("#close-connection")
+        page.wait_for_url("**/#/connections")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            for _ in range(50):
+                conn.process_data_events(time_limit=0.1)
+        assert closed.value.reply_code == 320
+        assert "console test says bye" in closed.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()

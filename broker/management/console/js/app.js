@@ -15,6 +15,7 @@ const VHOST_KEY = "triomq.vhost";
 const ROUTES = [
   [/^\/?$/, "overview", overview.render],
   [/^\/connections$/, "connections", connections.renderConnections],
+  [/^\/connections\/([^/]+)$/, "connections", connections.renderConnection],
   [/^\/channels$/, "channels", connections.renderChannels],
   [/^\/exchanges$/, "exchanges", exchanges.renderList],
   [/^\/exchanges\/([^/]+)\/([^/]*)$/, "exchanges", exchanges.renderOne],
