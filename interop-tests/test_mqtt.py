@@ -312,3 +312,41 @@ def test_persistent_session_and_retained_survive_restart(tmp_path):
         dev.close()
     finally:
         proc.stop()
+
+
+def _openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def test_tls_client_certificates_required_with_tls_ca(tmp_path):
+    ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "k.pem", "r.csr",
+                                                          "c.pem"))
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", str(ca_key), "-out", str(ca))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=device", "-keyout", str(key),
+             "-out", str(csr))
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", "1", "-out", str(cert))
+    port = free_port()
+    # the device certificate doubles as the server's: the test only checks who may connect
+    proc = BrokerProc(tmp_path / "data", mqtt=True,
+                      extra=["--mqtts-port", str(port), "--tls-cert", str(cert), "--tls-key",
+                             str(key), "--tls-ca", str(ca)]).start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca))
+        ctx.check_hostname = False
+        ctx.load_cert_chain(str(cert), str(key))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+                ctx.wrap_socket(s) as tls:
+            tls.sendall(m.encode(m.Connect(uid(), True, 60)))
+            assert read_packets(tls) == [m.ConnAck(0)]
+        anonymous = ssl.create_default_context(cafile=str(ca))
+        anonymous.check_hostname = False
+        # without a certificate: refused during the handshake (TLS 1.3: at the first read)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+                pytest.raises((ssl.SSLError, ConnectionError)), anonymous.wrap_socket(s) as tls:
+            tls.sendall(m.encode(m.Connect(uid(), True, 60)))
+            if not tls.recv(16):
+                raise ConnectionResetError("closed")
+    finally:
+        proc.stop()
