@@ -4,6 +4,7 @@
     python -m bench.scheduler --pending 100000 --rate 5000 --seconds 5
     python -m bench.scheduler --store sqlite:////tmp/b.db --persistent
     python -m bench.scheduler --persistent --store journal --restart   # + recovery time / RSS
+    python -m bench.scheduler --persistent --store journal --kill      # the same after kill -9
 
 Phase 1 fills the broker with --pending delayed messages due in an hour (they
 stay pending: the heap's size) and reports the broker's RSS before and after.
@@ -99,6 +100,67 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100.0 * len(values)))]
 
 
+def declare(pub) -> None:
+    pub.channel_open(1)
+    args = ra.table({"x-delayed-type": "direct"})
+    pub.rpc(1, 40, 10, b"\x00\x00" + ra.shortstr(EXCHANGE) + ra.shortstr("x-delayed-message")
+            + ra.bits(False, False, False, False, False) + args, ra.EXCHANGE_DECLARE_OK)
+    for q, key in (("bench.far", FAR_KEY), ("bench.due", DUE_KEY)):
+        pub.queue_declare(1, q)
+        pub.queue_bind(1, q, EXCHANGE, key)
+
+
+def precision_phase(a, url: str, pub, data_dir: str) -> dict:
+    """Phase 2: messages falling due at ``a.rate`` per second; their lateness."""
+    n = int(a.rate * a.seconds)
+    consumer = Consumer(url, "bench.due", n, timeout=a.seconds + 120)
+    consumer.start()
+    # Pre-load, paced below the broker's ingest capacity (so receive lag stays small and
+    # the publisher's due time is a tight lower bound of the broker's), messages whose
+    # due times are spaced exactly 1/rate apart starting once all are published; then
+    # they fall due at `rate` per second with nothing else going on.
+    per_tick = max(1, a.ingest_rate // 100)
+    ingest_s = n / a.ingest_rate
+    start = time.time() + ingest_s + 1.0
+    tick0 = time.time()
+    i = 0
+    k = 0
+    max_behind = 0.0
+    while i < n:
+        target = tick0 + k * 0.01
+        now = time.time()
+        if now < target:
+            time.sleep(target - now)
+        else:
+            max_behind = max(max_behind, now - target)
+        t_pub = time.time()
+        m = min(per_tick, n - i)
+        frames = []
+        for j in range(i, i + m):
+            delay_ms = max(1, int((start + j / a.rate - t_pub) * 1000) + 1)
+            intended = t_pub + delay_ms / 1000.0  # not later than the broker's due time
+            frames.append(publish_frames(EXCHANGE, DUE_KEY, b"%.6f" % intended, delay_ms,
+                                         a.persistent))
+        pub.send(b"".join(frames))
+        i += m
+        k += 1
+    result: dict = {"preload_s": round(time.time() - tick0, 2),
+                    "published_before_first_due": time.time() < start,
+                    "publisher_max_behind_ms": round(max_behind * 1000, 1)}
+    consumer.join()
+    late = consumer.lateness
+    result.update({
+        "due_messages": n,
+        "received": len(late),
+        "early": sum(1 for x in late if x < 0),
+        "lateness_ms": {k: round(v * 1000, 2) for k, v in (
+            ("min", min(late) if late else float("nan")), ("p50", pct(late, 50)),
+            ("p90", pct(late, 90)), ("p99", pct(late, 99)), ("p999", pct(late, 99.9)),
+            ("max", max(late) if late else float("nan")))},
+    })
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pending", type=int, default=1_000_000, help="messages kept pending (phase 1)")
@@ -112,7 +174,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--restart", action="store_true",
                     help="then stop the broker (SIGTERM), start it again on the same data dir and "
-                         "report the recovery time and RSS with the pending messages back")
+                         "report the recovery time and RSS with the pending messages back, "
+                         "then run the precision phase again")
+    ap.add_argument("--kill", action="store_true",
+                    help="as --restart, but stop the broker with kill -9")
     a = ap.parse_args(argv)
 
     data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
@@ -137,13 +202,7 @@ def main(argv=None) -> int:
                 time.sleep(0.1)
         else:
             raise SystemExit("broker did not start")
-        pub.channel_open(1)
-        args = ra.table({"x-delayed-type": "direct"})
-        pub.rpc(1, 40, 10, b"\x00\x00" + ra.shortstr(EXCHANGE) + ra.shortstr("x-delayed-message")
-                + ra.bits(False, False, False, False, False) + args, ra.EXCHANGE_DECLARE_OK)
-        for q, key in (("bench.far", FAR_KEY), ("bench.due", DUE_KEY)):
-            pub.queue_declare(1, q)
-            pub.queue_bind(1, q, EXCHANGE, key)
+        declare(pub)
         time.sleep(0.5)
         rss0 = rss_kb(proc.pid)
         result["rss_start_mb"] = round(rss0 / 1024, 1)
@@ -173,59 +232,17 @@ def main(argv=None) -> int:
         })
 
         # ---- phase 2: precision at `rate` per second -----------------------
-        n = int(a.rate * a.seconds)
-        consumer = Consumer(url, "bench.due", n, timeout=a.seconds + 120)
-        consumer.start()
-        # Pre-load, paced below the broker's ingest capacity (so receive lag stays small and
-        # the publisher's due time is a tight lower bound of the broker's), messages whose
-        # due times are spaced exactly 1/rate apart starting once all are published; then
-        # they fall due at `rate` per second with nothing else going on.
-        per_tick = max(1, a.ingest_rate // 100)
-        ingest_s = n / a.ingest_rate
-        start = time.time() + ingest_s + 1.0
-        tick0 = time.time()
-        i = 0
-        k = 0
-        max_behind = 0.0
-        while i < n:
-            target = tick0 + k * 0.01
-            now = time.time()
-            if now < target:
-                time.sleep(target - now)
-            else:
-                max_behind = max(max_behind, now - target)
-            t_pub = time.time()
-            m = min(per_tick, n - i)
-            frames = []
-            for j in range(i, i + m):
-                delay_ms = max(1, int((start + j / a.rate - t_pub) * 1000) + 1)
-                intended = t_pub + delay_ms / 1000.0  # not later than the broker's due time
-                frames.append(publish_frames(EXCHANGE, DUE_KEY, b"%.6f" % intended, delay_ms,
-                                             a.persistent))
-            pub.send(b"".join(frames))
-            i += m
-            k += 1
-        result["preload_s"] = round(time.time() - tick0, 2)
-        result["published_before_first_due"] = time.time() < start
-        result["publisher_max_behind_ms"] = round(max_behind * 1000, 1)
-        consumer.join()
-        late = consumer.lateness
+        result.update(precision_phase(a, url, pub, data_dir))
         rss2 = rss_kb(proc.pid)
-        stats = control(data_dir)["stats"]
-        result.update({
-            "due_messages": n,
-            "received": len(late),
-            "early": sum(1 for x in late if x < 0),
-            "lateness_ms": {k: round(v * 1000, 2) for k, v in (
-                ("min", min(late) if late else float("nan")), ("p50", pct(late, 50)),
-                ("p90", pct(late, 90)), ("p99", pct(late, 99)), ("p999", pct(late, 99.9)),
-                ("max", max(late) if late else float("nan")))},
-            "rss_end_mb": round(rss2 / 1024, 1),
-            "broker_stats": stats,
-        })
+        result.update({"rss_end_mb": round(rss2 / 1024, 1),
+                       "broker_stats": control(data_dir)["stats"]})
         pub.close()
-        if a.restart:
-            proc.terminate()
+        if a.restart or a.kill:
+            if a.kill:
+                time.sleep(2.0)  # let the last batch reach the journal (confirms are not awaited)
+                proc.kill()
+            else:
+                proc.terminate()
             proc.wait(300)
             t0 = time.time()
             proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT))
@@ -240,10 +257,19 @@ def main(argv=None) -> int:
             time.sleep(1.0)
             rss3 = rss_kb(proc.pid)
             result.update({
-                "restart_recovery_s": round(recovered_s, 1),
+                "restart_how": "kill -9" if a.kill else "SIGTERM",
+                "restart_recovery_s": round(recovered_s, 2),
                 "restart_pending": st["pending"] if st else None,
                 "restart_rss_mb": round(rss3 / 1024, 1),
+                "restart_bytes_per_pending": round((rss3 - rss0) * 1024 / max(1, a.pending)),
             })
+            # the same precision phase again: lateness after the restart
+            pub = ra.Connection(url)
+            declare(pub)  # the bench's exchange and queues are transient
+            after = precision_phase(a, url, pub, data_dir)
+            pub.close()
+            result["after_restart"] = {k: after[k] for k in ("due_messages", "received", "early",
+                                                             "lateness_ms")}
     finally:
         proc.terminate()
         try:
@@ -259,6 +285,11 @@ def main(argv=None) -> int:
             print(f"{k}: {v}")
     ok = result["early"] == 0 and result["received"] == result["due_messages"] \
         and result["lateness_ms"]["p99"] <= 50
+    after = result.get("after_restart")
+    if after is not None:
+        ok = ok and after["early"] == 0 and after["received"] == after["due_messages"] \
+            and result["restart_pending"] == a.pending
+
     print("RESULT:", "PASS" if ok else "FAIL", "(none early, all received, p99 <= 50 ms)")
     return 0 if ok else 1
 

@@ -393,6 +393,54 @@ def test_durable_across_restart(durable_broker, how):
     conn.close()
 
 
+@pytest.mark.timeout(150)
+def test_kill9_while_firing_loses_nothing_and_fires_nothing_early(durable_broker):
+    """kill -9 in the middle of a stream of due messages, after a clean restart (so the
+    journal's timer index is on disk and used): every message arrives, none before its due
+    time, and only occurrences caught between "routed" and "removed" may come twice."""
+    n = 2000
+    b = durable_broker.start()
+    conn = b.connect()
+    ch = conn.channel()
+    _declare(ch)
+    first_due = time.time() + 10.0  # then one due every ms, whatever the publishing takes
+    due = {}
+    for i in range(n):
+        body = b"f-%04d" % i
+        delay = int((first_due + i / 1000.0 - time.time()) * 1000) + 1
+        due[body] = time.time() + delay / 1000.0  # not later than the broker's due time
+        ch.basic_publish("dx", "k", body, pika.BasicProperties(
+            headers={"x-delay": delay}, delivery_mode=2))
+    conn.close()
+    b.stop()
+    b.start()
+    assert time.time() < first_due - 1, "publishing and a restart took too long to test"
+    assert b.cli_json("stats")["stats"]["pending"] == n
+    got: list = []
+    conn = b.connect()
+    ch = conn.channel()
+    ch.basic_consume("dq", lambda c, m, p, body: got.append((time.time(), body)), auto_ack=True)
+    kill_at = first_due + 0.8  # about 800 fired, the rest still pending
+    while time.time() < kill_at:
+        conn.process_data_events(time_limit=0.02)
+    b.kill9()
+    before = len(got)
+    b.start()
+    conn = b.connect()
+    ch = conn.channel()
+    ch.basic_consume("dq", lambda c, m, p, body: got.append((time.time(), body)), auto_ack=True)
+    deadline = max(due.values()) + 20
+    while time.time() < deadline and len({x for _, x in got}) < n:
+        conn.process_data_events(time_limit=0.05)
+    conn.close()
+    bodies = [x for _, x in got]
+    assert set(bodies) == set(due), f"lost {len(set(due) - set(bodies))} of {n}"
+    early = [x for t, x in got if t < due[x] - 0.005]
+    assert not early, f"{len(early)} fired early"
+    dups = len(bodies) - n
+    assert 0 < before < n and dups <= 2000, (before, dups)
+
+
 @pytest.mark.timeout(120)
 def test_cli_offline_remove(durable_broker):
     b = durable_broker.start()
