@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pika
@@ -45,6 +46,9 @@ def setup(api: httpx.Client) -> None:
     for name, vhost, args in QUEUES:
         v = "%2F" if vhost == "/" else vhost
         api.put(f"/api/queues/{v}/{name}", json={"durable": True, "arguments": args}).raise_for_status()
+    api.put("/api/vhost-limits/production/max-connections", json={"value": 500}).raise_for_status()
+    api.put("/api/vhost-limits/staging/max-queues", json={"value": 200}).raise_for_status()
+    api.put("/api/user-limits/billing/max-channels", json={"value": 20}).raise_for_status()
     api.put("/api/exchanges/%2F/events", json={"type": "topic", "durable": True}).raise_for_status()
     api.post("/api/bindings/%2F/e/events/q/orders", json={"routing_key": "order.*"}).raise_for_status()
     api.post("/api/bindings/%2F/e/events/q/invoices", json={"routing_key": "invoice.#"}).raise_for_status()
@@ -119,7 +123,9 @@ def main() -> None:
                 pages = [("overview", "#/"), ("queues", "#/queues"), ("exchanges", "#/exchanges"),
                          ("connections", "#/connections"), ("channels", "#/channels"), ("users", "#/users"),
                          ("user", "#/users/billing"), ("vhosts", "#/vhosts"), ("policies", "#/policies"),
-                         ("queue", "#/queues/%2F/orders")]
+                         ("limits", "#/limits"), ("queue", "#/queues/%2F/orders")]
+                name = api.get("/api/connections").json()[0]["name"]
+                pages.insert(4, ("connection", "#/connections/" + quote(name, safe="")))
                 for name, hash_ in pages:
                     page.goto(broker.http_url + "/" + hash_)
                     page.wait_for_load_state("networkidle")
@@ -132,7 +138,7 @@ def main() -> None:
                         page.click("#get-messages button[type=submit]")
                         page.wait_for_selector("#get-result .message")
                         page.evaluate("document.getElementById('toasts')?.remove(); window.scrollTo(0, 0)")
-                    page.screenshot(path=str(out / f"{name}.png"), full_page=name in ("queue", "policies", "user"))
+                    page.screenshot(path=str(out / f"{name}.png"), full_page=name in ("queue", "policies", "user", "connection"))
                 browser.close()
             stop.set()
             runner.join()

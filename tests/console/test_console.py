@@ -243,6 +243,24 @@ def test_admin_pages(page, broker_proc, shot):
     page.locator("#users-table tbody tr", has_text="console-ann").wait_for()
     shot(page, "users")
 
+    page.goto(base + "/#/limits")
+    page.click("#set-vhost-limits summary")
+    page.select_option("#set-vhost-limits select[name=vhost]", "console-vh")
+    page.select_option("#set-vhost-limits select[name=limit]", "max-queues")
+    page.fill("#set-vhost-limits input[name=value]", "5")
+    page.click("#set-vhost-limits button[type=submit]")
+    page.locator("#vhost-limits-table tbody tr", has_text="console-vh").wait_for()
+    page.click("#set-user-limits summary")
+    page.select_option("#set-user-limits select[name=user]", "console-ann")
+    page.select_option("#set-user-limits select[name=limit]", "max-channels")
+    page.fill("#set-user-limits input[name=value]", "3")
+    page.click("#set-user-limits button[type=submit]")
+    page.locator("#user-limits-table tbody tr", has_text="console-ann").wait_for()
+    auth = ("guest", "guest")
+    assert httpx.get(f"{base}/api/vhost-limits/console-vh", auth=auth).json()[0]["value"] == {"max-queues": 5}
+    assert httpx.get(f"{base}/api/user-limits/console-ann", auth=auth).json()[0]["value"] == {"max-channels": 3}
+    shot(page, "limits")
+
     # the new user logs in and sees the console without the admin tab
     page.click("#logout")
     login(page, "console-ann", "s3cret")

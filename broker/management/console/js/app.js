@@ -25,6 +25,7 @@ const ROUTES = [
   [/^\/users\/([^/]+)$/, "admin", admin.renderUser],
   [/^\/vhosts$/, "admin", admin.renderVhosts],
   [/^\/policies$/, "admin", admin.renderPolicies],
+  [/^\/limits$/, "admin", admin.renderLimits],
 ];
 
 const TABS = [

@@ -11,7 +11,7 @@ const OPERATOR_KEYS = [["message-ttl", "number"], ["expires", "number"], ["max-l
 
 function subnav(ctx, active) {
   const items = [["users", "Users", "#/users", "administrator"], ["vhosts", "Virtual hosts", "#/vhosts", "administrator"],
-    ["policies", "Policies", "#/policies", "policymaker"]];
+    ["policies", "Policies", "#/policies", "policymaker"], ["limits", "Limits", "#/limits", "administrator"]];
   return h("nav.subnav", items.filter(([, , , tag]) => ctx.can(tag)).map(([id, label, href]) =>
     h("a", { href, class: id === active ? "active" : "" }, label)));
 }
@@ -263,4 +263,47 @@ export async function renderPolicies(ctx) {
   const refresh = async () => { await table.refresh(); if (opTable) await opTable.refresh(); };
   await refresh();
   return { el: page(ctx, "policies", "Policies", children), refresh };
+}
+
+// Limits: per-vhost max-connections / max-queues and per-user max-connections / max-channels
+// (RabbitMQ's /api/vhost-limits and /api/user-limits). A negative value means no limit.
+function limitsSection(ctx, { kind, owner, names, choices, refreshAll }) {
+  const body = h("tbody");
+  const table = h(`table.data#${kind}-table`, h("thead", h("tr", h("th", owner === "vhost" ? "Virtual host" : "User"),
+    names.map((n) => h("th.num", n)), h("th", ""))), body);
+  async function refresh() {
+    const list = await api.get(`/api/${kind}`);
+    clear(body, list.length ? list.map((row) => h("tr", h("td", row[owner]),
+      names.map((n) => h("td.num", row.value?.[n] === undefined ? h("span.muted", "–") : num(row.value[n]))),
+      h("td", h("span.row-actions", Object.keys(row.value || {}).map((n) => h("button.btn.btn-small", { type: "button", on: { click: async (ev) => {
+        const ok = await act(() => api.del(api.path`/api/${kind}/${row[owner]}/${n}`), `${n} cleared`, ev.target);
+        if (ok !== undefined) await refreshAll();
+      } } }, `Clear ${n}`)))))) : h("tr.empty", h("td", { colSpan: names.length + 2 }, "No limits")));
+  }
+  const who = select(owner, choices, choices[0]);
+  const which = select("limit", names, names[0]);
+  const value = input("value", { type: "number", value: "100" });
+  const form = formCard(owner === "vhost" ? "Set a virtual host limit" : "Set a user limit",
+    [h("div.row", field(owner === "vhost" ? "Virtual host" : "User", who), field("Limit", which), field("Value", value, "A negative value removes the limit."))],
+    "Set limit", async (_f, button) => {
+      const n = Number(value.value);
+      if (!Number.isInteger(n)) return toast("The value must be a whole number", "error");
+      const ok = await act(() => api.put(api.path`/api/${kind}/${who.value}/${which.value}`, { value: n }), `${which.value} set`, button);
+      if (ok !== undefined) await refreshAll();
+    }, { id: `set-${kind}` });
+  return { el: h("section.card", h("h2", owner === "vhost" ? "Virtual host limits" : "User limits"), h("div.table-wrap", table), form), refresh };
+}
+
+export async function renderLimits(ctx) {
+  if (!ctx.isAdmin()) return renderPolicies(ctx);
+  const all = await api.get("/api/users");
+  const users = (Array.isArray(all) ? all : all.items).map((u) => u.name).sort();
+  let vh, us;
+  const refreshAll = async () => { await vh.refresh(); await us.refresh(); };
+  vh = limitsSection(ctx, { kind: "vhost-limits", owner: "vhost", names: ["max-connections", "max-queues"],
+    choices: ctx.vhosts.length ? ctx.vhosts : ["/"], refreshAll });
+  us = limitsSection(ctx, { kind: "user-limits", owner: "user", names: ["max-connections", "max-channels"],
+    choices: users.length ? users : ["guest"], refreshAll });
+  await refreshAll();
+  return { el: page(ctx, "limits", "Limits", vh.el, us.el), refresh: refreshAll };
 }
