@@ -10,9 +10,11 @@ each broker. RabbitMQ's stats database lists new queues a few seconds after they
 declared: the bench waits until its ``total_count`` reaches N.
 
 ``dashboard``: the bench's confirm+ack workload (1 producer with publisher confirms, 1
-consumer with manual acks, 64 B, direct exchange) run twice on the same broker process,
-alone and with a dashboard polling what the web console polls (overview, queues page 1,
-connections, channels, exchanges) every ``--poll`` seconds; the ratio is the cost.
+consumer with manual acks, 64 B, direct exchange) on the same broker process, alone and with
+a dashboard polling what the web console polls (overview, queues page 1, connections,
+channels, exchanges) every ``--poll`` seconds, ``--repeat`` alternating pairs; the ratio of
+the means is the cost. The time the broker took to answer one poll round is printed too:
+divided by the poll interval it bounds the cost independently of the machine's noise.
 Temporary vhosts on RabbitMQ are named ``bench-mgmt-<id>`` and deleted after.
 """
 from __future__ import annotations
@@ -86,32 +88,45 @@ def list_figure(http: str, amqp: str, n: int, requests: int, label: str) -> dict
 
 
 def _poller(http: str, interval: float, stop: threading.Event, counts: list) -> None:
+    """counts: [requests, seconds spent waiting for answers]"""
     with httpx.Client(base_url=http, auth=("guest", "guest"), timeout=30) as api:
         while not stop.is_set():
             for path in DASHBOARD:
+                t = time.perf_counter()
                 api.get(path).raise_for_status()
+                counts[1] += time.perf_counter() - t
                 counts[0] += 1
             stop.wait(interval)
 
 
 def dashboard_figure(http: str, amqp_url: str, pid, duration: float, poll: float,
-                     label: str) -> dict:
+                     label: str, repeat: int) -> dict:
+    """Alone and polled runs alternate (A B B A ...), so drift from other load on the
+    machine falls on both; the ratio is of the means."""
     workload = dict(WORKLOAD, duration=duration)
-    alone = run_workload(amqp_url, workload, broker_pid=pid, label=label, quiet=True)
-    stop = threading.Event()
-    counts = [0]
-    t = threading.Thread(target=_poller, args=(http, poll, stop, counts), daemon=True)
-    t.start()
-    try:
-        polled = run_workload(amqp_url, workload, broker_pid=pid, label=label, quiet=True)
-    finally:
-        stop.set()
-        t.join(30)
-    out = {"broker": label, "alone": alone["confirm_rate"], "polled": polled["confirm_rate"],
-           "ratio": polled["confirm_rate"] / alone["confirm_rate"], "requests": counts[0]}
-    print(f"[bench] {label}: confirm+ack alone {out['alone']:,.0f} msg/s, with a dashboard every "
-          f"{poll:g} s {out['polled']:,.0f} msg/s (ratio {out['ratio']:.3f}, "
-          f"{counts[0]} requests)", flush=True)
+    rates: dict[str, list[float]] = {"alone": [], "polled": []}
+    counts = [0, 0.0]
+    for i in range(repeat):
+        for kind in (("alone", "polled") if i % 2 == 0 else ("polled", "alone")):
+            stop = threading.Event()
+            t = threading.Thread(target=_poller, args=(http, poll, stop, counts), daemon=True)
+            if kind == "polled":
+                t.start()
+            try:
+                r = run_workload(amqp_url, workload, broker_pid=pid, label=label, quiet=True)
+            finally:
+                stop.set()
+                if kind == "polled":
+                    t.join(30)
+            rates[kind].append(r["confirm_rate"])
+    alone, polled = statistics.mean(rates["alone"]), statistics.mean(rates["polled"])
+    out = {"broker": label, "alone": alone, "polled": polled, "ratio": polled / alone,
+           "runs": rates, "requests": counts[0],
+           "answer_ms_per_round": 1000 * counts[1] / max(1, counts[0]) * len(DASHBOARD)}
+    print(f"[bench] {label}: confirm+ack alone {alone:,.0f} msg/s, with a dashboard every "
+          f"{poll:g} s {polled:,.0f} msg/s (ratio {out['ratio']:.3f}; runs {rates}; "
+          f"{counts[0]} requests, {out['answer_ms_per_round']:.1f} ms of answers per poll "
+          f"round)", flush=True)
     return out
 
 
@@ -124,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--poll", type=float, default=5.0)
+    p.add_argument("--repeat", type=int, default=2, help="alone/polled pairs (alternating)")
     a = p.parse_args(argv)
     print(f"[bench] command: {sys.executable} -m bench.management {' '.join(argv or sys.argv[1:])}")
     results = []
@@ -137,7 +153,8 @@ def main(argv=None) -> int:
                 results.append(list_figure(http, f"127.0.0.1:{b.port}", a.queues, a.requests,
                                            "TrioMQ"))
             if a.figure in ("dashboard", "both"):
-                results.append(dashboard_figure(http, b.url, b.pid, a.duration, a.poll, "TrioMQ"))
+                results.append(dashboard_figure(http, b.url, b.pid, a.duration, a.poll, "TrioMQ",
+                                                a.repeat))
         finally:
             b.stop()
     if "rabbitmq" in a.targets:
@@ -146,7 +163,7 @@ def main(argv=None) -> int:
                                        "RabbitMQ"))
         if a.figure in ("dashboard", "both"):
             results.append(dashboard_figure(RABBIT_HTTP, f"amqp://guest:guest@{RABBIT_AMQP}/",
-                                            None, a.duration, a.poll, "RabbitMQ"))
+                                            None, a.duration, a.poll, "RabbitMQ", a.repeat))
     for r in results:
         print(r)
     return 0
