@@ -32,6 +32,8 @@ import trio
 
 from .procinfo import TrioMQProcess, cpu_seconds, free_port, rss_kb
 
+AUTH = ("guest", "guest")
+
 
 def percentile(sorted_values: list[float], p: float) -> float:
     if not sorted_values:
@@ -49,7 +51,7 @@ def start_broker(a) -> tuple[TrioMQProcess, int, int]:
     deadline = time.monotonic() + 20
     while True:
         try:
-            httpx.get(f"http://127.0.0.1:{http_port}/topics", timeout=2)
+            httpx.get(f"http://127.0.0.1:{http_port}/topics", timeout=2, auth=AUTH)
             return broker, http_port, front_port
         except httpx.TransportError:
             if time.monotonic() > deadline:
@@ -69,6 +71,7 @@ def load_process(host: str, port: int, topic: str, rate: float, total: int, warm
     import socket
 
     head = (f"POST /topics/{topic} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n"  # guest:guest
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     request = head + body
     sel = selectors.DefaultSelector()
@@ -165,10 +168,11 @@ def cmd_publish(a) -> dict:
     base = f"http://127.0.0.1:{http_port}"
     target = front_port if a.port == "frontend" else http_port
     try:
-        httpx.post(f"{base}/topics", json={"name": "bench.publish", "ack": a.ack}).raise_for_status()
+        httpx.post(f"{base}/topics", json={"name": "bench.publish", "ack": a.ack},
+                   auth=AUTH).raise_for_status()
         httpx.post(f"{base}/topics/bench.publish/subscriptions",
-                   json={"name": "sink", "endpoint": "http://127.0.0.1:9/", "state": "SUSPENDED"}
-                   ).raise_for_status()
+                   json={"name": "sink", "endpoint": "http://127.0.0.1:9/", "state": "SUSPENDED"},
+                   auth=AUTH).raise_for_status()
         cpu0 = cpu_seconds(broker.pid)
         result = _publish_load(target, "bench.publish", a.rate, a.duration, a.warmup,
                                a.connections, a.size, a.processes)
@@ -255,7 +259,7 @@ async def _push(a, http_port: int, amqp_url: str) -> dict:
     ready.wait(10)
     base = f"http://127.0.0.1:{http_port}"
     try:
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=30, auth=AUTH) as http:
             (await http.post("/topics", json={"name": "bench.push", "ack": "LEADER"})).raise_for_status()
             sub = {"name": "sink", "endpoint": f"http://127.0.0.1:{sink_port}/", "state": "SUSPENDED",
                    "deliveryType": "BATCH" if batch else "SERIAL",

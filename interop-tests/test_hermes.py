@@ -78,7 +78,7 @@ def proc(tmp_path):
 
 
 def wait_http(p: BrokerProc) -> httpx.Client:
-    client = httpx.Client(base_url=p.http_url, timeout=10)
+    client = httpx.Client(base_url=p.http_url, timeout=10, auth=("guest", "guest"))
     wait_for(lambda: _reachable(client), msg="HTTP listener")
     return client
 

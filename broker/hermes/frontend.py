@@ -11,15 +11,23 @@ at a time, keep-alive. Bounded: a head above ``MAX_HEAD`` gets 431, a body above
 ``maxMessageSize`` 413 (the connection is then closed, the rest of the body unread), a body
 without Content-Length 411, a request not complete within ``REQUEST_TIMEOUT`` 408 and an idle
 connection is closed after ``IDLE_TIMEOUT``.
+
+Authentication: HTTP basic credentials of any user (``broker.access``; 401 otherwise, after
+the failed-login delay) with write permission on the topic's exchange (403). The result is
+kept per connection for the same Authorization header, so keep-alive publishers pay once.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from urllib.parse import unquote
 
 import trio
 
+from ..management.auth import FAILED_LOGIN_DELAY, login
+from .http import check
 from .model import HermesError
 
 log = logging.getLogger("broker.hermes.frontend")
@@ -27,7 +35,8 @@ log = logging.getLogger("broker.hermes.frontend")
 MAX_HEAD = 16 * 1024
 REQUEST_TIMEOUT = 30.0
 IDLE_TIMEOUT = 60.0
-_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 404: "Not Found",
+_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
             413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
@@ -75,6 +84,11 @@ class Frontend:
     async def _handle(self, stream: trio.SocketStream) -> None:
         buf = bytearray()
         try:
+            peer = stream.socket.getpeername()[0]
+        except OSError:
+            peer = None
+        self_auth: dict = {}  # this connection's Authorization header -> user
+        try:
             while True:
                 with trio.move_on_after(IDLE_TIMEOUT) as idle:
                     while not buf:
@@ -82,7 +96,7 @@ class Frontend:
                 if idle.cancelled_caught:
                     return
                 with trio.move_on_after(REQUEST_TIMEOUT) as slow:
-                    answer, close = await self._request(stream, buf)
+                    answer, close = await self._request(stream, buf, peer, self_auth)
                 if slow.cancelled_caught:
                     answer, close = _error(HermesError(408, "Request not received in time",
                                                        "REQUEST_TIMEOUT"), True), True
@@ -102,7 +116,31 @@ class Frontend:
             raise _Close()
         buf += data
 
-    async def _request(self, stream: trio.SocketStream, buf: bytearray) -> tuple[bytes, bool]:
+    async def _user(self, header: str | None, peer: str | None, cache: dict):
+        """The user for this Authorization header, or None (then after the login delay)."""
+        if header is None:
+            return None
+        if header in cache:
+            return cache[header]
+        scheme, _, value = header.partition(" ")
+        user = None
+        if scheme.lower() == "basic":
+            try:
+                name, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                sep = ""
+            if sep:
+                user = login(self.hermes.broker, name, password, peer)
+        if user is None:
+            access = getattr(self.hermes.broker, "access", None)
+            await trio.sleep(getattr(access, "failure_delay", FAILED_LOGIN_DELAY))
+            return None
+        cache.clear()
+        cache[header] = user
+        return user
+
+    async def _request(self, stream: trio.SocketStream, buf: bytearray, peer: str | None,
+                       auth: dict) -> tuple[bytes, bool]:
         while True:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
@@ -143,7 +181,12 @@ class Frontend:
             return _error(HermesError(400, "Malformed Content-Length"), True), True
         name = unquote(path[8:])
         hermes = self.hermes
+        user = await self._user(headers.get("authorization"), peer, auth)
+        if user is None:
+            return _error(HermesError(401, "Login failed", "UNAUTHORIZED",
+                                      {"WWW-Authenticate": 'Basic realm="TrioMQ"'}), True), True
         try:
+            check(hermes.broker, user, "exchange", name, "write")
             topic = hermes.get_topic(name)
             if length > topic.maxMessageSize or length < 0:
                 raise HermesError(413, f"Message size {length} exceeds the topic's maximum "

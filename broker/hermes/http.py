@@ -4,6 +4,11 @@ Publishing (Hermes frontend): ``POST /topics/{topic}``. Management (Hermes manag
 ``/topics``, ``/topics/{topic}``, ``/topics/{topic}/schema``,
 ``/topics/{topic}/subscriptions[/{name}[/state]]``. Errors answer Hermes' JSON body
 ``{"message": ..., "code": ...}`` with the status of ``HermesError``.
+
+Every route needs HTTP basic credentials of a user with the ``management`` tag (401 as the
+management API answers it), and the permissions an AMQP client would need, checked by
+``broker.access`` in vhost '/': configure on the exchange to manage a topic, on the queue to
+manage a subscription, write on the exchange to publish (403 otherwise).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import errors
+from ..management.auth import require
 from .model import HermesError
 
 MAX_DEFINITION = 1024 * 1024  # bytes of a management request body
@@ -50,24 +57,45 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check(broker, user, kind: str, name: str, perm: str) -> None:
+    """HermesError 403 unless ``user`` (management's ApiUser) has ``perm`` on ``name``."""
+    access = getattr(broker, "access", None)
+    if access is None or user.user is None:
+        return
+    try:
+        access.check(user.user, "/", kind, name, perm)
+    except errors.AMQPError as exc:
+        raise HermesError(403, exc.text, "FORBIDDEN") from None
+
+
 def routes(hermes) -> list:
+    broker = hermes.broker
+
     def handler(fn):
         async def endpoint(request: Request) -> Response:
+            user = await require(request)
             try:
-                return await fn(request, **request.path_params)
+                return await fn(request, user, **request.path_params)
             except HermesError as exc:
                 return _error(exc)
         return endpoint
 
-    async def topics(request: Request) -> Response:
+    def may(user, kind: str, name: str, perm: str = "configure") -> None:
+        check(broker, user, kind, name, perm)
+
+    async def topics(request: Request, user) -> Response:
         if request.method == "GET":
             return JSONResponse(sorted(hermes.topics))
-        topic = hermes.create_topic(await _json(request))
+        data = await _json(request)
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            may(user, "exchange", data["name"])
+        topic = hermes.create_topic(data)
         return JSONResponse(topic.to_json(), status_code=201)
 
-    async def topic(request: Request, topic: str) -> Response:
+    async def topic(request: Request, user, topic: str) -> Response:
         if request.method == "POST":  # publishing
             t = hermes.get_topic(topic)
+            may(user, "exchange", topic, "write")
             body = await _read_body(request, t.maxMessageSize)
             extra = {}
             key = request.headers.get("partition-key")
@@ -78,42 +106,50 @@ def routes(hermes) -> list:
                             headers={"Hermes-Message-Id": result.message_id})
         if request.method == "GET":
             return JSONResponse(hermes.get_topic(topic).to_json())
+        may(user, "exchange", topic)
         if request.method in ("PUT", "PATCH"):
             return JSONResponse(hermes.update_topic(topic, await _json(request)).to_json())
         hermes.delete_topic(topic)
         return Response(status_code=200)
 
-    async def schema(request: Request, topic: str) -> Response:
+    async def schema(request: Request, user, topic: str) -> Response:
         if request.method == "GET":
             t = hermes.get_topic(topic)
             if t.schema is None:
                 raise HermesError(404, f"No schema for topic {topic}", "SCHEMA_NOT_FOUND")
             return Response(t.schema, media_type="application/json",
                             headers={"Schema-Version": str(t.schemaVersion)})
+        may(user, "exchange", topic)
         hermes.set_schema(topic, (await request.body()).decode("utf-8", "replace"))
         return Response(status_code=201)
 
-    async def subscriptions(request: Request, topic: str) -> Response:
+    async def subscriptions(request: Request, user, topic: str) -> Response:
         if request.method == "GET":
             hermes.get_topic(topic)
             return JSONResponse(sorted(hermes.subscriptions.get(topic, {})))
-        sub = hermes.create_subscription(topic, await _json(request))
+        data = await _json(request)
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            may(user, "queue", f"{topic}.{data['name']}")
+            may(user, "exchange", topic, "read")  # binding the queue: read on the source
+        sub = hermes.create_subscription(topic, data)
         return JSONResponse(sub.to_json(), status_code=201)
 
-    async def subscription(request: Request, topic: str, name: str) -> Response:
+    async def subscription(request: Request, user, topic: str, name: str) -> Response:
         if request.method == "GET":
             return JSONResponse(hermes.get_subscription(topic, name).to_json())
+        may(user, "queue", f"{topic}.{name}")
         if request.method in ("PUT", "PATCH"):
             return JSONResponse(hermes.update_subscription(topic, name, await _json(request)).to_json())
         hermes.delete_subscription(topic, name)
         return Response(status_code=200)
 
-    async def state(request: Request, topic: str, name: str) -> Response:
+    async def state(request: Request, user, topic: str, name: str) -> Response:
         if request.method == "GET":
             return JSONResponse(hermes.get_subscription(topic, name).state)
+        may(user, "queue", f"{topic}.{name}")
         return JSONResponse(hermes.set_state(topic, name, await _json(request)).to_json())
 
-    async def metrics(request: Request, topic: str, name: str) -> Response:
+    async def metrics(request: Request, user, topic: str, name: str) -> Response:
         sub = hermes.get_subscription(topic, name)
         q = hermes.vhost.queues.get(f"{topic}.{name}")
         pusher = hermes.subscribers.get(sub.qualified)

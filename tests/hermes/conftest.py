@@ -51,7 +51,8 @@ async def start_broker(nursery, data_dir, store: str | None = "journal") -> Herm
     with trio.fail_after(10):
         await broker.http_server.started.wait()
         await broker.hermes.frontend.started.wait()
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{broker.http_server.port}", timeout=10)
+    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{broker.http_server.port}", timeout=10,
+                               auth=("guest", "guest"))
     return HermesBroker(broker, server, port, client, stopped)
 
 

@@ -27,7 +27,7 @@ async def test_frontend_publish(hermes_broker):
     await make_topic(http, maxMessageSize=50)
     await make_subscription(http, "shop.orders", "s", "http://127.0.0.1:9/x", state="SUSPENDED")
     port = hermes_broker.hermes.frontend.port
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as front:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", auth=("guest", "guest")) as front:
         for i in range(3):  # one keep-alive connection
             r = await front.post("/topics/shop.orders", content=b'{"i": %d}' % i,
                                  headers={"Content-Type": "application/json"})
@@ -40,6 +40,11 @@ async def test_frontend_publish(hermes_broker):
         assert (await front.post("/elsewhere", content=b"")).status_code == 404
     assert hermes_broker.vhost.queues["shop.orders.s"].message_count == 3
     # no Content-Length, a malformed request line, a huge head: one clear status each, then close
+    r = await httpx.AsyncClient().post(f"http://127.0.0.1:{port}/topics/shop.orders", content=b"{}")
+    assert r.status_code == 401 and "WWW-Authenticate" in r.headers
+    r = await httpx.AsyncClient(auth=("guest", "nope")).post(
+        f"http://127.0.0.1:{port}/topics/shop.orders", content=b"{}")
+    assert r.status_code == 401
     assert (await raw(port, b"POST /topics/shop.orders HTTP/1.1\r\nHost: x\r\n"
                             b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")).startswith(b"HTTP/1.1 411 ")
     assert (await raw(port, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")

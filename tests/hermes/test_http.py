@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import trio
 
 from broker.amqp import spec
@@ -145,3 +146,26 @@ async def test_amqp_and_http_both_ways(hermes_broker, endpoint):
     await endpoint.wait_for(lambda e: len(e.ok) == 2)
     assert sorted(r.body for r in endpoint.ok) == [b'{"from": "amqp"}', b'{"from": "http"}']
     await c.aclose()
+
+
+async def test_authentication_and_permissions(hermes_broker):
+    http = hermes_broker.http
+    base = str(http.base_url)
+    await make_topic(http)
+    access = hermes_broker.broker.access
+    # a management user who may only write to shop.* exchanges and configure nothing
+    access.add_user("h7-producer", "secret", tags=["management"])
+    access.set_permissions("h7-producer", "/", "^$", "^shop\\..*", "^$")
+    async with httpx.AsyncClient(base_url=base) as anonymous:
+        r = await anonymous.get("/topics")
+        assert r.status_code == 401 and r.json()["error"] == "not_authorized"
+    async with httpx.AsyncClient(base_url=base, auth=("h7-producer", "secret")) as producer:
+        assert (await producer.get("/topics")).json() == ["shop.orders"]
+        assert (await producer.post("/topics/shop.orders", content=b"{}")).status_code == 201
+        r = await producer.post("/topics", json={"name": "shop.more"})
+        assert r.status_code == 403
+        assert r.json()["message"] == ("ACCESS_REFUSED - access to exchange 'shop.more' in vhost '/' "
+                                     "refused for user 'h7-producer'")
+        r = await producer.delete("/topics/shop.orders")
+        assert r.status_code == 403
+    assert "shop.orders" in hermes_broker.hermes.topics
