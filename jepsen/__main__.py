@@ -1,0 +1,45 @@
+"""``python -m jepsen --rounds 20 --nemesis kill9,sigstop``: faults under confirmed load on a
+shared-store (PostgreSQL) master/standby pair; prints the verdict as JSON; exit status 1
+if a confirmed message was lost or a nacked one delivered."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .nemesis import NEMESES
+from .runner import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jepsen", description=__doc__)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--nemesis", default="kill9,sigstop",
+                   help=f"comma-separated, cycled through: {', '.join(NEMESES)}")
+    p.add_argument("--nodes", type=int, default=2, help="brokers sharing the store")
+    p.add_argument("--producers", type=int, default=3)
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--queues", type=int, default=2)
+    p.add_argument("--pause", type=float, default=20.0, help="SIGSTOP length, seconds")
+    p.add_argument("--lease", type=float, default=3.0, help="--sql-lease of the brokers")
+    p.add_argument("--renew", type=float, default=0.5, help="--sql-renew of the brokers")
+    p.add_argument("--workdir", default=None, help="broker logs and data (default: a temp dir)")
+    args = p.parse_args(argv)
+    nemeses = tuple(n.strip() for n in args.nemesis.split(",") if n.strip())
+    unknown = [n for n in nemeses if n not in NEMESES]
+    if unknown or not nemeses:
+        p.error(f"unknown nemesis {', '.join(unknown) or '(none)'}; known: {', '.join(NEMESES)}")
+    if args.rounds < 1 or args.nodes < 2:
+        p.error("--rounds must be >= 1 and --nodes >= 2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("pika").setLevel(logging.CRITICAL)  # every reconnect is expected here
+    result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,
+                 producers=args.producers, consumers=args.consumers, queues=args.queues,
+                 pause=args.pause, lease=args.lease, renew=args.renew, workdir=args.workdir)
+    print(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Rounds of load + fault + recovery on a shared-store cluster, then one check."""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .checker import check, percentile
+from .db import PgDatabase
+from .nemesis import NEMESES
+from .nodes import SharedStoreCluster
+from .workload import Consumer, History, Producer
+
+log = logging.getLogger("jepsen")
+
+
+def run(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"), nodes: int = 2,
+        producers: int = 3, consumers: int = 2, queues: int = 2, pause: float = 5.0,
+        warmup: float = 1.5, lease: float = 3.0, renew: float = 0.5, timeout: float = 1.5,
+        workdir: Path | None = None, pg_host: str = "127.0.0.1", pg_port: int = 5432) -> dict:
+    """Run ``rounds`` faults (cycling through ``nemeses``) under confirmed load; returns
+    the checker's verdict plus each round's failover times."""
+    keep = workdir is not None
+    work = Path(workdir or tempfile.mkdtemp(prefix="triomq-jepsen-"))
+    db = PgDatabase(pg_host, pg_port)
+    sql_args = ["--sql-lease", str(lease), "--sql-renew", str(renew), "--sql-timeout", str(timeout)]
+    cluster = SharedStoreCluster(db.url, work, nodes, sql_args)
+    history = History()
+    names = [f"jepsen-q{i}" for i in range(queues)]
+    clients: list = []
+    faults: list[dict] = []
+    try:
+        cluster.start()
+        clients = ([Producer(i, cluster.addresses, names, history) for i in range(producers)]
+                   + [Consumer(i, cluster.addresses, names, history) for i in range(consumers)])
+        for c in clients:
+            c.start()
+        for r in range(rounds):
+            nemesis = NEMESES[nemeses[r % len(nemeses)]](pause)
+            cluster.wait_standbys(120)
+            time.sleep(warmup)
+            old = cluster.wait_master(30)
+            t_fault = time.monotonic()
+            nemesis.inject(old)
+            new = cluster.wait_master(lease + 30, exclude=old)
+            t_serving = time.monotonic()
+            deadline = t_serving + 30
+            first = history.first_confirm_after(t_fault)
+            while first is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                first = history.first_confirm_after(t_fault)
+            nemesis.end(old)
+            cluster.heal()
+            fault = {"round": r + 1, "nemesis": nemesis.name, "old": old.name, "new": new.name,
+                     "takeover_s": round(t_serving - t_fault, 3),
+                     "confirms_resumed_s": round(first - t_fault, 3) if first else None}
+            faults.append(fault)
+            log.info("round %d: %s", r + 1, fault)
+        time.sleep(warmup)
+        for c in clients:
+            if isinstance(c, Producer):
+                c.stop_event.set()
+        for c in clients:
+            if isinstance(c, Producer):
+                c.join(30)
+        # drain: consumers keep going until nothing arrived for a while
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with history.lock:
+                idle = time.monotonic() - history.last_consumed
+            if idle > 3.0:
+                break
+            time.sleep(0.2)
+    finally:
+        for c in clients:
+            c.stop_event.set()
+        for c in clients:
+            c.join(15)
+        cluster.stop()
+        try:
+            db.drop()
+        except Exception:  # the verdict matters more than the clean-up
+            log.warning("could not drop database %s", db.name)
+    result = check(history)
+    if result["ok"] and not keep:
+        shutil.rmtree(work, ignore_errors=True)  # logs are kept when something was wrong
+    takeovers = [f["takeover_s"] for f in faults]
+    resumed = [f["confirms_resumed_s"] for f in faults if f["confirms_resumed_s"] is not None]
+    result.update({
+        "rounds": len(faults), "faults": faults, "workdir": str(work),
+        "takeover_p50_s": percentile(takeovers, 50), "takeover_p99_s": percentile(takeovers, 99),
+        "confirms_resumed_p50_s": percentile(resumed, 50),
+        "confirms_resumed_p99_s": percentile(resumed, 99),
+        "confirms_never_resumed": len(faults) - len(resumed),
+    })
+    return result
