@@ -1,14 +1,13 @@
-"""Authentication mechanisms and the user database.
+"""SASL response parsing (PLAIN, AMQPLAIN) for ``broker.access.login``.
 
-Only guest/guest exists for now, accepted from loopback only as RabbitMQ's
-``loopback_users`` default does. Users, permissions and TLS plug in here.
+Users, permissions and TLS live in broker/security (``broker.access``). ``UserDatabase``
+is the guest/guest fallback of code that runs without ``broker.access``.
 """
 from __future__ import annotations
 
 import ipaddress
 import struct
 
-from .amqp.connection import Authenticator
 from .amqp.fields import FieldError, decode_table
 
 
@@ -58,17 +57,3 @@ def parse_credentials(mechanism: str, response: bytes) -> tuple[str, str] | None
 
 def _as_str(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def make_authenticator(users: UserDatabase, peer_host: str | None) -> Authenticator:
-    def authenticate(mechanism: str, response: bytes) -> tuple[str | None, str]:
-        if mechanism not in ("PLAIN", "AMQPLAIN"):
-            return None, (f"unsupported authentication mechanism '{mechanism}'")
-        creds = parse_credentials(mechanism, response)
-        if creds is None:
-            return None, ""  # RabbitMQ drops the socket without a close
-        failure = users.check(creds[0], creds[1], peer_host)
-        if failure is not None:
-            return None, failure.replace("mechanism PLAIN", f"mechanism {mechanism}")
-        return creds[0], ""
-    return authenticate

@@ -104,7 +104,7 @@ class AccessControl:
             for (u, v), p in self.perms.items():
                 store.save_meta(KIND_PERMISSION, _pkey(u, v), p.record(u, v))
             store.save_meta(KIND_STATE, "initialized", {})
-            log.info("created the default user %r and vhost '/'", self.default_user)
+            log.debug("created the default user %r and vhost '/'", self.default_user)
         self._changed()
 
     # ------------------------------------------------------------------ restore (store)
