@@ -246,6 +246,11 @@ class VirtualHost:
                 raise errors.precondition_failed(mismatch.format(queue=name, vhost=self.name))
             existing.touch()
             return existing
+        if m.durable and not m.exclusive and self.store is not None:
+            # a cluster's store refuses a queue that lives on another node (404)
+            placement = getattr(self.store, "check_placement", None)
+            if placement is not None:
+                placement(self, name)
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
                   auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)

@@ -5,6 +5,8 @@ What lives in etcd under the cluster's prefix (docs/cluster.md):
 ``secret``               salt and HMAC of the cluster secret (never the secret itself)
 ``members/NAME``         every node that ever joined (no lease): name, advertised address
 ``nodes/NAME``           the live node (attached to its lease, gone TTL after it stops renewing)
+``homes/VHOST/QUEUE``    the node a durable queue lives on (no lease: kept while that node
+                         is down, as RabbitMQ keeps a durable queue's home node)
 ``masters/VHOST/QUEUE``  the queue's master node, attached to that node's lease; its
                          ``create_revision`` is the queue's **epoch** (a new master, a new epoch)
 ``isr/VHOST/QUEUE``      the queue's mirrors and in-sync set, written only by the master
@@ -95,6 +97,9 @@ class ClusterNode:
 
     def master_key(self, vhost: str, queue: str) -> str:
         return self.key("masters", queue_key(vhost, queue))
+
+    def home_key(self, vhost: str, queue: str) -> str:
+        return self.key("homes", queue_key(vhost, queue))
 
     def isr_key(self, vhost: str, queue: str) -> str:
         return self.key("isr", queue_key(vhost, queue))
@@ -250,10 +255,12 @@ class ClusterNode:
         if holder == self.name and (created or kv.lease == self.lease):
             self.masters[(vhost, queue)] = m
             self.conflicts.pop((vhost, queue), None)
+            await self.coord.put(self.home_key(vhost, queue), json.dumps({"node": self.name}).encode())
         else:
             self.conflicts[(vhost, queue)] = holder
-            log.error("queue %r in vhost %r is mastered by node %r: this node does not serve its "
-                      "local copy", queue, vhost, holder)
+            log.error("queue %r in vhost %r is mastered by node %r as well as declared here (declared "
+                      "on both at once, or taken while this node was away): two copies exist; "
+                      "delete one", queue, vhost, holder)
         return m
 
     async def release_master(self, vhost: str, queue: str) -> None:
@@ -266,6 +273,9 @@ class ClusterNode:
         if kv is not None and kv.create_revision == m.epoch:
             await self.coord.delete_if(self.master_key(vhost, queue), kv.mod_revision)
             await self.coord.delete(self.isr_key(vhost, queue))
+            home = await self.coord.get(self.home_key(vhost, queue))
+            if home is not None and home.json().get("node") == self.name:
+                await self.coord.delete_if(home.key, home.mod_revision)
 
     def mastership(self, vhost: str, queue: str) -> Mastership | None:
         """This node's mastership of the queue, None if it has none or is fenced."""
@@ -293,6 +303,7 @@ async def cluster_view(coord: Coordinator, prefix: str) -> dict:
     members: dict[str, dict] = {}
     live: dict[str, dict] = {}
     masters: dict[tuple[str, str], dict] = {}
+    homes: dict[tuple[str, str], str] = {}
     isr: dict[tuple[str, str], dict] = {}
     definitions = 0
     for kv in kvs:
@@ -304,6 +315,8 @@ async def cluster_view(coord: Coordinator, prefix: str) -> dict:
             live[name] = dict(kv.json(), lease=kv.lease)
         elif section == "masters":
             masters[split_queue_key(name)] = dict(kv.json(), epoch=kv.create_revision)
+        elif section == "homes":
+            homes[split_queue_key(name)] = kv.json().get("node", "?")
         elif section == "isr":
             isr[split_queue_key(name)] = kv.json()
         elif section == "defs":
@@ -315,10 +328,13 @@ async def cluster_view(coord: Coordinator, prefix: str) -> dict:
                       "health": "up" if name in live else "down",
                       "instance": live.get(name, {}).get("instance")})
     queues = []
-    for (vhost, queue), m in sorted(masters.items()):
+    for vhost, queue in sorted(set(masters) | set(homes)):
+        # a queue whose home node is down has no master: unavailable until it comes back
+        m = masters.get((vhost, queue)) or {"node": None, "epoch": None}
         r = isr.get((vhost, queue), {})
-        current = r.get("epoch") == m["epoch"]
+        current = m["epoch"] is not None and r.get("epoch") == m["epoch"]
         queues.append({"vhost": vhost, "name": queue, "master": m["node"], "epoch": m["epoch"],
+                       "home": homes.get((vhost, queue)),
                        "mirrors": r.get("mirrors", []) if current else [],
                        "in_sync": r.get("in_sync", []) if current else [],
                        "progress": r.get("progress", {}) if current else {}})

@@ -82,6 +82,8 @@ class ClusterStore(Store):
         self._revision = 0
         self._known: dict[str, dict] = {}  # defs/ key -> last value seen (for deletes)
         self._applying = False  # applying another node's change: no echo to etcd
+        self._homes: dict[tuple[str, str], str] = {}  # durable queue -> its home node
+        self._live: set[str] = set()  # nodes up (their lease-bound node key exists)
         self.applied = 0  # other nodes' changes applied live (tests, status)
         node.on_fenced.append(self._fenced)
 
@@ -112,7 +114,11 @@ class ClusterStore(Store):
     async def open(self) -> None:
         try:
             await self.node.join()
-            self._snapshot, self._revision = await self.coord.get_prefix(self._defs(""))
+            everything, self._revision = await self.coord.get_prefix(self.node.prefix)
+            defs = self._defs("")
+            self._snapshot = [kv for kv in everything if kv.key.startswith(defs)]
+            for kv in everything:
+                self._track(kv.key, kv.value)
         except (CoordinationUnavailable, CoordinationError, ClusterJoinError) as exc:
             await self.coord.aclose()
             raise StoreUnavailable(f"cluster: {exc}") from None
@@ -317,25 +323,68 @@ class ClusterStore(Store):
                 del self._claims[(vhost, queue)]
 
     # ---- applying other nodes' changes ----
+    def _track(self, key: str, value: bytes | None) -> None:
+        """Keep the queue homes and live nodes this node needs to refuse a queue that
+        lives elsewhere (``check_placement``); None: the key was deleted."""
+        from .node import split_queue_key
+        rest = key[len(self.node.prefix):]
+        section, _, name = rest.partition("/")
+        if section == "homes":
+            vq = split_queue_key(name)
+            if value is None:
+                self._homes.pop(vq, None)
+            else:
+                try:
+                    self._homes[vq] = json.loads(value).get("node", "?")
+                except ValueError:
+                    pass
+        elif section == "nodes":
+            if value is None:
+                self._live.discard(name)
+            else:
+                self._live.add(name)
+
+    def check_placement(self, vhost, name: str) -> None:
+        """A client declares the durable queue ``name`` on this node: refused (404) while
+        it lives on another node, since this node does not forward to it yet."""
+        home = self._homes.get((vhost.name, name))
+        if home is None or home == self.node.name:
+            return
+        from .. import errors
+        if home in self._live:
+            raise errors.AMQPError(
+                "not_found", f"{vhost.queue_resource(name)} lives on node '{home}'; this node "
+                f"does not forward to other nodes: connect to '{home}'")
+        # RabbitMQ's answer for a durable queue whose node is down
+        raise errors.AMQPError(
+            "not_found", f"home node '{home}' of durable {vhost.queue_resource(name)} is down "
+            f"or inaccessible")
+
     async def _watcher(self) -> None:
         while True:
             try:
-                await self.coord.watch(self._defs(""), self._revision + 1, self._on_events)
+                await self.coord.watch(self.node.prefix, self._revision + 1, self._on_events)
             except CoordinationUnavailable:
                 await trio.sleep(0.5)
             except CoordinationError as exc:  # compacted: read everything again
                 log.warning("cluster definitions watch restarts: %s", exc)
                 await trio.sleep(0.5)
                 try:
-                    kvs, self._revision = await self.coord.get_prefix(self._defs(""))
+                    kvs, self._revision = await self.coord.get_prefix(self.node.prefix)
                 except (CoordinationUnavailable, CoordinationError):
                     continue
+                self._homes.clear()
+                self._live.clear()
                 for kv in kvs:
                     await self._on_events([WatchEvent("put", kv)], self._revision)
 
     async def _on_events(self, events: list[WatchEvent], revision: int) -> None:
+        defs = self._defs("")
         for event in events:
             key = event.kv.key
+            if not key.startswith(defs):
+                self._track(key, None if event.kind == "delete" else event.kv.value)
+                continue
             if event.kind == "delete":
                 value = self._known.pop(key, None)
                 if value is not None and key not in self._pending:

@@ -64,7 +64,9 @@ def render(view: dict, prefix: str) -> str:
         mirrors = ",".join(q["mirrors"]) or "-"
         in_sync = ",".join(q["in_sync"]) or "-"
         progress = "".join(f" {node} syncing {pct}%" for node, pct in q["progress"].items())
-        lines.append(f"  {q['vhost']:<8} {q['name']:<24} {q['master']:<16} {q['epoch']:<8} "
+        master = q["master"] or f"(none: home {q['home']} down)"
+        epoch = q["epoch"] if q["epoch"] is not None else "-"
+        lines.append(f"  {q['vhost']:<8} {q['name']:<24} {master:<16} {epoch:<8} "
                      f"{mirrors:<20} {in_sync}{progress}")
     return "\n".join(lines)
 
@@ -83,11 +85,12 @@ async def _forget(coord: EtcdGateway, prefix: str, node: str) -> int:
               file=sys.stderr)
         return 1
     await coord.delete(f"{prefix}members/{node}")
-    kvs, _ = await coord.get_prefix(f"{prefix}masters/")
     removed = 0
-    for kv in kvs:
-        if kv.json().get("node") == node and await coord.delete_if(kv.key, kv.mod_revision):
-            removed += 1
-    print(f"node {node!r} removed from cluster {prefix.strip('/')} ({removed} queue master "
-          f"records dropped)")
+    for section in ("masters", "homes"):
+        kvs, _ = await coord.get_prefix(f"{prefix}{section}/")
+        for kv in kvs:
+            if kv.json().get("node") == node and await coord.delete_if(kv.key, kv.mod_revision):
+                removed += section == "homes"
+    print(f"node {node!r} removed from cluster {prefix.strip('/')} ({removed} durable queues "
+          f"it was home of forgotten)")
     return 0

@@ -155,7 +155,8 @@ async def test_master_election_epochs_and_fenced_isr(etcd):
         assert await a.set_in_sync("/", "q", ["b"], ["b"], {"b": 100})
         view = await cluster_view(c, "/t/")
         assert view["queues"] == [{"vhost": "/", "name": "q", "master": "a", "epoch": ma.epoch,
-                                   "mirrors": ["b"], "in_sync": ["b"], "progress": {"b": 100}}]
+                                   "home": "a", "mirrors": ["b"], "in_sync": ["b"],
+                                   "progress": {"b": 100}}]
         # a dies (its lease ends): b takes the queue under a higher epoch ...
         stale = dict(a.masters)
         await a.leave()
@@ -169,6 +170,7 @@ async def test_master_election_epochs_and_fenced_isr(etcd):
         assert await b.set_in_sync("/", "q", [], [])
         view = await cluster_view(c, "/t/")
         assert view["queues"][0]["master"] == "b" and view["queues"][0]["epoch"] == mb.epoch
+        assert view["queues"][0]["home"] == "b"
         await b.release_master("/", "q")
         assert (await cluster_view(c, "/t/"))["queues"] == []
     finally:
