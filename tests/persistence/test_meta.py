@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
 
 
-def _life(store, data_dir, body, kinds=("vhost", "user", "policy")):
+def _life(store, data_dir, body, kinds=("test_vhost", "test_user", "test_policy")):
     """Open ``store``, recover into a broker recording what restore_meta hands back,
     run ``body(broker, restored)``, wait until durable, close. Returns the records."""
     restored: list = []
@@ -38,7 +38,7 @@ def _life(store, data_dir, body, kinds=("vhost", "user", "policy")):
         for kind in kinds:
             def restorer(key, value, kind=kind):
                 restored.append((kind, key, value))
-                if kind == "vhost":
+                if kind == "test_vhost":
                     broker.create_vhost(key)
             broker.meta_restorers[kind] = restorer
         broker.recover()
@@ -63,31 +63,31 @@ def _durable_queue(vhost, name):
 def _contract(make_store, data_dir):
     def first(broker, restored):
         assert restored == []
-        broker.store.save_meta("vhost", "v1", {"description": "one"})
-        broker.store.save_meta("user", "ann", {"tags": ["a"]})
-        broker.store.save_meta("user", "ann", {"tags": ["b"], "odd": "é\n/\x00"})  # replaces
-        broker.store.save_meta("user", "bob/../x", {"n": 1})
-        broker.store.save_meta("user", "bob/../x", {"n": 2})
-        broker.store.delete_meta("user", "bob/../x")
-        broker.store.delete_meta("user", "never-saved")
+        broker.store.save_meta("test_vhost", "v1", {"description": "one"})
+        broker.store.save_meta("test_user", "ann", {"tags": ["a"]})
+        broker.store.save_meta("test_user", "ann", {"tags": ["b"], "odd": "é\n/\x00"})  # replaces
+        broker.store.save_meta("test_user", "bob/../x", {"n": 1})
+        broker.store.save_meta("test_user", "bob/../x", {"n": 2})
+        broker.store.delete_meta("test_user", "bob/../x")
+        broker.store.delete_meta("test_user", "never-saved")
         broker.store.save_meta("unclaimed", "k", {"kept": True})
         _durable_queue(broker.create_vhost("v1"), "in-v1")
         with pytest.raises((TypeError, ValueError)):
-            broker.store.save_meta("user", "bad", {"x": object()})
+            broker.store.save_meta("test_user", "bad", {"x": object()})
     _life(make_store(), data_dir, first)
 
     def second(broker, restored):
-        assert ("vhost", "v1", {"description": "one"}) in restored
-        assert ("user", "ann", {"tags": ["b"], "odd": "é\n/\x00"}) in restored
+        assert ("test_vhost", "v1", {"description": "one"}) in restored
+        assert ("test_user", "ann", {"tags": ["b"], "odd": "é\n/\x00"}) in restored
         assert not [r for r in restored if r[1] in ("bob/../x", "bad")]
         assert broker.unclaimed_meta == {("unclaimed", "k"): {"kept": True}}
         # the vhost came back first, so its queue could too
         assert "in-v1" in broker.vhosts["v1"].queues
-        broker.store.delete_meta("vhost", "v1")
+        broker.store.delete_meta("test_vhost", "v1")
     _life(make_store(), data_dir, second)
 
     def third(broker, restored):
-        assert [r[:2] for r in restored] == [("user", "ann")]
+        assert [r[:2] for r in restored] == [("test_user", "ann")]
     _life(make_store(), data_dir, third)
 
 
@@ -106,8 +106,8 @@ def test_sql_meta_contract(kind, tmp_path):
 
 def test_memory_store_forgets_meta(tmp_path):
     store = MemoryStore()
-    store.save_meta("user", "ann", {"x": 1})
-    store.delete_meta("user", "ann")
+    store.save_meta("test_user", "ann", {"x": 1})
+    store.delete_meta("test_user", "ann")
     assert _life(store, tmp_path, lambda b, r: None) == []
 
 
@@ -117,7 +117,7 @@ def test_journal_meta_survives_checkpoints_and_dropped_segments(tmp_path):
     from broker.message import Message
 
     def first(broker, restored):
-        broker.store.save_meta("policy", "/\x00p", {"pattern": ".*"})
+        broker.store.save_meta("test_policy", "/\x00p", {"pattern": ".*"})
         q = _durable_queue(broker.vhosts["/"], "q")
         props = {"delivery_mode": 2}
         for _ in range(40):  # fills several segments; all acked, so they can be dropped
@@ -129,8 +129,8 @@ def test_journal_meta_survives_checkpoints_and_dropped_segments(tmp_path):
     assert "00000001.log" not in segs  # the segment with the meta record is gone
 
     def second(broker, restored):
-        assert restored == [("policy", "/\x00p", {"pattern": ".*"})]
-        broker.store.save_meta("policy", "/\x00p", {"pattern": "^a"})
+        assert restored == [("test_policy", "/\x00p", {"pattern": ".*"})]
+        broker.store.save_meta("test_policy", "/\x00p", {"pattern": "^a"})
     _life(JournalStore(str(tmp_path), settings=settings), tmp_path, second)
     assert _life(JournalStore(str(tmp_path), settings=settings), tmp_path,
                  lambda b, r: None)[0][2] == {"pattern": "^a"}
@@ -145,8 +145,8 @@ def test_journal_meta_survives_kill_9(tmp_path):
             await store.open()
             store.recover(type("B", (), {{"vhosts": {{}}}})())
             for i in range(50):
-                store.save_meta("user", f"u{{i}}", {{"i": i}})
-            store.delete_meta("user", "u7")
+                store.save_meta("test_user", f"u{{i}}", {{"i": i}})
+            store.delete_meta("test_user", "u7")
             done = trio.Event()
             store.when_durable(done.set)
             async with trio.open_nursery() as n:
@@ -164,4 +164,21 @@ def test_journal_meta_survives_kill_9(tmp_path):
         proc.wait()
     restored = _life(JournalStore(str(tmp_path)), tmp_path, lambda b, r: None)
     assert {k for _, k, _ in restored} == {f"u{i}" for i in range(50)} - {"u7"}
-    assert ("user", "u49", {"i": 49}) in restored
+    assert ("test_user", "u49", {"i": 49}) in restored
+
+
+def test_journal_repair_keeps_meta(tmp_path):
+    import io
+
+    from broker.persistence.tools import inspect_journal, repair_journal
+
+    def first(broker, restored):
+        broker.store.save_meta("test_user", "ann", {"tags": ["x"]})
+        broker.store.save_meta("test_vhost", "v", {})
+        broker.store.delete_meta("test_vhost", "v")
+    _life(JournalStore(str(tmp_path)), tmp_path, first)
+    out = io.StringIO()
+    assert inspect_journal(str(tmp_path), out) == 0
+    assert repair_journal(str(tmp_path), io.StringIO()) == 0
+    restored = _life(JournalStore(str(tmp_path)), tmp_path, lambda b, r: None)
+    assert restored == [("test_user", "ann", {"tags": ["x"]})]
