@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import ssl
 
@@ -26,10 +27,17 @@ BLOCKED_READ_INTERVAL = 0.1
 
 
 class MQTTConnectionHandler:
-    __slots__ = ("_drained", "_flow_event", "_last_received", "_started", "_wake_event",
-                 "listener", "nursery", "peer", "session", "stream")
+    """Output goes out two ways, never both at once: right after a reader's batch, with a
+    non-blocking write of what that batch produced for any plain-TCP connection
+    (``MQTTListener.flush_dirty``: a PUBACK round trip then costs no task switch), and by
+    the writer task, which owns the socket while it has anything to send (a partial direct
+    write leaves the rest to it, ``_leftover``) and serves TLS connections, deliveries
+    caused by AMQP publishers and timers."""
 
-    def __init__(self, listener: MQTTListener, stream, sock: socket.socket):
+    __slots__ = ("_drained", "_fd", "_flow_event", "_last_received", "_leftover", "_started",
+                 "_wake_event", "_writing", "listener", "nursery", "peer", "session", "stream")
+
+    def __init__(self, listener: MQTTListener, stream, sock, tls: bool):
         self.listener = listener
         self.stream = stream
         try:
@@ -45,9 +53,34 @@ class MQTTConnectionHandler:
         self._drained: trio.Event | None = None
         self._flow_event: trio.Event | None = None
         self._started = self._last_received = trio.current_time()
+        self._fd = -1 if tls else sock.fileno()
+        self._writing = False  # the writer task is in send_all
+        self._leftover = b""  # what a direct write could not take: the writer's, first
 
     def _wake(self) -> None:
         self._wake_event.set()
+        if self._fd >= 0:
+            self.listener.dirty[self] = None
+
+    def send_now(self) -> None:
+        """Write what the session has queued without waiting for the writer task, if the
+        writer holds nothing; whatever the socket does not take is left to the writer."""
+        if self._writing or self._leftover or self._fd < 0 or self.session.finished:
+            return
+        data = self.session.conn.data_to_send()
+        if not data:
+            return
+        try:
+            n = os.write(self._fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            n = 0  # the writer's send_all meets the same error and ends the connection
+        if n < len(data):
+            self._leftover = data[n:]
+            self._wake_event.set()
+        elif self.session.delivery_stalled:
+            self.session.output_drained()
 
     def _flow_resumed(self) -> None:
         if self._flow_event is not None:
@@ -68,6 +101,8 @@ class MQTTConnectionHandler:
                 # cancelled from outside: the broker is stopping, devices did nothing wrong
                 self.listener.service.stopping = True
             session.connection_lost()  # will, requeue, consumers leave (idempotent)
+            self._fd = -1  # never written directly again: the number may be reused
+            self.listener.dirty.pop(self, None)
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
                     await self.stream.aclose()
@@ -117,6 +152,8 @@ class MQTTConnectionHandler:
                 return
             self._last_received = trio.current_time()
             session.data_received(data)
+            if self.listener.dirty:
+                self.listener.flush_dirty()
 
     async def _writer(self) -> None:
         session = self.session
@@ -127,9 +164,13 @@ class MQTTConnectionHandler:
             self._wake_event = trio.Event()
             while True:
                 data = conn.data_to_send()
+                if self._leftover:
+                    data, self._leftover = self._leftover + data, b""
                 if not data:
                     break
+                self._writing = True
                 await stream.send_all(data)
+                self._writing = False
                 if session.delivery_stalled:
                     session.output_drained()
             if self._drained is not None:
@@ -155,7 +196,14 @@ class MQTTListener:
         self.broker = broker
         self.service = MQTTService(broker)
         self.handlers: set[MQTTConnectionHandler] = set()
+        # plain-TCP connections with output queued by the batch being handled (send_now)
+        self.dirty: dict[MQTTConnectionHandler, None] = {}
         self.ports: dict[str, int] = {}
+
+    def flush_dirty(self) -> None:
+        dirty, self.dirty = self.dirty, {}
+        for handler in dirty:
+            handler.send_now()
 
     async def server_unblocked(self) -> None:
         while self.broker.blocked:  # noqa: ASYNC110 - a bounded poll under a resource alarm
@@ -204,7 +252,7 @@ class MQTTListener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
             pass
-        handler = MQTTConnectionHandler(self, stream, sock)
+        handler = MQTTConnectionHandler(self, stream, sock, raw is not stream)
         self.handlers.add(handler)
         try:
             await handler.run()
