@@ -4,6 +4,8 @@ that fails on purpose. TrioMQ only: RabbitMQ has no Hermes API."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pika
 import pytest
-from brokerproc import BrokerProc
+from brokerproc import REPO_ROOT, BrokerProc
 from helpers import assert_channel_error, wait_for
 
 
@@ -181,3 +183,29 @@ def test_nothing_lost_across_kill_9(proc, endpoint):
     oks = [h["Hermes-Message-Id"] for h, _b in endpoint.ok()]
     assert len(oks) == len(set(oks)) == 20
     assert http.get("/topics/shop.crash/subscriptions").json() == ["push"]
+
+
+def ctl(proc: BrokerProc, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker", "ctl", "--url", proc.http_url, *args],
+                          capture_output=True, text=True, timeout=60, cwd=str(REPO_ROOT))
+
+
+def test_ctl_verbs(proc, endpoint, tmp_path):
+    wait_http(proc)
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps(SCHEMA))
+    r = ctl(proc, "add_hermes_topic", "shop.ctl", "--content-type", "AVRO", "--schema-file", str(schema))
+    assert r.returncode == 0, r.stderr
+    r = ctl(proc, "add_hermes_subscription", "shop.ctl", "push", endpoint.url, "--rate", "50",
+            "--ordered")
+    assert r.returncode == 0, r.stderr
+    r = ctl(proc, "--formatter", "json", "list_hermes_subscriptions", "shop.ctl")
+    [row] = json.loads(r.stdout)
+    assert row["endpoint"] == endpoint.url and row["rate"] == 50 and row["ordered"] is True
+    # refusals: one line, rabbitmqctl's exit statuses
+    r = ctl(proc, "delete_hermes_topic", "shop.ctl")
+    assert r.returncode == 65 and "has subscriptions" in r.stderr
+    r = ctl(proc, "add_hermes_subscription", "shop.ctl", "bad", "ftp://x")
+    assert r.returncode == 65 and r.stderr.strip() == "Error: endpoint: must be an http:// or https:// URL, got 'ftp://x'"
+    r = ctl(proc, "-q", "--password", "wrong", "list_hermes_topics")
+    assert r.returncode == 77
