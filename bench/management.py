@@ -99,6 +99,26 @@ def _poller(http: str, interval: float, stop: threading.Event, counts: list) -> 
             stop.wait(interval)
 
 
+def idle_round_figure(http: str, rounds: int, label: str) -> dict:
+    """What one dashboard poll round costs the broker when nothing else runs: the time its
+    answers take (server work plus loopback round trips) — divided by the poll interval, an
+    upper bound of the share of the broker's loop a dashboard takes."""
+    with httpx.Client(base_url=http, auth=("guest", "guest"), timeout=30) as api:
+        for path in DASHBOARD:
+            api.get(path).raise_for_status()
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            for path in DASHBOARD:
+                api.get(path).raise_for_status()
+            times.append(time.perf_counter() - t)
+    out = {"broker": label, "round_ms": 1000 * statistics.median(times), "rounds": rounds}
+    print(f"[bench] {label}: one idle poll round ({len(DASHBOARD)} requests) takes "
+          f"{out['round_ms']:.1f} ms (median of {rounds}): {out['round_ms'] / 50:.2f} % of a "
+          f"5 s interval", flush=True)
+    return out
+
+
 def dashboard_figure(http: str, amqp_url: str, pid, duration: float, poll: float,
                      label: str, repeat: int) -> dict:
     """Alone and polled runs alternate (A B B A ...), so drift from other load on the
@@ -133,7 +153,8 @@ def dashboard_figure(http: str, amqp_url: str, pid, duration: float, poll: float
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.management",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--figure", choices=("list", "dashboard", "both"), default="both")
+    p.add_argument("--figure", choices=("list", "dashboard", "idle-round", "both"),
+                   default="both")
     p.add_argument("--targets", default="triomq,rabbitmq")
     p.add_argument("--queues", type=int, default=10_000)
     p.add_argument("--requests", type=int, default=5)
@@ -152,6 +173,8 @@ def main(argv=None) -> int:
             if a.figure in ("list", "both"):
                 results.append(list_figure(http, f"127.0.0.1:{b.port}", a.queues, a.requests,
                                            "TrioMQ"))
+            if a.figure in ("idle-round", "both"):
+                results.append(idle_round_figure(http, 20, "TrioMQ"))
             if a.figure in ("dashboard", "both"):
                 results.append(dashboard_figure(http, b.url, b.pid, a.duration, a.poll, "TrioMQ",
                                                 a.repeat))
@@ -161,6 +184,8 @@ def main(argv=None) -> int:
         if a.figure in ("list", "both"):
             results.append(list_figure(RABBIT_HTTP, RABBIT_AMQP, a.queues, a.requests,
                                        "RabbitMQ"))
+        if a.figure in ("idle-round", "both"):
+            results.append(idle_round_figure(RABBIT_HTTP, 20, "RabbitMQ"))
         if a.figure in ("dashboard", "both"):
             results.append(dashboard_figure(RABBIT_HTTP, f"amqp://guest:guest@{RABBIT_AMQP}/",
                                             None, a.duration, a.poll, "RabbitMQ", a.repeat))
