@@ -421,8 +421,8 @@ class Channel:
                                         vhost.exchange_resource(ev.exchange))
         if authz is not None and authz.topics and x.type_name == "topic":
             authz.check_topic(x.name, ev.routing_key, "write")
-        if x.arguments and avro.ARG in x.arguments:
-            problem = avro.body_problem(x.arguments, ev.body, properties)
+        if x.arguments or x.effective_policy_definition:  # an Avro schema, by argument or policy
+            problem = avro.exchange_problem(x, ev.body, properties)
             if problem is not None:
                 if seq:  # confirm mode: a nack, the channel stays open
                     self.confirm_decided(seq, False)

@@ -1,11 +1,14 @@
-"""Avro-validated exchanges: the ``x-avro-schema`` exchange argument.
+"""Avro-validated exchanges: the ``x-avro-schema`` exchange argument and the ``avro-schema``
+policy key.
 
-An exchange declared with ``x-avro-schema`` (the schema as JSON text) refuses AMQP publishes
-whose body does not conform: the channel nacks it in confirm mode, otherwise closes the
-channel with 406 PRECONDITION_FAILED naming the field. A body is read as JSON when the
-message's content_type is ``application/json`` (validated, stored unchanged), else as Avro
-binary (schemaless, one record). Only exchanges carrying the argument pay for it: the
-channel tests ``x.arguments`` (usually empty) before calling ``body_problem``.
+An exchange with a schema (its own ``x-avro-schema`` argument, else the ``avro-schema`` key
+of the policy that applies to it; both the schema as JSON text) refuses AMQP publishes whose
+body does not conform: the channel nacks it in confirm mode, otherwise closes the channel
+with 406 PRECONDITION_FAILED naming the field. A body is read as JSON when the message's
+content_type is ``application/json`` (validated, stored unchanged), else as Avro binary
+(schemaless, one record). Only exchanges with arguments or a policy pay for it: the channel
+tests ``x.arguments or x.effective_policy_definition`` (usually both empty) before calling
+``exchange_problem``.
 """
 from __future__ import annotations
 
@@ -13,10 +16,25 @@ import json
 
 from .. import errors
 from ..errors import Resource
+from ..policies.validate import POLICY_KEYS
 from .avro import SchemaError, ValidationFailed, backward_problem, compiled
 
 ARG = "x-avro-schema"
+POLICY_KEY = "avro-schema"
 JSON_TYPES = ("application/json", "text/json")
+
+
+def _policy_problem(value) -> str | None:
+    if not isinstance(value, str):
+        return f"{value!r} is not a valid Avro schema (a JSON text)"
+    try:
+        compiled(value)
+    except SchemaError as exc:
+        return str(exc)
+    return None
+
+
+POLICY_KEYS.setdefault(POLICY_KEY, _policy_problem)
 
 
 def schema_text(arguments: dict) -> str | None:
@@ -40,11 +58,25 @@ def validate_arguments(arguments: dict, resource: Resource) -> None:
         raise errors.precondition_failed("invalid arg '%s' for %s: %s", ARG, resource, exc) from None
 
 
+def exchange_problem(x, body: bytes, properties: dict) -> str | None:
+    """Why ``body`` does not conform to exchange ``x``'s schema (its argument first, then its
+    policy's key), or None (also when it has none)."""
+    text = schema_text(x.arguments)
+    if text is None:
+        value = getattr(x, "effective_policy_definition", {}).get(POLICY_KEY)
+        text = value if isinstance(value, str) else None
+    return None if text is None else _problem(text, body, properties)
+
+
 def body_problem(arguments: dict, body: bytes, properties: dict) -> str | None:
-    """Why ``body`` does not conform to the exchange's schema, or None (also without one)."""
+    """Why ``body`` does not conform to the schema in ``arguments``, or None (also without one)."""
     text = schema_text(arguments)
     if text is None:
         return None
+    return _problem(text, body, properties)
+
+
+def _problem(text: str, body: bytes, properties: dict) -> str | None:
     schema = compiled(text)
     content_type = properties.get("content_type")
     try:

@@ -121,3 +121,21 @@ def test_invalid_schema_argument_is_refused(session_client):
     assert close.reply_code == 406
     assert close.reply_text.startswith(
         "PRECONDITION_FAILED - invalid arg 'x-avro-schema' for exchange 'bad' in vhost '/': invalid Avro schema")
+
+
+def test_policy_key_validates_exchanges(session_client, broker):
+    from broker.policies.validate import PolicyError
+    c = session_client()
+    c.open_channel(1)
+    c.ok(1, spec.Exchange.Declare(exchange="events.in", type="fanout"), spec.Exchange.DeclareOk)
+    c.declare_queue(1, "events-q")
+    c.ok(1, spec.Queue.Bind(queue="events-q", exchange="events.in"), spec.Queue.BindOk)
+    assert c.publish(1, b"anything", exchange="events.in") == []  # no schema yet
+    broker.policies.set_policy("/", "avro", "^events\\.", {"avro-schema": json.dumps(ORDER)},
+                               apply_to="exchanges")
+    assert c.publish(1, avro_bytes(ORDER, GOOD), exchange="events.in") == []
+    close = channel_close(c.publish(1, b"anything", exchange="events.in"))
+    assert close.reply_code == 406 and "Avro schema of exchange 'events.in'" in close.reply_text
+    assert broker.vhosts["/"].queues["events-q"].message_count == 2
+    with pytest.raises(PolicyError, match="invalid Avro schema"):
+        broker.policies.set_policy("/", "bad", ".*", {"avro-schema": "{\"type\": \"nope\"}"})
