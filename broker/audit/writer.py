@@ -82,23 +82,20 @@ class RollingWriter:
         self.opened_at = time.monotonic()
 
     def write(self, batch: list) -> None:
-        """Encode and write ``batch`` (event tuples, in order), split where the hour changes."""
-        start = 0
-        while start < len(batch):
-            part = _partition(int(batch[start][1] * 1e6), self.node)
-            stop = len(batch)
-            if _partition(int(batch[-1][1] * 1e6), self.node) != part:
-                stop = next((i for i in range(start, len(batch))
-                             if _partition(int(batch[i][1] * 1e6), self.node) != part),
-                            len(batch))
-            f = self.file
-            if f is None or part != self.part or f.size >= self.roll_bytes \
-                    or time.monotonic() - self.opened_at >= self.roll_seconds:
-                self._open(part, self.encoder.seq)
-            chunk = batch[start:stop]
-            assert self.file is not None
-            self.file.write_block(len(chunk), self.encoder.encode(chunk))
-            start = stop
+        """Encode and write ``batch`` (event tuples, in order) as one block.
+
+        The batch goes to the partition of its first event's hour: a batch covers a few
+        milliseconds, so a file may hold a few events of the neighbouring hour (the jobs
+        filter on ``ts_us``, never on the partition)."""
+        if not batch:
+            return
+        part = _partition(int(batch[0][1] * 1e6), self.node)
+        f = self.file
+        if f is None or part != self.part or f.size >= self.roll_bytes \
+                or time.monotonic() - self.opened_at >= self.roll_seconds:
+            self._open(part, self.encoder.seq)
+        assert self.file is not None
+        self.file.write_block(len(batch), self.encoder.encode(batch))
 
     def close(self) -> None:
         if self.file is not None:

@@ -81,12 +81,24 @@ def check_input(path: str) -> None:
         return  # remote: Spark finds out (an empty listing is reported after loading)
     if not os.path.exists(local):
         raise BadInput(f"--input {path}: no such file or directory")
-    if os.path.isfile(local):
-        return
-    for _dirpath, _dirs, files in os.walk(local):
-        if any(f.endswith(".avro") for f in files):
-            return
-    raise BadInput(f"--input {path}: no audit files (*.avro) there")
+    found = [local] if os.path.isfile(local) else [
+        os.path.join(d, f) for d, _dirs, files in os.walk(local) for f in files
+        if f.endswith(".avro")]
+    if not found:
+        raise BadInput(f"--input {path}: no audit files (*.avro) there")
+    from broker.audit.events import SCHEMA_VERSION
+    from broker.audit.reader import VERSION_KEY, _header
+    for name in found:  # an unknown schema version stops the job before Spark starts
+        with open(name, "rb") as f:
+            head = f.read(1 << 16)
+        try:
+            meta = _header(head)[0]
+            version = int(meta.get(VERSION_KEY, b"1").decode() or 1)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            continue  # damaged: the reader skips it and reports it
+        if version > SCHEMA_VERSION:
+            raise BadInput(f"{name}: audit schema version {version} is newer than this "
+                           f"reader's ({SCHEMA_VERSION}); upgrade the jobs")
 
 
 def _package_zip() -> str:

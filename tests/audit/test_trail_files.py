@@ -136,7 +136,8 @@ def test_writer_rolls_by_hour_and_size_and_continues_the_sequence(tmp_path):
     hour = 3600.0
     base = 1_795_500_000 - 1_795_500_000 % 3600  # an hour boundary
     mk = [(events.ENQ, base + hour - 0.5 + i * 0.25, "/", "q", i, {}) for i in range(4)]
-    w.write(mk)  # two events before the hour, two after
+    w.write(mk[:2])  # two batches: before the hour, after it
+    w.write(mk[2:])
     w.close()
     files = node_files(str(tmp_path), "n1")
     assert len(files) == 2

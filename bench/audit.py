@@ -1,0 +1,222 @@
+"""Audit trail benchmarks (docs/performance-audit.md).
+
+    python -m bench.audit overhead [--duration 8] [--modes transient,persistent]
+    python -m bench.audit generate --events 10000000 --out /tmp/trail
+    python -m bench.audit jobs --input /tmp/trail [--jobs reconcile,sequence,...] [--master URL]
+
+``overhead``: the confirm+ack workload of scenario 2 (1 producer, 1 consumer, 64 B,
+confirms with a 256 window, manual acks, unlimited rate) on a fresh TrioMQ without and with
+``--audit-dir`` (every queue audited, the block policy: a writer that cannot keep up slows
+publishers, so the rate is the honest cost), then on the local RabbitMQ; ``persistent``
+adds delivery-mode 2 and a durable queue (TrioMQ's journal, fsync before confirm).
+
+``generate``: N events of realistic shape written by the broker's own writer code
+(``RollingWriter``: the batch encoder, deflate, hourly partitions, 64 MiB files) over
+two hours of one node: most messages published, delivered, acked; some redelivered,
+rejected to a DLX and consumed there, expired, dropped by max-length, unroutable, never
+settled (unaccounted); producers with x-seq, a few gaps and duplicates.
+
+``jobs``: each job once in one Spark session (``spark.audit.cli.run_job``), with its time
+and events/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+
+from .cli import RABBIT_URL, run_on_triomq, run_on_url
+from .runner import DEFAULTS
+
+
+def _workload(mode: str, duration: float) -> dict:
+    w = dict(DEFAULTS, confirms=True, manual_ack=True, duration=duration)
+    if mode == "persistent":
+        w.update(persistent=True, queue_durable=True)
+    return w
+
+
+def _triomq_args(extra: list[str]):
+    return argparse.Namespace(broker_python=sys.executable, store=None,
+                              broker_arg=["--http-port", "0", *extra], startup_timeout=60.0,
+                              broker_module="broker")
+
+
+def cmd_overhead(a) -> int:
+    rows = []
+    for mode in a.modes.split(","):
+        w = _workload(mode, a.duration)
+        trail = tempfile.mkdtemp(prefix="bench-audit-")
+        try:
+            plain = run_on_triomq(_triomq_args([]), w, label="TrioMQ")
+            audited = run_on_triomq(_triomq_args(["--audit-dir", trail]), w,
+                                    label="TrioMQ + audit")
+            size = sum(os.path.getsize(os.path.join(d, f))
+                       for d, _, fs in os.walk(trail) for f in fs)
+        finally:
+            shutil.rmtree(trail, ignore_errors=True)
+        rabbit = run_on_url(RABBIT_URL, w, label="RabbitMQ")
+        rows.append((mode, plain, audited, rabbit, size))
+    print(f"\ncommand: {shlex.join([sys.executable, '-m', 'bench.audit', *sys.argv[1:]])}\n")
+    print("| workload | TrioMQ cons/s | TrioMQ + audit cons/s | audit cost | broker CPU % "
+          "plain / audited | trail MB | RabbitMQ cons/s | audited ÷ RabbitMQ |")
+    print("|---|---|---|---|---|---|---|---|")
+    status = 0
+    for mode, p, au, r, size in rows:
+        pr, ar, rr = (x.get("consume_rate") or 0 for x in (p, au, r))
+        cost = 1 - ar / pr if pr else float("nan")
+        print(f"| {mode}, confirms + manual acks, 1p/1c, 64 B | {pr:,.0f} | {ar:,.0f} | "
+              f"{cost:.1%} | {p.get('broker_cpu_pct', 0) or 0:.0f} / "
+              f"{au.get('broker_cpu_pct', 0) or 0:.0f} | {size / 1e6:.1f} | {rr:,.0f} | "
+              f"{ar / rr if rr else float('nan'):.2f} |")
+        for x in (p, au, r):
+            if x.get("errors"):
+                status = 1
+                print(f"errors ({x.get('label')}): {x['errors']}")
+    return status
+
+
+def _generate(out: str, total: int, node: str = "bench", seed: int = 7) -> dict:
+    from broker.audit import events as E
+    from broker.audit.writer import RollingWriter
+    rnd = random.Random(seed)
+    w = RollingWriter(out, node, 64 << 20, 1e9, "deflate", 1)
+    t = time.time() - 7200.0
+    step = 7200.0 / total
+    queues = [f"orders.{r}" for r in ("eu", "us", "apac", "latam")]
+    conn = "10.0.0.7:53211"
+    seqs = {f"svc-{i}": 0 for i in range(8)}
+    batch: list = []
+    n = 0
+    msg = 0
+    counts = {"messages": 0, "unaccounted": 0, "gaps": 0, "duplicates": 0}
+    dtag = 0
+    while n < total:
+        msg += 1
+        counts["messages"] += 1
+        q = queues[msg & 3]
+        producer = f"svc-{msg & 7}"
+        seqs[producer] += 1
+        if rnd.random() < 0.0001:  # a message lost before the broker: a gap
+            seqs[producer] += 1
+            counts["gaps"] += 1
+        props = {"message_id": f"{producer}-{seqs[producer]}", "app_id": "orders",
+                 "delivery_mode": 2,
+                 "headers": {"x-producer": producer, "x-seq": seqs[producer],
+                             "x-ref-key": f"order-{msg // 3}"}}
+        t += step * 4
+        r = rnd.random()
+        if r < 0.02:
+            batch.append((E.PUB, t, "/", "orders", "order.created", msg, props, 512, True,
+                          "shop", conn, 1, msg, [], "unroutable"))
+            n += 1
+            continue
+        batch.append((E.PUB, t, "/", "orders", "order.created", msg, props, 512, True, "shop",
+                      conn, 1, msg, [q], "routed"))
+        dtag += 1
+        if r < 0.04:
+            batch.append((E.LEFT, t + 0.5, "/", q, msg, "dropped", "maxlen", None))
+            n += 2
+            continue
+        if r < 0.06:
+            batch.append((E.LEFT, t + 30, "/", q, msg, "expired", "expired", "dlx"))
+            n += 2
+            continue
+        if r < 0.0601:
+            counts["unaccounted"] += 1
+            n += 1
+            continue
+        batch.append((E.DEL, t + 0.002, "/", q, msg, "ctag-1", dtag, False, 1, conn, 2))
+        if r < 0.11:  # redelivered once
+            batch.append((E.LEFT, t + 0.2, "/", q, msg, "requeued", None, None))
+            dtag += 1
+            batch.append((E.DEL, t + 0.21, "/", q, msg, "ctag-2", dtag, True, 2, conn, 3))
+            n += 2
+        if r < 0.14:  # rejected to the DLX, consumed there
+            batch.append((E.REJ, t + 0.25, "/", q, msg, "ctag-2", dtag, conn, 3, False,
+                          "rejected"))
+            batch.append((E.ENQ, t + 0.25, "/", "orders.dlq", msg + 1, props))
+            batch.append((E.LEFT, t + 0.25, "/", q, msg, "dead_lettered", "rejected", "dlx"))
+            dtag += 1
+            batch.append((E.DEL, t + 0.3, "/", "orders.dlq", msg + 1, "ctag-9", dtag, False, 1,
+                          conn, 4))
+            batch.append((E.ACK, t + 0.31, "/", "orders.dlq", msg + 1, "ctag-9", dtag, conn, 4))
+            msg += 1
+            n += 7
+            continue
+        if r < 0.1402 and seqs[producer] > 1:  # a duplicate publish of the same number
+            counts["duplicates"] += 1
+        batch.append((E.ACK, t + 0.004, "/", q, msg, "ctag-1", dtag, conn, 2))
+        n += 3
+        if len(batch) >= 20000:
+            w.write(batch)
+            batch = []
+    if batch:
+        w.write(batch)
+    w.close()
+    counts["events"] = w.encoder.seq - 1
+    return counts
+
+
+def cmd_generate(a) -> int:
+    t0 = time.monotonic()
+    counts = _generate(a.out, a.events)
+    dt = time.monotonic() - t0
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs)
+    print(f"generated {counts['events']:,} events ({counts['messages']:,} messages) in "
+          f"{dt:.1f} s ({counts['events'] / dt:,.0f} events/s), {size / 1e6:.0f} MB; "
+          f"unaccounted {counts['unaccounted']}, gaps {counts['gaps']}")
+    return 0
+
+
+def cmd_jobs(a) -> int:
+    from spark.audit.cli import run_job, spark_session
+    spark = spark_session(a.master)
+    rows = []
+    try:
+        for job in a.jobs.split(","):
+            args = argparse.Namespace(input=a.input, from_us=None, to_us=None, window=60,
+                                      grace=60.0, producer_key="auto", message_id=None,
+                                      ref_key="order-12345", msg=None, consumer=None)
+            out = tempfile.mkdtemp(prefix="bench-audit-jobs-")
+            t0 = time.monotonic()
+            result, status = run_job(spark, job, args, out)
+            dt = time.monotonic() - t0
+            shutil.rmtree(out, ignore_errors=True)
+            rows.append((job, result["events"], dt, status))
+            print(f"[bench] {job}: {result['events']:,} events in {dt:.1f} s "
+                  f"({result['events'] / dt:,.0f} events/s), exit status {status}", flush=True)
+    finally:
+        spark.stop()
+    print(f"\ncommand: {shlex.join([sys.executable, '-m', 'bench.audit', *sys.argv[1:]])}\n")
+    print("| job | events | seconds (read + job) | events/s |")
+    print("|---|---|---|---|")
+    for job, n, dt, _ in rows:
+        print(f"| {job} | {n:,} | {dt:.1f} | {n / dt:,.0f} |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.audit")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--duration", type=float, default=8.0)
+    o.add_argument("--modes", default="transient,persistent")
+    g = sub.add_parser("generate")
+    g.add_argument("--events", type=int, default=10_000_000)
+    g.add_argument("--out", required=True)
+    j = sub.add_parser("jobs")
+    j.add_argument("--input", required=True)
+    j.add_argument("--jobs", default="reconcile,sequence,latency,deadletters,track")
+    j.add_argument("--master", default=None)
+    a = p.parse_args(argv)
+    return {"overhead": cmd_overhead, "generate": cmd_generate, "jobs": cmd_jobs}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
