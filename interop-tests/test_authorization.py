@@ -116,6 +116,14 @@ OPS = {
                      [("write", "queue", "q"), ("read", "exchange", "x")]),
     "exchange.declare": (lambda ch: ch.exchange_declare("cx", "fanout"),
                          [("configure", "exchange", "cx")]),
+    "exchange.declare with alternate-exchange": (
+        lambda ch: ch.exchange_declare("cx-ae", "fanout", arguments={"alternate-exchange": "x"}),
+        [("configure", "exchange", "cx-ae"), ("read", "exchange", "cx-ae"),
+         ("write", "exchange", "x")]),
+    "queue.declare with dead-letter exchange": (
+        lambda ch: ch.queue_declare("cq-dlx", arguments={"x-dead-letter-exchange": "x"}),
+        [("configure", "queue", "cq-dlx"), ("read", "queue", "cq-dlx"),
+         ("write", "exchange", "x")]),
     "exchange.declare passive": (lambda ch: ch.exchange_declare("x", passive=True), []),
     "exchange.delete": (lambda ch: ch.exchange_delete("dx"), [("configure", "exchange", "dx")]),
     "exchange.bind": (lambda ch: ch.exchange_bind("x2", "x", "k"),
