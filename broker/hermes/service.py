@@ -297,6 +297,8 @@ class Hermes:
         if topic.contentType == "AVRO":
             props.setdefault("headers", {})["schema-version"] = topic.schemaVersion
         message = Message(topic.name, topic.name, encode_properties(props), props, body)
+        if topic.name not in self.vhost.exchanges:
+            self._heal(topic)
         accepted = True
         durable = False
         for q in self.vhost.route(topic.name, topic.name, message):
@@ -342,6 +344,17 @@ class Hermes:
         if not outcome[0]:
             raise HermesError(500, "The store could not write the message", "INTERNAL_ERROR")
         return PublishResult(201, mid)
+
+    def _heal(self, topic: TopicDef) -> None:
+        """An AMQP client deleted the topic's exchange: the topic owns it, so it comes back
+        with its subscriptions' bindings before the publish is routed."""
+        log.warning("exchange of Hermes topic %s was deleted; declaring it again", topic.name)
+        vhost = self.vhost
+        vhost.declare_exchange(spec.Exchange.Declare(exchange=topic.name, type="topic", durable=True))
+        for sub in self.subscriptions.get(topic.name, {}).values():
+            q = vhost.queues.get(queue_name(topic.name, sub.name))
+            if q is not None:
+                vhost.bind(topic.name, q, "#", {})
 
     # ---- AMQP publishes to an AVRO topic's exchange ----
     def publish_hook(self, channel, message, mandatory: bool, seq: int) -> bool:

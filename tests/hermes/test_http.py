@@ -169,3 +169,21 @@ async def test_authentication_and_permissions(hermes_broker):
         r = await producer.delete("/topics/shop.orders")
         assert r.status_code == 403
     assert "shop.orders" in hermes_broker.hermes.topics
+
+
+async def test_overload_and_a_deleted_exchange(hermes_broker):
+    http = hermes_broker.http
+    broker = hermes_broker.broker
+    await make_topic(http)
+    await make_subscription(http, "shop.orders", "s", "http://127.0.0.1:9/x", state="SUSPENDED")
+    broker.set_alarm("memory", True)
+    try:
+        r = await http.post("/topics/shop.orders", content=b"{}")
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert "memory" in r.json()["message"]
+    finally:
+        broker.set_alarm("memory", False)
+    # an AMQP client deleted the topic's exchange: it comes back, with the subscription's binding
+    hermes_broker.vhost.delete_exchange(spec.Exchange.Delete(exchange="shop.orders"))
+    assert (await http.post("/topics/shop.orders", content=b"{}")).status_code == 201
+    assert hermes_broker.vhost.queues["shop.orders.s"].message_count == 1
