@@ -209,3 +209,57 @@ def test_ctl_verbs(proc, endpoint, tmp_path):
     assert r.returncode == 65 and r.stderr.strip() == "Error: endpoint: must be an http:// or https:// URL, got 'ftp://x'"
     r = ctl(proc, "-q", "--password", "wrong", "list_hermes_topics")
     assert r.returncode == 77
+
+
+def test_mqtt_http_push_and_amqp_on_one_core(tmp_path, endpoint):
+    """An MQTT device, an HTTP producer, a push subscriber and an AMQP client exchange
+    messages through one broker: two exchange-to-exchange bindings join MQTT's amq.topic
+    and the Hermes topic's exchange."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    proc = BrokerProc(tmp_path / "data", http=True, mqtt=True).start()
+    try:
+        http = wait_http(proc)
+        http.post("/topics", json={"name": "shop.orders"}).raise_for_status()
+        http.post("/topics/shop.orders/subscriptions",
+                  json={"name": "push", "endpoint": endpoint.url}).raise_for_status()
+        conn = proc.connect()
+        ch = conn.channel()
+        ch.exchange_bind("shop.orders", "amq.topic", "shop.orders")  # MQTT shop/orders -> topic
+        ch.exchange_bind("amq.topic", "shop.orders", "#")  # topic -> MQTT subscribers
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "shop.orders", "#")  # an AMQP consumer of the topic
+        got: list = []
+        connected = threading.Event()
+        subscribed = threading.Event()
+        device = paho.Client(CallbackAPIVersion.VERSION2, client_id="h7-device")
+        device.username_pw_set("guest", "guest")
+        device.on_connect = lambda c, u, f, rc, p: connected.set()
+        device.on_subscribe = lambda c, u, mid, codes, p: subscribed.set()
+        device.on_message = lambda c, u, m: got.append((m.topic, m.payload))
+        device.connect("127.0.0.1", proc.mqtt_port, keepalive=30)
+        device.loop_start()
+        assert connected.wait(10)
+        device.subscribe("shop/orders", qos=1)
+        assert subscribed.wait(10)
+        # HTTP producer -> MQTT device, AMQP consumer, push endpoint
+        assert http.post("/topics/shop.orders", content=b'{"from": "http"}').status_code == 201
+        # MQTT device -> push endpoint, AMQP consumer (and back to itself, as MQTT does)
+        device.publish("shop/orders", b'{"from": "mqtt"}', qos=1).wait_for_publish(10)
+        wait_for(lambda: len(endpoint.ok()) == 2, msg="pushes")
+        assert sorted(b for _h, b in endpoint.ok()) == [b'{"from": "http"}', b'{"from": "mqtt"}']
+        wait_for(lambda: len(got) == 2, msg="MQTT deliveries")
+        assert sorted(got) == [("shop/orders", b'{"from": "http"}'), ("shop/orders", b'{"from": "mqtt"}')]
+        bodies = []
+        deadline = time.monotonic() + 10
+        while len(bodies) < 2 and time.monotonic() < deadline:
+            _m, _p, body = ch.basic_get(q, auto_ack=True)
+            if body is not None:
+                bodies.append(body)
+        assert sorted(bodies) == [b'{"from": "http"}', b'{"from": "mqtt"}']
+        device.loop_stop()
+        device.disconnect()
+        conn.close()
+    finally:
+        proc.stop()
