@@ -205,6 +205,7 @@ def raise_nofile() -> int:
 def hold_connections(addr, count: int, broker_pid: int | None) -> dict:
     """Open ``count`` connections (a few hundred CONNECTs in flight at once), wait for every
     CONNACK, then read the broker's RSS while they are all held."""
+    rss_before = rss_kb(broker_pid) if broker_pid else None
     sel = selectors.DefaultSelector()
     socks: list[socket.socket] = []
     socks_by_fd: dict[int, socket.socket] = {}
@@ -263,7 +264,10 @@ def hold_connections(addr, count: int, broker_pid: int | None) -> dict:
     for s in socks:
         s.close()
     return {"connected": count - refused, "held": alive, "seconds": elapsed,
-            "rss_mb": rss / 1024 if rss else None}
+            "rss_mb": rss / 1024 if rss else None,
+            "rss_before_mb": rss_before / 1024 if rss_before else None,
+            "kb_per_connection": (rss - rss_before) / max(alive, 1) if rss and rss_before
+            else None}
 
 
 # ---- command line ----------------------------------------------------------------------------
