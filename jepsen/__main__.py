@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 from .nemesis import NEMESES
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown nemesis {', '.join(unknown) or '(none)'}; known: {', '.join(NEMESES)}")
     if args.rounds < 1 or args.nodes < 2:
         p.error("--rounds must be >= 1 and --nodes >= 2")
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # SIGTERM stops the brokers too, as Ctrl-C
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("pika").setLevel(logging.CRITICAL)  # every reconnect is expected here
     result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,

@@ -56,7 +56,7 @@ class Producer(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 conn = pika.BlockingConnection(self.params)
-            except px.AMQPError:
+            except Exception:  # pika's connection workflow has errors outside AMQPError
                 time.sleep(0.1)
                 continue
             self.reconnects += 1
@@ -77,13 +77,13 @@ class Producer(threading.Thread):
                         with h.lock:
                             h.nacked[ident] = time.monotonic()
                         continue
-                    except px.AMQPError:
+                    except Exception:
                         with h.lock:
                             h.doubted[ident] = time.monotonic()
                         raise
                     with h.lock:
                         h.confirmed[ident] = time.monotonic()
-            except px.AMQPError:
+            except Exception:  # the connection broke: reconnect (the id is recorded in doubt)
                 pass
             finally:
                 try:
@@ -117,7 +117,7 @@ class Consumer(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 conn = pika.BlockingConnection(self.params)
-            except px.AMQPError:
+            except Exception:  # pika's connection workflow has errors outside AMQPError
                 time.sleep(0.1)
                 continue
             try:
@@ -128,7 +128,7 @@ class Consumer(threading.Thread):
                     ch.basic_consume(q, self._on_message)
                 while not self.stop_event.is_set():
                     conn.process_data_events(time_limit=0.2)
-            except px.AMQPError:
+            except Exception:  # the connection broke: reconnect; unacked ones come again
                 pass
             finally:
                 try:

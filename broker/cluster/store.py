@@ -45,6 +45,10 @@ log = logging.getLogger("broker.cluster.defs")
 # meta kinds applied live through the owning feature's API (others: broker.restore_meta)
 _ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission")
 _POLICY_KINDS = ("policy", "operator_policy")
+# metadata that belongs to one node and stays out of etcd: MQTT retained messages (node-local
+# in RabbitMQ too, and message bodies have no place in etcd) and Hermes subscriptions (push
+# consumers of a durable queue, which lives on its home node; Hermes topics are exchanges)
+LOCAL_KINDS = frozenset({"mqtt_retained", "hermes_topic", "hermes_subscription"})
 
 
 def _q(text: str) -> str:
@@ -546,11 +550,13 @@ class ClusterStore(Store):
 
     def save_meta(self, kind: str, key: str, value: dict) -> None:
         self.inner.save_meta(kind, key, value)
-        self._queue_write(self._defs("meta", _q(kind), _q(key)), dict(value))
+        if kind not in LOCAL_KINDS:
+            self._queue_write(self._defs("meta", _q(kind), _q(key)), dict(value))
 
     def delete_meta(self, kind: str, key: str) -> None:
         self.inner.delete_meta(kind, key)
-        self._queue_write(self._defs("meta", _q(kind), _q(key)), None)
+        if kind not in LOCAL_KINDS:
+            self._queue_write(self._defs("meta", _q(kind), _q(key)), None)
 
     # ---- messages: the inner store's ----
     def queue_op(self, queue, op, entry) -> None:
