@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pika
@@ -261,8 +262,15 @@ def test_admin_pages(page, broker_proc, shot):
     assert httpx.get(f"{base}/api/user-limits/console-ann", auth=auth).json()[0]["value"] == {"max-channels": 3}
     shot(page, "limits")
 
-    # the new user logs in and sees the console without the admin tab
+    # a user without a management tag is refused, as by RabbitMQ's UI
+    httpx.put(f"{base}/api/users/console-notag", auth=auth, json={"password": "pw", "tags": ""}).raise_for_status()
     page.click("#logout")
+    login(page, "console-notag", "pw")
+    page.wait_for_selector(".login-error:has-text('Not a management user')")
+    assert page.evaluate("sessionStorage.getItem('triomq.auth')") is None
+
+    # the new user logs in and sees the console without the admin tab
+    page.reload()
     login(page, "console-ann", "s3cret")
     page.wait_for_selector("#whoami:has-text('console-ann')")
     assert page.locator(".tabs a[data-tab=admin]").count() == 0
@@ -328,6 +336,17 @@ def test_exchange_page_bind_publish_unbind_and_vhost_scope(page, broker_proc):
     page.wait_for_selector("#bindings-table tr.empty")
     page.click("#publish-message button[type=submit]")
     page.wait_for_selector(".toast-warn:has-text('not routed')")
+
+    # names with odd characters travel percent-encoded, in the API's paths and the console's links
+    odd = "console odd/ü#1"
+    httpx.put(f"{base}/api/queues/%2F/{quote(odd, safe='')}", auth=auth, json={"durable": False}).raise_for_status()
+    page.goto(base + "/#/queues")
+    page.locator("#queues-table a", has_text=odd).click()
+    page.wait_for_selector("#queue-name")
+    assert page.locator("#queue-name").inner_text() == odd
+    page.click("#delete-queue")
+    page.wait_for_url("**/#/queues")
+    assert httpx.get(f"{base}/api/queues/%2F/{quote(odd, safe='')}", auth=auth).status_code == 404
 
     # the header's vhost selector scopes the lists to one vhost
     page.goto(base + "/#/queues")

@@ -60,6 +60,7 @@ function normaliseTags(tags) {
 }
 
 const MANAGEMENT_TAGS = ["administrator", "monitoring", "policymaker", "management"];
+const NOT_MANAGEMENT = "Not a management user: this user has no management, policymaker, monitoring or administrator tag.";
 
 // Login: whoami with the typed credentials decides; nothing is stored unless it answers 200.
 function showLogin(message) {
@@ -81,13 +82,16 @@ function showLogin(message) {
       const me = await api.get("/api/whoami", { token });
       const tags = normaliseTags(me.tags);
       if (!tags.some((t) => MANAGEMENT_TAGS.includes(t))) {
-        clear(error, "Not a management user: this user has no management, policymaker, monitoring or administrator tag.");
+        clear(error, NOT_MANAGEMENT);
         return;
       }
       api.saveCredentials(user.value, pass.value);
       await start();
     } catch (e) {
-      clear(error, e.status === 401 ? "Login failed: wrong user name or password." : errorText(e));
+      // RabbitMQ and TrioMQ answer 401 both for bad credentials ("Login failed") and for a user
+      // without a management tag ("Not management user")
+      if (e.status === 401 && /not management user/i.test(e.reason || "")) clear(error, NOT_MANAGEMENT);
+      else clear(error, e.status === 401 ? "Login failed: wrong user name or password." : errorText(e));
     } finally {
       button.disabled = false;
     }
