@@ -65,7 +65,9 @@ class MQTTConnectionHandler:
     def send_now(self) -> None:
         """Write what the session has queued without waiting for the writer task, if the
         writer holds nothing; whatever the socket does not take is left to the writer."""
-        if self._writing or self._leftover or self._fd < 0 or self.session.finished:
+        session = self.session
+        if self._writing or self._leftover or self._fd < 0 or session.finished \
+                or session.output_delay:
             return
         data = self.session.conn.data_to_send()
         if not data:
@@ -162,6 +164,9 @@ class MQTTConnectionHandler:
         while True:
             await self._wake_event.wait()
             self._wake_event = trio.Event()
+            if session.output_delay:
+                delay, session.output_delay = session.output_delay, 0.0
+                await trio.sleep(delay)
             while True:
                 data = conn.data_to_send()
                 if self._leftover:

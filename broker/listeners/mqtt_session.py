@@ -94,7 +94,8 @@ class MQTTSession:
     __slots__ = ("_decided", "_may_write_exchange", "_pubacks", "_seq", "_topics", "_touched",
                  "broker", "clean", "client_id", "conn", "consumers", "delivering",
                  "delivery_stalled", "ended", "finished", "flow_queues", "flow_resumed",
-                 "is_publisher", "output_high_water", "peer", "peer_host", "service", "user",
+                 "is_publisher", "output_delay", "output_high_water", "peer", "peer_host",
+                 "service", "user",
                  "username", "vhost", "wake", "will")
 
     global_prefetch = 0
@@ -106,6 +107,7 @@ class MQTTSession:
         self.peer_host = peer_host
         self.conn = ServerConnection(service.max_packet)
         self.output_high_water = self.broker.config.output_high_water
+        self.output_delay = 0.0  # seconds the edge waits before writing a refused login's CONNACK
         self.wake = lambda: None  # set by the edge: "there is output to write"
         self.flow_resumed = lambda: None  # set by the edge: "read again"
         self.flow_queues: set = set()
@@ -241,12 +243,17 @@ class MQTTSession:
         if access is not None:
             user = access.authenticate(username, password, self.peer_host)
             if user is None:
+                # the edge holds the refusal back, as for AMQP logins (brute force)
+                self.output_delay = getattr(access, "failure_delay", 0.0)
                 return codec.REFUSED_BAD_CREDENTIALS, f"login refused for user {username!r}"
             vhost = broker.vhosts.get(vhost_name)
             if vhost is None:
                 return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
             try:
                 access.check_vhost(user, vhost_name)
+                # max-connections of the vhost and the user count AMQP and MQTT connections
+                access.check_connection_limits(user, vhost_name,
+                                               [*broker.sessions, *self.service.sessions])
             except errors.AMQPError as exc:
                 return codec.REFUSED_NOT_AUTHORIZED, exc.text
             self.user = user
