@@ -196,11 +196,12 @@ async def delete_vhost_limit(request: Request):
 
 
 async def list_user_limits(request: Request):
-    await require(request, "administrator")
+    user = await require(request)  # others' limits: administrators only
     access = broker_of(request).access
     only = param(request, "user") if "user" in request.path_params else None
     return json_response([{"user": u["name"], "value": u["limits"]} for u in access.list_users()
-                          if u.get("limits") and (only is None or u["name"] == only)])
+                          if u.get("limits") and (only is None or u["name"] == only)
+                          and (user.is_admin or u["name"] == user.name)])
 
 
 async def put_user_limit(request: Request):

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ..policies import PolicyError, PolicyNotFound, VhostNotFound
-from .auth import require
+from .auth import CHALLENGE, require
 from .common import broker_of, check_vhost_access, created, json_response, no_content, param
 from .http import ApiError
 from .listing import paginate
@@ -18,9 +18,20 @@ def _kind(request: Request) -> str:
     return "operator" if request.url.path.startswith("/api/operator-policies") else "policy"
 
 
-def _level(request: Request) -> str:
-    # RabbitMQ: operator policies are the administrator's, policies the policymaker's
-    return "administrator" if _kind(request) == "operator" else "policymaker"
+async def _may_change(request: Request):
+    """RabbitMQ: operator policies are the administrator's; policies the policymaker's
+    (anyone else: "User not authorised to access object")."""
+    if _kind(request) == "operator":
+        return await require(request, "administrator")
+    user = await require(request)
+    if not user.has("policymaker"):
+        raise ApiError(401, "User not authorised to access object", "not_authorised", CHALLENGE)
+    return user
+
+
+def _may_read(user) -> bool:
+    # management users do not see policies; policymakers and monitoring do
+    return user.has("policymaker") or user.sees_all
 
 
 async def list_policies(request: Request):
@@ -33,8 +44,8 @@ async def list_policies(request: Request):
         check_vhost_access(broker, user, vhost)
     lister = (broker.policies.list_operator_policies if _kind(request) == "operator"
               else broker.policies.list_policies)
-    items = lister(vhost)
-    if not user.is_admin:
+    items = lister(vhost) if _may_read(user) else []
+    if not user.sees_all:
         allowed = set()
         for name in {p["vhost"] for p in items}:
             try:
@@ -52,6 +63,8 @@ async def get_policy(request: Request):
     broker = broker_of(request)
     vhost, name = param(request, "vhost"), param(request, "name")
     check_vhost_access(broker, user, vhost)
+    if not _may_read(user):
+        raise ApiError(401, "User not authorised to access object", "not_authorised", CHALLENGE)
     getter = (broker.policies.get_operator_policy if _kind(request) == "operator"
               else broker.policies.get_policy)
     try:
@@ -60,11 +73,19 @@ async def get_policy(request: Request):
         raise ApiError(404, "Not Found") from None
 
 
+def _object_access(broker, user, vhost: str) -> None:
+    try:
+        check_vhost_access(broker, user, vhost)
+    except ApiError:
+        raise ApiError(401, "User not authorised to access object", "not_authorised",
+                       CHALLENGE) from None
+
+
 async def put_policy(request: Request):
-    user = await require(request, _level(request))
+    user = await _may_change(request)
     broker = broker_of(request)
     vhost, name = param(request, "vhost"), param(request, "name")
-    check_vhost_access(broker, user, vhost)
+    _object_access(broker, user, vhost)
     raw = await request.body()
     try:
         data = json.loads(raw) if raw.strip() else {}
@@ -88,10 +109,10 @@ async def put_policy(request: Request):
 
 
 async def delete_policy(request: Request):
-    user = await require(request, _level(request))
+    user = await _may_change(request)
     broker = broker_of(request)
     vhost, name = param(request, "vhost"), param(request, "name")
-    check_vhost_access(broker, user, vhost)
+    _object_access(broker, user, vhost)
     policies = broker.policies
     try:
         if _kind(request) == "operator":

@@ -32,3 +32,28 @@ EXPECTED: dict[str, dict[str, tuple]] = {
         "/api/connections": OK, "/api/permissions": NOT_ADMIN, "/api/operator-policies": OK,
         "/api/health/checks/alarms": OK, "/api/whoami": OK, "/api/aliveness-test/%2F": NO_VHOST},
 }
+
+NO_OBJECT = (401, "User not authorised to access object")
+_POLICY = {"pattern": "^x", "definition": {"max-length": 1}}
+_PERMS = {"configure": ".*", "write": ".*", "read": ".*"}
+_PUBLISH = {"routing_key": "x", "payload": "", "payload_encoding": "string", "properties": {}}
+
+# more requests (method, path, body) and what a tagged user without permissions gets; the
+# names are prefixed by the caller. A user without tags gets NOT_MGMT for all of them.
+REQUESTS = [
+    (("GET", "/api/channels", None), OK), (("GET", "/api/consumers", None), OK),
+    (("GET", "/api/exchanges", None), OK), (("GET", "/api/bindings", None), OK),
+    (("GET", "/api/topic-permissions", None), NOT_ADMIN),
+    (("GET", "/api/vhost-limits", None), OK), (("GET", "/api/user-limits", None), OK),
+    (("GET", "/api/users/guest", None), NOT_ADMIN),
+    (("PUT", "/api/queues/%2F/{p}-q", {}), NO_VHOST),
+    (("PUT", "/api/policies/%2F/{p}-p", _POLICY), NO_OBJECT),
+    (("PUT", "/api/operator-policies/%2F/{p}-p", _POLICY), NOT_ADMIN),
+    (("PUT", "/api/users/{p}-x", {"password": "p", "tags": ""}), NOT_ADMIN),
+    (("PUT", "/api/vhosts/{p}-v", {}), NOT_ADMIN),
+    (("POST", "/api/definitions", {}), NOT_ADMIN),
+    (("PUT", "/api/permissions/%2F/guest", _PERMS), NOT_ADMIN),
+    (("GET", "/api/exchanges/%2F/amq.direct", None), NO_VHOST),
+    (("POST", "/api/exchanges/%2F/amq.direct/publish", _PUBLISH), NO_VHOST),
+    (("GET", "/api/queues/%2F", None), NO_VHOST),
+]

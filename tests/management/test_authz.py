@@ -2,7 +2,7 @@
 statuses and texts; management users see only their vhosts; writes need AMQP permissions."""
 from __future__ import annotations
 
-from .authz_matrix import EXPECTED, PATHS
+from .authz_matrix import EXPECTED, NOT_MGMT, PATHS, REQUESTS
 
 
 async def _users(api, tags_list):
@@ -22,6 +22,12 @@ async def test_matrix_without_permissions(api, http_broker):
                 assert r.status_code == status, (tags, path, r.text)
                 if reason is not None:
                     assert r.json() == {"error": "not_authorised", "reason": reason}, (tags, path)
+            for (method, path, body), expected in REQUESTS:
+                status, reason = expected if tags else NOT_MGMT
+                r = await c.request(method, path.format(p="authz"), json=body)
+                assert r.status_code == status, (tags, method, path, r.text)
+                if reason is not None:
+                    assert r.json()["reason"] == reason, (tags, method, path)
 
 
 async def test_management_user_sees_and_changes_only_what_it_may(api, http_broker):
@@ -47,7 +53,8 @@ async def test_management_user_sees_and_changes_only_what_it_may(api, http_broke
         assert r.status_code == 401
         r = await c.put("/api/policies/%2F/p", json={"pattern": "^mine", "definition": {
             "max-length": 1}})
-        assert r.json() == {"error": "not_authorised", "reason": "Not policymaker user"}
+        assert r.json() == {"error": "not_authorised",
+                            "reason": "User not authorised to access object"}
         assert (await c.put("/api/users/x", json={"password": "p", "tags": ""})).status_code == 401
         assert (await c.delete("/api/vhosts/other")).status_code == 401
     async with http_broker.client("u-policymaker", "pw") as c:
