@@ -25,6 +25,12 @@ pytestmark = pytest.mark.timeout(60)
 def _triomq_only(external_broker):
     if external_broker:
         pytest.skip("the reference RabbitMQ here has no MQTT plugin")
+    yield
+    while _open_clients:  # paho's network threads would otherwise reconnect forever
+        _open_clients.pop().close()
+
+
+_open_clients: list = []
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +85,7 @@ class Paho:
             self.c.tls_set(ca_certs=str(tls_ca))
         self.c.connect("127.0.0.1", port, keepalive=30)
         self.c.loop_start()
+        _open_clients.append(self)
         assert self.connected.wait(10), "no CONNACK"
 
     def subscribe(self, *topics):
@@ -107,6 +114,8 @@ class Paho:
         return self.got
 
     def close(self):
+        if self in _open_clients:
+            _open_clients.remove(self)
         self.c.disconnect()
         self.c.loop_stop()
 
