@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="BYTES", help="largest HTTP request body (default 20 MiB)")
     run.add_argument("--http-timeout", type=_seconds, default=Config.http_timeout, metavar="S",
                      help="HTTP request body / socket read timeout (default 30 s)")
+    run.add_argument("--http-tls", action="store_true",
+                     help="serve the HTTP listener over TLS (HTTPS) with the --tls-* options")
     run.add_argument("--hermes-port", type=int, default=None, metavar="PORT",
                      help="Hermes frontend: POST /topics/{topic} on a lean listener of its own "
                           "(default: publishing only on the --http-port)")
@@ -257,6 +259,11 @@ def _run(args) -> int:
         return 2
     if args.audit_dir:
         try:
+            import numpy  # noqa: F401 - the trail's writer encodes with it
+        except ImportError:
+            print("triomq: error: --audit-dir needs numpy (pip install numpy)", file=sys.stderr)
+            return 2
+        try:
             os.makedirs(args.audit_dir, exist_ok=True)
             if not os.access(args.audit_dir, os.W_OK):
                 raise PermissionError(13, "not writable")
@@ -277,6 +284,7 @@ def _run(args) -> int:
                     http_port=(15672 if args.http_port is None else args.http_port or None),
                     http_optional=args.http_port is None, http_host=args.http_host,
                     http_max_body=args.http_max_body, http_timeout=args.http_timeout,
+                    http_tls=args.http_tls,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,

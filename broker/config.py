@@ -104,6 +104,7 @@ class Config:
     hermes_host: str | None = None
     http_max_body: int = 20 * MiB  # RabbitMQ's management.http.max_body_size default
     http_timeout: float = 30.0  # request body / each socket read, seconds
+    http_tls: bool = False  # HTTPS with the tls_* options (broker/security/tls.py)
     # MQTT listener (docs/mqtt.md): None disables it; 0 picks a free port. mqtts needs
     # ``tls_cert`` and ``tls_key`` (PEM files; ``tls_ca`` set: client certificates verified).
     mqtt_port: int | None = None

@@ -150,6 +150,22 @@ def build_app(broker) -> Starlette:
     return app
 
 
+class _TLSConfig(HyperConfig):
+    """hypercorn's config with the broker's TLS context (TLS 1.2/1.3, client certificates
+    as --tls-verify says) instead of one built from file names."""
+
+    def __init__(self, context):
+        super().__init__()
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return True
+
+    def create_ssl_context(self):
+        return self._context
+
+
 class HttpServer:
     """The broker's HTTP listener. ``port`` is the bound port once ``run`` has started."""
 
@@ -197,7 +213,19 @@ class HttpServer:
                 return
             raise HttpListenError(text) from None
         self.port = sock.getsockname()[1]
-        hyper = HyperConfig()
+        if config.http_tls:
+            from ..security.tls import TLSConfigError, server_context
+            try:
+                context = server_context(config)
+            except TLSConfigError as exc:
+                sock.close()
+                raise HttpListenError(f"HTTP listener: {exc}") from None
+            context.set_alpn_protocols(["http/1.1"])
+            hyper: HyperConfig = _TLSConfig(context)
+            sockets = Sockets([sock], [], [])
+        else:
+            hyper = HyperConfig()
+            sockets = Sockets([], [sock], [])
         hyper.accesslog = None
         hyper.errorlog = logging.getLogger("broker.management.hypercorn")
         hyper.read_timeout = math.ceil(config.http_timeout)
@@ -210,7 +238,7 @@ class HttpServer:
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED):
             await worker_serve(wrap_app(app, hyper.wsgi_max_body_size, "asgi"), hyper,
-                               sockets=Sockets([], [sock], []), task_status=task_status)
+                               sockets=sockets, task_status=task_status)
 
         async with trio.open_nursery() as nursery:
             await nursery.start(serve)
