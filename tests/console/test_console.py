@@ -355,6 +355,15 @@ def test_exchange_page_bind_publish_unbind_and_vhost_scope(page, broker_proc):
     page.select_option("#vhost-select", "")
     page.locator("#queues-table tbody tr", has_text="console-x-q").wait_for()
 
+    # a queue deleted behind the page's back: the page says so (no error every refresh)
+    page.goto(base + "/#/queues/%2F/console-x-q")
+    page.wait_for_selector("#queue-name")
+    page.select_option("#refresh-interval", "2")
+    httpx.delete(f"{base}/api/queues/%2F/console-x-q", auth=auth).raise_for_status()
+    page.wait_for_selector(".gone:has-text('This queue was deleted')")
+    page.wait_for_timeout(2500)
+    assert page.locator(".toast-error").count() == 0
+
     page.goto(base + "/#/exchanges/%2F/console-x")
     page.click("#delete-exchange")
     page.wait_for_url("**/#/exchanges")

@@ -95,7 +95,20 @@ export async function renderOne(ctx, vhost, name) {
     bindings.el,
     publishCard(ctx, { vhost, exchange: real, title: "Publish message" }),
     h("section.card", h("h2", "Delete"), builtin ? h("p.muted", "Built-in exchanges cannot be deleted.") : del));
-  return { el, refresh: () => bindings.refresh() };
+  let gone = false;
+  async function refresh() {
+    if (gone) return;
+    try {
+      await api.get(base);
+    } catch (e) {
+      if (e.status !== 404) throw e;
+      gone = true; // deleted by someone else meanwhile
+      el.prepend(h("section.card.gone", h("h2", "This exchange was deleted"), h("p", h("a", { href: "#/exchanges" }, "All exchanges"))));
+      return;
+    }
+    await bindings.refresh();
+  }
+  return { el, refresh };
 }
 
 // Bindings of a queue (to it) or an exchange (from it), with unbind and an add form.

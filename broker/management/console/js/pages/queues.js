@@ -98,7 +98,17 @@ export async function renderOne(ctx, vhost, name) {
     if (deleted) return;
     // the first load asks for length samples too (RabbitMQ answers *_details.samples)
     const seed = chart.empty();
-    const q = await api.get(seed ? `${base}?lengths_age=600&lengths_incr=5` : base);
+    let q;
+    try {
+      q = await api.get(seed ? `${base}?lengths_age=600&lengths_incr=5` : base);
+    } catch (e) {
+      if (e.status !== 404 || !summary.isConnected) throw e;
+      // deleted by someone else meanwhile: say so once instead of failing every refresh
+      deleted = true;
+      summary.closest(".page").prepend(h("section.card.gone", h("h2", "This queue was deleted"),
+        h("p", h("a", { href: "#/queues" }, "All queues"))));
+      return;
+    }
     if (seed) seedLengths(chart, q, ["messages_ready", "messages_unacknowledged", "messages"]);
     chart.add(Date.now() / 1000, [q.messages_ready ?? 0, q.messages_unacknowledged ?? 0, q.messages ?? 0]);
     const ms = q.message_stats || {};
