@@ -47,15 +47,16 @@ def run(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"), nodes:
             new = cluster.wait_master(lease + 30, exclude=old)
             t_serving = time.monotonic()
             deadline = t_serving + 30
-            first = history.first_confirm_after(t_fault)
-            while first is None and time.monotonic() < deadline:
+            gap = history.confirm_gap(t_fault, t_serving)
+            while gap is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-                first = history.first_confirm_after(t_fault)
+                gap = history.confirm_gap(t_fault, t_serving)
             nemesis.end(old)
             cluster.heal()
             fault = {"round": r + 1, "nemesis": nemesis.name, "old": old.name, "new": new.name,
                      "takeover_s": round(t_serving - t_fault, 3),
-                     "confirms_resumed_s": round(first - t_fault, 3) if first else None}
+                     "confirm_gap_s": round(gap[0], 3) if gap else None,
+                     "confirms_resumed_s": round(gap[1], 3) if gap else None}
             faults.append(fault)
             log.info("round %d: %s", r + 1, fault)
         time.sleep(warmup)
@@ -88,11 +89,13 @@ def run(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"), nodes:
         shutil.rmtree(work, ignore_errors=True)  # logs are kept when something was wrong
     takeovers = [f["takeover_s"] for f in faults]
     resumed = [f["confirms_resumed_s"] for f in faults if f["confirms_resumed_s"] is not None]
+    gaps = [f["confirm_gap_s"] for f in faults if f["confirm_gap_s"] is not None]
     result.update({
         "rounds": len(faults), "faults": faults, "workdir": str(work),
         "takeover_p50_s": percentile(takeovers, 50), "takeover_p99_s": percentile(takeovers, 99),
         "confirms_resumed_p50_s": percentile(resumed, 50),
         "confirms_resumed_p99_s": percentile(resumed, 99),
+        "confirm_gap_p50_s": percentile(gaps, 50), "confirm_gap_p99_s": percentile(gaps, 99),
         "confirms_never_resumed": len(faults) - len(resumed),
     })
     return result

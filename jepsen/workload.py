@@ -39,6 +39,20 @@ class History:
             later = [c for c in self.confirmed.values() if c > t]
         return min(later) if later else None
 
+    def confirm_gap(self, t_fault: float, resumed_after: float) -> tuple[float, float] | None:
+        """The longest stretch without any confirm that spans the fault (a confirm already
+        on its way when the fault hit does not count as service), as (gap, fault -> end of
+        the gap); None until a confirm came after ``resumed_after``."""
+        with self.lock:
+            times = sorted(c for c in self.confirmed.values() if c > t_fault - 5)
+        if not times or times[-1] <= resumed_after:
+            return None
+        best = None
+        for a, b in itertools.pairwise(times):
+            if b >= t_fault and a <= resumed_after and (best is None or b - a > best[0]):
+                best = (b - a, b - t_fault)
+        return best
+
 
 class Producer(threading.Thread):
     def __init__(self, index: int, addresses, queues: list[str], history: History):
