@@ -394,3 +394,30 @@ def test_connection_page_and_force_close(page, broker_proc):
     finally:
         if conn.is_open:
             conn.close()
+
+
+def test_queue_table_pages_through_the_api(page, broker_proc):
+    base = broker_proc.http_url
+    auth = ("guest", "guest")
+    with httpx.Client(base_url=base, auth=auth) as api:
+        for i in range(25):
+            api.put(f"/api/queues/%2F/console-page-{i:02d}", json={"durable": False}).raise_for_status()
+    seen = []
+    page.on("request", lambda r: seen.append(r.url) if "/api/queues?" in r.url else None)
+    logged_in(page)
+    page.goto(base + "/#/queues")
+    page.select_option("#queues-table select.page-size", "20")
+    page.fill("#queues-table input.filter", "^console-page-1")
+    page.check("#queues-table .table-tools input[type=checkbox]")
+    page.wait_for_selector("#queues-table .table-info:has-text('10 of')")
+    page.fill("#queues-table input.filter", "console-page-")
+    page.uncheck("#queues-table .table-tools input[type=checkbox]")
+    page.wait_for_selector("#queues-table .pager:has-text('Page 1 of 2')")
+    assert page.locator("#queues-table tbody tr").count() == 20
+    page.click("#queues-table button[aria-label='Next page']")
+    page.wait_for_selector("#queues-table .pager:has-text('Page 2 of 2')")
+    assert page.locator("#queues-table tbody tr").count() == 5
+    # the table asked the API for one page, filtered and sorted there
+    last = seen[-1]
+    assert "page=2" in last and "page_size=20" in last and "name=console-page-" in last, last
+    assert any("use_regex=true" in u for u in seen)
