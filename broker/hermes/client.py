@@ -28,6 +28,10 @@ class PushError(Exception):
     """The request failed below HTTP (connect, TLS, reset, malformed response)."""
 
 
+class _Stale(PushError):
+    """The endpoint closed the connection before any byte of the response."""
+
+
 class Endpoint:
     """A parsed endpoint URL: host, port, TLS, the request target, basic credentials."""
 
@@ -100,7 +104,7 @@ class Connection:
             status, rheaders, keep = await self._read_response()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, PushError) as exc:
             await self.aclose()
-            if reused and not isinstance(exc, PushError):
+            if reused and (isinstance(exc, _Stale) or not isinstance(exc, PushError)):
                 # the endpoint closed an idle keep-alive connection: retry once on a new one
                 self._stream = await self._connect()
                 await self._stream.send_all(request)
@@ -120,6 +124,11 @@ class Connection:
 
     async def _read_response(self) -> tuple[int, dict, bool]:
         buf = self._buf
+        if not buf:
+            try:
+                await self._fill()
+            except PushError:
+                raise _Stale("connection closed by the endpoint before a response") from None
         while True:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
