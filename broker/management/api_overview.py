@@ -181,7 +181,7 @@ async def extensions(request: Request) -> JSONResponse:
 # ---- vhosts --------------------------------------------------------------------------------
 
 
-def vhost_json(broker, name: str, info: dict | None) -> dict:
+def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None) -> dict:
     vhost = broker.vhosts.get(name)
     ready = unacked = 0
     if vhost is not None:
@@ -190,7 +190,16 @@ def vhost_json(broker, name: str, info: dict | None) -> dict:
                 ready += q.message_count
                 unacked += q.unacked_count
     info = info or {}
-    return {"cluster_state": {NODE: "running"},
+    if traffic is None:
+        traffic = broker.message_totals.by_vhost()
+    counts = traffic.get(name)
+    extra = {}
+    if counts is not None:  # as RabbitMQ: message_stats once the vhost saw traffic
+        rates = broker.stats_sampler.vhost_rates(name)
+        extra["message_stats"] = rate_details(
+            {**counts, "deliver_get": counts["deliver"] + counts["get"]},
+            {**rates, "deliver_get": rates["deliver"] + rates["get"]})
+    return {**extra, "cluster_state": {NODE: "running"},
             "default_queue_type": info.get("default_queue_type", "undefined"),
             "description": info.get("description", ""),
             "messages": ready + unacked, "messages_details": {"rate": 0.0},
@@ -216,7 +225,8 @@ async def list_vhosts(request: Request):
     names = {v.name for v in visible_vhosts(broker, user)}
     infos = _vhost_infos(broker)
     items = [(n, infos[n]) for n in sorted(infos) if n in names]
-    return json_response(paginate(request, items, lambda p: vhost_json(broker, *p),
+    traffic = broker.message_totals.by_vhost()
+    return json_response(paginate(request, items, lambda p: vhost_json(broker, *p, traffic),
                                   lambda p: p[0]))
 
 

@@ -27,15 +27,35 @@ class MessageTotals:
     def __init__(self, broker):
         self.broker = broker
         self.retired = dict.fromkeys(CHANNEL_FIELDS, 0)
-        self.connections_opened = 0
-        self.channels_opened = 0
+        self.retired_by_vhost: dict[str, dict[str, int]] = {}
 
     def retire(self, channel) -> None:
-        r = self.retired
-        r["publish"] += channel.stats_publish
-        r["deliver"] += channel.stats_deliver
-        r["get"] += channel.stats_get
-        r["ack"] += channel.stats_ack
+        vhost = channel.session.vhost
+        targets = [self.retired]
+        if vhost is not None:
+            targets.append(self.retired_by_vhost.setdefault(
+                vhost.name, dict.fromkeys(CHANNEL_FIELDS, 0)))
+        for r in targets:
+            r["publish"] += channel.stats_publish
+            r["deliver"] += channel.stats_deliver
+            r["get"] += channel.stats_get
+            r["ack"] += channel.stats_ack
+
+    def by_vhost(self) -> dict[str, dict[str, int]]:
+        """The same counters per vhost name (vhosts without traffic are missing)."""
+        out = {name: dict(r) for name, r in self.retired_by_vhost.items()}
+        for session in list(self.broker.sessions):
+            if session.vhost is None:
+                continue
+            r = out.setdefault(session.vhost.name, dict.fromkeys(CHANNEL_FIELDS, 0))
+            for ch in list(session.channels.values()):
+                if ch.released:
+                    continue
+                r["publish"] += ch.stats_publish
+                r["deliver"] += ch.stats_deliver
+                r["get"] += ch.stats_get
+                r["ack"] += ch.stats_ack
+        return out
 
     def current(self) -> dict[str, int]:
         out = dict(self.retired)
@@ -89,6 +109,9 @@ class Sampler:
         self.queue_time: tuple[float, float] = (0.0, 0.0)  # (previous, latest) sample time
         self.channels: dict = {}  # channel -> (previous, latest)
         self.overview: deque[tuple[float, dict]] = deque(maxlen=RING)  # (time, totals)
+        self.vhosts: dict[str, tuple] = {}  # vhost name -> CHANNEL_FIELDS counters
+        self.vhosts_prev: dict[str, tuple] = {}
+        self.vhost_time: tuple[float, float] = (0.0, 0.0)
         self._overview_prev: Sample | None = None
         self._overview_cur: Sample | None = None
 
@@ -113,7 +136,12 @@ class Sampler:
                 old = self.channels.get(ch)
                 channels[ch] = (old[1] if old else None, cur)
         self.channels = channels
-        t = self.broker.message_totals.current()
+        totals = self.broker.message_totals
+        self.vhosts_prev = self.vhosts
+        self.vhosts = {name: tuple(r[f] for f in CHANNEL_FIELDS)
+                       for name, r in totals.by_vhost().items()}
+        self.vhost_time = (self.vhost_time[1], now)
+        t = totals.current()
         values = (t["publish"], t["deliver"], t["get"], t["deliver"] + t["get"], t["ack"],
                   ready + unacked, ready, unacked)
         self._overview_prev, self._overview_cur = self._overview_cur, Sample(now, values)
@@ -131,6 +159,13 @@ class Sampler:
             return dict.fromkeys(QUEUE_FIELDS, 0.0)
         t0, t1 = self.queue_time
         return _rates(Sample(t0, prev), Sample(t1, cur), QUEUE_FIELDS)
+
+    def vhost_rates(self, name: str) -> dict:
+        cur, prev = self.vhosts.get(name), self.vhosts_prev.get(name)
+        if cur is None or prev is None:
+            return dict.fromkeys(CHANNEL_FIELDS, 0.0)
+        t0, t1 = self.vhost_time
+        return _rates(Sample(t0, prev), Sample(t1, cur), CHANNEL_FIELDS)
 
     def channel_rates(self, ch) -> dict:
         pair = self.channels.get(ch)

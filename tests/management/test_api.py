@@ -213,6 +213,9 @@ async def test_rates_and_overview(api, http_broker):
     assert ov["object_totals"]["queues"] == 1 and ov["object_totals"]["connections"] == 1
     assert len(ov["samples"]) >= 2 and ov["samples"][-1]["publish"] == 50
     assert (await api.get("/api/nodes")).json()[0]["name"] == "triomq@localhost"
+    vhost = (await api.get("/api/vhosts/%2F")).json()
+    assert vhost["message_stats"]["publish"] == 50
+    assert vhost["message_stats"]["publish_details"]["rate"] > 0
     await client.aclose()
     with trio.fail_after(5):  # the closed channel's counters stay in the totals
         while http_broker.broker.sessions:  # noqa: ASYNC110 - a short poll in a test
