@@ -1,10 +1,10 @@
-"""The MQTT listener's trio edge: sockets (plain and TLS), one nursery per connection with a
-reader (which also enforces the CONNECT timeout and the keep-alive) and a writer, both ending
-with it. Two tasks, not three: 10,000 idle devices cost memory per task.
+"""The MQTT listener's trio edge: sockets (plain and TLS), one nursery per connection.
 
-``install(broker)`` adds the listener to ``broker.background_tasks`` when
-``config.mqtt_port`` or ``config.mqtts_port`` is set. The protocol is
-``broker.mqtt.connection`` (sans-IO); the broker side is ``mqtt_session``.
+A connection's own task reads (and enforces the CONNECT timeout and the keep-alive); a
+writer task runs in the connection's nursery only while output waits for the socket, so
+10,000 idle devices cost one task each. ``install(broker)`` adds the listener to
+``broker.background_tasks`` when ``config.mqtt_port`` or ``config.mqtts_port`` is set.
+The protocol is ``broker.mqtt.connection`` (sans-IO); the broker side is ``mqtt_session``.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import socket
 import ssl
 
 import trio
+import trio.lowlevel
 
 from ..mqtt.connection import State
 from . import ListenError
@@ -27,15 +28,16 @@ BLOCKED_READ_INTERVAL = 0.1
 
 
 class MQTTConnectionHandler:
-    """Output goes out two ways, never both at once: right after a reader's batch, with a
-    non-blocking write of what that batch produced for any plain-TCP connection
-    (``MQTTListener.flush_dirty``: a PUBACK round trip then costs no task switch), and by
-    the writer task, which owns the socket while it has anything to send (a partial direct
-    write leaves the rest to it, ``_leftover``) and serves TLS connections, deliveries
-    caused by AMQP publishers and timers."""
+    """Output goes out two ways, never both at once. A plain-TCP connection with output
+    (``wake``) is marked dirty; right after a reader's batch, or else from the listener's
+    flusher task, what it has queued is written with one non-blocking write (``send_now``:
+    a PUBACK round trip costs no task switch). Whatever the socket does not take
+    (``_leftover``), TLS output, and the last bytes of a finished connection go to the
+    writer task, started on demand; while it runs it owns the socket."""
 
-    __slots__ = ("_drained", "_fd", "_flow_event", "_last_received", "_leftover", "_started",
-                 "_wake_event", "_writing", "listener", "nursery", "peer", "session", "stream")
+    __slots__ = ("_drained", "_fd", "_flow_event", "_last_received", "_leftover", "_open",
+                 "_started", "_writer_running", "listener", "nursery", "peer", "session",
+                 "stream")
 
     def __init__(self, listener: MQTTListener, stream, sock, tls: bool):
         self.listener = listener
@@ -48,28 +50,38 @@ class MQTTConnectionHandler:
         self.session = MQTTSession(listener.service, self.peer, host)
         self.session.wake = self._wake
         self.session.flow_resumed = self._flow_resumed
-        self._wake_event = trio.Event()
         # created only while the reader waits on them: idle connections are many
         self._drained: trio.Event | None = None
         self._flow_event: trio.Event | None = None
         self._started = self._last_received = trio.current_time()
         self._fd = -1 if tls else sock.fileno()
-        self._writing = False  # the writer task is in send_all
+        self._writer_running = False
+        self._open = False  # the nursery is open: a writer can be started
         self._leftover = b""  # what a direct write could not take: the writer's, first
 
     def _wake(self) -> None:
-        self._wake_event.set()
-        if self._fd >= 0:
-            self.listener.dirty[self] = None
+        session = self.session
+        if self._fd < 0 or session.finished or session.output_delay or self._leftover:
+            self._start_writer()
+        elif not self._writer_running:
+            self.listener.mark_dirty(self)
+        # a running writer picks up what was queued before it returns
+
+    def _start_writer(self) -> None:
+        if not self._writer_running and self._open:
+            self._writer_running = True
+            self.nursery.start_soon(self._writer)
 
     def send_now(self) -> None:
-        """Write what the session has queued without waiting for the writer task, if the
-        writer holds nothing; whatever the socket does not take is left to the writer."""
-        session = self.session
-        if self._writing or self._leftover or self._fd < 0 or session.finished \
-                or session.output_delay:
+        """Write what the session has queued, if the writer is not running; whatever the
+        socket does not take is left to a writer."""
+        if self._writer_running or self._fd < 0:
             return
-        data = self.session.conn.data_to_send()
+        session = self.session
+        if session.finished or session.output_delay or self._leftover:
+            self._start_writer()
+            return
+        data = session.conn.data_to_send()
         if not data:
             return
         try:
@@ -80,9 +92,12 @@ class MQTTConnectionHandler:
             n = 0  # the writer's send_all meets the same error and ends the connection
         if n < len(data):
             self._leftover = data[n:]
-            self._wake_event.set()
-        elif self.session.delivery_stalled:
-            self.session.output_drained()
+            self._start_writer()
+            return
+        if session.delivery_stalled:
+            session.output_drained()
+        if self._drained is not None:
+            self._drained.set()
 
     def _flow_resumed(self) -> None:
         if self._flow_event is not None:
@@ -93,12 +108,15 @@ class MQTTConnectionHandler:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                nursery.start_soon(self._reader)
-                await self._writer()  # returns once the session is finished and flushed
-                nursery.cancel_scope.cancel()
+                self._open = True
+                await self._reader()
+                # the reader is done (finished, EOF, timeout): the writer writes what is
+                # left and ends the nursery
+                self._start_writer()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
             log.info("mqtt connection %s: dropped", self.peer)
         finally:
+            self._open = False
             if trio.current_effective_deadline() == -math.inf:
                 # cancelled from outside: the broker is stopping, devices did nothing wrong
                 self.listener.service.stopping = True
@@ -112,7 +130,8 @@ class MQTTConnectionHandler:
     async def _reader(self) -> None:
         session = self.session
         conn = session.conn
-        broker = self.listener.broker
+        listener = self.listener
+        broker = listener.broker
         stream = self.stream
         while not session.finished:
             while conn.pending_output > session.output_high_water * 4 and not session.finished:
@@ -123,7 +142,7 @@ class MQTTConnectionHandler:
             if broker.blocked and session.is_publisher:
                 # resource alarm: trickle-read (PINGREQ, PUBACKs still pass), as for AMQP
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await self.listener.server_unblocked()
+                    await listener.server_unblocked()
                 size = BLOCKED_READ_SIZE
             elif session.flow_queues:
                 flow = self._flow_event = trio.Event()
@@ -150,20 +169,19 @@ class MQTTConnectionHandler:
                 # EOF without DISCONNECT: an abnormal end, the will is published
                 session.finished = True
                 session.connection_lost()
-                self._wake()
                 return
             self._last_received = trio.current_time()
             session.data_received(data)
-            if self.listener.dirty:
-                self.listener.flush_dirty()
+            if listener.dirty:
+                listener.flush_dirty()
 
     async def _writer(self) -> None:
+        """Write until nothing is queued, then end; a finished connection's last writer
+        also ends the connection's nursery (and so its reader)."""
         session = self.session
         conn = session.conn
         stream = self.stream
-        while True:
-            await self._wake_event.wait()
-            self._wake_event = trio.Event()
+        try:
             if session.output_delay:
                 delay, session.output_delay = session.output_delay, 0.0
                 await trio.sleep(delay)
@@ -173,15 +191,15 @@ class MQTTConnectionHandler:
                     data, self._leftover = self._leftover + data, b""
                 if not data:
                     break
-                self._writing = True
                 await stream.send_all(data)
-                self._writing = False
                 if session.delivery_stalled:
                     session.output_drained()
-            if self._drained is not None:
-                self._drained.set()
-            if session.finished:
-                return
+        finally:
+            self._writer_running = False
+        if self._drained is not None:
+            self._drained.set()
+        if session.finished:
+            self.nursery.cancel_scope.cancel()
 
     def _deadline(self) -> float:
         """When the reader gives up waiting (trio clock): the CONNECT timeout, then one and a
@@ -201,14 +219,30 @@ class MQTTListener:
         self.broker = broker
         self.service = MQTTService(broker)
         self.handlers: set[MQTTConnectionHandler] = set()
-        # plain-TCP connections with output queued by the batch being handled (send_now)
+        # plain-TCP connections with output queued since the last flush (send_now)
         self.dirty: dict[MQTTConnectionHandler, None] = {}
+        self._flush_wanted: trio.Event | None = None
         self.ports: dict[str, int] = {}
+
+    def mark_dirty(self, handler: MQTTConnectionHandler) -> None:
+        if not self.dirty and self._flush_wanted is not None:
+            self._flush_wanted.set()  # the flusher, unless a reader's batch flushes first
+        self.dirty[handler] = None
 
     def flush_dirty(self) -> None:
         dirty, self.dirty = self.dirty, {}
         for handler in dirty:
             handler.send_now()
+
+    async def _flusher(self) -> None:
+        """Writes output that no reader's batch produced (deliveries caused by AMQP
+        publishers, timers, the store's durability callbacks)."""
+        while True:
+            self._flush_wanted = trio.Event()
+            if not self.dirty:
+                await self._flush_wanted.wait()
+            self.flush_dirty()
+            await trio.lowlevel.checkpoint()
 
     async def server_unblocked(self) -> None:
         while self.broker.blocked:  # noqa: ASYNC110 - a bounded poll under a resource alarm
@@ -246,7 +280,9 @@ class MQTTListener:
             listeners += await self._open("mqtts", config.mqtts_port, host, True)
         task_status.started(self.ports)
         try:
-            await trio.serve_listeners(self._handle, listeners)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._flusher)
+                await trio.serve_listeners(self._handle, listeners)
         finally:
             self.service.stopping = True
 
