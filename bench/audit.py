@@ -47,21 +47,32 @@ def _triomq_args(extra: list[str]):
                               broker_module="broker")
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median consume rate."""
+    return sorted(runs, key=lambda r: r.get("consume_rate") or 0)[len(runs) // 2]
+
+
 def cmd_overhead(a) -> int:
     rows = []
     for mode in a.modes.split(","):
         w = _workload(mode, a.duration)
-        trail = tempfile.mkdtemp(prefix="bench-audit-")
-        try:
-            plain = run_on_triomq(_triomq_args([]), w, label="TrioMQ")
-            audited = run_on_triomq(_triomq_args(["--audit-dir", trail]), w,
-                                    label="TrioMQ + audit")
-            size = sum(os.path.getsize(os.path.join(d, f))
-                       for d, _, fs in os.walk(trail) for f in fs)
-        finally:
-            shutil.rmtree(trail, ignore_errors=True)
-        rabbit = run_on_url(RABBIT_URL, w, label="RabbitMQ")
-        rows.append((mode, plain, audited, rabbit, size))
+        plains, auditeds, rabbits, sizes = [], [], [], []
+        for _ in range(a.repeat):  # interleaved, so drift hits both alike
+            trail = tempfile.mkdtemp(prefix="bench-audit-")
+            try:
+                plains.append(run_on_triomq(_triomq_args([]), w, label="TrioMQ"))
+                auditeds.append(run_on_triomq(_triomq_args(["--audit-dir", trail]), w,
+                                              label="TrioMQ + audit"))
+                sizes.append(sum(os.path.getsize(os.path.join(d, f))
+                                 for d, _, fs in os.walk(trail) for f in fs))
+            finally:
+                shutil.rmtree(trail, ignore_errors=True)
+            rabbits.append(run_on_url(RABBIT_URL, w, label="RabbitMQ"))
+        rows.append((mode, _median(plains), _median(auditeds), _median(rabbits), max(sizes)))
+        for p_, a_, r_ in zip(plains, auditeds, rabbits, strict=True):
+            print(f"[bench] {mode}: TrioMQ {p_.get('consume_rate') or 0:,.0f}, audited "
+                  f"{a_.get('consume_rate') or 0:,.0f}, RabbitMQ {r_.get('consume_rate') or 0:,.0f}",
+                  flush=True)
     print(f"\ncommand: {shlex.join([sys.executable, '-m', 'bench.audit', *sys.argv[1:]])}\n")
     print("| workload | TrioMQ cons/s | TrioMQ + audit cons/s | audit cost | broker CPU % "
           "plain / audited | trail MB | RabbitMQ cons/s | audited ÷ RabbitMQ |")
@@ -174,6 +185,56 @@ def cmd_generate(a) -> int:
     return 0
 
 
+def _mix(n: int) -> list:
+    """n messages of the confirm+ack workload: published, delivered, acked."""
+    from broker.audit import events as E
+    out = []
+    t = time.time()
+    props = {"delivery_mode": 1}
+    for i in range(n):
+        out.append((E.PUB, t, "/", "bench-x", "bench-k", i, props, 64, False, "guest",
+                    "127.0.0.1:40000", 1, i, ["bench-q"], "routed"))
+        out.append((E.DEL, t, "/", "bench-q", i, "ctag", i, False, 1, "127.0.0.1:40001", 1))
+        out.append((E.ACK, t, "/", "bench-q", i, "ctag", i, "127.0.0.1:40001", 1))
+    return out
+
+
+def cmd_codec(a) -> int:
+    """Per-event cost of the writer's work: unpickle, fastavro's writer vs the batch encoder."""
+    import io
+    import pickle
+
+    import fastavro
+
+    from broker.audit import events as E
+    from broker.audit.encoder import BatchEncoder
+    batch = _mix(a.messages)
+    n = len(batch)
+    data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    t0 = time.perf_counter()
+    pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    dumps = time.perf_counter() - t0
+    import gc
+    gc.disable()  # as the writer process does
+    t0 = time.perf_counter()
+    pickle.loads(data)
+    loads = time.perf_counter() - t0
+    schema = fastavro.parse_schema(E.load_schema())
+    records = [E.to_record(ev, "n", i) for i, ev in enumerate(batch)]
+    t0 = time.perf_counter()
+    fastavro.writer(io.BytesIO(), schema, records, codec="null", validator=False)
+    fast = time.perf_counter() - t0
+    enc = BatchEncoder("n", 1)
+    t0 = time.perf_counter()
+    enc.encode(batch)
+    ours = time.perf_counter() - t0
+    print(f"{n:,} events (published, delivered, acked per message), µs per event: "
+          f"pickle.dumps {dumps / n * 1e6:.2f} (broker), pickle.loads {loads / n * 1e6:.2f}, "
+          f"fastavro.writer {fast / n * 1e6:.2f} (records prepared beforehand), "
+          f"batch encoder {ours / n * 1e6:.2f}")
+    return 0
+
+
 def cmd_jobs(a) -> int:
     from spark.audit.cli import run_job, spark_session
     spark = spark_session(a.master)
@@ -207,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     o = sub.add_parser("overhead")
     o.add_argument("--duration", type=float, default=8.0)
     o.add_argument("--modes", default="transient,persistent")
+    o.add_argument("--repeat", type=int, default=1, help="interleaved runs; medians reported")
     g = sub.add_parser("generate")
     g.add_argument("--events", type=int, default=10_000_000)
     g.add_argument("--out", required=True)
@@ -214,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--input", required=True)
     j.add_argument("--jobs", default="reconcile,sequence,latency,deadletters,track")
     j.add_argument("--master", default=None)
+    c = sub.add_parser("codec")
+    c.add_argument("--messages", type=int, default=20000)
     a = p.parse_args(argv)
-    return {"overhead": cmd_overhead, "generate": cmd_generate, "jobs": cmd_jobs}[a.cmd](a)
+    return {"overhead": cmd_overhead, "generate": cmd_generate, "jobs": cmd_jobs,
+            "codec": cmd_codec}[a.cmd](a)
 
 
 if __name__ == "__main__":

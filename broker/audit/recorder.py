@@ -191,7 +191,7 @@ class AuditTrail:
         buf.append((PUB, t or _time(), vhost, message.exchange, message.routing_key, message.id,
                     message.properties, len(message.body), message.persistent,
                     session.conn.username, session.peer, channel.number, seq, into, outcome))
-        if len(buf) >= self.limit:
+        if len(buf) > self.limit:
             self._full()
 
     def delivered(self, channel, ctag, tag: int, queue, entry) -> None:
@@ -201,7 +201,7 @@ class AuditTrail:
         buf.append((DEL, _time(), queue.vhost.name, queue.name, entry.message.id, ctag, tag,
                     entry.redelivered, entry.delivery_count, channel.session.peer,
                     channel.number))
-        if len(buf) >= self.limit:
+        if len(buf) > self.limit:
             self._full()
 
     def acked(self, channel, item) -> None:
@@ -214,7 +214,7 @@ class AuditTrail:
         buf.append((ACK, _time(), queue.vhost.name, queue.name, item.entry.message.id,
                     consumer.tag if consumer is not None else None, item.tag,
                     channel.session.peer, channel.number))
-        if len(buf) >= self.limit:
+        if len(buf) > self.limit:
             self._full()
 
     def rejected(self, channel, taken: list, requeue: bool, name: str) -> None:
@@ -227,7 +227,7 @@ class AuditTrail:
             self.buf.append((REJ, t, queue.vhost.name, queue.name, item.entry.message.id,
                              consumer.tag if consumer is not None else None, item.tag,
                              channel.session.peer, channel.number, requeue, name))
-        if len(self.buf) >= self.limit:
+        if len(self.buf) > self.limit:
             self._full()
 
     # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
@@ -265,7 +265,7 @@ class AuditTrail:
         elif op is _DELETE:
             self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
                              "deleted", None, None))
-        if len(self.buf) >= self.limit:
+        if len(self.buf) > self.limit:
             self._full()
 
     # ---- hooks: scheduler and retries ----
@@ -274,7 +274,7 @@ class AuditTrail:
             return
         self.buf.append((SCH, _time(), vhost.name, message.exchange, message.routing_key,
                          message.id, message.properties, due))
-        if len(self.buf) >= self.limit:
+        if len(self.buf) > self.limit:
             self._full()
 
     def fired(self, vhost_name: str, message, due: float, queues: list) -> None:
@@ -282,7 +282,7 @@ class AuditTrail:
             return
         self.buf.append((FIRE, _time(), vhost_name, message.exchange, message.routing_key,
                          message.id, message.properties, due, [q.name for q in queues]))
-        if len(self.buf) >= self.limit:
+        if len(self.buf) > self.limit:
             self._full()
 
     def cancelled(self, vhost_name: str, sid: str) -> None:

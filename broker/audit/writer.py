@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import glob
 import json
 import os
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roll-seconds", type=float, default=300.0)
     p.add_argument("--codec", default="deflate", choices=("deflate", "null"))
     args = p.parse_args(argv)
+    # Unpickling a batch allocates thousands of tuples, which would run the cyclic collector
+    # over and over; nothing here makes cycles (everything is freed by reference counts).
+    gc.disable()
     seq, last_event = last_state(args.dir, args.node)
     out = RollingWriter(args.dir, args.node, args.roll_bytes, args.roll_seconds, args.codec,
                         seq + 1)

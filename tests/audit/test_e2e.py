@@ -186,8 +186,8 @@ def test_every_job_end_to_end(trail, spark, tmp_path):
                              "expired": 2, "dropped": 3, "rejected": 0, "settled_other": 0,
                              "purged": 0, "deleted": 0, "unaccounted": 2}
     assert [(r["queue"], r["message_id"], r["last_event"])
-            for r in rec["unaccounted_messages"]] == [("aud-max", "max-4", "published"),
-                                                     ("aud-max", "max-5", "published")]
+            for r in rec["unaccounted_messages"]] == [("aud-max", "max-4", "enqueued"),
+                                                     ("aud-max", "max-5", "enqueued")]
     (node,) = rec["trail"]["nodes"]
     assert node["node"] == "e2e" and node["missing_seqs"] == 0
     assert (node["starts"], node["clean_stops"]) == (1, 1)
