@@ -105,6 +105,8 @@ class Frontend:
                     return
         except (_Close, trio.BrokenResourceError, trio.ClosedResourceError):
             return
+        except Exception:  # one bad connection must not take the listener down
+            log.exception("Hermes frontend connection failed")
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)

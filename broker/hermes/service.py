@@ -184,18 +184,24 @@ class Hermes:
         if vhost.queues.get(qname) is not None:
             raise HermesError(409, f"Subscription {sub.qualified} conflicts with the queue {qname}",
                               "SUBSCRIPTION_ALREADY_EXISTS")
-        if sub.deadLetterExchange is None:
-            dead = dead_queue_name(topic_name, sub.name)
-            vhost.ensure_queue(dead, durable=True, arguments={})
-            args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
-        else:
-            args = {"x-dead-letter-exchange": sub.deadLetterExchange}
-        q = vhost.ensure_queue(qname, durable=True, arguments=args)
-        vhost.bind(topic_name, q, "#", {})
+        self._declare_queue(sub)
         subs[sub.name] = sub
         self._save(SUBSCRIPTION_KIND, sub.qualified, sub.to_json())
         self._start(sub)
         return sub
+
+    def _declare_queue(self, sub: SubscriptionDef):
+        vhost = self.vhost
+        if sub.deadLetterExchange is None:
+            dead = dead_queue_name(sub.topicName, sub.name)
+            vhost.ensure_queue(dead, durable=True, arguments={})
+            args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+        else:
+            args = {"x-dead-letter-exchange": sub.deadLetterExchange}
+        q = vhost.ensure_queue(queue_name(sub.topicName, sub.name), durable=True, arguments=args)
+        if sub.topicName in vhost.exchanges:
+            vhost.bind(sub.topicName, q, "#", {})
+        return q
 
     def update_subscription(self, topic: str, name: str, data: Any) -> SubscriptionDef:
         current = self.get_subscription(topic, name)
@@ -225,8 +231,8 @@ class Hermes:
             return
         q = self.vhost.queues.get(queue_name(sub.topicName, sub.name))
         if q is None:
-            log.warning("subscription %s has no queue; not started", sub.qualified)
-            return
+            log.warning("queue of subscription %s was deleted; declaring it again", sub.qualified)
+            q = self._declare_queue(sub)
         topic = self.topics.get(sub.topicName)
         pusher = PushSubscriber(self, sub, topic.schema if topic else None, q)
         self.subscribers[sub.qualified] = pusher
@@ -235,6 +241,8 @@ class Hermes:
     async def _run_pusher(self, pusher: PushSubscriber) -> None:
         try:
             await pusher.run()
+        except Exception:  # a failing subscription must not take the broker's nursery down
+            log.exception("push subscription %s stopped", pusher.sub.qualified)
         finally:
             if self.subscribers.get(pusher.sub.qualified) is pusher:
                 del self.subscribers[pusher.sub.qualified]

@@ -149,3 +149,20 @@ async def test_adaptive_rate():
     for _ in range(11):
         await rate.acquire()
     assert 0.09 <= trio.current_time() - t0 < 0.5  # 10 intervals of 10 ms
+
+
+async def test_subscription_queue_deleted_over_amqp(hermes_broker, endpoint):
+    from broker.amqp import spec
+    http = hermes_broker.http
+    vhost = hermes_broker.vhost
+    await make_topic(http)
+    await make_subscription(http, "shop.orders", "s", endpoint.url, subscriptionPolicy=FAST)
+    vhost.delete_queue_checked(spec.Queue.Delete(queue="shop.orders.s"), None)
+    with trio.fail_after(5):
+        while "shop.orders$s" in hermes_broker.hermes.subscribers:  # noqa: ASYNC110 - the pusher stops on its own
+            await trio.sleep(0.01)
+    # any update starts it again, on a queue declared again and bound to the topic
+    r = await http.put("/topics/shop.orders/subscriptions/s", json={"description": "again"})
+    assert r.status_code == 200
+    await publish(http, 1)
+    await endpoint.wait_for(lambda e: len(e.ok) == 1)
