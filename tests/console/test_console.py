@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 import pika
 import pytest
+from brokerproc import BrokerProc
 
 pytestmark = pytest.mark.skipif(
     not (os.path.exists("/usr/bin/chromium") or shutil.which("chromium")),
@@ -421,3 +422,28 @@ def test_queue_table_pages_through_the_api(page, broker_proc):
     last = seen[-1]
     assert "page=2" in last and "page_size=20" in last and "name=console-page-" in last, last
     assert any("use_regex=true" in u for u in seen)
+
+
+def test_broker_gone_shows_one_banner(browser, tmp_path):
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        for _ in range(100):  # the HTTP listener may come up just after the AMQP one
+            try:
+                if httpx.get(proc.http_url + "/api/whoami", auth=("guest", "guest")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        page.goto(proc.http_url + "/")
+        logged_in(page)
+        page.select_option("#refresh-interval", "2")
+        proc.stop()
+        page.wait_for_selector("#offline:has-text('not reachable')")
+        page.wait_for_timeout(2500)
+        assert page.locator("#offline").count() == 1
+        assert page.locator(".toast-error").count() == 0
+    finally:
+        context.close()
+        proc.stop()

@@ -207,12 +207,26 @@ async function route() {
   clear(shell.main, h("div.card", h("h2", "Not found"), h("p", "No page at ", h("code", hash), ". ", h("a", { href: "#/" }, "Back to the overview"))));
 }
 
+// While the broker is unreachable one banner says so (instead of a toast per refresh); it goes
+// away with the first refresh that works.
+function offline(e) {
+  let banner = document.getElementById("offline");
+  if (!e) return banner?.remove();
+  if (!banner) {
+    banner = h("div#offline", { role: "alert" });
+    root.prepend(banner);
+  }
+  clear(banner, `${e.message}. Retrying with each refresh…`);
+}
+
 async function refresh() {
   if (!current?.refresh || document.hidden) return;
   try {
     await current.refresh();
+    offline(null);
   } catch (e) {
-    if (e.status !== 401) toast(errorText(e), "error");
+    if (e.status === 0) offline(e);
+    else if (e.status !== 401) toast(errorText(e), "error");
   }
 }
 
