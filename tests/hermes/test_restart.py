@@ -1,8 +1,10 @@
-"""Hermes state across a broker restart on the journal: topic and subscription definitions
+"""Hermes state across a broker restart on the journal and the SQL store (SQLite): topic and subscription definitions
 (store metadata), the messages not yet pushed, and nothing pushed twice to a 2xx endpoint."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from .conftest import start_broker, stop_broker
 from .test_http import make_subscription, make_topic
@@ -11,9 +13,11 @@ from .test_push import settled
 SCHEMA = {"type": "record", "name": "E", "fields": [{"name": "n", "type": "int"}]}
 
 
-async def test_definitions_and_messages_survive_restart(nursery, tmp_path, endpoint):
+@pytest.mark.parametrize("store", ["journal", "sqlite"])
+async def test_definitions_and_messages_survive_restart(nursery, tmp_path, endpoint, store):
     data = tmp_path / "data"
-    hb = await start_broker(nursery, data)
+    url = "journal" if store == "journal" else f"sqlite:///{tmp_path}/store.db"
+    hb = await start_broker(nursery, data, url)
     await make_topic(hb.http, name="shop.events", contentType="AVRO", schema=json.dumps(SCHEMA),
                      ack="ALL")
     await make_subscription(hb.http, "shop.events", "push", endpoint.url,
@@ -28,7 +32,7 @@ async def test_definitions_and_messages_survive_restart(nursery, tmp_path, endpo
     await stop_broker(hb)
 
     endpoint.default = 200
-    hb = await start_broker(nursery, data)
+    hb = await start_broker(nursery, data, url)
     assert (await hb.http.get("/topics")).json() == ["shop.events"]
     topic = (await hb.http.get("/topics/shop.events")).json()
     assert topic["contentType"] == "AVRO" and json.loads(topic["schema"]) == SCHEMA
