@@ -56,6 +56,8 @@ log = logging.getLogger("broker.store.sql")
 CHUNK = 500          # ids per IN (...) list
 NAN = float("nan")
 PAGER_RETRY = 1.0    # seconds before reading a page again after the database failed
+ORPHAN_GC_DELAY = 5.0  # seconds after start-up before orphaned messages are collected
+ORPHAN_GC_RANGE = 50_000  # message ids per clean-up statement
 IDLE_RECHECK = 20.0  # seconds idle after which the writer's connection is pinged before use
 
 
@@ -290,7 +292,7 @@ class _Lock:
 
 class _QueueIndex:
     """The stored entries of one queue, as read at start-up (columns, seq order)."""
-    __slots__ = ("blens", "exps", "flags", "mids", "prios", "seqs")
+    __slots__ = ("blens", "exps", "flags", "mids", "prios", "seqs", "unsized")
 
     def __init__(self):
         self.seqs = array("q")
@@ -299,15 +301,22 @@ class _QueueIndex:
         self.blens = array("I")
         self.prios = array("B")
         self.flags = array("B")
+        self.unsized: list[int] = []  # positions whose size column is NULL (older rows)
 
-    def add(self, seq: int, mid: int, exp: float | None, prio: int, delivered: bool,
-            blen: int | None) -> None:
-        self.seqs.append(seq)
-        self.mids.append(mid)
-        self.exps.append(NAN if exp is None else exp)
-        self.blens.append(blen or 0)
-        self.prios.append(min(max(prio or 0, 0), 255))
-        self.flags.append(1 if delivered else 0)
+    def extend(self, cols: list, start: int, end: int) -> None:
+        """Rows ``start:end`` of columns (qid, seq, message id, expiry, priority,
+        delivered, body length)."""
+        self.seqs.extend(cols[1][start:end])
+        self.mids.extend(cols[2][start:end])
+        self.exps.extend([NAN if e is None else e for e in cols[3][start:end]])
+        self.prios.extend([p if 0 <= p <= 255 else 0 for p in cols[4][start:end]])
+        self.flags.extend(map(bool, cols[5][start:end]))
+        sizes = cols[6][start:end]
+        if None in sizes:
+            base = len(self.blens)
+            self.unsized.extend(base + i for i, s in enumerate(sizes) if s is None)
+            sizes = [0 if s is None else s for s in sizes]
+        self.blens.extend(sizes)
 
     def entry(self, queue, i: int, messages: dict, wall_minus_mono: float) -> QueueEntry | None:
         message = messages.get(self.mids[i])
@@ -515,9 +524,6 @@ class SQLStore(Store):
         """Definitions, every queue's entry index, and the messages of the first
         ``page_window`` entries of each queue (the rest is read in pages: sql_paged.py)."""
         with self.engine.begin() as c:
-            # GC: messages whose last entry went away (crash between statements is impossible —
-            # one transaction per batch — but queue deletes chunk their message GC)
-            c.execute(delete(S.msgs).where(~exists().where(S.entries.c.message_id == S.msgs.c.id)))
             xs = [ExchangeDef(r.vhost, r.name, r.type, True, r.auto_delete, r.internal,
                               decode_arguments(r.arguments))
                   for r in c.execute(select(S.exchanges))]
@@ -542,30 +548,63 @@ class SQLStore(Store):
         self._loaded_meta = [m[:3] for m in meta]
         self._loaded = (xs, qs, bs, index, messages, by_qid, max_id)
 
-    @staticmethod
-    def _load_index(c, by_qid: dict) -> tuple[dict, set]:
-        """qid -> _QueueIndex of its entries in seq order (streamed: a million rows cost
-        their arrays, ~30 bytes each, not a million row objects); qids without a queue."""
-        E, M = S.entries, S.msgs
+    # in the primary key's order, without touching the messages
+    _INDEX_SQL = ("SELECT qid, seq, message_id, expires_at, priority, delivered, size "
+                  "FROM triomq_entries ORDER BY qid, seq")
+
+    def _load_index(self, c, by_qid: dict) -> tuple[dict, set]:
+        """qid -> _QueueIndex of its entries in seq order, and the qids without a queue.
+        Streamed through the driver's own cursor in chunks turned into columns at C
+        speed: a million entries cost their arrays (~30 bytes each), not row objects."""
         index: dict[int, _QueueIndex] = {}
         orphans: set[int] = set()
-        query = (select(E.c.qid, E.c.seq, E.c.message_id, E.c.expires_at, E.c.priority,
-                        E.c.delivered, func.length(M.c.body))
-                 .join(M, M.c.id == E.c.message_id).order_by(E.c.qid, E.c.seq))
-        ix = None
-        current = None
-        for qid, seq, mid, exp, prio, delivered, blen in c.execution_options(
-                stream_results=True, yield_per=20_000).execute(query):
-            if qid != current:
-                current = qid
-                if qid in by_qid:
-                    ix = index[qid] = _QueueIndex()
+        for rows in self._stream(c, self._INDEX_SQL):
+            cols = list(zip(*rows, strict=True))
+            qids = cols[0]
+            start = 0
+            while start < len(qids):
+                qid = qids[start]
+                end = start + 1
+                if qids[-1] == qid:
+                    end = len(qids)
                 else:
-                    ix = None
+                    while qids[end] == qid:
+                        end += 1
+                if qid in by_qid:
+                    ix = index.get(qid)
+                    if ix is None:
+                        ix = index[qid] = _QueueIndex()
+                    ix.extend(cols, start, end)
+                else:
                     orphans.add(qid)
-            if ix is not None:
-                ix.add(seq, mid, exp, prio, delivered, blen)
+                start = end
+        for ix in index.values():
+            if ix.unsized:  # rows an older version wrote: measured from their messages
+                at = {ix.mids[i]: i for i in ix.unsized}
+                for part in _chunks(list(at), 5000):
+                    for mid, message in self._read_messages(c, part).items():
+                        ix.blens[at[mid]] = len(message.body)
+                ix.unsized = []
         return index, orphans
+
+    def _stream(self, c, sql: str, size: int = 20_000):
+        """Chunks of rows of ``sql`` from a server-side cursor (PostgreSQL, MariaDB) or
+        SQLite's lazy one, within ``c``'s transaction."""
+        raw = c.connection.dbapi_connection
+        if self.dialect == "postgresql":
+            cur = raw.cursor(name="triomq_index")
+            cur.itersize = size
+        elif self.dialect == "mysql":
+            import pymysql.cursors
+            cur = raw.cursor(pymysql.cursors.SSCursor)
+        else:
+            cur = raw.cursor()
+        try:
+            cur.execute(sql)
+            while rows := cur.fetchmany(size):
+                yield rows
+        finally:
+            cur.close()
 
     @staticmethod
     def _read_messages(c, mids) -> dict:
@@ -620,6 +659,7 @@ class SQLStore(Store):
                 nursery.start_soon(self._renewer)
                 nursery.start_soon(self._guard_lease)
             nursery.start_soon(self._pager)
+            nursery.start_soon(self._collect_orphans)
             await self._writer()
 
     # ------------------------------------------------------------- paging
@@ -674,6 +714,38 @@ class SQLStore(Store):
                 wall_minus_mono = time.time() - queue.vhost.timers.now()
                 if ready.page_arrived(gen, messages, wall_minus_mono) and not queue.deleted:
                     queue.dispatch()
+
+    async def _collect_orphans(self) -> None:
+        """Once, after start-up: delete messages whose last entry went away without them
+        (a queue delete chunks its message GC; one transaction per batch otherwise). Off the
+        start-up path -- an anti-join over a million rows takes seconds -- and in id ranges,
+        so no statement holds locks for long; an unreferenced row is only wasted space."""
+        await trio.sleep(ORPHAN_GC_DELAY)
+        try:
+            removed = await trio.to_thread.run_sync(self._collect_orphans_sync)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("store %s: orphaned message clean-up failed (%s); retried at the next "
+                        "start", self.safe_url, _reason(exc))
+            return
+        if removed:
+            log.info("store %s: removed %d orphaned messages", self.safe_url, removed)
+
+    def _collect_orphans_sync(self) -> int:
+        M, E = S.msgs, S.entries
+        with self.engine.connect() as c:
+            top = c.execute(select(func.max(M.c.id))).scalar() or 0
+        removed = 0
+        lo = 0
+        while lo <= top:
+            with self.engine.connect() as c:  # ranges of ORPHAN_GC_RANGE stored ids
+                hi = c.execute(select(M.c.id).where(M.c.id >= lo).order_by(M.c.id)
+                               .offset(ORPHAN_GC_RANGE).limit(1)).scalar() or top + 1
+            with self.engine.begin() as c:
+                removed += c.execute(delete(M).where(
+                    M.c.id >= lo, M.c.id < hi,
+                    ~exists().where(E.c.message_id == M.c.id))).rowcount or 0
+            lo = hi
+        return removed
 
     def _read_page(self, mids) -> dict:
         with self.engine.connect() as c:
@@ -978,7 +1050,7 @@ class SQLStore(Store):
             self._bulk_insert(c, "msgs", params)
             rows += len(params)
         if b.enq:
-            erows = [(qid, seq, r[0], r[1], r[2], r[3])
+            erows = [(qid, seq, r[0], r[1], r[2], r[3], r[4])
                      for qid, seqs in b.enq.items() for seq, r in seqs.items()]
             if erows:
                 self._bulk_insert(c, "entries", erows)
@@ -1011,17 +1083,18 @@ class SQLStore(Store):
             "INSERT INTO triomq_msgs (id, body) SELECT * FROM unnest(%s::bigint[], %s::bytea[]) "
             "ON CONFLICT DO NOTHING",
         ("postgresql", "entries"):
-            "INSERT INTO triomq_entries (qid, seq, message_id, expires_at, priority, delivered) "
-            "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
-            "%s::double precision[], %s::smallint[], %s::boolean[]) ON CONFLICT DO NOTHING",
+            "INSERT INTO triomq_entries (qid, seq, message_id, expires_at, priority, delivered, "
+            "size) SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
+            "%s::double precision[], %s::smallint[], %s::boolean[], %s::bigint[]) "
+            "ON CONFLICT DO NOTHING",
         ("mysql", "msgs"): "INSERT IGNORE INTO triomq_msgs (id, body) VALUES (%s, %s)",
         ("mysql", "entries"):
             "INSERT IGNORE INTO triomq_entries (qid, seq, message_id, expires_at, priority, "
-            "delivered) VALUES (%s, %s, %s, %s, %s, %s)",
+            "delivered, size) VALUES (%s, %s, %s, %s, %s, %s, %s)",
         ("sqlite", "msgs"): "INSERT OR IGNORE INTO triomq_msgs (id, body) VALUES (?, ?)",
         ("sqlite", "entries"):
             "INSERT OR IGNORE INTO triomq_entries (qid, seq, message_id, expires_at, priority, "
-            "delivered) VALUES (?, ?, ?, ?, ?, ?)",
+            "delivered, size) VALUES (?, ?, ?, ?, ?, ?, ?)",
     }
 
     def _bulk_insert(self, c, what: str, rows: list) -> None:
@@ -1189,7 +1262,8 @@ class SQLStore(Store):
         seqs = b.enq.get(qid)
         if seqs is None:
             seqs = b.enq[qid] = {}
-        seqs[entry.seq] = [message.id, expires, entry.priority, entry.delivery_count > 0]
+        seqs[entry.seq] = [message.id, expires, entry.priority, entry.delivery_count > 0,
+                           len(message.body)]
         if not queue.internal:
             self._held.append((queue, entry))  # taken back if the publish is nacked
         self._poke()

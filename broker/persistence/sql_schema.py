@@ -26,9 +26,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-# 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at,
-# added in place by ``migrate`` — a version-1 database opens unchanged otherwise)
-SCHEMA_VERSION = 2
+# 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at);
+# 3: triomq_entries.size (body bytes). ``migrate`` adds the columns in place: an older
+# database opens unchanged otherwise.
+SCHEMA_VERSION = 3
 
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
 NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
@@ -51,6 +52,9 @@ entries = Table(
     Column("expires_at", Float(53), nullable=True),  # wall clock (time.time())
     Column("priority", SmallInteger, nullable=False, default=0),
     Column("delivered", Boolean, nullable=False, default=False),
+    # body bytes, so that start-up reads the index without touching the messages (v3;
+    # NULL in rows written by an older version)
+    Column("size", BigInteger, nullable=True),
     Index("triomq_entries_msg", "message_id"),
 )
 
@@ -117,5 +121,7 @@ def migrate(conn) -> None:
     if "expires_at" not in cols:
         kind = {"postgresql": "DOUBLE PRECISION", "sqlite": "REAL"}.get(conn.dialect.name, "DOUBLE")
         conn.execute(text(f"ALTER TABLE {lock.name} ADD COLUMN expires_at {kind} NULL"))
+    if "size" not in {c["name"] for c in sa_inspect(conn).get_columns(entries.name)}:
+        conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN size BIGINT NULL"))
     conn.execute(update(lock).where(lock.c.schema_version < SCHEMA_VERSION)
                  .values(schema_version=SCHEMA_VERSION))

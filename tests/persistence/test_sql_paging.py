@@ -160,3 +160,53 @@ def test_a_priority_queue_is_read_whole(db):
             assert not isinstance(q.ready, SQLPagedFifo)
             assert len(q.ready) == q.message_count == 120
     trio.run(main)
+
+
+def test_version_2_rows_without_size_are_indexed_through_their_messages(tmp_path):
+    """A database written before entries had a size column: the column is added at
+    start, old rows are measured from their message, the backlog pages as usual."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    _fill(url, 120)
+    import sqlite3
+    c = sqlite3.connect(f"{tmp_path}/store.db")
+    c.execute("ALTER TABLE triomq_entries DROP COLUMN size")
+    c.execute("UPDATE triomq_lock SET schema_version = 2")
+    c.commit()
+    c.close()
+
+    async def main():
+        async with Paging(url) as p:
+            q = p.vhost.queues["backlog"]
+            assert q.message_count == 120 and q.ready_bytes == 120 * len(b"m00000")
+            entries = await p.drain(q, 120)
+            assert [e.message.body for e in entries] == [b"m%05d" % i for i in range(120)]
+    trio.run(main)
+    c = sqlite3.connect(f"{tmp_path}/store.db")
+    assert "size" in [r[1] for r in c.execute("PRAGMA table_info(triomq_entries)")]
+    c.close()
+
+
+def test_orphaned_messages_are_collected_after_start(tmp_path, monkeypatch):
+    from broker.persistence import sql as sqlmod
+    monkeypatch.setattr(sqlmod, "ORPHAN_GC_DELAY", 0.0)
+    monkeypatch.setattr(sqlmod, "ORPHAN_GC_RANGE", 7)
+    url = f"sqlite:///{tmp_path}/store.db"
+    _fill(url, 30)
+    import sqlite3
+    c = sqlite3.connect(f"{tmp_path}/store.db")
+    c.execute("DELETE FROM triomq_entries WHERE seq % 2 = 0")  # as a chunked queue delete leaves
+    c.commit()
+    c.close()
+
+    async def main():
+        async with Paging(url) as p:
+            assert p.vhost.queues["backlog"].message_count == 15
+            with trio.fail_after(10):
+                while True:
+                    c = sqlite3.connect(f"{tmp_path}/store.db")
+                    left = c.execute("SELECT COUNT(*) FROM triomq_msgs").fetchone()[0]
+                    c.close()
+                    if left == 15:
+                        break
+                    await trio.sleep(0.05)
+    trio.run(main)
