@@ -196,6 +196,8 @@ async function route() {
       return;
     }
     current = page;
+    const heading = page.el.querySelector("h1")?.textContent;
+    document.title = heading ? `${heading} · TrioMQ` : "TrioMQ";
     clear(shell.main, page.el);
     if (page.mounted) page.mounted();
     window.scrollTo(0, 0);
