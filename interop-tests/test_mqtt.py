@@ -359,3 +359,20 @@ def test_tls_client_certificates_required_with_tls_ca(tmp_path):
                 raise ConnectionResetError("closed")
     finally:
         proc.stop()
+
+
+def test_large_messages_to_a_slow_reader(mq):
+    """Deliveries bigger than the socket buffer: the direct write takes part of them, the
+    writer task the rest, in order; a subscriber that reads late still gets everything."""
+    s = raw(mq.mqtt_port)
+    s.sendall(m.encode(m.Connect(uid(), True, 60)) + m.encode(m.Subscribe(1, [("big/#", 0)])))
+    assert read_packets(s, 2) == [m.ConnAck(0), m.SubAck(1, [0])]
+    pub = Paho(mq.mqtt_port)
+    payloads = [bytes([i]) * (1_500_000 + i) for i in range(6)]
+    for i, p in enumerate(payloads):
+        pub.publish(f"big/{i}", p, qos=1)
+    time.sleep(0.5)  # the broker's output to `s` is now well past the socket buffers
+    got = read_packets(s, 6, within=20)
+    assert [(p.topic, p.payload) for p in got] == [(f"big/{i}", p) for i, p in
+                                                   enumerate(payloads)]
+    s.close()
