@@ -194,6 +194,14 @@ def _tls_problem(args) -> str | None:
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
             return f"{option} {path}: no such file"
+    if args.mqtts_port is not None:
+        from .security.tls import TLSConfigError, server_context
+        try:  # the same context as amqps (--tls-verify, --tls-fail-if-no-peer-cert)
+            server_context(SimpleNamespace(
+                tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
+        except TLSConfigError as exc:
+            return f"--mqtts-port: {exc}"
     return None
 
 

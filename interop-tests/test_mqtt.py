@@ -327,7 +327,7 @@ def _openssl(*args):
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def test_tls_client_certificates_required_with_tls_ca(tmp_path):
+def test_tls_client_certificates_required(tmp_path):
     ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "k.pem", "r.csr",
                                                           "c.pem"))
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
@@ -340,7 +340,8 @@ def test_tls_client_certificates_required_with_tls_ca(tmp_path):
     # the device certificate doubles as the server's: the test only checks who may connect
     proc = BrokerProc(tmp_path / "data", mqtt=True,
                       extra=["--mqtts-port", str(port), "--tls-cert", str(cert), "--tls-key",
-                             str(key), "--tls-ca", str(ca)]).start()
+                             str(key), "--tls-ca", str(ca),
+                             "--tls-fail-if-no-peer-cert"]).start()
     try:
         ctx = ssl.create_default_context(cafile=str(ca))
         ctx.check_hostname = False

@@ -249,13 +249,12 @@ class MQTTListener:
             await trio.sleep(BLOCKED_READ_INTERVAL)
 
     def ssl_context(self) -> ssl.SSLContext:
-        config = self.broker.config
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(config.tls_cert, config.tls_key)
-        if config.tls_ca:
-            ctx.load_verify_locations(config.tls_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        """The amqps listener's context: the same certificate and client verification."""
+        from ..security.tls import TLSConfigError, server_context
+        try:
+            return server_context(self.broker.config)
+        except TLSConfigError as exc:
+            raise ListenError(f"--mqtts-port: {exc}") from None
 
     async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
         try:

@@ -47,3 +47,11 @@ def test_invalid_mqtt_port(tmp_path, capsys):
     p = run(tmp_path, capsys, "--mqtt-port", "70000")
     assert p.returncode == 2
     assert p.stderr.strip() == "triomq: error: invalid --mqtt-port 70000"
+
+
+def test_unreadable_certificate(tmp_path, capsys):
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    p = run(tmp_path, capsys, "--mqtts-port", "8883", "--tls-cert", str(bad), "--tls-key", str(bad))
+    assert p.returncode == 2
+    assert p.stderr.startswith(f"triomq: error: --mqtts-port: cannot load --tls-cert {bad}")
