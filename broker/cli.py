@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls-key", default=None, metavar="PEM",
                      help="private key of --tls-cert")
     run.add_argument("--tls-ca", default=None, metavar="PEM",
-                     help="CA bundle: TLS clients must present a certificate it signed")
+                     help="CA bundle that signs client certificates (see --tls-verify)")
     run.add_argument("--tls-port", type=int, default=None, metavar="PORT",
                      help="AMQP over TLS (amqps) listener port, e.g. 5671 (needs --tls-cert "
                           "and --tls-key; default: none)")
