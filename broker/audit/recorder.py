@@ -17,10 +17,9 @@ import logging
 import os
 import pickle
 import socket
-import struct
-import subprocess
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -28,6 +27,7 @@ from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
 from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL
+from .spool import Spool, last_spooled_seq, spool_dir
 
 log = logging.getLogger("broker.audit")
 
@@ -61,6 +61,9 @@ class AuditTrail:
         self.dropped = 0  # not yet reported in an audit_dropped event
         self.dropped_total = 0
         self.sent = 0
+        self.next_seq = 1
+        self.spool: Any = None  # the Spool, once run() started
+        self._spool_full = False
         self.blocking = False
         self._acking = None  # the entry a channel is acking right now (its SETTLE is the ack)
         # The message a channel is routing now: its enqueues are listed in its published
@@ -72,7 +75,7 @@ class AuditTrail:
         self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
         self._hooked: set[str] = set()
         self._policies_hooked = False
-        self._proc = None
+        self._proc: Any = None
 
     # ---- selection ----
     def _policy_audit(self, q):
@@ -296,78 +299,116 @@ class AuditTrail:
         self.buf.append((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,
                          entry.delivery_count, f"delay {delay_ms} ms"))
 
-    # ---- the drain task and the writer process ----
-    def writer_command(self) -> list[str]:
+    # ---- the drain task, the spool and the converter process ----
+    def converter_command(self) -> list[str]:
         s = self.settings
         return [sys.executable, "-m", "broker.audit.writer", "--dir", s.dir, "--node", s.node,
                 "--roll-bytes", str(s.roll_bytes), "--roll-seconds", str(s.roll_seconds),
                 "--codec", s.codec]
 
-    async def _start_writer(self):
+    async def _start_converter(self):
         env = dict(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        return await trio.lowlevel.open_process(self.writer_command(), stdin=subprocess.PIPE,
-                                                env=env)
+        return await trio.lowlevel.open_process(self.converter_command(), env=env)
 
     def _take_batch(self) -> list:
         batch, self.buf = self.buf, []
         if self.dropped:
             batch.append((TRAIL, _time(), "audit_dropped", self.dropped,
-                          f"policy {self.settings.policy}: buffer of {self.limit} events full"))
+                          f"policy {self.settings.policy}: events not recorded"))
             self.dropped = 0
         return batch
 
-    async def _send(self, batch: list) -> None:
+    def _open_spool(self) -> None:
+        """Continue the sequence after what is on disk; note how the last run ended."""
+        root = self.settings.dir
+        self.spool = Spool(root)
+        from .writer import last_state
+        last = max(last_state(root, self.settings.node)[0], last_spooled_seq(root))
+        marker = os.path.join(spool_dir(root), "closed")
+        previous = ("first run" if last == 0 else
+                    "previous run ended cleanly" if os.path.exists(marker) else
+                    "previous run did not stop cleanly: its unsent tail is lost")
+        if os.path.exists(marker):
+            os.remove(marker)
+        self.next_seq = last + 1
+        self.buf.insert(0, (TRAIL, _time(), "node_started", None, previous))
+
+    async def _flush(self, batch: list) -> None:
+        """Number ``batch`` and append it to the spool (a worker thread does the write)."""
         if not batch:
             return
-        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-        proc = self._proc
-        try:
-            if proc is None or proc.returncode is not None:
-                raise trio.BrokenResourceError("writer process is not running")
-            await proc.stdin.send_all(struct.pack(">I", len(data)) + data)
-            self.sent += len(batch)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        if self._spool_full and self.settings.policy == "drop":
             lost = sum(1 for ev in batch if not (ev[0] == TRAIL and ev[2] == "audit_dropped"))
             self.dropped += lost
             self.dropped_total += lost
-            log.error("audit writer failed (%s): %d events lost; restarting it", exc, lost)
-            await self._restart_writer()
-        if self.blocking and len(self.buf) <= self.limit // 2:
-            self.blocking = False
-            self.broker.set_alarm(ALARM, False)
+            return
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        first = self.next_seq
+        self.next_seq = first + len(batch)
+        try:
+            await trio.to_thread.run_sync(self.spool.append, first, len(batch), data)
+            self.sent += len(batch)
+        except OSError as exc:  # the sequence keeps the hole: the trail shows the loss
+            self.dropped_total += len(batch)
+            log.error("audit spool write failed (%s): events %d-%d lost", exc, first,
+                      first + len(batch) - 1)
 
-    async def _restart_writer(self) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.kill()
-            except OSError:
-                pass
-            await self._proc.wait()
-        await trio.sleep(0.2)
-        self._proc = await self._start_writer()
+    def _check_backlog(self) -> None:
+        """The converter lags more than ``spool_max`` bytes: apply the policy."""
+        full = self.spool.bytes_waiting() > self.settings.spool_max
+        if full != self._spool_full:
+            self._spool_full = full
+            log.warning("audit spool %s %d bytes", "above" if full else "back under",
+                        self.settings.spool_max)
+
+    def _update_alarm(self) -> None:
+        want = self.settings.policy == "block" and (
+            self._spool_full or (len(self.buf) > self.limit // 2 and self.blocking))
+        if want != self.blocking:
+            self.blocking = want
+            self.broker.set_alarm(ALARM, want)
 
     async def run(self) -> None:
-        """The drain task: one batch per ``flush_interval``; at shutdown, the tail."""
+        """The drain task: one frame per ``flush_interval``; at shutdown, the tail."""
         os.makedirs(self.settings.dir, exist_ok=True)
-        self._proc = await self._start_writer()
+        self._open_spool()
+        self._proc = await self._start_converter()
+        ticks = 0
         try:
             while True:
                 await trio.sleep(self.settings.flush_interval)
                 self.hook_vhosts()  # vhosts created since, a policy module installed late
-                await self._send(self._take_batch())
+                await self._flush(self._take_batch())
+                ticks += 1
+                if ticks % 20 == 0:
+                    self._check_backlog()
+                    if self._proc.returncode is not None:
+                        log.error("audit converter exited with %s; restarting it",
+                                  self._proc.returncode)
+                        self._proc = await self._start_converter()
+                self._update_alarm()
         finally:
             with trio.CancelScope(shield=True):
-                with trio.move_on_after(10):
-                    batch = self._take_batch()
-                    batch.append((TRAIL, _time(), "node_stopped", None, "clean shutdown"))
-                    await self._send(batch)
-                    if self._proc is not None:
-                        await self._proc.stdin.aclose()
+                batch = self._take_batch()
+                batch.append((TRAIL, _time(), "node_stopped", None, "clean shutdown"))
+                self._spool_full = False
+                await self._flush(batch)
+                await trio.to_thread.run_sync(self.spool.close, True)
+                if self.blocking:
+                    self.blocking = False
+                    self.broker.set_alarm(ALARM, False)
+                # the converter finishes what is spooled and exits; what it cannot convert
+                # in time stays in the spool for the next start
+                with trio.move_on_after(self.settings.stop_timeout):
+                    await self._proc.wait()
+                if self._proc.returncode is None:
+                    self._proc.terminate()
+                    with trio.move_on_after(5):
                         await self._proc.wait()
-                if self._proc is not None and self._proc.returncode is None:
-                    self._proc.kill()
+                    if self._proc.returncode is None:
+                        self._proc.kill()
 
 
 def last_msg_id(root: str, node: str) -> int:

@@ -1,18 +1,19 @@
-"""The audit writer process: pickled batches of event tuples in, rolled Avro files out.
+"""The audit converter process: the spool's frames in, rolled Avro files out.
 
 ``python -m broker.audit.writer --dir DIR --node NAME [--roll-bytes N] [--roll-seconds S]
-[--codec deflate|null]`` reads frames (4-byte big-endian length, then a pickled list
-of event tuples) from stdin until EOF. Each event gets the node's next sequence number and
-becomes one record (``events.to_record``). Files are Hive-style partitions
-``dt=YYYY-MM-DD/hour=HH/node=NAME/part-<first seq>.avro`` (UTC, from the event time) and
-are rolled when the hour changes, past ``--roll-bytes`` or after ``--roll-seconds``. Every
-batch ends a block and is handed to the OS, so a broker crash loses only what the broker
-had not sent yet; the writer itself, killed, leaves at most a torn last block, which the
-reader skips and reports.
+[--codec deflate|null]`` runs at the lowest CPU priority (nice 19), so on a busy machine it
+yields the CPU to the broker and catches up later. It reads the spool segments
+(``spool.py``) in order, following the newest one as the broker appends, and writes each
+frame as one Avro block (``encoder.BatchEncoder``) with the sequence numbers the broker gave
+it. Files are Hive-style partitions ``dt=YYYY-MM-DD/hour=HH/node=NAME/part-<first seq>.avro``
+(UTC, from the batch's first event) rolled when the hour changes, past ``--roll-bytes`` or
+after ``--roll-seconds``. A segment is deleted once it is converted, fsynced, and the broker
+has moved on to a newer one.
 
-The sequence continues across restarts from the highest one found on disk for this node;
-the first event of each run is ``node_started`` whose detail says whether the previous run
-ended with ``node_stopped`` (if not, its unsent tail is lost).
+It exits after converting everything once the broker has closed the spool (a clean stop),
+or once its parent broker is gone (a crash: what is whole in the spool is converted, and the
+next start converts the rest). Frames already in the Avro files (a converter killed between
+writing a block and deleting its segment) are skipped by sequence number.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import glob
 import json
 import os
 import pickle
-import struct
+import signal
 import sys
 import time
 
-from . import events
+from . import events, spool
 from .encoder import BatchEncoder, ContainerFile
 from .reader import VERSION_KEY, FileReader
 
@@ -98,21 +99,58 @@ class RollingWriter:
         assert self.file is not None
         self.file.write_block(len(batch), self.encoder.encode(batch))
 
+    def sync(self) -> None:
+        """Everything written so far is on disk."""
+        if self.file is not None:
+            self.file.f.flush()
+            os.fsync(self.file.f.fileno())
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
 
 
-def _read_exact(stream, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = stream.read(n)
-        if not chunk:
-            return b""
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> int:
+    """Convert the spool until ``stop()`` or, with nothing left, ``idle_exit()``; returns
+    the last sequence number written."""
+    positions: dict[str, int] = {}
+    closed_marker = os.path.join(spool.spool_dir(root), "closed")
+    while True:
+        progressed = False
+        segs = spool.segments(root)
+        for i, path in enumerate(segs):
+            newest = i == len(segs) - 1
+            pos = positions.get(path, 0)
+            for _, first, count, data, nxt in spool.read_frames(path, pos):
+                pos = positions[path] = nxt
+                if first + count - 1 <= last_seq:
+                    continue  # already in the Avro files
+                batch = pickle.loads(data)
+                if first <= last_seq:
+                    batch = batch[last_seq - first + 1:]
+                    first = last_seq + 1
+                out.encoder.seq = first
+                out.write(batch)
+                last_seq = first + len(batch) - 1
+                progressed = True
+                if stop():
+                    return last_seq
+            done = not newest or os.path.exists(closed_marker)
+            if done:
+                size = os.path.getsize(path)
+                if pos < size:
+                    print(f"audit converter: {path}: {size - pos} bytes of a torn frame "
+                          f"(a crash) skipped", file=sys.stderr, flush=True)
+                out.sync()
+                os.remove(path)
+                positions.pop(path, None)
+        if stop():
+            return last_seq
+        if not progressed:
+            if not spool.segments(root) and idle_exit():
+                return last_seq
+            time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,23 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     # Unpickling a batch allocates thousands of tuples, which would run the cyclic collector
     # over and over; nothing here makes cycles (everything is freed by reference counts).
     gc.disable()
-    seq, last_event = last_state(args.dir, args.node)
-    out = RollingWriter(args.dir, args.node, args.roll_bytes, args.roll_seconds, args.codec,
-                        seq + 1)
-    previous = ("first run" if last_event is None and seq == 0 else
-                "previous run ended cleanly" if last_event == "node_stopped" else
-                "previous run did not stop cleanly: its unsent tail is lost")
-    out.write([(events.TRAIL, time.time(), "node_started", None, previous)])
-    stdin = sys.stdin.buffer
     try:
-        while True:
-            head = _read_exact(stdin, 4)
-            if len(head) < 4:
-                break
-            data = _read_exact(stdin, struct.unpack(">I", head)[0])
-            if not data:
-                break
-            out.write(pickle.loads(data))
+        os.nice(19)
+    except OSError:
+        pass
+    parent = os.getppid()
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    closed_marker = os.path.join(spool.spool_dir(args.dir), "closed")
+    last_seq, _ = last_state(args.dir, args.node)
+    out = RollingWriter(args.dir, args.node, args.roll_bytes, args.roll_seconds, args.codec,
+                        last_seq + 1)
+    try:
+        convert(args.dir, out, last_seq, lambda: bool(stopping),
+                lambda: os.path.exists(closed_marker) or os.getppid() != parent)
     finally:
         out.close()
     return 0

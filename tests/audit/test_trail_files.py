@@ -5,7 +5,6 @@ import io
 import json
 import os
 import pickle
-import struct
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 from broker.audit import events
 from broker.audit.encoder import BatchEncoder, ContainerFile
 from broker.audit.reader import VERSION_KEY, FileReader, UnknownSchemaVersion
+from broker.audit.spool import FRAME, Spool, segments
 from broker.audit.writer import RollingWriter, last_state, node_files
 
 T = 1_795_500_000.25
@@ -147,23 +147,47 @@ def test_writer_rolls_by_hour_and_size_and_continues_the_sequence(tmp_path):
     assert last_state(str(tmp_path), "n1") == (4, "enqueued")
 
 
-def test_writer_process_survives_restart_with_gapless_sequence(tmp_path):
-    def run(batches):
-        p = subprocess.Popen([sys.executable, "-m", "broker.audit.writer", "--dir", str(tmp_path),
-                              "--node", "n1"], stdin=subprocess.PIPE)
-        for batch in batches:
-            data = pickle.dumps(batch)
-            p.stdin.write(struct.pack(">I", len(data)) + data)
-        p.stdin.close()
-        assert p.wait(30) == 0
+def _convert(root):
+    p = subprocess.run([sys.executable, "-m", "broker.audit.writer", "--dir", str(root),
+                        "--node", "n1"], timeout=60)
+    assert p.returncode == 0
+
+
+def test_converter_turns_the_spool_into_avro_once(tmp_path):
     now = time.time()
-    run([[(events.ENQ, now, "/", "q", 1, {})]])
-    run([[(events.ENQ, now, "/", "q", 2, {}), (events.TRAIL, now, "node_stopped", None, "x")]])
-    run([[]])
+    sp = Spool(str(tmp_path), segment_bytes=200)  # a segment per frame or two
+    seq = 1
+    for i in range(6):
+        batch = [(events.ENQ, now, "/", "q", i * 10 + k, {}) for k in range(3)]
+        sp.append(seq, len(batch), pickle.dumps(batch))
+        seq += len(batch)
+    sp.close(clean=True)
+    _convert(tmp_path)
     records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
-    seqs = sorted(r["seq"] for r in records)
-    assert seqs == list(range(1, len(seqs) + 1))
-    started = [r["detail"] for r in sorted(records, key=lambda r: r["seq"])
-               if r["event"] == "node_started"]
-    assert started == ["first run", "previous run did not stop cleanly: its unsent tail is lost",
-                       "previous run ended cleanly"]
+    assert sorted(r["seq"] for r in records) == list(range(1, 19))
+    assert segments(str(tmp_path)) == []
+    # a converter restarted over frames it already wrote skips them by sequence number
+    sp = Spool(str(tmp_path))
+    batch = [(events.ENQ, now, "/", "q", 99, {})] * 4
+    sp.append(17, 4, pickle.dumps(batch))  # 17, 18 are written already; 19, 20 are new
+    sp.close(clean=True)
+    _convert(tmp_path)
+    records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
+    assert sorted(r["seq"] for r in records) == list(range(1, 21))
+
+
+def test_torn_frame_of_a_crash_is_skipped(tmp_path):
+    now = time.time()
+    sp = Spool(str(tmp_path))
+    sp.append(1, 1, pickle.dumps([(events.ENQ, now, "/", "q", 1, {})]))
+    sp.close(clean=False)
+    (path,) = segments(str(tmp_path))
+    with open(path, "ab") as f:
+        f.write(FRAME.pack(2, 5, 1000) + b"half a frame")
+    sp2 = Spool(str(tmp_path))  # the next run starts a newer segment
+    sp2.append(2, 1, pickle.dumps([(events.ENQ, now, "/", "q", 2, {})]))
+    sp2.close(clean=True)
+    _convert(tmp_path)
+    records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
+    assert sorted(r["msg"] for r in records) == [1, 2]
+    assert segments(str(tmp_path)) == []

@@ -1,0 +1,102 @@
+"""The trail's spool: the broker's batches on disk until the converter turns them into Avro.
+
+The broker's drain task appends one *frame* per batch to the current segment
+``DIR/.spool/seg-<first seq>.bin``: a header ``(first seq, event count, length)`` and the
+pickled list of event tuples. The broker numbers the events (it knows each batch's size),
+so the sequence is fixed the moment a batch is on disk. The converter process
+(``writer.py``, at the lowest CPU priority) reads the segments in order, writes each frame
+as one Avro block, and deletes a segment once every frame of it is in an fsynced Avro file
+and the broker has moved on to a newer one. Frames the Avro files already hold (a converter
+restarted after a crash) are recognised by their sequence numbers and skipped, so nothing
+is converted twice and nothing is lost.
+
+``closed`` (an empty file) marks a clean stop: the broker writes it after its last frame;
+the next start removes it.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import struct
+from typing import Any
+
+FRAME = struct.Struct(">QII")  # first seq, events, bytes of pickled data
+SEGMENT_BYTES = 16 << 20
+
+
+def spool_dir(root: str) -> str:
+    return os.path.join(root, ".spool")
+
+
+def segments(root: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(spool_dir(root), "seg-*.bin")))
+
+
+def read_frames(path: str, offset: int = 0):
+    """Yield ``(offset, first_seq, count, data, next offset)`` of each whole frame from
+    ``offset``; a torn last frame (a write in progress, or a crash) ends the iteration."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            head = f.read(FRAME.size)
+            if len(head) < FRAME.size:
+                return
+            first, count, length = FRAME.unpack(head)
+            data = f.read(length)
+            if len(data) < length:
+                return
+            yield offset, first, count, data, offset + FRAME.size + length
+            offset += FRAME.size + length
+
+
+def last_spooled_seq(root: str) -> int:
+    """The last sequence number in the spool (0 if it is empty)."""
+    for path in reversed(segments(root)):
+        last = 0
+        for _, first, count, _, _ in read_frames(path):
+            last = first + count - 1
+        if last:
+            return last
+    return 0
+
+
+class Spool:
+    """The broker's side: append frames (from a worker thread: plain file writes)."""
+
+    def __init__(self, root: str, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.dir = spool_dir(root)
+        os.makedirs(self.dir, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self.file: Any = None
+        self.size = 0
+
+    def bytes_waiting(self) -> int:
+        """Bytes of spool not yet converted (whole segments still present)."""
+        total = 0
+        for path in glob.glob(os.path.join(self.dir, "seg-*.bin")):
+            try:
+                total += os.path.getsize(path)
+            except OSError:
+                pass
+        return total
+
+    def append(self, first_seq: int, count: int, data: bytes) -> None:
+        if self.file is None or self.size >= self.segment_bytes:
+            if self.file is not None:
+                self.file.close()
+            name = os.path.join(self.dir, f"seg-{first_seq:020d}.bin")
+            self.file = open(name, "ab")  # noqa: SIM115 - kept open until the roll
+            self.size = self.file.tell()
+        self.file.write(FRAME.pack(first_seq, count, len(data)) + data)
+        self.file.flush()
+        self.size += FRAME.size + len(data)
+
+    def close(self, clean: bool) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.file = None
+        if clean:
+            with open(os.path.join(self.dir, "closed"), "w"):
+                pass
