@@ -50,6 +50,7 @@ from .records import (
     encode_message,
 )
 from .recovery import encode_meta, restore, restore_meta
+from .sql_paged import SQLPagedFifo
 
 log = logging.getLogger("broker.store.sql")
 
@@ -385,6 +386,7 @@ class SQLStore(Store):
         self._gen = 0                        # bumped when a stuck write is abandoned
         self._conn_used = 0.0
         self._qids: dict = {}                # (vhost, name) -> (Queue, qid)
+        self._queue_of: dict = {}            # qid -> Queue (the same, reversed)
         self._wanted: deque = deque()        # SQLPagedFifo waiting for their next page
         self._page_wanted = trio.Event()
         self._next_qid = 1
@@ -632,6 +634,7 @@ class SQLStore(Store):
             if q is None or not q.durable:
                 continue
             self._qids[(vname, qname)] = (q, qid)
+            self._queue_of[qid] = q
             ix = index.get(qid)
             if ix is None:
                 continue
@@ -671,8 +674,16 @@ class SQLStore(Store):
             for entry in entries:
                 ready.append(entry)
             return ready
-        from .sql_paged import SQLPagedFifo
-        return SQLPagedFifo(self, queue, entries, page=self.settings.page_size)
+        return SQLPagedFifo(self, queue, entries, page=self.settings.page_size,
+                            window=self.settings.page_window)
+
+    def _page_out(self, batch: _Batch) -> None:
+        """After a commit: a queue holding a backlog behind its window may drop the
+        messages it just got written from memory (``SQLPagedFifo.stored_up_to``)."""
+        for qid, seqs in batch.enq.items():
+            q = self._queue_of.get(qid)
+            if q is not None and isinstance(q.ready, SQLPagedFifo):
+                q.ready.stored_up_to(max(seqs))
 
     def want_page(self, ready) -> None:
         """``ready`` (an SQLPagedFifo) wants its next page read (once until it arrives)."""
@@ -892,6 +903,7 @@ class SQLStore(Store):
             self.batches += 1
             self._unwritten -= batch.nbytes
             self._check_backlog()
+            self._page_out(batch)
             for ok, _fail, _held in callbacks:
                 ok()
             return True
@@ -1191,6 +1203,7 @@ class SQLStore(Store):
             qid = self._next_qid
             self._next_qid += 1
             self._qids[key] = (queue, qid)
+            self._queue_of[qid] = queue
         self._batch.defs.append(("q+", queue_def(vhost, queue), qid))
         self._poke()
 
@@ -1201,6 +1214,7 @@ class SQLStore(Store):
             return
         del self._qids[key]
         qid = have[1]
+        self._queue_of.pop(qid, None)
         b = self._batch
         pending = b.enq.pop(qid, None)
         if pending:

@@ -1,26 +1,30 @@
 """Ready messages of a durable FIFO queue on the SQL store: a backlog left in the database.
 
-At start-up the SQL store hands a queue the index of its stored entries (seq, message
-id, expiry, body length, delivery count: about 30 bytes each) together with the
-messages of the first ``SQLSettings.page_window`` entries only; the rest stays in the
-database. While consumers drain the head, the store's pager task reads the next page
-ahead (``SQLStore.want_page``, in a worker thread: the event loop never waits for the
-database) and hands it back through ``page_arrived``.
+Three parts, in delivery order: the head (in memory, up to ``window`` entries), the
+index of entries whose messages are only in the database (seq, message id, expiry,
+body length, delivery count: about 30 bytes each), and the tail (in memory, newer).
 
-While part of the backlog is still in the database, ``len()`` -- what can be
-delivered now, as ``ready.ReadyStore`` defines it -- is the head read so far; the rest
-(``stored_behind``) still counts as ready for message counts and max-length. Messages
-published meanwhile wait behind the backlog (``_tail``), so FIFO order holds. If the
-database is down the head runs dry, delivery waits, and the pager retries.
+* At start-up the SQL store hands a queue the index of its stored entries with the
+  messages of the first ``window`` only (``restore_paged``).
+* While running, entries beyond a full head wait in the tail; once the store has
+  committed them (``stored_up_to``), persistent ones move to the index and their
+  messages leave memory. A transient message cannot be paged: it stays, and so does
+  everything behind it.
+* As the head drains below ``low``, the store's pager task reads the next page of the
+  index in a worker thread (``SQLStore.want_page`` -> ``page_arrived``): the event loop
+  never waits for the database; if the database is down the head runs dry, delivery
+  waits, and the pager retries. With the index empty, the tail refills the head.
 
-Without a backlog (every queue in normal operation) it is a ``FifoReady``: the only
-extra cost is one test per ``popleft``.
+``len()`` -- what can be delivered now, as ``ready.ReadyStore`` defines it -- excludes
+the index and whatever is behind it (``stored_behind``), which still count as ready for
+message counts and max-length. Without a backlog (every queue in normal operation) it
+is a ``FifoReady`` plus one length test per ``append`` and ``popleft``.
 """
 from __future__ import annotations
 
 import math
+import time
 from array import array
-from bisect import insort
 from collections import deque
 from typing import Any
 
@@ -33,21 +37,23 @@ NAN = float("nan")
 
 class SQLPagedFifo(FifoReady):
     __slots__ = ("_asked", "_blens", "_exps", "_flags", "_gen", "_mids", "_pi", "_queue",
-                 "_seqs", "_store", "_tail", "low", "page")
+                 "_seqs", "_store", "_tail", "low", "page", "window")
 
     accepts_paged_index = True
 
-    def __init__(self, store: Any, queue: Any, entries=(), *, page: int = 2000):
+    def __init__(self, store: Any, queue: Any, entries=(), *, page: int = 2000,
+                 window: int = 5000):
         super().__init__()
         self._q.extend(entries)
         self._store = store
         self._queue = queue
-        self.page = page              # entries read per database round trip
-        self.low = page               # ask for the next page below this many in the head
-        self._tail: deque = deque()   # published while a backlog is still in the database
+        self.window = max(window, page)  # entries in the head before newer ones may page out
+        self.page = page                 # entries read per database round trip
+        self.low = page                  # refill the head below this many
+        self._tail: deque = deque()
         self._empty_index()
-        self._asked = False           # a page is being read (one at a time)
-        self._gen = 0                 # bumped when the index is dropped (purge, delete)
+        self._asked = False              # a page is being read (one at a time)
+        self._gen = 0                    # bumped when the index is dropped (purge, delete)
 
     def _empty_index(self) -> None:
         self._seqs = array("q")
@@ -59,40 +65,49 @@ class SQLPagedFifo(FifoReady):
 
     @property
     def unread(self) -> int:
-        """Entries whose messages are still in the database only."""
+        """Entries whose messages are in the database only."""
         return len(self._seqs) - self._pi
 
     @property
     def stored_behind(self) -> int:
-        return self.unread + len(self._tail)
+        unread = len(self._seqs) - self._pi
+        return unread + len(self._tail) if unread else 0
 
     # ---- ReadyStore ----
+    def __len__(self) -> int:
+        if self._pi < len(self._seqs):
+            return len(self._q)
+        return len(self._q) + len(self._tail)
+
     def __iter__(self):
-        """The entries in memory (head, then those published behind the backlog); the
-        backlog still in the database is not read back for this."""
+        """The entries in memory, in order; the index is not read back for this."""
         yield from self._q
         yield from self._tail
 
     def append(self, entry) -> None:
-        if self._pi < len(self._seqs):
+        if self._tail or len(self._q) >= self.window or self._pi < len(self._seqs):
             self._tail.append(entry)
         else:
             self._q.append(entry)
 
     def popleft(self):
-        entry = self._q.popleft()
-        if self._pi < len(self._seqs) and len(self._q) < self.low and not self._asked:
-            self._ask()
+        q = self._q
+        if not q and self._tail and self._pi >= len(self._seqs):
+            self._refill()
+        entry = q.popleft()
+        if len(q) < self.low and (self._tail or self._pi < len(self._seqs)):
+            self._more()
         return entry
 
-    def requeue(self, entry) -> None:
-        if self._pi < len(self._seqs) and entry.seq > self._seqs[self._pi]:
-            insort(self._tail, entry, key=lambda e: e.seq)  # pragma: no cover - never delivered
-        else:
-            super().requeue(entry)
+    def peek(self):
+        if self._q:
+            return self._q[0]
+        if self._tail and self._pi >= len(self._seqs):
+            return self._tail[0]
+        return None
 
     def clear(self) -> list:
-        """Every entry in memory; the backlog still in the database is removed there
+        """Every entry in memory; the index is removed from the database
         (``SQLStore.forget_unread``)."""
         items = list(self._q)
         items.extend(self._tail)
@@ -100,16 +115,16 @@ class SQLPagedFifo(FifoReady):
         self._tail.clear()
         if self.unread:
             self._store.forget_unread(self._queue, self._seqs[self._pi:], self._mids[self._pi:])
-            self._empty_index()
-            self._gen += 1
-            self._asked = False
+        self._empty_index()
+        self._gen += 1
+        self._asked = False
         return items
 
     def pop_tail(self):
         if self._tail:
             return self._tail.pop()
         if self.unread:
-            raise IndexError("the tail of the queue is still in the database")
+            raise IndexError("the end of the queue is in the database")
         return self._q.pop()
 
     def head_entries(self) -> list:
@@ -127,12 +142,43 @@ class SQLPagedFifo(FifoReady):
         self._blens, self._flags = array("I", blens), array("B", flags)
         self._pi = 0
         if len(self._q) < self.low:
-            self._ask()
+            self._more()
 
-    # ---- the pager (SQLStore) ----
-    def _ask(self) -> None:
-        self._asked = True
-        self._store.want_page(self)
+    # ---- paging out (SQLStore, after a commit) ----
+    def stored_up_to(self, seq: int) -> int:
+        """The store committed this queue's entries up to ``seq``: with the head full,
+        move the persistent ones at the front of the tail to the index (their messages
+        leave memory). Returns how many moved."""
+        tail = self._tail
+        if len(self._q) < self.window or not tail:
+            return 0
+        wall_minus_mono = time.time() - self._queue.vhost.timers.now()
+        moved = 0
+        while tail and tail[0].seq <= seq and tail[0].message.persistent:
+            entry = tail.popleft()
+            exp = entry.expires_at
+            self._seqs.append(entry.seq)
+            self._mids.append(entry.message.id)
+            self._exps.append(NAN if exp is None else exp + wall_minus_mono)
+            self._blens.append(len(entry.message.body))
+            self._flags.append(min(entry.delivery_count, 255))
+            moved += 1
+        return moved
+
+    # ---- reading back (SQLStore's pager) ----
+    def _refill(self) -> None:
+        """The index is empty: the tail moves up into the head."""
+        q, tail = self._q, self._tail
+        while tail and len(q) < self.window:
+            q.append(tail.popleft())
+
+    def _more(self) -> None:
+        if self._pi < len(self._seqs):
+            if not self._asked:
+                self._asked = True
+                self._store.want_page(self)
+        else:
+            self._refill()
 
     def next_page(self) -> tuple[int, Any, array, array]:
         """``(generation, queue, seqs, message ids)`` of the next page to read."""
@@ -162,10 +208,17 @@ class SQLPagedFifo(FifoReady):
             self._q.append(entry)
             moved += 1
         self._pi = end
-        if self._pi >= len(self._seqs):  # the backlog is all in memory now
-            self._empty_index()
-            self._q.extend(self._tail)
-            self._tail.clear()
-        elif len(self._q) < self.low:
-            self._ask()
+        if self._pi >= len(self._seqs):
+            self._empty_index()  # what was behind it is deliverable again
+        elif self._pi > 100_000 and self._pi * 2 > len(self._seqs):
+            self._compact()
+        if len(self._q) < self.low:
+            self._more()
         return moved
+
+    def _compact(self) -> None:
+        """Drop the read prefix of the index arrays (a backlog that keeps flowing)."""
+        pi = self._pi
+        for column in (self._seqs, self._mids, self._exps, self._blens, self._flags):
+            del column[:pi]
+        self._pi = 0

@@ -210,3 +210,30 @@ def test_orphaned_messages_are_collected_after_start(tmp_path, monkeypatch):
                         break
                     await trio.sleep(0.05)
     trio.run(main)
+
+
+def test_a_backlog_built_while_running_leaves_memory_once_written(db):
+    """Beyond a full head, committed persistent messages are paged out to the database
+    (index only) and read back in order; a transient one keeps its place in memory."""
+    async def main():
+        async with Paging(db.url) as p:
+            q = declare_queue(p.broker, "live")
+            n = 400
+            for i in range(n):
+                q.enqueue(message("live", b"m%05d" % i, persistent=(i != 250)))
+                if i % 50 == 49:
+                    await p.durable()
+            await p.durable()
+            ready = q.ready
+            assert isinstance(ready, SQLPagedFifo)
+            assert ready.unread > 0 and len(ready) == WINDOW
+            assert q.message_count == n
+            in_memory = len(list(ready))
+            assert in_memory < n
+            entries = await p.drain(q, n)
+            assert [e.message.body for e in entries] == [b"m%05d" % i for i in range(n)]
+            for e in entries:
+                q.settled(e)
+            await p.durable()
+            assert q.message_count == 0 and ready.unread == 0
+    trio.run(main)
