@@ -58,8 +58,8 @@ class Node:
 
     def standby_ready(self) -> bool:
         """Started and waiting for the lease (it logged so since its latest start)."""
-        if not self.alive or self.paused:
-            return False
+        if not self.alive or self.paused or listening(self.port):
+            return False  # a standby does not listen
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -150,6 +150,13 @@ class SharedStoreCluster:
             time.sleep(0.1)
         raise RuntimeError(f"standbys not ready after {timeout:.0f} s; logs in "
                            f"{self.nodes[0].workdir}")
+
+    def wait_exit(self, node: Node, timeout: float) -> float | None:
+        """Seconds until ``node`` exits (a deposed master must), None if it did not."""
+        t0 = time.monotonic()
+        while node.alive and time.monotonic() - t0 < timeout:
+            time.sleep(0.05)
+        return None if node.alive else time.monotonic() - t0
 
     def heal(self) -> None:
         """Every node that exited (killed, or deposed after a pause) starts again as a

@@ -153,7 +153,10 @@ class ClusterStore(Store):
             order = {"meta": 0, "exchange": 1, "binding": 2}
             records.sort(key=lambda r: order.get(self._section(r[0]), 3))
             for key, value in records:
-                self._apply_put(key, value, recovering=True)
+                try:
+                    self._apply_put(key, value, recovering=True)
+                except Exception as exc:  # one bad record must not keep the node down
+                    log.warning("could not apply cluster definition %s: %s", key, exc)
         finally:
             self._applying = False
         if seeded:
