@@ -15,7 +15,14 @@ from .. import errors
 from ..scheduler.spec import AMQ_HEADERS, X_DELAY
 from .core import Transactions
 from .held_queue import HELD_QUEUE, HeldQueue
-from .spec import CONTROL_EXCHANGE, X_TRANSACTION, TransactionError, parse_decision
+from .spec import (
+    CONTROL_EXCHANGE,
+    X_DEFAULT,
+    X_TRANSACTION,
+    TransactionError,
+    default_argument,
+    parse_decision,
+)
 
 __all__ = ["CONTROL_EXCHANGE", "HELD_QUEUE", "HeldQueue", "Transactions", "install"]
 
@@ -59,7 +66,9 @@ def _recovered_queue(broker, vhost, name: str, **_queue_kwargs) -> HeldQueue:
 def install(broker) -> Transactions:
     from ..exchanges import EXCHANGE_TYPES
     from ..persistence.recovery import register_queue_variant
+    from ..queues.args import register_queue_argument
 
+    register_queue_argument(X_DEFAULT, default_argument)
     transactions = Transactions(broker)
     broker.transactions = transactions
     for vhost in broker.vhosts.values():

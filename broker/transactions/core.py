@@ -20,7 +20,7 @@ from ..errors import Resource
 from ..queues.entry import QueueEntry
 from .held_queue import HeldQueue
 from .messages import check_copy, committed_copy, prepared_at_ms, stored_copy
-from .spec import COMMIT, Policy, TransactionError, parse_prepare, text
+from .spec import COMMIT, ROLLBACK, Policy, TransactionError, parse_prepare, queue_default, text
 
 log = logging.getLogger("broker.transactions")
 
@@ -122,7 +122,10 @@ class Transactions:
         self._confirm(channel, seq, q if q is not None and q.store is not None else None)
 
     # ---- deciding ----
-    def _finish(self, vhost, p: Pending, decision: str, outcome: str, channel=None) -> None:
+    def _finish(self, vhost, p: Pending, decision: str, outcome: str, channel=None,
+                only: list | None = None) -> None:
+        """Apply ``decision``; a commit routes the message (to the queues ``only``, when
+        a default decided per destination queue)."""
         table = self.table(p.vhost)
         del table[p.txid]
         if p.handle is not None:
@@ -132,7 +135,8 @@ class Transactions:
             if channel is not None:
                 channel.route_message(out, False)  # flow control as for any publish
             else:
-                for q in vhost.route(out.exchange, out.routing_key, out):
+                targets = vhost.route(out.exchange, out.routing_key, out) if only is None else only
+                for q in targets:
                     q.enqueue(out)
             self.stats["committed"] += 1
         else:
@@ -173,10 +177,20 @@ class Transactions:
         policy = p.policy
         if p.attempt > policy.check_max:
             self.stats["defaults"] += 1
-            outcome = (f"{_DONE[policy.default]} by default after {policy.check_max} "
-                       f"check-back{'s' if policy.check_max != 1 else ''}")
+            after = (f"by default after {policy.check_max} "
+                     f"check-back{'s' if policy.check_max != 1 else ''}")
+            decision, only = policy.default, None
+            if decision is None:  # the destination queues decide, each for itself
+                out = committed_copy(p.message)
+                targets = vhost.route(out.exchange, out.routing_key, out) if vhost else []
+                only = [q for q in targets if queue_default(q) == COMMIT]
+                decision = COMMIT if only else ROLLBACK
+                if only and len(only) < len(targets):
+                    after += f" (committed to {len(only)} of {len(targets)} queues: " \
+                             f"the others' default is rollback)"
+            outcome = f"{_DONE[decision]} {after}"
             log.info("transaction %r in vhost %r: no decision, %s", p.txid, p.vhost, outcome)
-            self._finish(vhost, p, policy.default, outcome)
+            self._finish(vhost, p, decision, outcome, only=only)
             return
         wait = policy.delay_ms(p.attempt + 1)
         reply_to = text(p.message.properties.get("reply_to"))

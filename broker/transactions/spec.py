@@ -71,7 +71,8 @@ class Policy:
     """When to ask the producer, how often, and what to do when it never answers."""
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     check_max: int = DEFAULT_CHECK_MAX
-    default: str = ROLLBACK
+    # None: each destination queue applies its own (``queue_default``), rollback unless set
+    default: str | None = None
 
     def delay_ms(self, attempt: int) -> int:
         """The wait before ``attempt`` (1-based), counted from the previous attempt.
@@ -116,13 +117,31 @@ def parse_policy(headers: dict) -> Policy:
     check_max = DEFAULT_CHECK_MAX
     if X_CHECK_MAX in headers:
         check_max = _int(X_CHECK_MAX, headers[X_CHECK_MAX], 0, MAX_CHECKS)
-    default = ROLLBACK
+    default = None
     if X_DEFAULT in headers:
         default = text(headers[X_DEFAULT]) or ""
         if default not in DECISIONS:
             raise TransactionError(f"invalid header '{X_DEFAULT}': expected 'commit' or "
                                    f"'rollback', got {default or headers[X_DEFAULT]!r}")
     return Policy(timeout, check_max, default)
+
+
+def default_argument(name: str, value) -> str:
+    """Validator of the queue argument ``x-transaction-default``: what this queue does with
+    a half message whose producer never answered (when the message does not say)."""
+    from ..queues.args import ArgumentError, amqp_type_name
+
+    decision = text(value)
+    if decision is None:
+        raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
+    if decision not in DECISIONS:
+        raise ArgumentError(name, f"{{unknown_value,{decision!r}}}: expected 'commit' or 'rollback'")
+    return decision
+
+
+def queue_default(queue) -> str:
+    """A destination queue's default decision: its ``x-transaction-default``, else rollback."""
+    return queue.opts.extra.get(X_DEFAULT) or ROLLBACK
 
 
 def parse_decision(routing_key: str, headers: dict, message_id) -> tuple[str, str]:

@@ -70,7 +70,8 @@ def test_parse_prepare_and_policy():
                                   "x-transaction-check-max": 2,
                                   "x-transaction-default": b"commit"}, b"id-1")
     assert txid == "id-1" and policy == Policy(250, 2, "commit")
-    assert parse_prepare(PREPARE, "x")[1] == Policy(6000, 15, "rollback")  # RocketMQ's defaults
+    # RocketMQ's timeout and check count; no default in the message: the queues decide
+    assert parse_prepare(PREPARE, "x")[1] == Policy(6000, 15, None)
 
 
 @pytest.mark.parametrize("headers,message_id,named", [
@@ -292,6 +293,36 @@ def test_default_commit_and_no_check_without_reply_to(client, tx, clock):
     assert tx.stats["checks"] == 0 and get(client) is None
     clock.advance(0.2)
     assert get(client).body == b"order" and tx.stats["defaults"] == 1
+
+
+def test_default_decided_per_destination_queue(session_client, tx, clock):
+    """Without x-transaction-default in the message, each destination queue applies its own
+    argument: committed into 'keep' (commit), rolled back for 'orders' (rollback unless set)."""
+    c = session_client()
+    c.open_channel(1)
+    c.declare_queue(1, "orders", durable=True)
+    c.declare_queue(1, "keep", durable=True, arguments={"x-transaction-default": "commit"})
+    for q in ("orders", "keep"):
+        c.ok(1, spec.Queue.Bind(queue=q, exchange="amq.fanout"), spec.Queue.BindOk)
+    c.publish(1, b"order", "amq.fanout", "", message_id="tx-q",
+              headers={**PREPARE, "x-transaction-timeout": 100, "x-transaction-check-max": 0})
+    clock.advance(0.2)
+    assert tx.stats["defaults"] == 1 and tx.pending_ids() == []
+    assert get(c, "keep").body == b"order" and get(c, "orders") is None
+    # a message that says what it wants overrides the queues
+    c.publish(1, b"order2", "amq.fanout", "", message_id="tx-r",
+              headers={**PREPARE, "x-transaction-timeout": 100, "x-transaction-check-max": 0,
+                       "x-transaction-default": "rollback"})
+    clock.advance(0.2)
+    assert get(c, "keep") is None and get(c, "orders") is None
+
+
+def test_bad_queue_default_argument_is_refused(session_client):
+    c = session_client()
+    c.open_channel(1)
+    written = c.call(1, spec.Queue.Declare(queue="q", arguments={"x-transaction-default": "maybe"}))
+    closed = channel_close(written)
+    assert closed.reply_code == 406 and "x-transaction-default" in closed.reply_text
 
 
 # ---------------------------------------------------------------- recovery (journal)
