@@ -200,7 +200,9 @@ def _mix(n: int) -> list:
 
 
 def cmd_codec(a) -> int:
-    """Per-event cost of the writer's work: unpickle, fastavro's writer vs the batch encoder."""
+    """Per-event cost of each step: the broker's serialisation, the converter's loading,
+    fastavro's writer vs the batch encoder."""
+    import gc
     import io
     import pickle
 
@@ -208,16 +210,19 @@ def cmd_codec(a) -> int:
 
     from broker.audit import events as E
     from broker.audit.encoder import BatchEncoder
+    from broker.audit.spool import dumps as spool_dumps
+    from broker.audit.spool import loads as spool_loads
     batch = _mix(a.messages)
     n = len(batch)
-    data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    gc.disable()  # as the converter does; the broker's drain runs with it on
     t0 = time.perf_counter()
     pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    dumps = time.perf_counter() - t0
-    import gc
-    gc.disable()  # as the writer process does
+    pdumps = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pickle.loads(data)
+    data = spool_dumps(batch)
+    mdumps = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    spool_loads(data)
     loads = time.perf_counter() - t0
     schema = fastavro.parse_schema(E.load_schema())
     records = [E.to_record(ev, "n", i) for i, ev in enumerate(batch)]
@@ -228,10 +233,75 @@ def cmd_codec(a) -> int:
     t0 = time.perf_counter()
     enc.encode(batch)
     ours = time.perf_counter() - t0
+    gc.enable()
     print(f"{n:,} events (published, delivered, acked per message), µs per event: "
-          f"pickle.dumps {dumps / n * 1e6:.2f} (broker), pickle.loads {loads / n * 1e6:.2f}, "
-          f"fastavro.writer {fast / n * 1e6:.2f} (records prepared beforehand), "
-          f"batch encoder {ours / n * 1e6:.2f}")
+          f"pickle.dumps {pdumps / n * 1e6:.2f}, spool.dumps (marshal) {mdumps / n * 1e6:.2f} "
+          f"(broker), spool.loads {loads / n * 1e6:.2f}, fastavro.writer {fast / n * 1e6:.2f} "
+          f"(records prepared beforehand), batch encoder {ours / n * 1e6:.2f}")
+    return 0
+
+
+def _hotpath_cpu(messages: int, audit_dir: str | None, persistent: bool) -> float:
+    """Broker CPU seconds for ``messages`` confirm+ack round trips through real sessions
+    (no sockets: the client side is pre-encoded frames), and the drain's pickling."""
+    import gc
+
+    from broker.amqp import spec
+    from broker.amqp.codec import method_frame
+    from broker.audit.spool import dumps
+    from broker.broker import Broker
+    from broker.config import AuditSettings, Config
+    from tests.support import SessionClient, publish_frames
+    data = tempfile.mkdtemp(prefix="bench-hot-")
+    try:
+        broker = Broker(Config(data_dir=data, audit=AuditSettings(dir=audit_dir)))
+        pub = SessionClient(broker, peer="127.0.0.1:40000")
+        cons = SessionClient(broker, peer="127.0.0.1:40001")
+        pub.open_channel(1)
+        cons.open_channel(1)
+        pub.ok(1, spec.Confirm.Select(), spec.Confirm.SelectOk)
+        pub.declare_queue(1, "hot")
+        cons.ok(1, spec.Basic.Qos(prefetch_count=500), spec.Basic.QosOk)
+        cons.consume(1, "hot", tag="c1")
+        props = {"delivery_mode": 2} if persistent else {}
+        frames = publish_frames(1, b"x" * 64, "", "hot", False, props, pub.conn.frame_max)
+        batch = 100
+        chunk = frames * batch
+        trail = broker.audit
+        gc.collect()
+        t0 = time.process_time()
+        acked = 0
+        for i in range(messages // batch):
+            pub.session.data_received(chunk)
+            pub.conn.data_to_send()
+            cons.conn.data_to_send()
+            acked += batch
+            cons.session.data_received(method_frame(1, spec.Basic.Ack(acked, True)))
+            if trail is not None and i % 20 == 19:  # the drain task's share: every 2,000
+                dumps(trail._take_batch())
+        return time.process_time() - t0
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def cmd_hotpath(a) -> int:
+    """Broker CPU per message with and without the trail (the part load cannot distort)."""
+    trail = tempfile.mkdtemp(prefix="bench-hot-trail-")
+    try:
+        print("| workload | plain µs/msg | audited µs/msg | cost |")
+        print("|---|---|---|---|")
+        for persistent in (False, True):
+            plain, audited = [], []
+            for _ in range(a.repeat):
+                plain.append(_hotpath_cpu(a.messages, None, persistent))
+                audited.append(_hotpath_cpu(a.messages, trail, persistent))
+            p, q = sorted(plain)[len(plain) // 2], sorted(audited)[len(audited) // 2]
+            print(f"| {'persistent (memory store)' if persistent else 'transient'}, confirms + "
+                  f"manual acks, 64 B | {p / a.messages * 1e6:.2f} | "
+                  f"{q / a.messages * 1e6:.2f} | {q / p - 1:.1%} |", flush=True)
+    finally:
+        shutil.rmtree(trail, ignore_errors=True)
+    print(f"\ncommand: {shlex.join([sys.executable, '-m', 'bench.audit', *sys.argv[1:]])}")
     return 0
 
 
@@ -276,11 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--input", required=True)
     j.add_argument("--jobs", default="reconcile,sequence,latency,deadletters,track")
     j.add_argument("--master", default=None)
+    h = sub.add_parser("hotpath")
+    h.add_argument("--messages", type=int, default=100_000)
+    h.add_argument("--repeat", type=int, default=3)
     c = sub.add_parser("codec")
     c.add_argument("--messages", type=int, default=20000)
     a = p.parse_args(argv)
     return {"overhead": cmd_overhead, "generate": cmd_generate, "jobs": cmd_jobs,
-            "codec": cmd_codec}[a.cmd](a)
+            "codec": cmd_codec, "hotpath": cmd_hotpath}[a.cmd](a)
 
 
 if __name__ == "__main__":

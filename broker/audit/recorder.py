@@ -2,8 +2,8 @@
 
 Every hook appends one compact tuple (``events.py``) to ``AuditTrail.buf``: no encoding,
 no allocation beyond the tuple, no task. One task (``AuditTrail.run``, in the server's
-nursery) swaps the buffer every ``flush_interval`` seconds, pickles the batch and writes it
-into the pipe of the writer process (``writer.py``), which encodes Avro on the other core.
+nursery) swaps the buffer every ``flush_interval`` seconds, numbers and serialises the batch and
+appends it to the spool (``spool.py``); the converter process (``writer.py``) encodes Avro.
 
 When the writer cannot keep up the buffer reaches ``buffer_events``; then the policy
 decides. ``block``: a resource alarm ("audit trail") blocks publishing connections, as a
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import socket
 import sys
 import time
@@ -27,7 +26,7 @@ from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
 from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL
-from .spool import Spool, last_spooled_seq, spool_dir
+from .spool import Spool, dumps, last_spooled_seq, spool_dir
 
 log = logging.getLogger("broker.audit")
 
@@ -235,8 +234,12 @@ class AuditTrail:
 
     # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
     def queue_op(self, queue, op, entry) -> None:
+        # the common ops first: a delivery, the SETTLE of an ack, a publish's enqueue
         if op is _DELIVER:
             return  # recorded by the channel, which knows the consumer
+        if entry is self._acking:
+            self._acking = None  # the ack was recorded as such
+            return
         if op is _ENQUEUE:
             if entry.message is self._routing:
                 self._into.append(queue.name)
@@ -246,9 +249,6 @@ class AuditTrail:
             msg = entry.message
             self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, msg.id, msg.properties))
         elif op is _SETTLE:
-            if entry is self._acking:
-                self._acking = None  # the ack was recorded as such
-                return
             reason = queue.leave_reason
             self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
                              "dropped" if reason == "maxlen" else "settled", reason, None))
@@ -344,7 +344,7 @@ class AuditTrail:
             self.dropped += lost
             self.dropped_total += lost
             return
-        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        data = dumps(batch)
         first = self.next_seq
         self.next_seq = first + len(batch)
         try:

@@ -2,7 +2,7 @@
 
 The broker's drain task appends one *frame* per batch to the current segment
 ``DIR/.spool/seg-<first seq>.bin``: a header ``(first seq, event count, length)`` and the
-pickled list of event tuples. The broker numbers the events (it knows each batch's size),
+serialised list of event tuples (``dumps``). The broker numbers the events (it knows each batch's size),
 so the sequence is fixed the moment a batch is on disk. The converter process
 (``writer.py``, at the lowest CPU priority) reads the segments in order, writes each frame
 as one Avro block, and deletes a segment once every frame of it is in an fsynced Avro file
@@ -16,12 +16,27 @@ the next start removes it.
 from __future__ import annotations
 
 import glob
+import marshal
 import os
+import pickle
 import struct
 from typing import Any
 
-FRAME = struct.Struct(">QII")  # first seq, events, bytes of pickled data
+FRAME = struct.Struct(">QII")  # first seq, events, bytes of serialised data
 SEGMENT_BYTES = 16 << 20
+
+
+def dumps(batch: list) -> bytes:
+    """A batch as frame data: marshal (several times faster than pickle for tuples of
+    names and numbers), or pickle when a property value is of a type marshal refuses."""
+    try:
+        return b"M" + marshal.dumps(batch)
+    except ValueError:
+        return b"P" + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> list:
+    return marshal.loads(data[1:]) if data[:1] == b"M" else pickle.loads(data[1:])
 
 
 def spool_dir(root: str) -> str:

@@ -23,7 +23,6 @@ import gc
 import glob
 import json
 import os
-import pickle
 import signal
 import sys
 import time
@@ -126,7 +125,7 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
                 pos = positions[path] = nxt
                 if first + count - 1 <= last_seq:
                     continue  # already in the Avro files
-                batch = pickle.loads(data)
+                batch = spool.loads(data)
                 if first <= last_seq:
                     batch = batch[last_seq - first + 1:]
                     first = last_seq + 1
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roll-seconds", type=float, default=300.0)
     p.add_argument("--codec", default="deflate", choices=("deflate", "null"))
     args = p.parse_args(argv)
-    # Unpickling a batch allocates thousands of tuples, which would run the cyclic collector
+    # Loading a batch allocates thousands of tuples, which would run the cyclic collector
     # over and over; nothing here makes cycles (everything is freed by reference counts).
     gc.disable()
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 from broker.audit import events
 from broker.audit.encoder import BatchEncoder, ContainerFile
 from broker.audit.reader import VERSION_KEY, FileReader, UnknownSchemaVersion
-from broker.audit.spool import FRAME, Spool, segments
+from broker.audit.spool import FRAME, Spool, dumps, segments
 from broker.audit.writer import RollingWriter, last_state, node_files
 
 T = 1_795_500_000.25
@@ -159,7 +158,7 @@ def test_converter_turns_the_spool_into_avro_once(tmp_path):
     seq = 1
     for i in range(6):
         batch = [(events.ENQ, now, "/", "q", i * 10 + k, {}) for k in range(3)]
-        sp.append(seq, len(batch), pickle.dumps(batch))
+        sp.append(seq, len(batch), dumps(batch))
         seq += len(batch)
     sp.close(clean=True)
     _convert(tmp_path)
@@ -169,7 +168,7 @@ def test_converter_turns_the_spool_into_avro_once(tmp_path):
     # a converter restarted over frames it already wrote skips them by sequence number
     sp = Spool(str(tmp_path))
     batch = [(events.ENQ, now, "/", "q", 99, {})] * 4
-    sp.append(17, 4, pickle.dumps(batch))  # 17, 18 are written already; 19, 20 are new
+    sp.append(17, 4, dumps(batch))  # 17, 18 are written already; 19, 20 are new
     sp.close(clean=True)
     _convert(tmp_path)
     records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
@@ -179,13 +178,13 @@ def test_converter_turns_the_spool_into_avro_once(tmp_path):
 def test_torn_frame_of_a_crash_is_skipped(tmp_path):
     now = time.time()
     sp = Spool(str(tmp_path))
-    sp.append(1, 1, pickle.dumps([(events.ENQ, now, "/", "q", 1, {})]))
+    sp.append(1, 1, dumps([(events.ENQ, now, "/", "q", 1, {})]))
     sp.close(clean=False)
     (path,) = segments(str(tmp_path))
     with open(path, "ab") as f:
         f.write(FRAME.pack(2, 5, 1000) + b"half a frame")
     sp2 = Spool(str(tmp_path))  # the next run starts a newer segment
-    sp2.append(2, 1, pickle.dumps([(events.ENQ, now, "/", "q", 2, {})]))
+    sp2.append(2, 1, dumps([(events.ENQ, now, "/", "q", 2, {})]))
     sp2.close(clean=True)
     _convert(tmp_path)
     records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
