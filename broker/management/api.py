@@ -1,12 +1,21 @@
 """The ``/api`` routes, gathered from one module per area."""
 from __future__ import annotations
 
-from . import api_access, api_connections, api_entities, api_overview, api_policies, definitions, metrics
+from . import (
+    api_access,
+    api_connections,
+    api_entities,
+    api_overview,
+    api_parameters,
+    api_policies,
+    definitions,
+    metrics,
+)
 
 
 def add_routes(broker) -> None:
     routes: list = []
     for module in (api_overview, api_entities, api_connections, api_access, api_policies,
-                   definitions, metrics):
+                   api_parameters, definitions, metrics):
         routes.extend(module.routes())
     broker.http_routes.extend(routes)

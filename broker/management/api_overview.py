@@ -226,7 +226,7 @@ async def list_vhosts(request: Request):
     infos = _vhost_infos(broker)
     items = [(n, infos[n]) for n in sorted(infos) if n in names]
     traffic = broker.message_totals.by_vhost()
-    return json_response(paginate(request, items, lambda p: vhost_json(broker, *p, traffic),
+    return json_response(paginate(request, items, lambda p: vhost_json(broker, p[0], p[1], traffic),
                                   lambda p: p[0]))
 
 

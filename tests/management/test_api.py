@@ -299,3 +299,20 @@ async def test_vhosts_users_permissions(api):
     assert (await api.delete("/api/vhosts/a%2Fb")).status_code == 204
     assert (await api.delete("/api/users/bob")).status_code == 204
     assert (await api.delete("/api/users/bob")).status_code == 404
+
+
+async def test_parameters(api):
+    r = await api.put("/api/parameters/vhost-limits/%2F/limits", json={
+        "value": {"max-queues": 10}, "component": "vhost-limits", "vhost": "/", "name": "limits"})
+    assert r.status_code in (201, 204), r.text
+    r = await api.put("/api/parameters/operator_policy/%2F/cap", json={"value": {
+        "pattern": "^q", "definition": {"max-length": 5}, "apply-to": "queues"}})
+    assert r.status_code == 201, r.text
+    got = (await api.get("/api/parameters")).json()
+    assert {(p["component"], p["name"]) for p in got} == {("vhost-limits", "limits"),
+                                                          ("operator_policy", "cap")}
+    assert (await api.get("/api/vhost-limits/%2F")).json()[0]["value"] == {"max-queues": 10}
+    assert (await api.get("/api/parameters/federation-upstream")).status_code == 400
+    assert (await api.delete("/api/parameters/operator_policy/%2F/cap")).status_code == 204
+    assert (await api.delete("/api/parameters/vhost-limits/%2F/limits")).status_code == 204
+    assert (await api.get("/api/parameters")).json() == []
