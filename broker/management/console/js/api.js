@@ -15,11 +15,14 @@ export function credentials() {
   return raw ? JSON.parse(raw) : null;
 }
 
-export function saveCredentials(username, password) {
-  // Base64 of UTF-8, so non-ASCII user names and passwords survive btoa.
+// The basic-auth token: base64 of UTF-8, so non-ASCII user names and passwords survive btoa.
+export function basicToken(username, password) {
   const bytes = new TextEncoder().encode(`${username}:${password}`);
-  const token = btoa(String.fromCharCode(...bytes));
-  sessionStorage.setItem(KEY, JSON.stringify({ username, token }));
+  return btoa(String.fromCharCode(...bytes));
+}
+
+export function saveCredentials(username, password) {
+  sessionStorage.setItem(KEY, JSON.stringify({ username, token: basicToken(username, password) }));
 }
 
 export function forgetCredentials() {

@@ -46,9 +46,9 @@ const ctx = {
   can(tag) { return this.isAdmin() || this.user?.tags.includes(tag); },
   // A list endpoint limited to the selected vhost, as RabbitMQ's UI does.
   scoped(kind) { return this.vhost ? `/api/${kind}/${api.enc(this.vhost)}` : `/api/${kind}`; },
-  refreshNow: () => refresh(),
 };
 
+let shell = null; // {main}: the signed-in layout, null while the login page shows
 let current = null; // the page on screen
 let navigation = 0; // bumped by every route and logout: a slower page load that lost the race is dropped
 let timer = null;
@@ -75,9 +75,7 @@ function showLogin(message) {
     ev.preventDefault();
     button.disabled = true;
     clear(error);
-    api.saveCredentials(user.value, pass.value);
-    const token = api.credentials().token;
-    api.forgetCredentials();
+    const token = api.basicToken(user.value, pass.value);
     try {
       const me = await api.get("/api/whoami", { token });
       const tags = normaliseTags(me.tags);
@@ -120,7 +118,8 @@ function header() {
     h("div.brand", h("img", { src: "img/logo.svg", alt: "" }), h("span.brand-name", "TrioMQ"),
       h("span.brand-meta", product, ov.cluster_name ? ` · ${ov.cluster_name}` : "")),
     h("nav.tabs", TABS.filter(([id]) => id !== "admin" || ctx.can("policymaker")).map(([id, label, href]) =>
-      h("a.tab", { href, dataset: { tab: id } }, label))),
+      // a policymaker's Admin is the Policies page
+      h("a.tab", { href: id === "admin" && !ctx.isAdmin() ? "#/policies" : href, dataset: { tab: id } }, label))),
     h("div.top-right", vhostSel, refreshSel,
       h("span.whoami", h("span.user-icon", "●"), " ", h("b#whoami", ctx.user.name), " ",
         ctx.user.tags.map((t) => h("span.tag.tag-dark", t))),
@@ -146,8 +145,6 @@ async function loadContext() {
   if (ctx.vhost && !ctx.vhosts.includes(ctx.vhost)) sessionStorage.removeItem(VHOST_KEY);
 }
 
-let shell = null;
-
 async function start() {
   try {
     await loadContext();
@@ -163,7 +160,7 @@ async function start() {
 // Rebuilds the header's vhost list after vhosts change.
 ctx.reloadHeader = async () => {
   await loadContext();
-  if (shell) root.firstElementChild.replaceWith(header());
+  if (shell) root.querySelector("header.top")?.replaceWith(header());
   markTab();
 };
 
@@ -183,9 +180,9 @@ async function route() {
     if (!m) continue;
     ctx.tab = tab;
     markTab();
-    const params = m.slice(1).map((p) => decodeURIComponent(p));
     let page;
     try {
+      const params = m.slice(1).map((p) => decodeURIComponent(p)); // throws on a malformed %-escape
       page = await render(ctx, ...params);
     } catch (e) {
       page = { el: h("div.card.fatal", errorText(e)) };
