@@ -26,6 +26,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from ..amqp.fields import encode_properties
@@ -42,7 +43,7 @@ log = logging.getLogger("broker.exchanges.dedup")
 TTL_HEADER = "x-cache-ttl"
 CACHE_QUEUE_PREFIX = "amq.triomq.dedup."
 _FOREVER = float("inf")
-_KEPT = (_FOREVER, None)  # a memory cache's entry for a value without TTL: shared, not allocated
+EVICT_BATCH_FROM = 4096  # memory caches this large forget their oldest values in batches
 
 # cache queue name -> exchange name, for recovery (queue variants are looked up by name)
 _CACHE_QUEUES: dict[str, str] = {}
@@ -60,6 +61,20 @@ def _whole(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _memory_key(value: Any) -> Any:
+    """The memory cache's key of a header value: the bytes of a text or bytes value (the
+    same value either way), a digest of a long one, other types by type and repr."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    elif isinstance(value, bytearray):
+        value = bytes(value)
+    elif not isinstance(value, bytes):
+        return ("r", type(value).__name__, repr(value))
+    if len(value) >= DIGEST_OVER:
+        return ("h", hashlib.blake2b(value, digest_size=32).digest())
+    return value
 
 
 def cache_queue_name(exchange_name: str) -> str:
@@ -147,8 +162,12 @@ class MessageDeduplicationExchange(Exchange):
         self.cache_size = _whole(self.arguments.get("x-cache-size")) or 1
         ttl = self.arguments.get("x-cache-ttl")
         self.cache_ttl = _whole(ttl) if ttl is not None else None  # ms, None: no expiry
-        # value key -> (expiry on self.clock, its marker entry when the cache is on disk)
+        # disk cache: value key -> (expiry on self.clock, its marker entry, if written)
         self._seen: OrderedDict[bytes, tuple[float, QueueEntry | None]] = OrderedDict()
+        # memory cache: value key (_memory_key) -> expiry on self.clock
+        self._mem: dict[Any, float] = {}
+        size = self.cache_size
+        self._evict_at = size + (size >> 4 if size >= EVICT_BATCH_FROM else 0)
         self.dropped = 0
         self.persistent_cache = _text(self.arguments.get("x-cache-persistence")) == "disk"
         self._cache_queue: CacheQueue | None = None
@@ -184,7 +203,7 @@ class MessageDeduplicationExchange(Exchange):
 
     @property
     def cached(self) -> int:
-        return len(self._seen)
+        return len(self._seen) if self.persistent_cache else len(self._mem)
 
     def is_duplicate(self, headers: dict | None) -> bool:
         """Whether a message with these headers repeats one seen within the TTL; a new
@@ -194,6 +213,8 @@ class MessageDeduplicationExchange(Exchange):
         value = headers.get(DEDUP_HEADER)
         if value is None:
             return False
+        if not self.persistent_cache:
+            return self._memory_duplicate(value, headers)
         # dedup_key's result for the usual short longstr, inline
         key = (b"s" + value if type(value) is bytes and len(value) < DIGEST_OVER
                else dedup_key(value))
@@ -208,13 +229,28 @@ class MessageDeduplicationExchange(Exchange):
             del seen[key]
         own = headers.get(TTL_HEADER)
         ttl = (_whole(own) if own is not None else None) or self.cache_ttl
-        expiry = now + ttl / 1000 if ttl else _FOREVER
-        if not self.persistent_cache:  # memory: _remember's first branch, inline
-            seen[key] = (expiry, None) if ttl else _KEPT
-            if len(seen) > self.cache_size:
-                seen.popitem(last=False)
-        else:
-            self._remember(key, expiry, ttl)
+        self._remember(key, now + ttl / 1000 if ttl else _FOREVER, ttl)
+        return False
+
+    def _memory_duplicate(self, value: Any, headers: dict) -> bool:
+        """``is_duplicate`` for a memory cache: value -> expiry in a plain dict (insertion
+        ordered: the oldest first). The common short bytes value is its own key (nothing
+        allocated); the clock is read only for values that can expire. The oldest values
+        are forgotten in batches of a sixteenth of the cache (caches of 4,096 and more),
+        so a large cache may hold up to 1/16 more than x-cache-size for a while."""
+        key = value if type(value) is bytes and len(value) < DIGEST_OVER else _memory_key(value)
+        seen = self._mem
+        known = seen.get(key)
+        if known is not None:
+            if known is _FOREVER or known > self.clock():
+                return True
+            del seen[key]
+        own = headers.get(TTL_HEADER)
+        ttl = (_whole(own) if own is not None else None) or self.cache_ttl
+        seen[key] = self.clock() + ttl / 1000 if ttl else _FOREVER
+        if len(seen) > self._evict_at:
+            for old in list(islice(seen, len(seen) - self.cache_size)):
+                del seen[old]
         return False
 
     def _remember(self, key: bytes, expiry: float, ttl: int | None) -> None:

@@ -57,7 +57,7 @@ def test_values_keep_their_type_and_long_values_are_bounded(xclock):
     long_a, long_b = "a" * 100_000, "a" * 99_999 + "b"
     assert routed(x, long_a) and routed(x, long_b)  # kept by digest, still told apart
     assert routed(x, long_a) == [] and routed(x, long_b) == []
-    assert all(len(k) <= 128 for k in x._seen)
+    assert all(len(k) <= 128 for k in x._mem)
 
 
 def test_cache_size_forgets_the_oldest(xclock):
