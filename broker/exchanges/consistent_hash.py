@@ -29,6 +29,7 @@ from .base import Binding, Exchange
 HASH_PROPERTIES = ("message_id", "correlation_id", "timestamp")
 PARTITIONS = "x-partitions"  # partition queues the exchange declares for one consumer group
 MAX_PARTITIONS = 1024
+MEMO_SIZE = 65536
 _MASK64 = (1 << 64) - 1
 
 
@@ -67,6 +68,10 @@ class ConsistentHashExchange(Exchange):
         self.hash_property: str | None = _text(self.arguments.get("hash-property"))
         self._buckets: list = []  # bucket -> destination
         self._owner: list[tuple] = []  # bucket -> binding key that owns it
+        # routing key -> destination, for exchanges hashing the routing key: partition keys
+        # repeat, and a dict lookup is cheaper than CRC-32 plus the jump loop. Dropped on
+        # every binding change, and whole when it reaches MEMO_SIZE keys.
+        self._memo: dict[str, Any] = {}
 
     @classmethod
     def argument_problem(cls, arguments: dict) -> str | None:
@@ -100,11 +105,13 @@ class ConsistentHashExchange(Exchange):
             vhost.bind(self.name, q, "1", {})
 
     def _index_add(self, binding: Binding) -> None:
+        self._memo.clear()
         n = weight_of(binding.routing_key)
         self._buckets.extend([binding.destination] * n)
         self._owner.extend([binding.key] * n)
 
     def _index_remove(self, binding: Binding) -> None:
+        self._memo.clear()
         owner = self._owner
         holes = [i for i, k in enumerate(owner) if k == binding.key]
         if not holes:
@@ -125,18 +132,28 @@ class ConsistentHashExchange(Exchange):
         elif self.hash_property is not None:
             value = (properties or {}).get(self.hash_property)
         else:
-            return routing_key.encode()
+            return routing_key.encode("utf-8", "surrogateescape")
         if value is None:
             return None
         if isinstance(value, (bytes, bytearray)):
             return bytes(value)
-        return str(value).encode()
+        return str(value).encode("utf-8", "surrogateescape")
 
     def route(self, routing_key: str, headers: dict | None,
               properties: dict | None = None) -> list:
         buckets = self._buckets
         if not buckets:
             return []
+        if self.hash_header is None and self.hash_property is None:
+            dest = self._memo.get(routing_key)
+            if dest is None:
+                raw = routing_key.encode("utf-8", "surrogateescape")
+                dest = buckets[jump_hash(zlib.crc32(raw), len(buckets))]
+                memo = self._memo
+                if len(memo) >= MEMO_SIZE:
+                    memo.clear()
+                memo[routing_key] = dest
+            return [dest]
         key = self._key_of(routing_key, headers, properties)
         if key is None:
             return []

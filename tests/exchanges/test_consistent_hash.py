@@ -134,3 +134,26 @@ def test_bad_arguments_are_refused(vhost, args, text):
     with amqp_error(406, text):
         declare_exchange(vhost, "parts", "x-consistent-hash", arguments=args)
     assert "parts" not in vhost.exchanges
+
+
+def test_routing_key_that_is_not_utf8_is_hashed_not_refused():
+    """A routing key with bytes that are not UTF-8 (kept as surrogates) still routes, and
+    to the same place each time (the memo and the hash agree)."""
+    from broker.exchanges import EXCHANGE_TYPES
+    from broker.exchanges.base import Binding
+
+    class Q:
+        kind = "queue"
+
+        def __init__(self, name):
+            self.name = name
+
+    x = EXCHANGE_TYPES["x-consistent-hash"]("h", durable=False)
+    qs = [Q(f"q{i}") for i in range(4)]
+    for q in qs:
+        x.add_binding(Binding("h", q, "1", {}))
+    key = b"order-\xff\xfe".decode("utf-8", "surrogateescape")
+    first = x.route(key, None)
+    assert len(first) == 1 and x.route(key, None) == first
+    x.add_binding(Binding("h", Q("q4"), "1", {}))  # the memo is dropped with the bindings
+    assert len(x.route(key, None)) == 1
