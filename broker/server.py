@@ -342,11 +342,11 @@ class Server:
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
+            tls_listeners = await self._open_tls(host)
             listening = getattr(broker, "on_amqp_listening", None)
             if listening is not None:
                 listening(self.port)  # management: its HTTP listener binds after AMQP's
             log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
-            tls_listeners = await self._open_tls(host)
             task_status.started(self.port)
             with trio.CancelScope() as self._accept_scope:
                 async with trio.open_nursery() as accepting:
@@ -364,7 +364,11 @@ class Server:
         if port is None:
             return []
         self.tls_context = tls.server_context(config)
-        listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
+        except OSError as exc:
+            from .listeners import ListenError
+            raise ListenError(f"amqps: {describe_listen_error(exc, host, port)}") from None
         self.tls_port = listeners[0].socket.getsockname()[1]
         log.info("TrioMQ listening for amqps on %s:%s", host, self.tls_port)
         return listeners
