@@ -192,6 +192,16 @@ def test_501_malformed_utf8_shortstr(raw_conn):
     assert (code, text) == (501, "FRAME_ERROR - Malformed UTF-8 in shortstr")
 
 
+def test_publish_routing_key_not_utf8_is_accepted_and_returned_as_sent(raw_conn):
+    """basic.publish is the one method whose shortstr RabbitMQ does not check for UTF-8: an
+    unroutable mandatory publish comes back with the very bytes of its routing key."""
+    raw_conn.publish(1, "amq.direct", b"k\xff\xfe", b"x", mandatory=True)
+    ch, cm, r = raw_conn.read_method()
+    assert cm == (60, 50)
+    assert (r.short(), r.take(r.octet()), r.take(r.octet()), r.take(r.octet())) == (
+        312, b"NO_ROUTE", b"amq.direct", b"k\xff\xfe")
+
+
 def test_503_command_invalid_unknown_exchange_type(raw_conn, uid):
     raw_conn.send_method(1, EXCHANGE_DECLARE, struct.pack(">H", 0) + shortstr(uid) + shortstr("bogus")
                          + b"\x00" + table({}))

@@ -276,13 +276,13 @@ def _encode_args(method: Method) -> bytes:
         if nbits:
             parts.append(_PACK_BYTE.pack(bits))
             bits = nbits = 0
-        if ftype == "shortstr":
-            raw = value.encode() if isinstance(value, str) else bytes(value)
+        if ftype == "shortstr":  # names and keys arrive as surrogate-escaped text
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
             if len(raw) > 255:
                 raise ValueError(f"shortstr too long for {fname}")
             parts.append(_PACK_BYTE.pack(len(raw)) + raw)
         elif ftype == "longstr":
-            raw = value.encode() if isinstance(value, str) else bytes(value)
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
             parts.append(_LONG.pack(len(raw)) + raw)
         elif ftype == "octet":
             parts.append(_PACK_BYTE.pack(value))

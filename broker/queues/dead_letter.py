@@ -19,6 +19,18 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def _raw(name: str) -> bytes:
+    """A name or routing key as the bytes it arrived as (not UTF-8 ones included)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def _is_name(value, name: str) -> bool:
+    """Whether an x-death field (bytes, or text a client wrote) is the name ``name``."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    return isinstance(value, (bytes, bytearray)) and bytes(value) == _raw(name)
+
+
 def routing_keys_of(message) -> list:
     keys = [message.routing_key]
     headers = message.headers
@@ -37,7 +49,7 @@ def dead_lettered_message(message, queue_name: str, reason: str, dlx: str,
     x_death = list(headers.get("x-death") or [])
     entry = None
     for i, item in enumerate(x_death):
-        if isinstance(item, dict) and _text(item.get("queue", b"")) == queue_name \
+        if isinstance(item, dict) and _is_name(item.get("queue"), queue_name) \
                 and _text(item.get("reason", b"")) == reason:
             entry = x_death.pop(i)
             break
@@ -45,10 +57,10 @@ def dead_lettered_message(message, queue_name: str, reason: str, dlx: str,
         entry = {
             "count": Long(1),
             "reason": reason.encode(),
-            "queue": queue_name.encode(),
+            "queue": _raw(queue_name),
             "time": Timestamp(int(time.time())),
-            "exchange": message.exchange.encode(),
-            "routing-keys": [k.encode() for k in routing_keys_of(message)],
+            "exchange": _raw(message.exchange),
+            "routing-keys": [_raw(k) for k in routing_keys_of(message)],
         }
         expiration = props.get("expiration")
         if expiration is not None:
@@ -61,8 +73,8 @@ def dead_lettered_message(message, queue_name: str, reason: str, dlx: str,
     headers["x-death"] = x_death
     if "x-first-death-reason" not in headers:
         headers["x-first-death-reason"] = reason.encode()
-        headers["x-first-death-queue"] = queue_name.encode()
-        headers["x-first-death-exchange"] = message.exchange.encode()
+        headers["x-first-death-queue"] = _raw(queue_name)
+        headers["x-first-death-exchange"] = _raw(message.exchange)
     props["headers"] = headers
     props.pop("expiration", None)
     return message.with_changes(exchange=dlx,
@@ -80,7 +92,7 @@ def is_cycle(message, target_queue: str) -> bool:
             continue
         if _text(item.get("reason", b"")) == "rejected":
             return False
-        if _text(item.get("queue", b"")) == target_queue:
+        if _is_name(item.get("queue"), target_queue):
             seen = True
     return seen
 
