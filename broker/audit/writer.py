@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import gc
 import glob
 import json
@@ -147,7 +148,7 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
         if stop():
             return last_seq
         if not progressed:
-            if not spool.segments(root) and idle_exit():
+            if idle_exit():  # a clean stop (all converted, segments gone) or the broker died
                 return last_seq
             time.sleep(0.05)
 
@@ -168,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     parent = os.getppid()
+    # One converter per trail: one orphaned by a killed broker may still be finishing when
+    # the next broker starts its own, which waits here until the first has exited.
+    os.makedirs(spool.spool_dir(args.dir), exist_ok=True)
+    lock = open(os.path.join(spool.spool_dir(args.dir), "converter.lock"), "w")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     closed_marker = os.path.join(spool.spool_dir(args.dir), "closed")
