@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--persistent", action="store_true",
                    help="persistent messages (each node's journal fsyncs; one disk here)")
+    p.add_argument("--rabbit-url", default="amqp://guest:guest@127.0.0.1:5672/",
+                   help="the reference: the same two workloads on one RabbitMQ node, in the "
+                        "same run ('' skips it)")
     p.add_argument("--json", default=None, metavar="FILE")
     args = p.parse_args(argv)
     cfg = {"producers": args.producers, "consumers": args.consumers, "size": args.size,
@@ -156,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         procs.stop()
         shutil.rmtree(work, ignore_errors=True)
-    errors = [e for r in single + double for e in r.get("errors", [])]
+    rabbit: list[dict] = []
+    if args.rabbit_url:
+        rabbit = _parallel([args.rabbit_url, args.rabbit_url], cfg, "rabbitmq")
+        out["rabbitmq_one_node_msgs_per_s"] = _rate(rabbit)
+        out["rabbitmq"] = rabbit
+    errors = [e for r in single + double + rabbit for e in r.get("errors", [])]
     one, two = _rate(single), _rate(double)
     out.update({"one_node_msgs_per_s": one, "two_nodes_msgs_per_s": two,
                 "ratio": two / one if one else None, "errors": errors,
@@ -166,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.producers}P/{args.consumers}C per queue, {args.duration:g} s")
     print(f"  one node : {one:10.0f} msg/s delivered")
     print(f"  two nodes: {two:10.0f} msg/s delivered   ratio {out['ratio'] or 0:.2f}")
+    if rabbit:
+        print(f"  RabbitMQ 3.10, one node (reference): {_rate(rabbit):10.0f} msg/s delivered")
     if errors:
         print("  errors: " + "; ".join(errors[:5]))
     if args.json:

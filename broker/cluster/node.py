@@ -90,6 +90,7 @@ class ClusterNode:
         #: (vhost, queue) -> node that holds a queue this node hosts too (split brain avoided:
         #: the queue stays unavailable here)
         self.conflicts: dict[tuple[str, str], str] = {}
+        self._lost: list[tuple[str, str]] = []  # masterships to claim again after a lost lease
 
     # ---- keys ----
     def key(self, *parts: str) -> str:
@@ -139,7 +140,7 @@ class ClusterNode:
             raise ClusterJoinError(f"wrong cluster secret: node {self.name!r} refused by cluster "
                                    f"{self.prefix.strip('/')} (check --cluster-secret-file)")
 
-    async def _register(self, wait: float) -> None:
+    async def _register(self, wait: float, unfence: bool = True) -> None:
         t0 = trio.current_time()
         self.lease, granted = await self.coord.grant(self.ttl)
         record = json.dumps({"name": self.name, "advertise": self.settings.advertise,
@@ -149,7 +150,8 @@ class ClusterNode:
             created, kv = await self.coord.create(self.key("nodes", self.name), record, self.lease)
             if created:
                 self.valid_until = t0 + granted
-                self._set_fenced(False, "joined")
+                if unfence:
+                    self._set_fenced(False, "joined")
                 return
             holder = kv.json().get("instance", "?") if kv is not None else "?"
             if trio.current_time() - t0 > wait:
@@ -193,20 +195,36 @@ class ClusterNode:
                     await trio.sleep(min(0.5, interval))
                 continue
             self.valid_until = t0 + remaining
-            if self.fenced:
+            if self._lost:  # a rejoin that failed halfway: finish its claims first
+                try:
+                    await self._reclaim()
+                except (CoordinationUnavailable, CoordinationError) as exc:
+                    log.warning("claiming queues again failed: %s", exc)
+                    await trio.sleep(min(0.5, interval))
+                    continue
+            elif self.fenced:
                 self._set_fenced(False, "cluster lease renewed")
             await trio.sleep(interval)
 
     async def _rejoin(self) -> None:
         """After the lease expired: a new lease, the node key, and every queue claimed
         again (new epochs); queues another node took meanwhile become conflicts."""
-        lost = list(self.masters)
+        # kept until every claim went through (a failure halfway retries the rest)
+        self._lost = list(dict.fromkeys([*self._lost, *self.masters]))
         self.masters.clear()
-        await self._register(self.ttl + 1.0)
-        for vhost, queue in lost:
+        await self._register(self.ttl + 1.0, unfence=False)
+        await self._reclaim()
+
+    async def _reclaim(self) -> None:
+        """Claim the queues of a lost lease again, then serve again: only once every queue
+        is claimed (or known to be another node's)."""
+        while self._lost:
+            vhost, queue = self._lost[0]
             await self.claim_master(vhost, queue)
+            self._lost.pop(0)
         log.warning("rejoined the cluster with a new lease; %d queues claimed again, %d taken "
                     "by other nodes", len(self.masters), len(self.conflicts))
+        self._set_fenced(False, "rejoined the cluster")
 
     def _set_fenced(self, fenced: bool, reason: str) -> None:
         if fenced == self.fenced:
