@@ -26,7 +26,7 @@ import pytest
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 pytestmark = [pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17"),
-              pytest.mark.timeout(600)]  # a JVM's start and first jobs on a loaded machine
+              pytest.mark.timeout(900)]  # a JVM's start and first jobs on a loaded machine
 
 KILLED_CONSUMER = """
 import sys, pika
