@@ -66,6 +66,7 @@ log = logging.getLogger("broker.journal")
 ASYNC_INTERVAL = 0.1  # seconds between fsyncs with flush="async"
 NAN = float("nan")
 _ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
+_T_ENQ, _T_ENQ_REF, _T_REMOVE = jf.T_ENQ, jf.T_ENQ_REF, jf.T_REMOVE
 
 
 def _columns(queue=None) -> list:
@@ -260,6 +261,43 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
     return True
 
 
+def _replay(state: JournalState, recs: list, seg_base: int) -> None:
+    """``state.apply`` every record of one segment, with the enqueues and removals -- nearly
+    all of a log -- decoded inline (a kill -9 replays up to a checkpoint interval of them)."""
+    queues = state.queues
+    enq_unpack = jf.ENQ.unpack_from
+    qseq_unpack = jf.QSEQ.unpack_from
+    enq_size = jf.ENQ.size
+    from_bytes = int.from_bytes
+    max_id = state.max_msg_id
+    for off, rtype, payload in recs:
+        if rtype in (_T_ENQ, _T_ENQ_REF):
+            qid, seq, exp, prio, blen, ref = enq_unpack(payload, 0)
+            qs = queues.get(qid)
+            if qs is None:
+                continue
+            if rtype == _T_ENQ:
+                qs.new[seq] = [seg_base | off, None if exp != exp else exp, prio, blen, 0]
+                mid = from_bytes(payload[enq_size:enq_size + 8], "big")
+                if mid > max_id:
+                    max_id = mid
+            else:
+                qs.new[seq] = [ref, None if exp != exp else exp, prio, blen, 0]
+        elif rtype == _T_REMOVE:
+            qid, seq = qseq_unpack(payload, 0)
+            qs = queues.get(qid)
+            if qs is None:
+                continue
+            qs.new.pop(seq, None)
+            if qs.base is not None:
+                qs.removed.add(seq)
+        else:
+            state.max_msg_id = max_id
+            state.apply(rtype, payload, seg_base | off)
+            max_id = state.max_msg_id
+    state.max_msg_id = max_id
+
+
 def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
                scan_old: bool = False) -> JournalState:
     """Read checkpoint + segments. Raises StoreUnavailable on corruption (unless salvage)."""
@@ -288,15 +326,10 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
         start = ck_off if seg == ck_seg else 0
         # segments before the checkpoint are only checked up to where they end
         res = jf.scan(buf, path, start=start if replay else 0, records=recs, salvage=salvage)
-        counts: dict = {}
+        counts = dict(Counter(map(itemgetter(1), recs)))
         if replay:
-            for off, rtype, payload in recs:
-                state.apply(rtype, payload, jf.make_loc(seg, off))
-                counts[rtype] = counts.get(rtype, 0) + 1
+            _replay(state, recs, seg << 32)
             state.records += len(recs)
-        else:
-            for _off, rtype, _p in recs:
-                counts[rtype] = counts.get(rtype, 0) + 1
         del recs
         for off, n, why in getattr(res, "skipped", []):
             state.skipped.append((path, off, n, why))

@@ -230,6 +230,10 @@ def _next_nonzero_end(buf, start: int, end: int) -> int:
     return start + len(chunk)
 
 
+# CRC-32 of each record type's byte: a record's CRC covers its type, then its payload
+_TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in TYPE_NAMES}
+
+
 def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: bool = False):
     """Walk records of one segment held in ``buf`` (bytes or mmap).
 
@@ -238,12 +242,13 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
     for the next valid header instead of stopping.
     """
     res = ScanResult(path)
-    res.end = start
+    end = start
     size = len(buf)
     mv = memoryview(buf)
     pos = start
     hdr_unpack = HDR.unpack_from
     crc32 = zlib.crc32
+    type_crc = _TYPE_CRC
     skipped = res.skipped
     while pos + HDR_SIZE <= size:
         length, crc, rtype = hdr_unpack(buf, pos)
@@ -262,15 +267,15 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
             res.corrupt_reason = "zeroed record header followed by data"
             break
         rec_end = pos + HDR_SIZE + length
-        ok = rtype in TYPE_NAMES and rec_end <= size
+        tcrc = type_crc.get(rtype)
+        ok = tcrc is not None and rec_end <= size
         if ok:
             payload = mv[pos + HDR_SIZE:rec_end]
-            ok = crc32(payload, crc32(bytes((rtype,)))) == crc
+            ok = crc32(payload, tcrc) == crc
         if ok:
             if records is not None:
                 records.append((pos, rtype, payload))
-            pos = rec_end
-            res.end = pos
+            pos = end = rec_end
             continue
         # bad record: torn tail (nothing after it) or corruption in the middle
         after = rec_end if (rtype in TYPE_NAMES and rec_end <= size) else None
@@ -293,6 +298,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
         res.corrupt_at = pos
         res.corrupt_reason = "CRC mismatch" if rtype in TYPE_NAMES else f"unknown record type {rtype}"
         break
+    res.end = end
     mv.release() if records is None else None
     return res
 
