@@ -84,6 +84,96 @@ def _header(data: bytes) -> tuple[dict, bytes, int]:
     return meta, sync, pos + 16
 
 
+def _kind(t) -> str | None:
+    """A field type this module decodes itself: L long/int, S string, B boolean, A array of
+    strings; a "?" prefix for a union with null first. None: leave it to fastavro."""
+    prefix = ""
+    if isinstance(t, list):
+        if len(t) != 2 or t[0] != "null":
+            return None
+        prefix, t = "?", t[1]
+    if isinstance(t, dict):
+        if t.get("type") == "array" and t.get("items") == "string":
+            return prefix + "A"
+        return None
+    return {"long": prefix + "L", "int": prefix + "L", "string": prefix + "S",
+            "boolean": prefix + "B"}.get(t)
+
+
+def _fast_layout(schema_json: dict):
+    """(names, kinds) when every field is of a kind ``_decode_fast`` knows, else None."""
+    if schema_json.get("type") != "record":
+        return None
+    names, kinds = [], []
+    for f in schema_json.get("fields", []):
+        k = _kind(f.get("type"))
+        if k is None:
+            return None
+        names.append(f["name"])
+        kinds.append(k)
+    return names, kinds
+
+
+def _decode_fast(raw: bytes, count: int, names: list, kinds: list) -> list:
+    """Avro binary records of a flat schema (``_fast_layout``), four to five times faster
+    than fastavro's generic reader for this mostly-null schema."""
+    out = []
+    pos = 0
+    fields = list(zip(names, kinds, strict=True))
+    for _ in range(count):
+        rec: dict = {}
+        for name, k in fields:
+            if k[0] == "?":
+                branch = raw[pos]
+                pos += 1
+                if branch == 0:
+                    rec[name] = None
+                    continue
+                if branch != 2:
+                    raise ValueError(f"bad union branch {branch} for {name}")
+                k = k[1]
+            if k == "L" or k == "S":
+                shift = acc = 0
+                while True:
+                    b = raw[pos]
+                    pos += 1
+                    acc |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                n = (acc >> 1) ^ -(acc & 1)
+                if k == "L":
+                    rec[name] = n
+                else:
+                    if n < 0 or pos + n > len(raw):
+                        raise ValueError(f"bad string length {n} for {name}")
+                    rec[name] = raw[pos:pos + n].decode()
+                    pos += n
+            elif k == "B":
+                rec[name] = raw[pos] == 1
+                pos += 1
+            else:  # array of strings, in blocks
+                items: list = []
+                while True:
+                    c, pos = _varint(raw, pos)
+                    if c == 0:
+                        break
+                    if c < 0:
+                        _, pos = _varint(raw, pos)
+                        c = -c
+                    for _ in range(c):
+                        n, pos = _varint(raw, pos)
+                        if n < 0 or pos + n > len(raw):
+                            raise ValueError(f"bad string length {n} in {name}")
+                        items.append(raw[pos:pos + n].decode())
+                        pos += n
+                rec[name] = items
+        out.append(rec)
+    if pos != len(raw):
+        raise ValueError(f"{len(raw) - pos} bytes left over in the block")
+    return out
+
+
 class FileReader:
     """The records of one file, skipping what is damaged (``problems`` lists it)."""
 
@@ -102,7 +192,9 @@ class FileReader:
             self.meta, self.sync, self.start = _header(data)
             version = int(self.meta.get(VERSION_KEY, b"1").decode() or 1)
             self.codec = self.meta.get("avro.codec", b"null").decode()
-            self.schema = fastavro.parse_schema(json.loads(self.meta["avro.schema"]))
+            schema_json = json.loads(self.meta["avro.schema"])
+            self.schema = fastavro.parse_schema(schema_json)
+            self.fast = _fast_layout(schema_json)
         except (ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
             self.problems.append(Problem(path, 0, "bad header", str(exc) or type(exc).__name__))
             return
@@ -121,6 +213,8 @@ class FileReader:
             raw = snappy.decompress(raw[:-4])
         elif self.codec != "null":
             raise ValueError(f"unsupported codec {self.codec}")
+        if self.fast is not None:
+            return _decode_fast(raw, count, *self.fast)
         bio = io.BytesIO(raw)
         schema = self.schema
         read = fastavro.schemaless_reader
