@@ -271,7 +271,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
         ok = tcrc is not None and rec_end <= size
         if ok:
             payload = mv[pos + HDR_SIZE:rec_end]
-            ok = crc32(payload, tcrc) == crc
+            ok = crc32(payload, tcrc or 0) == crc  # tcrc is set when ok
         if ok:
             if records is not None:
                 records.append((pos, rtype, payload))
