@@ -36,6 +36,7 @@ from sqlalchemy.pool import NullPool
 from ..config import SQLSettings
 from ..message import set_message_id_floor
 from ..queues.entry import QueueEntry
+from ..queues.ops import Op
 from ..queues.priority import PriorityReady
 from ..queues.retry import restore_delivery_count
 from . import sql_schema as S
@@ -56,6 +57,8 @@ log = logging.getLogger("broker.store.sql")
 
 CHUNK = 500          # ids per IN (...) list
 NAN = float("nan")
+DELIVERIES_MAX = 1_000_000  # stored delivery counts saturate here
+_ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
 PAGER_RETRY = 1.0    # seconds before reading a page again after the database failed
 ORPHAN_GC_DELAY = 5.0  # seconds after start-up before orphaned messages are collected
 ORPHAN_GC_RANGE = 50_000  # message ids per clean-up statement
@@ -139,7 +142,7 @@ class _Batch:
         self.msgs: dict = {}
         self.nbytes = 0                      # body bytes of ``msgs``
         self.enq: dict = {}                  # qid -> {seq: [msg_id, expires_at, priority, delivered]}
-        self.dlv: dict = {}                  # qid -> set(seq) of entries already handed off
+        self.dlv: dict = {}                  # qid -> {seq: deliveries} of entries already handed off
         self.rm: dict = {}                   # qid -> set(seq) of entries already handed off
         self.rm_msgs: set = set()            # msg ids that may have lost their last entry
         self.callbacks: list = []            # (on_success, on_failure)
@@ -306,12 +309,14 @@ class _QueueIndex:
 
     def extend(self, cols: list, start: int, end: int) -> None:
         """Rows ``start:end`` of columns (qid, seq, message id, expiry, priority,
-        delivered, body length)."""
+        delivered, body length, deliveries)."""
         self.seqs.extend(cols[1][start:end])
         self.mids.extend(cols[2][start:end])
         self.exps.extend([NAN if e is None else e for e in cols[3][start:end]])
         self.prios.extend([p if 0 <= p <= 255 else 0 for p in cols[4][start:end]])
-        self.flags.extend(map(bool, cols[5][start:end]))
+        # the delivery count (255 = 255 or more); an older row has only the flag: one
+        self.flags.extend([min(n, 255) if n else (1 if d else 0)
+                           for d, n in zip(cols[5][start:end], cols[7][start:end], strict=True)])
         sizes = cols[6][start:end]
         if None in sizes:
             base = len(self.blens)
@@ -551,8 +556,8 @@ class SQLStore(Store):
         self._loaded = (xs, qs, bs, index, messages, by_qid, max_id)
 
     # in the primary key's order, without touching the messages
-    _INDEX_SQL = ("SELECT qid, seq, message_id, expires_at, priority, delivered, size "
-                  "FROM triomq_entries ORDER BY qid, seq")
+    _INDEX_SQL = ("SELECT qid, seq, message_id, expires_at, priority, delivered, size, "
+                  "deliveries FROM triomq_entries ORDER BY qid, seq")
 
     def _load_index(self, c, by_qid: dict) -> tuple[dict, set]:
         """qid -> _QueueIndex of its entries in seq order, and the qids without a queue.
@@ -1062,19 +1067,24 @@ class SQLStore(Store):
             self._bulk_insert(c, "msgs", params)
             rows += len(params)
         if b.enq:
-            erows = [(qid, seq, r[0], r[1], r[2], r[3], r[4])
+            erows = [(qid, seq, r[0], r[1], r[2], r[3], r[4], r[5])
                      for qid, seqs in b.enq.items() for seq, r in seqs.items()]
             if erows:
                 self._bulk_insert(c, "entries", erows)
                 rows += len(erows)
         pg = self.dialect == "postgresql"
-        for qid, seqs in b.dlv.items():
-            if pg:
-                c.exec_driver_sql("UPDATE triomq_entries SET delivered = true "
-                                  "WHERE qid = %s AND seq = ANY(%s)", (qid, list(seqs)))
-                continue
-            for part in _chunks(seqs):
-                c.execute(update(E).where(E.c.qid == qid, E.c.seq.in_(part)).values(delivered=True))
+        for qid, counts in b.dlv.items():
+            by_count: dict[int, list[int]] = {}  # nearly always one group: first deliveries
+            for seq, n in counts.items():
+                by_count.setdefault(n, []).append(seq)
+            for n, seqs in by_count.items():
+                if pg:
+                    c.exec_driver_sql("UPDATE triomq_entries SET delivered = true, deliveries = %s "
+                                      "WHERE qid = %s AND seq = ANY(%s)", (n, qid, seqs))
+                    continue
+                for part in _chunks(seqs):
+                    c.execute(update(E).where(E.c.qid == qid, E.c.seq.in_(part))
+                              .values(delivered=True, deliveries=n))
         for qid, seqs in b.rm.items():
             rows += len(seqs)
             if pg:
@@ -1096,17 +1106,17 @@ class SQLStore(Store):
             "ON CONFLICT DO NOTHING",
         ("postgresql", "entries"):
             "INSERT INTO triomq_entries (qid, seq, message_id, expires_at, priority, delivered, "
-            "size) SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
-            "%s::double precision[], %s::smallint[], %s::boolean[], %s::bigint[]) "
+            "size, deliveries) SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
+            "%s::double precision[], %s::smallint[], %s::boolean[], %s::bigint[], %s::integer[]) "
             "ON CONFLICT DO NOTHING",
         ("mysql", "msgs"): "INSERT IGNORE INTO triomq_msgs (id, body) VALUES (%s, %s)",
         ("mysql", "entries"):
             "INSERT IGNORE INTO triomq_entries (qid, seq, message_id, expires_at, priority, "
-            "delivered, size) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            "delivered, size, deliveries) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
         ("sqlite", "msgs"): "INSERT OR IGNORE INTO triomq_msgs (id, body) VALUES (?, ?)",
         ("sqlite", "entries"):
             "INSERT OR IGNORE INTO triomq_entries (qid, seq, message_id, expires_at, priority, "
-            "delivered, size) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "delivered, size, deliveries) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     }
 
     def _bulk_insert(self, c, what: str, rows: list) -> None:
@@ -1277,26 +1287,40 @@ class SQLStore(Store):
         if seqs is None:
             seqs = b.enq[qid] = {}
         seqs[entry.seq] = [message.id, expires, entry.priority, entry.delivery_count > 0,
-                           len(message.body)]
+                           len(message.body), min(entry.delivery_count, DELIVERIES_MAX) or None]
         if not queue.internal:
             self._held.append((queue, entry))  # taken back if the publish is nacked
         self._poke()
+
+    def queue_op(self, queue, op, entry) -> None:
+        """As ``Store.queue_op``, but every delivery is written, not only the first: the
+        count survives a restart (delivery limits, retry levels), as on the journal."""
+        if not entry.message.persistent:
+            return
+        if op is _ENQUEUE:
+            self.enqueue(queue, entry)
+        elif op is _DELIVER:
+            self.delivered(queue, entry)
+        elif op is not _REQUEUE:
+            self.remove(queue, entry)
 
     def delivered(self, queue, entry) -> None:
         qid = self._qid(queue)
         if qid is None:
             return
         b = self._batch
+        count = min(entry.delivery_count, DELIVERIES_MAX) or 1
         seqs = b.enq.get(qid)
         if seqs is not None:
             r = seqs.get(entry.seq)
             if r is not None:
                 r[3] = True
+                r[5] = count
                 return
         s = b.dlv.get(qid)
         if s is None:
-            s = b.dlv[qid] = set()
-        s.add(entry.seq)
+            s = b.dlv[qid] = {}
+        s[entry.seq] = count
         self._poke()
 
     def remove(self, queue, entry) -> None:
@@ -1312,7 +1336,7 @@ class SQLStore(Store):
             self._cancel(rb, qid, entry.seq)
         d = b.dlv.get(qid)
         if d is not None:
-            d.discard(entry.seq)
+            d.pop(entry.seq, None)
         s = b.rm.get(qid)
         if s is None:
             s = b.rm[qid] = set()

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 
 # 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at);
-# 3: triomq_entries.size (body bytes). ``migrate`` adds the columns in place: an older
+# 3: triomq_entries.size (body bytes) and .deliveries. ``migrate`` adds the columns in place: an older
 # database opens unchanged otherwise.
 SCHEMA_VERSION = 3
 
@@ -55,6 +55,9 @@ entries = Table(
     # body bytes, so that start-up reads the index without touching the messages (v3;
     # NULL in rows written by an older version)
     Column("size", BigInteger, nullable=True),
+    # deliveries so far (x-delivery-count, delivery limits, retry levels; v3: NULL in older
+    # rows, where ``delivered`` counts as one)
+    Column("deliveries", Integer, nullable=True),
     Index("triomq_entries_msg", "message_id"),
 )
 
@@ -121,7 +124,10 @@ def migrate(conn) -> None:
     if "expires_at" not in cols:
         kind = {"postgresql": "DOUBLE PRECISION", "sqlite": "REAL"}.get(conn.dialect.name, "DOUBLE")
         conn.execute(text(f"ALTER TABLE {lock.name} ADD COLUMN expires_at {kind} NULL"))
-    if "size" not in {c["name"] for c in sa_inspect(conn).get_columns(entries.name)}:
+    have = {c["name"] for c in sa_inspect(conn).get_columns(entries.name)}
+    if "size" not in have:
         conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN size BIGINT NULL"))
+    if "deliveries" not in have:
+        conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN deliveries INTEGER NULL"))
     conn.execute(update(lock).where(lock.c.schema_version < SCHEMA_VERSION)
                  .values(schema_version=SCHEMA_VERSION))
