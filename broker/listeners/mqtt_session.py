@@ -95,8 +95,7 @@ class MQTTSession:
                  "broker", "clean", "client_id", "conn", "consumers", "delivering",
                  "delivery_stalled", "ended", "finished", "flow_queues", "flow_resumed",
                  "is_publisher", "output_delay", "output_high_water", "peer", "peer_host",
-                 "service", "user",
-                 "username", "vhost", "wake", "will")
+                 "service", "user", "username", "vhost", "wake", "will")
 
     global_prefetch = 0
 
