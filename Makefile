@@ -8,7 +8,7 @@ HOST ?= 0.0.0.0
 DATA ?= ./data
 RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: setup system-deps run lint test test-triomq test-rabbitmq bench
+.PHONY: setup system-deps run cluster lint test test-triomq test-rabbitmq bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ system-deps:
 ## Set up and run the broker (PORT=5673 make run to pick another port).
 run: setup
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
+
+## Start a private etcd and a local 3-node cluster (Ctrl-C stops it); AMQP on PORT, PORT+1, PORT+2.
+cluster: setup system-deps
+	$(PY) -m broker.cluster.local --nodes 3 --port $(PORT) --dir $(DATA)-cluster
 
 ## Set up and run every test: lint (ruff, mypy), unit, CLI, storage, scheduler and the interop suite against
 ## TrioMQ, then the same interop suite against the reference RabbitMQ when one is reachable.
