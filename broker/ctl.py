@@ -122,9 +122,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def emit(result: Any, formatter: str, out=sys.stdout) -> None:
+def emit(result: Any, formatter: str, out=None) -> None:
     if result is None:
         return
+    if out is None:  # looked up now: whoever called may have replaced sys.stdout
+        out = sys.stdout
     if isinstance(result, str):
         print(result, file=out)
         return
