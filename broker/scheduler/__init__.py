@@ -120,10 +120,12 @@ async def write_index(scheduler: Scheduler) -> None:
         except OSError as exc:
             log.warning("scheduler: cannot write the timer index %s: %s", path, exc.strerror)
 
+    last = trio.current_time()
     try:
         while True:
             await trio.sleep(INDEX_POLL)
-            if scheduler.index_due():
+            if scheduler.index_due(trio.current_time(), last):
+                last = trio.current_time()
                 await write_now()
     finally:
         if scheduler.changes:

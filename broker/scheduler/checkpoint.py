@@ -38,10 +38,13 @@ log = logging.getLogger("broker.scheduler")
 FILE_NAME = "scheduler-index.bin"
 MAGIC = b"TMQSCHX1"
 VERSION = 1
-# Operations between two snapshots, and at least this share of the pending count: a
-# kill -9 leaves at most this many entries to read back one by one.
-CHANGES = 20_000
-CHANGES_SHARE = 0.05
+# Operations between two snapshots, and at least this share of the pending count (a kill -9
+# leaves at most that many entries to read back one by one), and at least MIN_INTERVAL
+# seconds apart: copying a million slots holds the event loop for ~30 ms, which must stay
+# rare enough not to show in the firing lateness.
+CHANGES = 200_000
+CHANGES_SHARE = 0.25
+MIN_INTERVAL = 60.0
 # (attribute, array type code) in file order
 _COLUMNS = (("seq", "q"), ("loc", "q"), ("due", "d"), ("delay", "q"), ("sidn", "q"),
             ("sidp", "H"), ("blen", "I"), ("kind", "B"))

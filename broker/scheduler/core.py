@@ -300,8 +300,10 @@ class Scheduler:
         self.recovery_reads += count
         self.changes += count
 
-    def index_due(self) -> bool:
-        return self.changes >= max(checkpoint.CHANGES, checkpoint.CHANGES_SHARE * self.pending)
+    def index_due(self, now: float, last: float) -> bool:
+        """Whether a snapshot is due at ``now`` (monotonic) after one at ``last``."""
+        return (now - last >= checkpoint.MIN_INTERVAL and self.changes
+                >= max(checkpoint.CHANGES, checkpoint.CHANGES_SHARE * self.pending))
 
     def take_index(self) -> checkpoint.Snapshot:
         """A snapshot of the journal-paged slots (synchronous, C-level copies)."""
