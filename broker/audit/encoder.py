@@ -38,7 +38,9 @@ def zz(n: int) -> bytes:
 
 
 def _string(s: str) -> bytes:
-    b = s.encode()
+    # a routing key may hold bytes that are not UTF-8 (kept as surrogates): an Avro string
+    # must be UTF-8, so those bytes are written as \udcXX escapes
+    b = s.encode("utf-8", "backslashreplace")
     return zz(len(b)) + b
 
 
