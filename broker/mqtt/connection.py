@@ -116,8 +116,10 @@ def encode_publish(topic_raw: bytes, payload: bytes, qos: int, packet_id: int,
 
 
 def topic_field(topic: str) -> bytes:
-    """``topic`` as the length-prefixed UTF-8 string PUBLISH carries."""
-    raw = topic.encode("utf-8")
+    """``topic`` as the length-prefixed UTF-8 string PUBLISH carries. An AMQP routing key
+    may hold bytes that are not UTF-8 (kept as surrogates); an MQTT topic must be UTF-8,
+    so each such byte becomes '?' rather than the delivery failing."""
+    raw = topic.encode("utf-8", "replace")
     return _H.pack(len(raw)) + raw
 
 

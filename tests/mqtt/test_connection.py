@@ -172,3 +172,11 @@ def test_garbage_instead_of_connect_never_raises(data):
     conn = ServerConnection(max_packet=4096)
     events = conn.receive_data(data)
     assert all(isinstance(ev, (ConnectRequested, ProtocolViolation)) for ev in events)
+
+
+def test_topic_field_of_a_routing_key_that_is_not_utf8():
+    """An AMQP routing key with bytes that are not UTF-8 still makes a valid MQTT topic."""
+    from broker.mqtt.connection import topic_field
+
+    key = b"sensors.\xff".decode("utf-8", "surrogateescape")
+    assert topic_field(key) == b"\x00\x09sensors.?"
