@@ -475,7 +475,7 @@ class Channel:
         for q in queues:
             if not q.enqueue(message):
                 accepted = False
-            elif q.store is not None and message.persistent:
+            elif q.store is not None and (message.persistent or q.confirms_later):
                 durable = True
             # Flow control: a queue with consumers that keeps growing slows its publishers.
             if len(q.ready) > flow_high and q.consumers:

@@ -247,10 +247,13 @@ class VirtualHost:
             existing.touch()
             return existing
         if m.durable and not m.exclusive and self.store is not None:
-            # a cluster's store refuses a queue that lives on another node (404)
+            # a cluster's store places the queue's master (404 while its home node is
+            # down); another node's master: the proxy that forwards to it
             placement = getattr(self.store, "check_placement", None)
             if placement is not None:
-                placement(self, name)
+                placed = placement(self, name, m)
+                if placed is not None:
+                    return placed
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
                   auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)

@@ -18,8 +18,12 @@ gets as ``broker.store``. Messages never pass through it: queues attach the wrap
   feature's public API (``broker.access``, ``broker.policies``, the vhost), with the etcd
   echo of those calls suppressed.
 * **Queue masters.** A durable queue saved here is claimed in etcd (``node.claim_master``);
-  a deleted one is released. Queues stay on the node that declared them: forwarding to
-  another node's master is not built yet (docs/cluster.md).
+  a deleted one is released. Its definition and its bindings go to ``defs/queue`` and
+  ``defs/binding``, so every other node holds a ``forward.ProxyQueue`` for it and routes
+  to it; a new durable queue's master is placed by its locator (``check_placement``).
+* **Links.** The links to other nodes (``link.Link``, one per node and vhost) run in this
+  store's nursery; the cluster's link user and the master-side publish hook are set up at
+  recovery (``forward.py``).
 * **Fencing.** When the node's lease view runs out, ``broker.on_store_fenced`` closes every
   connection and refuses new ones until the lease is renewed.
 """
@@ -38,6 +42,8 @@ import trio
 from ..persistence.base import Store, StoreUnavailable
 from ..persistence.records import decode_arguments, encode_arguments
 from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
+from .forward import LOCATORS, ProxyQueue, choose_master, forwarded_publish
+from .link import LINK_USER, Link, link_password
 from .node import ClusterJoinError, ClusterNode
 
 log = logging.getLogger("broker.cluster.defs")
@@ -61,6 +67,40 @@ def _args_out(arguments: dict) -> str:
 
 def _args_in(text: str) -> dict:
     return decode_arguments(base64.b64decode(text)) if text else {}
+
+
+class _Forwards:
+    """The publishes forwarded to masters since the last ``when_durable``: its callback
+    runs once they are all confirmed and the local store's writes are durable; a nack
+    or a lost link makes it ``on_failure``."""
+
+    __slots__ = ("callback", "failed", "fired", "on_failure", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.failed = False
+        self.fired = False
+        self.callback: Any = None
+        self.on_failure: Any = None
+
+    def started(self):
+        self.waiting += 1
+        return self.done
+
+    def done(self, ok: bool) -> None:
+        self.waiting -= 1
+        if not ok:
+            self.failed = True
+        self.check()
+
+    def check(self) -> None:
+        if self.waiting or self.fired or self.callback is None:
+            return
+        self.fired = True
+        if not self.failed:
+            self.callback()
+        elif self.on_failure is not None:
+            self.on_failure()
 
 
 class ClusterStore(Store):
@@ -89,6 +129,12 @@ class ClusterStore(Store):
         self._homes: dict[tuple[str, str], str] = {}  # durable queue -> its home node
         self._live: set[str] = set()  # nodes up (their lease-bound node key exists)
         self.applied = 0  # other nodes' changes applied live (tests, status)
+        self._addresses: dict[str, str] = {}  # live node -> advertised AMQP address
+        self._links: dict[tuple[str, str], Link] = {}  # (node, vhost) -> link
+        self._nursery: trio.Nursery | None = None
+        self._forwards: _Forwards | None = None
+        self._pressure: set[str] = set()  # links over their bounds
+        self.link_password = link_password(node.settings.secret, node.prefix)
         node.on_fenced.append(self._fenced)
 
     def __getattr__(self, name: str) -> Any:
@@ -150,7 +196,7 @@ class ClusterStore(Store):
         self._applying = True
         try:
             # metadata first (vhosts before what lives in them), then exchanges, then bindings
-            order = {"meta": 0, "exchange": 1, "binding": 2}
+            order = {"meta": 0, "exchange": 1, "queue": 2, "binding": 3}
             records.sort(key=lambda r: order.get(self._section(r[0]), 3))
             for key, value in records:
                 try:
@@ -163,6 +209,9 @@ class ClusterStore(Store):
             broker.recovery_hooks.append(self._drop_local_only)
         else:
             broker.recovery_hooks.append(self._publish_local_meta)
+        broker.recovery_hooks.append(self._ensure_link_user)
+        # before the other hooks: a forwarded publish is the queue's, nobody else's
+        broker.publish_hooks.insert(0, forwarded_publish)
         self._publish_local()
 
     def _meta_values(self, kind: str) -> list[dict]:
@@ -273,10 +322,97 @@ class ClusterStore(Store):
             for q in list(vhost.queues.values()):
                 if q.durable and getattr(q, "keeps_definition", True) and not q.internal:
                     self._claims[(vhost.name, q.name)] = True
+                    if self._queue_key(vhost, q.name) not in self._known:
+                        self._queue_write(self._queue_key(vhost, q.name), self._queue_def(vhost, q))
+                    for source, bkey in list(q.bindings):
+                        x = vhost.exchanges.get(source)
+                        b = x.bindings.get(bkey) if x is not None else None
+                        if b is not None and x.durable and self._binding_key(vhost, b) not in self._known:
+                            self.save_binding(vhost, b)
         self._wake.set()
+
+    # ---- forwarding (forward.py, link.py) ----
+    def _ensure_link_user(self, vhost_name: str | None = None) -> None:
+        """The user other nodes' links log in as, with every permission on each vhost
+        (or on ``vhost_name``); its password comes from the cluster secret."""
+        access = getattr(self.broker, "access", None)
+        if access is None:
+            return
+        if access.authenticate(LINK_USER, self.link_password, "127.0.0.1") is None:
+            access.put_user(LINK_USER, password=self.link_password, tags=[])
+        for name in [vhost_name] if vhost_name else list(self.broker.vhosts):
+            if name in self.broker.vhosts and (LINK_USER, name) not in access.perms:
+                access.set_permissions(LINK_USER, name, ".*", ".*", ".*")
+
+    def link_for(self, node: str, vhost: str) -> Link:
+        """The link to ``node`` for ``vhost``, started on first use."""
+        link = self._links.get((node, vhost))
+        if link is None:
+            self._ensure_link_user(vhost)
+            def pressure(on: bool, n: str = node) -> None:
+                self._link_pressure(n, on)
+            link = Link(node, self._addresses.get(node, ""), vhost, self.link_password, pressure)
+            self._links[(node, vhost)] = link
+            if self._nursery is not None:
+                self._nursery.start_soon(self._run_link, link)
+        return link
+
+    async def _run_link(self, link: Link) -> None:
+        while not link.address:  # the node is not up (yet): its queues are unavailable
+            await trio.sleep(0.5)
+            link.address = self._addresses.get(link.node, "")
+        await link.run()
+
+    def node_down(self, node: str) -> bool:
+        return node != self.node.name and node not in self._live
+
+    def _link_pressure(self, node: str, on: bool) -> None:
+        """A link over its bounds blocks this node's publishers (a resource alarm) until
+        the master has caught up."""
+        name = f"cluster link to {node}"
+        if self.broker is not None:
+            self.broker.set_alarm(name, on)
+
+    def forward_started(self):
+        """A proxy queue forwards a publish: the callable to call with the master's
+        answer; the next ``when_durable`` waits for it."""
+        if self._forwards is None:
+            self._forwards = _Forwards()
+        return self._forwards.started()
+
+    def forward_abandoned(self, done) -> None:
+        """The publish ``done`` was for could not be sent: nothing will call it."""
+        if self._forwards is not None:
+            self._forwards.waiting -= 1
+
+    def when_durable(self, callback, on_failure=None) -> None:
+        forwards, self._forwards = self._forwards, None
+        if forwards is None:
+            self.inner.when_durable(callback, on_failure)
+            return
+        forwards.callback = callback
+        forwards.on_failure = on_failure
+        forwards.waiting += 1  # the local store's own writes
+        self.inner.when_durable(lambda: forwards.done(True), lambda: forwards.done(False))
+
+    def _queue_key(self, vhost, name: str) -> str:
+        return self._defs("queue", _q(vhost.name), _q(name))
+
+    def _queue_def(self, vhost, q) -> dict:
+        return {"vhost": vhost.name, "name": q.name, "master": self.node.name,
+                "auto_delete": q.auto_delete, "arguments": _args_out(q.arguments)}
+
+    def _add_proxy(self, vhost, name: str, master: str, auto_delete: bool,
+                   arguments: dict) -> ProxyQueue:
+        proxy = ProxyQueue(vhost, name, True, auto_delete, arguments, master, self.link_for, self)
+        vhost.add_queue(proxy, persist=False)
+        return proxy
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for link in self._links.values():
+                nursery.start_soon(self._run_link, link)
             nursery.start_soon(self.node.run)
             nursery.start_soon(self._writer)
             nursery.start_soon(self._watcher)
@@ -348,24 +484,65 @@ class ClusterStore(Store):
         elif section == "nodes":
             if value is None:
                 self._live.discard(name)
+                self._addresses.pop(name, None)
             else:
                 self._live.add(name)
+                try:
+                    address = json.loads(value).get("advertise", "")
+                except ValueError:
+                    address = ""
+                self._addresses[name] = address
+                for (node, _vhost), link in self._links.items():
+                    if node == name:
+                        link.address = address
 
-    def check_placement(self, vhost, name: str) -> None:
-        """A client declares the durable queue ``name`` on this node: refused (404) while
-        it lives on another node, since this node does not forward to it yet."""
-        home = self._homes.get((vhost.name, name))
-        if home is None or home == self.node.name:
-            return
+    def check_placement(self, vhost, name: str, m=None):
+        """A client declares the new durable queue ``name`` on this node: None to create it
+        here, or the ``ProxyQueue`` of a master placed on another node by the queue's
+        locator (``x-queue-master-locator``, else the policy's ``queue-master-locator``,
+        else ``client-local``), declared there through the link. 404 while its home node
+        is down; 406 for an unknown locator."""
         from .. import errors
-        if home in self._live:
-            raise errors.AMQPError(
-                "not_found", f"{vhost.queue_resource(name)} lives on node '{home}'; this node "
-                f"does not forward to other nodes: connect to '{home}'")
-        # RabbitMQ's answer for a durable queue whose node is down
-        raise errors.AMQPError(
-            "not_found", f"home node '{home}' of durable {vhost.queue_resource(name)} is down "
-            f"or inaccessible")
+        home = self._homes.get((vhost.name, name))
+        if home is not None and home != self.node.name:
+            if home not in self._live:  # RabbitMQ's answer for a durable queue whose node is down
+                raise errors.AMQPError(
+                    "not_found", f"home node '{home}' of durable {vhost.queue_resource(name)} is "
+                    f"down or inaccessible")
+            target = home  # its definition has not reached this node yet
+        else:
+            arguments = dict(getattr(m, "arguments", None) or {})
+            locator = arguments.get("x-queue-master-locator")
+            source = "arg 'x-queue-master-locator'"
+            if locator is None and getattr(self.broker, "policies", None) is not None:
+                locator = self.broker.policies.effective(vhost.name, "queue", name)[2].get(
+                    "queue-master-locator")
+                source = "policy key 'queue-master-locator'"
+            if isinstance(locator, bytes):
+                locator = locator.decode("utf-8", "replace")
+            if locator is None:
+                return None
+            if locator not in LOCATORS:
+                raise errors.precondition_failed(
+                    "invalid %s for %s: %r is not one of %s", source, vhost.queue_resource(name),
+                    locator, ", ".join(LOCATORS))
+            counts: dict[str, int] = {}
+            for node in self._homes.values():
+                counts[node] = counts.get(node, 0) + 1
+            live = sorted(self._live | {self.node.name})
+            target = choose_master(locator, self.node.name, live, counts)
+            if target == self.node.name:
+                return None
+        arguments = dict(getattr(m, "arguments", None) or {})
+        proxy = self._add_proxy(vhost, name, target, bool(getattr(m, "auto_delete", False)),
+                                arguments)
+        # the master creates it locally: its own locator must not send it on again
+        remote_args = dict(arguments, **{"x-queue-master-locator": "client-local"})
+        from ..amqp import spec
+        proxy.link.control(spec.Queue.Declare(0, name, False, True, False, proxy.auto_delete,
+                                              False, remote_args))
+        self._homes[(vhost.name, name)] = target
+        return proxy
 
     async def _watcher(self) -> None:
         while True:
@@ -435,6 +612,17 @@ class ClusterStore(Store):
                 exchange=value["name"], type=value["type"], passive=False, durable=True,
                 auto_delete=value.get("auto_delete", False), internal=value.get("internal", False),
                 arguments=_args_in(value.get("arguments", ""))), persist=False)
+        elif section == "queue":
+            vhost = broker.vhosts.get(value["vhost"])
+            master = str(value.get("master", ""))
+            if vhost is None or master == self.node.name:
+                return
+            existing = vhost.queues.get(value["name"])
+            if isinstance(existing, ProxyQueue):
+                existing.master = master
+            elif existing is None:
+                self._add_proxy(vhost, value["name"], master, value.get("auto_delete", False),
+                                _args_in(value.get("arguments", "")))
         elif section == "binding":
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is None or value["source"] not in vhost.exchanges:
@@ -496,6 +684,12 @@ class ClusterStore(Store):
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is not None and value["name"] in vhost.exchanges:
                 vhost.delete_exchange(SimpleNamespace(exchange=value["name"], if_unused=False))
+        elif section == "queue":
+            vhost = broker.vhosts.get(value["vhost"])
+            q = vhost.queues.get(value["name"]) if vhost is not None else None
+            if isinstance(q, ProxyQueue):
+                q.forwarding = False  # deleted on its master: nothing to send back
+                vhost.delete_queue(q, reason="deleted on its master")
         elif section == "binding":
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is None:
@@ -526,30 +720,42 @@ class ClusterStore(Store):
         self._queue_write(self._exchange_key(vhost, exchange), None)
 
     def save_queue(self, vhost, queue) -> None:
+        if isinstance(queue, ProxyQueue):
+            return  # its master's node stores it
         self.inner.save_queue(vhost, queue)
         if not self._applying:
             self._claims[(vhost.name, queue.name)] = True
+            self._queue_write(self._queue_key(vhost, queue.name), self._queue_def(vhost, queue))
             self._wake.set()
 
     def delete_queue(self, vhost, queue) -> None:
+        if isinstance(queue, ProxyQueue):
+            return  # deleted on its master through the link (ProxyQueue.on_deleted)
         self.inner.delete_queue(vhost, queue)
         if not self._applying:
             self._claims[(vhost.name, queue.name)] = False
+            self._queue_write(self._queue_key(vhost, queue.name), None)
+            # its bindings went with it (the vhost drops them without a store call each)
+            head = self._defs("binding", _q(vhost.name), "")
+            for key, value in list(self._known.items()):
+                if key.startswith(head) and value.get("destination_kind") == "queue" \
+                        and value.get("destination") == queue.name:
+                    self._queue_write(key, None)
             self._wake.set()
 
     def save_binding(self, vhost, binding) -> None:
-        self.inner.save_binding(vhost, binding)
-        if binding.destination.kind == "exchange":  # queue bindings live with the queue
-            self._queue_write(self._binding_key(vhost, binding), {
-                "vhost": vhost.name, "source": binding.source,
-                "destination_kind": binding.destination.kind,
-                "destination": binding.destination.name, "routing_key": binding.routing_key,
-                "arguments": _args_out(binding.arguments)})
+        if not isinstance(binding.destination, ProxyQueue):  # the master's node stores it
+            self.inner.save_binding(vhost, binding)
+        self._queue_write(self._binding_key(vhost, binding), {
+            "vhost": vhost.name, "source": binding.source,
+            "destination_kind": binding.destination.kind,
+            "destination": binding.destination.name, "routing_key": binding.routing_key,
+            "arguments": _args_out(binding.arguments)})
 
     def delete_binding(self, vhost, binding) -> None:
-        self.inner.delete_binding(vhost, binding)
-        if binding.destination.kind == "exchange":
-            self._queue_write(self._binding_key(vhost, binding), None)
+        if not isinstance(binding.destination, ProxyQueue):
+            self.inner.delete_binding(vhost, binding)
+        self._queue_write(self._binding_key(vhost, binding), None)
 
     def save_meta(self, kind: str, key: str, value: dict) -> None:
         self.inner.save_meta(kind, key, value)
@@ -573,9 +779,6 @@ class ClusterStore(Store):
 
     def remove(self, queue, entry) -> None:
         self.inner.remove(queue, entry)
-
-    def when_durable(self, callback, on_failure=None) -> None:
-        self.inner.when_durable(callback, on_failure)
 
     def sidecar_path(self, name: str) -> str | None:
         return self.inner.sidecar_path(name)

@@ -91,6 +91,19 @@ async def _forget(coord: EtcdGateway, prefix: str, node: str) -> int:
         for kv in kvs:
             if kv.json().get("node") == node and await coord.delete_if(kv.key, kv.mod_revision):
                 removed += section == "homes"
+    # the definitions of its queues (every other node holds a proxy of each) and their
+    # bindings: the queues can be declared afresh elsewhere
+    kvs, _ = await coord.get_prefix(f"{prefix}defs/queue/")
+    gone = set()
+    for kv in kvs:
+        d = kv.json().get("d", {})
+        if d.get("master") == node and await coord.delete_if(kv.key, kv.mod_revision):
+            gone.add((d.get("vhost"), d.get("name")))
+    kvs, _ = await coord.get_prefix(f"{prefix}defs/binding/")
+    for kv in kvs:
+        d = kv.json().get("d", {})
+        if d.get("destination_kind") == "queue" and (d.get("vhost"), d.get("destination")) in gone:
+            await coord.delete_if(kv.key, kv.mod_revision)
     print(f"node {node!r} removed from cluster {prefix.strip('/')} ({removed} durable queues "
           f"it was home of forgotten)")
     return 0

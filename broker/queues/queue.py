@@ -83,6 +83,9 @@ class Queue:
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
     # internal entities are: 404 to every operation, never routed to by name.
     internal = False
+    # A queue whose publisher confirms wait for another node (the cluster's proxy of a
+    # queue mastered elsewhere), persistent message or not.
+    confirms_later = False
 
     def __init__(self, vhost, name: str, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None,

@@ -117,15 +117,11 @@ def test_definitions_everywhere_and_rejoin_catches_up(tmp_path, etcd, secret):
         assert [(n["name"], n["health"]) for n in view["nodes"]] == [("a", "up"), ("b", "up")]
         masters = {q["name"]: q["master"] for q in view["queues"]}
         assert masters == {"qa": "a", "capped-b": "b", "qb": "b"}
-        # a durable queue lives on one node: b refuses to make a second copy of a's queue
+        # a durable queue lives on one node: on b, a's queue is its proxy (no second copy)
         cb = b.connect()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-            cb.channel().queue_declare("qa", durable=True)
-        assert refused.value.reply_code == 404
-        assert refused.value.reply_text == (
-            "NOT_FOUND - queue 'qa' in vhost '/' lives on node 'a'; this node does not forward "
-            "to other nodes: connect to 'a'")
+        cb.channel().queue_declare("qa", durable=True)
         cb.close()
+        assert {q["name"]: q["master"] for q in status(etcd)["queues"]}["qa"] == "a"
         text = cli("cluster", "status", "--cluster", etcd.url("c")).stdout
         assert "a                    up" in text and "qa" in text
 
