@@ -2,12 +2,19 @@
 
     .venv/bin/python -m bench.mqtt throughput [--publishers 2] [--window 64] [--size 64]
                                               [--duration 10] [--warmup 2] [--prefetch 20]
+                                              [--repeats 3]
     .venv/bin/python -m bench.mqtt connections [--count 10000]
 
 ``throughput``: one QoS 1 subscriber (PUBACK for every message) on ``bench/<run>/#`` and N
 QoS 1 publishers, each keeping at most ``--window`` PUBLISHes without PUBACK; the figure is
 the messages the subscriber received per second in the measured window. TrioMQ gets
-``--mqtt-prefetch`` equal to Mosquitto's default ``max_inflight_messages`` (20).
+``--mqtt-prefetch`` equal to Mosquitto's default ``max_inflight_messages`` (20). Each of
+``--repeats`` rounds measures TrioMQ (one broker process for all rounds) and then Mosquitto
+with the same clients, QoS, message count limits and size; every round prints both figures,
+the ratio and each broker's CPU use in the measured window (its process's utime+stime), and
+the end the median ratio. ``published`` counts PUBACKed publishes, ``received`` every
+delivery the subscriber got: Mosquitto drops QoS 1 messages beyond ``max_queued_messages``
+(1000 by default) when its subscriber falls behind, TrioMQ queues them.
 
 ``connections``: opens ``--count`` MQTT connections (CONNECT, keep-alive 0, wait for every
 CONNACK), holds them, and reads each broker's RSS from /proc.
@@ -23,12 +30,13 @@ import resource
 import selectors
 import shlex
 import socket
+import statistics
 import struct
 import sys
 import time
 import uuid
 
-from .procinfo import TrioMQProcess, free_port, pid_listening_on, rss_kb
+from .procinfo import TrioMQProcess, cpu_seconds, free_port, pid_listening_on, rss_kb
 
 MOSQUITTO = ("127.0.0.1", 1883)
 
@@ -149,7 +157,7 @@ def _publisher(addr, topic, payload, window, end_at, ready, results):
     topic_raw = _str(topic)
     inflight = 0
     pid = 0
-    sent = 0
+    sent = acked = 0
     s.settimeout(1.0)
     while time.time() < end_at:
         if inflight < window:
@@ -166,13 +174,15 @@ def _publisher(addr, topic, payload, window, end_at, ready, results):
             continue
         if not data:
             break
-        inflight -= sum(1 for first, _ in parser.feed(data) if first >> 4 == 4)
-    results.put(("pub", sent, 0))
+        n = sum(1 for first, _ in parser.feed(data) if first >> 4 == 4)
+        inflight -= n
+        acked += n
+    results.put(("pub", acked, sent))
     s.close()
 
 
 def throughput(addr, publishers: int, window: int, size: int, duration: float,
-               warmup: float) -> dict:
+               warmup: float, broker_pid: int | None = None) -> dict:
     run = uuid.uuid4().hex[:8]
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
@@ -187,12 +197,22 @@ def throughput(addr, publishers: int, window: int, size: int, duration: float,
             for i in range(publishers)]
     for p in pubs:
         p.start()
+    cpu = None
+    if broker_pid:  # the broker's CPU seconds over the measured window
+        time.sleep(max(0.0, start_at - time.time()))
+        before = cpu_seconds(broker_pid)
+        time.sleep(max(0.0, end_at - time.time()))
+        after = cpu_seconds(broker_pid)
+        if before is not None and after is not None:
+            cpu = (after - before) / duration
     out = [results.get(timeout=duration + warmup + 60) for _ in range(publishers + 1)]
     for p in [sub, *pubs]:
         p.join(10)
-    received = sum(c for kind, c, _ in out if kind == "sub")
+    counted = sum(c for kind, c, _ in out if kind == "sub")
+    received = sum(t for kind, _, t in out if kind == "sub")
     sent = sum(c for kind, c, _ in out if kind == "pub")
-    return {"msg_per_s": received / duration, "published": sent}
+    return {"msg_per_s": round(counted / duration), "published": sent, "received": received,
+            "cpu": round(cpu, 2) if cpu is not None else None}
 
 
 # ---- idle connections ------------------------------------------------------------------------
@@ -281,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--duration", type=float, default=10.0)
     t.add_argument("--warmup", type=float, default=2.0)
     t.add_argument("--prefetch", type=int, default=20)
+    t.add_argument("--repeats", type=int, default=3)
     c = sub.add_parser("connections")
     c.add_argument("--count", type=int, default=10_000)
     for p in (t, c):
@@ -305,26 +326,35 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         if args.cmd == "throughput":
-            rows.append(("TrioMQ", throughput(("127.0.0.1", mqtt_port), args.publishers,
-                                              args.window, args.size, args.duration,
-                                              args.warmup)))
+            triomq_pid = triomq.pid or pid_listening_on(mqtt_port)
+            mosquitto_pid = pid_listening_on(MOSQUITTO[1])
+            for i in range(args.repeats):
+                r = throughput(("127.0.0.1", mqtt_port), args.publishers, args.window,
+                               args.size, args.duration, args.warmup, triomq_pid)
+                print(f"round {i + 1} TrioMQ", r, flush=True)
+                m = None
+                if not args.skip_mosquitto:
+                    m = throughput(MOSQUITTO, args.publishers, args.window, args.size,
+                                   args.duration, args.warmup, mosquitto_pid)
+                    print(f"round {i + 1} Mosquitto", m, flush=True)
+                    print(f"round {i + 1} ratio TrioMQ/Mosquitto: "
+                          f"{r['msg_per_s'] / m['msg_per_s']:.2f}", flush=True)
+                rows.append((r, m))
         else:
             print(f"open files limit raised to {hard}")
-            rows.append(("TrioMQ", hold_connections(("127.0.0.1", mqtt_port), args.count,
-                                                    triomq.pid or pid_listening_on(mqtt_port))))
+            rows.append((hold_connections(("127.0.0.1", mqtt_port), args.count,
+                                          triomq.pid or pid_listening_on(mqtt_port)), None))
     finally:
         triomq.stop()
+    if args.cmd == "throughput":
+        ratios = sorted(r["msg_per_s"] / m["msg_per_s"] for r, m in rows if m)
+        if ratios:
+            print(f"ratio TrioMQ/Mosquitto: median {statistics.median(ratios):.2f} "
+                  f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f}, {len(ratios)} rounds)")
+        return 0
+    print("TrioMQ", rows[0][0])
     if not args.skip_mosquitto:
-        if args.cmd == "throughput":
-            rows.append(("Mosquitto", throughput(MOSQUITTO, args.publishers, args.window,
-                                                 args.size, args.duration, args.warmup)))
-        else:
-            rows.append(("Mosquitto", hold_connections(MOSQUITTO, args.count,
-                                                       pid_listening_on(MOSQUITTO[1]))))
-    for name, r in rows:
-        print(name, r)
-    if len(rows) == 2 and args.cmd == "throughput":
-        print(f"ratio TrioMQ/Mosquitto: {rows[0][1]['msg_per_s'] / rows[1][1]['msg_per_s']:.2f}")
+        print("Mosquitto", hold_connections(MOSQUITTO, args.count, pid_listening_on(MOSQUITTO[1])))
     return 0
 
 
