@@ -227,6 +227,14 @@ class Session:
     def consumer_cancelled(self, consumer) -> None:
         consumer.channel.consumer_cancelled_by_broker(consumer)
 
+    def connection_info(self) -> dict:
+        """The protocol's own fields of the management API's connection object (every
+        connection in ``broker.sessions`` has this: listeners/mqtt_session.py too)."""
+        conn = self.conn
+        return {"protocol": "AMQP 0-9-1", "auth_mechanism": "PLAIN",
+                "channel_max": conn.channel_max, "frame_max": conn.frame_max,
+                "timeout": conn.heartbeat, "client_properties": conn.client_properties}
+
     def force_close(self, error: errors.AMQPError) -> None:
         """Close the connection from the broker's side (shutdown, store failure, ...)."""
         self._close_all_channels()

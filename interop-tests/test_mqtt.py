@@ -3,13 +3,16 @@ across protocols with pika. TrioMQ only: the RabbitMQ on this machine has no MQT
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
 import subprocess
 import threading
 import time
 import uuid
+from urllib.parse import quote
 
+import httpx
 import paho.mqtt.client as paho
 import pika
 import pytest
@@ -49,7 +52,7 @@ def mq(tmp_path_factory, external_broker, tls_files):
         pytest.skip("the reference RabbitMQ here has no MQTT plugin")
     cert, key = tls_files
     tls_port = free_port()
-    proc = BrokerProc(tmp_path_factory.mktemp("mqtt") / "data", mqtt=True,
+    proc = BrokerProc(tmp_path_factory.mktemp("mqtt") / "data", mqtt=True, http=True,
                       extra=["--mqtts-port", str(tls_port), "--tls-cert", str(cert),
                              "--tls-key", str(key), "--mqtt-prefetch", "50"])
     proc.mqtts_port = tls_port
@@ -377,3 +380,58 @@ def test_large_messages_to_a_slow_reader(mq):
     assert [(p.topic, p.payload) for p in got] == [(f"big/{i}", p) for i, p in
                                                    enumerate(payloads)]
     s.close()
+
+
+def test_mqtt_connections_listed_counted_and_closed_with_amqp_ones(mq, capsys):
+    """An MQTT connection is one of the broker's connections: the management API, ctl and
+    /metrics show it next to AMQP ones, and closing it there ends it (will published)."""
+    from broker.cli import main
+    http = httpx.Client(base_url=mq.http_url, auth=("guest", "guest"), timeout=10)
+    amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", mq.port))
+    topic = "registry/" + uid()
+    watcher_id = uid()
+    watcher = Paho(mq.mqtt_port, client_id=watcher_id)
+    watcher.subscribe((topic, 1))
+    cid = uid()
+    dev = raw(mq.mqtt_port)
+    dev.sendall(m.encode(m.Connect(cid, True, 30, username="guest", password=b"guest",
+                                   will=m.Will(topic, b"closed by the operator", 1, False))))
+    assert read_packets(dev) == [m.ConnAck(0)]
+    listed = http.get("/api/connections").json()
+    mine = [c for c in listed if c["client_properties"].get("client_id") == cid]
+    assert len(mine) == 1, listed
+    c = mine[0]
+    assert (c["protocol"], c["user"], c["vhost"], c["port"], c["channels"], c["timeout"]) == (
+        "MQTT 3.1.1", "guest", "/", mq.mqtt_port, 0, 30)
+    assert c["peer_port"] == dev.getsockname()[1] and c["state"] == "running"
+    assert any(x["protocol"] == "AMQP 0-9-1" for x in listed)
+    assert http.get("/api/connections/" + quote(c["name"], safe="")).json()["name"] == c["name"]
+    # a subscription queue's consumer names its MQTT connection
+    q = http.get(f"/api/queues/%2F/mqtt-subscription-{watcher_id}qos1").json()
+    watcher_conn = q["consumer_details"][0]["channel_details"]["connection_name"]
+    assert watcher_conn in {x["name"] for x in listed}
+    # the Prometheus gauge and the overview count the same connections
+    metrics = http.get("/metrics").text
+    gauge = [line for line in metrics.splitlines() if line.startswith("rabbitmq_connections ")]
+    assert gauge == [f"rabbitmq_connections {float(len(listed))}"]
+    assert http.get("/api/overview").json()["object_totals"]["connections"] == len(listed)
+    capsys.readouterr()
+    assert main(["ctl", "--url", mq.http_url, "--formatter", "json", "list_connections",
+                 "name,protocol,user"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"name": c["name"], "protocol": "MQTT 3.1.1", "user": "guest"} in rows
+    # closed through the API: the socket ends and the will goes out
+    r = http.delete("/api/connections/" + quote(c["name"], safe=""),
+                    headers={"X-Reason": "maintenance"})
+    assert r.status_code == 204
+    assert closed_by_server(dev)
+    assert watcher.wait_for(1) == [(topic, b"closed by the operator", 1, False)]
+    for _ in range(50):
+        if all(x["name"] != c["name"] for x in http.get("/api/connections").json()):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the closed MQTT connection is still listed")
+    watcher.close()
+    amqp.close()
+    http.close()

@@ -48,6 +48,11 @@ class MQTTConnectionHandler:
         except OSError:
             host, self.peer = None, "?"
         self.session = MQTTSession(listener.service, self.peer, host)
+        try:
+            self.session.local_port = sock.getsockname()[1]
+        except OSError:
+            pass
+        self.session.tls = tls
         self.session.wake = self._wake
         self.session.flow_resumed = self._flow_resumed
         # created only while the reader waits on them: idle connections are many

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .. import errors
@@ -69,7 +71,7 @@ def queue_names(client_id: str) -> tuple[str, str]:
 
 class MQTTService:
     """The listener's broker-wide state: settings, the client id registry (for session
-    takeover), the retained messages and the live sessions."""
+    takeover) and the retained messages. Live sessions are in ``broker.sessions``."""
 
     def __init__(self, broker):
         config = broker.config
@@ -78,7 +80,6 @@ class MQTTService:
         self.prefetch = config.mqtt_prefetch
         self.max_packet = config.max_message_size + 65_546  # body + a topic and a packet id
         self.clients: dict[tuple[str, str], MQTTSession] = {}
-        self.sessions: set[MQTTSession] = set()
         self.retained = RetainedStore(broker)
         self.stopping = False  # broker shutdown: no will messages
 
@@ -91,19 +92,28 @@ class MQTTSession:
     """One connection; also the ``channel`` of its two consumers (the queue calls
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
 
-    __slots__ = ("_decided", "_may_write_exchange", "_pubacks", "_seq", "_topics", "_touched",
-                 "broker", "clean", "client_id", "conn", "consumers", "delivering",
-                 "delivery_stalled", "ended", "finished", "flow_queues", "flow_resumed",
-                 "is_publisher", "output_delay", "output_high_water", "peer", "peer_host",
-                 "service", "user", "username", "vhost", "wake", "will")
+    # __weakref__: the management API keeps when it first saw a connection in a weak map
+    __slots__ = ("__weakref__", "_awaiting_store", "_decided", "_keys", "_pubacks", "_seq",
+                 "_topics", "_touched", "authz", "blocked_sent", "broker", "clean", "client_id",
+                 "conn", "consumers", "delivering", "delivery_stalled", "ended", "finished",
+                 "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
+                 "output_high_water", "peer", "peer_host", "service", "tls", "user", "username",
+                 "vhost", "wake", "will")
 
     global_prefetch = 0
+    prefetch = 0  # as a channel: the limit is per consumer (``Consumer.prefetch``)
+    number = 0  # as a channel, in the management API's consumer details
+    # As a connection in ``broker.sessions``: MQTT 3.1.1 has no channels (RabbitMQ's
+    # native MQTT lists none either); read-only, shared by every session.
+    channels: Mapping = MappingProxyType({})
 
     def __init__(self, service: MQTTService, peer: str, peer_host: str | None):
         self.service = service
         self.broker = service.broker
         self.peer = peer
         self.peer_host = peer_host
+        self.local_port = 0  # the listener's port (set by the edge), for the management API
+        self.tls = False
         self.conn = ServerConnection(service.max_packet)
         self.output_high_water = self.broker.config.output_high_water
         self.output_delay = 0.0  # seconds the edge waits before writing a refused login's CONNACK
@@ -112,6 +122,7 @@ class MQTTSession:
         self.flow_queues: set = set()
         self.vhost: Any = None
         self.user: Any = None
+        self.authz: Any = None  # the user's cached permission checks in the vhost, shared
         self.username: str | None = None
         self.client_id = ""
         self.clean = True
@@ -120,6 +131,9 @@ class MQTTSession:
         self.delivering = False
         self.delivery_stalled = False
         self.is_publisher = False
+        # a resource alarm saw this publisher (Broker.notify_blocked); MQTT cannot tell the
+        # client, the edge trickle-reads instead
+        self.blocked_sent = False
         self.finished = False  # the edge closes the socket once output is written
         self.ended = False
         # (seq, packet id) of QoS 1 publishes, in order (a list: a deque costs 600 bytes
@@ -129,7 +143,10 @@ class MQTTSession:
         self._seq = 0
         self._touched: dict = {}  # queues acked in this batch: dispatched once at its end
         self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
-        self._may_write_exchange = False
+        self._keys: dict[str, str] = {}  # MQTT topic -> routing key (checked for length)
+        # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
+        # durability callback per read, not per message
+        self._awaiting_store: list[int] = []
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
@@ -161,6 +178,11 @@ class MQTTSession:
             for q in touched:
                 if q.consumers:
                     q.dispatch()
+        awaiting = self._awaiting_store
+        if awaiting:
+            self._awaiting_store = []
+            self.broker.store.when_durable(lambda: self._stored(awaiting, True),
+                                           on_failure=lambda: self._stored(awaiting, False))
         if self._pubacks:
             self._flush_pubacks()
         if self.finished:
@@ -215,8 +237,10 @@ class MQTTSession:
                 vhost.delete_queue(q, reason="clean MQTT session")
         else:
             present = bool(existing)
-        conn.accept(present)
-        service.sessions.add(self)
+        conn.accept(present, self.username)
+        # listed, limited and closed with the AMQP connections (management API, ctl,
+        # metrics, max-connections, store fencing, vhost deletion)
+        self.broker.session_opened(self)
         log.info("mqtt connection %s: client %r user %r vhost %r (clean session %s)",
                  self.peer, client_id, self.username, vhost.name, self.clean)
         self.delivering = True
@@ -252,10 +276,11 @@ class MQTTSession:
                 access.check_vhost(user, vhost_name)
                 # max-connections of the vhost and the user count AMQP and MQTT connections
                 access.check_connection_limits(user, vhost_name,
-                                               [*broker.sessions, *self.service.sessions])
+                                               broker.sessions)
             except errors.AMQPError as exc:
                 return codec.REFUSED_NOT_AUTHORIZED, exc.text
             self.user = user
+            self.authz = access.authz(user, vhost_name)
         else:
             failure = broker.users.check(username, password, self.peer_host)
             if failure is not None:
@@ -280,29 +305,37 @@ class MQTTSession:
 
     # ---- PUBLISH from the client ----
     def _on_publish(self, p: codec.Publish) -> None:
-        key = to_routing_key(p.topic)
-        if len(key.encode()) > MAX_KEY:
-            self.close(f"topic {p.topic[:40]!r}... longer than {MAX_KEY} bytes")
-            return
-        try:
-            if not self._may_write_exchange:
-                self._check("exchange", self.service.exchange, "write")
-                self._may_write_exchange = True
-            self._check_topic(key, "write")
-        except errors.AMQPError as exc:
-            # RabbitMQ closes an MQTT connection that publishes where it may not
-            self.close(exc.text)
-            return
+        topic = p.topic
+        key = self._keys.get(topic)
+        if key is None:
+            key = to_routing_key(topic)
+            if len(key.encode()) > MAX_KEY:
+                self.close(f"topic {topic[:40]!r}... longer than {MAX_KEY} bytes")
+                return
+            if len(self._keys) >= 256:  # bounded: a device may publish to ever new topics
+                self._keys.clear()
+            self._keys[topic] = key
+        authz = self.authz
+        if authz is not None:  # AMQP basic.publish's checks, on the same shared cache
+            exchange = self.service.exchange
+            try:
+                if exchange not in authz.write_ok:
+                    authz.check("exchange", exchange, "write")
+                if authz.topics:
+                    authz.check_topic(exchange, key, "write")
+            except errors.AMQPError as exc:
+                # RabbitMQ closes an MQTT connection that publishes where it may not
+                self.close(exc.text)
+                return
         self.is_publisher = True
-        stored = self._route(p.topic, key, p.payload, p.qos, p.retain, p.dup)
+        stored = self._route(topic, key, p.payload, p.qos, p.retain, p.dup)
         if p.qos:
             seq = self._seq = self._seq + 1
             self._pubacks.append((seq, p.packet_id or 0))
             if stored is None:
                 self._decided[seq] = False
             elif stored:
-                self.broker.store.when_durable(lambda: self._puback_decided(seq, True),
-                                               on_failure=lambda: self._puback_decided(seq, False))
+                self._awaiting_store.append(seq)
             else:
                 self._decided[seq] = True
 
@@ -329,10 +362,11 @@ class MQTTSession:
                 self._queue_over_threshold(q)
         return needs_store if accepted else None
 
-    def _puback_decided(self, seq: int, ok: bool) -> None:
+    def _stored(self, seqs: list[int], ok: bool) -> None:
+        """The store wrote (or failed to write) what one read's publishes put there."""
         if self.ended:
             return
-        self._decided[seq] = ok
+        self._decided.update(dict.fromkeys(seqs, ok))
         self._flush_pubacks()
         self.wake()
 
@@ -485,6 +519,32 @@ class MQTTSession:
             if not self.flow_queues:
                 self.flow_resumed()
 
+    # ---- as a connection in broker.sessions (next to broker.session.Session) ----
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def session(self) -> MQTTSession:
+        """As the channel of its consumers: its connection is itself."""
+        return self
+
+    @property
+    def protocol(self) -> str:
+        return "MQTT 3.1.1" if self.conn.protocol_level == 4 else "MQTT 3.1"
+
+    def connection_info(self) -> dict:
+        """The protocol's own fields of the management API's connection object."""
+        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
+                "frame_max": 0, "timeout": self.conn.keep_alive, "port": self.local_port,
+                "ssl": self.tls,
+                "client_properties": {"client_id": self.client_id, "clean_session": self.clean}}
+
+    def force_close(self, error: errors.AMQPError) -> None:
+        """The broker ends the connection (management, store fencing, vhost deleted):
+        MQTT has no close frame, the socket is closed and the will published."""
+        self.close(error.text)
+
     # ---- the end ----
     def close(self, reason: str) -> None:
         """The server ends the connection (takeover, keep-alive, refused publish, shutdown):
@@ -528,7 +588,7 @@ class MQTTSession:
         if self.vhost is not None and service.clients.get((self.vhost.name,
                                                            self.client_id)) is self:
             del service.clients[(self.vhost.name, self.client_id)]
-        service.sessions.discard(self)
+        self.broker.session_closed(self)
 
     def _publish_will(self, will: codec.Will) -> None:
         key = to_routing_key(will.topic)

@@ -27,9 +27,15 @@ from .stats import rate_details
 _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _local_port(session, info: dict | None = None) -> int:
+    """The listener port of the connection: its protocol's (``connection_info``), else
+    the AMQP port."""
+    port = (info if info is not None else session.connection_info()).get("port")
+    return port or session.broker.http_server.amqp_port or session.broker.config.port
+
+
 def connection_name(session) -> str:
-    port = session.broker.http_server.amqp_port or session.broker.config.port
-    return f"{session.peer} -> 127.0.0.1:{port}"
+    return f"{session.peer} -> 127.0.0.1:{_local_port(session)}"
 
 
 def _peer(session) -> tuple[str, int]:
@@ -59,20 +65,21 @@ def connection_json(session) -> dict:
     host, port = _peer(session)
     connected = _first_seen.setdefault(session, int(time.time() * 1000))
     state = "blocked" if session.blocked_sent else ("flow" if session.flow_queues else "running")
-    return {"auth_mechanism": "PLAIN", "channel_max": conn.channel_max,
-            "channels": len(session.channels), "client_properties": jsonable(conn.client_properties),
-            "connected_at": connected, "frame_max": conn.frame_max, "host": "127.0.0.1",
-            "name": connection_name(session), "node": NODE, "peer_cert_issuer": None,
-            "peer_cert_subject": None, "peer_cert_validity": None, "peer_host": host,
-            "peer_port": port,
-            "port": session.broker.http_server.amqp_port or session.broker.config.port,
-            "protocol": "AMQP 0-9-1",
-            "send_pend": conn.pending_output, "ssl": bool(getattr(session, "tls", False)),
-            "ssl_cipher": None, "ssl_hash": None, "ssl_key_exchange": None,
-            "ssl_protocol": None, "state": state, "timeout": conn.heartbeat,
-            "type": "network", "user": _user_of(session),
-            "user_who_performed_action": _user_of(session),
-            "vhost": session.vhost.name if session.vhost is not None else None}
+    info = session.connection_info()  # protocol, channel_max, frame_max, timeout ...
+    out = {"channels": len(session.channels), "connected_at": connected, "host": "127.0.0.1",
+           "name": connection_name(session), "node": NODE, "peer_cert_issuer": None,
+           "peer_cert_subject": None, "peer_cert_validity": None, "peer_host": host,
+           "peer_port": port,
+           "send_pend": conn.pending_output, "ssl": bool(getattr(session, "tls", False)),
+           "ssl_cipher": None, "ssl_hash": None, "ssl_key_exchange": None,
+           "ssl_protocol": None, "state": state,
+           "type": "network", "user": _user_of(session),
+           "user_who_performed_action": _user_of(session),
+           "vhost": session.vhost.name if session.vhost is not None else None}
+    out.update(info)
+    out["port"] = _local_port(session, info)
+    out["client_properties"] = jsonable(info.get("client_properties", {}))
+    return out
 
 
 def channel_ref(ch) -> dict:

@@ -127,13 +127,14 @@ class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
     __slots__ = ("_held", "_next_id", "_out", "close_reason", "inflight", "keep_alive",
-                 "pending_output", "protocol_level", "reader", "state")
+                 "pending_output", "protocol_level", "reader", "state", "username")
 
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
         self.state = State.AWAIT_CONNECT
         self.keep_alive = 0  # seconds, from CONNECT (0: none)
         self.protocol_level = 4
+        self.username: str | None = None  # as authenticated (``accept``)
         self._out: list[bytes] = []
         self.pending_output = 0
         self.inflight: dict[int, Any] = {}  # packet id -> token of an unacknowledged QoS 1 delivery
@@ -221,10 +222,13 @@ class ServerConnection:
         return self._violation(f"{type(packet).__name__} sent to the server")
 
     # ---- answers ----
-    def accept(self, session_present: bool) -> None:
+    def accept(self, session_present: bool, username: str | None = None) -> None:
+        """CONNACK 0; ``username``: who the broker authenticated (without a 'vhost:'
+        prefix), kept as ``username``."""
         if self.state is not State.CONNECTING:
             raise RuntimeError("accept without a pending CONNECT")
         self.state = State.CONNECTED
+        self.username = username
         self._write(codec.encode(codec.ConnAck(codec.ACCEPTED, session_present)))
 
     def refuse(self, return_code: int, reason: str) -> None:
@@ -243,6 +247,14 @@ class ServerConnection:
 
     def puback(self, packet_id: int) -> None:
         self._write(b"\x40\x02" + _H.pack(packet_id))
+
+    def send_blocked(self, reason: str) -> bool:
+        """MQTT 3.1.1 cannot tell a client the server is blocked (AMQP's connection.blocked):
+        nothing is sent; the server just reads slowly."""
+        return False
+
+    def send_unblocked(self) -> bool:
+        return False
 
     def close(self, reason: str) -> None:
         """The server ends the connection (keep-alive, takeover, shutdown, refused publish)."""

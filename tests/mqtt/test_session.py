@@ -15,7 +15,7 @@ from broker.listeners.mqtt_session import MQTTService, MQTTSession, queue_names
 from broker.mqtt import codec as m
 from broker.mqtt.codec import PacketReader, encode
 
-from ..support import declare_queue
+from ..support import bind, declare_queue
 
 
 @pytest.fixture
@@ -231,6 +231,33 @@ def test_permissions_and_vhost_from_the_user_name(broker, service):
     assert dev.publish("sensors/t", b"1", qos=1, pid=3) == [m.PacketId(m.PUBACK, 3)]
     assert dev.publish("admin/x", b"1", qos=1, pid=4) == []
     assert dev.session.finished  # a refused publish closes the connection, as RabbitMQ
+
+
+def test_connections_live_in_broker_sessions_and_go_with_fencing(broker, service):
+    """MQTT sessions are the broker's connections, next to AMQP ones: counted for
+    max-connections, closed (will published) when the store is fenced or their vhost
+    deleted; while fenced new clients are refused."""
+    broker.access.add_vhost("iot")
+    broker.access.set_permissions("guest", "iot", ".*", ".*", ".*")
+    wills = declare_queue(broker.vhosts["/"], "wills")
+    bind(broker.vhosts["/"], "amq.topic", wills, "gone.#")
+    watcher = Client(service, "w")
+    dev = Client(service, "d", will=m.Will("gone/d", b"bye", 1, False))
+    other = Client(service, "o", username="iot:guest", password=b"guest")
+    assert {dev.session, other.session, watcher.session} <= broker.sessions
+    assert dev.session.connection_info()["protocol"] == "MQTT 3.1.1"
+    broker.access.set_vhost_limits("iot", {"max-connections": 1})
+    assert Client(service, "o2", username="iot:guest", password=b"guest").connack == [
+        m.ConnAck(5)]
+    broker.access.delete_vhost("iot")
+    assert other.session.finished and other.session not in broker.sessions
+    broker.on_store_fenced(broker.store, True, "lease lost")
+    assert dev.session.finished and dev.session.conn.closed
+    assert not broker.sessions and watcher.session.finished
+    assert wills.message_count == 1  # the devices did nothing wrong: their wills go out
+    assert Client(service, "late").connack == [m.ConnAck(3)]
+    broker.on_store_fenced(broker.store, False)
+    assert Client(service, "w2").connack == [m.ConnAck(0)]
 
 
 async def test_puback_waits_for_the_journal_and_retained_survive(tmp_path):
