@@ -168,6 +168,21 @@ class ProxyQueue(Queue):
         if proxied is not None and proxied.remote is not None:
             proxied.remote.cancel()
 
+    def retarget(self, master: str) -> None:
+        """The queue has a new master (a mirror was promoted): consumers follow it (what
+        they had unacknowledged is redelivered by the new master, redelivered=true)."""
+        if master == self.master:
+            return
+        self.master = master
+        link = self.link
+        for proxied in self._proxied.values():
+            if proxied.remote is not None:
+                proxied.remote.cancel()
+            proxied.buffer.clear()
+            proxied.remote = RemoteConsumer(link, self.name, False, proxied.consumer.prefetch,
+                                            proxied.consumer.arguments, proxied)
+            link.consume(proxied.remote)
+
     def remote_consumer_gone(self, proxied: _Proxied) -> None:
         consumer = proxied.consumer
         if self._proxied.pop(consumer, None) is None:
@@ -239,8 +254,11 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     if not isinstance(route, list) or len(route) != 2:
         return False
     from ..amqp.fields import encode_properties
+    from .mirror import MIRROR_HEADER
+    mirror_op = headers.get(MIRROR_HEADER)  # type: ignore[union-attr]
     props = dict(message.properties)
-    rest = {k: v for k, v in headers.items() if k != ROUTE_HEADER}  # type: ignore[union-attr]
+    rest = {k: v for k, v in headers.items()  # type: ignore[union-attr]
+            if k != ROUTE_HEADER and k != MIRROR_HEADER}
     if rest:
         props["headers"] = rest
     else:
@@ -249,6 +267,13 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
                      for r in route)
     original = Message(exchange, key, encode_properties(props), props, message.body)
     vhost = channel.vhost
+    if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
+        mirrors = getattr(session.broker.store, "mirrors", None)
+        ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
+            vhost.name, message.routing_key, mirror_op, original)
+        if seq:
+            channel.confirm_decided(seq, bool(ok))
+        return True
     q = vhost.queues.get(message.routing_key)
     if q is None or isinstance(q, ProxyQueue):
         # not (or no longer) mastered here: the forwarding node's publisher gets a nack
@@ -257,7 +282,7 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
         return True
     accepted = q.enqueue(original)
     if seq:
-        if accepted and q.store is not None and original.persistent:
+        if accepted and q.store is not None and (original.persistent or q.confirms_later):
             vhost.store.when_durable(
                 lambda s=seq: channel.confirm_decided(s, True, external=True),
                 on_failure=lambda s=seq: channel.confirm_decided(s, False, external=True))

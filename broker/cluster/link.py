@@ -174,19 +174,21 @@ class Link:
             self.send(frame)
 
     def publish(self, queue: str, exchange: str, routing_key: str, properties: dict,
-                body: bytes, done: Callable[[bool], None]) -> bool:
+                body: bytes, done: Callable[[bool], None], extra: dict | None = None) -> bool:
         """Forward a publish to ``queue`` on the master; ``done(ok)`` once decided. False
         (nothing sent, ``done`` not called) while the link is down; held (bounded) while it
         connects for the first time or again after a clean break."""
         if not self.connected:
             if self.failing or len(self._held) >= self.max_inflight:
                 return False
-            self._held.append((queue, exchange, routing_key, properties, body, done))
+            self._held.append((queue, exchange, routing_key, properties, body, done, extra))
             return True
         from ..amqp.fields import encode_properties
         props = dict(properties)
         headers = dict(props.get("headers") or {})
         headers[ROUTE_HEADER] = [exchange, routing_key]
+        if extra:
+            headers.update(extra)
         props["headers"] = headers
         self._seq += 1
         self._pending[self._seq] = done

@@ -281,6 +281,19 @@ class ClusterNode:
                       "delete one", queue, vhost, holder)
         return m
 
+    async def claim_if_free(self, vhost: str, queue: str) -> Mastership | None:
+        """Become the queue's master only if nobody is (a mirror's promotion): the
+        mastership, or None when another node has it (no conflict: it is the master)."""
+        value = json.dumps({"node": self.name, "advertise": self.settings.advertise}).encode()
+        created, kv = await self.coord.create(self.master_key(vhost, queue), value, self.lease)
+        if not created or kv is None:
+            return None
+        m = Mastership(self.name, kv.create_revision)
+        self.masters[(vhost, queue)] = m
+        self.conflicts.pop((vhost, queue), None)
+        await self.coord.put(self.home_key(vhost, queue), json.dumps({"node": self.name}).encode())
+        return m
+
     async def release_master(self, vhost: str, queue: str) -> None:
         """The queue was deleted here: drop its records if this node still masters it."""
         m = self.masters.pop((vhost, queue), None)

@@ -44,6 +44,7 @@ from ..persistence.records import decode_arguments, encode_arguments
 from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
 from .forward import LOCATORS, ProxyQueue, choose_master, forwarded_publish
 from .link import LINK_USER, Link, link_password
+from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
 
 log = logging.getLogger("broker.cluster.defs")
@@ -135,6 +136,8 @@ class ClusterStore(Store):
         self._forwards: _Forwards | None = None
         self._pressure: set[str] = set()  # links over their bounds
         self.link_password = link_password(node.settings.secret, node.prefix)
+        self._masters: dict[tuple[str, str], str] = {}  # queue -> its master node (etcd)
+        self.mirrors = Mirrors(self)
         node.on_fenced.append(self._fenced)
 
     def __getattr__(self, name: str) -> Any:
@@ -210,6 +213,7 @@ class ClusterStore(Store):
         else:
             broker.recovery_hooks.append(self._publish_local_meta)
         broker.recovery_hooks.append(self._ensure_link_user)
+        self._drop_superseded()
         # before the other hooks: a forwarded publish is the queue's, nobody else's
         broker.publish_hooks.insert(0, forwarded_publish)
         self._publish_local()
@@ -331,6 +335,26 @@ class ClusterStore(Store):
                             self.save_binding(vhost, b)
         self._wake.set()
 
+    def _drop_superseded(self) -> None:
+        """Queues this node's store recovered that another node masters now (a mirror
+        was promoted while this node was down): the local copy is stale; it is dropped
+        and the queue becomes a proxy of its master here."""
+        for vhost in list(self.broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                master = self._masters.get((vhost.name, q.name))
+                if isinstance(q, ProxyQueue) or not q.durable or master is None \
+                        or master == self.node.name:
+                    continue
+                log.warning("queue %r in vhost %r is mastered by node %r now: this node's "
+                            "stale copy (%d messages) is dropped", q.name, vhost.name, master,
+                            q.message_count)
+                self._applying = True
+                try:
+                    vhost.delete_queue(q, reason="superseded by a promoted mirror")
+                finally:
+                    self._applying = False
+                self._add_proxy(vhost, q.name, master, q.auto_delete, dict(q.arguments))
+
     # ---- forwarding (forward.py, link.py) ----
     def _ensure_link_user(self, vhost_name: str | None = None) -> None:
         """The user other nodes' links log in as, with every permission on each vhost
@@ -362,6 +386,13 @@ class ClusterStore(Store):
             await trio.sleep(0.5)
             link.address = self._addresses.get(link.node, "")
         await link.run()
+
+    def live_nodes(self) -> set[str]:
+        return self._live | {self.node.name}
+
+    def master_of(self, vhost: str, queue: str) -> str | None:
+        """The queue's master node as etcd has it (None: none now)."""
+        return self._masters.get((vhost, queue))
 
     def node_down(self, node: str) -> bool:
         return node != self.node.name and node not in self._live
@@ -414,6 +445,7 @@ class ClusterStore(Store):
             for link in self._links.values():
                 nursery.start_soon(self._run_link, link)
             nursery.start_soon(self.node.run)
+            nursery.start_soon(self.mirrors.run)
             nursery.start_soon(self._writer)
             nursery.start_soon(self._watcher)
             await self.inner.run()
@@ -472,7 +504,17 @@ class ClusterStore(Store):
         from .node import split_queue_key
         rest = key[len(self.node.prefix):]
         section, _, name = rest.partition("/")
-        if section == "homes":
+        if section == "masters":
+            vq = split_queue_key(name)
+            if value is None:
+                self._masters.pop(vq, None)
+                self.mirrors.wake()  # a mirror may be promoted
+            else:
+                try:
+                    self._masters[vq] = json.loads(value).get("node", "?")
+                except ValueError:
+                    pass
+        elif section == "homes":
             vq = split_queue_key(name)
             if value is None:
                 self._homes.pop(vq, None)
@@ -619,7 +661,7 @@ class ClusterStore(Store):
                 return
             existing = vhost.queues.get(value["name"])
             if isinstance(existing, ProxyQueue):
-                existing.master = master
+                existing.retarget(master)
             elif existing is None:
                 self._add_proxy(vhost, value["name"], master, value.get("auto_delete", False),
                                 _args_in(value.get("arguments", "")))
@@ -687,6 +729,7 @@ class ClusterStore(Store):
         elif section == "queue":
             vhost = broker.vhosts.get(value["vhost"])
             q = vhost.queues.get(value["name"]) if vhost is not None else None
+            self.mirrors.drop_copy(value["vhost"], value["name"])
             if isinstance(q, ProxyQueue):
                 q.forwarding = False  # deleted on its master: nothing to send back
                 vhost.delete_queue(q, reason="deleted on its master")

@@ -1,0 +1,373 @@
+"""Mirrored queues by policy (ha-mode, ha-params, ha-sync-mode, ha-promote-on-failure).
+
+Built on the queue operation stream (``broker/queues/ops.py``): the master's ``Mirroring``
+is an observer of its queue, as the store is, and sends what the store gets -- each
+ENQUEUE (with the message) and each leaving op -- to every mirror node over the link
+(``link.py``), each op carrying the master's **epoch**. A mirror node keeps a
+``MirrorCopy`` per queue (in memory) and applies the same stream.
+
+* **Confirms.** An ENQUEUE sent to an in-sync mirror takes a token of the cluster store's
+  forwarded writes, so the publisher's confirm waits until every in-sync mirror confirmed
+  it (``ClusterStore.when_durable``). A mirror that nacks or whose link drops leaves the
+  in-sync set; until etcd records the smaller set, every new publish waits for that
+  write, so a confirm is never given for a message an in-sync-in-etcd mirror lacks.
+* **In-sync set in etcd** (``isr/VHOST/QUEUE``), written with ``ClusterNode.set_in_sync``:
+  only under the master's epoch (a deposed master cannot write it).
+* **Sync.** A new mirror gets RESET, then every message the queue holds (ready and
+  delivered-unsettled), in batches of ``ha-sync-batch-size``, then SYNCED; once that is
+  confirmed it joins the in-sync set. ha-sync-mode manual: not synchronised until
+  ``cluster sync-queue`` (not built: manual mirrors stay out of the in-sync set).
+* **Fencing.** A copy takes ops only from its epoch; a RESET of a newer epoch replaces it,
+  so a deposed master's ops are nacked. A master that lost its lease is fenced (the node
+  closes every connection) before etcd can let anyone else take the queue.
+* **Promotion.** When the master key is gone (lease expired or revoked), a mirror whose
+  copy's epoch is the in-sync record's epoch and that is in its in-sync set (or any
+  mirror, with ha-promote-on-failure "always") claims the master key in a create-only
+  transaction; the winner turns its copy into the queue (every message redelivered=true:
+  it may have been delivered before), stored in its own store, and mirrors it on.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..message import Message
+from ..queues.ops import Op
+from .etcd import CoordinationError, CoordinationUnavailable
+
+if TYPE_CHECKING:
+    from .store import ClusterStore
+
+log = logging.getLogger("broker.cluster.mirror")
+
+MIRROR_HEADER = "x-triomq-mirror"
+RESET = 0  # op code: start a copy of this epoch (empty)
+SYNCED = 99  # op code: the snapshot is complete
+_ENQUEUE = int(Op.ENQUEUE)
+
+
+def wanted_mirrors(definition: dict, master: str, live: list[str]) -> list[str]:
+    """The nodes that should mirror a queue mastered on ``master`` under the policy
+    ``definition`` (ha-mode all | exactly | nodes), among the ``live`` nodes."""
+    mode = definition.get("ha-mode")
+    others = sorted(n for n in live if n != master)
+    if mode == "all":
+        return others
+    if mode == "exactly":
+        count = definition.get("ha-params")
+        if not isinstance(count, int) or count < 1:
+            return []
+        return others[:count - 1]
+    if mode == "nodes":
+        names = definition.get("ha-params")
+        if not isinstance(names, list):
+            return []
+        return [n for n in others if n in {str(x) for x in names}]
+    return []
+
+
+class MirrorCopy:
+    """A mirror node's copy of a queue: the messages in the queue, by seq."""
+
+    __slots__ = ("entries", "epoch", "master", "synced")
+
+    def __init__(self, epoch: int, master: str):
+        self.epoch = epoch
+        self.master = master
+        self.entries: dict[int, Message] = {}
+        self.synced = False
+
+
+class Mirroring:
+    """The master side of one queue: an observer of its operation stream."""
+
+    def __init__(self, owner: Mirrors, queue, epoch: int):
+        self.owner = owner
+        self.queue = queue
+        self.epoch = epoch
+        self.outside: dict[int, Any] = {}  # seq -> entry delivered and not settled
+        self.nodes: dict[str, str] = {}  # mirror node -> "syncing" | "in_sync" | "failed"
+        self.generation: dict[str, int] = {}  # per node: failures of an older sync are void
+        self.isr_dirty = True  # the in-sync set in etcd may be larger than the real one
+        self._isr_waiters: list = []  # confirms that wait for the in-sync record
+        self.recorded: tuple = ()
+
+    # ---- the operation stream ----
+    def queue_op(self, queue, op: Op, entry) -> None:
+        if op is Op.DELIVER:
+            self.outside[entry.seq] = entry
+        elif op is Op.REQUEUE or op.leaves:
+            self.outside.pop(entry.seq, None)
+        if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
+            return
+        store = self.owner.store
+        if op is Op.ENQUEUE and self.isr_dirty:
+            self._isr_waiters.append(store.forward_started())
+        for node, state in self.nodes.items():
+            if state == "failed":
+                continue
+            done = self._done_for(node)
+            if op is Op.ENQUEUE and state == "in_sync":
+                token = store.forward_started()
+
+                def both(ok: bool, token=token, done=done) -> None:
+                    done(ok)
+                    token(ok)
+                self._send(node, int(op), entry, both)
+            else:
+                self._send(node, int(op), entry if op is Op.ENQUEUE else None, done,
+                           seq=entry.seq)
+
+    def _send(self, node: str, op: int, entry, done, seq: int | None = None) -> None:
+        link = self.owner.store.link_for(node, self.queue.vhost.name)
+        extra = {MIRROR_HEADER: [self.epoch, op, entry.seq if entry is not None else seq or 0,
+                                 self.owner.store.node.name]}
+        if entry is not None:
+            m = entry.message
+            ok = link.publish(self.queue.name, m.exchange, m.routing_key, m.properties, m.body,
+                              done, extra)
+        else:
+            ok = link.publish(self.queue.name, "", "", {}, b"", done, extra)
+        if not ok:
+            done(False)
+
+    def _done_for(self, node: str):
+        generation = self.generation.get(node, 0)
+
+        def done(ok: bool) -> None:
+            if not ok and self.generation.get(node, 0) == generation:
+                self.mirror_failed(node)
+        return done
+
+    def mirror_failed(self, node: str) -> None:
+        state = self.nodes.get(node)
+        if state is None or state == "failed":
+            return
+        log.warning("mirror %r of queue %r fell out of sync (link lost or op refused)", node,
+                    self.queue.name)
+        self.nodes[node] = "failed"
+        self.generation[node] = self.generation.get(node, 0) + 1
+        if state == "in_sync":
+            self.isr_dirty = True
+        self.owner.wake()
+
+    # ---- membership and sync ----
+    def set_nodes(self, wanted: list[str], manual: bool) -> None:
+        for node in [n for n in self.nodes if n not in wanted]:
+            if self.nodes.pop(node) == "in_sync":
+                self.isr_dirty = True
+        for node in wanted:
+            if node not in self.nodes or (self.nodes[node] == "failed" and not manual):
+                self.nodes[node] = "manual" if manual else "syncing"
+                if not manual:
+                    self.start_sync(node)
+        if self.isr_dirty or self.recorded != self.record_key():
+            self.owner.wake()
+
+    def start_sync(self, node: str) -> None:
+        generation = self.generation[node] = self.generation.get(node, 0) + 1
+        self.nodes[node] = "syncing"
+        fail = self._done_for(node)
+        self._send(node, RESET, None, fail, seq=0)
+        entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
+        for entry in entries:
+            self._send(node, _ENQUEUE, entry, fail)
+
+        def synced(ok: bool) -> None:
+            if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
+                return
+            if ok:
+                self.nodes[node] = "in_sync"
+                self.owner.wake()
+            else:
+                fail(False)
+        self._send(node, SYNCED, None, synced, seq=0)
+
+    def in_sync(self) -> list[str]:
+        return sorted(n for n, s in self.nodes.items() if s == "in_sync")
+
+    def record_key(self) -> tuple:
+        return (tuple(sorted(self.nodes)), tuple(self.in_sync()))
+
+    async def record(self) -> None:
+        """Write the in-sync set to etcd; release the confirms that waited for it."""
+        key = self.record_key()
+        dirty = self.isr_dirty
+        waiters, self._isr_waiters = self._isr_waiters, []
+        self.isr_dirty = False
+        ok = False
+        try:
+            ok = await self.owner.store.node.set_in_sync(
+                self.queue.vhost.name, self.queue.name, sorted(self.nodes), self.in_sync(),
+                {n: s for n, s in self.nodes.items() if s != "in_sync"})
+        except (CoordinationUnavailable, CoordinationError) as exc:
+            log.warning("in-sync set of queue %r not recorded: %s", self.queue.name, exc)
+        if ok:
+            self.recorded = key
+        else:
+            self.isr_dirty = dirty or True
+        for token in waiters:
+            token(ok)
+
+    def detach(self) -> None:
+        if self in self.queue.observers:
+            self.queue.observers.remove(self)
+        waiters, self._isr_waiters = self._isr_waiters, []
+        for token in waiters:
+            token(False)
+        self.nodes.clear()
+
+
+class Mirrors:
+    """Both roles of this node: master of some queues (``Mirroring``), mirror of others
+    (``MirrorCopy``); ``run()`` in the cluster store's nursery reconciles and promotes."""
+
+    def __init__(self, store: ClusterStore):
+        self.store = store
+        self.masters: dict[tuple[str, str], Mirroring] = {}
+        self.copies: dict[tuple[str, str], MirrorCopy] = {}
+        self._wake = trio.Event()
+        self.promotions = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---- mirror role: ops from a master's link (forward.forwarded_publish) ----
+    def apply(self, vhost: str, queue: str, header: list, message: Message | None) -> bool:
+        """Apply one op; False (nacked) when it is not of this copy's epoch."""
+        try:
+            epoch, op, seq, master = int(header[0]), int(header[1]), int(header[2]), header[3]
+        except (TypeError, ValueError, IndexError):
+            return False
+        if isinstance(master, bytes):
+            master = master.decode()
+        key = (vhost, queue)
+        copy = self.copies.get(key)
+        if op == RESET:
+            if copy is not None and copy.epoch > epoch:
+                return False  # a deposed master
+            self.copies[key] = MirrorCopy(epoch, str(master))
+            return True
+        if copy is None or copy.epoch != epoch:
+            return False
+        if op == SYNCED:
+            copy.synced = True
+        elif op == _ENQUEUE:
+            if message is not None:
+                copy.entries[seq] = message
+        else:
+            copy.entries.pop(seq, None)
+        return True
+
+    def drop_copy(self, vhost: str, queue: str) -> None:
+        self.copies.pop((vhost, queue), None)
+
+    # ---- both roles, in the background ----
+    async def run(self) -> None:
+        while True:
+            with trio.move_on_after(0.25):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                self.reconcile()
+                for mirroring in list(self.masters.values()):
+                    if mirroring.isr_dirty or mirroring.recorded != mirroring.record_key():
+                        await mirroring.record()
+                await self.promote_orphans()
+            except (CoordinationUnavailable, CoordinationError) as exc:
+                log.warning("mirroring: %s", exc)
+                await trio.sleep(0.5)
+
+    def reconcile(self) -> None:
+        """Follow the queues this node masters and their policies."""
+        store = self.store
+        node = store.node
+        broker = store.broker
+        if broker is None:
+            return
+        from .forward import ProxyQueue
+        live = sorted(store.live_nodes())
+        seen = set()
+        for vhost in list(broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                if isinstance(q, ProxyQueue) or not q.durable or q.internal \
+                        or not q.keeps_definition:
+                    continue
+                key = (vhost.name, q.name)
+                m = node.mastership(vhost.name, q.name)
+                if m is None:
+                    continue
+                seen.add(key)
+                mirroring = self.masters.get(key)
+                if mirroring is not None and (mirroring.queue is not q or mirroring.epoch != m.epoch):
+                    mirroring.detach()
+                    mirroring = None
+                if mirroring is None:
+                    mirroring = self.masters[key] = Mirroring(self, q, m.epoch)
+                    q.observers.append(mirroring)
+                definition = q.effective_policy_definition or {}
+                wanted = wanted_mirrors(definition, node.name, live)
+                mirroring.set_nodes(wanted, definition.get("ha-sync-mode") == "manual")
+        for key in [k for k in self.masters if k not in seen]:
+            self.masters.pop(key).detach()
+
+    async def promote_orphans(self) -> None:
+        """Copies whose master is gone: promote this node if it may (module docstring)."""
+        store = self.store
+        for key, copy in list(self.copies.items()):
+            if store.master_of(*key) is not None:
+                continue
+            vhost_name, queue = key
+            vhost = store.broker.vhosts.get(vhost_name)
+            proxy = vhost.queues.get(queue) if vhost is not None else None
+            from .forward import ProxyQueue
+            if not isinstance(proxy, ProxyQueue):
+                self.copies.pop(key, None)  # deleted meanwhile
+                continue
+            always = (proxy.effective_policy_definition or {}).get("ha-promote-on-failure") \
+                == "always"
+            kv = await store.coord.get(store.node.isr_key(vhost_name, queue))
+            record = kv.json() if kv is not None else {}
+            eligible = (record.get("epoch") == copy.epoch
+                        and store.node.name in record.get("in_sync", []) and copy.synced)
+            if not eligible and not always:
+                continue
+            if self.copies.get(key) is not copy:
+                continue
+            m = await store.node.claim_if_free(vhost_name, queue)
+            if m is None:
+                continue
+            self.copies.pop(key, None)
+            self.promote(vhost, proxy, copy, m.epoch)
+
+    def promote(self, vhost, proxy, copy: MirrorCopy, epoch: int) -> None:
+        from ..queues.args import parse_queue_arguments
+        from ..queues.queue import Queue
+        name = proxy.name
+        arguments = dict(proxy.arguments)
+        proxy.forwarding = False
+        vhost.delete_queue(proxy, reason="promoted to master here")
+        q = Queue(vhost, name, durable=True, auto_delete=proxy.auto_delete, arguments=arguments,
+                  opts=parse_queue_arguments(arguments))
+        vhost.add_queue(q)
+        for seq in sorted(copy.entries):
+            q.enqueue(copy.entries[seq])
+        # each may have been delivered by the old master: RabbitMQ's redelivered flag
+        for entry in q.ready:
+            entry.redelivered = True
+        self.promotions += 1
+        log.warning("queue %r in vhost %r: promoted to master on this node (epoch %d, %d "
+                    "messages, old master %r)", name, vhost.name, epoch, len(copy.entries),
+                    copy.master)
+        self.wake()
+
+    def status(self) -> dict:
+        return {"masters": {f"{v}/{q}": dict(m.nodes) for (v, q), m in self.masters.items()},
+                "copies": {f"{v}/{q}": {"epoch": c.epoch, "messages": len(c.entries),
+                                        "synced": c.synced}
+                           for (v, q), c in self.copies.items()},
+                "promotions": self.promotions}
+
+
