@@ -146,6 +146,7 @@ class MQTTConnectionHandler:
             size = broker.config.receive_size
             if broker.blocked and session.is_publisher:
                 # resource alarm: trickle-read (PINGREQ, PUBACKs still pass), as for AMQP
+                broker.notify_blocked(session)  # listed as "blocked" (nothing is sent)
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
                     await listener.server_unblocked()
                 size = BLOCKED_READ_SIZE

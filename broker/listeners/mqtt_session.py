@@ -60,8 +60,10 @@ def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
     return props, encode_properties(props)
 
 
-# the four property sets an MQTT publish can have, encoded once
-_PROPS_RAW = {(q, d): _props(q, d)[1] for q in (0, 1) for d in (False, True)}
+# the four property sets an MQTT publish can have, built and encoded once and shared by
+# every such message (a Message's properties are never changed once routed: a header is
+# changed on a copy, Message.with_changes)
+_PROPS = {(q, d): _props(q, d) for q in (0, 1) for d in (False, True)}
 
 
 def queue_names(client_id: str) -> tuple[str, str]:
@@ -343,9 +345,8 @@ class MQTTSession:
                dup: bool = False) -> bool | None:
         """Route one message; None if a queue refused it, else whether a store write must
         be durable before it counts as taken."""
-        props = {"delivery_mode": 2 if qos else 1,
-                 "headers": {"x-mqtt-publish-qos": qos, "x-mqtt-dup": dup}}
-        message = Message(self.service.exchange, key, _PROPS_RAW[(qos, dup)], props, payload)
+        props, raw = _PROPS[(qos, dup)]
+        message = Message(self.service.exchange, key, raw, props, payload)
         vhost = self.vhost
         needs_store = False
         if retain:

@@ -160,17 +160,34 @@ class ServerConnection:
             packets = self._held + packets
             self._held = []
         events: list[Event] = []
+        append = events.append
+        inflight = self.inflight
+        connected = self.state is State.CONNECTED
         for i, packet in enumerate(packets):
-            if self.closed:
-                break
+            # the hot path, connected: PUBLISH in, PUBACK of a delivery (as ``_handle``;
+            # neither changes the state)
+            if connected:
+                if isinstance(packet, Publish):
+                    if packet.qos == 2:
+                        packet.qos = 1
+                    append(PublishReceived(packet))
+                    continue
+                if isinstance(packet, PacketId) and packet.type == PUBACK:
+                    token = inflight.pop(packet.packet_id, _MISSING)
+                    if token is not _MISSING:
+                        append(DeliveryAcked(token))
+                    continue
             ev = self._handle(packet)
             if ev is not None:
-                events.append(ev)
+                append(ev)
+            if self.closed:
+                break
             if self.state is State.CONNECTING:
                 # what the client sent right behind its CONNECT waits for the broker's
                 # decision: ``accept`` then ``receive_data(b"")`` hands it out
                 self._held = packets[i + 1:]
                 break
+            connected = self.state is State.CONNECTED
         return events
 
     def _violation(self, reason: str) -> ProtocolViolation:
