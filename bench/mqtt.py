@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.mqtt throughput [--publishers 2] [--window 64] [--size 64]
                                               [--duration 10] [--warmup 2] [--prefetch 20]
-                                              [--repeats 3]
+                                              [--repeats 3] [--session clean|persistent]
     .venv/bin/python -m bench.mqtt connections [--count 10000]
 
-``throughput``: one QoS 1 subscriber (PUBACK for every message) on ``bench/<run>/#`` and N
+``throughput``: one QoS 1 subscriber (PUBACK for every message; clean session unless
+``--session persistent``) on ``bench/<run>/#`` and N
 QoS 1 publishers, each keeping at most ``--window`` PUBLISHes without PUBACK; the figure is
 the messages the subscriber received per second in the measured window. TrioMQ gets
 ``--mqtt-prefetch`` equal to Mosquitto's default ``max_inflight_messages`` (20). Each of
@@ -56,8 +57,9 @@ def _str(s: str) -> bytes:
     return struct.pack(">H", len(raw)) + raw
 
 
-def connect_packet(client_id: str, keep_alive: int = 0) -> bytes:
-    body = _str("MQTT") + bytes((4, 0x02)) + struct.pack(">H", keep_alive) + _str(client_id)
+def connect_packet(client_id: str, keep_alive: int = 0, clean: bool = True) -> bytes:
+    body = (_str("MQTT") + bytes((4, 0x02 if clean else 0)) + struct.pack(">H", keep_alive)
+            + _str(client_id))
     return b"\x10" + _length(len(body)) + body
 
 
@@ -103,10 +105,11 @@ class Parser:
         return out
 
 
-def _open(addr, client_id: str, keep_alive: int = 0) -> tuple[socket.socket, Parser]:
+def _open(addr, client_id: str, keep_alive: int = 0,
+          clean: bool = True) -> tuple[socket.socket, Parser]:
     s = socket.create_connection(addr, timeout=30)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(connect_packet(client_id, keep_alive))
+    s.sendall(connect_packet(client_id, keep_alive, clean))
     parser = Parser()
     while True:
         packets = parser.feed(s.recv(4096))
@@ -118,8 +121,9 @@ def _open(addr, client_id: str, keep_alive: int = 0) -> tuple[socket.socket, Par
 
 
 # ---- throughput workers --------------------------------------------------------------------
-def _subscriber(addr, topic, start_at, end_at, ready, results):
-    s, parser = _open(addr, "sub-" + uuid.uuid4().hex[:8])
+def _subscriber(addr, topic, start_at, end_at, ready, results, clean=True):
+    client_id = "sub-" + uuid.uuid4().hex[:8]
+    s, parser = _open(addr, client_id, clean=clean)
     s.sendall(subscribe_packet(topic, 1))
     got_suback = False
     while not got_suback:
@@ -149,6 +153,10 @@ def _subscriber(addr, topic, start_at, end_at, ready, results):
             s.sendall(b"".join(acks))
     results.put(("sub", counted, total))
     s.close()
+    if not clean:  # leave nothing behind in the machine's Mosquitto: a clean CONNECT ends it
+        s, _ = _open(addr, client_id, clean=True)
+        s.sendall(b"\xe0\x00")
+        s.close()
 
 
 def _publisher(addr, topic, payload, window, end_at, ready, results):
@@ -182,7 +190,7 @@ def _publisher(addr, topic, payload, window, end_at, ready, results):
 
 
 def throughput(addr, publishers: int, window: int, size: int, duration: float,
-               warmup: float, broker_pid: int | None = None) -> dict:
+               warmup: float, broker_pid: int | None = None, clean: bool = True) -> dict:
     run = uuid.uuid4().hex[:8]
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
@@ -190,7 +198,7 @@ def throughput(addr, publishers: int, window: int, size: int, duration: float,
     t0 = time.time() + 3.0  # spawn time
     start_at, end_at = t0 + warmup, t0 + warmup + duration
     sub = ctx.Process(target=_subscriber, args=(addr, f"bench/{run}/#", start_at, end_at, ready,
-                                                results))
+                                                results, clean))
     sub.start()
     pubs = [ctx.Process(target=_publisher, args=(addr, f"bench/{run}/p{i}", b"x" * size, window,
                                                  end_at, ready, results))
@@ -302,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--warmup", type=float, default=2.0)
     t.add_argument("--prefetch", type=int, default=20)
     t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--session", choices=("clean", "persistent"), default="clean",
+                   help="the subscriber's session: persistent (clean session 0) puts its "
+                        "TrioMQ queue on disk, so a PUBACK waits for the store")
     c = sub.add_parser("connections")
     c.add_argument("--count", type=int, default=10_000)
     for p in (t, c):
@@ -329,13 +340,14 @@ def main(argv: list[str] | None = None) -> int:
             triomq_pid = triomq.pid or pid_listening_on(mqtt_port)
             mosquitto_pid = pid_listening_on(MOSQUITTO[1])
             for i in range(args.repeats):
+                clean = args.session == "clean"
                 r = throughput(("127.0.0.1", mqtt_port), args.publishers, args.window,
-                               args.size, args.duration, args.warmup, triomq_pid)
+                               args.size, args.duration, args.warmup, triomq_pid, clean)
                 print(f"round {i + 1} TrioMQ", r, flush=True)
                 m = None
                 if not args.skip_mosquitto:
                     m = throughput(MOSQUITTO, args.publishers, args.window, args.size,
-                                   args.duration, args.warmup, mosquitto_pid)
+                                   args.duration, args.warmup, mosquitto_pid, clean)
                     print(f"round {i + 1} Mosquitto", m, flush=True)
                     print(f"round {i + 1} ratio TrioMQ/Mosquitto: "
                           f"{r['msg_per_s'] / m['msg_per_s']:.2f}", flush=True)

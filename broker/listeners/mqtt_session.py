@@ -16,8 +16,8 @@ The mapping is RabbitMQ's MQTT plugin's (docs/mqtt.md):
   (a filter moves when it is subscribed again with the other QoS). QoS 0 deliveries are
   settled as they are written; QoS 1 deliveries stay unacknowledged (``prefetch`` at most
   in flight) until the client's PUBACK.
-- clean session: the queues are auto-delete and go with the connection; otherwise the
-  QoS 1 queue is durable and both stay, with their bindings and messages, until a clean
+- clean session: the queues are transient and auto-delete, and go with the connection;
+  otherwise the QoS 1 queue is durable and both stay, with their bindings and messages, until a clean
   session of the same client id.
 """
 from __future__ import annotations
@@ -424,9 +424,13 @@ class MQTTSession:
         name = queue_names(self.client_id)[qos]
         self._check("queue", name, "configure")
         self._check("queue", name, "read")
-        # QoS 1: durable unless clean, as RabbitMQ; QoS 0: transient, but kept across
-        # reconnects of a non-clean session (RabbitMQ makes it auto-delete)
-        m = spec.Queue.Declare(queue=name, durable=bool(qos), auto_delete=self.clean)
+        # QoS 1: durable unless clean. A clean session lasts as long as its connection
+        # (MQTT 3.1.1 section 3.1.2.4; a restart ends it), so its messages need no disk
+        # (RabbitMQ's native MQTT also declares it transient; 3.10's plugin made it
+        # durable). QoS 0: transient, but kept across reconnects of a non-clean session
+        # (RabbitMQ makes it auto-delete)
+        m = spec.Queue.Declare(queue=name, durable=bool(qos) and not self.clean,
+                               auto_delete=self.clean)
         q = self.vhost.declare_queue(m, None)
         self._consume(q, qos)
         return q

@@ -59,7 +59,11 @@ def test_connect_and_subscribe_declares_queue_and_binding(broker, service):
     assert c.connack == [m.ConnAck(0, False)]
     assert c.subscribe(("a/+/c", 1), ("d/#", 0), ("e", 2)) == [m.SubAck(1, [1, 0, 1])]
     q0, q1 = (broker.vhosts["/"].queues[n] for n in queue_names("c1"))
-    assert q1.durable and q1.auto_delete and not q0.durable
+    # clean session: nothing outlives the connection, nothing goes to disk
+    assert q1.auto_delete and not q1.durable and not q0.durable
+    persistent = Client(service, "c2", clean=False)
+    persistent.subscribe(("x", 1))
+    assert broker.vhosts["/"].queues[queue_names("c2")[1]].durable
     assert {key[2] for _, key in q1.bindings} == {"a.*.c", "e"}
     assert {key[2] for _, key in q0.bindings} == {"d.#"}
     assert len(q1.consumers) == 1 and len(q0.consumers) == 1
