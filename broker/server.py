@@ -399,6 +399,8 @@ class Server:
         with trio.move_on_after(2):
             while self.handlers:  # noqa: ASYNC110 - a short poll, once, at shutdown
                 await trio.sleep(0.05)
+        for drain in getattr(self.broker, "drain_hooks", ()):
+            await drain()  # work that must settle while the store is still open
         self.nursery.cancel_scope.cancel()
 
 

@@ -2,7 +2,8 @@
 
 ``install(broker)``: ``broker.hermes`` (``service.Hermes``), its routes appended to
 ``broker.http_routes`` (served by the management HTTP listener), its push subscribers'
-nursery as a background task, its stored definitions claimed at recovery
+nursery as a background task, its clean stop in ``broker.drain_hooks`` (awaited by the
+server's shutdown before the store closes), its stored definitions claimed at recovery
 (``broker.meta_restorers``), and a publish hook validating AMQP publishes to AVRO topics.
 Modules: ``model`` (definitions, validation), ``service`` (topics, subscriptions, publish),
 ``push`` (the push subscriber), ``client`` (its HTTP/1.1 connections), ``http``
@@ -26,6 +27,9 @@ def install(broker) -> Hermes:
         broker.http_routes = []
     broker.http_routes.extend(http.routes(hermes))
     broker.background_tasks.append(hermes.run)
+    if not hasattr(broker, "drain_hooks"):
+        broker.drain_hooks = []
+    broker.drain_hooks.append(hermes.drain)
     config = broker.config
     if config.hermes_port is not None:
         host = config.hermes_host if config.hermes_host is not None else config.host

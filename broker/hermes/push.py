@@ -17,6 +17,13 @@ acks; 5xx, timeouts and network errors retry after the backoff and slow the limi
 ``retryClientErrors``. A message still undelivered when its in-flight TTL (``messageTtl``,
 counted from its first attempt) would run out, or refused with a 4xx, is rejected: the queue
 dead-letters it (to the subscription's dead-letter queue by default).
+
+Stopping: ``drain()`` (a clean stop, an update, the broker's shutdown) takes no new entries
+and sends nothing new, but lets the requests already sent finish (each within its
+``requestTimeout``) and settles them, so an entry the endpoint answered 2xx is acked, never
+requeued; what was not sent, or waits for a retry, goes back to the queue. ``stop()``
+cancels at once (in-flight requests abandoned: their entries are requeued and may reach the
+endpoint twice, as after a crash).
 """
 from __future__ import annotations
 
@@ -105,6 +112,13 @@ class PushSubscriber:
         self._held: dict[int, Any] = {}  # id(entry) -> entry: delivered here, not settled
         self._scope = trio.CancelScope()
         self.closed = False
+        self.draining = False
+        self._drain_event = trio.Event()
+        self.finished = trio.Event()
+        sub_headers = "".join(f"{h['name']}: {h['value']}\r\n" for h in sub.headers)
+        # the header lines every request of this subscription carries, formatted once
+        self._static_headers = (f"Hermes-Topic-Name: {sub.topicName}\r\n"
+                                f"Hermes-Subscription-Name: {sub.name}\r\n{sub_headers}")
         self.stats = {"delivered": 0, "failed": 0, "discarded": 0, "retries": 0}
 
     # ---- what the queue needs of a consumer's channel ----
@@ -118,7 +132,10 @@ class PushSubscriber:
 
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         self._held[id(entry)] = entry
-        self._send.send_nowait(entry)  # never full: the prefetch is the channel's capacity
+        try:
+            self._send.send_nowait(entry)  # never full: the prefetch is the channel's capacity
+        except trio.ClosedResourceError:
+            pass  # draining: held, so requeued by _release
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.closed = True  # the queue was deleted
@@ -127,6 +144,15 @@ class PushSubscriber:
     # ---- life cycle ----
     def stop(self) -> None:
         self._scope.cancel()
+
+    def drain(self) -> None:
+        """Stop taking entries; ``run`` returns once the requests in flight are settled."""
+        if self.draining:
+            return
+        self.draining = True
+        self.closed = True  # the queue delivers nothing more to us
+        self._drain_event.set()
+        self._send.close()  # idle senders see the end of the channel and leave
 
     async def run(self) -> None:
         try:
@@ -137,6 +163,7 @@ class PushSubscriber:
                         nursery.start_soon(self._batch_sender if self.batch else self._sender)
         finally:
             self._release()
+            self.finished.set()
 
     def _release(self) -> None:
         self.closed = True
@@ -163,13 +190,9 @@ class PushSubscriber:
             q.dispatch()
 
     # ---- sending ----
-    def _headers(self, message_id: str, retries: int) -> dict:
-        h = {"Hermes-Message-Id": message_id, "Hermes-Retry-Count": str(retries),
-             "Hermes-Topic-Name": self.sub.topicName,
-             "Hermes-Subscription-Name": self.sub.name}
-        for extra in self.sub.headers:
-            h[extra["name"]] = extra["value"]
-        return h
+    def _headers(self, message_id: str, retries: int, ctype: str, extra: str = "") -> str:
+        return (f"Hermes-Message-Id: {message_id}\r\nHermes-Retry-Count: {retries}\r\n"
+                f"Content-Type: {ctype}\r\n{extra}{self._static_headers}")
 
     def _payload(self, message) -> tuple[bytes, str]:
         """The body as the subscription wants it: AVRO topics' binary becomes JSON for
@@ -195,6 +218,8 @@ class PushSubscriber:
 
     async def _send_each(self, conn: Connection) -> None:
         async for entry in self._receive:
+            if self.draining:
+                continue  # held: requeued by _release
             message = entry.message
             try:
                 body, ctype = self._payload(message)
@@ -204,8 +229,9 @@ class PushSubscriber:
                 self._settle([entry], ok=False)
                 continue
             mid = self.message_id(message)
-            ok = await self._deliver(conn, body, ctype, lambda n, mid=mid: self._headers(mid, n))
-            self._settle([entry], ok)
+            ok = await self._deliver(conn, body, lambda n, mid=mid, ct=ctype: self._headers(mid, n, ct))
+            if ok is not None:
+                self._settle([entry], ok)
 
     async def _batch_sender(self) -> None:
         conn = Connection(self.endpoint)
@@ -217,11 +243,17 @@ class PushSubscriber:
     async def _send_batches(self, conn: Connection) -> None:
         bp = self.sub.batchSubscriptionPolicy
         while True:
-            batch = [await self._receive.receive()]
+            try:
+                batch = [await self._receive.receive()]
+            except trio.EndOfChannel:
+                return  # draining
             volume = len(batch[0].message.body)
             with trio.move_on_after(bp.batchTime / 1000.0):
                 while len(batch) < bp.batchSize and volume < bp.batchVolume:
-                    entry = await self._receive.receive()
+                    try:
+                        entry = await self._receive.receive()
+                    except trio.EndOfChannel:
+                        break
                     batch.append(entry)
                     volume += len(entry.message.body)
             while True:  # what is already waiting joins without waiting for batchTime
@@ -229,7 +261,7 @@ class PushSubscriber:
                     break
                 try:
                     entry = self._receive.receive_nowait()
-                except trio.WouldBlock:
+                except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 batch.append(entry)
                 volume += len(entry.message.body)
@@ -244,18 +276,22 @@ class PushSubscriber:
                 items.append({"message": message,
                               "metadata": {"id": self.message_id(entry.message)}})
                 keep.append(entry)
+            if self.draining:
+                return  # held: requeued by _release
             batch_id = str(uuid.uuid4())
 
-            def headers(n: int, batch_id=batch_id) -> dict:
-                h = self._headers(batch_id, n)
-                h["Hermes-Batch-Id"] = batch_id
-                return h
+            def headers(n: int, batch_id=batch_id) -> str:
+                return self._headers(batch_id, n, "application/json",
+                                     f"Hermes-Batch-Id: {batch_id}\r\n")
 
-            ok = await self._deliver(conn, json.dumps(items).encode(), "application/json", headers)
+            ok = await self._deliver(conn, json.dumps(items).encode(), headers)
+            if ok is None:
+                return
             self._settle(keep, ok)
 
-    async def _deliver(self, conn: Connection, body: bytes, ctype: str, headers) -> bool:
-        """POST until a 2xx (True) or until the message must be discarded (False)."""
+    async def _deliver(self, conn: Connection, body: bytes, headers) -> bool | None:
+        """POST until a 2xx (True) or until the message must be discarded (False); None when
+        a drain began before a request went out (the entry stays unsettled: requeued)."""
         policy = self.sub.subscriptionPolicy
         first = trio.current_time()
         ttl = policy.messageTtl
@@ -264,11 +300,11 @@ class PushSubscriber:
         retries = 0
         while True:
             await self.limiter.acquire()
-            h = headers(retries)
-            h["Content-Type"] = ctype
+            if self.draining:
+                return None
             wait = None
             try:
-                status, rheaders = await conn.post(body, h, timeout)
+                status, rheaders = await conn.post(body, headers(retries), timeout)
                 if status == 503:
                     wait = _retry_after(rheaders)
             except (PushError, trio.TooSlowError) as exc:
@@ -291,4 +327,5 @@ class PushSubscriber:
                 return False
             retries += 1
             self.stats["retries"] += 1
-            await trio.sleep(delay)
+            with trio.move_on_after(delay):
+                await self._drain_event.wait()  # a drain ends the wait: nothing more is sent

@@ -12,6 +12,12 @@ Definitions are metadata records (``store.save_meta``: kinds ``hermes_topic`` an
 the store recreates as usual); the push subscribers start when the broker's nursery runs
 (``run``, a ``broker.background_tasks`` entry).
 
+Retention (``retentionTime``) is the message TTL of the topic's storage: every subscription
+queue and its dead-letter queue run with a message TTL of that length (set on the queue's
+own options, not as an ``x-message-ttl`` argument, so that a topic update changes it and
+AMQP redeclarations stay equivalent). A message unread for that long is dead-lettered
+(``x-death`` reason ``expired``) and a dead letter is kept that long too.
+
 Every method runs on the broker's loop thread. Management methods raise ``HermesError``
 (4xx) and change nothing then.
 """
@@ -30,6 +36,7 @@ from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..message import Message
 from ..persistence import DURABLE
+from ..queues.args import with_policy
 from ..schemas import ValidationFailed, compiled
 from . import model
 from .model import HermesError, SubscriptionDef, TopicDef
@@ -44,7 +51,26 @@ VHOST = "/"
 MAX_PENDING_PUBLISHES = 10_000
 DURABLE_WAIT = 5.0  # s an ack=ALL publish waits for the store before it answers 202
 JSON_TYPES = ("application/json", "text/json")
+RETENTION_UNITS = {"DAYS": 86400, "HOURS": 3600, "MINUTES": 60, "SECONDS": 1}
+# s a clean stop waits for push requests in flight (each is bounded by its requestTimeout)
+DRAIN_LIMIT = 30.0
 AVRO_TYPES = ("avro/binary", "application/avro")
+
+
+def retention_ms(topic: TopicDef) -> int:
+    r = topic.retentionTime
+    return int(r.get("duration", 1)) * RETENTION_UNITS[r.get("retentionUnit", "DAYS")] * 1000
+
+
+def retain(q, ttl_ms: int) -> None:
+    """Run queue ``q`` with a message TTL of ``ttl_ms`` on top of its arguments and policy
+    (which may still lower it, as with any x-message-ttl). Messages already in the queue keep
+    the deadline they were enqueued with; new ones get the TTL."""
+    base = q._base_opts
+    if base.message_ttl == ttl_ms or q.deleted:
+        return
+    q._base_opts = dataclasses.replace(base, message_ttl=ttl_ms)
+    q.reconfigure(with_policy(q._base_opts, q.arguments, q.effective_policy_definition))
 
 
 def queue_name(topic: str, sub: str) -> str:
@@ -148,6 +174,9 @@ class Hermes:
         self.topics[topic.name] = topic
         self._index(topic)
         self._save(TOPIC_KIND, topic.name, topic.to_json())
+        if old.retentionTime != topic.retentionTime:
+            for sub in self.subscriptions.get(topic.name, {}).values():
+                self._retain(sub)
         if old.schema != topic.schema:
             for sub in self.subscriptions.get(topic.name, {}).values():
                 self._restart(sub)  # pushers convert with the new schema
@@ -201,7 +230,18 @@ class Hermes:
         q = vhost.ensure_queue(queue_name(sub.topicName, sub.name), durable=True, arguments=args)
         if sub.topicName in vhost.exchanges:
             vhost.bind(sub.topicName, q, "#", {})
+        self._retain(sub)
         return q
+
+    def _retain(self, sub: SubscriptionDef) -> None:
+        topic = self.topics.get(sub.topicName)
+        if topic is None:
+            return
+        ttl = retention_ms(topic)
+        for name in (queue_name(sub.topicName, sub.name), dead_queue_name(sub.topicName, sub.name)):
+            q = self.vhost.queues.get(name)
+            if q is not None:
+                retain(q, ttl)
 
     def update_subscription(self, topic: str, name: str, data: Any) -> SubscriptionDef:
         current = self.get_subscription(topic, name)
@@ -248,10 +288,11 @@ class Hermes:
                 del self.subscribers[pusher.sub.qualified]
 
     def _stop(self, sub: SubscriptionDef) -> None:
+        """The pusher drains in the background (its requests in flight are answered and
+        settled, the rest is requeued); a new one may already consume meanwhile."""
         pusher = self.subscribers.pop(sub.qualified, None)
         if pusher is not None:
-            pusher.stop()
-            pusher._release()  # at once: its entries go back before anything else runs
+            pusher.drain()
 
     def _restart(self, sub: SubscriptionDef) -> None:
         self._stop(sub)
@@ -264,10 +305,35 @@ class Hermes:
             try:
                 for subs in self.subscriptions.values():
                     for sub in subs.values():
+                        self._retain(sub)  # queues were recovered after the definitions
                         self._start(sub)
                 await trio.sleep_forever()
             finally:
                 self.nursery = None
+
+    async def drain(self) -> None:
+        """Clean stop (a ``broker.drain_hooks`` entry, awaited before the store closes):
+        every pusher stops taking messages and settles the requests it has in flight, so
+        none that the endpoint answered 2xx is delivered again after the restart. Bounded:
+        after DRAIN_LIMIT seconds the rest are cancelled and requeued."""
+        pushers = list(self.subscribers.values())
+        self.subscribers.clear()
+        self.nursery = None  # nothing new starts while the broker stops
+        for pusher in pushers:
+            pusher.drain()
+        limit = min(DRAIN_LIMIT, 1.0 + max(
+            (p.sub.subscriptionPolicy.requestTimeout / 1000.0 for p in pushers), default=0.0))
+        with trio.move_on_after(limit):
+            for pusher in pushers:
+                await pusher.finished.wait()
+        for pusher in pushers:
+            if not pusher.finished.is_set():
+                log.warning("push subscription %s: requests still in flight at shutdown are "
+                            "abandoned (their messages are requeued)", pusher.sub.qualified)
+                pusher.stop()
+        with trio.move_on_after(1.0):
+            for pusher in pushers:
+                await pusher.finished.wait()
 
     # ---- publishing ----
     def admit(self, topic: TopicDef, body: bytes, content_type: str | None) -> tuple[bytes, str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .validate import (
+    POLICY_CHECKS,
     PolicyError,
     PolicyNotFound,
     VhostNotFound,
@@ -282,6 +283,8 @@ class Policies:
         policy = parse_policy(vhost, name, body, operator=bool(index))
         if vhost not in self.broker.vhosts:
             raise VhostNotFound(vhost)
+        for check in POLICY_CHECKS:
+            check(self, index, policy)
         self._store(index, policy)
         self._changed(vhost)
         return policy.as_dict()

@@ -121,6 +121,9 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "ha-promote-on-shutdown": _any,
     "ha-promote-on-failure": _any,
 }
+# check(policies, index, policy) run before a policy is stored (PolicyError refuses it), for
+# keys whose validity depends on the entities the policy would apply to
+POLICY_CHECKS: list[Callable[[Any, int, Any], None]] = []
 # What an operator policy may set (RabbitMQ 3.10's operator_policy_validator registry).
 OPERATOR_POLICY_KEYS = frozenset({
     "message-ttl", "expires", "max-length", "max-length-bytes", "max-in-memory-length",

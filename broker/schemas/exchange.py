@@ -16,7 +16,7 @@ import json
 
 from .. import errors
 from ..errors import Resource
-from ..policies.validate import POLICY_KEYS
+from ..policies.validate import POLICY_CHECKS, POLICY_KEYS, PolicyError
 from .avro import SchemaError, ValidationFailed, backward_problem, compiled
 
 ARG = "x-avro-schema"
@@ -35,6 +35,39 @@ def _policy_problem(value) -> str | None:
 
 
 POLICY_KEYS.setdefault(POLICY_KEY, _policy_problem)
+
+
+def _policy_evolution(policies, index: int, policy) -> None:
+    """A policy whose ``avro-schema`` would replace the schema an exchange validates with
+    now must be BACKWARD compatible with it, as a topic's new schema version must
+    (messages written with the old schema are still in the queues): PolicyError naming the
+    exchange otherwise. Exchanges with their own ``x-avro-schema`` argument keep it and
+    are not affected; neither are those where another policy keeps precedence."""
+    new = policy.definition.get(POLICY_KEY)
+    vhost = policies.broker.vhosts.get(policy.vhost)
+    if index != 0 or not isinstance(new, str) or vhost is None:
+        return
+    for x in list(vhost.exchanges.values()):
+        if not x.name or schema_text(x.arguments) is not None \
+                or not policy.applies("exchange", x.name):
+            continue
+        old = getattr(x, "effective_policy_definition", {}).get(POLICY_KEY)
+        if not isinstance(old, str) or old == new:
+            continue
+        current = getattr(x, "policy", None)
+        if current is not None and current != policy.name:
+            priority = policies.get_policy(policy.vhost, current)["priority"]
+            if (-priority, current) < (-policy.priority, policy.name):
+                continue  # the current policy still wins for this exchange
+        problem = evolution_problem(old, new)
+        if problem:
+            raise PolicyError(f"avro-schema: not backward compatible with the schema exchange "
+                              f"'{x.name}' in vhost '{policy.vhost}' validates with now: "
+                              f"{problem}", POLICY_KEY)
+
+
+if _policy_evolution not in POLICY_CHECKS:
+    POLICY_CHECKS.append(_policy_evolution)
 
 
 def schema_text(arguments: dict) -> str | None:

@@ -33,6 +33,7 @@ class Endpoint:
     script: list = field(default_factory=list)
     default: int = 200
     received: list = field(default_factory=list)
+    arrived: int = 0  # requests whose handling began (answered or not yet)
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -52,6 +53,9 @@ class Endpoint:
                 else:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        self.arrived += 1
+        self._changed.set()
+        self._changed = trio.Event()
         chunks = []
         while True:
             msg = await receive()

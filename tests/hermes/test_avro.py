@@ -139,3 +139,28 @@ def test_policy_key_validates_exchanges(session_client, broker):
     assert broker.vhosts["/"].queues["events-q"].message_count == 2
     with pytest.raises(PolicyError, match="invalid Avro schema"):
         broker.policies.set_policy("/", "bad", ".*", {"avro-schema": "{\"type\": \"nope\"}"})
+
+
+def test_policy_schema_change_is_checked_for_backward_compatibility(broker):
+    from broker.policies.validate import PolicyError
+    vhost = broker.vhosts["/"]
+    vhost.declare_exchange(spec.Exchange.Declare(exchange="orders.in", type="fanout"))
+    broker.policies.set_policy("/", "avro", "^orders\\.", {"avro-schema": json.dumps(ORDER)},
+                               apply_to="exchanges")
+    added_default = dict(ORDER, fields=ORDER["fields"] + [
+        {"name": "note", "type": "string", "default": ""}])
+    broker.policies.set_policy("/", "avro", "^orders\\.", {"avro-schema": json.dumps(added_default)},
+                               apply_to="exchanges")  # a field with a default: backward compatible
+    no_default = dict(ORDER, fields=ORDER["fields"] + [{"name": "prio", "type": "int"}])
+    with pytest.raises(PolicyError, match=r"exchange 'orders\.in'.*prio"):
+        broker.policies.set_policy("/", "avro", "^orders\\.", {"avro-schema": json.dumps(no_default)},
+                                   apply_to="exchanges")
+    with pytest.raises(PolicyError, match="not backward compatible"):  # another policy, same target
+        broker.policies.set_policy("/", "avro2", "^orders\\.in$",
+                                   {"avro-schema": json.dumps(no_default)}, priority=5,
+                                   apply_to="exchanges")
+    # a lower-priority policy does not replace the schema: nothing to check
+    broker.policies.set_policy("/", "low", "^orders\\.in$", {"avro-schema": json.dumps(no_default)},
+                               priority=-1, apply_to="exchanges")
+    x = vhost.exchanges["orders.in"]
+    assert json.loads(x.effective_policy_definition["avro-schema"]) == added_default

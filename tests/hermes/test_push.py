@@ -166,3 +166,23 @@ async def test_subscription_queue_deleted_over_amqp(hermes_broker, endpoint):
     assert r.status_code == 200
     await publish(http, 1)
     await endpoint.wait_for(lambda e: len(e.ok) == 1)
+
+
+async def test_retention_expires_unread_messages(hermes_broker):
+    http = hermes_broker.http
+    vhost = hermes_broker.vhost
+    await make_topic(http, name="shop.short", retentionTime={"duration": 1, "retentionUnit": "SECONDS"})
+    await make_subscription(http, "shop.short", "idle", "http://127.0.0.1:9/", state="SUSPENDED")
+    await publish(http, 2, topic="shop.short")
+    q, dead = vhost.queues["shop.short.idle"], vhost.queues["shop.short.idle.dead"]
+    assert q.opts.message_ttl == dead.opts.message_ttl == 1000
+    with trio.fail_after(10):
+        while dead.message_count < 2:  # noqa: ASYNC110 - the queue has no event to wait on
+            await trio.sleep(0.05)
+    assert q.message_count == 0
+    reason = next(iter(dead.ready)).message.headers["x-death"][0]["reason"]
+    assert reason in ("expired", b"expired")
+    r = await http.put("/topics/shop.short", json={"retentionTime": {"duration": 2,
+                                                                     "retentionUnit": "HOURS"}})
+    assert r.status_code == 200, r.text
+    assert q.opts.message_ttl == dead.opts.message_ttl == 2 * 3600 * 1000

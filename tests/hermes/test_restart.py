@@ -47,3 +47,27 @@ async def test_definitions_and_messages_survive_restart(nursery, tmp_path, endpo
     # validation still applies after the restart
     assert (await hb.http.post("/topics/shop.events", json={"n": "x"})).status_code == 400
     await stop_broker(hb)
+
+
+async def test_clean_stop_settles_pushes_in_flight(nursery, tmp_path, endpoint):
+    """A clean stop waits for the requests already sent: the endpoint's 2xx acks them, so
+    nothing it accepted is pushed again after the restart; what was not sent is."""
+    data = tmp_path / "data"
+    hb = await start_broker(nursery, data)
+    await make_topic(hb.http, name="shop.drain", ack="ALL")
+    await make_subscription(hb.http, "shop.drain", "push", endpoint.url,
+                            subscriptionPolicy={"rate": 1000, "inflightSize": 2,
+                                                "requestTimeout": 5000})
+    endpoint.script = [(200, 0.3), (200, 0.3)]  # slow answers: in flight when the stop begins
+    for i in range(4):
+        r = await hb.http.post("/topics/shop.drain", json={"n": i})
+        assert r.status_code == 201, r.text
+    await endpoint.wait_for(lambda e: e.arrived == 2)
+    await stop_broker(hb)
+    assert [json.loads(r.body)["n"] for r in endpoint.ok] == [0, 1]
+
+    hb = await start_broker(nursery, data)
+    await endpoint.wait_for(lambda e: len(e.ok) == 4)
+    await settled(hb.vhost.queues["shop.drain.push"])
+    assert sorted(json.loads(r.body)["n"] for r in endpoint.ok) == [0, 1, 2, 3]  # none twice
+    await stop_broker(hb)
