@@ -10,6 +10,9 @@ worker processes, ``bench.runner.run_workload``), measured twice in the same run
 
 The aggregate delivered rate of the two, and the ratio. The load generator shares the
 machine's cores with the brokers, so the ratio is a lower bound of what separate machines get.
+
+``--mirrored``: one queue under the same load on a 3-node cluster, clients on its master,
+first unmirrored, then mirrored on all 3 nodes (policy ``ha-mode all``), in the same run.
 """
 from __future__ import annotations
 
@@ -123,6 +126,30 @@ def _rate(results: list[dict]) -> float:
     return sum((r.get("consume_rate") or 0.0) for r in results)
 
 
+def mirrored(args, cfg: dict, work: Path, procs: Procs) -> dict:
+    """Unmirrored, then mirrored on 3 nodes: the same workload on node1 (the master)."""
+    import httpx
+    cluster = procs.etcd()
+    http = _free_port()
+    port1 = procs.broker("node1", ["--cluster", cluster, "--node-name", "node1",
+                                   "--http-port", str(http)])[0]
+    for i in (2, 3):
+        procs.broker(f"node{i}", ["--cluster", cluster, "--node-name", f"node{i}"])
+    url = f"amqp://guest:guest@127.0.0.1:{port1}/"
+    plain = run_workload(url, cfg, label="unmirrored", quiet=True)
+    r = httpx.put(f"http://127.0.0.1:{http}/api/policies/%2F/ha", auth=("guest", "guest"),
+                  json={"pattern": "^bench-", "definition": {"ha-mode": "all"},
+                        "apply-to": "queues"}, timeout=10)
+    r.raise_for_status()
+    time.sleep(1.0)
+    mirrored_run = run_workload(url, cfg, label="mirrored x3", quiet=True)
+    one = plain.get("consume_rate") or 0.0
+    three = mirrored_run.get("consume_rate") or 0.0
+    return {"unmirrored_msgs_per_s": one, "mirrored3_msgs_per_s": three,
+            "ratio": three / one if one else None, "unmirrored": plain, "mirrored3": mirrored_run,
+            "errors": plain.get("errors", []) + mirrored_run.get("errors", [])}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the reference: the same two workloads on one RabbitMQ node, in the "
                         "same run ('' skips it)")
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--mirrored", action="store_true",
+                   help="one queue on a 3-node cluster: unmirrored, then mirrored on all 3")
     args = p.parse_args(argv)
     cfg = {"producers": args.producers, "consumers": args.consumers, "size": args.size,
            "confirms": True, "manual_ack": True, "queue_durable": True,
@@ -146,6 +175,24 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="triomq-bench-cluster-"))
     out: dict = {"config": cfg}
     procs = Procs(work)
+    if args.mirrored:
+        try:
+            res = mirrored(args, cfg, work, procs)
+        finally:
+            procs.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"1 queue, confirm + ack, {args.size} B, "
+              f"{'persistent' if args.persistent else 'transient'}, "
+              f"{args.producers}P/{args.consumers}C, {args.duration:g} s, clients on the master")
+        print(f"  unmirrored       : {res['unmirrored_msgs_per_s']:10.0f} msg/s delivered")
+        print(f"  mirrored (3 nodes): {res['mirrored3_msgs_per_s']:10.0f} msg/s delivered   "
+              f"ratio {res['ratio'] or 0:.2f}")
+        if res["errors"]:
+            print("  errors: " + "; ".join(res["errors"][:5]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2, default=str)
+        return 1 if res["errors"] else 0
     try:
         port, _ = procs.broker("single", [])
         url = f"amqp://guest:guest@127.0.0.1:{port}/"

@@ -1,5 +1,6 @@
-"""``python -m jepsen --rounds 20 --nemesis kill9,sigstop``: faults under confirmed load on a
-shared-store (PostgreSQL) master/standby pair; prints the verdict as JSON; exit status 1
+"""``python -m jepsen --rounds 20 --nemesis kill9,sigstop [--topology mirrored]``: faults
+under confirmed load on a shared-store (PostgreSQL) master/standby pair, or on an
+etcd-coordinated cluster with mirrored queues; prints the verdict as JSON; exit status 1
 if a confirmed message was lost or a nacked one delivered."""
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=3.0, help="--sql-lease of the brokers")
     p.add_argument("--renew", type=float, default=0.5, help="--sql-renew of the brokers")
     p.add_argument("--workdir", default=None, help="broker logs and data (default: a temp dir)")
+    p.add_argument("--topology", choices=("shared-store", "mirrored"), default="shared-store",
+                   help="shared-store: brokers on one PostgreSQL store (--sql-standby); "
+                        "mirrored: etcd and --nodes nodes with a ha-mode all policy")
+    p.add_argument("--ttl", type=float, default=2.0, help="--cluster-ttl (mirrored)")
     args = p.parse_args(argv)
     nemeses = tuple(n.strip() for n in args.nemesis.split(",") if n.strip())
     unknown = [n for n in nemeses if n not in NEMESES]
@@ -39,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)  # SIGTERM stops the brokers too, as Ctrl-C
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("pika").setLevel(logging.CRITICAL)  # every reconnect is expected here
+    if args.topology == "mirrored":
+        from .mirrored import run_mirrored
+        result = run_mirrored(rounds=args.rounds, nemeses=nemeses, nodes=max(args.nodes, 2),
+                              producers=args.producers, consumers=args.consumers,
+                              queues=args.queues, pause=args.pause, ttl=args.ttl,
+                              workdir=args.workdir)
+        print(json.dumps(result, indent=2))
+        return 0 if result["ok"] else 1
     result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,
                  producers=args.producers, consumers=args.consumers, queues=args.queues,
                  pause=args.pause, lease=args.lease, renew=args.renew, workdir=args.workdir)

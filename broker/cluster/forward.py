@@ -248,6 +248,8 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     session = channel.session
     user = session.user
     if user is None or user.name != LINK_USER:
+        # whose publish a forward or a mirror op now started belongs to (in doubt: closed)
+        session.broker.store.publishing = channel
         return False
     headers = message.properties.get("headers")
     route = headers.get(ROUTE_HEADER) if isinstance(headers, dict) else None

@@ -10,8 +10,9 @@ in ``forward.py`` that restores a forwarded message's exchange and routing key:
   for their replies: the master handles a connection's frames in order, so a declare sent
   before a publish is done before it;
 * channel 2 is in confirm mode and carries forwarded publishes; each carries a callback
-  called with True when the master confirmed it, False when it nacked it or the link went
-  down before the master answered (in doubt: the publisher's confirm is a nack);
+  called with True when the master confirmed it, False when it nacked it, None when the
+  link went down (or the peer stayed silent for ``confirm_timeout``) before it answered:
+  the publish is then in doubt;
 * channels 3 and up carry one proxied consumer each (``RemoteConsumer``), with a prefetch
   window, so what the master sends is bounded.
 
@@ -36,11 +37,13 @@ from ..amqp.codec import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    FrameError,
     FrameReader,
     content_frames,
     method_frame,
     parse_content_header,
 )
+from ..amqp.spec import UnknownMethod
 
 log = logging.getLogger("broker.cluster.link")
 
@@ -62,6 +65,11 @@ def link_password(secret: bytes | None, prefix: str) -> str:
 
 class LinkClosed(Exception):
     """The link's connection ended (peer closed, socket error, refused login)."""
+
+
+# the link's connection is over: reconnect (a malformed frame from the peer included)
+_BROKEN = (OSError, LinkClosed, trio.BrokenResourceError, trio.ClosedResourceError,
+           trio.TooSlowError, FrameError, ValueError, UnknownMethod)
 
 
 class DeliveryTarget(Protocol):
@@ -121,7 +129,8 @@ class Link:
 
     def __init__(self, node: str, address: str, vhost: str, password: str,
                  on_pressure: Callable[[bool], None], max_inflight: int = 2000,
-                 max_buffered: int = 8 << 20, control_backlog: int = 10000):
+                 max_buffered: int = 8 << 20, control_backlog: int = 10000,
+                 confirm_timeout: float = 5.0):
         self.node = node
         self.address = address
         self.vhost = vhost
@@ -129,6 +138,9 @@ class Link:
         self.on_pressure = on_pressure
         self.max_inflight = max_inflight
         self.max_buffered = max_buffered
+        # a peer that answers no confirm for this long (paused, partitioned) is dropped:
+        # what it owes is nacked and the link connects again
+        self.confirm_timeout = confirm_timeout
         self.connected = False
         # a connection attempt failed since the link was last up: publishes are nacked at
         # once instead of held until it connects
@@ -141,7 +153,9 @@ class Link:
         self._out_bytes = 0
         self._wake = trio.Event()
         self._seq = 0
-        self._pending: OrderedDict[int, Callable[[bool], None]] = OrderedDict()
+        # seq -> (done, time sent) of the publishes the peer has not confirmed yet
+        self._pending: OrderedDict[int, tuple[Callable[[bool | None], None], float]] = \
+            OrderedDict()
         # definitions kept to send (again) when (re)connected, bounded
         self._control: deque[bytes] = deque(maxlen=control_backlog)
         self.consumers: dict[int, RemoteConsumer] = {}  # link channel -> consumer
@@ -174,7 +188,8 @@ class Link:
             self.send(frame)
 
     def publish(self, queue: str, exchange: str, routing_key: str, properties: dict,
-                body: bytes, done: Callable[[bool], None], extra: dict | None = None) -> bool:
+                body: bytes, done: Callable[[bool | None], None],
+                extra: dict | None = None) -> bool:
         """Forward a publish to ``queue`` on the master; ``done(ok)`` once decided. False
         (nothing sent, ``done`` not called) while the link is down; held (bounded) while it
         connects for the first time or again after a clean break."""
@@ -191,7 +206,7 @@ class Link:
             headers.update(extra)
         props["headers"] = headers
         self._seq += 1
-        self._pending[self._seq] = done
+        self._pending[self._seq] = (done, trio.current_time())
         frames = [method_frame(_PUBLISH, spec.Basic.Publish(0, "", queue, False, False))]
         frames.extend(content_frames(_PUBLISH, encode_properties(props), body, _FRAME_MAX))
         self.forwarded += 1
@@ -236,7 +251,7 @@ class Link:
         while True:
             try:
                 await self._connect_and_serve()
-            except (OSError, LinkClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            except _BROKEN as exc:
                 text = str(exc) or type(exc).__name__
                 if text != self.last_error:
                     log.warning("link to node %r (%s, vhost %r): %s", self.node, self.address,
@@ -251,13 +266,13 @@ class Link:
         self.connected = False
         self.failing = True
         held, self._held = self._held, []
-        for *_, done in held:
-            done(False)
+        for item in held:
+            item[5](None)  # its done callback: in doubt
         self._out.clear()
         self._out_bytes = 0
         pending, self._pending = self._pending, OrderedDict()
-        for done in pending.values():
-            done(False)  # in doubt: the publisher gets a nack and may publish again
+        for done, _t in pending.values():
+            done(None)  # in doubt: the master may have it or not
         for rc in list(self.consumers.values()):
             rc.channel = 0
             if not rc.cancelled:
@@ -325,10 +340,27 @@ class Link:
                 if not rc.cancelled:
                     self._subscribe(rc)
             self._wake.set()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream)
-                await self._reader(stream, reader, frames)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, stream)
+                    nursery.start_soon(self._watchdog)
+                    await self._reader(stream, reader, frames)
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                broken, rest = group.split(_BROKEN)
+                if rest is not None:
+                    raise
+                assert broken is not None
+                raise LinkClosed(str(broken.exceptions[0])) from None
+
+    async def _watchdog(self) -> None:
+        while True:
+            await trio.sleep(min(0.5, self.confirm_timeout / 4))
+            pending = self._pending
+            if pending and trio.current_time() - next(iter(pending.values()))[1] \
+                    > self.confirm_timeout:
+                raise LinkClosed(f"no publisher confirm from the peer for "
+                                 f"{self.confirm_timeout:.0f} s")
 
     async def _writer(self, stream) -> None:
         while True:
@@ -413,12 +445,12 @@ class Link:
                 seq = next(iter(pending))
                 if seq > tag:
                     break
-                pending.pop(seq)(ok)
+                pending.pop(seq)[0](ok)
                 self.confirmed += ok
         else:
-            done = pending.pop(tag, None)
-            if done is not None:
-                done(ok)
+            item = pending.pop(tag, None)
+            if item is not None:
+                item[0](ok)
                 self.confirmed += ok
         self._check_pressure()
 
@@ -430,8 +462,8 @@ class Link:
             self.send(method_frame(_CONTROL, spec.Channel.Open("")))
         elif channel == _PUBLISH:
             pending, self._pending = self._pending, OrderedDict()
-            for done in pending.values():
-                done(False)
+            for done, _t in pending.values():
+                done(None)
             log.warning("link to node %r: the publish channel was closed: %s", self.node, reason)
             self._send_many([method_frame(_PUBLISH, spec.Channel.Open("")),
                              method_frame(_PUBLISH, spec.Confirm.Select(False))])

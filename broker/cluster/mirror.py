@@ -93,9 +93,14 @@ class Mirroring:
         self.isr_dirty = True  # the in-sync set in etcd may be larger than the real one
         self._isr_waiters: list = []  # confirms that wait for the in-sync record
         self.recorded: tuple = ()
+        # the node lost this queue's mastership (fenced, or another node holds it now):
+        # every publish into it is nacked until it is master again or the copy is dropped
+        self.deposed = False
 
     # ---- the operation stream ----
     def queue_op(self, queue, op: Op, entry) -> None:
+        if self.deposed and op is Op.ENQUEUE:
+            self.owner.store.forward_started()(None)  # in doubt: its connection is closed
         if op is Op.DELIVER:
             self.outside[entry.seq] = entry
         elif op is Op.REQUEUE or op.leaves:
@@ -112,9 +117,16 @@ class Mirroring:
             if op is Op.ENQUEUE and state == "in_sync":
                 token = store.forward_started()
 
-                def both(ok: bool, token=token, done=done) -> None:
+                def both(ok: bool | None, token=token, done=done) -> None:
                     done(ok)
-                    token(ok)
+                    if ok:
+                        token(True)
+                    else:
+                        # the mirror leaves the in-sync set: the publish is confirmed once
+                        # etcd records the smaller set (it is on the master and the others)
+                        self._isr_waiters.append(token)
+                        self.isr_dirty = True
+                        self.owner.wake()
                 self._send(node, int(op), entry, both)
             else:
                 self._send(node, int(op), entry if op is Op.ENQUEUE else None, done,
@@ -136,7 +148,7 @@ class Mirroring:
     def _done_for(self, node: str):
         generation = self.generation.get(node, 0)
 
-        def done(ok: bool) -> None:
+        def done(ok: bool | None) -> None:
             if not ok and self.generation.get(node, 0) == generation:
                 self.mirror_failed(node)
         return done
@@ -145,8 +157,9 @@ class Mirroring:
         state = self.nodes.get(node)
         if state is None or state == "failed":
             return
-        log.warning("mirror %r of queue %r fell out of sync (link lost or op refused)", node,
-                    self.queue.name)
+        if state == "in_sync":
+            log.warning("mirror %r of queue %r fell out of sync (link lost or op refused)",
+                        node, self.queue.name)
         self.nodes[node] = "failed"
         self.generation[node] = self.generation.get(node, 0) + 1
         if state == "in_sync":
@@ -159,6 +172,9 @@ class Mirroring:
             if self.nodes.pop(node) == "in_sync":
                 self.isr_dirty = True
         for node in wanted:
+            if self.nodes.get(node) == "failed" and \
+                    self.owner.store.link_for(node, self.queue.vhost.name).failing:
+                continue  # not reachable: synced once its link is up again
             if node not in self.nodes or (self.nodes[node] == "failed" and not manual):
                 self.nodes[node] = "manual" if manual else "syncing"
                 if not manual:
@@ -175,7 +191,7 @@ class Mirroring:
         for entry in entries:
             self._send(node, _ENQUEUE, entry, fail)
 
-        def synced(ok: bool) -> None:
+        def synced(ok: bool | None) -> None:
             if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
                 return
             if ok:
@@ -192,31 +208,34 @@ class Mirroring:
         return (tuple(sorted(self.nodes)), tuple(self.in_sync()))
 
     async def record(self) -> None:
-        """Write the in-sync set to etcd; release the confirms that waited for it."""
+        """Write the in-sync set to etcd; release the confirms that waited for it (in
+        doubt if this node is no longer the master of its epoch; kept waiting while etcd
+        does not answer: the node fences itself if that lasts)."""
         key = self.record_key()
-        dirty = self.isr_dirty
         waiters, self._isr_waiters = self._isr_waiters, []
         self.isr_dirty = False
-        ok = False
         try:
             ok = await self.owner.store.node.set_in_sync(
                 self.queue.vhost.name, self.queue.name, sorted(self.nodes), self.in_sync(),
                 {n: s for n, s in self.nodes.items() if s != "in_sync"})
         except (CoordinationUnavailable, CoordinationError) as exc:
             log.warning("in-sync set of queue %r not recorded: %s", self.queue.name, exc)
+            self._isr_waiters[:0] = waiters
+            self.isr_dirty = True
+            return
         if ok:
             self.recorded = key
         else:
-            self.isr_dirty = dirty or True
+            self.isr_dirty = True
         for token in waiters:
-            token(ok)
+            token(True if ok else None)
 
     def detach(self) -> None:
         if self in self.queue.observers:
             self.queue.observers.remove(self)
         waiters, self._isr_waiters = self._isr_waiters, []
         for token in waiters:
-            token(False)
+            token(None)
         self.nodes.clear()
 
 
@@ -297,16 +316,20 @@ class Mirrors:
                     continue
                 key = (vhost.name, q.name)
                 m = node.mastership(vhost.name, q.name)
+                mirroring = self.masters.get(key)
                 if m is None:
+                    if mirroring is not None and mirroring.queue is q:
+                        mirroring.deposed = True
+                        seen.add(key)
                     continue
                 seen.add(key)
-                mirroring = self.masters.get(key)
                 if mirroring is not None and (mirroring.queue is not q or mirroring.epoch != m.epoch):
                     mirroring.detach()
                     mirroring = None
                 if mirroring is None:
                     mirroring = self.masters[key] = Mirroring(self, q, m.epoch)
                     q.observers.append(mirroring)
+                mirroring.deposed = False
                 definition = q.effective_policy_definition or {}
                 wanted = wanted_mirrors(definition, node.name, live)
                 mirroring.set_nodes(wanted, definition.get("ha-sync-mode") == "manual")
@@ -347,6 +370,11 @@ class Mirrors:
         from ..queues.queue import Queue
         name = proxy.name
         arguments = dict(proxy.arguments)
+        # this node's consumers of the queue stay (as on RabbitMQ), unless they asked for
+        # basic.cancel at a failover (x-cancel-on-ha-failover)
+        consumers = list(proxy.consumers)
+        for consumer in consumers:
+            proxy.remove_consumer(consumer)
         proxy.forwarding = False
         vhost.delete_queue(proxy, reason="promoted to master here")
         q = Queue(vhost, name, durable=True, auto_delete=proxy.auto_delete, arguments=arguments,
@@ -357,6 +385,16 @@ class Mirrors:
         # each may have been delivered by the old master: RabbitMQ's redelivered flag
         for entry in q.ready:
             entry.redelivered = True
+        for consumer in consumers:
+            if consumer.channel.closed:
+                continue
+            if consumer.arguments.get("x-cancel-on-ha-failover") is True:
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+                continue
+            # the consumer object moves to the queue it now consumes from (the channel
+            # settles its deliveries through ``consumer.queue``)
+            consumer.queue = q
+            q.add_consumer(consumer)
         self.promotions += 1
         log.warning("queue %r in vhost %r: promoted to master on this node (epoch %d, %d "
                     "messages, old master %r)", name, vhost.name, epoch, len(copy.entries),

@@ -71,16 +71,20 @@ def _args_in(text: str) -> dict:
 
 
 class _Forwards:
-    """The publishes forwarded to masters since the last ``when_durable``: its callback
-    runs once they are all confirmed and the local store's writes are durable; a nack
-    or a lost link makes it ``on_failure``."""
+    """The publishes forwarded to masters and mirrors since the last ``when_durable``: its
+    callback runs once they are all confirmed and the local store's writes are durable; a
+    nack makes it ``on_failure``; one in doubt (a link lost before the peer answered)
+    closes the publishing connection with 541, as a store write in doubt does
+    (``Broker.on_store_failure``): neither a confirm nor a nack would be true."""
 
-    __slots__ = ("callback", "failed", "fired", "on_failure", "waiting")
+    __slots__ = ("callback", "channel", "doubt", "failed", "fired", "on_failure", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, channel: Any) -> None:
         self.waiting = 0
         self.failed = False
+        self.doubt = False
         self.fired = False
+        self.channel = channel  # the channel whose publish routed here, if known
         self.callback: Any = None
         self.on_failure: Any = None
 
@@ -88,9 +92,11 @@ class _Forwards:
         self.waiting += 1
         return self.done
 
-    def done(self, ok: bool) -> None:
+    def done(self, ok: bool | None) -> None:
         self.waiting -= 1
-        if not ok:
+        if ok is None:
+            self.doubt = True
+        elif not ok:
             self.failed = True
         self.check()
 
@@ -98,7 +104,13 @@ class _Forwards:
         if self.waiting or self.fired or self.callback is None:
             return
         self.fired = True
-        if not self.failed:
+        if self.doubt and self.channel is not None and not self.channel.closed:
+            from .. import errors
+            self.channel.session.force_close(errors.internal_error(
+                "cluster: a publish forwarded to another node is in doubt (the link to it "
+                "was lost before it answered)"))
+            return
+        if not self.failed and not self.doubt:
             self.callback()
         elif self.on_failure is not None:
             self.on_failure()
@@ -137,6 +149,7 @@ class ClusterStore(Store):
         self._pressure: set[str] = set()  # links over their bounds
         self.link_password = link_password(node.settings.secret, node.prefix)
         self._masters: dict[tuple[str, str], str] = {}  # queue -> its master node (etcd)
+        self.publishing: Any = None  # the channel whose publish is being routed (forward.py)
         self.mirrors = Mirrors(self)
         node.on_fenced.append(self._fenced)
 
@@ -375,7 +388,8 @@ class ClusterStore(Store):
             self._ensure_link_user(vhost)
             def pressure(on: bool, n: str = node) -> None:
                 self._link_pressure(n, on)
-            link = Link(node, self._addresses.get(node, ""), vhost, self.link_password, pressure)
+            link = Link(node, self._addresses.get(node, ""), vhost, self.link_password, pressure,
+                        confirm_timeout=self.node.ttl)
             self._links[(node, vhost)] = link
             if self._nursery is not None:
                 self._nursery.start_soon(self._run_link, link)
@@ -408,7 +422,7 @@ class ClusterStore(Store):
         """A proxy queue forwards a publish: the callable to call with the master's
         answer; the next ``when_durable`` waits for it."""
         if self._forwards is None:
-            self._forwards = _Forwards()
+            self._forwards = _Forwards(self.publishing)
         return self._forwards.started()
 
     def forward_abandoned(self, done) -> None:
@@ -466,6 +480,9 @@ class ClusterStore(Store):
     def _fenced(self, fenced: bool, reason: str) -> None:
         if self.broker is not None:
             self.broker.on_store_fenced(self, fenced, reason=f"cluster: {reason}")
+            if not fenced:  # back after a lost lease: a promoted mirror may hold some queues
+                self._drop_superseded()
+        self.mirrors.wake()
 
     # ---- writing to etcd ----
     async def _writer(self) -> None:
