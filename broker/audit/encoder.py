@@ -236,6 +236,7 @@ class BatchEncoder:
         n = len(batch)
         if not n:
             return b""
+        batch = events.expand(batch)
         seqs = np.arange(self.seq, self.seq + n, dtype=np.int64)
         self.seq += n
         kinds = np.fromiter((ev[0] for ev in batch), np.int8, n)

@@ -15,6 +15,15 @@ SCHEMA_PATH = os.path.join(os.path.dirname(__file__), f"audit_event_v{SCHEMA_VER
 
 # kind codes (first element of every tuple)
 PUB, ENQ, DEL, ACK, REJ, LEFT, SCH, FIRE, CAN, RETRY, TRAIL = range(11)
+# The broker's hot hooks append shorter tuples that share the channel's and the queue's
+# context tuples (``(vhost, user, peer, channel number)``, ``(vhost, queue)``): fewer
+# attribute reads per event, and marshal writes a shared tuple once per batch and then a
+# reference. ``expand`` turns them into the flat kinds above, in the converter.
+#   (PUBC, t, chctx, exchange, routing_key, msg, props, body_size, persistent, confirm seq,
+#    queues, outcome)
+#   (DELC, t, qctx, msg, consumer_tag, delivery_tag, redelivered, delivery_count, chctx)
+#   (ACKC, t, qctx, msg, consumer_tag, delivery_tag, chctx)
+PUBC, DELC, ACKC = 11, 12, 13
 
 # header names the trail keeps from a message's headers
 REF_KEY = "x-ref-key"
@@ -62,8 +71,31 @@ def _props(rec: dict, props) -> None:
         rec["producer_seq"] = _int(headers.get(PRODUCER_SEQ))
 
 
+def expand(batch: list) -> list:
+    """``batch`` with the compact kinds (PUBC, DELC, ACKC) turned into flat ones."""
+    out: list = []
+    append = out.append
+    for ev in batch:
+        kind = ev[0]
+        if kind == DELC:
+            _, t, (vhost, queue), msg, ctag, tag, redelivered, count, ch = ev
+            append((DEL, t, vhost, queue, msg, ctag, tag, redelivered, count, ch[2], ch[3]))
+        elif kind == ACKC:
+            _, t, (vhost, queue), msg, ctag, tag, ch = ev
+            append((ACK, t, vhost, queue, msg, ctag, tag, ch[2], ch[3]))
+        elif kind == PUBC:
+            _, t, ch, x, rk, msg, props, size, persistent, cseq, queues, outcome = ev
+            append((PUB, t, ch[0], x, rk, msg, props, size, persistent, ch[1], ch[2], ch[3],
+                    cseq, queues, outcome))
+        else:
+            append(ev)
+    return out
+
+
 def to_record(ev: tuple, node: str, seq: int) -> dict:
     """The Avro record (a dict following the schema) of one event tuple."""
+    if ev[0] >= PUBC:
+        ev = expand([ev])[0]
     kind = ev[0]
     rec: dict = {"seq": seq, "ts_us": int(ev[1] * 1_000_000), "node": node}
     if kind == PUB:

@@ -25,7 +25,7 @@ import trio
 from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
-from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL
+from .events import ACKC, CAN, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL
 from .spool import Spool, dumps, last_spooled_seq, spool_dir
 
 log = logging.getLogger("broker.audit")
@@ -125,6 +125,7 @@ class AuditTrail:
         if q in self._audited:
             return
         self._audited.add(q)
+        q.audit_ctx = (q.vhost.name, q.name)  # shared by the queue's events (events.DELC)
         q.observers.append(self)
         name = q.vhost.name
         self._vhosts_on[name] = self._vhosts_on.get(name, 0) + 1
@@ -133,6 +134,7 @@ class AuditTrail:
         if q not in self._audited:
             return
         self._audited.discard(q)
+        q.audit_ctx = None
         if self in q.observers:
             q.observers.remove(self)
         name = q.vhost.name
@@ -142,6 +144,7 @@ class AuditTrail:
         # DELETE ops of entries still unacked come later; keep observing them (the queue
         # object is gone from the vhost, nothing else will reach it).
         self._audited.discard(q)
+        q.audit_ctx = None
         name = q.vhost.name
         if self._vhosts_on.get(name):
             self._vhosts_on[name] -= 1
@@ -185,37 +188,54 @@ class AuditTrail:
             into = self._into
             t = self._route_t
             self._routing = None
-        vhost = channel.vhost.name
-        if self.settings.scope != "all" and not self._vhosts_on.get(vhost):
+        try:
+            ctx = channel.audit_ctx
+        except AttributeError:
+            ctx = self._channel_ctx(channel)
+        if self.settings.scope != "all" and not self._vhosts_on.get(ctx[0]):
             return
-        session = channel.session
         buf = self.buf
-        buf.append((PUB, t or _time(), vhost, message.exchange, message.routing_key, message.id,
-                    message.properties, len(message.body), message.persistent,
-                    session.conn.username, session.peer, channel.number, seq, into, outcome))
+        buf.append((PUBC, t or _time(), ctx, message.exchange, message.routing_key, message.id,
+                    message.properties, len(message.body), message.persistent, seq, into,
+                    outcome))
         if len(buf) > self.limit:
             self._full()
 
+    @staticmethod
+    def _channel_ctx(channel) -> tuple:
+        """The channel's part of its events, one shared tuple (``events.PUBC``)."""
+        session = channel.session
+        ctx = channel.audit_ctx = (channel.vhost.name, session.conn.username, session.peer,
+                                   channel.number)
+        return ctx
+
     def delivered(self, channel, ctag, tag: int, queue, entry) -> None:
-        if queue not in self._audited:
+        qctx = queue.__dict__.get("audit_ctx")
+        if qctx is None:
             return
+        try:
+            ctx = channel.audit_ctx
+        except AttributeError:
+            ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf.append((DEL, _time(), queue.vhost.name, queue.name, entry.message.id, ctag, tag,
-                    entry.redelivered, entry.delivery_count, channel.session.peer,
-                    channel.number))
+        buf.append((DELC, _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
+                    entry.delivery_count, ctx))
         if len(buf) > self.limit:
             self._full()
 
     def acked(self, channel, item) -> None:
-        queue = item.queue
-        if queue not in self._audited:
+        qctx = item.queue.__dict__.get("audit_ctx")
+        if qctx is None:
             return
-        self._acking = item.entry
+        entry = self._acking = item.entry
         consumer = item.consumer
+        try:
+            ctx = channel.audit_ctx
+        except AttributeError:
+            ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf.append((ACK, _time(), queue.vhost.name, queue.name, item.entry.message.id,
-                    consumer.tag if consumer is not None else None, item.tag,
-                    channel.session.peer, channel.number))
+        buf.append((ACKC, _time(), qctx, entry.message.id,
+                    consumer.tag if consumer is not None else None, item.tag, ctx))
         if len(buf) > self.limit:
             self._full()
 
@@ -344,16 +364,21 @@ class AuditTrail:
             self.dropped += lost
             self.dropped_total += lost
             return
-        data = dumps(batch)
         first = self.next_seq
         self.next_seq = first + len(batch)
         try:
-            await trio.to_thread.run_sync(self.spool.append, first, len(batch), data)
+            # serialised in the worker thread too: the batch is no longer the loop's (the
+            # hooks append to a new list), and while the loop waits for sockets the thread
+            # gets the GIL
+            await trio.to_thread.run_sync(self._spool_batch, first, batch)
             self.sent += len(batch)
         except OSError as exc:  # the sequence keeps the hole: the trail shows the loss
             self.dropped_total += len(batch)
             log.error("audit spool write failed (%s): events %d-%d lost", exc, first,
                       first + len(batch) - 1)
+
+    def _spool_batch(self, first: int, batch: list) -> None:
+        self.spool.append(first, len(batch), dumps(batch))
 
     def _check_backlog(self) -> None:
         """The converter lags more than ``spool_max`` bytes: apply the policy."""

@@ -140,8 +140,13 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
     """Run ``job`` (or all of them for ``report``); write its outputs under ``out``.
     Returns (summary, exit status)."""
     from . import jobs, report
-    from .source import Trail
-    trail = Trail(spark, args.input, from_us=args.from_us, to_us=args.to_us)
+    from .source import COLUMNS, Trail
+    todo = ("reconcile", "sequence", "latency", "deadletters") if job == "report" else (job,)
+    wanted: set = set()
+    for name in todo:
+        wanted.update(jobs.COLUMNS.get(name, COLUMNS))
+    trail = Trail(spark, args.input, [c for c in COLUMNS if c in wanted],
+                  from_us=args.from_us, to_us=args.to_us)
     ev = trail.df.cache()
     started = time.monotonic()
     from pyspark.sql import functions as F
@@ -151,7 +156,6 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
         raise BadInput(f"--input {args.input}: no audit files (*.avro) there")
     summaries: dict = {}
     status = 0
-    todo = ("reconcile", "sequence", "latency", "deadletters") if job == "report" else (job,)
     read_seconds = round(time.monotonic() - started, 3)
     copies = jobs.queue_copies(ev).cache() if job in ("report", "reconcile", "latency",
                                                         "deadletters") else None

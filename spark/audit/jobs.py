@@ -15,6 +15,15 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 FINAL = ("acked", "settled", "dropped", "expired", "dead_lettered", "purged", "deleted")
+# The trail's columns each job reads: decoding and caching a column costs time per event.
+_COPIES = ("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason", "queues")
+_IDS = ("message_id", "ref_key", "routing_key")
+COLUMNS = {
+    "reconcile": _COPIES + _IDS + ("outcome", "persistent", "count"),
+    "sequence": _COPIES + _IDS + ("producer", "producer_seq", "app_id"),
+    "latency": (*_COPIES, "due_us"),
+    "deadletters": _COPIES + _IDS + ("target",),
+}
 HOUR_US = 3_600_000_000
 
 

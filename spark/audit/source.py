@@ -33,6 +33,24 @@ _TYPES = {
     "due_us": T.LongType(), "count": T.LongType(), "detail": T.StringType(),
 }
 COLUMNS = tuple(_TYPES)
+_BATCH_ROWS = 65536
+
+
+def _arrow_types() -> dict:
+    import pyarrow as pa
+    simple = {"LongType": pa.int64(), "StringType": pa.string(), "BooleanType": pa.bool_(),
+              "IntegerType": pa.int32()}
+    return {c: simple.get(type(t).__name__, pa.list_(pa.string())) for c, t in _TYPES.items()}
+
+
+_ARROW = _arrow_types()
+
+
+def _record_batch(pa, schema, rows: list, empty: list):
+    columns = list(zip(*rows, strict=True)) if rows else empty
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
+        schema=schema)
 
 
 class _Problems(AccumulatorParam):
@@ -60,25 +78,36 @@ class Trail:
         cols = self.columns
         lo, hi = from_us, to_us
 
-        def decode(rows):
+        def decode(batches):
+            # Spark hands over the files as Arrow batches of (path, content) and takes the
+            # events back as Arrow batches: no row is pickled on either side.
+            import pyarrow as pa
+
             from broker.audit.reader import FileReader, UnknownSchemaVersion
-            for row in rows:
-                try:
-                    reader = FileReader(row.path, bytes(row.content))
-                except UnknownSchemaVersion as exc:
-                    acc.add([(row.path, 0, UNKNOWN_VERSION, str(exc))])
-                    continue
-                for block in reader.blocks_iter():
-                    for rec in block:
-                        ts = rec["ts_us"]
-                        if (lo is not None and ts < lo) or (hi is not None and ts >= hi):
-                            continue
-                        yield tuple([rec.get(c) for c in cols])
-                if reader.problems:
-                    acc.add([tuple(p) for p in reader.problems])
+            arrow_schema = pa.schema([(c, _ARROW[c]) for c in cols])
+            empty = [[] for _ in cols]
+            for batch in batches:
+                paths = batch.column(0).to_pylist()
+                contents = batch.column(1)
+                for i, path in enumerate(paths):
+                    try:
+                        reader = FileReader(path, contents[i].as_buffer().to_pybytes())
+                    except UnknownSchemaVersion as exc:
+                        acc.add([(path, 0, UNKNOWN_VERSION, str(exc))])
+                        continue
+                    rows: list = []
+                    for block in reader.rows_iter(cols, lo, hi):
+                        rows += block
+                        if len(rows) >= _BATCH_ROWS:
+                            yield _record_batch(pa, arrow_schema, rows, empty)
+                            rows = []
+                    if rows:
+                        yield _record_batch(pa, arrow_schema, rows, empty)
+                    if reader.problems:
+                        acc.add([tuple(p) for p in reader.problems])
 
         schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
-        self.df: DataFrame = spark.createDataFrame(files.rdd.mapPartitions(decode), schema)
+        self.df: DataFrame = files.mapInArrow(decode, schema)
 
     def problems(self) -> list[tuple]:
         """Damage seen so far (after an action), each ``(path, offset, kind, detail)`` once."""

@@ -79,6 +79,39 @@ def test_container_is_standard_avro(tmp_path, codec):
     assert reader.problems == []
 
 
+def test_rows_of_chosen_columns_match_the_records(tmp_path):
+    path = tmp_path / "part.avro"
+    batch = [*EVERY_KIND, *_compact_kinds()]
+    _write(path, [batch, batch[:3]])
+    records = list(FileReader(str(path)))
+    columns = ("ts_us", "queues", "event", "no_such_column", "msg", "persistent", "seq")
+    rows = [r for block in FileReader(str(path)).rows_iter(columns) for r in block]
+    assert rows == [tuple(r.get(c) for c in columns) for r in records]
+    lo, hi = records[1]["ts_us"], records[-1]["ts_us"]
+    rows = [r for block in FileReader(str(path)).rows_iter(("seq",), lo, hi) for r in block]
+    assert rows == [(r["seq"],) for r in records if lo <= r["ts_us"] < hi]
+
+
+def _compact_kinds() -> list:
+    """The broker's compact tuples (shared channel and queue contexts)."""
+    ch = ("/", "guest", "127.0.0.1:1", 3)
+    q = ("/", "q")
+    return [(events.PUBC, T, ch, "x", "rk", 9, PROPS, 64, True, 5, ["q"], "routed"),
+            (events.DELC, T, q, 9, "ctag", 4, False, 1, ch),
+            (events.ACKC, T, q, 9, "ctag", 4, ch)]
+
+
+def test_compact_kinds_expand_to_the_flat_ones():
+    pub, dl, ack = _compact_kinds()
+    assert events.to_record(pub, "n", 1) == events.to_record(
+        (events.PUB, T, "/", "x", "rk", 9, PROPS, 64, True, "guest", "127.0.0.1:1", 3, 5,
+         ["q"], "routed"), "n", 1)
+    assert events.to_record(dl, "n", 1) == events.to_record(
+        (events.DEL, T, "/", "q", 9, "ctag", 4, False, 1, "127.0.0.1:1", 3), "n", 1)
+    assert events.to_record(ack, "n", 1) == events.to_record(
+        (events.ACK, T, "/", "q", 9, "ctag", 4, "127.0.0.1:1", 3), "n", 1)
+
+
 def test_corrupt_block_is_skipped_and_named(tmp_path):
     path = tmp_path / "part.avro"
     offsets = _write(path, [EVERY_KIND[:4], EVERY_KIND[4:8], EVERY_KIND[8:]], "deflate")
@@ -90,6 +123,9 @@ def test_corrupt_block_is_skipped_and_named(tmp_path):
     assert seqs == [1, 2, 3, 4, *list(range(9, len(EVERY_KIND) + 1))]
     assert [(p.offset, p.kind) for p in reader.problems] == [(offsets[1], "corrupt block")]
     assert str(path) in str(reader.problems[0])
+    rows = FileReader(str(path))  # the Spark jobs' path: rows of chosen columns
+    assert [r[0] for block in rows.rows_iter(("seq",)) for r in block] == seqs
+    assert [(p.offset, p.kind) for p in rows.problems] == [(offsets[1], "corrupt block")]
 
 
 def test_broken_sync_marker_resyncs(tmp_path):
