@@ -95,7 +95,8 @@ class MQTTSession:
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
-    __slots__ = ("__weakref__", "_awaiting_store", "_decided", "_keys", "_pubacks", "_seq",
+    __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_keys", "_pubacks",
+                 "_seq",
                  "_topics", "_touched", "authz", "blocked_sent", "broker", "clean", "client_id",
                  "conn", "consumers", "delivering", "delivery_stalled", "ended", "finished",
                  "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
@@ -143,6 +144,9 @@ class MQTTSession:
         self._pubacks: list[tuple[int, int]] = []
         self._decided: dict[int, bool] = {}
         self._seq = 0
+        # packet ids of this read's QoS 1 publishes acknowledged at once (nothing waits
+        # for the store before them): written in one go at the end of the read
+        self._ack_now: list[int] = []
         self._touched: dict = {}  # queues acked in this batch: dispatched once at its end
         self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
         self._keys: dict[str, str] = {}  # MQTT topic -> routing key (checked for length)
@@ -180,6 +184,9 @@ class MQTTSession:
             for q in touched:
                 if q.consumers:
                     q.dispatch()
+        if self._ack_now:  # (then nothing is in _pubacks: they are older)
+            self.conn.pubacks(self._ack_now)
+            self._ack_now = []
         awaiting = self._awaiting_store
         if awaiting:
             self._awaiting_store = []
@@ -332,6 +339,13 @@ class MQTTSession:
         self.is_publisher = True
         stored = self._route(topic, key, p.payload, p.qos, p.retain, p.dup)
         if p.qos:
+            if stored is False and not self._pubacks:
+                # the common case: routed, no store write to wait for, none before it waits
+                self._ack_now.append(p.packet_id or 0)
+                return
+            if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
+                self.conn.pubacks(self._ack_now)
+                self._ack_now = []
             seq = self._seq = self._seq + 1
             self._pubacks.append((seq, p.packet_id or 0))
             if stored is None:
@@ -469,6 +483,9 @@ class MQTTSession:
         return len(self.conn.inflight)
 
     def deliver(self, consumer: Consumer, queue, entry) -> None:
+        # whoever queued output before this since the edge last took it has called (or
+        # will call, before going back to the loop) ``wake``: one wake per batch
+        was_empty = not self.conn.pending_output
         message = entry.message
         topic = self._topics.get(message.routing_key)
         if topic is None:
@@ -487,7 +504,8 @@ class MQTTSession:
             else:
                 self.conn.publish(topic, message.body, 1, (queue, entry, consumer),
                                   dup=entry.redelivered)
-        self.wake()
+        if was_empty:
+            self.wake()
 
     def _on_delivery_acked(self, token) -> None:
         if token is None:

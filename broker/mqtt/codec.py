@@ -335,7 +335,7 @@ def _publish_at(first: int, buf: bytearray, start: int, end: int) -> Publish:
         raise MalformedPacket("string is not well-formed UTF-8") from None
     if "\x00" in topic:
         raise MalformedPacket("string contains U+0000")
-    if not valid_topic_name(topic):
+    if not topic or "+" in topic or "#" in topic:  # valid_topic_name, inline
         raise MalformedPacket(f"invalid topic name {topic!r} in PUBLISH")
     pid = None
     if qos:
@@ -360,39 +360,47 @@ class PacketReader:
         buf = self.buf
         buf += data
         packets: list[Packet] = []
+        append = packets.append
+        max_packet = self.max_packet
+        n = len(buf)  # buf only shrinks at the end
         pos = 0
-        while len(buf) - pos >= 2:
+        while n - pos >= 2:
             first = buf[pos]
-            length = 0
-            mult = 1
-            i = pos + 1
-            while True:
-                if i >= len(buf):
-                    del buf[:pos]
-                    return packets
-                byte = buf[i]
-                length += (byte & 0x7F) * mult
-                i += 1
-                if not byte & 0x80:
-                    break
-                mult *= 128
-                if mult > 128 ** 3:
-                    raise MalformedPacket("remaining length longer than 4 bytes")
-            if length > self.max_packet:
+            length = buf[pos + 1]
+            i = pos + 2
+            if length & 0x80:  # more length bytes (packets of 128 bytes and up)
+                length &= 0x7F
+                mult = 128
+                while True:
+                    if i >= n:
+                        del buf[:pos]
+                        return packets
+                    byte = buf[i]
+                    length += (byte & 0x7F) * mult
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                    mult *= 128
+                    if mult > 128 ** 3:
+                        raise MalformedPacket("remaining length longer than 4 bytes")
+                if length > max_packet:
+                    raise MalformedPacket(f"packet of {length} bytes exceeds the limit of "
+                                          f"{max_packet}")
+            elif length > max_packet:
                 raise MalformedPacket(f"packet of {length} bytes exceeds the limit of "
-                                      f"{self.max_packet}")
-            if len(buf) - i < length:
+                                      f"{max_packet}")
+            if n - i < length:
                 break
             # the two packets of the hot path are read in place, the rest through decode
             if first >> 4 == PUBLISH:
-                packets.append(_publish_at(first, buf, i, i + length))
+                append(_publish_at(first, buf, i, i + length))
             elif first == 0x40 and length == 2:
                 pid = buf[i] << 8 | buf[i + 1]
                 if not pid:
                     raise MalformedPacket("packet identifier 0")
-                packets.append(PacketId(PUBACK, pid))
+                append(PacketId(PUBACK, pid))
             else:
-                packets.append(decode(first, bytes(buf[i:i + length])))
+                append(decode(first, bytes(buf[i:i + length])))
             pos = i + length
         del buf[:pos]
         return packets

@@ -41,6 +41,7 @@ from .codec import (
 )
 
 _H = struct.Struct(">H")
+_PUBACK = struct.Struct(">BBH")
 _PINGRESP = codec.encode(Bare(PINGRESP))
 
 
@@ -264,6 +265,11 @@ class ServerConnection:
 
     def puback(self, packet_id: int) -> None:
         self._write(b"\x40\x02" + _H.pack(packet_id))
+
+    def pubacks(self, packet_ids: list[int]) -> None:
+        """PUBACK for each of ``packet_ids``, in that order."""
+        pack = _PUBACK.pack
+        self._write(b"".join([pack(0x40, 2, pid) for pid in packet_ids]))
 
     def send_blocked(self, reason: str) -> bool:
         """MQTT 3.1.1 cannot tell a client the server is blocked (AMQP's connection.blocked):
