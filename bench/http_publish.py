@@ -248,7 +248,7 @@ def sink_process(port: int, batch: bool, counter, ready) -> None:
                     counter.value += n
 
 
-async def _push(a, http_port: int, amqp_url: str) -> dict:
+async def _push(a, http_port: int, amqp_url: str, broker_pid: int | None = None) -> dict:
     import multiprocessing as mp
     batch = a.delivery == "batch"
     sink_port = free_port()
@@ -270,6 +270,7 @@ async def _push(a, http_port: int, amqp_url: str) -> dict:
             (await http.post("/topics/bench.push/subscriptions", json=sub)).raise_for_status()
             body = json.dumps({"pad": "x" * max(0, a.size - 12)}).encode()
             await trio.to_thread.run_sync(_amqp_fill, amqp_url, a.messages, body)
+            cpu0 = cpu_seconds(broker_pid) if broker_pid else None
             t0 = trio.current_time()
             r = await http.put("/topics/bench.push/subscriptions/sink/state", content=b'"ACTIVE"')
             r.raise_for_status()
@@ -277,12 +278,18 @@ async def _push(a, http_port: int, amqp_url: str) -> dict:
                 while counter.value < a.messages:  # noqa: ASYNC110 - another process counts
                     await trio.sleep(0.005)
             elapsed = trio.current_time() - t0
+            cpu1 = cpu_seconds(broker_pid) if broker_pid else None
             metrics = (await http.get("/topics/bench.push/subscriptions/sink/metrics")).json()
     finally:
         sink.kill()
         sink.join(5)
-    return {"messages": counter.value, "elapsed_s": round(elapsed, 3),
-            "msg_per_s": round(counter.value / elapsed, 1), "subscription": metrics}
+    result = {"messages": counter.value, "elapsed_s": round(elapsed, 3),
+              "msg_per_s": round(counter.value / elapsed, 1), "subscription": metrics}
+    if cpu0 is not None and cpu1 is not None:  # the push alone, not the AMQP fill before it
+        result["broker_cpu_s"] = round(cpu1 - cpu0, 2)
+        result["broker_cpu_us_per_msg"] = round(1e6 * (cpu1 - cpu0) / max(1, counter.value), 1)
+        result["broker_cpu_pct"] = round(100 * (cpu1 - cpu0) / elapsed, 1)
+    return result
 
 
 def _amqp_fill(url: str, n: int, body: bytes) -> None:
@@ -299,10 +306,7 @@ def _amqp_fill(url: str, n: int, body: bytes) -> None:
 def cmd_push(a) -> dict:
     broker, http_port, _front = start_broker(a)
     try:
-        cpu0 = cpu_seconds(broker.pid)
-        result = trio.run(_push, a, http_port, broker.url)
-        cpu1 = cpu_seconds(broker.pid)
-        result["broker_cpu_s"] = round(cpu1 - cpu0, 2) if cpu0 is not None and cpu1 is not None else None
+        result = trio.run(_push, a, http_port, broker.url, broker.pid)
         result["broker_rss_mb"] = round((rss_kb(broker.pid) or 0) / 1024, 1)
         return result
     finally:

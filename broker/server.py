@@ -7,6 +7,7 @@ heartbeat); all of them end when the connection does. Broker-wide tasks
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import math
 import signal
@@ -413,6 +414,10 @@ async def run_server(broker: Broker, host: str, port: int) -> None:
             nursery.cancel_scope.cancel()  # stopped by itself (server.fatal): stop the rest
 
         await nursery.start(serve)
+        # What exists once started (modules, recovered definitions and messages) lives as
+        # long as the broker: out of the cyclic GC's scans, a full collection under load takes
+        # a few ms instead of the ~70 ms pause measured at 1,000 HTTP publishes/s.
+        gc.freeze()
 
         async def on_signals():
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
