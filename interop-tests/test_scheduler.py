@@ -360,18 +360,23 @@ def test_durable_across_restart(durable_broker, how):
     _declare(ch)
     ch.confirm_delivery()
     persistent = dict(delivery_mode=2)
-    for i in range(20):  # due while the broker is down
+    # due while the broker is down, but not before the stats below (a CLI process start
+    # takes seconds on a loaded machine)
+    t_pub = time.time()
+    for i in range(20):
         ch.basic_publish("dx", "k", b"soon-%d" % i,
-                         pika.BasicProperties(headers={"x-delay": 1000}, **persistent))
-    ch.basic_publish("dx", "k", b"later", pika.BasicProperties(headers={"x-delay": 6000}, **persistent))
+                         pika.BasicProperties(headers={"x-delay": 5000}, **persistent))
+    ch.basic_publish("dx", "k", b"later", pika.BasicProperties(headers={"x-delay": 14000},
+                                                                **persistent))
     ch.basic_publish("", "dq", b"rep", pika.BasicProperties(headers={
-        "AMQ_SCHEDULED_DELAY": 500, "AMQ_SCHEDULED_PERIOD": 300, "AMQ_SCHEDULED_REPEAT": 2},
+        "AMQ_SCHEDULED_DELAY": 4500, "AMQ_SCHEDULED_PERIOD": 300, "AMQ_SCHEDULED_REPEAT": 2},
         **persistent))
-    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1000}))
+    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 5000}))
     assert b.cli_json("stats")["stats"]["pending"] == 23
     conn.close()
     b.kill9() if how == "kill9" else b.stop()
-    time.sleep(2.0)  # "soon" and the repeats fall due while the broker is down
+    # "soon" and the repeats fall due while the broker is down
+    time.sleep(max(0.0, t_pub + 6.0 - time.time()))
     t_start = time.time()
     b.start()
     conn = b.connect()
@@ -387,7 +392,7 @@ def test_durable_across_restart(durable_broker, how):
     assert time.time() - t_start < 6  # overdue ones came promptly
     assert b"later" not in got and b"transient" not in got  # transient: not kept, as documented
     assert [i["kind"] for i in b.cli_json("list")["items"]] == ["delay"]
-    got2 = drain(conn, ch, "dq", time.time() + 8, want=1)
+    got2 = drain(conn, ch, "dq", t_pub + 24, want=1)
     assert [x for _, _, x in got2] == [b"later"]
     assert b.cli_json("stats")["stats"]["pending"] == 0
     conn.close()
@@ -497,8 +502,10 @@ def test_limited_time_orders_example_survives_broker_restart(durable_broker, tmp
     ch = conn.channel()
     ex.declare(ch)
     ch.confirm_delivery()
+    t0 = time.time()
+    # o-late's deadline is far enough for a slow restart on a loaded machine
     for oid in ("o-paid", "o-unpaid", "o-late"):
-        ex.create_order(ch, db, oid, 1.5 if oid != "o-late" else 5.0)
+        ex.create_order(ch, db, oid, 1.5 if oid != "o-late" else 12.0)
     conn.close()
     assert ex.pay(db, "o-paid")
     b.kill9() if how == "kill9" else b.stop()  # the broker goes down in the middle
@@ -510,7 +517,8 @@ def test_limited_time_orders_example_survives_broker_restart(durable_broker, tmp
     assert ex.status(db, "o-paid") == "paid"
     assert ex.status(db, "o-late") == "unpaid"  # not yet due
     assert ex.pay(db, "o-late")  # paid in time: the deadline will find it paid
-    ex.run_canceller(b.url, db_path, stop_after=4.0, log=logs.append)
+    ex.run_canceller(b.url, db_path, stop_after=max(2.0, t0 + 15.0 - time.time()),
+                     log=logs.append)
     assert ex.status(db, "o-late") == "paid"
     assert sum("o-unpaid" in line and "cancelled" in line for line in logs) == 1
     assert any("o-late" in line and "already paid" in line for line in logs)

@@ -5,10 +5,21 @@ rescheduling an occurrence leaves its old key behind: a key is live only while
 its slot is in use with the same due time; dead keys are dropped when they
 reach the head, and the heap is compacted when more than half of it is dead.
 One broker timer (``TimerQueue.call_at``) is armed at the live head.
+
+Only the nearest keys are in the heap (a Python list); the rest wait in two flat
+``array('q')`` columns (due, slot reference), all due at or after ``horizon``. A
+list with a million items costs every full garbage collection a walk over them --
+tens of milliseconds of firing lateness -- while an array is opaque to the
+collector. When the heap runs dry the nearest ``REFILL`` far keys move into it
+(numpy: a partition and a mask, a few milliseconds per million, once per
+``REFILL`` firings); when it grows past ``SPILL`` its later keys move out.
 """
 from __future__ import annotations
 
 import heapq
+from array import array
+
+import numpy as np
 
 from .slots import SLOT_BITS, SLOT_MASK, VH_MASK, SlotTable
 
@@ -16,6 +27,9 @@ KEY_SHIFT = SLOT_BITS + 16  # due_us above vhost index (16 bits) and slot (32 bi
 EARLY_SLACK = 0.001  # arm 1 ms after the head is due: never early, and under load one
 # timer wake-up fires every item due in that millisecond (10 per wake-up at 10,000/s)
 COMPACT_MIN = 1024  # heaps smaller than this are never compacted
+REFILL = 1 << 16  # far keys moved into the heap at once
+SPILL = 4 * REFILL  # heap size from which its later keys move to the far columns
+REF_MASK = (1 << KEY_SHIFT) - 1
 
 
 def due_us(due: float) -> int:
@@ -38,19 +52,77 @@ class TimerEngine:
         self.after_batch = after_batch
         self.fire_batch = fire_batch
         self.heap: list[int] = []
+        # far keys as two columns: a key (about 100 bits) does not fit one int64
+        self.far_due = array("q")  # due_us
+        self.far_ref = array("q")  # vhost index << SLOT_BITS | slot
+        self.horizon = 0  # due_us from which a new key goes to ``far`` (0: all do)
         self.max_lateness = 0.0
         self._handle = None
         self._armed_for: float | None = None
 
     def push(self, t: SlotTable, slot: int, due: float) -> None:
-        heapq.heappush(self.heap, (due_us(due) << KEY_SHIFT) | (t.vi << SLOT_BITS) | slot)
+        d = due_us(due)
+        if d < self.horizon:
+            heapq.heappush(self.heap, (d << KEY_SHIFT) | (t.vi << SLOT_BITS) | slot)
+            if len(self.heap) > SPILL:
+                self._spill()
+        else:
+            self.far_due.append(d)
+            self.far_ref.append((t.vi << SLOT_BITS) | slot)
 
     def push_many(self, t: SlotTable, first: int, dues) -> None:
         """Keys for slots ``first, first+1, ...`` due at ``dues`` (recovery, in bulk)."""
-        base = (t.vi << SLOT_BITS) | first
-        heap = self.heap
-        heap.extend([(round(d * 1_000_000) << KEY_SHIFT) | (base + i) for i, d in enumerate(dues)])
+        d = np.rint(np.frombuffer(dues, dtype=np.float64) * 1_000_000).astype(np.int64)
+        refs = ((t.vi << SLOT_BITS) | first) + np.arange(len(d), dtype=np.int64)
+        near = d < self.horizon
+        if near.any():
+            for du, ref in zip(d[near].tolist(), refs[near].tolist(), strict=True):
+                heapq.heappush(self.heap, (du << KEY_SHIFT) | ref)
+            d, refs = d[~near], refs[~near]
+        self.far_due.frombytes(d.tobytes())
+        self.far_ref.frombytes(refs.tobytes())
+
+    def _spill(self) -> None:
+        """Keep the nearest ``REFILL`` keys in the heap, the rest in the far columns."""
+        dues = np.array([k >> KEY_SHIFT for k in self.heap], dtype=np.int64)
+        refs = np.array([k & REF_MASK for k in self.heap], dtype=np.int64)
+        horizon = int(np.partition(dues, REFILL - 1)[REFILL - 1]) + 1
+        near = dues < horizon
+        far = ~near
+        heap = [(du << KEY_SHIFT) | ref
+                for du, ref in zip(dues[near].tolist(), refs[near].tolist(), strict=True)]
         heapq.heapify(heap)
+        self.heap = heap
+        self.horizon = horizon  # lower than before: the far columns are all above it
+        self.far_due.frombytes(dues[far].tobytes())
+        self.far_ref.frombytes(refs[far].tobytes())
+
+    def _refill(self) -> bool:
+        """Move the nearest far keys into the (empty) heap; False if there are none."""
+        if not self.far_due:
+            return False
+        dues = np.frombuffer(self.far_due, dtype=np.int64)
+        refs = np.frombuffer(self.far_ref, dtype=np.int64)
+        if len(dues) <= REFILL:
+            horizon = int(dues.max()) + 1
+            near = None
+        else:
+            horizon = int(np.partition(dues, REFILL - 1)[REFILL - 1]) + 1
+            near = dues < horizon
+        moved_d, moved_r = (dues, refs) if near is None else (dues[near], refs[near])
+        heap = [(du << KEY_SHIFT) | ref
+                for du, ref in zip(moved_d.tolist(), moved_r.tolist(), strict=True)]
+        heap.extend(self.heap)
+        heapq.heapify(heap)
+        self.heap = heap
+        self.horizon = horizon
+        if near is None:
+            self.far_due, self.far_ref = array("q"), array("q")
+        else:
+            far = ~near
+            self.far_due = array("q", dues[far].tobytes())
+            self.far_ref = array("q", refs[far].tobytes())
+        return True
 
     def _live(self, k: int) -> bool:
         t = self.tables[(k >> SLOT_BITS) & VH_MASK]
@@ -59,16 +131,19 @@ class TimerEngine:
 
     def head(self) -> int | None:
         """The first live heap key (dropping dead ones), or None."""
-        heap = self.heap
         tables = self.tables
-        while heap:
-            k = heap[0]
-            t = tables[(k >> SLOT_BITS) & VH_MASK]
-            slot = k & SLOT_MASK
-            if t.kind[slot] and due_us(t.due[slot]) == k >> KEY_SHIFT:
-                return k
-            heapq.heappop(heap)
-        return None
+        while True:
+            heap = self.heap
+            if not heap and not self._refill():
+                return None
+            heap = self.heap
+            while heap:
+                k = heap[0]
+                t = tables[(k >> SLOT_BITS) & VH_MASK]
+                slot = k & SLOT_MASK
+                if t.kind[slot] and due_us(t.due[slot]) == k >> KEY_SHIFT:
+                    return k
+                heapq.heappop(heap)
 
     def head_due(self) -> float | None:
         k = self.head()
@@ -115,7 +190,11 @@ class TimerEngine:
         tables = self.tables
         fire = self.fire
         fired = 0
-        while heap and fired < limit:
+        while fired < limit:
+            if not heap:
+                if not self._refill():
+                    break
+                heap = self.heap
             k = heap[0]
             if k >> KEY_SHIFT > now_us:
                 break
@@ -132,15 +211,40 @@ class TimerEngine:
             if late > self.max_lateness:
                 self.max_lateness = late
             fire(t, slot, due, now)
+            heap = self.heap  # firing may push, and a push may spill into a new list
             fired += 1
         return fired
 
     def maybe_compact(self, live: int) -> None:
         """Drop dead keys once they are more than half of a large heap."""
-        if len(self.heap) > COMPACT_MIN and len(self.heap) > 2 * live:
+        total = len(self.heap) + len(self.far_due)
+        if total > COMPACT_MIN and total > 2 * live:
             keep = [k for k in self.heap if self._live(k)]
             heapq.heapify(keep)
             self.heap = keep
+            if self.far_due:
+                self._compact_far()
+
+    def _compact_far(self) -> None:
+        """Keep the far keys still live, checked table by table on whole columns."""
+        dues = np.frombuffer(self.far_due, dtype=np.int64)
+        refs = np.frombuffer(self.far_ref, dtype=np.int64)
+        vis = (refs >> SLOT_BITS) & VH_MASK
+        alive = np.zeros(len(refs), dtype=bool)
+        for vi in np.unique(vis).tolist():
+            t = self.tables[vi]
+            sel = vis == vi
+            slots = refs[sel] & SLOT_MASK
+            kind = np.frombuffer(t.kind, dtype=np.uint8)
+            due = np.frombuffer(t.due, dtype=np.float64)
+            inside = slots < len(kind)
+            slots = np.where(inside, slots, 0)
+            same = np.rint(due[slots] * 1_000_000).astype(np.int64) == dues[sel]
+            alive[sel] = inside & (kind[slots] != 0) & same
+        self.far_due = array("q", dues[alive].tobytes())
+        self.far_ref = array("q", refs[alive].tobytes())
 
     def clear(self) -> None:
         self.heap.clear()
+        self.far_due, self.far_ref = array("q"), array("q")
+        self.horizon = 0

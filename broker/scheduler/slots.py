@@ -2,9 +2,9 @@
 
 A slot is an index into the arrays of a ``SlotTable``: due time (wall clock),
 kind, delay, id (prefix index + number) and, for the journal, seq, location and
-body length -- plus one Python object per slot (``held``): None for a
-journal-paged persistent message, a ``bytes`` blob for a transient one, the
-``QueueEntry`` for a persistent one in a store that cannot read messages back.
+body length -- plus, in the sparse ``held`` map, what a slot keeps in memory: a
+``bytes`` blob for a transient message, the ``QueueEntry`` for a persistent one in
+a store that cannot read messages back; nothing for a journal-paged one.
 Repeating / cron schedules keep ``(Schedule, left, run)`` in the ``cx`` dict.
 
 The table is also the ready store of its ``ScheduledQueue``: empty for the
@@ -43,6 +43,17 @@ class _Const:
 
     def __getitem__(self, i):
         return self.value
+
+
+class Held(dict):
+    """slot -> what a slot keeps in memory; a slot that is absent keeps nothing (its
+    message is in the journal) and reads as None. Sparse on purpose: a list with one
+    item per slot would be traversed by every full garbage collection, a pause that
+    grows with the pending count and shows in the firing lateness."""
+    __slots__ = ()
+
+    def __missing__(self, slot: int) -> None:
+        return None
 
 
 class SlotTable(PagedFifo):
@@ -85,7 +96,7 @@ class SlotTable(PagedFifo):
         self.delay = array("q")   # ms
         self.sidp = array("H")    # id prefix index (ids.SidIndex)
         self.sidn = array("q")    # id number (-1: the prefix is the whole id)
-        self.held: list = []      # None (journal) | bytes blob (transient) | QueueEntry
+        self.held = Held()        # slot -> bytes blob (transient) | QueueEntry; absent = journal
         self.cx: dict = {}        # slot -> (Schedule, left, run) for K_COMPLEX
         self.free = array("I")
         self.live = 0
@@ -103,7 +114,6 @@ class SlotTable(PagedFifo):
         self.delay.append(0)
         self.sidp.append(0)
         self.sidn.append(0)
-        self.held.append(None)
         self._seq.append(0)
         self._loc.append(0)
         self._blen.append(0)
@@ -111,7 +121,7 @@ class SlotTable(PagedFifo):
 
     def release(self, slot: int) -> None:
         self.kind[slot] = FREE
-        self.held[slot] = None
+        self.held.pop(slot, None)
         if self._loc[slot]:
             self.n_stored -= 1
         self._loc[slot] = 0
@@ -184,7 +194,7 @@ class SlotTable(PagedFifo):
         """The slot's message is in the journal at ``loc``: keep only the index."""
         if not self._loc[slot]:
             self.n_stored += 1
-        self.held[slot] = None
+        self.held.pop(slot, None)
         self._seq[slot] = seq
         self._loc[slot] = loc
         self._blen[slot] = blen
@@ -194,7 +204,10 @@ class SlotTable(PagedFifo):
         if self._loc[slot]:
             self.n_stored -= 1
             self._loc[slot] = 0
-        self.held[slot] = held
+        if held is None:
+            self.held.pop(slot, None)
+        else:
+            self.held[slot] = held
         self._seq[slot] = seq
 
     def seq_column(self) -> array:
@@ -217,7 +230,7 @@ class SlotTable(PagedFifo):
             raise ValueError("SlotTable.load: columns of different lengths")
         self._seq, self._loc, self._blen = seq, loc, blen
         self.due, self.kind, self.delay, self.sidp, self.sidn = due, kind, delay, sidp, sidn
-        self.held = [None] * n
+        self.held = Held()
         self.live = self.n_stored = n
 
     def set_complex(self, slot: int, sched: Schedule, left: int, run: float) -> None:

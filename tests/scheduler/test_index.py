@@ -55,7 +55,7 @@ def test_clean_index_rebuilds_everything_without_reads(tmp_path):
     assert s2.recovery_reads == 0
     assert s2.stats()["pending"] == 302
     assert {sid: (s2.items[sid].left, s2.items[sid].due) for sid in before} == before
-    assert all(h is None for h in v2.queues[INTERNAL_QUEUE].ready.held)
+    assert not v2.queues[INTERNAL_QUEUE].ready.held
     bodies = _fire_all(b2, clock, v2, 1.5)
     assert sorted(bb for bb in bodies if bb.startswith(b"m")) == [b"m%04d" % i for i in range(300)]
     assert bodies.count(b"periodic") == 4 and per.sid not in s2.items
