@@ -257,7 +257,16 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
         return False
     from ..amqp.fields import encode_properties
     from .mirror import MIRROR_HEADER
+    vhost = channel.vhost
     mirror_op = headers.get(MIRROR_HEADER)  # type: ignore[union-attr]
+    if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
+        mirrors = getattr(session.broker.store, "mirrors", None)
+        seqs = route[1].decode() if isinstance(route[1], bytes) else str(route[1])
+        ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
+            vhost.name, message.routing_key, mirror_op, seqs, message.body)
+        if seq:
+            channel.confirm_decided(seq, bool(ok))
+        return True
     props = dict(message.properties)
     rest = {k: v for k, v in headers.items()  # type: ignore[union-attr]
             if k != ROUTE_HEADER and k != MIRROR_HEADER}
@@ -268,14 +277,6 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     exchange, key = (r.decode("utf-8", "surrogateescape") if isinstance(r, bytes) else str(r)
                      for r in route)
     original = Message(exchange, key, encode_properties(props), props, message.body)
-    vhost = channel.vhost
-    if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
-        mirrors = getattr(session.broker.store, "mirrors", None)
-        ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
-            vhost.name, message.routing_key, mirror_op, original)
-        if seq:
-            channel.confirm_decided(seq, bool(ok))
-        return True
     q = vhost.queues.get(message.routing_key)
     if q is None or isinstance(q, ProxyQueue):
         # not (or no longer) mastered here: the forwarding node's publisher gets a nack

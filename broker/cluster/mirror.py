@@ -29,6 +29,7 @@ ENQUEUE (with the message) and each leaving op -- to every mirror node over the 
 from __future__ import annotations
 
 import logging
+import struct
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -45,7 +46,40 @@ log = logging.getLogger("broker.cluster.mirror")
 MIRROR_HEADER = "x-triomq-mirror"
 RESET = 0  # op code: start a copy of this epoch (empty)
 SYNCED = 99  # op code: the snapshot is complete
-_ENQUEUE = int(Op.ENQUEUE)
+LEAVES = 50  # op code: the entries of these seqs left the queue (the seqs: the route key)
+ENQUEUES = 51  # op code: these messages entered the queue (body: ``pack_entries``)
+_REC = struct.Struct(">QHHII")
+
+
+def pack_entries(entries) -> bytes:
+    """Entries as one body: per entry seq, exchange, routing key, raw properties, body."""
+    parts = []
+    for e in entries:
+        m = e.message
+        ex = m.exchange.encode("utf-8", "surrogateescape")
+        rk = m.routing_key.encode("utf-8", "surrogateescape")
+        parts += [_REC.pack(e.seq, len(ex), len(rk), len(m.props_raw), len(m.body)), ex, rk,
+                  m.props_raw, m.body]
+    return b"".join(parts)
+
+
+def unpack_entries(data: bytes):
+    """``pack_entries`` back: (seq, (exchange, routing key, raw properties, body))."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        seq, nx, nk, np_, nb = _REC.unpack_from(view, pos)
+        pos += _REC.size
+        ex = bytes(view[pos:pos + nx]).decode("utf-8", "surrogateescape")
+        pos += nx
+        rk = bytes(view[pos:pos + nk]).decode("utf-8", "surrogateescape")
+        pos += nk
+        props = bytes(view[pos:pos + np_])
+        pos += np_
+        body = bytes(view[pos:pos + nb])
+        pos += nb
+        yield seq, (ex, rk, props, body)
+_SYNC_BATCH = 512  # messages per op while a new mirror synchronises
 
 
 def wanted_mirrors(definition: dict, master: str, live: list[str]) -> list[str]:
@@ -76,7 +110,8 @@ class MirrorCopy:
     def __init__(self, epoch: int, master: str):
         self.epoch = epoch
         self.master = master
-        self.entries: dict[int, Message] = {}
+        # seq -> (exchange, routing key, raw properties, body), in the queue's order
+        self.entries: dict[int, tuple[str, str, bytes, bytes]] = {}
         self.synced = False
 
 
@@ -93,6 +128,9 @@ class Mirroring:
         self.isr_dirty = True  # the in-sync set in etcd may be larger than the real one
         self._isr_waiters: list = []  # confirms that wait for the in-sync record
         self.recorded: tuple = ()
+        self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
+        self._enqueued: list = []  # entries that entered, sent together
+        self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
         # the node lost this queue's mastership (fenced, or another node holds it now):
         # every publish into it is nacked until it is master again or the copy is dropped
         self.deposed = False
@@ -107,42 +145,64 @@ class Mirroring:
             self.outside.pop(entry.seq, None)
         if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
             return
+        # the ops of one pass of the event loop go to each mirror as one message
+        if not self._leaves and not self._enqueued:
+            self.owner.flush_soon(self)
+        if op is not Op.ENQUEUE:
+            self._leaves.append(entry.seq)
+            return
+        self._enqueued.append(entry)
         store = self.owner.store
-        if op is Op.ENQUEUE and self.isr_dirty:
+        if self.isr_dirty:
             self._isr_waiters.append(store.forward_started())
         for node, state in self.nodes.items():
+            if state == "in_sync":
+                self._tokens.setdefault(node, []).append(store.forward_started())
+
+    def flush(self) -> None:
+        """Send what the stream produced since the last flush: the new messages (their
+        confirm tokens resolved by each in-sync mirror's answer), then the leaves."""
+        enqueued, self._enqueued = self._enqueued, []
+        leaves, self._leaves = self._leaves, []
+        tokens, self._tokens = self._tokens, {}
+        packed = pack_entries(enqueued) if enqueued else b""
+        for node, state in self.nodes.items():
+            mine = tokens.get(node, [])
             if state == "failed":
+                self._park(mine)
                 continue
-            done = self._done_for(node)
-            if op is Op.ENQUEUE and state == "in_sync":
-                token = store.forward_started()
+            if enqueued:
+                self._send(node, ENQUEUES, packed, self._batch_done(node, mine))
+            if leaves:
+                self._send(node, LEAVES, b"", self._done_for(node), ",".join(map(str, leaves)))
+        for node, mine in tokens.items():
+            if node not in self.nodes:
+                self._park(mine)
 
-                def both(ok: bool | None, token=token, done=done) -> None:
-                    done(ok)
-                    if ok:
-                        token(True)
-                    else:
-                        # the mirror leaves the in-sync set: the publish is confirmed once
-                        # etcd records the smaller set (it is on the master and the others)
-                        self._isr_waiters.append(token)
-                        self.isr_dirty = True
-                        self.owner.wake()
-                self._send(node, int(op), entry, both)
-            else:
-                self._send(node, int(op), entry if op is Op.ENQUEUE else None, done,
-                           seq=entry.seq)
+    def _park(self, tokens: list) -> None:
+        """Confirms owed by a mirror that left the in-sync set: released once etcd records
+        the smaller set (the message is on the master and on every mirror still in it)."""
+        if tokens:
+            self._isr_waiters.extend(tokens)
+            self.isr_dirty = True
+            self.owner.wake()
 
-    def _send(self, node: str, op: int, entry, done, seq: int | None = None) -> None:
+    def _batch_done(self, node: str, tokens: list):
+        failed = self._done_for(node)
+
+        def done(ok: bool | None) -> None:
+            if ok:
+                for token in tokens:
+                    token(True)
+                return
+            failed(ok)
+            self._park(tokens)
+        return done
+
+    def _send(self, node: str, op: int, body: bytes, done, seqs: str = "") -> None:
         link = self.owner.store.link_for(node, self.queue.vhost.name)
-        extra = {MIRROR_HEADER: [self.epoch, op, entry.seq if entry is not None else seq or 0,
-                                 self.owner.store.node.name]}
-        if entry is not None:
-            m = entry.message
-            ok = link.publish(self.queue.name, m.exchange, m.routing_key, m.properties, m.body,
-                              done, extra)
-        else:
-            ok = link.publish(self.queue.name, "", "", {}, b"", done, extra)
-        if not ok:
+        extra = {MIRROR_HEADER: [self.epoch, op, 0, self.owner.store.node.name]}
+        if not link.publish(self.queue.name, "", seqs, {}, body, done, extra):
             done(False)
 
     def _done_for(self, node: str):
@@ -179,6 +239,9 @@ class Mirroring:
                 self.nodes[node] = "manual" if manual else "syncing"
                 if not manual:
                     self.start_sync(node)
+        # the publisher's confirm of a transient message waits for the mirrors too (seam of
+        # channel.route_message), as RabbitMQ's mirrored queues do
+        self.queue.confirms_later = bool(self.nodes)
         if self.isr_dirty or self.recorded != self.record_key():
             self.owner.wake()
 
@@ -186,10 +249,10 @@ class Mirroring:
         generation = self.generation[node] = self.generation.get(node, 0) + 1
         self.nodes[node] = "syncing"
         fail = self._done_for(node)
-        self._send(node, RESET, None, fail, seq=0)
+        self._send(node, RESET, b"", fail)
         entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
-        for entry in entries:
-            self._send(node, _ENQUEUE, entry, fail)
+        for start in range(0, len(entries), _SYNC_BATCH):
+            self._send(node, ENQUEUES, pack_entries(entries[start:start + _SYNC_BATCH]), fail)
 
         def synced(ok: bool | None) -> None:
             if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
@@ -199,7 +262,7 @@ class Mirroring:
                 self.owner.wake()
             else:
                 fail(False)
-        self._send(node, SYNCED, None, synced, seq=0)
+        self._send(node, SYNCED, b"", synced)
 
     def in_sync(self) -> list[str]:
         return sorted(n for n, s in self.nodes.items() if s == "in_sync")
@@ -237,6 +300,7 @@ class Mirroring:
         for token in waiters:
             token(None)
         self.nodes.clear()
+        self.queue.confirms_later = False
 
 
 class Mirrors:
@@ -249,15 +313,30 @@ class Mirrors:
         self.copies: dict[tuple[str, str], MirrorCopy] = {}
         self._wake = trio.Event()
         self.promotions = 0
+        self._to_flush: list[Mirroring] = []
+        self._flush_wake = trio.Event()
 
     def wake(self) -> None:
         self._wake.set()
 
+    def flush_soon(self, mirroring: Mirroring) -> None:
+        self._to_flush.append(mirroring)
+        self._flush_wake.set()
+
+    async def flusher(self) -> None:
+        while True:
+            await self._flush_wake.wait()
+            self._flush_wake = trio.Event()
+            batch, self._to_flush = self._to_flush, []
+            for mirroring in batch:
+                mirroring.flush()
+
     # ---- mirror role: ops from a master's link (forward.forwarded_publish) ----
-    def apply(self, vhost: str, queue: str, header: list, message: Message | None) -> bool:
+    def apply(self, vhost: str, queue: str, header: list, routing_key: str = "",
+              body: bytes = b"") -> bool:
         """Apply one op; False (nacked) when it is not of this copy's epoch."""
         try:
-            epoch, op, seq, master = int(header[0]), int(header[1]), int(header[2]), header[3]
+            epoch, op, master = int(header[0]), int(header[1]), header[3]
         except (TypeError, ValueError, IndexError):
             return False
         if isinstance(master, bytes):
@@ -271,13 +350,19 @@ class Mirrors:
             return True
         if copy is None or copy.epoch != epoch:
             return False
-        if op == SYNCED:
+        if op == LEAVES:
+            entries = copy.entries
+            for text in routing_key.split(","):
+                entries.pop(int(text), None)
+        elif op == SYNCED:
             copy.synced = True
-        elif op == _ENQUEUE:
-            if message is not None:
-                copy.entries[seq] = message
+        elif op == ENQUEUES:
+            try:
+                copy.entries.update(unpack_entries(body))
+            except (struct.error, UnicodeError):
+                return False
         else:
-            copy.entries.pop(seq, None)
+            return False
         return True
 
     def drop_copy(self, vhost: str, queue: str) -> None:
@@ -380,8 +465,10 @@ class Mirrors:
         q = Queue(vhost, name, durable=True, auto_delete=proxy.auto_delete, arguments=arguments,
                   opts=parse_queue_arguments(arguments))
         vhost.add_queue(q)
+        from ..amqp.fields import decode_properties
         for seq in sorted(copy.entries):
-            q.enqueue(copy.entries[seq])
+            exchange, key, props_raw, body = copy.entries[seq]
+            q.enqueue(Message(exchange, key, props_raw, decode_properties(props_raw), body))
         # each may have been delivered by the old master: RabbitMQ's redelivered flag
         for entry in q.ready:
             entry.redelivered = True

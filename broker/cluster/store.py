@@ -460,6 +460,7 @@ class ClusterStore(Store):
                 nursery.start_soon(self._run_link, link)
             nursery.start_soon(self.node.run)
             nursery.start_soon(self.mirrors.run)
+            nursery.start_soon(self.mirrors.flusher)
             nursery.start_soon(self._writer)
             nursery.start_soon(self._watcher)
             await self.inner.run()
