@@ -277,6 +277,7 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     exchange, key = (r.decode("utf-8", "surrogateescape") if isinstance(r, bytes) else str(r)
                      for r in route)
     original = Message(exchange, key, encode_properties(props), props, message.body)
+    session.broker.store.publishing = channel  # the link's: in doubt, the link is closed
     q = vhost.queues.get(message.routing_key)
     if q is None or isinstance(q, ProxyQueue):
         # not (or no longer) mastered here: the forwarding node's publisher gets a nack

@@ -432,6 +432,7 @@ class ClusterStore(Store):
 
     def when_durable(self, callback, on_failure=None) -> None:
         forwards, self._forwards = self._forwards, None
+        self.publishing = None  # the routing of that publish is over
         if forwards is None:
             self.inner.when_durable(callback, on_failure)
             return
