@@ -182,9 +182,32 @@ def cmd_publish(a) -> dict:
         result["broker_cpu_ms_per_request"] = round(1000 * (cpu1 - cpu0) / result["requests"], 3) \
             if cpu0 is not None and cpu1 is not None else None
         result["broker_rss_mb"] = round((rss_kb(broker.pid) or 0) / 1024, 1)
+        result["group_commits"] = _group_commits(base)
         return result
     finally:
         broker.stop()
+
+
+def _group_commits(base: str) -> dict | None:
+    """The journal's write+fdatasync durations over the run (the broker's /metrics
+    histogram): what an ``ack ALL`` publish waits for, up to two of them."""
+    try:
+        text = httpx.get(f"{base}/metrics", auth=AUTH, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith("triomq_store_sync_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[le] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("triomq_store_sync_seconds_count"):
+            buckets["count"] = float(line.rsplit(" ", 1)[1])
+    count = buckets.get("count") or 0
+    if not count:
+        return None
+    over = {f"over_{ms}ms_pct": round(100 * (1 - buckets.get(le, count) / count), 2)
+            for ms, le in (("2.5", "0.0025"), ("5", "0.005"), ("10", "0.01"), ("25", "0.025"))}
+    return {"commits": int(count), **over}
 
 
 # ---- push throughput --------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import trio
 
 from ..queues.queue import Consumer
 from ..schemas import compiled
-from .client import Connection, Endpoint, PushError
+from .client import Connection, Endpoint, PushError, Watchdog
 from .model import SubscriptionDef
 
 log = logging.getLogger("broker.hermes.push")
@@ -106,6 +106,8 @@ class PushSubscriber:
         window = sub.batchSubscriptionPolicy.batchSize if self.batch else policy.inflightSize
         self.limiter = AdaptiveRate(policy.rate)
         self.endpoint = Endpoint(sub.endpoint)
+        # request timeouts to within a tenth of requestTimeout (at least 5 ms, at most 100 ms)
+        self.watchdog = Watchdog(min(0.1, max(0.005, policy.requestTimeout / 10000.0)))
         self.consumer = Consumer(f"hermes.{sub.qualified}", self, queue, no_ack=False,
                                  exclusive=False, priority=0, prefetch=window, arguments={})
         self._send, self._receive = trio.open_memory_channel[Any](window)
@@ -159,8 +161,11 @@ class PushSubscriber:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     self.queue.add_consumer(self.consumer)
-                    for _ in range(self.workers):
-                        nursery.start_soon(self._batch_sender if self.batch else self._sender)
+                    async with trio.open_nursery() as senders:
+                        nursery.start_soon(self.watchdog.run)
+                        for _ in range(self.workers):
+                            senders.start_soon(self._batch_sender if self.batch else self._sender)
+                    nursery.cancel_scope.cancel()  # the senders are done: so is the watchdog
         finally:
             self._release()
             self.finished.set()
@@ -210,7 +215,7 @@ class PushSubscriber:
         return str(uuid.uuid5(uuid.NAMESPACE_OID, f"triomq.{message.id}"))
 
     async def _sender(self) -> None:
-        conn = Connection(self.endpoint)
+        conn = Connection(self.endpoint, self.watchdog)
         try:
             await self._send_each(conn)
         finally:
@@ -234,7 +239,7 @@ class PushSubscriber:
                 self._settle([entry], ok)
 
     async def _batch_sender(self) -> None:
-        conn = Connection(self.endpoint)
+        conn = Connection(self.endpoint, self.watchdog)
         try:
             await self._send_batches(conn)
         finally:

@@ -6,7 +6,7 @@ import random
 
 import trio
 
-from broker.hermes.client import Connection, Endpoint, PushError
+from broker.hermes.client import Connection, Endpoint, PushError, Watchdog
 
 from .endpoint import free_port
 
@@ -94,6 +94,23 @@ async def test_stale_connection_is_retried_once_and_failures_raise(nursery):
     except trio.TooSlowError:
         pass
     assert slow._stream is None
+    # the same with a watchdog closing the overdue socket instead of a cancel scope
+    async with trio.open_nursery() as inner:
+        watchdog = Watchdog(0.02)
+        inner.start_soon(watchdog.run)
+        watched = Connection(Endpoint(f"http://127.0.0.1:{silent_port}/"), watchdog)
+        with trio.fail_after(5):
+            try:
+                await watched.post(b"x", {}, 0.2)
+                raise AssertionError("no timeout")
+            except trio.TooSlowError:
+                pass
+        assert watched._stream is None and not watchdog.active
+        answers3 = [b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]
+        watched.endpoint.port = await serve_script(nursery, answers3, seen)
+        assert (await watched.post(b"y", {}, 5))[0] == 200  # a new connection, no expiry left
+        await watched.aclose()
+        inner.cancel_scope.cancel()
 
 
 async def test_frontend_answers_garbage_with_a_status_or_closes(hermes_broker):
