@@ -17,8 +17,8 @@ The mapping is RabbitMQ's MQTT plugin's (docs/mqtt.md):
   settled as they are written; QoS 1 deliveries stay unacknowledged (``prefetch`` at most
   in flight) until the client's PUBACK.
 - clean session: the queues are transient and auto-delete, and go with the connection;
-  otherwise the QoS 1 queue is durable and both stay, with their bindings and messages, until a clean
-  session of the same client id.
+  otherwise the QoS 1 queue is durable and both stay, with their bindings and messages,
+  until a clean session of the same client id.
 """
 from __future__ import annotations
 
@@ -96,12 +96,11 @@ class MQTTSession:
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
     __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_keys", "_pubacks",
-                 "_seq",
-                 "_topics", "_touched", "authz", "blocked_sent", "broker", "clean", "client_id",
-                 "conn", "consumers", "delivering", "delivery_stalled", "ended", "finished",
-                 "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
-                 "output_high_water", "peer", "peer_host", "service", "tls", "user", "username",
-                 "vhost", "wake", "will")
+                 "_seq", "_topics", "_touched", "authz", "blocked_sent", "broker", "clean",
+                 "client_id", "conn", "consumers", "delivering", "delivery_stalled", "ended",
+                 "finished", "flow_queues", "flow_resumed", "is_publisher", "local_port",
+                 "output_delay", "output_high_water", "peer", "peer_host", "service", "tls",
+                 "user", "username", "vhost", "wake", "will")
 
     global_prefetch = 0
     prefetch = 0  # as a channel: the limit is per consumer (``Consumer.prefetch``)
