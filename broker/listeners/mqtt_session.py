@@ -439,9 +439,9 @@ class MQTTSession:
         self._check("queue", name, "read")
         # QoS 1: durable unless clean. A clean session lasts as long as its connection
         # (MQTT 3.1.1 section 3.1.2.4; a restart ends it), so its messages need no disk
-        # (RabbitMQ's native MQTT also declares it transient; 3.10's plugin made it
-        # durable). QoS 0: transient, but kept across reconnects of a non-clean session
-        # (RabbitMQ makes it auto-delete)
+        # (RabbitMQ's 3.x plugin declares it durable and auto-delete: a difference).
+        # QoS 0: transient, but kept across reconnects of a non-clean session (RabbitMQ
+        # makes it auto-delete)
         m = spec.Queue.Declare(queue=name, durable=bool(qos) and not self.clean,
                                auto_delete=self.clean)
         q = self.vhost.declare_queue(m, None)
