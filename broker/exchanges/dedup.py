@@ -267,6 +267,23 @@ class MessageDeduplicationExchange(Exchange):
 
     def route(self, routing_key: str, headers: dict | None,
               properties: dict | None = None) -> list:
+        if headers and not self.persistent_cache:
+            # the memory cache's common case inline: a short bytes value, seen forever
+            value = headers.get(DEDUP_HEADER)
+            if (type(value) is bytes and len(value) < DIGEST_OVER and self.cache_ttl is None
+                    and TTL_HEADER not in headers):
+                seen = self._mem
+                known = seen.get(value)
+                if known is _FOREVER:
+                    self.dropped += 1
+                    return []
+                if known is None:
+                    seen[value] = _FOREVER
+                    if len(seen) > self._evict_at:
+                        for old in list(islice(seen, len(seen) - self.cache_size)):
+                            del seen[old]
+                    return [b.destination for b in self.bindings.values()]
+                # remembered with a message's own x-cache-ttl: the general path below
         if self.is_duplicate(headers):
             self.dropped += 1
             q = self._cache_queue
