@@ -310,9 +310,14 @@ class AccessControl:
         return user
 
     def delete_user(self, name: str) -> None:
-        """Delete a user with their permissions and topic permissions (NotFound if none)."""
+        """Delete a user with their permissions and topic permissions (NotFound if none);
+        the user's open connections are closed (320), as RabbitMQ does since 3.7."""
         self._user(name)
         del self.users[name]
+        for session in list(self.broker.sessions):
+            user = getattr(session, "user", None)
+            if user is not None and user.name == name:
+                session.force_close(errors.connection_forced("user '%s' is deleted", name))
         store = self.broker.store
         store.delete_meta(KIND_USER, name)
         for key in [k for k in self.perms if k[0] == name]:

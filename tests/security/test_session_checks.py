@@ -59,3 +59,15 @@ def test_channel_and_queue_limits():
     close = channel_close(c.call(1, spec.Queue.Declare(0, "", False, False, True, False, False, {})))
     assert close.reply_code == 406
     assert "queue limit in vhost '/' (1) is reached" in close.reply_text
+
+
+def test_deleting_a_user_closes_their_connections():
+    broker = Broker()
+    c = SessionClient(broker)
+    c.open_channel(1)
+    broker.access.add_user("ann", "secret")
+    broker.access.delete_user("ann")  # someone else's: untouched
+    assert not methods(c.output(), spec.Connection.Close)
+    broker.access.delete_user("guest")
+    close = connection_close(c.output())
+    assert close.reply_code == 320 and "user 'guest' is deleted" in close.reply_text
