@@ -175,7 +175,12 @@ class ProxyQueue(Queue):
             return
         self.master = master
         link = self.link
-        for proxied in self._proxied.values():
+        for proxied in list(self._proxied.values()):
+            if proxied.consumer.arguments.get("x-cancel-on-ha-failover") is True:
+                if proxied.remote is not None:
+                    proxied.remote.cancel()
+                self.remote_consumer_gone(proxied)  # basic.cancel, as asked
+                continue
             if proxied.remote is not None:
                 proxied.remote.cancel()
             proxied.buffer.clear()
