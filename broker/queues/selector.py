@@ -79,7 +79,16 @@ IDENT: /[A-Za-z_$][A-Za-z0-9_$.\-]*/
 %ignore /\s+/
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=False, maybe_placeholders=False)
+_PARSER: Lark | None = None  # built on first use: building the LALR tables costs a broker
+# start ~50 ms, and most brokers never see a selector
+
+
+def _parser() -> Lark:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=False,
+                       maybe_placeholders=False)
+    return _PARSER
 
 _PROPERTY_NAMES = {
     "priority": "priority", "jmspriority": "priority",
@@ -371,7 +380,7 @@ def compile_selector(text: str) -> Callable[[Message], bool]:
     if not text.strip():
         raise SelectorError(1, "empty expression")
     try:
-        tree = _PARSER.parse(text)
+        tree = _parser().parse(text)
     except UnexpectedInput as exc:
         at_end = isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
         if at_end or exc.pos_in_stream is None:

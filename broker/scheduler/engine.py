@@ -19,8 +19,6 @@ from __future__ import annotations
 import heapq
 from array import array
 
-import numpy as np
-
 from .slots import SLOT_BITS, SLOT_MASK, VH_MASK, SlotTable
 
 KEY_SHIFT = SLOT_BITS + 16  # due_us above vhost index (16 bits) and slot (32 bits)
@@ -72,6 +70,8 @@ class TimerEngine:
 
     def push_many(self, t: SlotTable, first: int, dues) -> None:
         """Keys for slots ``first, first+1, ...`` due at ``dues`` (recovery, in bulk)."""
+        import numpy as np  # here, not at start-up: ~0.15 s of import
+
         d = np.rint(np.frombuffer(dues, dtype=np.float64) * 1_000_000).astype(np.int64)
         refs = ((t.vi << SLOT_BITS) | first) + np.arange(len(d), dtype=np.int64)
         near = d < self.horizon
@@ -84,6 +84,8 @@ class TimerEngine:
 
     def _spill(self) -> None:
         """Keep the nearest ``REFILL`` keys in the heap, the rest in the far columns."""
+        import numpy as np  # here, not at start-up: ~0.15 s of import
+
         dues = np.array([k >> KEY_SHIFT for k in self.heap], dtype=np.int64)
         refs = np.array([k & REF_MASK for k in self.heap], dtype=np.int64)
         horizon = int(np.partition(dues, REFILL - 1)[REFILL - 1]) + 1
@@ -99,6 +101,8 @@ class TimerEngine:
 
     def _refill(self) -> bool:
         """Move the nearest far keys into the (empty) heap; False if there are none."""
+        import numpy as np  # here, not at start-up: ~0.15 s of import
+
         if not self.far_due:
             return False
         dues = np.frombuffer(self.far_due, dtype=np.int64)
@@ -227,6 +231,8 @@ class TimerEngine:
 
     def _compact_far(self) -> None:
         """Keep the far keys still live, checked table by table on whole columns."""
+        import numpy as np  # here, not at start-up: ~0.15 s of import
+
         dues = np.frombuffer(self.far_due, dtype=np.int64)
         refs = np.frombuffer(self.far_ref, dtype=np.int64)
         vis = (refs >> SLOT_BITS) & VH_MASK
