@@ -128,6 +128,7 @@ class Mirroring:
         self.isr_dirty = True  # the in-sync set in etcd may be larger than the real one
         self._isr_waiters: list = []  # confirms that wait for the in-sync record
         self.recorded: tuple = ()
+        self._manual = False
         self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
         self._enqueued: list = []  # entries that entered, sent together
         self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
@@ -168,7 +169,7 @@ class Mirroring:
         packed = pack_entries(enqueued) if enqueued else b""
         for node, state in self.nodes.items():
             mine = tokens.get(node, [])
-            if state == "failed":
+            if state in ("failed", "manual"):
                 self._park(mine)
                 continue
             if enqueued:
@@ -242,6 +243,8 @@ class Mirroring:
         # the publisher's confirm of a transient message waits for the mirrors too (seam of
         # channel.route_message), as RabbitMQ's mirrored queues do
         self.queue.confirms_later = bool(self.nodes)
+        # a manual mirror gets nothing until ``cluster sync-queue``
+        self._manual = manual
         if self.isr_dirty or self.recorded != self.record_key():
             self.owner.wake()
 
@@ -263,6 +266,21 @@ class Mirroring:
             else:
                 fail(False)
         self._send(node, SYNCED, b"", synced)
+
+    def sync_request(self, action: str) -> int:
+        """``cluster sync-queue`` ("sync": every mirror not in sync starts its sync) or
+        ``cancel-sync-queue`` ("cancel": syncing mirrors stop, unsynchronised); how many."""
+        count = 0
+        for node, state in list(self.nodes.items()):
+            if action == "sync" and state in ("manual", "failed"):
+                self.start_sync(node)
+                count += 1
+            elif action == "cancel" and state == "syncing":
+                self.generation[node] = self.generation.get(node, 0) + 1
+                self.nodes[node] = "manual"
+                count += 1
+        self.owner.wake()
+        return count
 
     def in_sync(self) -> list[str]:
         return sorted(n for n, s in self.nodes.items() if s == "in_sync")
@@ -364,6 +382,14 @@ class Mirrors:
         else:
             return False
         return True
+
+    def sync_request(self, vhost: str, queue: str, action: str) -> None:
+        """A ``cluster sync-queue`` / ``cancel-sync-queue`` request seen in etcd."""
+        mirroring = self.masters.get((vhost, queue))
+        if mirroring is not None:
+            n = mirroring.sync_request(action)
+            log.info("queue %r in vhost %r: %s requested (%d mirrors)", queue, vhost,
+                     "sync" if action == "sync" else "cancel-sync", n)
 
     def drop_copy(self, vhost: str, queue: str) -> None:
         self.copies.pop((vhost, queue), None)

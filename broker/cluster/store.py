@@ -523,7 +523,14 @@ class ClusterStore(Store):
         from .node import split_queue_key
         rest = key[len(self.node.prefix):]
         section, _, name = rest.partition("/")
-        if section == "masters":
+        if section == "syncreq":
+            if value is not None:
+                try:
+                    action = json.loads(value).get("action", "")
+                except ValueError:
+                    action = ""
+                self.mirrors.sync_request(*split_queue_key(name), action)
+        elif section == "masters":
             vq = split_queue_key(name)
             if value is None:
                 self._masters.pop(vq, None)

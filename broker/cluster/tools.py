@@ -13,9 +13,12 @@ from .settings import ClusterConfigError, parse_cluster_url
 
 
 def add_subcommands(subparsers) -> None:
-    p = subparsers.add_parser("cluster", help="cluster status / forget-node (reads etcd)")
-    p.add_argument("action", choices=("status", "forget-node"))
-    p.add_argument("node", nargs="?", help="node name (forget-node)")
+    p = subparsers.add_parser("cluster", help="cluster status / forget-node / sync-queue / "
+                                              "cancel-sync-queue (through etcd)")
+    p.add_argument("action", choices=("status", "forget-node", "sync-queue", "cancel-sync-queue"))
+    p.add_argument("node", nargs="?", help="node name (forget-node), queue name (sync-queue, "
+                                           "cancel-sync-queue)")
+    p.add_argument("--vhost", default="/", help="the queue's vhost (sync-queue)")
     p.add_argument("--cluster", required=True, metavar="URL",
                    help="etcd://HOST:2379[,HOST:2379]/PREFIX, as given to the nodes")
     p.add_argument("--json", action="store_true", help="print JSON (status)")
@@ -28,8 +31,9 @@ def main(args) -> int:
     except ClusterConfigError as exc:
         print(f"triomq: error: {exc}", file=sys.stderr)
         return 2
-    if args.action == "forget-node" and not args.node:
-        print("triomq: error: cluster forget-node needs a node name", file=sys.stderr)
+    if args.action != "status" and not args.node:
+        what = "a node name" if args.action == "forget-node" else "a queue name"
+        print(f"triomq: error: cluster {args.action} needs {what}", file=sys.stderr)
         return 2
     try:
         return trio.run(_main, args, endpoints, prefix)
@@ -45,6 +49,8 @@ async def _main(args, endpoints, prefix) -> int:
             view = await cluster_view(coord, prefix)
             print(json.dumps(view, indent=2) if args.json else render(view, prefix))
             return 0
+        if args.action in ("sync-queue", "cancel-sync-queue"):
+            return await _sync(coord, prefix, args.vhost, args.node, args.action)
         return await _forget(coord, prefix, args.node)
     finally:
         await coord.aclose()
@@ -106,4 +112,23 @@ async def _forget(coord: EtcdGateway, prefix: str, node: str) -> int:
             await coord.delete_if(kv.key, kv.mod_revision)
     print(f"node {node!r} removed from cluster {prefix.strip('/')} ({removed} durable queues "
           f"it was home of forgotten)")
+    return 0
+
+
+async def _sync(coord, prefix: str, vhost: str, queue: str, action: str) -> int:
+    """Ask the queue's master (through etcd: it watches ``syncreq/``) to synchronise its
+    unsynchronised mirrors now (ha-sync-mode manual), or to stop a sync."""
+    import time
+
+    from .node import queue_key
+    master = await coord.get(f"{prefix}masters/{queue_key(vhost, queue)}")
+    if master is None:
+        print(f"triomq: error: queue {queue!r} in vhost {vhost!r} has no master now",
+              file=sys.stderr)
+        return 1
+    what = "sync" if action == "sync-queue" else "cancel"
+    await coord.put(f"{prefix}syncreq/{queue_key(vhost, queue)}",
+                    json.dumps({"action": what, "at": time.time()}).encode())
+    print(f"{action} of queue {queue!r} in vhost {vhost!r} sent to its master "
+          f"{master.json().get('node', '?')!r}")
     return 0

@@ -90,3 +90,33 @@ def test_mirrored_queue_survives_kill9_of_its_master(tmp_path, etcd, secret):
     finally:
         b.stop()
         a.stop()
+
+
+@pytest.mark.timeout(60)
+def test_manual_sync_mode_waits_for_sync_queue(tmp_path, etcd, secret):
+    from .test_cluster_nodes import cli
+    a = node(tmp_path, etcd, "a", secret).start()
+    b = node(tmp_path, etcd, "b", secret).start()
+    try:
+        r = httpx.put(f"{a.http_url}/api/policies/%2F/man", auth=AUTH, json={
+            "pattern": "^man\\.", "definition": {"ha-mode": "all", "ha-sync-mode": "manual"},
+            "apply-to": "queues"})
+        assert r.status_code in (201, 204), r.text
+        ca = a.connect()
+        ch = ca.channel()
+        ch.queue_declare("man.q", durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", "man.q", b"x", pika.BasicProperties(delivery_mode=2))
+        eventually(lambda: queue_view(etcd, "man.q")["mirrors"] == ["b"]
+                   or (_ for _ in ()).throw(AssertionError()), timeout=10)
+        time.sleep(0.5)
+        view = queue_view(etcd, "man.q")
+        assert view["in_sync"] == [] and view["progress"] == {"b": "manual"}
+        p = cli("cluster", "sync-queue", "man.q", "--cluster", etcd.url("c"))
+        assert p.returncode == 0 and "sent to its master 'a'" in p.stdout, p.stderr
+        eventually(lambda: queue_view(etcd, "man.q")["in_sync"] == ["b"]
+                   or (_ for _ in ()).throw(AssertionError()), timeout=10)
+        ca.close()
+    finally:
+        b.stop()
+        a.stop()
