@@ -683,7 +683,8 @@ class ClusterStore(Store):
         elif section == "queue":
             vhost = broker.vhosts.get(value["vhost"])
             master = str(value.get("master", ""))
-            if vhost is None or master == self.node.name:
+            # --store memory: no durable queues here, so no proxies of other nodes' either
+            if vhost is None or vhost.store is None or master == self.node.name:
                 return
             existing = vhost.queues.get(value["name"])
             if isinstance(existing, ProxyQueue):
