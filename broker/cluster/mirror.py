@@ -397,7 +397,9 @@ class Mirrors:
     # ---- both roles, in the background ----
     async def run(self) -> None:
         while True:
-            with trio.move_on_after(0.25):
+            # woken by what matters (a master key gone, a node up or down, a mirror that
+            # failed or synced); the timeout catches policy changes
+            with trio.move_on_after(1.0):
                 await self._wake.wait()
             self._wake = trio.Event()
             try:

@@ -550,6 +550,7 @@ class ClusterStore(Store):
                 except ValueError:
                     pass
         elif section == "nodes":
+            self.mirrors.wake()  # mirrors to add or drop
             if value is None:
                 self._live.discard(name)
                 self._addresses.pop(name, None)
