@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import trio
 
-from .etcd import CoordinationError, CoordinationUnavailable, EtcdGateway
-from .node import cluster_view
 from .settings import ClusterConfigError, parse_cluster_url
+
+if TYPE_CHECKING:
+    from .etcd import EtcdGateway
 
 
 def add_subcommands(subparsers) -> None:
@@ -26,6 +28,10 @@ def add_subcommands(subparsers) -> None:
 
 
 def main(args) -> int:
+    # etcd's client (httpx) is imported here, not when the command line is parsed: every
+    # broker start builds this parser
+    from .etcd import CoordinationError, CoordinationUnavailable
+
     try:
         endpoints, prefix = parse_cluster_url(args.cluster)
     except ClusterConfigError as exc:
@@ -43,6 +49,9 @@ def main(args) -> int:
 
 
 async def _main(args, endpoints, prefix) -> int:
+    from .etcd import EtcdGateway
+    from .node import cluster_view
+
     coord = EtcdGateway(endpoints)
     try:
         if args.action == "status":

@@ -101,10 +101,10 @@ class TimerEngine:
 
     def _refill(self) -> bool:
         """Move the nearest far keys into the (empty) heap; False if there are none."""
-        import numpy as np  # here, not at start-up: ~0.15 s of import
-
         if not self.far_due:
             return False
+        import numpy as np  # here, not at start-up: ~0.15 s of import
+
         dues = np.frombuffer(self.far_due, dtype=np.int64)
         refs = np.frombuffer(self.far_ref, dtype=np.int64)
         if len(dues) <= REFILL:
