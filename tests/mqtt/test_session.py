@@ -311,6 +311,48 @@ async def test_puback_waits_for_the_journal_and_retained_survive(tmp_path):
     await life(second)
 
 
+async def test_pubacks_keep_publish_order_across_store_waits(tmp_path):
+    """PUBACKs leave in PUBLISH order: one that waits for nothing (unroutable, or routed to
+    a clean session's transient queue) waits behind an earlier one waiting for the fsync,
+    in the same read and in later reads."""
+    import trio
+
+    from broker.broker import Broker
+    from broker.config import Config
+    from broker.persistence import open_store
+
+    store = open_store("journal", str(tmp_path))
+    await store.open()
+    broker = Broker(Config(data_dir=str(tmp_path), mqtt_port=0), store)
+    broker.recover()
+    service = broker.mqtt.service
+    async with trio.open_nursery() as nursery:
+        dev = Client(service, "dev", clean=False)  # durable queue: its messages wait
+        dev.subscribe(("d/#", 1))
+        live = Client(service, "live")  # clean session: transient, nothing to wait for
+        live.subscribe(("t/#", 1))
+        pub = Client(service, "pub")
+        assert pub.send(m.Publish("t/1", b"a", 1, False, False, 1)) == [
+            m.PacketId(m.PUBACK, 1)]  # nothing written, nothing waited for
+        assert pub.send(m.Publish("d/1", b"b", 1, False, False, 2),
+                        m.Publish("nowhere", b"c", 1, False, False, 3),
+                        m.Publish("t/2", b"d", 1, False, False, 4)) == []
+        assert pub.send(m.Publish("t/3", b"e", 1, False, False, 5)) == []
+        nursery.start_soon(store.run)  # the journal writes now
+        got: list = []
+        with trio.fail_after(5):
+            while len(got) < 4:
+                await trio.sleep(0.01)
+                got += pub.output()
+        assert got == [m.PacketId(m.PUBACK, i) for i in (2, 3, 4, 5)]
+        assert pub.send(m.Publish("t/4", b"f", 1, False, False, 6)) == [
+            m.PacketId(m.PUBACK, 6)]
+        assert [p.payload for p in live.output() if isinstance(p, m.Publish)] == [
+            b"a", b"d", b"e", b"f"]
+        nursery.cancel_scope.cancel()
+    await store.close()
+
+
 _topics = st.sampled_from(["a", "a/b", "a/c", "b", "$x/a"])
 _filters = st.sampled_from(["a", "a/+", "#", "+/b", "b", "a/#"])
 _packets = st.one_of(
