@@ -2,8 +2,9 @@
 
 Every hook appends one compact tuple (``events.py``) to ``AuditTrail.buf``: no encoding,
 no allocation beyond the tuple, no task. One task (``AuditTrail.run``, in the server's
-nursery) swaps the buffer every ``flush_interval`` seconds, numbers and serialises the batch and
-appends it to the spool (``spool.py``); the converter process (``writer.py``) encodes Avro.
+nursery) swaps the buffer every ``flush_interval`` seconds and numbers the batch; a worker
+thread serialises it and appends it to the spool (``spool.py``); the converter process
+(``writer.py``) encodes Avro.
 
 When the writer cannot keep up the buffer reaches ``buffer_events``; then the policy
 decides. ``block``: a resource alarm ("audit trail") blocks publishing connections, as a
@@ -56,6 +57,7 @@ class AuditTrail:
         self.settings = settings
         self.buf: list = []
         self.limit = settings.buffer_events
+        self._scope_all = settings.scope == "all"
         self.hard_limit = 2 * settings.buffer_events
         self.dropped = 0  # not yet reported in an audit_dropped event
         self.dropped_total = 0
@@ -192,7 +194,7 @@ class AuditTrail:
             ctx = channel.audit_ctx
         except AttributeError:
             ctx = self._channel_ctx(channel)
-        if self.settings.scope != "all" and not self._vhosts_on.get(ctx[0]):
+        if not self._scope_all and not self._vhosts_on.get(ctx[0]):
             return
         buf = self.buf
         buf.append((PUBC, t or _time(), ctx, message.exchange, message.routing_key, message.id,
@@ -210,7 +212,10 @@ class AuditTrail:
         return ctx
 
     def delivered(self, channel, ctag, tag: int, queue, entry) -> None:
-        qctx = queue.__dict__.get("audit_ctx")
+        try:
+            qctx = queue.audit_ctx  # set while this trail follows the queue
+        except AttributeError:
+            return
         if qctx is None:
             return
         try:
@@ -224,7 +229,10 @@ class AuditTrail:
             self._full()
 
     def acked(self, channel, item) -> None:
-        qctx = item.queue.__dict__.get("audit_ctx")
+        try:
+            qctx = item.queue.audit_ctx
+        except AttributeError:
+            return
         if qctx is None:
             return
         entry = self._acking = item.entry

@@ -27,6 +27,12 @@ COLUMNS = {
 HOUR_US = 3_600_000_000
 
 
+def _sorted(df: DataFrame, *cols) -> DataFrame:
+    """``df`` (a small result) sorted in one partition: no sampling job, as orderBy's range
+    partitioning would run for each table."""
+    return df.repartition(1).sortWithinPartitions(*cols)
+
+
 def _rows(df: DataFrame, limit: int | None = None) -> list[dict]:
     rows = df.limit(limit).collect() if limit else df.collect()
     return [r.asDict(recursive=True) for r in rows]
@@ -84,7 +90,7 @@ def trail_integrity(ev: DataFrame) -> tuple[DataFrame, dict]:
         .alias("events_dropped_by_policy"))
     per_node = per_node.withColumn(
         "missing_seqs", F.col("last_seq") - F.col("first_seq") + 1 - F.col("events")).cache()
-    rows = _rows(per_node.orderBy("node"))
+    rows = _rows(per_node.transform(_sorted, "node"))
     return per_node, {"nodes": rows,
                       "missing_seqs": sum(r["missing_seqs"] or 0 for r in rows),
                       "events_dropped_by_policy": sum(r["events_dropped_by_policy"] or 0
@@ -124,7 +130,7 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         count(F.col("final_ts").isNull() | (F.col("final_ts") >= window_end))
         .alias("still_queued_at_window_end"),
         count(fin.isNull() & (F.col("start_ts") < cutoff)).alias("unaccounted"))
-    by_queue = by_queue.withColumn("window", _iso("window_start")).orderBy(
+    by_queue = by_queue.withColumn("window", _iso("window_start")).transform(_sorted,
         "vhost", "queue", "window_start").cache()
     pubs = ev.filter(F.col("event") == "published").withColumn(
         "window_start", F.floor(F.col("ts_us") / width) * width)
@@ -134,13 +140,13 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         count(o == "unroutable").alias("unroutable"), count(o == "returned").alias("returned"),
         count(o == "nacked").alias("nacked"), count(o == "taken").alias("taken"),
         count(F.col("persistent")).alias("persistent")
-    ).withColumn("window", _iso("window_start")).orderBy("vhost", "window_start").cache()
+    ).withColumn("window", _iso("window_start")).transform(_sorted, "vhost", "window_start").cache()
     lost = copies.filter(fin.isNull() & (F.col("start_ts") < cutoff))
     unaccounted = (lost.join(_message_ids(ev), ["node", "msg"], "left")
                    .select("node", "vhost", "queue", "msg", "message_id", "ref_key",
                            _iso("start_ts").alias("enqueued_at"), "deliveries", "last_event",
                            _iso("last_ts").alias("last_event_at"))
-                   .orderBy("vhost", "queue", "msg").cache())
+                   .transform(_sorted, "vhost", "queue", "msg").cache())
     integrity, integrity_summary = trail_integrity(ev)
     queue_rows = _rows(by_queue)
     pub_rows = _rows(publishes)
@@ -183,7 +189,7 @@ def sequence(ev: DataFrame, producer_key: str = "auto") -> tuple[dict, dict]:
             .agg(F.count(F.lit(1)).alias("publishes"),
                  F.sort_array(F.collect_list("msg")).alias("msgs"),
                  F.sort_array(F.collect_set("message_id")).alias("message_ids"))
-            .filter(F.col("publishes") > 1).orderBy("producer", "producer_seq").cache())
+            .filter(F.col("publishes") > 1).transform(_sorted, "producer", "producer_seq").cache())
     distinct = pubs.select("producer", "producer_seq").distinct()
     w = Window.partitionBy("producer").orderBy("producer_seq")
     gaps = (distinct.withColumn("prev", F.lag("producer_seq").over(w))
@@ -191,7 +197,7 @@ def sequence(ev: DataFrame, producer_key: str = "auto") -> tuple[dict, dict]:
             .select("producer", (F.col("prev") + 1).alias("missing_from"),
                     (F.col("producer_seq") - 1).alias("missing_to"),
                     (F.col("producer_seq") - F.col("prev") - 1).alias("missing"))
-            .orderBy("producer", "missing_from").cache())
+            .transform(_sorted, "producer", "missing_from").cache())
     order = Window.partitionBy("producer").orderBy("seq")
     first = Window.partitionBy("producer", "producer_seq").orderBy("seq")
     ooo = (pubs.withColumn("prev_max", F.max("producer_seq").over(
@@ -200,12 +206,12 @@ def sequence(ev: DataFrame, producer_key: str = "auto") -> tuple[dict, dict]:
            .filter((F.col("occurrence") == 1) & (F.col("producer_seq") < F.col("prev_max")))
            .select("producer", "producer_seq", "prev_max", "msg", "message_id",
                    _iso("ts_us").alias("published_at"))
-           .orderBy("producer", "producer_seq").cache())
+           .transform(_sorted, "producer", "producer_seq").cache())
     per_producer = (pubs.groupBy("producer").agg(
         F.count(F.lit(1)).alias("publishes"),
         F.countDistinct("producer_seq").alias("distinct_seqs"),
         F.min("producer_seq").alias("first_seq"), F.max("producer_seq").alias("last_seq"))
-        .orderBy("producer").cache())
+        .transform(_sorted, "producer").cache())
     ids = _message_ids(ev)
     acks = (ev.filter(F.col("event") == "acked").select("node", "vhost", "queue", "msg")
             .join(ids, ["node", "msg"], "left")
@@ -217,7 +223,7 @@ def sequence(ev: DataFrame, producer_key: str = "auto") -> tuple[dict, dict]:
     acked_twice = (acks.groupBy("vhost", "queue", "key")
                    .agg(F.count(F.lit(1)).alias("acks"),
                         F.sort_array(F.collect_list("msg")).alias("msgs"))
-                   .filter(F.col("acks") > 1).orderBy("vhost", "queue", "key").cache())
+                   .filter(F.col("acks") > 1).transform(_sorted, "vhost", "queue", "key").cache())
     gap_rows = _rows(gaps, 1000)
     summary = {
         "producers": _rows(per_producer, 1000),
@@ -259,9 +265,9 @@ def latency(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, dict]
                      ((F.col("ts_us") - F.col("due_us")) / 1000.0).alias("ms")))
     parts.append(fired)
     samples = parts[0].unionByName(parts[1]).unionByName(parts[2])
-    by_hour = _percentiles(samples, ["metric", "vhost", "queue", "hour"], "ms").orderBy(
+    by_hour = _percentiles(samples, ["metric", "vhost", "queue", "hour"], "ms").transform(_sorted,
         "metric", "vhost", "queue", "hour").cache()
-    overall = _percentiles(samples, ["metric"], "ms").orderBy("metric").cache()
+    overall = _percentiles(samples, ["metric"], "ms").transform(_sorted, "metric").cache()
     summary = {"overall": _rows(overall), "by_queue_hour": _rows(by_hour, 2000)}
     return {"by_queue_hour": by_hour, "overall": overall}, summary
 
@@ -275,13 +281,13 @@ def deadletters(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, d
     by_reason = (dl.withColumn("hour", _hour(F.col("ts_us")))
                  .groupBy("reason", "vhost", "queue", "hour")
                  .agg(F.count(F.lit(1)).alias("dead_letters"))
-                 .orderBy("reason", "vhost", "queue", "hour").cache())
+                 .transform(_sorted, "reason", "vhost", "queue", "hour").cache())
     copies = (queue_copies(ev) if copies is None else copies).select(
         "node", "vhost", "queue", "msg", "enq_ts")
     waited = (dl.join(copies, ["node", "vhost", "queue", "msg"], "left")
               .filter(F.col("enq_ts").isNotNull())
               .withColumn("ms", (F.col("ts_us") - F.col("enq_ts")) / 1000.0))
-    time_before = _percentiles(waited, ["reason", "vhost", "queue"], "ms").orderBy(
+    time_before = _percentiles(waited, ["reason", "vhost", "queue"], "ms").transform(_sorted,
         "reason", "vhost", "queue").cache()
     keys = (dl.join(_message_ids(ev), ["node", "msg"], "left")
             .groupBy("vhost", "queue", "routing_key").agg(F.count(F.lit(1)).alias("dead_letters"))

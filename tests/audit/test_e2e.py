@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pika
@@ -47,7 +48,27 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def trail(tmp_path_factory):
+def spark_starting():
+    """The Spark session, started in a thread: the JVM starts while the traffic runs."""
+    from spark.audit.cli import spark_session
+    box: dict = {}
+
+    def start():
+        try:
+            box["session"] = spark_session("local[2]", "triomq-audit-tests")
+        except BaseException as exc:  # re-raised by the spark fixture
+            box["error"] = exc
+
+    thread = threading.Thread(target=start, name="spark-start", daemon=True)
+    thread.start()
+    yield thread, box
+    thread.join()
+    if "session" in box:
+        box["session"].stop()
+
+
+@pytest.fixture(scope="module")
+def trail(tmp_path_factory, spark_starting):
     """Run the broker and the traffic; returns the trail directory."""
     base = tmp_path_factory.mktemp("audit-e2e")
     port = _free_port()
@@ -159,11 +180,12 @@ def traffic(port: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from spark.audit.cli import spark_session
-    session = spark_session("local[2]", "triomq-audit-tests")
-    yield session
-    session.stop()
+def spark(spark_starting):
+    thread, box = spark_starting
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["session"]
 
 
 def _args(trail, **kw):
