@@ -31,6 +31,8 @@ log = logging.getLogger("broker.server")
 
 BLOCKED_READ_SIZE = 4096
 BLOCKED_READ_INTERVAL = 0.1
+# Buffers per sendmsg call (Linux's IOV_MAX is 1024).
+SEND_IOV_MAX = 512
 SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 
 
@@ -40,6 +42,8 @@ class ConnectionHandler:
         self.server = server
         # Any: an SSLStream is typed to receive bytearray; both give bytes here
         self.stream: Any = stream
+        # plain TCP: read with recv_into and write with sendmsg on the socket itself
+        self.sock: Any = stream.socket if isinstance(stream, trio.SocketStream) else None
         tls = isinstance(stream, trio.SSLStream)
         raw: Any = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         try:
@@ -105,7 +109,12 @@ class ConnectionHandler:
         conn = session.conn
         broker = self.server.broker
         stream = self.stream
-        slice_size = broker.config.flow_read_slice
+        sock = self.sock
+        # Frames other than body frames handled per go, with a yield to other connections
+        # between goes: a chunk of small publishes is routed a slice at a time, a large
+        # message's body frames cost no extra round trip.
+        conn.input_budget = broker.config.flow_read_slice
+        ready = False  # the last read filled its buffer: more is probably waiting
         while not session.finished:
             # Back-pressure: do not read while our own output piles up
             # (a client that does not read) or publishers are blocked by an alarm.
@@ -125,35 +134,47 @@ class ConnectionHandler:
                 if session.flow_queues:
                     size = BLOCKED_READ_SIZE
             try:
-                data = await stream.receive_some(size)
+                if sock is None:
+                    data = await stream.receive_some(size)
+                    n = len(data)
+                else:
+                    if not ready:
+                        # wait before taking a buffer, so that an idle connection holds none
+                        await trio.lowlevel.wait_readable(sock)
+                    buf = conn.get_buffer(size)
+                    n = await sock.recv_into(buf)
+                    ready = n == len(buf)
+                    buf.release()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
-            if not data:
+            if not n:
                 log.info("connection %s: closed by peer without connection.close", self.peer)
                 return
             self.last_received = time.monotonic()
-            if len(data) <= slice_size:
+            if sock is None:
                 session.data_received(data)
             else:
-                await self._feed_slices(data, slice_size)
+                conn.buffer_updated(n)
+                session.data_received(b"")
+            if conn.input_pending:
+                await self._feed_slices()
 
-    async def _feed_slices(self, data: bytes, slice_size: int) -> None:
-        """Hand a large chunk to the session in slices, yielding between them so that other
-        connections (consumers' acks, writers) get the loop; stop between slices while the
-        connection is in flow (the rest of the chunk waits here, bounded by receive_size)."""
+    async def _feed_slices(self) -> None:
+        """Handle the rest of what was read a budget at a time, yielding between goes so that
+        other connections (consumers' acks, writers) get the loop; stop between goes while
+        the connection is in flow (the rest waits in the frame buffer, bounded by
+        receive_size)."""
         session = self.session
-        pos, end = 0, len(data)
-        while pos < end:
-            step = slice_size
-            if pos and not session.finished:
-                if session.flow_queues:
-                    await self._flow_pause()
-                    if session.flow_queues:
-                        step = BLOCKED_READ_SIZE
-                else:
-                    await trio.lowlevel.checkpoint()
-            session.data_received(data[pos:pos + step])
-            pos += step
+        conn = session.conn
+        budget = conn.input_budget
+        while conn.input_pending and not session.finished:
+            if session.flow_queues:
+                await self._flow_pause()
+                conn.input_budget = BLOCKED_READ_SIZE if session.flow_queues else budget
+            else:
+                await trio.lowlevel.checkpoint()
+            session.data_received(b"")
+        conn.input_budget = budget
 
     async def _discard_until_eof(self) -> None:
         """After answering the peer's close, read and drop until the peer closes its end (as
@@ -172,6 +193,7 @@ class ConnectionHandler:
         session = self.session
         conn = session.conn
         stream = self.stream
+        sock = self.sock
         while True:
             await self._wake_event.wait()
             self._wake_event = trio.Event()
@@ -180,10 +202,16 @@ class ConnectionHandler:
                     # a failed login is answered late; only this connection waits
                     delay, session.output_delay = session.output_delay, 0.0
                     await trio.sleep(delay)
-                data = conn.data_to_send()
-                if not data:
-                    break
-                await stream.send_all(data)
+                if sock is None:
+                    data = conn.data_to_send()
+                    if not data:
+                        break
+                    await stream.send_all(data)
+                else:
+                    bufs = conn.buffers_to_send()
+                    if not bufs:
+                        break
+                    await send_buffers(sock, bufs)
                 self.last_sent = time.monotonic()
                 if session.delivery_stalled:
                     session.output_drained()
@@ -430,6 +458,24 @@ async def run_server(broker: Broker, host: str, port: int) -> None:
         nursery.start_soon(on_signals)
     if server.fatal is not None:
         raise server.fatal
+
+
+async def send_buffers(sock: Any, bufs: list) -> None:
+    """Write ``bufs`` in order with gathering sends (sendmsg, no join): large message bodies
+    go from the message itself to the kernel. A send may take only part of what it is
+    given; the rest is sent next, starting inside a buffer where need be."""
+    i, count = 0, len(bufs)
+    while i < count:
+        batch = bufs[i:i + SEND_IOV_MAX] if i or count > SEND_IOV_MAX else bufs
+        sent = await sock.sendmsg(batch)
+        for buf in batch:
+            size = len(buf)
+            if sent < size:
+                if sent:
+                    bufs[i] = memoryview(buf)[sent:]
+                break
+            sent -= size
+            i += 1
 
 
 def describe_listen_error(exc: OSError, host: str, port: int) -> str:

@@ -1,7 +1,9 @@
 """Sans-IO server side of an AMQP 0-9-1 connection.
 
-Feed it the bytes read from the socket with ``receive_data``; it returns events
-for the broker and queues the bytes to write, which ``data_to_send`` hands out.
+Feed it the bytes read from the socket with ``receive_data`` (or receive into
+``get_buffer`` and report them with ``buffer_updated``); it returns events for the
+broker and queues the bytes to write, which ``data_to_send`` (one joined buffer) or
+``buffers_to_send`` (a list for a gathering send) hands out.
 It owns the handshake, channel life cycle, content assembly and the closing
 handshakes; it knows nothing of sockets, clocks or queues.
 """
@@ -10,22 +12,25 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 from .. import errors
 from ..errors import AMQPError, reply_text
 from . import spec
 from .codec import (
     FRAME_BODY,
+    FRAME_BODY_PART,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    GATHER_MIN,
     HEARTBEAT_FRAME,
     FrameError,
     FrameReader,
+    OutPart,
     PublishArgs,
     ack_frame,
-    content_frames,
+    content_parts,
     deliver_frames,
     erlang_binary,
     method_frame,
@@ -34,7 +39,7 @@ from .codec import (
     parse_publish,
     shortstr,
 )
-from .fields import FieldError, FieldTable, Properties, decode_properties
+from .fields import FieldError, FieldTable, Properties, ReadableBuffer, decode_properties
 from .spec import MethodDecodeError, UnknownMethod
 
 SERVER_CAPABILITIES: Final[dict[str, bool]] = {
@@ -141,6 +146,8 @@ Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | Met
 
 _PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
 _CONTENT_OVERHEAD = 100  # method + header frames, a bound for output accounting
+# A body buffer kept for the connection's next large content (see ``_spare``) at most.
+_SPARE_MAX = 8 * 1024 * 1024
 
 # ---- per channel --------------------------------------------------------------
 
@@ -152,7 +159,8 @@ _CH_CLOSING = 2  # we sent channel.close, waiting for close-ok
 
 
 class _ChannelState:
-    __slots__ = ("body_parts", "body_size", "pending", "properties", "props_raw", "received", "state")
+    __slots__ = ("body", "body_size", "body_view", "pending", "properties", "props_raw", "received",
+                 "state")
 
     def __init__(self) -> None:
         self.state = _CH_OPEN
@@ -162,7 +170,10 @@ class _ChannelState:
         self.props_raw: bytes | None = None
         self.properties: Properties | None = None
         self.body_size = 0
-        self.body_parts: list[bytes] = []
+        # a body that comes in more than one frame is put together here, allocated at its
+        # full size (the edge may receive the rest of a frame straight into ``body_view``)
+        self.body: bytearray | None = None
+        self.body_view: memoryview | None = None
         self.received = 0
 
 
@@ -198,9 +209,18 @@ class ServerConnection:
         self.client_properties: FieldTable = {}
         self.client_capabilities: FieldTable = {}
         self._reader = FrameReader(frame_max=frame_max)
-        self._header_buf = b""
-        self._out: list[bytes] = []
+        # the edge's limit on the octets of (non-body) frames handled per ``receive_data``
+        # call (0: all); ``input_pending`` says when buffered frames are left for later
+        self.input_budget = 0
+        # where the last ``get_buffer`` pointed into a content's body (else None)
+        self._direct: _ChannelState | None = None
+        self._last_read = 0
+        # the body buffer of the last large content, reused by the next one (a buffer in use
+        # stays warm in the cache and is not allocated again); dropped when input goes idle
+        self._spare: bytearray | None = None
+        self._out: list[OutPart] = []
         self._out_size = 0
+        self._out_gather = False  # _out holds a part of at least GATHER_MIN octets
         self.channels: dict[int, _ChannelState] = {}
         # True once we answered the peer's connection.close: the peer may still have frames
         # in flight, so the edge reads and drops them until EOF (as RabbitMQ) rather than
@@ -215,7 +235,31 @@ class ServerConnection:
         data = b"".join(self._out)
         self._out.clear()
         self._out_size = 0
+        self._out_gather = False
         return data
+
+    def buffers_to_send(self) -> list[OutPart]:
+        """Everything queued, for a gathering send (``sendmsg``): runs of small parts joined,
+        large body parts as slices of the message body, never copied."""
+        out = self._out
+        if not out:
+            return []
+        self._out = []
+        self._out_size = 0
+        if not self._out_gather:
+            return [b"".join(out)]
+        self._out_gather = False
+        bufs: list[OutPart] = []
+        run = 0
+        for i, part in enumerate(out):
+            if len(part) >= GATHER_MIN:
+                if i > run:
+                    bufs.append(out[run] if i - run == 1 else b"".join(out[run:i]))
+                bufs.append(part)
+                run = i + 1
+        if run < len(out):
+            bufs.append(b"".join(out[run:]))
+        return bufs
 
     @property
     def pending_output(self) -> int:
@@ -225,9 +269,11 @@ class ServerConnection:
         self._out.append(data)
         self._out_size += len(data)
 
-    def write_many(self, parts: list[bytes], size: int) -> None:
+    def write_many(self, parts: list[OutPart], size: int) -> None:
         self._out.extend(parts)
         self._out_size += size
+        if size >= GATHER_MIN:
+            self._out_gather = True
 
     def send_method(self, channel: int, method: spec.Method) -> None:
         self.write(method_frame(channel, method))
@@ -262,7 +308,7 @@ class ServerConnection:
     def _send_content(self, channel: int, method: spec.Method, props_raw: bytes,
                       body: bytes) -> None:
         self.write_many([method_frame(channel, method),
-                         *content_frames(channel, props_raw, body, self.frame_max)],
+                         *content_parts(channel, props_raw, body, self.frame_max)],
                         len(body) + _CONTENT_OVERHEAD)
 
     def send_heartbeat(self) -> None:
@@ -308,7 +354,7 @@ class ServerConnection:
             return
         ch.state = _CH_CLOSING
         ch.pending = None
-        ch.body_parts = []
+        ch.body = ch.body_view = None
         self.send_method(channel, spec.Channel.Close(code, reply_text(text), class_id, method_id))
 
     def send_blocked(self, reason: str) -> bool:
@@ -324,20 +370,55 @@ class ServerConnection:
         return False
 
     # ---- input ----
-    def receive_data(self, data: bytes) -> list[Event]:
+    def get_buffer(self, size: int) -> memoryview:
+        """Where to receive the next octets of the stream (at most ``size``; report them with
+        ``buffer_updated``). Inside a large body frame whose start was handled, that is the
+        rest of the frame's payload in its content's body; otherwise the frame buffer."""
+        channel, left = self._reader.body_remaining
+        if left and self.state is State.OPEN:
+            ch = self.channels.get(channel)
+            if (ch is not None and ch.body_view is not None and ch.pending is not None
+                    and ch.state == _CH_OPEN and ch.received + left <= ch.body_size):
+                self._direct = ch
+                return ch.body_view[ch.received:ch.received + min(left, size)]
+        self._direct = None
+        return self._reader.get_buffer(size)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` octets were received into the last ``get_buffer``; ``receive_data()``
+        handles them."""
+        ch = self._direct
+        if ch is not None:
+            self._direct = None
+            self._reader.body_received(nbytes)
+            ch.received += nbytes
+        else:
+            self._reader.buffer_updated(nbytes)
+            self._last_read = nbytes
+
+    @property
+    def input_pending(self) -> bool:
+        """Frames are buffered that the last ``receive_data`` left for later (its budget)."""
+        return self._reader.stopped and self.state is not State.CLOSED
+
+    def receive_data(self, data: ReadableBuffer = b"") -> list[Event]:
+        """Add ``data`` to what was received and handle the buffered frames, at most
+        ``input_budget`` octets of them besides body frames (``input_pending``: more left)."""
         events: list[Event] = []
         # (a local, so that the type checker does not take self.state to stay "not CLOSED":
         # handling a frame changes it)
         state = self.state
         if state is State.CLOSED:
             return events
-        if state is State.AWAIT_HEADER:
-            data = self._receive_header(data, events)
-            if not data:
-                return events
+        reader = self._reader
+        if data:
+            reader.append(data)
+            self._last_read = len(data)
+        if state is State.AWAIT_HEADER and not self._receive_header(events):
+            return events
         error: FrameError | None
         try:
-            frames = self._reader.feed(data)
+            frames = reader.parse(self.input_budget)
         except FrameError as exc:
             frames = exc.frames  # the complete frames before the violation are still handled
             error = exc
@@ -357,39 +438,41 @@ class ServerConnection:
             self._protocol_error(err.code, err.text, 0, 0, events)
             self.state = State.CLOSED
             events.append(ConnectionCloseCompleted())
+        if reader.release_if_idle(self._last_read):
+            self._spare = None
         return events
 
-    def _receive_header(self, data: bytes, events: list[Event]) -> bytes:
-        buf = self._header_buf + data
-        if len(buf) < 8 and spec.PROTOCOL_HEADER.startswith(buf):
-            self._header_buf = buf
-            return b""
-        header, rest = buf[:8], buf[8:]
-        self._header_buf = b""
+    def _receive_header(self, events: list[Event]) -> bool:
+        """The protocol header, from the frame buffer: True once it was accepted."""
+        header = self._reader.peek(8)
+        if len(header) < 8 and spec.PROTOCOL_HEADER.startswith(header):
+            return False
+        self._reader.skip(len(header))
         if header != spec.PROTOCOL_HEADER:
             # Spec 4.2.2: answer with the header we support, then close.
             self.write(spec.PROTOCOL_HEADER)
             self.state = State.CLOSED
-            events.append(ProtocolError(0, f"bad protocol header {bytes(header)!r}"))
+            events.append(ProtocolError(0, f"bad protocol header {header!r}"))
             events.append(ConnectionCloseCompleted())
-            return b""
+            return False
         self.send_method(0, spec.Connection.Start(
             0, 9, self.server_properties, self.mechanisms, b"en_US"))
         self.state = State.AWAIT_START_OK
-        return rest
+        return True
 
     def _protocol_error(self, code: int, text: str, class_id: int, method_id: int,
                         events: list[Event]) -> None:
         events.append(ProtocolError(code, text))
         self.close(code, text, class_id, method_id)
 
-    def _handle_frame(self, ftype: int, channel: int, payload: bytes, events: list[Event]) -> None:
+    def _handle_frame(self, ftype: int, channel: int, payload: bytes | memoryview,
+                      events: list[Event]) -> None:
         state = self.state
         if ftype == FRAME_HEARTBEAT:
             if channel != 0:
                 raise errors.unexpected_frame(f"type 8, all octets = {erlang_binary(payload)}")
             return
-        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_BODY_PART):
             raise errors.frame_error(f"type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame")
         if state is State.CLOSING:
             # Only close / close-ok matter now (spec 4.2.6 / RabbitMQ's closing state).
@@ -445,7 +528,7 @@ class ServerConnection:
             raise errors.unexpected_frame("expected method frame, got non method frame instead")
         if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish, the hot path
             try:
-                ch.pending = parse_publish(payload)
+                ch.pending = parse_publish(cast(bytes, payload))  # a method frame: bytes
             except IndexError:
                 raise errors.syntax_error("malformed basic.publish") from None
             return
@@ -462,14 +545,14 @@ class ServerConnection:
             raise errors.command_invalid(f"{method.amqp_name} not allowed from a client", method=method)
         events.append(MethodReceived(channel, method))
 
-    def _content_frame(self, ch: _ChannelState, ftype: int, channel: int, payload: bytes,
-                       events: list[Event]) -> None:
+    def _content_frame(self, ch: _ChannelState, ftype: int, channel: int,
+                       payload: bytes | memoryview, events: list[Event]) -> None:
         if ch.props_raw is None:
             if ftype != FRAME_HEADER:
                 raise errors.unexpected_frame("expected content header for class 60, got non content "
                     "header frame instead", method=_PUBLISH)
             try:
-                class_id, body_size, props_raw = parse_content_header(payload)
+                class_id, body_size, props_raw = parse_content_header(cast(bytes, payload))
             except Exception:
                 raise errors.frame_error("malformed content header") from None
             if class_id != 60:
@@ -494,19 +577,35 @@ class ServerConnection:
             if body_size == 0:
                 self._complete(ch, channel, b"", events)
             return
-        if ftype != FRAME_BODY:
+        if ftype != FRAME_BODY and ftype != FRAME_BODY_PART:
             raise errors.unexpected_frame(
                 "expected content body, got non content body frame instead", method=_PUBLISH)
-        ch.received += len(payload)
-        if ch.received > ch.body_size:
-            raise errors.unexpected_frame(f"content body of {ch.received} bytes larger than the declared "
+        received = ch.received + len(payload)
+        if received > ch.body_size:
+            raise errors.unexpected_frame(f"content body of {received} bytes larger than the declared "
                 f"{ch.body_size}", method=_PUBLISH)
-        if ch.received == ch.body_size and not ch.body_parts:
-            self._complete(ch, channel, payload, events)
-            return
-        ch.body_parts.append(payload)
-        if ch.received == ch.body_size:
-            self._complete(ch, channel, b"".join(ch.body_parts), events)
+        view = ch.body_view
+        if view is None:
+            if received == ch.body_size and ftype == FRAME_BODY:  # the whole body in one frame
+                ch.received = received
+                self._complete(ch, channel, payload if type(payload) is bytes else bytes(payload),
+                               events)
+                return
+            size = ch.body_size
+            spare = self._spare
+            if spare is not None and size <= len(spare) <= 2 * size:
+                self._spare = None
+                ch.body = spare
+            else:
+                ch.body = bytearray(size)
+            view = ch.body_view = memoryview(ch.body)[:size]
+        view[ch.received:received] = payload
+        ch.received = received
+        if received == ch.body_size and ftype == FRAME_BODY:
+            done = ch.body
+            self._complete(ch, channel, bytes(view), events)
+            if len(done) <= _SPARE_MAX:  # type: ignore[arg-type]
+                self._spare = done
 
     def _complete(self, ch: _ChannelState, channel: int, body: bytes, events: list[Event]) -> None:
         # Called with the content's header received: pending, props_raw and properties are set
@@ -516,9 +615,9 @@ class ServerConnection:
                                       ch.props_raw, ch.properties, body))  # type: ignore[arg-type]
         ch.pending = None
         ch.props_raw = None
-        ch.body_parts = []
+        ch.body = ch.body_view = None
 
-    def _decode(self, payload: bytes) -> spec.Method:
+    def _decode(self, payload: ReadableBuffer) -> spec.Method:
         try:
             return spec.decode_method(payload)
         except UnknownMethod as exc:
@@ -548,7 +647,8 @@ class ServerConnection:
         raise errors.command_invalid(f"unexpected {method.amqp_name} on an open connection", method=method)
 
     # ---- handshake ----
-    def _handshake_frame(self, ftype: int, channel: int, payload: bytes, events: list[Event]) -> None:
+    def _handshake_frame(self, ftype: int, channel: int, payload: ReadableBuffer,
+                         events: list[Event]) -> None:
         if ftype != FRAME_METHOD or channel != 0:
             raise errors.command_invalid("connection not open yet")
         method = self._decode(payload)
