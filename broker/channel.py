@@ -73,6 +73,10 @@ class Channel:
         self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
         # message counters read by management's sampler (rates) and /metrics
         self.stats_publish = self.stats_deliver = self.stats_get = self.stats_ack = 0
+        # (deliver and get count ack-mode ones; the no_ack ones have their own, as RabbitMQ)
+        self.stats_deliver_no_ack = self.stats_get_no_ack = self.stats_get_empty = 0
+        self.stats_redeliver = self.stats_confirm = 0
+        self.stats_return_unroutable = self.stats_drop_unroutable = 0
 
     # ---- state used by queues ----
     @property
@@ -89,9 +93,13 @@ class Channel:
         message = entry.message
         self.conn.deliver(self.number, consumer.tag_raw, tag, entry.redelivered, message.exchange,
                           message.routing_key, message.props_raw, message.body)
-        self.stats_deliver += 1
-        if not consumer.no_ack:
+        if consumer.no_ack:
+            self.stats_deliver_no_ack += 1
+        else:
+            self.stats_deliver += 1
             self.unacked[tag] = Unacked(tag, entry, queue, consumer)
+        if entry.redelivered:
+            self.stats_redeliver += 1
         if self.audit is not None:
             self.audit.delivered(self, consumer.tag, tag, queue, entry)
         self.session.wake()
@@ -296,6 +304,8 @@ class Channel:
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         entry = q.get()
         if entry is None:
+            self.stats_get_empty += 1
+            q.stats_get_empty += 1
             self.reply(spec.Basic.GetEmpty(""))
             return
         tag = self.next_tag
@@ -303,12 +313,17 @@ class Channel:
         message = entry.message
         self.conn.get_ok(self.number, tag, entry.redelivered, message.exchange, message.routing_key,
                          q.message_count, message.props_raw, message.body)
-        self.stats_get += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
         if self.audit is not None:
             self.audit.delivered(self, None, tag, q, entry)
         if m.no_ack:
+            self.stats_get_no_ack += 1
+            q.stats_get_no_ack += 1
             q.settled(entry)
         else:
+            self.stats_get += 1
+            q.stats_get += 1
             q.unacked_count += 1
             self.unacked[tag] = Unacked(tag, entry, q, None)
 
@@ -462,7 +477,10 @@ class Channel:
         queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
             if mandatory:
+                self.stats_return_unroutable += 1
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
+            else:
+                self.stats_drop_unroutable += 1
             if seq:
                 self.confirm_decided(seq, True)
             if self.audit is not None:
@@ -519,6 +537,7 @@ class Channel:
         conn = self.conn
         run_end = 0
         run_len = 0
+        confirmed = 0
         while unconfirmed and unconfirmed[0] in decided:
             seq = unconfirmed.popleft()
             if decided.pop(seq):
@@ -527,10 +546,13 @@ class Channel:
                 continue
             if run_len:
                 conn.confirm(self.number, run_end, run_len > 1)
+                confirmed += run_len
                 run_len = 0
             conn.confirm(self.number, seq, False, ok=False)
         if run_len:
             conn.confirm(self.number, run_end, run_len > 1)
+            confirmed += run_len
+        self.stats_confirm += confirmed  # basic.acks sent, per message (nacks not counted)
 
     # ---- transactions ----
     def on_tx_select(self, m) -> None:

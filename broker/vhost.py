@@ -329,6 +329,7 @@ class VirtualHost:
         x = self.exchanges.get(exchange_name)
         if x is None:
             return []
+        x.stats_publish_in += 1
         properties = message.properties if message is not None else None
         headers = properties.get("headers") if properties is not None else None
         keys = None
@@ -343,10 +344,16 @@ class VirtualHost:
             dests = x.route(routing_key, headers, properties)
             if all(d.kind == "queue" for d in dests):
                 if not dests and not exchange_name and self.resolvers:
-                    return self._route_resolved(routing_key, message)
-                return dests if len(dests) < 2 else list(dict.fromkeys(dests))
+                    found = self._route_resolved(routing_key, message)
+                    x.stats_publish_out += len(found)
+                    return found
+                if len(dests) > 1:
+                    dests = list(dict.fromkeys(dests))
+                x.stats_publish_out += len(dests)
+                return dests
         queues: dict = {}
         self._route_into(x, keys or [routing_key], headers, properties, queues, set())
+        x.stats_publish_out += len(queues)
         return list(queues)
 
     # ---- destinations created on first use (routing/: virtual topics, composites) ----

@@ -139,6 +139,8 @@ class Exchange:
         self.alternate_exchange = alt.decode() if isinstance(alt, bytes) else alt
         self.policy: str | None = None  # the policy in force (broker/policies), for the API
         self.effective_policy_definition: dict = {}
+        # messages routed from here (vhost.route) and the queues they reached, for the API
+        self.stats_publish_in = self.stats_publish_out = 0
 
     # ---- declaration checks ----
     @classmethod

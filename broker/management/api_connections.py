@@ -12,16 +12,22 @@ from .auth import require
 from .common import (
     NODE,
     broker_of,
-    check_vhost_access,
     json_response,
     jsonable,
     no_content,
     param,
-    vhost_or_404,
+    vhost_scope,
 )
 from .http import ApiError
 from .listing import paginate
-from .stats import rate_details
+from .stats import (
+    CHANNEL_FIELDS,
+    CONNECTION_COUNTS,
+    channel_counts,
+    connection_counts,
+    rate_details,
+    with_deliver_get,
+)
 
 # first time the API saw each connection (ms since the epoch), for "connected_at"
 _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -77,6 +83,10 @@ def connection_json(session) -> dict:
            "user_who_performed_action": _user_of(session),
            "vhost": session.vhost.name if session.vhost is not None else None}
     out.update(info)
+    counts = dict(zip(CONNECTION_COUNTS, connection_counts(session), strict=True))
+    out.update(rate_details(counts, session.broker.stats_sampler.connection_rates(session)))
+    for name in ("recv_cnt", "send_cnt"):  # RabbitMQ gives these no rate
+        del out[name + "_details"]
     out["port"] = _local_port(session, info)
     out["client_properties"] = jsonable(info.get("client_properties", {}))
     return out
@@ -93,11 +103,9 @@ def channel_ref(ch) -> dict:
 def channel_json(broker, ch) -> dict:
     session = ch.session
     host, port = _peer(session)
-    rates = broker.stats_sampler.channel_rates(ch)
-    stats = rate_details({"publish": ch.stats_publish, "deliver": ch.stats_deliver,
-                          "get": ch.stats_get, "deliver_get": ch.stats_deliver + ch.stats_get,
-                          "ack": ch.stats_ack},
-                         dict(rates, deliver_get=rates["deliver"] + rates["get"]))
+    counts = dict(zip(CHANNEL_FIELDS, channel_counts(ch), strict=True))
+    stats = rate_details(with_deliver_get(counts),
+                         with_deliver_get(broker.stats_sampler.channel_rates(ch)))
     return {"acks_uncommitted": len(ch.tx_acks) if ch.tx is not None else 0,
             "confirm": ch.confirm,
             "connection_details": {"name": connection_name(session), "peer_host": host,
@@ -119,13 +127,9 @@ def channel_json(broker, ch) -> dict:
 
 
 async def list_connections(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    sessions = [s for s in _open_sessions(broker) if _visible(broker, user, s)]
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
-        sessions = [s for s in sessions if s.vhost is vhost]
+    user, broker, vhost = await vhost_scope(request, optional=True)
+    sessions = [s for s in _open_sessions(broker) if _visible(broker, user, s)
+                and (vhost is None or s.vhost is vhost)]
     return json_response(paginate(request, sessions, connection_json, connection_name))
 
 
@@ -176,12 +180,7 @@ def _channel_name(ch) -> str:
 
 
 async def list_channels(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = None
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, optional=True)
     chans = _channels(broker, user, vhost)
     return json_response(paginate(request, chans, lambda ch: channel_json(broker, ch),
                                   _channel_name))
@@ -203,12 +202,7 @@ async def get_channel(request: Request):
 
 async def list_consumers(request: Request):
     from .api_entities import consumer_json
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = None
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, optional=True)
     out: list[dict] = []
     for ch in _channels(broker, user, vhost):
         for c in ch.consumers.values():

@@ -15,14 +15,11 @@ from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..exchanges import EXCHANGE_TYPES
 from ..message import Message
-from .auth import require
 from .common import (
     NODE,
     amqp_error,
     body,
-    broker_of,
     check_perm,
-    check_vhost_access,
     created,
     flag,
     json_response,
@@ -31,21 +28,25 @@ from .common import (
     param,
     table,
     text,
-    vhost_or_404,
+    vhost_scope,
     visible_vhosts,
 )
 from .http import ApiError
 from .listing import paginate
-from .stats import QUEUE_FIELDS, rate_details
+from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, queue_counts, rate_details
 
 # ---- rendering ---------------------------------------------------------------------------
 
 
-def exchange_json(vhost, x) -> dict:
+def exchange_json(vhost, x, sampler=None) -> dict:
     out = {"arguments": jsonable(x.arguments), "auto_delete": x.auto_delete,
            "durable": x.durable, "internal": x.internal, "name": x.name,
            "type": x.type_name or "direct", "user_who_performed_action": "rmq-internal",
            "vhost": vhost.name}
+    if x.stats_publish_in and sampler is not None:  # as RabbitMQ: once it saw traffic
+        out["message_stats"] = rate_details(
+            dict(zip(EXCHANGE_FIELDS, (x.stats_publish_in, x.stats_publish_out), strict=True)),
+            sampler.exchange_rates(x))
     policy = getattr(x, "policy", None)
     if policy is not None:
         out["policy"] = policy
@@ -80,10 +81,7 @@ def queue_json(broker, vhost, q) -> dict:
         "message_bytes_ram": ready_bytes,
         "message_bytes_ready": ready_bytes,
         "message_bytes_unacknowledged": 0,
-        "message_stats": rate_details(
-            {"publish": q.stats_published, "deliver_get": q.stats_delivered,
-             "ack": q.stats_acked},
-            {k: rates[k] for k in QUEUE_FIELDS[:3]}),
+        "message_stats": _queue_message_stats(q, rates),
         "messages": ready + unacked,
         "messages_details": {"rate": round(rates["messages_ready"]
                                            + rates["messages_unacknowledged"], 1)},
@@ -105,6 +103,19 @@ def queue_json(broker, vhost, q) -> dict:
         "type": jsonable(q.arguments.get("x-queue-type", "classic")),
         "vhost": vhost.name,
     }
+
+
+def _queue_message_stats(q, rates: dict) -> dict:
+    """RabbitMQ's queue counters: deliver is what remains of deliver_get (every delivery and
+    get) once the no-ack deliveries and the gets are taken out."""
+    counts = dict(zip(QUEUE_FIELDS, queue_counts(q), strict=False))
+    rates = dict(rates)
+    for values in (counts, rates):
+        values["deliver"] = max(0, values["deliver_get"] - values["deliver_no_ack"]
+                                - values["get"] - values["get_no_ack"])
+    return rate_details(
+        {k: counts[k] for k in ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack",
+                                "get_empty", "redeliver", "deliver_get", "ack")}, rates)
 
 
 def consumer_json(consumer, vhost_name: str) -> dict:
@@ -163,16 +174,11 @@ def _queues_of(vhost) -> list:
 
 
 async def list_exchanges(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
-        vhosts = [vhost]
-    else:
-        vhosts = visible_vhosts(broker, user)
+    user, broker, vhost = await vhost_scope(request, optional=True)
+    vhosts = [vhost] if vhost is not None else visible_vhosts(broker, user)
     pairs = [(v, x) for v in vhosts for x in _exchanges_of(v)]
-    return json_response(paginate(request, pairs, lambda p: exchange_json(*p),
+    sampler = broker.stats_sampler
+    return json_response(paginate(request, pairs, lambda p: exchange_json(p[0], p[1], sampler),
                                   lambda p: p[1].name, lambda p: p[0].name))
 
 
@@ -182,24 +188,18 @@ def _exchange_name(request: Request) -> str:
 
 
 async def get_exchange(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     x = vhost.exchanges.get(_exchange_name(request))
     if x is None:
         raise ApiError(404, "Not Found")
-    out = exchange_json(vhost, x)
+    out = exchange_json(vhost, x, broker.stats_sampler)
     out["incoming"] = []
     out["outgoing"] = []
     return json_response(out)
 
 
 async def put_exchange(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, creating=True)
     name = param(request, "name")
     data = await body(request, {"type", "durable", "auto_delete", "internal", "arguments",
                                 "vhost", "name", "user_who_performed_action"})
@@ -223,10 +223,7 @@ async def put_exchange(request: Request):
 
 
 async def delete_exchange(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     name = _exchange_name(request)
     if name == "" or name.startswith("amq."):
         raise ApiError(401, "Access refused.", "not_authorised")
@@ -294,10 +291,7 @@ def _properties(data: dict) -> dict:
 
 
 async def publish(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, creating=True)
     name = _exchange_name(request)
     data = await body(request, {"routing_key", "payload", "payload_encoding", "properties",
                                 "vhost", "name", "exchange", "props", "mandatory"},
@@ -318,14 +312,8 @@ async def publish(request: Request):
 
 
 async def list_queues(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
-        vhosts = [vhost]
-    else:
-        vhosts = visible_vhosts(broker, user)
+    user, broker, vhost = await vhost_scope(request, optional=True)
+    vhosts = [vhost] if vhost is not None else visible_vhosts(broker, user)
     pairs = [(v, q) for v in vhosts for q in _queues_of(v)]
     return json_response(paginate(request, pairs, lambda p: queue_json(broker, *p),
                                   lambda p: p[1].name, lambda p: p[0].name))
@@ -339,10 +327,7 @@ def _queue(request: Request, vhost):
 
 
 async def get_queue(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     q = _queue(request, vhost)
     out = queue_json(broker, vhost, q)
     out["consumer_details"] = [consumer_json(c, vhost.name) for c in q.consumers]
@@ -352,10 +337,7 @@ async def get_queue(request: Request):
 
 
 async def put_queue(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, creating=True)
     name = param(request, "name")
     data = await body(request, {"durable", "auto_delete", "arguments", "node", "vhost", "name",
                                 "exclusive", "type", "queue_type"})
@@ -384,10 +366,7 @@ async def put_queue(request: Request):
 
 
 async def delete_queue(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     q = _queue(request, vhost)
     check_perm(broker, user, vhost.name, "queue", q.name, "configure")
     qp = request.query_params
@@ -400,10 +379,7 @@ async def delete_queue(request: Request):
 
 
 async def purge_queue(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     q = _queue(request, vhost)
     check_perm(broker, user, vhost.name, "queue", q.name, "read")
     if q.exclusive_owner is not None:
@@ -429,10 +405,7 @@ def _int_field(data: dict, key: str, default: int | None) -> int | None:
 
 
 async def get_messages(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     data = await body(request, {"count", "ackmode", "encoding", "truncate", "requeue",
                                 "vhost", "name", "queue", "payload_file"})
     q = vhost.find_queue(param(request, "name"))
@@ -478,6 +451,7 @@ async def get_messages(request: Request):
                     "properties": jsonable(m.properties), "payload": shown,
                     "payload_encoding": enc})
     if entries:
+        q.stats_get += len(entries)  # RabbitMQ's own gets go through a channel, with ack
         q.unacked_count += len(entries)  # as a basic.get with ack; settled below
         if ackmode == "ack_requeue_true" or ackmode == "reject_requeue_true":
             q.requeue(sorted(((e, None) for e in entries), key=lambda p: -p[0].seq))
@@ -494,23 +468,14 @@ async def get_messages(request: Request):
 
 
 async def list_bindings(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    if "vhost" in request.path_params:
-        vhost = vhost_or_404(broker, param(request, "vhost"))
-        check_vhost_access(broker, user, vhost.name)
-        vhosts = [vhost]
-    else:
-        vhosts = visible_vhosts(broker, user)
+    user, broker, vhost = await vhost_scope(request, optional=True)
+    vhosts = [vhost] if vhost is not None else visible_vhosts(broker, user)
     items = [b for v in vhosts for b in vhost_bindings(v)]
     return json_response(paginate(request, items, lambda b: b, lambda b: b["source"]))
 
 
 async def queue_bindings(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     q = _queue(request, vhost)
     items = [b for b in vhost_bindings(vhost)
              if b["destination_type"] == "queue" and b["destination"] == q.name]
@@ -518,10 +483,7 @@ async def queue_bindings(request: Request):
 
 
 async def exchange_bindings(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     name = _exchange_name(request)
     if name not in vhost.exchanges:
         raise ApiError(404, "Not Found")
@@ -549,10 +511,7 @@ def _endpoints(request: Request, vhost):
 
 
 async def list_pair_bindings(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     source, kind, dest = _endpoints(request, vhost)
     items = [b for b in vhost_bindings(vhost) if b["source"] == source
              and b["destination_type"] == kind and b["destination"] == dest.name]
@@ -560,10 +519,7 @@ async def list_pair_bindings(request: Request):
 
 
 async def create_binding(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"), creating=True)
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request, creating=True)
     data = await body(request, {"routing_key", "arguments", "vhost", "source", "destination",
                                 "destination_type"})
     source, kind, dest = _endpoints(request, vhost)
@@ -590,10 +546,7 @@ def _find_binding(vhost, source: str, kind: str, dest, props_key: str):
 
 
 async def get_binding(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     source, kind, dest = _endpoints(request, vhost)
     b = _find_binding(vhost, source, kind, dest, param(request, "props"))
     if b is None:
@@ -602,10 +555,7 @@ async def get_binding(request: Request):
 
 
 async def delete_binding(request: Request):
-    user = await require(request)
-    broker = broker_of(request)
-    vhost = vhost_or_404(broker, param(request, "vhost"))
-    check_vhost_access(broker, user, vhost.name)
+    user, broker, vhost = await vhost_scope(request)
     source, kind, dest = _endpoints(request, vhost)
     b = _find_binding(vhost, source, kind, dest, param(request, "props"))
     if b is None:

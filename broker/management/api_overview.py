@@ -27,7 +27,7 @@ from .common import (
 )
 from .http import ApiError
 from .listing import paginate
-from .stats import rate_details
+from .stats import rate_details, with_deliver_get
 
 STARTED = time.time()
 
@@ -86,8 +86,7 @@ async def overview(request: Request) -> JSONResponse:
     sampler = broker.stats_sampler
     rates = sampler.overview_rates()
     t = broker.message_totals.current()
-    stats = rate_details({"publish": t["publish"], "deliver": t["deliver"], "get": t["get"],
-                          "deliver_get": t["deliver"] + t["get"], "ack": t["ack"]}, rates)
+    stats = rate_details(with_deliver_get(t), rates)
     queue_totals = {}
     for key, value in totals.items():
         queue_totals[key] = value
@@ -196,9 +195,7 @@ def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None
     extra = {}
     if counts is not None:  # as RabbitMQ: message_stats once the vhost saw traffic
         rates = broker.stats_sampler.vhost_rates(name)
-        extra["message_stats"] = rate_details(
-            {**counts, "deliver_get": counts["deliver"] + counts["get"]},
-            {**rates, "deliver_get": rates["deliver"] + rates["get"]})
+        extra["message_stats"] = rate_details(with_deliver_get(counts), with_deliver_get(rates))
     return {**extra, "cluster_state": {NODE: "running"},
             "default_queue_type": info.get("default_queue_type", "undefined"),
             "description": info.get("description", ""),

@@ -9,7 +9,15 @@ from starlette.routing import Route
 
 from ..policies import PolicyError, PolicyNotFound, VhostNotFound
 from .auth import CHALLENGE, require
-from .common import broker_of, check_vhost_access, created, json_response, no_content, param
+from .common import (
+    broker_of,
+    check_vhost_access,
+    created,
+    json_response,
+    no_content,
+    param,
+    vhost_scope,
+)
 from .http import ApiError
 from .listing import paginate
 
@@ -35,13 +43,9 @@ def _may_read(user) -> bool:
 
 
 async def list_policies(request: Request):
-    user = await require(request)  # listing: any management user, their vhosts only
-    broker = broker_of(request)
-    vhost = param(request, "vhost") if "vhost" in request.path_params else None
-    if vhost is not None:
-        if vhost not in broker.vhosts:
-            raise ApiError(404, "Not Found")
-        check_vhost_access(broker, user, vhost)
+    # listing: any management user, their vhosts only
+    user, broker, scope = await vhost_scope(request, optional=True)
+    vhost = scope.name if scope is not None else None
     lister = (broker.policies.list_operator_policies if _kind(request) == "operator"
               else broker.policies.list_policies)
     items = lister(vhost) if _may_read(user) else []

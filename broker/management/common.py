@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import errors
-from .auth import CHALLENGE, ApiUser
+from .auth import CHALLENGE, ApiUser, require
 from .http import ApiError
 
 NODE = "triomq@localhost"
@@ -38,6 +38,21 @@ def vhost_or_404(broker, name: str, creating: bool = False):
             raise ApiError(404, "vhost_not_found", "not_found")
         raise ApiError(404, "Not Found")
     return vhost
+
+
+async def vhost_scope(request: Request, creating: bool = False,
+                      optional: bool = False) -> tuple[ApiUser, Any, Any]:
+    """The preamble of a handler for a path with ``{vhost}``: the caller (401 unless
+    authenticated), the vhost (404, worded for ``creating``) and the caller's access to it
+    (401), in that order as RabbitMQ answers. Returns ``(user, broker, vhost)``; with
+    ``optional``, a path without ``{vhost}`` gives vhost None (the handler lists them all)."""
+    user = await require(request)
+    broker = broker_of(request)
+    if optional and "vhost" not in request.path_params:
+        return user, broker, None
+    vhost = vhost_or_404(broker, param(request, "vhost"), creating)
+    check_vhost_access(broker, user, vhost.name)
+    return user, broker, vhost
 
 
 async def body(request: Request, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from ..broker import process_rss
 from .common import broker_of
+from .stats import connection_counts, with_deliver_get
 
 
 class BrokerCollector:
@@ -69,13 +70,56 @@ class BrokerCollector:
                                   value=totals["publish"])
         yield CounterMetricFamily("rabbitmq_global_messages_delivered",
                                   "Total number of messages delivered to consumers",
-                                  value=totals["deliver"] + totals["get"])
+                                  value=with_deliver_get(totals)["deliver_get"])
         yield CounterMetricFamily("rabbitmq_global_messages_delivered_get",
                                   "Total number of messages fetched with basic.get",
-                                  value=totals["get"])
+                                  value=totals["get"] + totals["get_no_ack"])
         yield CounterMetricFamily("rabbitmq_global_messages_acknowledged",
                                   "Total number of messages acknowledged by consumers",
                                   value=totals["ack"])
+        # rabbitmq_prometheus's channel counters (its "get" and "delivered" are the no-ack
+        # ones, "get_ack" and "delivered_ack" the ack-mode ones); closed channels included
+        for name, doc, value in (
+                ("rabbitmq_channel_messages_published", "Total number of messages published "
+                 "into an exchange on a channel", totals["publish"]),
+                ("rabbitmq_channel_messages_confirmed", "Total number of messages published "
+                 "into an exchange and confirmed on the channel", totals["confirm"]),
+                ("rabbitmq_channel_messages_unroutable_returned", "Total number of messages "
+                 "published as mandatory into an exchange and returned to the publisher as "
+                 "unroutable", totals["return_unroutable"]),
+                ("rabbitmq_channel_messages_unroutable_dropped", "Total number of messages "
+                 "published as non-mandatory into an exchange and dropped as unroutable",
+                 totals["drop_unroutable"]),
+                ("rabbitmq_channel_get_ack", "Total number of messages fetched with basic.get in "
+                 "manual acknowledgement mode", totals["get"]),
+                ("rabbitmq_channel_get", "Total number of messages fetched with basic.get in "
+                 "automatic acknowledgement mode", totals["get_no_ack"]),
+                ("rabbitmq_channel_messages_delivered_ack", "Total number of messages delivered "
+                 "to consumers in manual acknowledgement mode", totals["deliver"]),
+                ("rabbitmq_channel_messages_delivered", "Total number of messages delivered to "
+                 "consumers in automatic acknowledgement mode", totals["deliver_no_ack"]),
+                ("rabbitmq_channel_messages_redelivered", "Total number of messages redelivered "
+                 "to consumers", totals["redeliver"]),
+                ("rabbitmq_channel_messages_acked", "Total number of messages acknowledged by "
+                 "consumers", totals["ack"]),
+                ("rabbitmq_channel_get_empty", "Total number of times basic.get operations "
+                 "fetched no message", totals["get_empty"])):
+            yield CounterMetricFamily(name, doc, value=value)
+        # open connections' socket counters, summed as rabbitmq_prometheus does
+        octets = [0, 0, 0, 0]
+        for s in sessions:
+            for i, v in enumerate(connection_counts(s)):
+                octets[i] += v
+        for name, doc, value in (
+                ("rabbitmq_connection_incoming_bytes", "Total number of bytes received on a "
+                 "connection", octets[0]),
+                ("rabbitmq_connection_incoming_packets", "Total number of packets received on a "
+                 "connection", octets[1]),
+                ("rabbitmq_connection_outgoing_bytes", "Total number of bytes sent on a "
+                 "connection", octets[2]),
+                ("rabbitmq_connection_outgoing_packets", "Total number of packets sent on a "
+                 "connection", octets[3])):
+            yield CounterMetricFamily(name, doc, value=value)
         alarms = broker.alarms
         yield GaugeMetricFamily("rabbitmq_alarms_memory_used_watermark",
                                 "is 1 if VM memory watermark alarm is in effect",

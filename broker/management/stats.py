@@ -1,7 +1,8 @@
 """Message counters and rates for the API, the console and /metrics.
 
 The hot path only does plain integer increments that already live on the objects
-(``Channel.stats_*``, ``Queue.stats_*``). One task (``Sampler.run``) samples them every
+(``Channel.stats_*``, ``Queue.stats_*``, ``Exchange.stats_*``, the session's connection's
+``recv_oct`` ...). One task (``Sampler.run``) samples them every
 ``INTERVAL`` seconds; rates are the difference between the last two samples, and the overview
 keeps a short ring of samples for the console's graphs (RabbitMQ's ``msg_rates_age``).
 """
@@ -16,8 +17,40 @@ import trio
 INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 RING = 120  # overview samples kept: 10 minutes at 5 s
 
-CHANNEL_FIELDS = ("publish", "deliver", "get", "ack")
-QUEUE_FIELDS = ("publish", "deliver_get", "ack", "messages_ready", "messages_unacknowledged")
+# RabbitMQ's channel (and vhost, overview) counters; deliver and get are the ack-mode ones
+CHANNEL_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver",
+                  "deliver_no_ack", "get", "get_no_ack", "get_empty", "redeliver", "ack")
+QUEUE_FIELDS = ("publish", "deliver_get", "ack", "deliver_no_ack", "get", "get_no_ack",
+                "get_empty", "redeliver", "messages_ready", "messages_unacknowledged")
+EXCHANGE_FIELDS = ("publish_in", "publish_out")
+CONNECTION_FIELDS = ("recv_oct", "send_oct")  # RabbitMQ gives the _cnt ones no rate
+CONNECTION_COUNTS = ("recv_oct", "recv_cnt", "send_oct", "send_cnt")
+
+
+def channel_counts(ch) -> tuple:
+    """A channel's counters in ``CHANNEL_FIELDS`` order."""
+    return (ch.stats_publish, ch.stats_confirm, ch.stats_return_unroutable,
+            ch.stats_drop_unroutable, ch.stats_deliver, ch.stats_deliver_no_ack, ch.stats_get,
+            ch.stats_get_no_ack, ch.stats_get_empty, ch.stats_redeliver, ch.stats_ack)
+
+
+def queue_counts(q) -> tuple:
+    """A queue's counters in ``QUEUE_FIELDS`` order, without the two lengths."""
+    return (q.stats_published, q.stats_delivered, q.stats_acked, q.stats_deliver_no_ack,
+            q.stats_get, q.stats_get_no_ack, q.stats_get_empty, q.stats_redeliver)
+
+
+def connection_counts(session) -> tuple:
+    """``CONNECTION_COUNTS`` of a connection (0 for a protocol that does not count them)."""
+    conn = session.conn
+    return tuple(getattr(conn, name, 0) for name in CONNECTION_COUNTS)
+
+
+def with_deliver_get(values: dict) -> dict:
+    """Channel counters (or their rates) plus RabbitMQ's deliver_get: every delivery and get,
+    with and without ack."""
+    return {**values, "deliver_get": values["deliver"] + values["deliver_no_ack"]
+            + values["get"] + values["get_no_ack"]}
 
 
 class MessageTotals:
@@ -35,11 +68,10 @@ class MessageTotals:
         if vhost is not None:
             targets.append(self.retired_by_vhost.setdefault(
                 vhost.name, dict.fromkeys(CHANNEL_FIELDS, 0)))
+        counts = channel_counts(channel)
         for r in targets:
-            r["publish"] += channel.stats_publish
-            r["deliver"] += channel.stats_deliver
-            r["get"] += channel.stats_get
-            r["ack"] += channel.stats_ack
+            for name, value in zip(CHANNEL_FIELDS, counts, strict=True):
+                r[name] += value
 
     def by_vhost(self) -> dict[str, dict[str, int]]:
         """The same counters per vhost name (vhosts without traffic are missing)."""
@@ -51,10 +83,8 @@ class MessageTotals:
             for ch in list(session.channels.values()):
                 if ch.released:
                     continue
-                r["publish"] += ch.stats_publish
-                r["deliver"] += ch.stats_deliver
-                r["get"] += ch.stats_get
-                r["ack"] += ch.stats_ack
+                for name, value in zip(CHANNEL_FIELDS, channel_counts(ch), strict=True):
+                    r[name] += value
         return out
 
     def current(self) -> dict[str, int]:
@@ -63,10 +93,8 @@ class MessageTotals:
             for ch in list(session.channels.values()):
                 if ch.released:
                     continue
-                out["publish"] += ch.stats_publish
-                out["deliver"] += ch.stats_deliver
-                out["get"] += ch.stats_get
-                out["ack"] += ch.stats_ack
+                for name, value in zip(CHANNEL_FIELDS, channel_counts(ch), strict=True):
+                    out[name] += value
         return out
 
 
@@ -94,8 +122,8 @@ def _rates(prev: Sample | None, cur: Sample, names: tuple) -> dict:
             for n, c, p in zip(names, cur.values, prev.values, strict=True)}
 
 
-OVERVIEW_FIELDS = ("publish", "deliver", "get", "deliver_get", "ack",
-                   "messages", "messages_ready", "messages_unacknowledged")
+OVERVIEW_FIELDS = (*CHANNEL_FIELDS, "deliver_get", "messages", "messages_ready",
+                   "messages_unacknowledged")
 
 
 class Sampler:
@@ -108,6 +136,8 @@ class Sampler:
         self.queues_prev: dict = {}  # the sample before
         self.queue_time: tuple[float, float] = (0.0, 0.0)  # (previous, latest) sample time
         self.channels: dict = {}  # channel -> (previous, latest)
+        self.exchanges: dict = {}  # exchange -> (previous, latest)
+        self.connections: dict = {}  # session -> (previous, latest)
         self.overview: deque[tuple[float, dict]] = deque(maxlen=RING)  # (time, totals)
         self.vhosts: dict[str, tuple] = {}  # vhost name -> CHANNEL_FIELDS counters
         self.vhosts_prev: dict[str, tuple] = {}
@@ -124,7 +154,7 @@ class Sampler:
         for vhost in list(self.broker.vhosts.values()):
             for q in list(vhost.queues.values()):
                 r, u = q.message_count, q.unacked_count
-                latest[q] = (q.stats_published, q.stats_delivered, q.stats_acked, r, u)
+                latest[q] = (*queue_counts(q), r, u)
                 if not q.internal:
                     ready += r
                     unacked += u
@@ -132,17 +162,30 @@ class Sampler:
         channels: dict = {}
         for session in list(self.broker.sessions):
             for ch in list(session.channels.values()):
-                cur = Sample(now, (ch.stats_publish, ch.stats_deliver, ch.stats_get, ch.stats_ack))
+                cur = Sample(now, channel_counts(ch))
                 old = self.channels.get(ch)
                 channels[ch] = (old[1] if old else None, cur)
         self.channels = channels
+        connections: dict = {}
+        for session in list(self.broker.sessions):
+            oct_ = connection_counts(session)
+            old = self.connections.get(session)
+            connections[session] = (old[1] if old else None, Sample(now, (oct_[0], oct_[2])))
+        self.connections = connections
+        exchanges: dict = {}
+        for vhost in list(self.broker.vhosts.values()):
+            for x in list(vhost.exchanges.values()):
+                old = self.exchanges.get(x)
+                exchanges[x] = (old[1] if old else None,
+                                Sample(now, (x.stats_publish_in, x.stats_publish_out)))
+        self.exchanges = exchanges
         totals = self.broker.message_totals
         self.vhosts_prev = self.vhosts
         self.vhosts = {name: tuple(r[f] for f in CHANNEL_FIELDS)
                        for name, r in totals.by_vhost().items()}
         self.vhost_time = (self.vhost_time[1], now)
         t = totals.current()
-        values = (t["publish"], t["deliver"], t["get"], t["deliver"] + t["get"], t["ack"],
+        values = (*(t[f] for f in CHANNEL_FIELDS), with_deliver_get(t)["deliver_get"],
                   ready + unacked, ready, unacked)
         self._overview_prev, self._overview_cur = self._overview_cur, Sample(now, values)
         self.overview.append((time.time(), dict(zip(OVERVIEW_FIELDS, values, strict=True))))
@@ -168,10 +211,19 @@ class Sampler:
         return _rates(Sample(t0, prev), Sample(t1, cur), CHANNEL_FIELDS)
 
     def channel_rates(self, ch) -> dict:
-        pair = self.channels.get(ch)
+        return self._pair_rates(self.channels.get(ch), CHANNEL_FIELDS)
+
+    def exchange_rates(self, x) -> dict:
+        return self._pair_rates(self.exchanges.get(x), EXCHANGE_FIELDS)
+
+    def connection_rates(self, session) -> dict:
+        return self._pair_rates(self.connections.get(session), CONNECTION_FIELDS)
+
+    @staticmethod
+    def _pair_rates(pair: tuple | None, names: tuple) -> dict:
         if pair is None:
-            return dict.fromkeys(CHANNEL_FIELDS, 0.0)
-        return _rates(pair[0], pair[1], CHANNEL_FIELDS)
+            return dict.fromkeys(names, 0.0)
+        return _rates(pair[0], pair[1], names)
 
     def overview_rates(self) -> dict:
         if self._overview_cur is None:

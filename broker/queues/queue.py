@@ -126,6 +126,9 @@ class Queue:
         self.stats_published = 0
         self.stats_delivered = 0
         self.stats_acked = 0
+        # (stats_delivered counts every delivery and get; these split it as RabbitMQ does)
+        self.stats_deliver_no_ack = self.stats_get = self.stats_get_no_ack = 0
+        self.stats_get_empty = self.stats_redeliver = 0
         self.store = None  # set by attach_store for durable queues with a persistent store
         self.flow_waiters: set | None = None  # sessions in flow because of this queue
         # x-consumer-group: a partition whose active consumer the group chooses (group.py)
@@ -254,6 +257,7 @@ class Queue:
                 self.unacked_count += 1
             consumer.channel.deliver(consumer, self, entry)
             if consumer.no_ack:
+                self.stats_deliver_no_ack += 1
                 self.settled(entry)
         if expired:
             self.discard(expired, "expired")
@@ -297,6 +301,7 @@ class Queue:
                 self.unacked_count += 1
             consumer.channel.deliver(consumer, self, entry)
             if consumer.no_ack:
+                self.stats_deliver_no_ack += 1
                 self.settled(entry)
         for entry in reversed(kept):  # back in front, in their order
             ready.requeue(entry)
@@ -313,6 +318,8 @@ class Queue:
     def _mark_delivered(self, entry: QueueEntry) -> None:
         entry.delivery_count += 1
         self.stats_delivered += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
         if self.observers:
             self._emit(_DELIVER, entry)  # a store notes it: a crash brings it back redelivered
 
