@@ -1,10 +1,11 @@
 """The audit trail as a Spark DataFrame.
 
 pip's pyspark has no spark-avro module, so the files are read with the broker's own
-reader (``broker.audit.reader``: fastavro per block, damaged blocks skipped) inside the
-executors: Spark's ``binaryFile`` source lists and loads the files (any path Spark reads:
-local, HDFS, S3, with the ``dt=/hour=/node=`` partitions below it), ``mapPartitions``
-decodes them into rows of the columns a job asks for. Damage found on the way (corrupt
+reader (``broker.audit.reader``: its generated decoder per block, damaged blocks skipped)
+inside the executors: Spark's ``binaryFile`` source lists and loads the files (any path
+Spark reads: local, HDFS, S3, with the ``dt=/hour=/node=`` partitions below it),
+``mapInArrow`` decodes them into Arrow batches of the columns a job asks for (no row is
+pickled between the JVM and the Python workers). Damage found on the way (corrupt
 block, torn tail, unreadable header) is collected in an accumulator as
 ``(path, offset, kind, detail)``; a file of a newer schema version becomes a problem of
 kind ``unknown schema version`` that the caller turns into an error naming the file.
