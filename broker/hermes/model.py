@@ -18,6 +18,8 @@ from ..schemas import SchemaError, backward_problem, compiled
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
 SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_INFLIGHT_TTL = 7200  # seconds, Hermes' hard limit
+RETENTION_SECONDS = {"DAYS": 86400, "HOURS": 3600, "MINUTES": 60, "SECONDS": 1}
+MAX_RETENTION_MS = 2**32 - 1  # a queue's message TTL at most (RabbitMQ's timer limit)
 
 
 class HermesError(Exception):
@@ -117,6 +119,9 @@ def parse_topic(data: Any, current: TopicDef | None = None, max_size: int | None
     duration = _positive(retention, "duration", base.retentionTime.get("duration", 1), "retentionTime.")
     unit = _choice(retention, "retentionUnit", ("DAYS", "HOURS", "MINUTES", "SECONDS"),
                    base.retentionTime.get("retentionUnit", "DAYS"))
+    if duration * RETENTION_SECONDS[unit] * 1000 > MAX_RETENTION_MS:
+        raise invalid("retentionTime", f"at most {MAX_RETENTION_MS // 86_400_000} days "
+                                       "(it is the message TTL of the subscription queues)")
     topic = replace(
         base, name=name,
         description=_get(data, "description", str, base.description),

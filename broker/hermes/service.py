@@ -51,7 +51,6 @@ VHOST = "/"
 MAX_PENDING_PUBLISHES = 10_000
 DURABLE_WAIT = 5.0  # s an ack=ALL publish waits for the store before it answers 202
 JSON_TYPES = ("application/json", "text/json")
-RETENTION_UNITS = {"DAYS": 86400, "HOURS": 3600, "MINUTES": 60, "SECONDS": 1}
 # s a clean stop waits for push requests in flight (each is bounded by its requestTimeout)
 DRAIN_LIMIT = 30.0
 AVRO_TYPES = ("avro/binary", "application/avro")
@@ -59,7 +58,8 @@ AVRO_TYPES = ("avro/binary", "application/avro")
 
 def retention_ms(topic: TopicDef) -> int:
     r = topic.retentionTime
-    return int(r.get("duration", 1)) * RETENTION_UNITS[r.get("retentionUnit", "DAYS")] * 1000
+    ms = int(r.get("duration", 1)) * model.RETENTION_SECONDS[r.get("retentionUnit", "DAYS")] * 1000
+    return min(ms, model.MAX_RETENTION_MS)  # definitions stored before the limit was checked
 
 
 def retain(q, ttl_ms: int) -> None:

@@ -186,3 +186,6 @@ async def test_retention_expires_unread_messages(hermes_broker):
                                                                      "retentionUnit": "HOURS"}})
     assert r.status_code == 200, r.text
     assert q.opts.message_ttl == dead.opts.message_ttl == 2 * 3600 * 1000
+    r = await http.put("/topics/shop.short", json={"retentionTime": {"duration": 50,
+                                                                     "retentionUnit": "DAYS"}})
+    assert r.status_code == 400 and r.json()["message"].startswith("retentionTime: at most 49 days")
