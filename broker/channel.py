@@ -490,13 +490,14 @@ class Channel:
         accepted = True
         durable = False
         flow_high = self.session.flow_high
+        flow_high_bytes = self.session.flow_high_bytes
         for q in queues:
             if not q.enqueue(message):
                 accepted = False
             elif q.store is not None and (message.persistent or q.confirms_later):
                 durable = True
             # Flow control: a queue with consumers that keeps growing slows its publishers.
-            if len(q.ready) > flow_high and q.consumers:
+            if (len(q.ready) > flow_high or q.ready_bytes > flow_high_bytes) and q.consumers:
                 self.session.queue_over_threshold(q)
         if self.audit is not None:
             self.audit.published(self, message, queues, "routed" if accepted else "nacked", seq)

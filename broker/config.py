@@ -91,6 +91,10 @@ class Config:
     # ``flow_read_slice`` bytes, with a yield to other connections between slices.
     flow_high: int = 1000
     flow_low: int = 500
+    # ... or more than ``flow_high_bytes`` of ready message bodies, until back to
+    # ``flow_low_bytes`` (large messages: a few in flight, not a thousand MB)
+    flow_high_bytes: int = 8 * 1024 * 1024
+    flow_low_bytes: int = 4 * 1024 * 1024
     flow_read_slice: int = 64 * 1024
     # Scheduler: occurrences fired per timer callback before connections get the loop back.
     scheduler_fire_batch: int = 2000

@@ -85,6 +85,9 @@ class Session:
         self.output_high_water = broker.config.output_high_water
         self.flow_high = broker.config.flow_high or float("inf")
         self.flow_low = broker.config.flow_low
+        self.flow_high_bytes = (broker.config.flow_high_bytes if broker.config.flow_high
+                                else 0) or float("inf")
+        self.flow_low_bytes = broker.config.flow_low_bytes
         # Flow control: the queues this connection published into above their threshold
         # and that have not drained since. Non-empty = "in flow": the edge stops reading.
         self.flow_queues: set = set()
@@ -241,7 +244,7 @@ class Session:
             log.debug("connection %s: flow (queue %r has %d ready messages)", self.peer,
                       queue.name, len(queue.ready))
         self.flow_queues.add(queue)
-        queue.flow_wait(self, self.flow_low)
+        queue.flow_wait(self, self.flow_low, self.flow_low_bytes)
 
     def flow_released(self, queue) -> None:
         """``queue`` drained below its low-water mark (or lost its consumers)."""

@@ -142,6 +142,26 @@ def test_lost_connection_leaves_no_flow_waiter(flow_broker, session_client):
     assert not queue.flow_waiters and not pub.session.in_flow
 
 
+def test_large_messages_put_a_publisher_in_flow_by_their_bytes(broker, session_client):
+    """A few large messages are as much as many small ones: the ready bodies' bytes have a
+    threshold of their own, and the queue must be back under both marks to release."""
+    broker.config.flow_high_bytes, broker.config.flow_low_bytes = 3000, 1500
+    sub = _slow_consumer(session_client)
+    pub = _publisher(session_client)
+    queue = broker.vhosts["/"].queues["q"]
+    body = b"x" * 1000
+    for _ in range(4):  # one delivered (prefetch 1), 3000 bytes ready
+        pub.publish(1, body, routing_key="q")
+    assert pub.session.flow_state == "running"
+    pub.publish(1, body, routing_key="q")
+    assert pub.session.flow_state == "flow" and queue.ready_bytes == 4000
+    _ack_one(sub)
+    _ack_one(sub)
+    assert queue.ready_bytes == 2000 and pub.session.flow_state == "flow"
+    _ack_one(sub)
+    assert queue.ready_bytes == 1000 and pub.session.flow_state == "running"
+
+
 # ---- through the real server ----------------------------------------------------------
 def _tune(broker) -> None:
     broker.config.flow_high = HIGH

@@ -7,6 +7,7 @@ their own modules; this class wires them in.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from . import max_length, ttl
@@ -134,6 +135,7 @@ class Queue:
         # x-consumer-group: a partition whose active consumer the group chooses (group.py)
         self.group = group_of(self)
         self._flow_low = 0
+        self._flow_low_bytes: float = math.inf
         self.touch()
 
     def _new_ready(self):
@@ -623,15 +625,17 @@ class Queue:
         return consumers
 
     # ---- flow control (session.py "in flow", docs/architecture.md "Back-pressure") ----
-    def flow_wait(self, session, low: int) -> None:
+    def flow_wait(self, session, low: int, low_bytes: float = math.inf) -> None:
         """``session`` published into this queue while it grew past its flow threshold:
-        call ``session.flow_released(self)`` once the ready list is at most ``low``, the
-        queue has no consumers left, or it is deleted. No task, no timer: checked where
-        the ready list shrinks (dispatch, purge) and where consumers leave."""
+        call ``session.flow_released(self)`` once the ready list is at most ``low`` messages
+        and ``low_bytes`` of bodies, the queue has no consumers left, or it is deleted. No
+        task, no timer: checked where the ready list shrinks (dispatch, purge) and where
+        consumers leave."""
         if self.flow_waiters is None:
             self.flow_waiters = set()
         self.flow_waiters.add(session)
         self._flow_low = low
+        self._flow_low_bytes = low_bytes
 
     def flow_forget(self, session) -> None:
         if self.flow_waiters:
@@ -639,7 +643,9 @@ class Queue:
 
     def flow_check(self) -> None:
         waiters = self.flow_waiters
-        if waiters and (len(self.ready) <= self._flow_low or not self.consumers or self.deleted):
+        if waiters and ((len(self.ready) <= self._flow_low
+                         and self.ready_bytes <= self._flow_low_bytes)
+                        or not self.consumers or self.deleted):
             self.flow_waiters = None
             for session in waiters:
                 session.flow_released(self)
