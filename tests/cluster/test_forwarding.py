@@ -101,6 +101,42 @@ def test_publish_and_consume_through_another_node(tmp_path, etcd, secret):
                           mandatory=True)
         chb = cb.channel()
         assert chb.queue_declare("placed", durable=True, passive=True).method.message_count == 1
+        cb.close()
+        # kombu (confirm_publish) on a, and aio-pika on a, through the link to b's master
+        from kombu import Connection
+        from kombu import Queue as KQueue
+        with Connection(f"amqp://guest:guest@127.0.0.1:{a.port}//",
+                        transport_options={"confirm_publish": True}) as kc:
+            kq = KQueue("placed", routing_key="placed", durable=True)
+            producer = kc.Producer()
+            for i in range(5):
+                producer.publish({"n": i}, routing_key="placed", declare=[kq], delivery_mode=2,
+                                 serializer="json")
+            with kc.SimpleQueue(kq) as sq:
+                got = [sq.get(timeout=5) for _ in range(6)]
+                for m in got:
+                    m.ack()
+            assert got[0].body == b"to b" and [m.payload for m in got[1:]] == [
+                {"n": i} for i in range(5)]
+
+        import asyncio
+
+        import aio_pika
+
+        async def with_aio_pika():
+            conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{a.port}/")
+            async with conn:
+                ch = await conn.channel(publisher_confirms=True)
+                q = await ch.declare_queue("placed", durable=True)
+                await ch.default_exchange.publish(aio_pika.Message(b"aio", delivery_mode=2),
+                                                  routing_key="placed")
+                async with q.iterator() as it:
+                    async for message in it:
+                        async with message.process():
+                            return message.body
+            return None
+        assert asyncio.run(with_aio_pika()) == b"aio"
+
         # an unknown locator: 406 naming the argument
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
             ca.channel().queue_declare("bad", durable=True,
@@ -109,6 +145,7 @@ def test_publish_and_consume_through_another_node(tmp_path, etcd, secret):
         assert "x-queue-master-locator" in refused.value.reply_text
 
         # deleted through b: gone on its master a, and b's proxy goes with it
+        cb = b.connect()
         cb.channel().queue_delete("qa")
         eventually(lambda: "qa" not in {q["name"] for q in status(etcd)["queues"]}
                    or (_ for _ in ()).throw(AssertionError()))
