@@ -257,6 +257,9 @@ class Link:
                     log.warning("link to node %r (%s, vhost %r): %s", self.node, self.address,
                                 self.vhost, text)
                 self.last_error = text
+            except Exception:  # a bug here must not take the broker down: reconnect
+                log.exception("link to node %r (vhost %r) failed", self.node, self.vhost)
+                self.last_error = "internal error"
             finally:
                 self._down()
             await trio.sleep(delay)

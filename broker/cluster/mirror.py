@@ -347,7 +347,10 @@ class Mirrors:
             self._flush_wake = trio.Event()
             batch, self._to_flush = self._to_flush, []
             for mirroring in batch:
-                mirroring.flush()
+                try:
+                    mirroring.flush()
+                except Exception:  # a bug must not take the broker down
+                    log.exception("mirroring of queue %r failed", mirroring.queue.name)
 
     # ---- mirror role: ops from a master's link (forward.forwarded_publish) ----
     def apply(self, vhost: str, queue: str, header: list, routing_key: str = "",
@@ -410,6 +413,9 @@ class Mirrors:
                 await self.promote_orphans()
             except (CoordinationUnavailable, CoordinationError) as exc:
                 log.warning("mirroring: %s", exc)
+                await trio.sleep(0.5)
+            except Exception:  # a bug must not take the broker down
+                log.exception("mirroring failed")
                 await trio.sleep(0.5)
 
     def reconcile(self) -> None:
