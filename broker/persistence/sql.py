@@ -522,6 +522,10 @@ class SQLStore(Store):
         try:
             self._lock.acquire()
             self._load()
+            # loading a large backlog's index can take most of a lease: extend it now, so
+            # the broker does not start serving with a lease about to run out
+            if not self._lock.renew():
+                raise StoreLocked(f"store {self.safe_url}: {self._lease_error()}")
         except BaseException:
             self._lock.release()
             self._dispose()
