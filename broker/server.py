@@ -133,29 +133,32 @@ class ConnectionHandler:
                 await self._flow_pause()
                 if session.flow_queues:
                     size = BLOCKED_READ_SIZE
+            data = b""
             try:
                 if sock is None:
                     data = await stream.receive_some(size)
                     n = len(data)
-                else:
-                    if not ready:
-                        # wait before taking a buffer, so that an idle connection holds none
-                        await trio.lowlevel.wait_readable(sock)
+                elif ready:
+                    # more is waiting: receive into the frame buffer (or a body) itself
                     buf = conn.get_buffer(size)
                     n = await sock.recv_into(buf)
                     ready = n == len(buf)
                     buf.release()
+                else:
+                    # an idle or trickling connection: the kernel allocates what arrives, so
+                    # that no buffer is held while waiting (copied into the frame buffer)
+                    data = await sock.recv(size)
+                    n = len(data)
+                    ready = n == size
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
             if not n:
                 log.info("connection %s: closed by peer without connection.close", self.peer)
                 return
             self.last_received = time.monotonic()
-            if sock is None:
-                session.data_received(data)
-            else:
+            if not data:
                 conn.buffer_updated(n)
-                session.data_received(b"")
+            session.data_received(data)
             if conn.input_pending:
                 await self._feed_slices()
 
