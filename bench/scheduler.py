@@ -268,8 +268,11 @@ def main(argv=None) -> int:
             declare(pub)  # the bench's exchange and queues are transient
             after = precision_phase(a, url, pub, data_dir)
             pub.close()
-            result["after_restart"] = {k: after[k] for k in ("due_messages", "received", "early",
-                                                             "lateness_ms")}
+            result["after_restart"] = {k: after[k] for k in (
+                "due_messages", "received", "early", "lateness_ms", "publisher_max_behind_ms")}
+            # the broker's own firing lateness: apart from delivery and the bench's clients
+            result["after_restart"]["broker_max_lateness_ms"] = \
+                control(data_dir)["stats"]["max_lateness_ms"]
     finally:
         proc.terminate()
         try:
