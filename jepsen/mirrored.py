@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,8 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from . import workload
 from .checker import check, percentile
-from .nodes import REPO, free_port, listening
+from .nodes import REPO, BrokerProcess, free_port, listening
 from .workload import Consumer, History, Producer
 
 log = logging.getLogger("jepsen")
@@ -58,7 +57,7 @@ class Etcd:
             self.proc.wait(10)
 
 
-class ClusterNode:
+class ClusterNode(BrokerProcess):
     def __init__(self, name: str, url: str, secret: Path, workdir: Path, ttl: float):
         self.name = name
         self.url = url
@@ -67,7 +66,7 @@ class ClusterNode:
         self.ttl = ttl
         self.port = free_port()
         self.http_port = free_port()
-        self.proc: subprocess.Popen | None = None
+        self.proc = None
         self.paused = False
 
     def start(self) -> None:
@@ -79,39 +78,6 @@ class ClusterNode:
                  "--cluster-secret-file", str(self.secret), "--cluster-ttl", str(self.ttl)],
                 cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT)
         self.paused = False
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            os.kill(self.proc.pid, signal.SIGCONT)
-        self.paused = False
-
-    def stop(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            if self.paused:
-                os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def cluster_status(url: str) -> dict:
@@ -219,24 +185,9 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
             faults.append(fault)
             log.info("round %d: %s", rnd + 1, fault)
         time.sleep(warmup)
-        for c in clients:
-            if isinstance(c, Producer):
-                c.stop_event.set()
-        for c in clients:
-            if isinstance(c, Producer):
-                c.join(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with history.lock:
-                idle = time.monotonic() - history.last_consumed
-            if idle > 4.0:
-                break
-            time.sleep(0.2)
+        workload.finish(clients, history, idle=4.0)
     finally:
-        for c in clients:
-            c.stop_event.set()
-        for c in clients:
-            c.join(15)
+        workload.stop(clients)
         for m in members:
             m.stop()
         etcd.stop()

@@ -28,14 +28,55 @@ def listening(port: int) -> bool:
         return False
 
 
-class Node:
+class BrokerProcess:
+    """kill -9, SIGSTOP / SIGCONT and a clean stop of one broker subprocess (``proc``)."""
+
+    proc: subprocess.Popen | None = None
+    paused = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            if self.paused:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+
+class Node(BrokerProcess):
     def __init__(self, name: str, store_url: str, workdir: Path, sql_args: list[str]):
         self.name = name
         self.store_url = store_url
         self.workdir = Path(workdir)
         self.sql_args = sql_args
         self.port = free_port()  # kept across restarts: clients have a fixed address list
-        self.proc: subprocess.Popen | None = None
+        self.proc = None
         self.paused = False
         self.starts = 0
 
@@ -67,42 +108,8 @@ class Node:
         return "standby: waiting for the lease" in text.rsplit(f"---- start {self.starts}\n", 1)[-1]
 
     @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
     def serving(self) -> bool:
         return self.alive and not self.paused and listening(self.port)
-
-    def kill9(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            os.kill(self.proc.pid, signal.SIGCONT)
-        self.paused = False
-
-    def stop(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            if self.paused:
-                os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
 
 
 class SharedStoreCluster:

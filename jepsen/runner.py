@@ -7,6 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import workload
 from .checker import check, percentile
 from .db import PgDatabase
 from .nemesis import NEMESES
@@ -64,25 +65,9 @@ def run(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"), nodes:
             faults.append(fault)
             log.info("round %d: %s", r + 1, fault)
         time.sleep(warmup)
-        for c in clients:
-            if isinstance(c, Producer):
-                c.stop_event.set()
-        for c in clients:
-            if isinstance(c, Producer):
-                c.join(30)
-        # drain: consumers keep going until nothing arrived for a while
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with history.lock:
-                idle = time.monotonic() - history.last_consumed
-            if idle > 3.0:
-                break
-            time.sleep(0.2)
+        workload.finish(clients, history, idle=3.0)
     finally:
-        for c in clients:
-            c.stop_event.set()
-        for c in clients:
-            c.join(15)
+        workload.stop(clients)
         cluster.stop()
         try:
             db.drop()

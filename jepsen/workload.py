@@ -150,3 +150,28 @@ class Consumer(threading.Thread):
                         conn.close()
                 except Exception:
                     pass
+
+
+def finish(clients, history: History, idle: float, limit: float = 60.0) -> None:
+    """End a run: stop the producers, then let the consumers drain until nothing arrived
+    for ``idle`` seconds (at most ``limit``)."""
+    producers = [c for c in clients if isinstance(c, Producer)]
+    for p in producers:
+        p.stop_event.set()
+    for p in producers:
+        p.join(30)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with history.lock:
+            quiet = time.monotonic() - history.last_consumed
+        if quiet > idle:
+            break
+        time.sleep(0.2)
+
+
+def stop(clients) -> None:
+    """Stop every client thread (producers and consumers)."""
+    for c in clients:
+        c.stop_event.set()
+    for c in clients:
+        c.join(15)
