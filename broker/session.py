@@ -17,51 +17,16 @@ from .amqp.connection import (
     ConnectionClosedByPeer,
     ConnectionOpened,
     ContentReceived,
-    Event,
     MethodReceived,
     ProtocolError,
     ServerConnection,
     State,
 )
-from .amqp.fields import ReadableBuffer
 from .channel import Channel
 
 log = logging.getLogger("broker.connection")
 
 _PUBLISH = spec.Basic.Publish()
-
-
-class CountingConnection(ServerConnection):
-    """The sans-IO connection plus the socket counters the management API shows (RabbitMQ's
-    recv_oct, recv_cnt, send_oct, send_cnt): counted where the edge hands bytes in and takes
-    output out, once per read or write, never per frame or message."""
-
-    recv_oct = recv_cnt = send_oct = send_cnt = 0
-
-    def receive_data(self, data: ReadableBuffer = b"") -> list[Event]:
-        if data:  # (the edge that reads into get_buffer passes nothing here)
-            self.recv_oct += len(data)
-            self.recv_cnt += 1
-        return super().receive_data(data)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.recv_oct += nbytes
-        self.recv_cnt += 1
-        super().buffer_updated(nbytes)
-
-    def data_to_send(self) -> bytes:
-        data = super().data_to_send()
-        if data:
-            self.send_oct += len(data)
-            self.send_cnt += 1
-        return data
-
-    def buffers_to_send(self) -> list:
-        bufs = super().buffers_to_send()
-        if bufs:
-            self.send_oct += sum(map(len, bufs))  # a few parts: large bodies stand alone
-            self.send_cnt += 1
-        return bufs
 
 
 class Session:
@@ -76,7 +41,7 @@ class Session:
         self.authz = None  # its cached permission checks in the vhost (security.authz)
         # seconds the edge waits before writing out a failed login's answer
         self.output_delay = 0.0
-        self.conn = CountingConnection(
+        self.conn = ServerConnection(
             self._authenticate, self._open_vhost,
             frame_max=broker.config.frame_max, channel_max=broker.config.channel_max,
             heartbeat=broker.config.heartbeat, max_message_size=broker.config.max_message_size,

@@ -221,6 +221,9 @@ class ServerConnection:
         self._out: list[OutPart] = []
         self._out_size = 0
         self._out_gather = False  # _out holds a part of at least GATHER_MIN octets
+        # octets and reads / writes through the edge (the management API's recv_oct,
+        # recv_cnt, send_oct, send_cnt): counted once per read or write, not per frame
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.channels: dict[int, _ChannelState] = {}
         # True once we answered the peer's connection.close: the peer may still have frames
         # in flight, so the edge reads and drops them until EOF (as RabbitMQ) rather than
@@ -234,6 +237,8 @@ class ServerConnection:
             return b""
         data = b"".join(self._out)
         self._out.clear()
+        self.send_oct += len(data)
+        self.send_cnt += 1
         self._out_size = 0
         self._out_gather = False
         return data
@@ -245,9 +250,12 @@ class ServerConnection:
         if not out:
             return []
         self._out = []
+        self.send_cnt += 1
         self._out_size = 0
         if not self._out_gather:
-            return [b"".join(out)]
+            data = b"".join(out)
+            self.send_oct += len(data)
+            return [data]
         self._out_gather = False
         bufs: list[OutPart] = []
         run = 0
@@ -259,6 +267,7 @@ class ServerConnection:
                 run = i + 1
         if run < len(out):
             bufs.append(b"".join(out[run:]))
+        self.send_oct += sum(map(len, bufs))  # a few parts: large bodies stand alone
         return bufs
 
     @property
@@ -387,6 +396,8 @@ class ServerConnection:
     def buffer_updated(self, nbytes: int) -> None:
         """``nbytes`` octets were received into the last ``get_buffer``; ``receive_data()``
         handles them."""
+        self.recv_oct += nbytes
+        self.recv_cnt += 1
         ch = self._direct
         if ch is not None:
             self._direct = None
@@ -414,6 +425,8 @@ class ServerConnection:
         if data:
             reader.append(data)
             self._last_read = len(data)
+            self.recv_oct += self._last_read
+            self.recv_cnt += 1
         if state is State.AWAIT_HEADER and not self._receive_header(events):
             return events
         error: FrameError | None
