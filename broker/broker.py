@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .auth import UserDatabase
@@ -13,6 +14,9 @@ from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
 from .timers import TimerQueue
 from .vhost import VirtualHost
+
+if TYPE_CHECKING:
+    from .management.stats import MessageTotals
 
 log = logging.getLogger("broker")
 
@@ -33,6 +37,8 @@ def process_rss() -> int:
 
 
 class Broker:
+    message_totals: MessageTotals  # set by management.install: counters outliving channels
+
     def __init__(self, config: Config | None = None, store: Store | None = None):
         self.config = config or Config()
         self.timers = TimerQueue()
@@ -109,7 +115,9 @@ class Broker:
                 session.wake()
 
     def session_closed(self, session) -> None:
-        self.sessions.discard(session)
+        if session in self.sessions:
+            self.sessions.discard(session)
+            self.message_totals.retire_connection(session)
 
     # ---- store failures (persistence.base.Store contract) ----
     def on_store_failure(self, store: Store, reason: str) -> None:

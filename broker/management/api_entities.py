@@ -305,6 +305,7 @@ async def publish(request: Request):
         raise ApiError(400, f"user_id property set to '{props['user_id']}' but authenticated "
                             f"user was '{user.name}'")
     routed = publish_message(vhost, name, text(data, "routing_key"), props, _payload_bytes(data))
+    broker.message_totals.add(vhost.name, publish=1, confirm=1, return_unroutable=int(not routed))
     return json_response({"routed": routed})
 
 

@@ -180,7 +180,8 @@ async def extensions(request: Request) -> JSONResponse:
 # ---- vhosts --------------------------------------------------------------------------------
 
 
-def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None) -> dict:
+def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None,
+               octets: dict | None = None) -> dict:
     vhost = broker.vhosts.get(name)
     ready = unacked = 0
     if vhost is not None:
@@ -196,6 +197,12 @@ def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None
     if counts is not None:  # as RabbitMQ: message_stats once the vhost saw traffic
         rates = broker.stats_sampler.vhost_rates(name)
         extra["message_stats"] = rate_details(with_deliver_get(counts), with_deliver_get(rates))
+    if octets is None:
+        octets = broker.message_totals.octets_by_vhost()
+    if name in octets:  # as RabbitMQ: once the vhost had a connection
+        recv, send = octets[name]
+        extra.update(rate_details({"recv_oct": recv, "send_oct": send},
+                                  broker.stats_sampler.vhost_octet_rates(name)))
     return {**extra, "cluster_state": {NODE: "running"},
             "default_queue_type": info.get("default_queue_type", "undefined"),
             "description": info.get("description", ""),
@@ -223,7 +230,9 @@ async def list_vhosts(request: Request):
     infos = _vhost_infos(broker)
     items = [(n, infos[n]) for n in sorted(infos) if n in names]
     traffic = broker.message_totals.by_vhost()
-    return json_response(paginate(request, items, lambda p: vhost_json(broker, p[0], p[1], traffic),
+    octets = broker.message_totals.octets_by_vhost()
+    return json_response(paginate(request, items,
+                                  lambda p: vhost_json(broker, p[0], p[1], traffic, octets),
                                   lambda p: p[0]))
 
 

@@ -61,6 +61,7 @@ class MessageTotals:
         self.broker = broker
         self.retired = dict.fromkeys(CHANNEL_FIELDS, 0)
         self.retired_by_vhost: dict[str, dict[str, int]] = {}
+        self.retired_octets: dict[str, list[int]] = {}  # vhost -> [recv_oct, send_oct]
 
     def retire(self, channel) -> None:
         vhost = channel.session.vhost
@@ -72,6 +73,36 @@ class MessageTotals:
         for r in targets:
             for name, value in zip(CHANNEL_FIELDS, counts, strict=True):
                 r[name] += value
+
+    def add(self, vhost_name: str, **counts: int) -> None:
+        """Counters of something that is not a channel: the API's publishes count as
+        RabbitMQ's do (its internal channel publishes with confirms and mandatory)."""
+        r = self.retired_by_vhost.setdefault(vhost_name, dict.fromkeys(CHANNEL_FIELDS, 0))
+        for name, value in counts.items():
+            r[name] += value
+            self.retired[name] += value
+
+    def retire_connection(self, session) -> None:
+        """A closed connection's octets stay in its vhost's totals, as RabbitMQ's do."""
+        if session.vhost is None:
+            return
+        counts = connection_counts(session)
+        r = self.retired_octets.setdefault(session.vhost.name, [0, 0])
+        r[0] += counts[0]
+        r[1] += counts[2]
+
+    def octets_by_vhost(self) -> dict[str, tuple[int, int]]:
+        """``(recv_oct, send_oct)`` per vhost name, closed connections included (vhosts
+        that never had a connection are missing)."""
+        out = {name: list(r) for name, r in self.retired_octets.items()}
+        for session in list(self.broker.sessions):
+            if session.vhost is None:
+                continue
+            counts = connection_counts(session)
+            r = out.setdefault(session.vhost.name, [0, 0])
+            r[0] += counts[0]
+            r[1] += counts[2]
+        return {name: (r[0], r[1]) for name, r in out.items()}
 
     def by_vhost(self) -> dict[str, dict[str, int]]:
         """The same counters per vhost name (vhosts without traffic are missing)."""
@@ -142,6 +173,8 @@ class Sampler:
         self.vhosts: dict[str, tuple] = {}  # vhost name -> CHANNEL_FIELDS counters
         self.vhosts_prev: dict[str, tuple] = {}
         self.vhost_time: tuple[float, float] = (0.0, 0.0)
+        self.vhost_octets: dict[str, tuple] = {}  # vhost name -> (recv_oct, send_oct)
+        self.vhost_octets_prev: dict[str, tuple] = {}
         self._overview_prev: Sample | None = None
         self._overview_cur: Sample | None = None
 
@@ -183,6 +216,7 @@ class Sampler:
         self.vhosts_prev = self.vhosts
         self.vhosts = {name: tuple(r[f] for f in CHANNEL_FIELDS)
                        for name, r in totals.by_vhost().items()}
+        self.vhost_octets_prev, self.vhost_octets = self.vhost_octets, totals.octets_by_vhost()
         self.vhost_time = (self.vhost_time[1], now)
         t = totals.current()
         values = (*(t[f] for f in CHANNEL_FIELDS), with_deliver_get(t)["deliver_get"],
@@ -209,6 +243,13 @@ class Sampler:
             return dict.fromkeys(CHANNEL_FIELDS, 0.0)
         t0, t1 = self.vhost_time
         return _rates(Sample(t0, prev), Sample(t1, cur), CHANNEL_FIELDS)
+
+    def vhost_octet_rates(self, name: str) -> dict:
+        cur, prev = self.vhost_octets.get(name), self.vhost_octets_prev.get(name)
+        if cur is None or prev is None:
+            return dict.fromkeys(CONNECTION_FIELDS, 0.0)
+        t0, t1 = self.vhost_time
+        return _rates(Sample(t0, prev), Sample(t1, cur), CONNECTION_FIELDS)
 
     def channel_rates(self, ch) -> dict:
         return self._pair_rates(self.channels.get(ch), CHANNEL_FIELDS)
