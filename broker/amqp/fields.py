@@ -211,6 +211,17 @@ PROPERTY_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("cluster_id", "shortstr"),
 )
 _FLAG_BITS: Final = tuple(1 << (15 - i) for i in range(len(PROPERTY_FIELDS)))
+# property-flags value -> the (name, type) of the properties it announces: a publisher sends
+# the same few combinations over and over, so the hot path walks only the present fields
+_PLANS: dict[int, tuple[tuple[str, str], ...]] = {}
+
+
+def _plan(flags: int) -> tuple[tuple[str, str], ...]:
+    plan = tuple(field for field, bit in zip(PROPERTY_FIELDS, _FLAG_BITS)  # noqa: B905
+                 if flags & bit)
+    if len(_PLANS) < 4096:  # at most 2**14 combinations; bounded all the same
+        _PLANS[flags] = plan
+    return plan
 
 
 def decode_properties(raw: ReadableBuffer) -> Properties:
@@ -226,9 +237,8 @@ def decode_properties(raw: ReadableBuffer) -> Properties:
             offset += 2
             if not flags_more & 1:
                 break
-        for (name, ftype), bit in zip(PROPERTY_FIELDS, _FLAG_BITS):  # noqa: B905 - same length by construction
-            if not flags & bit:
-                continue
+        plan = _PLANS.get(flags)
+        for name, ftype in plan if plan is not None else _plan(flags):
             if ftype == "shortstr":
                 n = raw[offset]
                 if offset + 1 + n > len(raw):
