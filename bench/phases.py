@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=6, help="sampled seconds (after warm-up)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--json", help="write the table as JSON")
+    p.add_argument("--raw", help="keep py-spy's folded stacks in this file")
     args = p.parse_args(argv)
     spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
     if spy is None:
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         counts = tally(raw)
         result = _bench_json(out)
+        if args.raw:
+            shutil.copy(raw, args.raw)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rate = result.get("consume_rate") or result.get("publish_rate") or 0.0
