@@ -302,9 +302,18 @@ def deliver_frames(channel: int, consumer_tag_raw: bytes, delivery_tag: int, red
     return [method, args, b"\xce", *content]
 
 
+_SHORTSTRS: dict[str, bytes] = {}  # exchange names and routing keys repeat: encode each once
+
+
 def shortstr(value: str) -> bytes:
-    raw = value.encode("utf-8", "surrogateescape")
-    return bytes((len(raw),)) + raw
+    raw = _SHORTSTRS.get(value)
+    if raw is None:
+        encoded = value.encode("utf-8", "surrogateescape")
+        raw = bytes((len(encoded),)) + encoded
+        if len(_SHORTSTRS) >= 8192:  # unique keys must not grow it without bound
+            _SHORTSTRS.clear()
+        _SHORTSTRS[value] = raw
+    return raw
 
 
 _ACK = struct.Struct(">BHIHHQB")
