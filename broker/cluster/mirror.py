@@ -288,10 +288,10 @@ class Mirroring:
     def record_key(self) -> tuple:
         return (tuple(sorted(self.nodes)), tuple(self.in_sync()))
 
-    async def record(self) -> None:
+    async def record(self) -> bool:
         """Write the in-sync set to etcd; release the confirms that waited for it (in
         doubt if this node is no longer the master of its epoch; kept waiting while etcd
-        does not answer: the node fences itself if that lasts)."""
+        does not answer: the node fences itself if that lasts). False if etcd did not answer."""
         key = self.record_key()
         waiters, self._isr_waiters = self._isr_waiters, []
         self.isr_dirty = False
@@ -303,13 +303,14 @@ class Mirroring:
             log.warning("in-sync set of queue %r not recorded: %s", self.queue.name, exc)
             self._isr_waiters[:0] = waiters
             self.isr_dirty = True
-            return
+            return False
         if ok:
             self.recorded = key
         else:
             self.isr_dirty = True
         for token in waiters:
             token(True if ok else None)
+        return True
 
     def detach(self) -> None:
         if self in self.queue.observers:
@@ -407,10 +408,13 @@ class Mirrors:
             self._wake = trio.Event()
             try:
                 self.reconcile()
+                backoff = False
                 for mirroring in list(self.masters.values()):
                     if mirroring.isr_dirty or mirroring.recorded != mirroring.record_key():
-                        await mirroring.record()
+                        backoff = not await mirroring.record() or backoff
                 await self.promote_orphans()
+                if backoff:  # etcd did not answer: every publish wakes us, do not spin
+                    await trio.sleep(0.25)
             except (CoordinationUnavailable, CoordinationError) as exc:
                 log.warning("mirroring: %s", exc)
                 await trio.sleep(0.5)
