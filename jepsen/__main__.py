@@ -1,7 +1,8 @@
-"""``python -m jepsen --rounds 20 --nemesis kill9,sigstop [--topology mirrored]``: faults
-under confirmed load on a shared-store (PostgreSQL) master/standby pair, or on an
-etcd-coordinated cluster with mirrored queues; prints the verdict as JSON; exit status 1
-if a confirmed message was lost or a nacked one delivered."""
+"""``python -m jepsen --rounds 20 --nemesis kill9,sigstop [--topology mirrored [--netns]]``:
+faults under confirmed load on a shared-store (PostgreSQL) master/standby pair, or on an
+etcd-coordinated cluster with mirrored queues (``--netns``: every host in its own network
+namespace, for the network nemeses); prints the verdict as JSON; exit status 1 if a
+confirmed message was lost or a nacked one delivered."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import logging
 import signal
 import sys
 
+from .mirrored import MIRRORED_NEMESES, NETWORK_NEMESES
 from .nemesis import NEMESES
 from .runner import run
 
@@ -18,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jepsen", description=__doc__)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--nemesis", default="kill9,sigstop",
-                   help=f"comma-separated, cycled through: {', '.join(NEMESES)}")
+                   help=f"comma-separated, cycled through: {', '.join(NEMESES)}; mirrored: "
+                        f"{', '.join(MIRRORED_NEMESES)} (network ones need --netns)")
     p.add_argument("--nodes", type=int, default=2, help="brokers sharing the store")
     p.add_argument("--producers", type=int, default=3)
     p.add_argument("--consumers", type=int, default=2)
@@ -31,11 +34,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="shared-store: brokers on one PostgreSQL store (--sql-standby); "
                         "mirrored: etcd and --nodes nodes with a ha-mode all policy")
     p.add_argument("--ttl", type=float, default=2.0, help="--cluster-ttl (mirrored)")
+    p.add_argument("--netns", action="store_true",
+                   help="mirrored: etcd and each node in a network namespace on a bridge "
+                        "(root, iproute2); needed by the network nemeses")
+    p.add_argument("--prefix", default="jm",
+                   help="netns: name prefix of namespaces and links (1-4 letters); leftovers "
+                        "of a crashed run with the same prefix are removed")
     args = p.parse_args(argv)
     nemeses = tuple(n.strip() for n in args.nemesis.split(",") if n.strip())
-    unknown = [n for n in nemeses if n not in NEMESES]
+    known = MIRRORED_NEMESES if args.topology == "mirrored" else tuple(NEMESES)
+    unknown = [n for n in nemeses if n not in known]
     if unknown or not nemeses:
-        p.error(f"unknown nemesis {', '.join(unknown) or '(none)'}; known: {', '.join(NEMESES)}")
+        p.error(f"unknown nemesis {', '.join(unknown) or '(none)'}; known: {', '.join(known)}")
+    if any(n in NETWORK_NEMESES for n in nemeses) and not args.netns:
+        p.error(f"{', '.join(NETWORK_NEMESES)} need --netns")
+    if args.netns:
+        from .netns import unavailable
+        why = unavailable()
+        if why:
+            p.error(f"--netns: {why}")
     if args.rounds < 1 or args.nodes < 2:
         p.error("--rounds must be >= 1 and --nodes >= 2")
     def interrupted(signum, frame):
@@ -49,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_mirrored(rounds=args.rounds, nemeses=nemeses, nodes=max(args.nodes, 2),
                               producers=args.producers, consumers=args.consumers,
                               queues=args.queues, pause=args.pause, ttl=args.ttl,
-                              workdir=args.workdir)
+                              workdir=args.workdir, netns=args.netns, prefix=args.prefix)
         print(json.dumps(result, indent=2))
         return 0 if result["ok"] else 1
     result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,

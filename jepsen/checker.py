@@ -1,19 +1,39 @@
 """What a history means: every confirmed id must be consumed at least once."""
 from __future__ import annotations
 
+import bisect
+
 from .workload import History
 
 
-def check(h: History) -> dict:
+def check(h: History, windows: list[tuple[float, str]] | None = None) -> dict:
+    """The verdict over the whole history; with ``windows`` (each round's start time and
+    nemesis, in order) also per nemesis, each id counted in the round it was sent in."""
     with h.lock:
         confirmed = set(h.confirmed)
         nacked = set(h.nacked)
         doubted = set(h.doubted)
         consumed = set(h.consumed)
         duplicated = {i for i, n in h.consumed.items() if n > 1}
+        sent_at = dict(h.sent)
         sent = len(h.sent)
     lost = sorted(confirmed - consumed)
     unconfirmed_delivered = consumed - confirmed
+    by_nemesis: dict[str, dict[str, int]] = {}
+    if windows:
+        starts = [t for t, _ in windows]
+        for ident, t in sent_at.items():
+            k = bisect.bisect_right(starts, t) - 1
+            kind = windows[k][1] if k >= 0 else "before the first fault"
+            c = by_nemesis.setdefault(kind, dict.fromkeys(
+                ("sent", "confirmed", "nacked", "lost", "duplicated",
+                 "unconfirmed_delivered"), 0))
+            c["sent"] += 1
+            c["confirmed"] += ident in confirmed
+            c["nacked"] += ident in nacked
+            c["lost"] += ident in confirmed and ident not in consumed
+            c["duplicated"] += ident in duplicated
+            c["unconfirmed_delivered"] += ident in consumed and ident not in confirmed
     return {
         "sent": sent,
         "confirmed": len(confirmed),
@@ -27,6 +47,7 @@ def check(h: History) -> dict:
         # a nacked publish must never be delivered: that would be a broken promise too
         "nacked_delivered": len(nacked & consumed),
         "ok": not lost and not (nacked & consumed),
+        "by_nemesis": by_nemesis,
     }
 
 

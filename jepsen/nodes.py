@@ -20,9 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def listening(port: int) -> bool:
+def listening(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+        with socket.create_connection((host, port), timeout=0.3):
             return True
     except OSError:
         return False
