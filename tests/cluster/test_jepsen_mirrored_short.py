@@ -2,7 +2,9 @@
 mirrored`` runs many rounds): a private etcd, three nodes, a ``ha-mode all`` policy, pika
 producers with confirms and consumers with acks given every address; kill -9 the master of
 the queues, then SIGSTOP the next one. Nothing confirmed may be lost, nothing nacked
-delivered, and an in-sync mirror is promoted within the lease TTL plus a few seconds."""
+delivered, and an in-sync mirror is promoted within the lease TTL plus a few seconds. With
+network namespaces (root and iproute2; skipped without), the same under a partition of the
+master and an etcd restart."""
 from __future__ import annotations
 
 import os
@@ -23,3 +25,36 @@ def test_mirrored_failover_loses_nothing_confirmed():
     assert result["confirmed"] > 100
     for fault in result["faults"]:
         assert fault["failover_s"] <= 2.0 + 8.0, fault  # TTL + a few s (shared machine)
+
+
+def _netns_unavailable() -> str | None:
+    from jepsen.netns import unavailable
+    return unavailable() if os.path.exists(ETCD) else "etcd is not installed"
+
+
+@pytest.mark.timeout(240)
+def test_mirrored_partition_and_etcd_restart_lose_nothing_confirmed():
+    """etcd and the nodes in their own network namespaces: the master of the queues is cut
+    from everything (the other nodes, etcd, its clients) for 5 s, then etcd is stopped for
+    5 s and started again on its data. A mirror is promoted within the TTL plus a few
+    seconds; while etcd is gone nothing is confirmed (the nodes are fenced) and confirms
+    resume by themselves once it is back."""
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    result = run_mirrored(rounds=2, nemeses=("partition-master", "restart-etcd"), nodes=3,
+                          producers=2, consumers=2, queues=2, pause=5.0, ttl=2.0,
+                          netns=True, prefix="jt")
+    print(f"\n[jepsen mirrored netns short] {result}")
+    assert result["lost"] == 0, result["lost_ids"]
+    assert result["nacked_delivered"] == 0
+    assert result["confirmed"] > 100
+    assert all(n["lost"] == 0 for n in result["nemeses"].values())
+    partition, restart = result["faults"]
+    assert partition["nemesis"] == "partition-master" and partition["queues"], partition
+    assert partition["failover_s"] <= 2.0 + 8.0, partition
+    assert partition["healed_to_in_sync_s"] < 60, partition  # the old master resynced
+    assert restart["nemesis"] == "restart-etcd", restart
+    assert restart["confirmed_while_down"] == 0, restart
+    assert restart["confirms_after_etcd_back_s"] is not None, restart
+    assert restart["confirms_after_etcd_back_s"] < 15, restart
