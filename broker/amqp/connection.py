@@ -10,6 +10,7 @@ handshakes; it knows nothing of sockets, clocks or queues.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias, cast
@@ -147,6 +148,7 @@ Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | Met
 
 _PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
 _PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish's class and method ids
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
 _CONTENT_OVERHEAD = 100  # method + header frames, a bound for output accounting
 # A body buffer kept for the connection's next large content (see ``_spare``) at most.
 _SPARE_MAX = 8 * 1024 * 1024
@@ -480,17 +482,18 @@ class ServerConnection:
         ch = self.channels.get(channel)
         if ch is None or ch.state != _CH_OPEN or ch.pending is not None or len(hpayload) < 14:
             return False
-        class_id, body_size, props_raw = parse_content_header(cast(bytes, hpayload))
+        class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(hpayload, 0)
         if class_id != 60 or body_size != len(bpayload) or not body_size \
                 or body_size > self.max_message_size:
             return False
+        props_raw = hpayload[12:]  # header and method frames arrive as bytes
         try:
-            exchange, routing_key, mandatory, immediate = parse_publish(cast(bytes, method))
+            exchange, routing_key, mandatory, immediate = parse_publish(method)  # type: ignore[arg-type]
             properties = decode_properties(props_raw)
         except (IndexError, FieldError):
             return False
         events.append(ContentReceived(channel, exchange, routing_key, mandatory, immediate,
-                                      props_raw, properties,
+                                      props_raw, properties,  # type: ignore[arg-type]
                                       bpayload if type(bpayload) is bytes else bytes(bpayload)))
         return True
 
