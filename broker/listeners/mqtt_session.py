@@ -19,6 +19,11 @@ The mapping is RabbitMQ's MQTT plugin's (docs/mqtt.md):
 - clean session: the queues are transient and auto-delete, and go with the connection;
   otherwise the QoS 1 queue is durable and both stay, with their bindings and messages,
   until a clean session of the same client id.
+
+As an AMQP publish, a PUBLISH (and a will) passes the broker's publish hooks (cluster
+forwarding, Hermes topics' schemas, scheduler, transactions: seen as a publish without
+confirms or mandatory) and is recorded by the audit trail (``published``; ``delivered``
+and ``acked`` for its deliveries, the packet identifier standing for the delivery tag).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from typing import Any
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
+from ..channel import Unacked
 from ..message import Message
 from ..mqtt import codec
 from ..mqtt.connection import (
@@ -96,7 +102,8 @@ class MQTTSession:
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
     __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_keys", "_pubacks",
-                 "_seq", "_topics", "_touched", "authz", "blocked_sent", "broker", "clean",
+                 "_seq", "_topics", "_touched", "audit", "audit_ctx", "authz", "blocked_sent",
+                 "broker", "clean",
                  "client_id", "conn", "consumers", "delivering", "delivery_stalled", "ended",
                  "finished", "flow_queues", "flow_resumed", "is_publisher", "local_port",
                  "output_delay", "output_high_water", "peer", "peer_host", "service", "tls",
@@ -117,6 +124,7 @@ class MQTTSession:
         self.local_port = 0  # the listener's port (set by the edge), for the management API
         self.tls = False
         self.conn = ServerConnection(service.max_packet)
+        self.audit = getattr(self.broker, "audit", None)  # broker/audit trail, or None
         self.output_high_water = self.broker.config.output_high_water
         self.output_delay = 0.0  # seconds the edge waits before writing a refused login's CONNACK
         self.wake = lambda: None  # set by the edge: "there is output to write"
@@ -246,6 +254,8 @@ class MQTTSession:
         else:
             present = bool(existing)
         conn.accept(present, self.username)
+        # the trail's shared context of this connection's events (no channel: MQTT has none)
+        self.audit_ctx = (vhost.name, self.username, self.peer, None)
         # listed, limited and closed with the AMQP connections (management API, ctl,
         # metrics, max-connections, store fencing, vhost deletion)
         self.broker.session_opened(self)
@@ -336,7 +346,11 @@ class MQTTSession:
                 self.close(exc.text)
                 return
         self.is_publisher = True
-        stored = self._route(topic, key, p.payload, p.qos, p.retain, p.dup)
+        try:
+            stored = self._route(topic, key, p.payload, p.qos, p.retain, p.dup, p.packet_id)
+        except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
+            self.close(exc.text)
+            return
         if p.qos:
             if stored is False and not self._pubacks:
                 # the common case: routed, no store write to wait for, none before it waits
@@ -355,25 +369,45 @@ class MQTTSession:
                 self._decided[seq] = True
 
     def _route(self, topic: str, key: str, payload: bytes, qos: int, retain: bool,
-               dup: bool = False) -> bool | None:
+               dup: bool = False, packet_id: int | None = None) -> bool | None:
         """Route one message; None if a queue refused it, else whether a store write must
-        be durable before it counts as taken."""
+        be durable before it counts as taken. A publish hook may refuse it (raises
+        ``errors.AMQPError``) or take it over."""
         props, raw = _PROPS[(qos, dup)]
         message = Message(self.service.exchange, key, raw, props, payload)
         vhost = self.vhost
+        broker = self.broker
+        audit = self.audit
+        taken = False
+        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
+        for hook in broker.publish_hooks:
+            if hook(self, message, False, 0):
+                taken = True
+                break
         needs_store = False
         if retain:
             self.service.retained.set(vhost.name, topic, payload, qos)
-            needs_store = DURABLE in self.broker.store.capabilities
+            needs_store = DURABLE in broker.store.capabilities
+        if taken:
+            if audit is not None:
+                audit.published(self, message, [], "taken", packet_id)
+            return needs_store
+        if audit is not None:
+            audit.begin_route(message)
         accepted = True
-        flow_high = self.broker.config.flow_high or float("inf")
-        for q in vhost.route(message.exchange, key, message):
+        flow_high = broker.config.flow_high or float("inf")
+        queues = vhost.route(message.exchange, key, message)
+        for q in queues:
             if not q.enqueue(message):
                 accepted = False
             elif q.store is not None and qos:
                 needs_store = True
             if len(q.ready) > flow_high and q.consumers and not self.consumers:
                 self._queue_over_threshold(q)
+        if audit is not None:
+            audit.published(self, message, queues,
+                            ("routed" if accepted else "nacked") if queues else "unroutable",
+                            packet_id)
         return needs_store if accepted else None
 
     def _stored(self, seqs: list[int], ok: bool) -> None:
@@ -492,24 +526,35 @@ class MQTTSession:
                 self._topics.clear()
             topic = self._topics[message.routing_key] = topic_field(
                 to_mqtt_topic(message.routing_key))
+        audit = self.audit
         if consumer.no_ack:
             self.conn.publish(topic, message.body, 0)
+            if audit is not None:
+                audit.delivered(self, consumer.tag, None, queue, entry)
         else:
             headers = message.properties.get("headers")
             if headers and headers.get("x-mqtt-publish-qos") == 0:
                 # published at QoS 0: delivered at QoS 0 (the lower of the two), settled now
                 self.conn.publish(topic, message.body, 0)
+                if audit is not None:
+                    audit.delivered(self, consumer.tag, None, queue, entry)
                 queue.ack(entry, consumer)
             else:
-                self.conn.publish(topic, message.body, 1, (queue, entry, consumer),
-                                  dup=entry.redelivered)
+                # the token: [queue, entry, consumer, packet id] (the id is known once sent)
+                token = [queue, entry, consumer, 0]
+                token[3] = pid = self.conn.publish(topic, message.body, 1, token,
+                                                   dup=entry.redelivered)
+                if audit is not None:
+                    audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
             self.wake()
 
     def _on_delivery_acked(self, token) -> None:
         if token is None:
             return  # a retained message sent at subscribe time: nothing to settle
-        queue, entry, consumer = token
+        queue, entry, consumer, pid = token
+        if self.audit is not None:  # before the queue's SETTLE, which it stands for
+            self.audit.acked(self, Unacked(pid, entry, queue, consumer))
         queue.ack(entry, consumer)
         self._touched[queue] = None
 
@@ -595,7 +640,7 @@ class MQTTSession:
         by_queue: dict = {}
         for token in self.conn.take_inflight():
             if token is not None:
-                queue, entry, consumer = token
+                queue, entry, consumer, _ = token
                 by_queue.setdefault(queue, []).append((entry, consumer))
         for q, items in by_queue.items():
             items.sort(key=lambda pair: -pair[0].seq)
@@ -622,4 +667,7 @@ class MQTTSession:
         except errors.AMQPError as exc:
             log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)
             return
-        self._route(will.topic, key, will.message, min(will.qos, 1), will.retain)
+        try:
+            self._route(will.topic, key, will.message, min(will.qos, 1), will.retain)
+        except errors.AMQPError as exc:  # a publish hook refused it
+            log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)
