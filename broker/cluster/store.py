@@ -483,6 +483,12 @@ class ClusterStore(Store):
         if self.broker is not None:
             self.broker.on_store_fenced(self, fenced, reason=f"cluster: {reason}")
             if not fenced:  # back after a lost lease: a promoted mirror may hold some queues
+                # the rejoin's claims read etcd just now; the watch may not have caught up
+                # (after a partition it lags): without this a stale copy would stay, deposed
+                for vq, holder in self.node.conflicts.items():
+                    self._masters[vq] = holder
+                for vq in self.node.masters:
+                    self._masters[vq] = self.node.name
                 self._drop_superseded()
         self.mirrors.wake()
 
