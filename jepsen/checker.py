@@ -17,6 +17,7 @@ def check(h: History, windows: list[tuple[float, str]] | None = None) -> dict:
         duplicated = {i for i, n in h.consumed.items() if n > 1}
         sent_at = dict(h.sent)
         sent = len(h.sent)
+        errors = dict(h.errors.most_common(8))
     lost = sorted(confirmed - consumed)
     unconfirmed_delivered = consumed - confirmed
     by_nemesis: dict[str, dict[str, int]] = {}
@@ -48,6 +49,7 @@ def check(h: History, windows: list[tuple[float, str]] | None = None) -> dict:
         "nacked_delivered": len(nacked & consumed),
         "ok": not lost and not (nacked & consumed),
         "by_nemesis": by_nemesis,
+        "client_errors": errors,
     }
 
 

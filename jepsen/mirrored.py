@@ -160,6 +160,7 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
     faults: list[dict] = []
     windows: list[tuple[float, str]] = []
     etcd: Etcd | None = None
+    stuck: str | None = None
     try:
         if topo is not None:
             topo.up()
@@ -197,21 +198,26 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
             return qs if ok else None
 
         t_synced: float | None = None
-        for rnd in range(rounds):
-            kind = nemeses[rnd % len(nemeses)]
-            qs = _wait("every queue mirrored and in sync", synced, 180, 0.3)
-            if t_synced is not None:  # heal -> every mirror in sync again
+        try:
+            for rnd in range(rounds):
+                kind = nemeses[rnd % len(nemeses)]
+                qs = _wait("every queue mirrored and in sync", synced, 180, 0.3)
+                if t_synced is not None:  # heal -> every mirror in sync again
+                    faults[-1]["healed_to_in_sync_s"] = round(time.monotonic() - t_synced, 3)
+                time.sleep(warmup)
+                windows.append((time.monotonic(), kind))
+                fault = _round(kind, qs, names, members, etcd, topo, url, history, pause, ttl)
+                fault["round"] = rnd + 1
+                faults.append(fault)
+                t_synced = fault.pop("t_heal")
+                log.info("round %d: %s", rnd + 1, fault)
+            if t_synced is not None:
+                _wait("every queue mirrored and in sync", synced, 180, 0.3)
                 faults[-1]["healed_to_in_sync_s"] = round(time.monotonic() - t_synced, 3)
-            time.sleep(warmup)
-            windows.append((time.monotonic(), kind))
-            fault = _round(kind, qs, names, members, etcd, topo, url, history, pause, ttl)
-            fault["round"] = rnd + 1
-            faults.append(fault)
-            t_synced = fault.pop("t_heal")
-            log.info("round %d: %s", rnd + 1, fault)
-        if t_synced is not None:
-            _wait("every queue mirrored and in sync", synced, 180, 0.3)
-            faults[-1]["healed_to_in_sync_s"] = round(time.monotonic() - t_synced, 3)
+        except RuntimeError as exc:  # a cluster that does not recover is a finding: report it
+            stuck = f"round {len(faults) + 1}: {exc}"
+            log.error("%s; client errors: %s", stuck, dict(history.errors.most_common(8)))
+            _heal_all(members, etcd, topo)
         time.sleep(warmup)
         workload.finish(clients, history, idle=4.0)
     finally:
@@ -223,6 +229,8 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
         if topo is not None:
             topo.down()
     result = check(history, windows)
+    result["ok"] = result["ok"] and stuck is None
+    result["stuck"] = stuck
     if result["ok"] and not keep:
         shutil.rmtree(work, ignore_errors=True)
     per: dict[str, dict] = {}
@@ -247,6 +255,18 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
         "confirms_never_resumed": len(faults) - len(resumed),
     })
     return result
+
+
+def _heal_all(members: list[ClusterNode], etcd: Etcd, topo: Topology | None) -> None:
+    if topo is not None:
+        topo.heal()
+    for m in members:
+        if m.paused:
+            m.resume()
+        elif not m.alive:
+            m.start()
+    if not etcd.alive:
+        etcd.start()
 
 
 def _round(kind: str, qs: dict, names: list[str], members: list[ClusterNode], etcd: Etcd,
@@ -279,7 +299,8 @@ def _round(kind: str, qs: dict, names: list[str], members: list[ClusterNode], et
         topo.isolate(target.name)
     elif kind == "slow-links":
         assert topo is not None
-        fault["links"] = [topo.slow(m.name) for m in members][0]
+        applied = [topo.slow(m.name) for m in members]
+        fault["links"] = applied[0]
     elif kind == "restart-etcd":
         etcd.stop()
     else:
@@ -323,6 +344,8 @@ def _round(kind: str, qs: dict, names: list[str], members: list[ClusterNode], et
         fault["nacked_while_down"] = len(history.nacked) - nacked_before
         # a confirm already on its way when the lease view ended may arrive a little later
         fault["confirmed_while_down"] = _confirmed_between(history, t_fault + ttl + 0.5, t_heal)
+        last = _last_confirm_before(history, t_heal)
+        fault["last_confirm_after_stop_s"] = round(last - t_fault, 3) if last else None
     # confirms must flow again by themselves
     after = t_promoted if t_promoted is not None else t_heal
     gap = _wait("confirms after the fault", lambda: history.confirm_gap(t_fault, after), 60, 0.05)
@@ -339,3 +362,8 @@ def _confirmed_between(history: History, t0: float, t1: float) -> int:
     """Confirms that arrived while etcd was certainly gone for longer than the TTL."""
     with history.lock:
         return sum(1 for t in history.confirmed.values() if t0 < t < t1)
+
+
+def _last_confirm_before(history: History, t: float) -> float | None:
+    with history.lock:
+        return max((c for c in history.confirmed.values() if c < t), default=None)

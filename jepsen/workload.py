@@ -32,7 +32,12 @@ class History:
         self.doubted: dict[str, float] = {}  # the connection broke while its confirm was due
         self.consumed: Counter[str] = Counter()
         self.redelivered: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()  # why client connections ended
         self.last_consumed = time.monotonic()
+
+    def error(self, who: str, exc: BaseException) -> None:
+        with self.lock:
+            self.errors[f"{who}: {type(exc).__name__}: {exc}"[:160]] += 1
 
     def first_confirm_after(self, t: float) -> float | None:
         with self.lock:
@@ -97,8 +102,8 @@ class Producer(threading.Thread):
                         raise
                     with h.lock:
                         h.confirmed[ident] = time.monotonic()
-            except Exception:  # the connection broke: reconnect (the id is recorded in doubt)
-                pass
+            except Exception as exc:  # the connection broke: reconnect (the id is in doubt)
+                h.error("producer", exc)
             finally:
                 try:
                     if conn.is_open:
@@ -142,8 +147,8 @@ class Consumer(threading.Thread):
                     ch.basic_consume(q, self._on_message)
                 while not self.stop_event.is_set():
                     conn.process_data_events(time_limit=0.2)
-            except Exception:  # the connection broke: reconnect; unacked ones come again
-                pass
+            except Exception as exc:  # the connection broke: reconnect; unacked ones come again
+                self.history.error("consumer", exc)
             finally:
                 try:
                     if conn.is_open:
