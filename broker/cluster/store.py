@@ -351,10 +351,14 @@ class ClusterStore(Store):
     def _drop_superseded(self) -> None:
         """Queues this node's store recovered that another node masters now (a mirror
         was promoted while this node was down): the local copy is stale; it is dropped
-        and the queue becomes a proxy of its master here."""
+        and the queue becomes a proxy of its master here. With no master now (the whole
+        cluster restarts) the home record decides: a promotion moved it to the promoted
+        node, whose store has what was confirmed after the failover; claiming the stale
+        copy here would lose that."""
         for vhost in list(self.broker.vhosts.values()):
             for q in list(vhost.queues.values()):
-                master = self._masters.get((vhost.name, q.name))
+                master = self._masters.get((vhost.name, q.name)) \
+                    or self._homes.get((vhost.name, q.name))
                 if isinstance(q, ProxyQueue) or not q.durable or master is None \
                         or master == self.node.name:
                     continue
@@ -714,6 +718,11 @@ class ClusterStore(Store):
         kind has none (then ``restore_meta`` takes it)."""
         access = getattr(self.broker, "access", None)
         policies = getattr(self.broker, "policies", None)
+        if kind == "access":
+            # another node's marker that its defaults exist (nodes booting together on a
+            # fresh cluster each write one): restored, it would wipe this running node's
+            # users and permissions, which it has already
+            return True
         if kind in _ACCESS_KINDS and access is not None:
             if kind == "user":
                 access.put_user(v["name"], password_hash=v.get("password_hash") or None,
