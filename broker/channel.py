@@ -65,6 +65,7 @@ class Channel:
         self._unconfirmed: deque = deque()
         self._decided: dict[int, bool] = {}
         self.tx: list | None = None
+        self.tx_durable = False  # the commit being applied routed to a stored/mirrored queue
         self.tx_acks: list = []
         self.last_queue: str | None = None
         self.closed = False  # no more deliveries or replies on this channel
@@ -509,6 +510,8 @@ class Channel:
                     on_failure=lambda s=seq: self.confirm_decided(s, False, external=True))
             else:
                 self.confirm_decided(seq, accepted)
+        elif durable and self.tx is not None:
+            self.tx_durable = True  # tx.commit-ok waits for the store (and mirrors)
 
     def send_return(self, message: Message, code: int, text: str) -> None:
         self.conn.basic_return(self.number, code, text, message.exchange, message.routing_key,
@@ -567,6 +570,7 @@ class Channel:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
         actions, self.tx = self.tx, []
+        self.tx_durable = False
         for kind, data in actions:
             if kind == "publish":
                 message, mandatory = data
@@ -577,7 +581,23 @@ class Channel:
                 self._settle(data, ack=False)
             else:
                 self._settle(data, ack=False, requeue=True)
-        self.reply(spec.Tx.CommitOk())
+        store = self.vhost.store
+        if not self.tx_durable or store is None:
+            self.reply(spec.Tx.CommitOk())
+            return
+        # as a confirm would: commit-ok once the store has the persistent messages and every
+        # in-sync mirror (or forwarding master) has the commit's messages
+        store.when_durable(self._commit_ok, on_failure=self._commit_failed)
+
+    def _commit_ok(self) -> None:
+        if not self.closed:
+            self.reply(spec.Tx.CommitOk())
+            self.session.wake()
+
+    def _commit_failed(self) -> None:
+        if not self.closed:  # neither commit-ok nor a rollback would be true
+            self.session.force_close(errors.internal_error(
+                "tx.commit: the transaction's messages could not be made durable"))
 
     def on_tx_rollback(self, m) -> None:
         if self.tx is None:

@@ -170,3 +170,29 @@ def test_whole_cluster_restart_after_failover_keeps_confirmed_persistent(tmp_pat
     finally:
         b.stop()
         a.stop()
+
+
+@pytest.mark.timeout(120)
+def test_tx_commit_ok_waits_for_the_mirrors(tmp_path, etcd, secret):
+    a = node(tmp_path, etcd, "a", secret).start()
+    b = node(tmp_path, etcd, "b", secret).start()
+    try:
+        put_policy(a, "ha", "^ha\\.", {"ha-mode": "all"})
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("ha.tx", durable=True)
+        wait_in_sync(etcd, "ha.tx", ["b"])
+        ch.tx_select()
+        body = b"x" * 20_000
+        for batch in range(2):  # the second commit is ~10 MB: the mirror needs a while
+            for i in range(10 if batch == 0 else 500):
+                ch.basic_publish("", "ha.tx", body + f"{batch}.{i}".encode(),
+                                 pika.BasicProperties(delivery_mode=2 if i % 2 else 1))
+            ch.tx_commit()
+        a.kill()  # at once after commit-ok
+        wait_master(etcd, "ha.tx", "b")
+        got = drain(b, "ha.tx")
+        assert len(got) == 510 and len(set(got)) == 510
+    finally:
+        b.stop()
+        a.stop()
