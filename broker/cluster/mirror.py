@@ -132,6 +132,11 @@ class Mirroring:
         self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
         self._enqueued: list = []  # entries that entered, sent together
         self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
+        # syncing node -> [generation, snapshot entries, next index, batches in flight]
+        self._syncs: dict[str, list] = {}
+        self._gone: set[int] = set()  # seqs that left while a sync runs (not sent after)
+        self.sync_counts: dict[str, list[int]] = {}  # syncing node -> [synced, total]
+        self.progress_dirty = False  # sync counts changed since the last in-sync record
         # the node lost this queue's mastership (fenced, or another node holds it now):
         # every publish into it is nacked until it is master again or the copy is dropped
         self.deposed = False
@@ -144,6 +149,8 @@ class Mirroring:
             self.outside[entry.seq] = entry
         elif op is Op.REQUEUE or op.leaves:
             self.outside.pop(entry.seq, None)
+            if self._syncs and op.leaves:
+                self._gone.add(entry.seq)
         if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
             return
         # the ops of one pass of the event loop go to each mirror as one message
@@ -169,9 +176,10 @@ class Mirroring:
         packed = pack_entries(enqueued) if enqueued else b""
         for node, state in self.nodes.items():
             mine = tokens.get(node, [])
-            if state in ("failed", "manual"):
+            if state == "failed":
                 self._park(mine)
                 continue
+            # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if enqueued:
                 self._send(node, ENQUEUES, packed, self._batch_done(node, mine))
             if leaves:
@@ -223,6 +231,8 @@ class Mirroring:
                         node, self.queue.name)
         self.nodes[node] = "failed"
         self.generation[node] = self.generation.get(node, 0) + 1
+        if node in self._syncs:
+            self._end_sync(node)
         if state == "in_sync":
             self.isr_dirty = True
         self.owner.wake()
@@ -237,8 +247,9 @@ class Mirroring:
                     self.owner.store.link_for(node, self.queue.vhost.name).failing:
                 continue  # not reachable: synced once its link is up again
             if node not in self.nodes or (self.nodes[node] == "failed" and not manual):
-                self.nodes[node] = "manual" if manual else "syncing"
-                if not manual:
+                if manual:
+                    self.start_unsynced(node)
+                else:
                     self.start_sync(node)
         # the publisher's confirm of a transient message waits for the mirrors too (seam of
         # channel.route_message), as RabbitMQ's mirrored queues do
@@ -248,24 +259,87 @@ class Mirroring:
         if self.isr_dirty or self.recorded != self.record_key():
             self.owner.wake()
 
+    def start_unsynced(self, node: str) -> None:
+        """ha-sync-mode manual (as RabbitMQ): the mirror starts empty and gets only what
+        enters from now on; out of the in-sync set until ``cluster sync-queue``."""
+        self.generation[node] = self.generation.get(node, 0) + 1
+        self.nodes[node] = "manual"
+        self._syncs.pop(node, None)
+        self.sync_counts.pop(node, None)
+        self._send(node, RESET, b"", self._done_for(node))
+
     def start_sync(self, node: str) -> None:
+        """RESET, then the queue's messages in batches of ``ha-sync-batch-size`` (at most
+        two batches unconfirmed, so the queue and the link keep serving meanwhile), then
+        SYNCED: once that is confirmed the mirror joins the in-sync set. The live ops go
+        to it meanwhile; a message that leaves before its batch is sent is skipped."""
         generation = self.generation[node] = self.generation.get(node, 0) + 1
         self.nodes[node] = "syncing"
-        fail = self._done_for(node)
-        self._send(node, RESET, b"", fail)
+        self._send(node, RESET, b"", self._done_for(node))
         entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
-        for start in range(0, len(entries), _SYNC_BATCH):
-            self._send(node, ENQUEUES, pack_entries(entries[start:start + _SYNC_BATCH]), fail)
+        self._syncs[node] = [generation, entries, 0, 0]
+        self.sync_counts[node] = [0, len(entries)]
+        self.progress_dirty = True
+        self._sync_next(node)
+
+    def _sync_batch_size(self) -> int:
+        size = (self.queue.effective_policy_definition or {}).get("ha-sync-batch-size")
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
+            else _SYNC_BATCH
+
+    def _sync_next(self, node: str) -> None:
+        sync = self._syncs.get(node)
+        if sync is None or sync[1] is None:
+            return
+        generation, entries, pos, flying = sync
+        size = self._sync_batch_size()
+        fail = self._done_for(node)
+        while flying < 2 and pos < len(entries):
+            batch = [e for e in entries[pos:pos + size] if e.seq not in self._gone]
+            count = min(size, len(entries) - pos)
+            pos += count
+            flying += 1
+            self._send(node, ENQUEUES, pack_entries(batch),
+                       self._sync_batch_done(node, generation, count, fail))
+        sync[2], sync[3] = pos, flying
+        if pos < len(entries) or flying:
+            return
+        sync[1] = None  # every batch confirmed: SYNCED, once
 
         def synced(ok: bool | None) -> None:
             if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
                 return
+            self._end_sync(node)
             if ok:
                 self.nodes[node] = "in_sync"
                 self.owner.wake()
             else:
                 fail(False)
         self._send(node, SYNCED, b"", synced)
+
+    def _sync_batch_done(self, node: str, generation: int, count: int, fail):
+        def done(ok: bool | None) -> None:
+            sync = self._syncs.get(node)
+            if sync is None or sync[0] != generation:
+                return  # cancelled, or an older sync
+            if not ok:
+                self._end_sync(node)
+                fail(ok)
+                return
+            sync[3] -= 1
+            counts = self.sync_counts.get(node)
+            if counts is not None:
+                counts[0] += count
+                self.progress_dirty = True
+            self._sync_next(node)
+        return done
+
+    def _end_sync(self, node: str) -> None:
+        self._syncs.pop(node, None)
+        self.sync_counts.pop(node, None)
+        self.progress_dirty = True
+        if not self._syncs:
+            self._gone.clear()
 
     def sync_request(self, action: str) -> int:
         """``cluster sync-queue`` ("sync": every mirror not in sync starts its sync) or
@@ -277,7 +351,8 @@ class Mirroring:
                 count += 1
             elif action == "cancel" and state == "syncing":
                 self.generation[node] = self.generation.get(node, 0) + 1
-                self.nodes[node] = "manual"
+                self._end_sync(node)
+                self.nodes[node] = "manual"  # keeps the live ops, out of the in-sync set
                 count += 1
         self.owner.wake()
         return count
@@ -288,17 +363,22 @@ class Mirroring:
     def record_key(self) -> tuple:
         return (tuple(sorted(self.nodes)), tuple(self.in_sync()))
 
-    async def record(self) -> bool:
+    async def record(self, shutdown: bool = False) -> bool:
         """Write the in-sync set to etcd; release the confirms that waited for it (in
         doubt if this node is no longer the master of its epoch; kept waiting while etcd
-        does not answer: the node fences itself if that lasts). False if etcd did not answer."""
+        does not answer: the node fences itself if that lasts). False if etcd did not answer.
+        ``shutdown``: this node stops cleanly (ha-promote-on-shutdown applies, not
+        ha-promote-on-failure)."""
         key = self.record_key()
         waiters, self._isr_waiters = self._isr_waiters, []
         self.isr_dirty = False
+        self.progress_dirty = False
         try:
             ok = await self.owner.store.node.set_in_sync(
                 self.queue.vhost.name, self.queue.name, sorted(self.nodes), self.in_sync(),
-                {n: s for n, s in self.nodes.items() if s != "in_sync"})
+                {n: s for n, s in self.nodes.items() if s != "in_sync"},
+                sync={n: {"synced": c[0], "total": c[1]} for n, c in self.sync_counts.items()},
+                shutdown=shutdown)
         except (CoordinationUnavailable, CoordinationError) as exc:
             log.warning("in-sync set of queue %r not recorded: %s", self.queue.name, exc)
             self._isr_waiters[:0] = waiters
@@ -319,6 +399,9 @@ class Mirroring:
         for token in waiters:
             token(None)
         self.nodes.clear()
+        self._syncs.clear()
+        self.sync_counts.clear()
+        self._gone.clear()
         self.queue.confirms_later = False
 
 
@@ -403,14 +486,17 @@ class Mirrors:
         while True:
             # woken by what matters (a master key gone, a node up or down, a mirror that
             # failed or synced); the timeout catches policy changes
-            with trio.move_on_after(1.0):
+            # (every 0.5 s while a sync runs: its progress goes to etcd, for ``status``)
+            syncing = any(m._syncs for m in self.masters.values())
+            with trio.move_on_after(0.5 if syncing else 1.0):
                 await self._wake.wait()
             self._wake = trio.Event()
             try:
                 self.reconcile()
                 backoff = False
                 for mirroring in list(self.masters.values()):
-                    if mirroring.isr_dirty or mirroring.recorded != mirroring.record_key():
+                    if mirroring.isr_dirty or mirroring.recorded != mirroring.record_key() \
+                            or mirroring.progress_dirty:
                         backoff = not await mirroring.record() or backoff
                 await self.promote_orphans()
                 if backoff:  # etcd did not answer: every publish wakes us, do not spin
@@ -472,10 +558,13 @@ class Mirrors:
             if not isinstance(proxy, ProxyQueue):
                 self.copies.pop(key, None)  # deleted meanwhile
                 continue
-            always = (proxy.effective_policy_definition or {}).get("ha-promote-on-failure") \
-                == "always"
             kv = await store.coord.get(store.node.isr_key(vhost_name, queue))
             record = kv.json() if kv is not None else {}
+            # a master that stopped cleanly said so in the record of its epoch
+            how = "shutdown" if record.get("shutdown") and record.get("epoch") == copy.epoch \
+                else "failure"
+            always = (proxy.effective_policy_definition or {}).get(f"ha-promote-on-{how}") \
+                == "always"
             eligible = (record.get("epoch") == copy.epoch
                         and store.node.name in record.get("in_sync", []) and copy.synced)
             if not eligible and not always:
@@ -486,6 +575,10 @@ class Mirrors:
             if m is None:
                 continue
             self.copies.pop(key, None)
+            if not eligible:
+                log.warning("queue %r in vhost %r: promoting a mirror that is not in sync "
+                            "(ha-promote-on-%s always): what it lacks is lost", queue,
+                            vhost_name, how)
             self.promote(vhost, proxy, copy, m.epoch)
 
     def promote(self, vhost, proxy, copy: MirrorCopy, epoch: int) -> None:
@@ -525,6 +618,20 @@ class Mirrors:
                     "messages, old master %r)", name, vhost.name, epoch, len(copy.entries),
                     copy.master)
         self.wake()
+
+    async def shutdown(self) -> None:
+        """A clean stop (``broker.drain_hooks``, before the lease is revoked): send what is
+        pending to the mirrors and mark each in-sync record as a shutdown, so that
+        ha-promote-on-shutdown, not -on-failure, decides which mirror may take over."""
+        with trio.move_on_after(self.store.node.settings.etcd_timeout) as scope:
+            scope.shield = True
+            for mirroring in list(self.masters.values()):
+                try:
+                    mirroring.flush()
+                    if mirroring.nodes and self.store.node.serving:
+                        await mirroring.record(shutdown=True)
+                except (CoordinationUnavailable, CoordinationError) as exc:
+                    log.warning("queue %r: shutdown not recorded: %s", mirroring.queue.name, exc)
 
     def status(self) -> dict:
         return {"masters": {f"{v}/{q}": dict(m.nodes) for (v, q), m in self.masters.items()},

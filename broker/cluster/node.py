@@ -315,14 +315,19 @@ class ClusterNode:
         return self.masters.get((vhost, queue))
 
     async def set_in_sync(self, vhost: str, queue: str, mirrors: list[str],
-                          in_sync: list[str], progress: dict | None = None) -> bool:
+                          in_sync: list[str], progress: dict | None = None,
+                          sync: dict | None = None, shutdown: bool = False) -> bool:
         """Record the queue's mirrors and in-sync set, fenced by this node's epoch: False
-        (nothing written) when this node is no longer the master of that epoch."""
+        (nothing written) when this node is no longer the master of that epoch.
+        ``progress``: each other mirror's state; ``sync``: messages synced / total per
+        syncing mirror; ``shutdown``: the master is stopping cleanly."""
         m = self.masters.get((vhost, queue))
         if m is None:
             return False
         record = {"master": self.name, "epoch": m.epoch, "mirrors": mirrors,
-                  "in_sync": in_sync, "progress": progress or {}}
+                  "in_sync": in_sync, "progress": progress or {}, "sync": sync or {}}
+        if shutdown:
+            record["shutdown"] = True
         return await self.coord.fenced_put(self.isr_key(vhost, queue), json.dumps(record).encode(),
                                            self.master_key(vhost, queue), m.epoch)
 
@@ -368,5 +373,7 @@ async def cluster_view(coord: Coordinator, prefix: str) -> dict:
                        "home": homes.get((vhost, queue)),
                        "mirrors": r.get("mirrors", []) if current else [],
                        "in_sync": r.get("in_sync", []) if current else [],
-                       "progress": r.get("progress", {}) if current else {}})
+                       "progress": r.get("progress", {}) if current else {},
+                       "sync": r.get("sync", {}) if current else {},
+                       "stopped_cleanly": bool(r.get("shutdown")) if current else False})
     return {"revision": revision, "nodes": nodes, "queues": queues, "definitions": definitions}

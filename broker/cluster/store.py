@@ -226,6 +226,9 @@ class ClusterStore(Store):
         else:
             broker.recovery_hooks.append(self._publish_local_meta)
         broker.recovery_hooks.append(self._ensure_link_user)
+        if not hasattr(broker, "drain_hooks"):
+            broker.drain_hooks = []
+        broker.drain_hooks.append(self.mirrors.shutdown)  # ha-promote-on-shutdown
         self._drop_superseded()
         # before the other hooks: a forwarded publish is the queue's, nobody else's
         broker.publish_hooks.insert(0, forwarded_publish)

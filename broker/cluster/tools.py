@@ -78,7 +78,10 @@ def render(view: dict, prefix: str) -> str:
     for q in view["queues"]:
         mirrors = ",".join(q["mirrors"]) or "-"
         in_sync = ",".join(q["in_sync"]) or "-"
-        progress = "".join(f" {node} syncing {pct}%" for node, pct in q["progress"].items())
+        sync = q.get("sync", {})
+        progress = "".join(
+            f" {node} syncing {sync[node]['synced']}/{sync[node]['total']}" if node in sync
+            else f" {node} {state}" for node, state in q["progress"].items())
         master = q["master"] or f"(none: home {q['home']} down)"
         epoch = q["epoch"] if q["epoch"] is not None else "-"
         lines.append(f"  {q['vhost']:<8} {q['name']:<24} {master:<16} {epoch:<8} "
