@@ -128,7 +128,10 @@ def spark_session(master: str | None = None, app: str = "triomq-audit"):
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.files.maxPartitionBytes", str(16 << 20))
-               .config("spark.driver.memory", "2g"))
+               # local mode: the driver is the executor, and the cache of a 10 M-event
+               # trail's columns with the queue copies did not fit 2g (old generation full,
+               # blocks spilled)
+               .config("spark.driver.memory", "4g"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if master and not master.startswith("local"):

@@ -23,6 +23,10 @@ COLUMNS = {
     "sequence": _COPIES + _IDS + ("producer", "producer_seq", "app_id"),
     "latency": (*_COPIES, "due_us"),
     "deadletters": _COPIES + _IDS + ("target",),
+    "track": ("seq", "node", "event", "vhost", "queue", "exchange", "routing_key", "msg",
+              "message_id", "ref_key", "consumer_tag", "delivery_tag", "redelivered",
+              "delivery_count", "requeue", "reason", "target", "outcome", "queues",
+              "connection", "user", "ts_us"),
 }
 HOUR_US = 3_600_000_000
 
@@ -141,14 +145,18 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         count(o == "nacked").alias("nacked"), count(o == "taken").alias("taken"),
         count(F.col("persistent")).alias("persistent")
     ).withColumn("window", _iso("window_start")).transform(_sorted, "vhost", "window_start").cache()
+    integrity, integrity_summary = trail_integrity(ev)
+    queue_rows = _rows(by_queue)
     lost = copies.filter(fin.isNull() & (F.col("start_ts") < cutoff))
-    unaccounted = (lost.join(_message_ids(ev), ["node", "msg"], "left")
+    named = ev
+    if sum(r["unaccounted"] or 0 for r in queue_rows) <= 100_000:
+        # the ids of the lost copies' messages only, not of every message of the trail
+        named = ev.join(F.broadcast(lost.select("node", "msg")), ["node", "msg"], "left_semi")
+    unaccounted = (lost.join(_message_ids(named), ["node", "msg"], "left")
                    .select("node", "vhost", "queue", "msg", "message_id", "ref_key",
                            _iso("start_ts").alias("enqueued_at"), "deliveries", "last_event",
                            _iso("last_ts").alias("last_event_at"))
                    .transform(_sorted, "vhost", "queue", "msg").cache())
-    integrity, integrity_summary = trail_integrity(ev)
-    queue_rows = _rows(by_queue)
     pub_rows = _rows(publishes)
     totals = {c: sum(r[c] or 0 for r in queue_rows) for c in (
         "enqueued", "delivered", "acked", "dead_lettered", "expired", "dropped", "rejected",

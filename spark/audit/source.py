@@ -5,12 +5,18 @@ reader (``broker.audit.reader``: its generated decoder per block, damaged blocks
 inside the executors: Spark's ``binaryFile`` source lists and loads the files (any path
 Spark reads: local, HDFS, S3, with the ``dt=/hour=/node=`` partitions below it),
 ``mapInArrow`` decodes them into Arrow batches of the columns a job asks for (no row is
-pickled between the JVM and the Python workers). Damage found on the way (corrupt
+pickled between the JVM and the Python workers). With a local master and local files,
+a file is not one task: each task maps the file and decodes the blocks that start in its
+byte range (``_Share``), so the cores stay busy whatever the files' sizes (a trail file
+is up to ``--audit-roll-bytes``, 64 MiB, and an hour's last file is small). Damage found
+on the way (corrupt
 block, torn tail, unreadable header) is collected in an accumulator as
 ``(path, offset, kind, detail)``; a file of a newer schema version becomes a problem of
 kind ``unknown schema version`` that the caller turns into an error naming the file.
 """
 from __future__ import annotations
+
+from urllib.parse import unquote, urlparse
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
@@ -54,6 +60,35 @@ def _record_batch(pa, schema, rows: list, empty: list):
         schema=schema)
 
 
+def _open(path: str):
+    """The file's bytes, mapped (a task touches only the pages of its share)."""
+    import mmap
+    with open(path, "rb") as f:
+        try:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # empty: nothing to map
+            return b""
+
+
+def _local(uri: str) -> str | None:
+    u = urlparse(uri)
+    return unquote(u.path) if u.scheme in ("", "file") else None
+
+
+def _shares(files: list, share_bytes: int, tasks: int,
+            least: int = 1 << 20) -> list[tuple[str, int, int]]:
+    """(path, lo, hi) byte ranges of about ``share_bytes`` (at least ``least``), at least
+    ``tasks`` of them when the files are large enough."""
+    total = sum(size for _, size in files) or 1
+    share = max(least, min(share_bytes, total // max(tasks, 1) + 1))
+    out: list = []
+    for path, size in files:
+        n = max(1, -(-size // share))
+        step = -(-size // n) if size else 1
+        out.extend((path, i * step, size if i == n - 1 else (i + 1) * step) for i in range(n))
+    return out
+
+
 class _Problems(AccumulatorParam):
     def zero(self, value):
         return []
@@ -67,17 +102,35 @@ class Trail:
     """The events of the files under ``path`` (``columns`` only), and what was damaged."""
 
     def __init__(self, spark: SparkSession, path: str, columns=COLUMNS,
-                 from_us: int | None = None, to_us: int | None = None) -> None:
+                 from_us: int | None = None, to_us: int | None = None,
+                 split: bool = True) -> None:
         self.spark = spark
         self.path = path
         self.columns = tuple(columns)
         self._acc = spark.sparkContext.accumulator([], _Problems())
-        files = (spark.read.format("binaryFile").option("pathGlobFilter", "*.avro")
-                 .option("recursiveFileLookup", "true").load(path).select("path", "content"))
-        self.files = files
+        listing = (spark.read.format("binaryFile").option("pathGlobFilter", "*.avro")
+                   .option("recursiveFileLookup", "true").load(path))
         acc = self._acc
         cols = self.columns
         lo, hi = from_us, to_us
+        schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
+        sc = spark.sparkContext
+        if split and (sc.master or "").startswith("local"):
+            # listed by Spark (its rules for hidden files and partition directories); the
+            # contents are not loaded when only path and length are selected
+            found = [(r[0], r[1]) for r in listing.select("path", "length").collect()]
+            if all(_local(p) is not None for p, _ in found):
+                self.files = listing.select("path")
+                share = int(str(spark.conf.get("spark.sql.files.maxPartitionBytes",
+                                                str(16 << 20))).rstrip("b"))
+                shares = _shares(found, share, 2 * sc.defaultParallelism) or [("", 0, 0)]
+                rdd = sc.parallelize(shares, len(shares))
+                ranges = spark.createDataFrame(rdd, "path string, lo long, hi long")
+                self.df: DataFrame = ranges.mapInArrow(
+                    lambda batches: _decode_shares(batches, cols, lo, hi, acc), schema)
+                return
+        files = listing.select("path", "content")
+        self.files = files
 
         def decode(batches):
             # Spark hands over the files as Arrow batches of (path, content) and takes the
@@ -107,8 +160,7 @@ class Trail:
                     if reader.problems:
                         acc.add([tuple(p) for p in reader.problems])
 
-        schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
-        self.df: DataFrame = files.mapInArrow(decode, schema)
+        self.df = files.mapInArrow(decode, schema)
 
     def problems(self) -> list[tuple]:
         """Damage seen so far (after an action), each ``(path, offset, kind, detail)`` once."""
@@ -127,3 +179,52 @@ class Trail:
 
 class SchemaVersionError(Exception):
     pass
+
+
+def _decode_shares(batches, cols: tuple, lo, hi, acc):
+    """mapInArrow over (path, lo, hi) rows: the events of the blocks starting in each range."""
+    import pyarrow as pa
+
+    from broker.audit.reader import FileReader, UnknownSchemaVersion
+
+    class Share(FileReader):
+        """The blocks of one file that start in ``[start, end)``: every share scans the
+        framing from the header (the same spans, the same framing problems: reported
+        once, ``Trail.problems``) and decodes only its own blocks."""
+
+        def __init__(self, uri: str, data, start: int, end: int) -> None:
+            self.range = (start, end)
+            super().__init__(uri, data)
+
+        def _spans(self):
+            start, end = self.range
+            for span in super()._spans():
+                if span[0] >= end:
+                    return  # the framing after it is the next share's to check
+                if span[0] >= start:
+                    yield span
+
+    arrow_schema = pa.schema([(c, _ARROW[c]) for c in cols])
+    empty: list = [[] for _ in cols]
+    for batch in batches:
+        uris, starts, ends = (batch.column(i).to_pylist() for i in range(3))
+        for uri, start, end in zip(uris, starts, ends, strict=True):
+            if not uri:
+                continue
+            path = _local(uri)
+            assert path is not None
+            try:
+                reader = Share(uri, _open(path), start, end)
+            except UnknownSchemaVersion as exc:
+                acc.add([(uri, 0, UNKNOWN_VERSION, str(exc))])
+                continue
+            rows: list = []
+            for block in reader.rows_iter(cols, lo, hi):
+                rows += block
+                if len(rows) >= _BATCH_ROWS:
+                    yield _record_batch(pa, arrow_schema, rows, empty)
+                    rows = []
+            if rows:
+                yield _record_batch(pa, arrow_schema, rows, empty)
+            if reader.problems:
+                acc.add([tuple(p) for p in reader.problems])
