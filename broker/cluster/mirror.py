@@ -102,6 +102,36 @@ def wanted_mirrors(definition: dict, master: str, live: list[str]) -> list[str]:
     return []
 
 
+def check_ha_nodes(policies, index: int, policy) -> None:
+    """A policy's ``ha-mode: nodes`` list may name only members of the running cluster
+    (refused naming ha-params). A node without a cluster takes any names, as RabbitMQ
+    does (it never checks them: names of no node are ignored when mirrors are placed)."""
+    from ..policies.validate import PolicyError
+    definition = policy.definition
+    members_of = getattr(policies.broker.store, "known_members", None)
+    if definition.get("ha-mode") != "nodes" or members_of is None:
+        return
+    members = members_of()
+    params = definition.get("ha-params")
+    if members is None or not isinstance(params, list):
+        return
+    unknown = [n for n in params if isinstance(n, str) and n not in members]
+    if unknown:
+        raise PolicyError(f"ha-params: {', '.join(repr(n) for n in unknown)} "
+                          f"{'is not a member' if len(unknown) == 1 else 'are not members'} "
+                          f"of this cluster (members: {', '.join(sorted(members))})",
+                          "ha-params")
+
+
+def _register_check() -> None:
+    from ..policies.validate import POLICY_CHECKS
+    if check_ha_nodes not in POLICY_CHECKS:
+        POLICY_CHECKS.append(check_ha_nodes)
+
+
+_register_check()
+
+
 class MirrorCopy:
     """A mirror node's copy of a queue: the messages in the queue, by seq."""
 

@@ -141,6 +141,7 @@ class ClusterStore(Store):
         self._applying = False  # applying another node's change: no echo to etcd
         self._homes: dict[tuple[str, str], str] = {}  # durable queue -> its home node
         self._live: set[str] = set()  # nodes up (their lease-bound node key exists)
+        self._members: set[str] = {node.name}  # every node that joined (members/)
         self.applied = 0  # other nodes' changes applied live (tests, status)
         self._addresses: dict[str, str] = {}  # live node -> advertised AMQP address
         self._links: dict[tuple[str, str], Link] = {}  # (node, vhost) -> link
@@ -408,6 +409,11 @@ class ClusterStore(Store):
             link.address = self._addresses.get(link.node, "")
         await link.run()
 
+    def known_members(self) -> set[str] | None:
+        """The cluster's members (ha-mode nodes checks its names), or None while applying
+        another node's change (it was checked there; members may differ for a moment)."""
+        return None if self._applying else self._members | {self.node.name}
+
     def live_nodes(self) -> set[str]:
         return self._live | {self.node.name}
 
@@ -562,6 +568,11 @@ class ClusterStore(Store):
                     self._homes[vq] = json.loads(value).get("node", "?")
                 except ValueError:
                     pass
+        elif section == "members":
+            if value is None:
+                self._members.discard(name)
+            else:
+                self._members.add(name)
         elif section == "nodes":
             self.mirrors.wake()  # mirrors to add or drop
             if value is None:

@@ -302,3 +302,31 @@ def test_sync_progress_in_status_while_the_queue_serves(tmp_path, etcd, secret):
     finally:
         b.stop()
         a.stop()
+
+
+@pytest.mark.timeout(60)
+def test_ha_nodes_names_checked_against_the_clusters_members(tmp_path, etcd, secret):
+    from brokerproc import BrokerProc
+    a = node(tmp_path, etcd, "a", secret).start()
+    b = node(tmp_path, etcd, "b", secret).start()
+    single = BrokerProc(tmp_path / "single", http=True).start()
+    try:
+        body = {"pattern": "^n\\.", "apply-to": "queues",
+                "definition": {"ha-mode": "nodes", "ha-params": ["a", "zz"]}}
+        r = httpx.put(f"{a.http_url}/api/policies/%2F/n", auth=AUTH, json=body)
+        assert r.status_code == 400, r.text
+        reason = r.json()["reason"]
+        assert "ha-params: 'zz' is not a member of this cluster (members: a, b)" in reason
+        # the other keys' texts stay RabbitMQ's; the offending key is ha-params
+        r = httpx.put(f"{a.http_url}/api/policies/%2F/n", auth=AUTH, json=dict(
+            body, definition={"ha-mode": "exactly", "ha-params": 0}))
+        assert r.status_code == 400 and 'ha-mode=\\"exactly\\" takes an integer' in r.text
+        b.stop()  # a member that is down is still a member
+        put_policy(a, "n", "^n\\.", {"ha-mode": "nodes", "ha-params": ["a", "b"]})
+        # without a cluster any names are taken, as RabbitMQ takes them
+        r = httpx.put(f"{single.http_url}/api/policies/%2F/n", auth=AUTH, json=body)
+        assert r.status_code in (201, 204), r.text
+    finally:
+        single.stop()
+        b.stop()
+        a.stop()
