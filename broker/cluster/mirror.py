@@ -1,4 +1,5 @@
-"""Mirrored queues by policy (ha-mode, ha-params, ha-sync-mode, ha-promote-on-failure).
+"""Mirrored queues by policy (ha-mode, ha-params, ha-sync-mode, ha-sync-batch-size,
+ha-promote-on-failure, ha-promote-on-shutdown).
 
 Built on the queue operation stream (``broker/queues/ops.py``): the master's ``Mirroring``
 is an observer of its queue, as the store is, and sends what the store gets -- each
@@ -14,15 +15,18 @@ ENQUEUE (with the message) and each leaving op -- to every mirror node over the 
 * **In-sync set in etcd** (``isr/VHOST/QUEUE``), written with ``ClusterNode.set_in_sync``:
   only under the master's epoch (a deposed master cannot write it).
 * **Sync.** A new mirror gets RESET, then every message the queue holds (ready and
-  delivered-unsettled), in batches of ``ha-sync-batch-size``, then SYNCED; once that is
-  confirmed it joins the in-sync set. ha-sync-mode manual: not synchronised until
-  ``cluster sync-queue`` (not built: manual mirrors stay out of the in-sync set).
+  delivered-unsettled), in batches of ``ha-sync-batch-size`` (two unconfirmed at most:
+  the queue keeps serving), then SYNCED; once that is confirmed it joins the in-sync set.
+  Its messages synced / total go to the in-sync record for ``cluster status``.
+  ha-sync-mode manual: the mirror starts empty and gets the live ops, out of the in-sync
+  set until ``cluster sync-queue``.
 * **Fencing.** A copy takes ops only from its epoch; a RESET of a newer epoch replaces it,
   so a deposed master's ops are nacked. A master that lost its lease is fenced (the node
   closes every connection) before etcd can let anyone else take the queue.
 * **Promotion.** When the master key is gone (lease expired or revoked), a mirror whose
   copy's epoch is the in-sync record's epoch and that is in its in-sync set (or any
-  mirror, with ha-promote-on-failure "always") claims the master key in a create-only
+  mirror, with "always": ha-promote-on-shutdown when the master marked its clean stop in
+  the record, else ha-promote-on-failure) claims the master key in a create-only
   transaction; the winner turns its copy into the queue (every message redelivered=true:
   it may have been delivered before), stored in its own store, and mirrors it on.
 """
