@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import zlib
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,9 @@ from . import events
 from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL, _int, _text
 
 _CACHE_MAX = 50_000
+_FIRST = itemgetter(0)
+# property keys the trail keeps something of (``_prop_fields``)
+_ANY_PROP = frozenset(("message_id", "correlation_id", "app_id", "headers"))
 
 
 def zz(n: int) -> bytes:
@@ -89,6 +94,9 @@ _LAYOUTS = {
     TRAIL: _HEAD + [("S", 2)] + [N] * 27 + [("l", 3), ("x", 4)],
 }
 _NFIELDS = len(events.load_schema()["fields"])
+_COMPACT = (events.PUBC, events.DELC, events.ACKC)
+_PUBLISHED, _DELIVERED, _ACKED = (_string(e) for e in ("published", "delivered", "acked"))
+_NO_PROPS = b"\x00" * 6 + b"\x02"  # six null properties, then body_size's branch
 
 
 def _check_layouts() -> None:
@@ -111,25 +119,24 @@ def _prop_fields(props) -> tuple:
             prod, pseq)
 
 
+_LIMITS = np.array([1 << (7 * i) for i in range(1, 10)], np.uint64)
+_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
+_COLS = np.arange(16)
+
+
 def _varints(values: np.ndarray, present: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(n x w matrix, lengths) of Avro longs, preceded by the union branch if ``present``
-    is given (branch 1 when present, 0 = null: no value bytes)."""
-    x = values.astype(np.int64)
-    u = ((x << 1) ^ (x >> 63)).astype(np.uint64)
-    n = len(u)
-    lens = np.ones(n, np.int64)
-    for i in range(1, 10):
-        lens += (u >> np.uint64(7 * i)) > 0
-    w = int(lens.max()) if n else 1
-    m = np.empty((n, w), np.uint8)
-    v = u.copy()
-    for i in range(w):
-        m[:, i] = (v & np.uint64(0x7F)).astype(np.uint8)
-        v >>= np.uint64(7)
-    m |= ((np.arange(w) < (lens - 1)[:, None]) * 0x80).astype(np.uint8)
+    is given (branch 1 when present, 0 = null: no value bytes). A fixed handful of numpy
+    calls whatever the values: per call overhead, not per value work, dominates here."""
+    x = values.astype(np.int64, copy=False)
+    u = ((x << 1) ^ (x >> 63)).view(np.uint64)
+    lens = np.searchsorted(_LIMITS, u, side="right") + 1
+    w = int(lens.max()) if len(u) else 1
+    m = ((u[:, None] >> _SHIFTS[:w]) & np.uint64(0x7F)).astype(np.uint8)
+    m |= (_COLS[:w] < (lens - 1)[:, None]).view(np.uint8) << 7
     if present is None:
         return m, lens
-    head = np.where(present, 2, 0).astype(np.uint8)[:, None]
+    head = (present.view(np.uint8) << 1)[:, None]
     return np.hstack([head, m]), np.where(present, lens, 0) + 1  # branch byte + value bytes
 
 
@@ -159,6 +166,7 @@ class BatchEncoder:
         self._u: dict = {}  # value -> [null,string] bytes
         self._plain: dict = {}  # value -> string bytes
         self._queues: dict = {}  # tuple of queue names -> array bytes
+        self._tables: dict[str, _Table] = {}  # runs of fields of the compact kinds
 
     # cached encodings of repeated strings (names, tags, connections)
     def _ustr(self, v) -> bytes:
@@ -231,55 +239,216 @@ class BatchEncoder:
             return _bytes_piece([qget(tuple(names)) or qenc(names) for names in cols[spec[1]]])
         raise AssertionError(f"unknown layout field {spec!r}")
 
+    # ---- the broker's compact kinds (events.PUBC, DELC, ACKC): most of every trail ----
+    def _table(self, name: str, make) -> _Table:
+        t = self._tables.get(name)
+        if t is None:
+            t = self._tables[name] = _Table(make)
+        return t
+
+    def _props_bytes(self, props) -> bytes:
+        """The six property fields of one message that has some (uncached: unique ids)."""
+        f = _prop_fields(props)
+        return b"".join((*(b"\x00" if v is None else b"\x02" + _string(_text(v))
+                           for v in f[:5]),
+                         b"\x00" if f[5] is None else b"\x02" + zz(f[5])))
+
+    def _props_piece(self, col) -> _Piece:
+        """The property fields of PUBC rows, then body_size's union branch: six nulls for
+        the usual message without ids or trail headers."""
+        try:
+            plain = list(map(_ANY_PROP.isdisjoint, col))
+        except TypeError:  # no property dict (None)
+            plain = [not p or _ANY_PROP.isdisjoint(p) for p in col]
+        if all(plain):
+            return _const_piece(_NO_PROPS, len(col))
+        return _bytes_piece([_NO_PROPS if ok else self._props_bytes(p) + b"\x02"
+                             for ok, p in zip(plain, col, strict=True)])
+
+    def _compact(self, kind: int, rows, seqs: np.ndarray) -> list[_Piece]:
+        """The pieces of a group of compact rows: varint columns between runs of fields
+        that repeat (names, contexts, constants), each run's bytes cached per key."""
+        n = len(rows)
+        cols = list(zip(*rows, strict=True))
+        ts = (np.array(cols[1], np.float64) * 1e6).astype(np.int64)
+        pieces = [_Piece(*_varints(seqs, None)), _Piece(*_varints(ts, None))]
+        u, node = self._ustr, self.node
+        if kind == events.PUBC:
+            # seq ts | node event vhost queue exchange routing_key | msg | 6 props | body_size
+            # | persistent user connection channel | confirm_seq | outcome queues, 10 nulls
+            head = self._table("pub", lambda k: b"".join(
+                (node, _PUBLISHED, u(k[0][0]), b"\x00", u(k[1]), u(k[2]), b"\x02")))
+            pieces.append(head.piece(zip(cols[2], cols[3], cols[4], strict=False), n))
+            pieces.append(_Piece(*_varints(np.array(cols[5], np.int64), None)))
+            pieces.append(self._props_piece(cols[6]))
+            pieces.append(_Piece(*_varints(np.array(cols[7], np.int64), None)))
+            who = self._table("pubch", lambda k: b"".join(
+                (_bool(k[0]), u(k[1][1]), u(k[1][2]), _uint(k[1][3]))))
+            pieces.append(who.piece(zip(cols[8], cols[2], strict=False), n))
+            cseq = np.array([v or 0 for v in cols[9]], np.int64)
+            pieces.append(_Piece(*_varints(cseq, cseq != 0)))
+            tail = self._table("pubout", lambda k: b"".join(
+                (u(k[0]), self._queue_list(events.queue_names(k[1])), b"\x00" * 10)))
+            # queues: mostly one name (a str); a list of several is keyed as a tuple
+            qs = [q if q is None or q.__class__ is str else tuple(q) for q in cols[10]]
+            pieces.append(tail.piece(zip(cols[11], qs, strict=False), n))
+            return pieces
+        # DELC / ACKC: seq ts | node event vhost queue, 2 nulls | msg | 9 nulls, connection,
+        # channel, 3 nulls, consumer_tag | delivery_tag | DELC: redelivered delivery_count,
+        # 6 nulls; ACKC: 8 nulls
+        qpos, chpos, event = (2, 8, _DELIVERED) if kind == events.DELC else (2, 6, _ACKED)
+        head = self._table(f"q{kind}", lambda k: b"".join(
+            (node, event, u(k[0]), u(k[1]), b"\x00\x00\x02")))
+        pieces.append(head.piece(cols[qpos], n))
+        pieces.append(_Piece(*_varints(np.array(cols[3], np.int64), None)))
+        who = self._table("consumer", lambda k: b"".join(
+            (b"\x00" * 9, u(k[0][2]), _uint(k[0][3]), b"\x00" * 3, u(k[1]), b"\x02")))
+        pieces.append(who.piece(zip(cols[chpos], cols[4], strict=False), n))
+        pieces.append(_Piece(*_varints(np.array(cols[5], np.int64), None)))
+        if kind == events.DELC:
+            tail = self._table("redelivered", lambda k: b"".join(
+                (_bool(k[0]), _uint(k[1]), b"\x00" * 6)))
+            pieces.append(tail.piece(zip(cols[6], cols[7], strict=False), n))
+        else:
+            pieces.append(_const_piece(b"\x00" * 8, n))
+        return pieces
+
+    def _generic(self, kind: int, rows, seqs: np.ndarray) -> list[_Piece]:
+        layout = _LAYOUTS.get(kind)
+        if layout is None:
+            raise ValueError(f"unknown audit event kind {kind!r}")
+        arity = events.ARITY[kind]
+        rows = [r if len(r) == arity else r[:arity] for r in rows]  # flat buffers pad
+        cols = list(zip(*rows, strict=True))
+        props = None
+        if kind in (PUB, SCH, FIRE):
+            props = [_prop_fields(p) for p in cols[6]]
+        elif kind == ENQ:
+            props = [_prop_fields(p) for p in cols[5]]
+        pieces = []
+        const = b""
+        for spec in layout:
+            if spec[0] == "n" or spec[0] == "c" or spec[0] == "node":
+                const += b"\x00" if spec[0] == "n" else self.node if spec[0] == "node" \
+                    else spec[1]
+                continue
+            if const:
+                pieces.append(_const_piece(const, len(rows)))
+                const = b""
+            pieces.append(self._field(spec, rows, cols, seqs, props))
+        if const:
+            pieces.append(_const_piece(const, len(rows)))
+        return pieces
+
     def encode(self, batch: list) -> bytes:
         """The Avro binary records of ``batch``, in order; sequence numbers assigned."""
         n = len(batch)
         if not n:
             return b""
-        batch = events.expand(batch)
+        for t in self._tables.values():
+            if len(t) > _CACHE_MAX:
+                t.reset()
         seqs = np.arange(self.seq, self.seq + n, dtype=np.int64)
         self.seq += n
-        kinds = np.fromiter((ev[0] for ev in batch), np.int8, n)
+        kinds = np.fromiter(map(_FIRST, batch), np.int8, n)
         groups = []
         width = 0
-        for kind in np.unique(kinds).tolist():
-            layout = _LAYOUTS.get(kind)
-            if layout is None:
-                raise ValueError(f"unknown audit event kind {kind!r}")
-            idx = np.nonzero(kinds == kind)[0]
-            rows = [batch[i] for i in idx.tolist()]
-            cols = list(zip(*rows, strict=True))
-            props = None
-            if kind in (PUB, SCH, FIRE):
-                props = [_prop_fields(p) for p in cols[6]]
-            elif kind == ENQ:
-                props = [_prop_fields(p) for p in cols[5]]
-            pieces = []
-            const = b""
-            for spec in layout:
-                if spec[0] == "n" or spec[0] == "c" or spec[0] == "node":
-                    const += b"\x00" if spec[0] == "n" else self.node if spec[0] == "node" \
-                        else spec[1]
-                    continue
-                if const:
-                    pieces.append(_const_piece(const, len(rows)))
-                    const = b""
-                pieces.append(self._field(spec, rows, cols, seqs[idx], props))
-            if const:
-                pieces.append(_const_piece(const, len(rows)))
+        present = np.bincount(kinds.astype(np.intp, copy=False) if kinds.min() >= 0 else
+                              _bad_kind(kinds))
+        for kind in np.flatnonzero(present).tolist():
+            rows: Any
+            if present[kind] == n:
+                idx = None
+                rows = batch
+                gseqs = seqs
+            else:
+                idx = np.flatnonzero(kinds == kind)
+                rows = itemgetter(*idx.tolist())(batch) if len(idx) > 1 else (batch[idx[0]],)
+                gseqs = seqs[idx]
+            pieces = None
+            if kind in _COMPACT:
+                try:
+                    pieces = self._compact(kind, rows, gseqs)
+                except (TypeError, ValueError, OverflowError):
+                    # a value of an unusual type or size: the generic path handles it
+                    rows = events.expand(list(rows))
+                    kind = rows[0][0]
+            if pieces is None:
+                pieces = self._generic(kind, rows, gseqs)
             m = np.hstack([p.m for p in pieces])
-            mask = np.hstack([np.arange(p.m.shape[1]) < p.lens[:, None] for p in pieces])
+            mask = np.hstack([_COLS16(p.m.shape[1]) < p.lens[:, None] for p in pieces])
+            if idx is None:
+                return m[mask].tobytes()
             groups.append((idx, m, mask))
             width = max(width, m.shape[1])
-        if len(groups) == 1:
-            _, m, mask = groups[0]
-            return m[mask].tobytes()
         big = np.zeros((n, width), np.uint8)
         bigmask = np.zeros((n, width), bool)
         for idx, m, mask in groups:
             big[idx, :m.shape[1]] = m
             bigmask[idx, :m.shape[1]] = mask
         return big[bigmask].tobytes()
+
+
+def _bad_kind(kinds: np.ndarray):
+    raise ValueError(f"unknown audit event kind {int(kinds.min())!r}")
+
+
+def _COLS16(w: int) -> np.ndarray:
+    return _COLS[:w] if w <= len(_COLS) else np.arange(w)
+
+
+def _bool(v) -> bytes:
+    return b"\x00" if v is None else b"\x02\x01" if v else b"\x02\x00"
+
+
+def _uint(v) -> bytes:
+    """[null, int|long] of a small repeated number (channel, delivery count)."""
+    return b"\x00" if v is None else b"\x02" + zz(v)
+
+
+class _Table(dict):
+    """Cached encodings of a run of fields that repeats: key -> row of a byte matrix, so a
+    group's piece is one dictionary lookup per row and one gather."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+        self.reset()
+
+    def reset(self) -> None:
+        self.clear()
+        self.rows: list[bytes] = []
+        self.m = np.zeros((16, 16), np.uint8)
+        self.lens = np.zeros(16, np.int64)
+        self.built = 0
+
+    def __missing__(self, key) -> int:
+        i = len(self.rows)
+        self.rows.append(self.make(key))
+        self[key] = i
+        return i
+
+    def piece(self, keys, n: int) -> _Piece:
+        ids = np.fromiter(map(self.__getitem__, keys), np.intp, n)
+        if self.built < len(self.rows):
+            self._build()
+        return _Piece(self.m[ids], self.lens[ids])
+
+    def _build(self) -> None:
+        new = self.rows[self.built:]
+        rows, w = self.m.shape
+        need_w = max(w, max(map(len, new)))
+        need_r = len(self.rows)
+        if need_r > rows or need_w > w:
+            m = np.zeros((max(need_r, 2 * rows), max(need_w, w)), np.uint8)
+            m[:rows, :w] = self.m
+            lens = np.zeros(m.shape[0], np.int64)
+            lens[:rows] = self.lens
+            self.m, self.lens = m, lens
+        for i, b in enumerate(new, self.built):
+            self.m[i, :len(b)] = np.frombuffer(b, np.uint8)
+            self.lens[i] = len(b)
+        self.built = len(self.rows)
 
 
 def _const_piece(const: bytes, n: int) -> _Piece:

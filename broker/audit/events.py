@@ -23,7 +23,30 @@ PUB, ENQ, DEL, ACK, REJ, LEFT, SCH, FIRE, CAN, RETRY, TRAIL = range(11)
 #    queues, outcome)
 #   (DELC, t, qctx, msg, consumer_tag, delivery_tag, redelivered, delivery_count, chctx)
 #   (ACKC, t, qctx, msg, consumer_tag, delivery_tag, chctx)
+#  ``queues`` of PUBC: None (no queue), one queue's name, or a list of names.
 PUBC, DELC, ACKC = 11, 12, 13
+# The recorder's buffer is flat: every event takes WIDTH slots (the tuple above, padded
+# with None), so the hooks leave no tuple behind and a batch is cut into rows in C.
+ARITY = {PUB: 15, ENQ: 6, DEL: 11, ACK: 9, REJ: 11, LEFT: 8, SCH: 8, FIRE: 9, CAN: 4,
+         RETRY: 7, TRAIL: 5, PUBC: 12, DELC: 9, ACKC: 7}
+WIDTH = 12
+
+
+def rows(flat: list, trim: bool = False) -> list[tuple]:
+    """The events of a flat buffer as tuples (padded to WIDTH unless ``trim``)."""
+    out = list(zip(*[iter(flat)] * WIDTH, strict=False))
+    if trim:
+        out = [ev[:ARITY[ev[0]]] for ev in out]
+    return out
+
+
+def queue_names(queues) -> list:
+    """A PUBC ``queues`` slot as a list of names."""
+    if queues is None:
+        return []
+    if isinstance(queues, str):
+        return [queues]
+    return list(queues)
 
 # header names the trail keeps from a message's headers
 REF_KEY = "x-ref-key"
@@ -78,24 +101,23 @@ def expand(batch: list) -> list:
     for ev in batch:
         kind = ev[0]
         if kind == DELC:
-            _, t, (vhost, queue), msg, ctag, tag, redelivered, count, ch = ev
+            _, t, (vhost, queue), msg, ctag, tag, redelivered, count, ch = ev[:9]
             append((DEL, t, vhost, queue, msg, ctag, tag, redelivered, count, ch[2], ch[3]))
         elif kind == ACKC:
-            _, t, (vhost, queue), msg, ctag, tag, ch = ev
+            _, t, (vhost, queue), msg, ctag, tag, ch = ev[:7]
             append((ACK, t, vhost, queue, msg, ctag, tag, ch[2], ch[3]))
         elif kind == PUBC:
             _, t, ch, x, rk, msg, props, size, persistent, cseq, queues, outcome = ev
             append((PUB, t, ch[0], x, rk, msg, props, size, persistent, ch[1], ch[2], ch[3],
-                    cseq, queues, outcome))
+                    cseq, queue_names(queues), outcome))
         else:
-            append(ev)
+            append(ev[:ARITY[kind]] if len(ev) > ARITY.get(kind, WIDTH) else ev)
     return out
 
 
 def to_record(ev: tuple, node: str, seq: int) -> dict:
     """The Avro record (a dict following the schema) of one event tuple."""
-    if ev[0] >= PUBC:
-        ev = expand([ev])[0]
+    ev = expand([ev])[0]
     kind = ev[0]
     rec: dict = {"seq": seq, "ts_us": int(ev[1] * 1_000_000), "node": node}
     if kind == PUB:

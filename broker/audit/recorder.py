@@ -1,7 +1,9 @@
 """The broker side of the audit trail: hot-path hooks, queue observer, drain task.
 
-Every hook appends one compact tuple (``events.py``) to ``AuditTrail.buf``: no encoding,
-no allocation beyond the tuple, no task. One task (``AuditTrail.run``, in the server's
+Every hook appends one record of ``events.WIDTH`` slots (a compact tuple, ``events.py``,
+padded) to the flat list ``AuditTrail.buf``: no encoding, no task, and no object that
+outlives the hook (the record's tuple is copied into the list and freed), so the buffer
+adds nothing for the cyclic GC to count or traverse. One task (``AuditTrail.run``, in the server's
 nursery) swaps the buffer every ``flush_interval`` seconds and numbers the batch; a worker
 thread serialises it and appends it to the spool (``spool.py``); the converter process
 (``writer.py``) encodes Avro.
@@ -26,7 +28,7 @@ import trio
 from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
-from .events import ACKC, CAN, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL
+from .events import ACKC, CAN, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL, WIDTH
 from .spool import Spool, dumps, last_spooled_seq, spool_dir
 
 log = logging.getLogger("broker.audit")
@@ -35,6 +37,7 @@ _time = time.time
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE, _EXPIRE, _DEAD_LETTER, _PURGE, _DELETE = (
     Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE, Op.EXPIRE, Op.DEAD_LETTER, Op.PURGE, Op.DELETE)
 ALARM = "audit trail"
+_PAD = [(None,) * (WIDTH - n) for n in range(WIDTH + 1)]  # a record of n slots -> WIDTH
 _TRUE = (True, "true", "on", "yes", 1)
 _FALSE = (False, "false", "off", "no", 0)
 
@@ -55,10 +58,10 @@ class AuditTrail:
     def __init__(self, broker, settings) -> None:
         self.broker = broker
         self.settings = settings
-        self.buf: list = []
-        self.limit = settings.buffer_events
+        self.buf: list = []  # flat: WIDTH slots per event
+        self.limit = settings.buffer_events * WIDTH
         self._scope_all = settings.scope == "all"
-        self.hard_limit = 2 * settings.buffer_events
+        self.hard_limit = 2 * settings.buffer_events * WIDTH
         self.dropped = 0  # not yet reported in an audit_dropped event
         self.dropped_total = 0
         self.sent = 0
@@ -70,7 +73,7 @@ class AuditTrail:
         # The message a channel is routing now: its enqueues are listed in its published
         # event (``queues``) instead of one enqueued event each.
         self._routing = None
-        self._into: list[str] = []
+        self._into: Any = None  # None, one queue name, or a list of several
         self._route_t = 0.0
         self._audited: set = set()  # Queue objects this trail observes
         self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
@@ -163,9 +166,20 @@ class AuditTrail:
                 self._forget(q)
 
     # ---- the bounded buffer ----
+    def events(self) -> list[tuple]:
+        """The buffered events as tuples (without their padding)."""
+        return events.rows(self.buf, trim=True)
+
+    def _add(self, ev: tuple) -> None:
+        """Buffer one event of a less common kind (padded to WIDTH)."""
+        buf = self.buf
+        buf += ev + _PAD[len(ev)]
+        if len(buf) > self.limit:
+            self._full()
+
     def _full(self) -> None:
         if self.settings.policy == "drop" or len(self.buf) > self.hard_limit:
-            self.buf.pop()
+            del self.buf[-WIDTH:]
             self.dropped += 1
             self.dropped_total += 1
         elif not self.blocking:
@@ -176,7 +190,7 @@ class AuditTrail:
     def begin_route(self, message) -> None:
         """A channel starts routing ``message``; ``published`` follows."""
         self._routing = message
-        self._into = []
+        self._into = None
         self._route_t = _time()  # the publish time: deliveries happen while routing
 
     def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
@@ -184,7 +198,7 @@ class AuditTrail:
 
         The event's ``queues`` are the audited queues that enqueued it (a queue may refuse:
         overflow, deduplication)."""
-        into: list = []
+        into = None
         t = None
         if self._routing is message:
             into = self._into
@@ -197,9 +211,8 @@ class AuditTrail:
         if not self._scope_all and not self._vhosts_on.get(ctx[0]):
             return
         buf = self.buf
-        buf.append((PUBC, t or _time(), ctx, message.exchange, message.routing_key, message.id,
-                    message.properties, len(message.body), message.persistent, seq, into,
-                    outcome))
+        buf += (PUBC, t or _time(), ctx, message.exchange, message.routing_key, message.id,
+                message.properties, len(message.body), message.persistent, seq, into, outcome)
         if len(buf) > self.limit:
             self._full()
 
@@ -223,8 +236,8 @@ class AuditTrail:
         except AttributeError:
             ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf.append((DELC, _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
-                    entry.delivery_count, ctx))
+        buf += (DELC, _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
+                entry.delivery_count, ctx, None, None, None)
         if len(buf) > self.limit:
             self._full()
 
@@ -242,8 +255,9 @@ class AuditTrail:
         except AttributeError:
             ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf.append((ACKC, _time(), qctx, entry.message.id,
-                    consumer.tag if consumer is not None else None, item.tag, ctx))
+        buf += (ACKC, _time(), qctx, entry.message.id,
+                consumer.tag if consumer is not None else None, item.tag, ctx, None, None, None,
+                None, None)
         if len(buf) > self.limit:
             self._full()
 
@@ -254,11 +268,9 @@ class AuditTrail:
             if queue not in self._audited:
                 continue
             consumer = item.consumer
-            self.buf.append((REJ, t, queue.vhost.name, queue.name, item.entry.message.id,
-                             consumer.tag if consumer is not None else None, item.tag,
-                             channel.session.peer, channel.number, requeue, name))
-        if len(self.buf) > self.limit:
-            self._full()
+            self._add((REJ, t, queue.vhost.name, queue.name, item.entry.message.id,
+                       consumer.tag if consumer is not None else None, item.tag,
+                       channel.session.peer, channel.number, requeue, name))
 
     # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
     def queue_op(self, queue, op, entry) -> None:
@@ -270,62 +282,63 @@ class AuditTrail:
             return
         if op is _ENQUEUE:
             if entry.message is self._routing:
-                self._into.append(queue.name)
+                into = self._into
+                if into is None:  # the usual single queue: its name, no list
+                    self._into = queue.name
+                elif into.__class__ is str:
+                    self._into = [into, queue.name]
+                else:
+                    into.append(queue.name)
                 return
             # not a client's publish (a dead letter, a scheduled firing): its properties
             # link it to the original (message id, x-ref-key)
             msg = entry.message
-            self.buf.append((ENQ, _time(), queue.vhost.name, queue.name, msg.id, msg.properties))
+            self._add((ENQ, _time(), queue.vhost.name, queue.name, msg.id, msg.properties))
+            return
         elif op is _SETTLE:
             reason = queue.leave_reason
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "dropped" if reason == "maxlen" else "settled", reason, None))
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "dropped" if reason == "maxlen" else "settled", reason, None))
         elif op is _REQUEUE:
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "requeued", None, None))
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "requeued", None, None))
         elif op is _DEAD_LETTER:
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "dead_lettered", queue.leave_reason,
-                             queue.opts.dead_letter_exchange))
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "dead_lettered", queue.leave_reason,
+                       queue.opts.dead_letter_exchange))
         elif op is _EXPIRE:
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "expired", "expired", queue.opts.dead_letter_exchange))
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "expired", "expired", queue.opts.dead_letter_exchange))
         elif op is _PURGE:
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "purged", None, None))
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "purged", None, None))
         elif op is _DELETE:
-            self.buf.append((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
-                             "deleted", None, None))
-        if len(self.buf) > self.limit:
-            self._full()
+            self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
+                       "deleted", None, None))
 
     # ---- hooks: scheduler and retries ----
     def scheduled(self, vhost, message, due: float) -> None:
         if not self.vhost_audited(vhost.name):
             return
-        self.buf.append((SCH, _time(), vhost.name, message.exchange, message.routing_key,
-                         message.id, message.properties, due))
-        if len(self.buf) > self.limit:
-            self._full()
+        self._add((SCH, _time(), vhost.name, message.exchange, message.routing_key,
+                   message.id, message.properties, due))
 
     def fired(self, vhost_name: str, message, due: float, queues: list) -> None:
         if not self.vhost_audited(vhost_name):
             return
-        self.buf.append((FIRE, _time(), vhost_name, message.exchange, message.routing_key,
-                         message.id, message.properties, due, [q.name for q in queues]))
-        if len(self.buf) > self.limit:
-            self._full()
+        self._add((FIRE, _time(), vhost_name, message.exchange, message.routing_key,
+                   message.id, message.properties, due, [q.name for q in queues]))
 
     def cancelled(self, vhost_name: str, sid: str) -> None:
         if not self.vhost_audited(vhost_name):
             return
-        self.buf.append((CAN, _time(), vhost_name, sid))
+        self._add((CAN, _time(), vhost_name, sid))
 
     def retried(self, queue, entry, delay_ms: int) -> None:
         if queue not in self._audited:
             return
-        self.buf.append((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,
-                         entry.delivery_count, f"delay {delay_ms} ms"))
+        self._add((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,
+                   entry.delivery_count, f"delay {delay_ms} ms"))
 
     # ---- the drain task, the spool and the converter process ----
     def converter_command(self) -> list[str]:
@@ -343,8 +356,8 @@ class AuditTrail:
     def _take_batch(self) -> list:
         batch, self.buf = self.buf, []
         if self.dropped:
-            batch.append((TRAIL, _time(), "audit_dropped", self.dropped,
-                          f"policy {self.settings.policy}: events not recorded"))
+            batch += (TRAIL, _time(), "audit_dropped", self.dropped,
+                      f"policy {self.settings.policy}: events not recorded") + _PAD[5]
             self.dropped = 0
         return batch
 
@@ -361,32 +374,34 @@ class AuditTrail:
         if os.path.exists(marker):
             os.remove(marker)
         self.next_seq = last + 1
-        self.buf.insert(0, (TRAIL, _time(), "node_started", None, previous))
+        self.buf[0:0] = (TRAIL, _time(), "node_started", None, previous) + _PAD[5]
 
     async def _flush(self, batch: list) -> None:
         """Number ``batch`` and append it to the spool (a worker thread does the write)."""
         if not batch:
             return
         if self._spool_full and self.settings.policy == "drop":
-            lost = sum(1 for ev in batch if not (ev[0] == TRAIL and ev[2] == "audit_dropped"))
+            lost = sum(1 for i in range(0, len(batch), WIDTH)
+                       if not (batch[i] == TRAIL and batch[i + 2] == "audit_dropped"))
             self.dropped += lost
             self.dropped_total += lost
             return
+        count = len(batch) // WIDTH
         first = self.next_seq
-        self.next_seq = first + len(batch)
+        self.next_seq = first + count
         try:
             # serialised in the worker thread too: the batch is no longer the loop's (the
             # hooks append to a new list), and while the loop waits for sockets the thread
             # gets the GIL
-            await trio.to_thread.run_sync(self._spool_batch, first, batch)
-            self.sent += len(batch)
+            await trio.to_thread.run_sync(self._spool_batch, first, count, batch)
+            self.sent += count
         except OSError as exc:  # the sequence keeps the hole: the trail shows the loss
-            self.dropped_total += len(batch)
+            self.dropped_total += count
             log.error("audit spool write failed (%s): events %d-%d lost", exc, first,
-                      first + len(batch) - 1)
+                      first + count - 1)
 
-    def _spool_batch(self, first: int, batch: list) -> None:
-        self.spool.append(first, len(batch), dumps(batch))
+    def _spool_batch(self, first: int, count: int, batch: list) -> None:
+        self.spool.append(first, count, dumps(batch))
 
     def _check_backlog(self) -> None:
         """The converter lags more than ``spool_max`` bytes: apply the policy."""
@@ -425,7 +440,7 @@ class AuditTrail:
         finally:
             with trio.CancelScope(shield=True):
                 batch = self._take_batch()
-                batch.append((TRAIL, _time(), "node_stopped", None, "clean shutdown"))
+                batch += (TRAIL, _time(), "node_stopped", None, "clean shutdown") + _PAD[5]
                 self._spool_full = False
                 await self._flush(batch)
                 await trio.to_thread.run_sync(self.spool.close, True)

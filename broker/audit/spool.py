@@ -22,21 +22,29 @@ import pickle
 import struct
 from typing import Any
 
+from . import events
+
 FRAME = struct.Struct(">QII")  # first seq, events, bytes of serialised data
 SEGMENT_BYTES = 16 << 20
 
 
 def dumps(batch: list) -> bytes:
-    """A batch as frame data: marshal (several times faster than pickle for tuples of
-    names and numbers), or pickle when a property value is of a type marshal refuses."""
+    """A batch as frame data: marshal (several times faster than pickle for names and
+    numbers), or pickle when a property value is of a type marshal refuses. ``batch`` is
+    either the recorder's flat buffer (``events.WIDTH`` slots per event: ``F``/``Q``) or a
+    list of event tuples (``M``/``P``)."""
+    rows = bool(batch) and isinstance(batch[0], tuple)
     try:
-        return b"M" + marshal.dumps(batch)
+        return (b"M" if rows else b"F") + marshal.dumps(batch)
     except ValueError:
-        return b"P" + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        return (b"P" if rows else b"Q") + pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def loads(data: bytes) -> list:
-    return marshal.loads(data[1:]) if data[:1] == b"M" else pickle.loads(data[1:])
+    """The events of frame data as tuples (those of a flat buffer padded to WIDTH)."""
+    kind = data[:1]
+    batch = marshal.loads(data[1:]) if kind in b"MF" else pickle.loads(data[1:])
+    return events.rows(batch) if kind in b"FQ" else batch
 
 
 def spool_dir(root: str) -> str:

@@ -23,7 +23,7 @@ def test_scope_all_follows_every_queue_but_policy_false(tmp_path):
     assert trail in loud.observers and trail not in noisy.observers
     loud.enqueue(make_message(b"a"))
     noisy.enqueue(make_message(b"b"))
-    assert [(ev[0], ev[3]) for ev in trail.buf] == [(events.ENQ, "orders")]
+    assert [(ev[0], ev[3]) for ev in trail.events()] == [(events.ENQ, "orders")]
 
 
 def test_scope_policy_follows_policy_changes(tmp_path):
@@ -35,11 +35,11 @@ def test_scope_policy_follows_policy_changes(tmp_path):
     broker.policies.set_policy("/", "audited", "^pay", {"audit": True})
     assert trail in q.observers and trail.vhost_audited("/")
     q.enqueue(make_message(b"p"))
-    assert len(trail.buf) == 1
+    assert len(trail.events()) == 1
     broker.policies.clear_policy("/", "audited")
     assert trail not in q.observers and not trail.vhost_audited("/")
     q.enqueue(make_message(b"p"))
-    assert len(trail.buf) == 1
+    assert len(trail.events()) == 1
 
 
 def test_drop_policy_counts_what_it_drops(tmp_path):
@@ -49,8 +49,8 @@ def test_drop_policy_counts_what_it_drops(tmp_path):
     q = broker.vhosts["/"].ensure_queue("q", False, {})
     for _ in range(5):
         q.enqueue(make_message(b"x"))
-    assert len(trail.buf) == 3 and trail.dropped == 2
-    batch = trail._take_batch()
+    assert len(trail.events()) == 3 and trail.dropped == 2
+    batch = events.rows(trail._take_batch())
     assert batch[-1][:4] == (events.TRAIL, batch[-1][1], "audit_dropped", 2)
     assert not broker.alarms
 
@@ -61,5 +61,5 @@ def test_block_policy_raises_an_alarm(tmp_path):
     q = broker.vhosts["/"].ensure_queue("q", False, {})
     for _ in range(5):
         q.enqueue(make_message(b"x"))
-    assert len(broker.audit.buf) == 5  # kept: up to twice the bound
+    assert len(broker.audit.events()) == 5  # kept: up to twice the bound
     assert broker.alarms == {"audit trail"}

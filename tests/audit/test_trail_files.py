@@ -14,7 +14,7 @@ import pytest
 from broker.audit import events
 from broker.audit.encoder import BatchEncoder, ContainerFile
 from broker.audit.reader import VERSION_KEY, FileReader, UnknownSchemaVersion
-from broker.audit.spool import FRAME, Spool, dumps, segments
+from broker.audit.spool import FRAME, Spool, dumps, loads, segments
 from broker.audit.writer import RollingWriter, last_state, node_files
 
 T = 1_795_500_000.25
@@ -227,3 +227,37 @@ def test_torn_frame_of_a_crash_is_skipped(tmp_path):
     records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
     assert sorted(r["msg"] for r in records) == [1, 2]
     assert segments(str(tmp_path)) == []
+
+
+def test_flat_buffer_of_compact_kinds_encodes_as_the_flat_records():
+    """The recorder's flat buffer (padded records, shared contexts, a PUBC ``queues`` slot
+    that is None, one name or a list) through the spool's frame format and the encoder's
+    compact path, against fastavro; odd values (a None tag, a huge id) take the generic
+    path and must give the same records."""
+    schema = fastavro.parse_schema(events.load_schema())
+    ch = ("/", "guest", "127.0.0.1:1", 3)
+    mq = ("v", "mqtt-user", "127.0.0.1:9", None)  # an MQTT session: no channel number
+    q = ("/", "q")
+    pad = events.WIDTH
+    evs = [(events.PUBC, T, ch, "x", "rk", 9, PROPS, 64, True, 5, "q", "routed"),
+           (events.PUBC, T, ch, "", "rk", 10, {"delivery_mode": 2}, 0, False, 0, None,
+            "unroutable"),
+           (events.PUBC, T, mq, "amq.topic", "a.b", 11, {}, 3, False, 0, ["q", "r"], "routed"),
+           (events.DELC, T, q, 9, "ctag", 4, False, 1, ch),
+           (events.DELC, T, q, 10, "ctag", 5, True, 2, ch),
+           (events.ACKC, T + 1, q, 9, "ctag", 4, ch),
+           (events.ACKC, T, q, 10, None, 5, ch),
+           (events.LEFT, T, "/", "q", 1, "settled", None, None)]
+    flat = [x for ev in evs for x in ev + (None,) * (pad - len(ev))]
+    odd = [x for ev in [(events.DELC, T, q, 2 ** 62, "t", None, False, 1, mq)]
+           for x in ev + (None,) * (pad - len(ev))]
+    for buf in (flat, flat * 3, odd + flat):
+        batch = loads(dumps(buf))
+        assert all(len(ev) == pad for ev in batch)
+        data = BatchEncoder("n1", 7).encode(batch)
+        bio = io.BytesIO(data)
+        for i, ev in enumerate(batch):
+            got = fastavro.schemaless_reader(bio, schema)
+            want = events.to_record(ev, "n1", 7 + i)
+            assert got == {f: want.get(f) for f in FIELDS}, ev
+        assert bio.tell() == len(data)
