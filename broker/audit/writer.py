@@ -32,6 +32,8 @@ from . import events, spool
 from .encoder import BatchEncoder, ContainerFile
 from .reader import VERSION_KEY, FileReader
 
+BLOCK_EVENTS = 30_000
+
 
 def _partition(ts_us: int, node: str) -> str:
     t = datetime.datetime.fromtimestamp(ts_us / 1e6, datetime.UTC)
@@ -122,6 +124,9 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
         for i, path in enumerate(segs):
             newest = i == len(segs) - 1
             pos = positions.get(path, 0)
+            # Frames already spooled (the converter lagging) are joined into one block of
+            # up to BLOCK_EVENTS: the encoder's cost per block is spread over more events.
+            pending: list = []
             for _, first, count, data, nxt in spool.read_frames(path, pos):
                 pos = positions[path] = nxt
                 if first + count - 1 <= last_seq:
@@ -130,12 +135,23 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
                 if first <= last_seq:
                     batch = batch[last_seq - first + 1:]
                     first = last_seq + 1
-                out.encoder.seq = first
-                out.write(batch)
+                if pending and first != last_seq + 1:  # a hole (a failed spool write)
+                    out.write(pending)
+                    pending = []
+                if not pending:
+                    out.encoder.seq = first
+                pending += batch
                 last_seq = first + len(batch) - 1
                 progressed = True
+                if len(pending) >= BLOCK_EVENTS:
+                    out.write(pending)
+                    pending = []
                 if stop():
-                    return last_seq
+                    break
+            if pending:
+                out.write(pending)
+            if stop():
+                return last_seq
             done = not newest or os.path.exists(closed_marker)
             if done:
                 size = os.path.getsize(path)
