@@ -32,7 +32,7 @@ from . import events, spool
 from .encoder import BatchEncoder, ContainerFile
 from .reader import VERSION_KEY, FileReader
 
-BLOCK_EVENTS = 30_000
+BLOCK_EVENTS = 12_000
 
 
 def _partition(ts_us: int, node: str) -> str:
