@@ -156,7 +156,8 @@ async def test_master_election_epochs_and_fenced_isr(etcd):
         view = await cluster_view(c, "/t/")
         assert view["queues"] == [{"vhost": "/", "name": "q", "master": "a", "epoch": ma.epoch,
                                    "home": "a", "mirrors": ["b"], "in_sync": ["b"],
-                                   "progress": {"b": 100}}]
+                                   "progress": {"b": 100}, "sync": {},
+                                   "stopped_cleanly": False}]
         # a dies (its lease ends): b takes the queue under a higher epoch ...
         stale = dict(a.masters)
         await a.leave()
