@@ -571,17 +571,24 @@ class Channel:
             raise errors.precondition_failed("channel is not transactional")
         actions, self.tx = self.tx, []
         self.tx_durable = False
+        settled_later = False  # settled messages of a queue whose mirrors must apply that
         for kind, data in actions:
             if kind == "publish":
                 message, mandatory = data
                 self.publish(message, mandatory)
-            elif kind == "ack":
+                continue
+            if kind == "ack":
                 self._settle(data, ack=True)
             elif kind == "reject":
                 self._settle(data, ack=False)
             else:
                 self._settle(data, ack=False, requeue=True)
+            settled_later = settled_later or any(item.queue.confirms_later for item in data)
         store = self.vhost.store
+        barrier = getattr(store, "settle_barrier", None) if settled_later else None
+        if barrier is not None:  # the cluster store: commit-ok once the mirrors have it
+            barrier(self)
+            self.tx_durable = True
         if not self.tx_durable or store is None:
             self.reply(spec.Tx.CommitOk())
             return

@@ -166,6 +166,7 @@ class Mirroring:
         self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
         self._enqueued: list = []  # entries that entered, sent together
         self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
+        self._leave_tokens: dict[str, list] = {}  # in-sync node -> tx.commit tokens of _leaves
         # syncing node -> [generation, snapshot entries, next index, batches in flight]
         self._syncs: dict[str, list] = {}
         self._gone: set[int] = set()  # seqs that left while a sync runs (not sent after)
@@ -207,20 +208,35 @@ class Mirroring:
         enqueued, self._enqueued = self._enqueued, []
         leaves, self._leaves = self._leaves, []
         tokens, self._tokens = self._tokens, {}
+        leave_tokens, self._leave_tokens = self._leave_tokens, {}
         packed = pack_entries(enqueued) if enqueued else b""
         for node, state in self.nodes.items():
             mine = tokens.get(node, [])
             if state == "failed":
                 self._park(mine)
+                self._park(leave_tokens.get(node, []))
                 continue
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if enqueued:
                 self._send(node, ENQUEUES, packed, self._batch_done(node, mine))
             if leaves:
-                self._send(node, LEAVES, b"", self._done_for(node), ",".join(map(str, leaves)))
-        for node, mine in tokens.items():
-            if node not in self.nodes:
-                self._park(mine)
+                self._send(node, LEAVES, b"", self._batch_done(node, leave_tokens.get(node, [])),
+                           ",".join(map(str, leaves)))
+        for table in (tokens, leave_tokens):
+            for node, mine in table.items():
+                if node not in self.nodes:
+                    self._park(mine)
+
+    def settle_barrier(self) -> None:
+        """A tx.commit settled messages of this queue: its commit-ok waits (through the
+        cluster store's forwarded tokens) until every in-sync mirror applied the leaves
+        produced so far."""
+        if not self._leaves:
+            return
+        store = self.owner.store
+        for node, state in self.nodes.items():
+            if state == "in_sync":
+                self._leave_tokens.setdefault(node, []).append(store.forward_started())
 
     def _park(self, tokens: list) -> None:
         """Confirms owed by a mirror that left the in-sync set: released once etcd records
@@ -458,6 +474,10 @@ class Mirrors:
     def flush_soon(self, mirroring: Mirroring) -> None:
         self._to_flush.append(mirroring)
         self._flush_wake.set()
+
+    def settle_barrier(self) -> None:
+        for mirroring in self._to_flush:  # the queues with ops not yet sent
+            mirroring.settle_barrier()
 
     async def flusher(self) -> None:
         while True:

@@ -438,6 +438,13 @@ class ClusterStore(Store):
             self._forwards = _Forwards(self.publishing)
         return self._forwards.started()
 
+    def settle_barrier(self, channel) -> None:
+        """``channel``'s tx.commit acknowledged or rejected messages of mirrored queues: the
+        next ``when_durable`` (its commit-ok) waits until their mirrors applied that."""
+        if self._forwards is None:
+            self.publishing = channel
+        self.mirrors.settle_barrier()
+
     def forward_abandoned(self, done) -> None:
         """The publish ``done`` was for could not be sent: nothing will call it."""
         if self._forwards is not None:

@@ -330,3 +330,34 @@ def test_ha_nodes_names_checked_against_the_clusters_members(tmp_path, etcd, sec
         single.stop()
         b.stop()
         a.stop()
+
+
+@pytest.mark.timeout(120)
+def test_tx_commit_ok_of_acks_waits_for_the_mirrors(tmp_path, etcd, secret):
+    a = node(tmp_path, etcd, "a", secret).start()
+    b = node(tmp_path, etcd, "b", secret).start()
+    try:
+        put_policy(a, "ha", "^ha\\.", {"ha-mode": "all"})
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("ha.txack", durable=True)
+        wait_in_sync(etcd, "ha.txack", ["b"])
+        publish_confirmed(a, "ha.txack", [f"m{i}".encode() for i in range(2000)])
+        ch.basic_qos(prefetch_count=2000)
+        ch.tx_select()
+        tags = []
+        for method, _, _ in ch.consume("ha.txack", inactivity_timeout=5):
+            assert method is not None
+            tags.append(method.delivery_tag)
+            if len(tags) == 2000:
+                break
+        for tag in tags[:1990]:  # one by one: 1,990 seqs leave in this commit
+            ch.basic_ack(tag)
+        ch.tx_commit()
+        a.kill()  # at once after commit-ok: the acknowledged must not come back
+        wait_master(etcd, "ha.txack", "b")
+        got = drain(b, "ha.txack")
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(1990, 2000))
+    finally:
+        b.stop()
+        a.stop()
