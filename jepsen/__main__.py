@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nemesis", default="kill9,sigstop",
                    help=f"comma-separated, cycled through: {', '.join(NEMESES)}; mirrored: "
                         f"{', '.join(MIRRORED_NEMESES)} (network ones need --netns)")
-    p.add_argument("--nodes", type=int, default=2, help="brokers sharing the store")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="brokers sharing the store (2), or cluster nodes (mirrored: 3)")
     p.add_argument("--producers", type=int, default=3)
     p.add_argument("--consumers", type=int, default=2)
     p.add_argument("--queues", type=int, default=2)
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         why = unavailable()
         if why:
             p.error(f"--netns: {why}")
+    if args.nodes is None:
+        args.nodes = 3 if args.topology == "mirrored" else 2
     if args.rounds < 1 or args.nodes < 2:
         p.error("--rounds must be >= 1 and --nodes >= 2")
     def interrupted(signum, frame):
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("pika").setLevel(logging.CRITICAL)  # every reconnect is expected here
     if args.topology == "mirrored":
         from .mirrored import run_mirrored
-        result = run_mirrored(rounds=args.rounds, nemeses=nemeses, nodes=max(args.nodes, 2),
+        result = run_mirrored(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,
                               producers=args.producers, consumers=args.consumers,
                               queues=args.queues, pause=args.pause, ttl=args.ttl,
                               workdir=args.workdir, netns=args.netns, prefix=args.prefix)

@@ -49,13 +49,12 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Running (a zombie, killed but not yet reaped by its parent, is not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

@@ -58,3 +58,38 @@ def test_mirrored_partition_and_etcd_restart_lose_nothing_confirmed():
     assert restart["confirmed_while_down"] == 0, restart
     assert restart["confirms_after_etcd_back_s"] is not None, restart
     assert restart["confirms_after_etcd_back_s"] < 15, restart
+
+
+@pytest.mark.timeout(60)
+def test_netns_leftovers_of_a_dead_run_are_removed():
+    """A run that died (its pid gone) left a namespace with a process in it and a bridge:
+    the next run with the same prefix removes them; its own go at ``down()``."""
+    import subprocess
+
+    from jepsen.netns import IP, Topology
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tag = f"jx{dead.pid}"
+    subprocess.run([IP, "netns", "add", f"{tag}-n1"], check=True)
+    subprocess.run([IP, "link", "add", f"{tag}br", "type", "bridge"], check=True)
+    sleeper = subprocess.Popen([IP, "netns", "exec", f"{tag}-n1", "sleep", "60"])
+    try:
+        topo = Topology(["n1", "n2"], prefix="jx").up()
+        try:
+            names = subprocess.run([IP, "netns", "list"], capture_output=True, text=True).stdout
+            links = subprocess.run([IP, "-o", "link"], capture_output=True, text=True).stdout
+            assert f"{tag}-n1" not in names and f"{tag}br" not in links
+            assert sleeper.wait(5) != 0  # killed with its namespace
+            assert f"{topo.tag}-n2" in names and topo.bridge in links
+        finally:
+            topo.down()
+        names = subprocess.run([IP, "netns", "list"], capture_output=True, text=True).stdout
+        assert topo.tag not in names
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        subprocess.run([IP, "netns", "del", f"{tag}-n1"], capture_output=True)
+        subprocess.run([IP, "link", "del", f"{tag}br"], capture_output=True)
