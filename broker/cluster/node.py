@@ -220,7 +220,7 @@ class ClusterNode:
         is claimed (or known to be another node's)."""
         while self._lost:
             vhost, queue = self._lost[0]
-            await self.claim_master(vhost, queue)
+            await self.claim_master(vhost, queue, rejoin=True)
             self._lost.pop(0)
         log.warning("rejoined the cluster with a new lease; %d queues claimed again, %d taken "
                     "by other nodes", len(self.masters), len(self.conflicts))
@@ -259,7 +259,7 @@ class ClusterNode:
             self.masters.clear()
 
     # ---- queue masters ----
-    async def claim_master(self, vhost: str, queue: str) -> Mastership:
+    async def claim_master(self, vhost: str, queue: str, rejoin: bool = False) -> Mastership:
         """Make this node the queue's master if nobody is; returns who is. A queue held by
         another node is recorded in ``conflicts``. Raises CoordinationUnavailable."""
         value = json.dumps({"node": self.name, "advertise": self.settings.advertise}).encode()
@@ -274,6 +274,10 @@ class ClusterNode:
             self.masters[(vhost, queue)] = m
             self.conflicts.pop((vhost, queue), None)
             await self.coord.put(self.home_key(vhost, queue), json.dumps({"node": self.name}).encode())
+        elif rejoin:  # a mirror was promoted meanwhile: the store drops the stale copy here
+            self.conflicts[(vhost, queue)] = holder
+            log.warning("queue %r in vhost %r was taken over by node %r while this node was "
+                        "away", queue, vhost, holder)
         else:
             self.conflicts[(vhost, queue)] = holder
             log.error("queue %r in vhost %r is mastered by node %r as well as declared here (declared "
