@@ -22,6 +22,7 @@ and events/s.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import shlex
@@ -47,6 +48,27 @@ def _triomq_args(extra: list[str]):
                               broker_module="broker")
 
 
+def _trail_check(root: str) -> str:
+    """What the audited run left: events in the Avro files, holes in the sequence, events
+    the policy dropped (``audit_dropped``), frames still in the spool. A run with holes or
+    drops does not count."""
+    from broker.audit.reader import FileReader
+    from broker.audit.spool import segments
+    seqs, dropped = [], 0
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.endswith(".avro"):
+                for block in FileReader(os.path.join(d, f)).rows_iter(("seq", "event", "count")):
+                    for seq, event, count in block:
+                        seqs.append(seq)
+                        if event == "audit_dropped":
+                            dropped += count or 0
+    seqs.sort()
+    holes = sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1)
+    return (f"{len(seqs):,} events, seq {seqs[0] if seqs else 0}-{seqs[-1] if seqs else 0}, "
+            f"{holes} holes, {dropped} dropped, {len(segments(root))} spool segments left")
+
+
 def _median(runs: list[dict]) -> dict:
     """The run with the median consume rate."""
     return sorted(runs, key=lambda r: r.get("consume_rate") or 0)[len(runs) // 2]
@@ -65,6 +87,9 @@ def cmd_overhead(a) -> int:
                                               label="TrioMQ + audit"))
                 sizes.append(sum(os.path.getsize(os.path.join(d, f))
                                  for d, _, fs in os.walk(trail) for f in fs))
+                check = _trail_check(trail)
+                auditeds[-1]["trail_check"] = check
+                print(f"[bench] trail: {check}", flush=True)
             finally:
                 shutil.rmtree(trail, ignore_errors=True)
             rabbits.append(run_on_url(RABBIT_URL, w, label="RabbitMQ"))
