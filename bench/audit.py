@@ -213,7 +213,7 @@ def cmd_generate(a) -> int:
 def _mix(n: int) -> list:
     """n messages of the confirm+ack workload: published, delivered, acked."""
     from broker.audit import events as E
-    out = []
+    out: list = []
     t = time.time()
     props = {"delivery_mode": 1}
     for i in range(n):
