@@ -292,6 +292,9 @@ class Mirroring:
         for node in [n for n in self.nodes if n not in wanted]:
             if self.nodes.pop(node) == "in_sync":
                 self.isr_dirty = True
+            self.generation[node] = self.generation.get(node, 0) + 1
+            if node in self._syncs:
+                self._end_sync(node)  # else its leaves would be remembered for ever
         for node in wanted:
             if self.nodes.get(node) == "failed" and \
                     self.owner.store.link_for(node, self.queue.vhost.name).failing:
