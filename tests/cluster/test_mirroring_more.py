@@ -227,11 +227,14 @@ def test_promote_on_shutdown_and_on_failure_are_distinct(tmp_path, etcd, secret)
                                        "ha-promote-on-shutdown": "always"})
         put_policy(a, "fl", "^fl\\.", {"ha-mode": "all", "ha-sync-mode": "manual",
                                        "ha-promote-on-failure": "always"})
+        put_policy(a, "ok", "^ok\\.", {"ha-mode": "all"})  # synchronised: defaults
         conn = a.connect()
         ch = conn.channel()
-        for q in ("sd.q", "fl.q"):
+        for q in ("sd.q", "fl.q", "ok.q"):
             ch.queue_declare(q, durable=True)
         conn.close()
+        wait_in_sync(etcd, "ok.q", ["b"])
+        publish_confirmed(a, "ok.q", [f"ok-{i}".encode() for i in range(5)])
         for q in ("sd.q", "fl.q"):
             eventually(lambda q=q: queue_view(etcd, q)["progress"] == {"b": "manual"}
                        or (_ for _ in ()).throw(AssertionError()), timeout=10)
@@ -240,6 +243,9 @@ def test_promote_on_shutdown_and_on_failure_are_distinct(tmp_path, etcd, secret)
         a.stop()  # SIGTERM: a controlled shutdown
         # ha-promote-on-shutdown always: the unsynchronised mirror takes over
         wait_master(etcd, "sd.q", "b", timeout=10)
+        # when-synced (default): the synchronised mirror takes over
+        wait_master(etcd, "ok.q", "b", timeout=10)
+        assert sorted(drain(b, "ok.q")) == sorted(f"ok-{i}".encode() for i in range(5))
         assert sorted(drain(b, "sd.q")) == sorted(f"sd.q-{i}".encode() for i in range(5))
         # fl.q: ha-promote-on-shutdown is when-synced (default): unavailable
         time.sleep(3)
