@@ -196,7 +196,9 @@ def validate_definition(definition: Any, operator: bool = False) -> dict:
             raise PolicyError(problem, key)
     ha = _ha_problem(definition)
     if ha is not None:
-        raise PolicyError(ha[1], ha[0])
+        key, text = ha
+        # RabbitMQ words a bad ha-params after the ha-mode it does not fit; say which key it is
+        raise PolicyError(text if text.startswith(key) else f"{key}: {text}", key)
     return dict(definition)
 
 
