@@ -166,7 +166,7 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
         t0 = time.monotonic()
         if name == "reconcile":
             tables, summary = jobs.reconcile(ev, args.window, args.grace,
-                                             args.to_us or last_ts, copies)
+                                             args.to_us or last_ts, copies, trail.seq_counts())
             if summary["unaccounted"]:
                 status = 1
         elif name == "sequence":

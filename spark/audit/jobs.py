@@ -83,15 +83,26 @@ def _message_ids(ev: DataFrame) -> DataFrame:
                                         F.first("routing_key", ignorenulls=True).alias("routing_key")))
 
 
-def trail_integrity(ev: DataFrame) -> tuple[DataFrame, dict]:
-    """Per node: the sequence's range, holes, and runs that did not stop cleanly."""
+def trail_integrity(ev: DataFrame, seq_counts: dict | None = None) -> tuple[DataFrame, dict]:
+    """Per node: the sequence's range, holes, and runs that did not stop cleanly.
+
+    ``seq_counts``: each node's number of distinct sequence numbers when the reader knows
+    it (``Trail.seq_counts``: from the blocks' runs), which spares a distinct count of
+    every event."""
+    counted = F.countDistinct("seq") if seq_counts is None else F.count(F.lit(1))
     per_node = ev.groupBy("node").agg(
         F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
-        F.countDistinct("seq").alias("events"),
+        counted.alias("events"),
         F.sum(F.when(F.col("event") == "node_started", 1).otherwise(0)).alias("starts"),
         F.sum(F.when(F.col("event") == "node_stopped", 1).otherwise(0)).alias("clean_stops"),
         F.sum(F.when(F.col("event") == "audit_dropped", F.col("count")).otherwise(0))
         .alias("events_dropped_by_policy"))
+    if seq_counts is not None:
+        counts = ev.sparkSession.createDataFrame(
+            [(node, int(n)) for node, n in seq_counts.items()] or [("", 0)],
+            "node string, distinct_seqs long")
+        per_node = (per_node.join(F.broadcast(counts), "node", "left")
+                    .withColumn("events", F.col("distinct_seqs")).drop("distinct_seqs"))
     per_node = per_node.withColumn(
         "missing_seqs", F.col("last_seq") - F.col("first_seq") + 1 - F.col("events")).cache()
     rows = _rows(per_node.transform(_sorted, "node"))
@@ -102,8 +113,8 @@ def trail_integrity(ev: DataFrame) -> tuple[DataFrame, dict]:
 
 
 def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
-              as_of_us: int | None = None, copies: DataFrame | None = None
-              ) -> tuple[dict, dict]:
+              as_of_us: int | None = None, copies: DataFrame | None = None,
+              seq_counts: dict | None = None) -> tuple[dict, dict]:
     """Counts per vhost, queue and window; every copy without a final state enqueued more
     than ``grace_s`` before ``as_of_us`` (default: the trail's last event) is unaccounted."""
     if as_of_us is None:
@@ -145,7 +156,7 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         count(o == "nacked").alias("nacked"), count(o == "taken").alias("taken"),
         count(F.col("persistent")).alias("persistent")
     ).withColumn("window", _iso("window_start")).transform(_sorted, "vhost", "window_start").cache()
-    integrity, integrity_summary = trail_integrity(ev)
+    integrity, integrity_summary = trail_integrity(ev, seq_counts)
     queue_rows = _rows(by_queue)
     lost = copies.filter(fin.isNull() & (F.col("start_ts") < cutoff))
     named = ev

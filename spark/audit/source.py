@@ -108,9 +108,12 @@ class Trail:
         self.path = path
         self.columns = tuple(columns)
         self._acc = spark.sparkContext.accumulator([], _Problems())
+        # per decoded block: (path, offset, node, first seq, last seq), or None for the
+        # node when the block's events are not one run of consecutive numbers of one node
+        self._runs = spark.sparkContext.accumulator([], _Problems())
         listing = (spark.read.format("binaryFile").option("pathGlobFilter", "*.avro")
                    .option("recursiveFileLookup", "true").load(path))
-        acc = self._acc
+        acc, runs = self._acc, self._runs
         cols = self.columns
         lo, hi = from_us, to_us
         schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
@@ -127,7 +130,7 @@ class Trail:
                 rdd = sc.parallelize(shares, len(shares))
                 ranges = spark.createDataFrame(rdd, "path string, lo long, hi long")
                 self.df: DataFrame = ranges.mapInArrow(
-                    lambda batches: _decode_shares(batches, cols, lo, hi, acc), schema)
+                    lambda batches: _decode_shares(batches, cols, lo, hi, acc, runs), schema)
                 return
         files = listing.select("path", "content")
         self.files = files
@@ -137,28 +140,21 @@ class Trail:
             # events back as Arrow batches: no row is pickled on either side.
             import pyarrow as pa
 
-            from broker.audit.reader import FileReader, UnknownSchemaVersion
+            from broker.audit.reader import UnknownSchemaVersion
             arrow_schema = pa.schema([(c, _ARROW[c]) for c in cols])
-            empty = [[] for _ in cols]
+            empty: list = [[] for _ in cols]
             for batch in batches:
                 paths = batch.column(0).to_pylist()
                 contents = batch.column(1)
                 for i, path in enumerate(paths):
                     try:
-                        reader = FileReader(path, contents[i].as_buffer().to_pybytes())
+                        reader = _share_reader()(path, contents[i].as_buffer().to_pybytes(),
+                                                 0, 1 << 62)
                     except UnknownSchemaVersion as exc:
                         acc.add([(path, 0, UNKNOWN_VERSION, str(exc))])
                         continue
-                    rows: list = []
-                    for block in reader.rows_iter(cols, lo, hi):
-                        rows += block
-                        if len(rows) >= _BATCH_ROWS:
-                            yield _record_batch(pa, arrow_schema, rows, empty)
-                            rows = []
-                    if rows:
-                        yield _record_batch(pa, arrow_schema, rows, empty)
-                    if reader.problems:
-                        acc.add([tuple(p) for p in reader.problems])
+                    yield from _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty,
+                                             acc, runs)
 
         self.df = files.mapInArrow(decode, schema)
 
@@ -171,6 +167,12 @@ class Trail:
                 seen.append(p)
         return sorted(seen)
 
+    def seq_counts(self) -> dict | None:
+        """Per node, how many distinct sequence numbers the events read so far have (after
+        an action that read every file), from the blocks' runs; None when a block was not
+        one run of consecutive numbers of one node (then they are counted in Spark)."""
+        return seq_counts(self._runs.value)
+
     def check_versions(self) -> None:
         for path, _, kind, detail in self.problems():
             if kind == UNKNOWN_VERSION:
@@ -181,19 +183,46 @@ class SchemaVersionError(Exception):
     pass
 
 
-def _decode_shares(batches, cols: tuple, lo, hi, acc):
-    """mapInArrow over (path, lo, hi) rows: the events of the blocks starting in each range."""
-    import pyarrow as pa
+def seq_counts(runs: list) -> dict | None:
+    """``(path, offset, node, first, last)`` per block (``node`` None: not one run) -> per
+    node the size of the union of the runs (a block reported twice, or a file read under
+    two names, counts once); None if a block was not one run."""
+    unique: dict = {}
+    for path, offset, node, first, last in runs:
+        if node is None:
+            return None
+        unique[(path, offset)] = (node, first, last)
+    by_node: dict = {}
+    for node, first, last in unique.values():
+        by_node.setdefault(node, []).append((first, last))
+    counts = {}
+    for node, spans in by_node.items():
+        spans.sort()
+        total, end = 0, None
+        for first, last in spans:
+            if end is not None and first <= end:
+                if last > end:
+                    total += last - end
+                    end = last
+                continue
+            total += last - first + 1
+            end = last
+        counts[node] = total
+    return counts
 
-    from broker.audit.reader import FileReader, UnknownSchemaVersion
+
+def _share_reader():
+    from broker.audit.reader import FileReader
 
     class Share(FileReader):
         """The blocks of one file that start in ``[start, end)``: every share scans the
         framing from the header (the same spans, the same framing problems: reported
-        once, ``Trail.problems``) and decodes only its own blocks."""
+        once, ``Trail.problems``) and decodes only its own blocks; ``at`` is the offset of
+        the block last handed out."""
 
         def __init__(self, uri: str, data, start: int, end: int) -> None:
             self.range = (start, end)
+            self.at = 0
             super().__init__(uri, data)
 
         def _spans(self):
@@ -202,8 +231,48 @@ def _decode_shares(batches, cols: tuple, lo, hi, acc):
                 if span[0] >= end:
                     return  # the framing after it is the next share's to check
                 if span[0] >= start:
+                    self.at = span[0]
                     yield span
 
+    return Share
+
+
+def _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty: list, acc, runs):
+    """Arrow batches of one reader's events; its problems and its blocks' sequence runs
+    go to the accumulators."""
+    si = cols.index("seq") if "seq" in cols else None
+    ni = cols.index("node") if "node" in cols else None
+    found: list = []
+    rows: list = []
+    for block in reader.rows_iter(cols, lo, hi):
+        if block and si is not None and ni is not None:
+            first = block[0][si]
+            node = block[0][ni]
+            # one run of consecutive numbers of one node (the broker's writer makes each
+            # block one batch of the sequence); else None: counted in Spark
+            if not ([r[si] for r in block] == list(range(first, first + len(block)))
+                    and all(r[ni] == node for r in block)):
+                node = None
+            found.append((reader.path, reader.at, node, first, first + len(block) - 1))
+        rows += block
+        if len(rows) >= _BATCH_ROWS:
+            yield _record_batch(pa, arrow_schema, rows, empty)
+            rows = []
+    if rows:
+        yield _record_batch(pa, arrow_schema, rows, empty)
+    if reader.problems:
+        acc.add([tuple(p) for p in reader.problems])
+    if found:
+        runs.add(found)
+
+
+def _decode_shares(batches, cols: tuple, lo, hi, acc, runs):
+    """mapInArrow over (path, lo, hi) rows: the events of the blocks starting in each range."""
+    import pyarrow as pa
+
+    from broker.audit.reader import UnknownSchemaVersion
+
+    share = _share_reader()
     arrow_schema = pa.schema([(c, _ARROW[c]) for c in cols])
     empty: list = [[] for _ in cols]
     for batch in batches:
@@ -214,17 +283,8 @@ def _decode_shares(batches, cols: tuple, lo, hi, acc):
             path = _local(uri)
             assert path is not None
             try:
-                reader = Share(uri, _open(path), start, end)
+                reader = share(uri, _open(path), start, end)
             except UnknownSchemaVersion as exc:
                 acc.add([(uri, 0, UNKNOWN_VERSION, str(exc))])
                 continue
-            rows: list = []
-            for block in reader.rows_iter(cols, lo, hi):
-                rows += block
-                if len(rows) >= _BATCH_ROWS:
-                    yield _record_batch(pa, arrow_schema, rows, empty)
-                    rows = []
-            if rows:
-                yield _record_batch(pa, arrow_schema, rows, empty)
-            if reader.problems:
-                acc.add([tuple(p) for p in reader.problems])
+            yield from _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty, acc, runs)

@@ -10,7 +10,7 @@ import pyarrow as pa
 from broker.audit import events
 from broker.audit.encoder import BatchEncoder, ContainerFile
 from broker.audit.reader import FileReader
-from spark.audit.source import COLUMNS, _decode_shares, _shares
+from spark.audit.source import COLUMNS, _decode_shares, _shares, seq_counts
 
 
 class Collected(list):
@@ -52,9 +52,21 @@ def test_shares_cover_every_block_once(tmp_path):
     batch = pa.RecordBatch.from_pydict({"path": [s[0] for s in shares],
                                         "lo": [s[1] for s in shares],
                                         "hi": [s[2] for s in shares]})
-    problems = Collected()
-    out = list(_decode_shares(iter([batch]), COLUMNS, None, None, problems))
+    problems, runs = Collected(), Collected()
+    out = list(_decode_shares(iter([batch]), COLUMNS, None, None, problems, runs))
     got = [tuple(r.values()) for b in out for r in b.to_pylist()]
     assert got == rows
     assert sorted(set(problems)) == [tuple(p) for p in expected.problems]
     assert expected.problems[0].offset == at
+    # each good block is one run of sequence numbers, named by its offset; the damaged
+    # block's 50 numbers are missing from the count
+    assert sorted(r[1] for r in runs) == [s[0] for i, s in enumerate(spans) if i != 4]
+    assert seq_counts(runs) == {"n1": 11 * 50}
+    assert seq_counts(runs + runs) == {"n1": 11 * 50}  # a task run twice counts once
+
+
+def test_seq_counts_union_and_fallback():
+    runs = [("a", 1, "n1", 1, 100), ("b", 1, "n1", 51, 150), ("a", 9, "n1", 200, 200),
+            ("a", 20, "n2", 5, 9)]
+    assert seq_counts(runs) == {"n1": 151, "n2": 5}
+    assert seq_counts([*runs, ("c", 1, None, 1, 3)]) is None
