@@ -12,7 +12,7 @@ import trio
 from broker.amqp import spec
 from broker.amqp.codec import FRAME_BODY, FRAME_BODY_PART, FrameReader, content_parts
 from broker.amqp.connection import ConnectionCloseCompleted, ContentReceived, ProtocolError
-from broker.server import send_buffers
+from broker.server import THREAD_IO_MIN, THREAD_SEND_WAIT, send_buffers
 
 from .sansio_helpers import body_frame, header_frame, mframe, open_connection, parse_frames, publish
 
@@ -164,6 +164,34 @@ async def test_send_buffers_survives_partial_sends():
             nursery.start_soon(read_all)
             await send_buffers(a, bufs)
         assert bytes(received) == expected
+
+
+async def test_large_send_to_a_peer_that_stops_reading_is_cancellable():
+    """A large write runs in a worker thread; with the peer no longer reading, cancelling the
+    writer ends it within the thread's bounded wait (the socket is not written from a thread
+    after send_buffers returned), and what arrived is an in-order prefix of the stream."""
+    a, b = trio.socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        body = _body(4 * MiB)
+        bufs = [b"head", *content_parts(1, b"\x00\x00", body, FRAME_MAX)]
+        assert sum(map(len, bufs)) >= THREAD_IO_MIN
+        expected = b"".join(bufs)
+        started = trio.current_time()
+        with trio.move_on_after(0.3) as scope:
+            await send_buffers(a, bufs)
+        assert scope.cancelled_caught
+        assert trio.current_time() - started < 0.3 + THREAD_SEND_WAIT + 1.0
+        received = bytearray()
+        while True:
+            try:
+                chunk = b._sock.recv(65536)
+            except BlockingIOError:
+                break
+            received.extend(chunk)
+        assert 0 < len(received) < len(expected)
+        assert expected.startswith(received)
 
 
 @pytest.mark.parametrize("frame_max", [4096, FRAME_MAX])
