@@ -470,6 +470,21 @@ async def run_server(broker: Broker, host: str, port: int) -> None:
         raise server.fatal
 
 
+# Large writes have their own threads, so that they never take the default limiter's threads
+# from the stores' writes (more copying threads than cores would not help anyway).
+SEND_THREADS = 4
+_send_threads: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("send_threads")
+
+
+def _send_limiter() -> trio.CapacityLimiter:
+    try:
+        return _send_threads.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(SEND_THREADS)
+        _send_threads.set(limiter)
+        return limiter
+
+
 def _send_from(raw: socket.socket, bufs: list, i: int) -> int:
     """In a worker thread: write ``bufs`` from index ``i`` on, waiting for writability with
     ``poll`` between partial sends, for at most ``THREAD_SEND_WAIT`` seconds in all; returns
@@ -513,7 +528,7 @@ async def send_buffers(sock: Any, bufs: list) -> None:
     if count > 1 and sum(map(len, bufs)) >= THREAD_IO_MIN:
         raw = sock._sock  # trio's socket wraps the stdlib one (non-blocking)
         while True:
-            i = await trio.to_thread.run_sync(_send_from, raw, bufs, i)
+            i = await trio.to_thread.run_sync(_send_from, raw, bufs, i, limiter=_send_limiter())
             if i >= count:
                 return
             await trio.lowlevel.wait_writable(raw)
