@@ -101,7 +101,9 @@ def routes(hermes) -> list:
             key = request.headers.get("partition-key")
             if key:
                 extra["Partition-Key"] = key
-            result = await hermes.publish(topic, body, request.headers.get("content-type"), extra)
+            result = await hermes.publish(topic, body, request.headers.get("content-type"), extra,
+                                          user.name,
+                                          request.client.host if request.client else None)
             return Response(status_code=result.status,
                             headers={"Hermes-Message-Id": result.message_id})
         if request.method == "GET":

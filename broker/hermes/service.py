@@ -34,6 +34,7 @@ import trio
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
+from ..audit import Origin
 from ..message import Message
 from ..persistence import DURABLE
 from ..queues.args import with_policy
@@ -361,8 +362,10 @@ class Hermes:
         return body, ctype or "application/json"
 
     def publish_now(self, topic: TopicDef, body: bytes, content_type: str,
-                    headers: dict | None = None) -> tuple[str, bool, bool]:
-        """Route one message into the topic: ``(message id, accepted, durable pending)``."""
+                    headers: dict | None = None, user: str | None = None,
+                    peer: str | None = None) -> tuple[str, bool, bool]:
+        """Route one message into the topic: ``(message id, accepted, durable pending)``;
+        ``user`` and ``peer`` (the HTTP client) go to the audit trail's published event."""
         mid = str(uuid.uuid4())
         props: dict = {"content_type": content_type, "delivery_mode": 2, "message_id": mid,
                        "timestamp": int(time.time())}
@@ -373,20 +376,28 @@ class Hermes:
         message = Message(topic.name, topic.name, encode_properties(props), props, body)
         if topic.name not in self.vhost.exchanges:
             self._heal(topic)
+        audit = getattr(self.broker, "audit", None)
+        if audit is not None:
+            audit.begin_route(message)
         accepted = True
         durable = False
-        for q in self.vhost.route(topic.name, topic.name, message):
+        queues = self.vhost.route(topic.name, topic.name, message)
+        for q in queues:
             if not q.enqueue(message):
                 accepted = False
             elif q.store is not None:
                 durable = True
+        if audit is not None:
+            audit.published(Origin(VHOST, user, peer or "http"), message, queues,
+                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
         return mid, accepted, durable
 
     async def publish(self, name: str, body: bytes, content_type: str | None,
-                      headers: dict | None = None) -> PublishResult:
+                      headers: dict | None = None, user: str | None = None,
+                      peer: str | None = None) -> PublishResult:
         topic = self.get_topic(name)
         stored, ctype = self.admit(topic, body, content_type)
-        mid, accepted, durable = self.publish_now(topic, stored, ctype, headers)
+        mid, accepted, durable = self.publish_now(topic, stored, ctype, headers, user, peer)
         if not accepted:
             raise HermesError(503, "A subscription queue refused the message (full)",
                               "SERVICE_UNAVAILABLE", {"Retry-After": "1"})

@@ -13,6 +13,7 @@ from starlette.routing import Route
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
+from ..audit import Origin
 from ..exchanges import EXCHANGE_TYPES
 from ..message import Message
 from .common import (
@@ -253,19 +254,24 @@ def _payload_bytes(data: dict) -> bytes:
 
 
 def publish_message(vhost, exchange: str, routing_key: str, properties: dict,
-                    payload: bytes) -> bool:
+                    payload: bytes, audit=None, origin: Origin | None = None) -> bool:
     """Route one message as an AMQP publish without confirms would; True if it reached a
-    queue."""
+    queue. ``audit`` (the broker's trail, if on) records it as published by ``origin``."""
     try:
         raw = encode_properties(properties)
     except Exception as exc:  # a property of the wrong type
         raise ApiError(400, f"field 'properties': {exc}") from None
     message = Message(exchange, routing_key, raw, properties, payload)
+    if audit is not None:
+        audit.begin_route(message)
     queues = vhost.route(exchange, routing_key, message)
     routed = False
     for q in queues:
         if q.enqueue(message):
             routed = True
+    if audit is not None:
+        audit.published(origin, message, queues,
+                        ("routed" if routed else "nacked") if queues else "unroutable", 0)
     return routed
 
 
@@ -304,7 +310,10 @@ async def publish(request: Request):
     if "user_id" in props and props["user_id"] != user.name:
         raise ApiError(400, f"user_id property set to '{props['user_id']}' but authenticated "
                             f"user was '{user.name}'")
-    routed = publish_message(vhost, name, text(data, "routing_key"), props, _payload_bytes(data))
+    routed = publish_message(vhost, name, text(data, "routing_key"), props, _payload_bytes(data),
+                             getattr(broker, "audit", None),
+                             Origin(vhost.name, user.name,
+                                    request.client.host if request.client else None))
     broker.message_totals.add(vhost.name, publish=1, confirm=1, return_unroutable=int(not routed))
     return json_response({"routed": routed})
 
