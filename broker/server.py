@@ -485,6 +485,20 @@ def _send_limiter() -> trio.CapacityLimiter:
         return limiter
 
 
+def _advance(bufs: list, i: int, batch: list, sent: int) -> int:
+    """The index in ``bufs`` after ``sent`` octets of ``batch`` (= ``bufs[i:...]``) went out;
+    a buffer sent in part is replaced by the slice still to send."""
+    for buf in batch:
+        size = len(buf)
+        if sent < size:
+            if sent:
+                bufs[i] = memoryview(buf)[sent:]
+            break
+        sent -= size
+        i += 1
+    return i
+
+
 def _send_from(raw: socket.socket, bufs: list, i: int) -> int:
     """In a worker thread: write ``bufs`` from index ``i`` on, waiting for writability with
     ``poll`` between partial sends, for at most ``THREAD_SEND_WAIT`` seconds in all; returns
@@ -507,14 +521,7 @@ def _send_from(raw: socket.socket, bufs: list, i: int) -> int:
             poller.poll(THREAD_SEND_WAIT * 1000)
             waited += time.monotonic() - started
             continue
-        for buf in batch:
-            size = len(buf)
-            if sent < size:
-                if sent:
-                    bufs[i] = memoryview(buf)[sent:]
-                break
-            sent -= size
-            i += 1
+        i = _advance(bufs, i, batch, sent)
     return i
 
 
@@ -535,14 +542,7 @@ async def send_buffers(sock: Any, bufs: list) -> None:
     while i < count:
         batch = bufs[i:i + SEND_IOV_MAX] if i or count > SEND_IOV_MAX else bufs
         sent = await sock.sendmsg(batch)
-        for buf in batch:
-            size = len(buf)
-            if sent < size:
-                if sent:
-                    bufs[i] = memoryview(buf)[sent:]
-                break
-            sent -= size
-            i += 1
+        i = _advance(bufs, i, batch, sent)
 
 
 def describe_listen_error(exc: OSError, host: str, port: int) -> str:
