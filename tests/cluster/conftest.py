@@ -15,3 +15,11 @@ def etcd(tmp_path):
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def secret(tmp_path):
+    """A cluster secret file (16 bytes or more, like an Erlang cookie)."""
+    path = tmp_path / "secret"
+    path.write_text("0123456789abcdef-cluster-secret\n")
+    return path

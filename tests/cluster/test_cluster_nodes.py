@@ -59,13 +59,6 @@ def exchange_exists(broker: BrokerProc, name: str) -> bool:
             conn.close()
 
 
-@pytest.fixture
-def secret(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("0123456789abcdef-cluster-secret\n")
-    return path
-
-
 @pytest.mark.timeout(90)
 def test_definitions_everywhere_and_rejoin_catches_up(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()

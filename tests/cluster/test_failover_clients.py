@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from .test_cluster_nodes import eventually, node
-from .test_mirroring import AUTH, queue_view, secret  # noqa: F401  (secret: a fixture)
+from .test_mirroring import AUTH, queue_view
 
 QUEUE = "ha.fo"
 TOTAL = 400
@@ -95,7 +95,7 @@ class RobustConsumer(threading.Thread):
 
 
 @pytest.mark.timeout(150)
-def test_kombu_and_aio_pika_through_a_master_kill9(tmp_path, etcd, secret):  # noqa: F811
+def test_kombu_and_aio_pika_through_a_master_kill9(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()
     b = node(tmp_path, etcd, "b", secret).start()
     consumer = None

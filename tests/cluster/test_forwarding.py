@@ -12,13 +12,6 @@ import pytest
 from .test_cluster_nodes import eventually, node, status
 
 
-@pytest.fixture
-def secret(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("0123456789abcdef-cluster-secret\n")
-    return path
-
-
 def _has_proxy(broker, name):
     def check():
         c = broker.connect()

@@ -15,18 +15,11 @@ from .test_cluster_nodes import eventually, node, status
 AUTH = ("guest", "guest")
 
 
-@pytest.fixture
-def secret(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("0123456789abcdef-cluster-secret\n")
-    return path
-
-
 def queue_view(etcd, name):
     for q in status(etcd)["queues"]:
         if q["name"] == name:
             return q
-    return None
+    raise AssertionError(f"queue {name!r} not in cluster status")
 
 
 @pytest.mark.timeout(120)

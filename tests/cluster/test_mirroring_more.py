@@ -13,23 +13,8 @@ import httpx
 import pika
 import pytest
 
-from .test_cluster_nodes import eventually, node, status
-
-AUTH = ("guest", "guest")
-
-
-@pytest.fixture
-def secret(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("0123456789abcdef-cluster-secret\n")
-    return path
-
-
-def queue_view(etcd, name):
-    for q in status(etcd)["queues"]:
-        if q["name"] == name:
-            return q
-    raise AssertionError(f"queue {name!r} not in cluster status")
+from .test_cluster_nodes import eventually, node
+from .test_mirroring import AUTH, queue_view
 
 
 def start_together(nodes) -> None:
