@@ -37,13 +37,14 @@ def _random_tag(prefix: str) -> str:
 
 
 class Unacked:
-    __slots__ = ("consumer", "entry", "queue", "tag")
+    __slots__ = ("audit_pos", "consumer", "entry", "queue", "tag")
 
     def __init__(self, tag, entry, queue, consumer):
         self.tag = tag
         self.entry = entry
         self.queue = queue
         self.consumer = consumer
+        self.audit_pos = -1  # where the audit trail holds its delivery's record (acked())
 
 
 class Channel:
@@ -94,15 +95,18 @@ class Channel:
         message = entry.message
         self.conn.deliver(self.number, consumer.tag_raw, tag, entry.redelivered, message.exchange,
                           message.routing_key, message.props_raw, message.body)
+        item = None
         if consumer.no_ack:
             self.stats_deliver_no_ack += 1
         else:
             self.stats_deliver += 1
-            self.unacked[tag] = Unacked(tag, entry, queue, consumer)
+            item = self.unacked[tag] = Unacked(tag, entry, queue, consumer)
         if entry.redelivered:
             self.stats_redeliver += 1
         if self.audit is not None:
-            self.audit.delivered(self, consumer.tag, tag, queue, entry)
+            pos = self.audit.delivered(self, consumer.tag, tag, queue, entry)
+            if item is not None:
+                item.audit_pos = pos
         self.session.wake()
 
     # ---- dispatch of methods ----
@@ -381,8 +385,8 @@ class Channel:
             audit = self.audit
             for item in taken:
                 if audit is not None:
-                    audit.acked(self, item)  # before the queue's SETTLE, which it stands for
-                item.queue.ack(item.entry, item.consumer)
+                    audit.acked(self, item)  # the queue's SETTLE, as the client's ack
+                item.queue.ack(item.entry, item.consumer, reported=True)
                 queues[item.queue] = None
         elif requeue:
             by_queue: dict = {}
@@ -473,8 +477,6 @@ class Channel:
         self.route_message(message, mandatory, seq)
 
     def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        if self.audit is not None:
-            self.audit.begin_route(message)
         queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
             if mandatory:
@@ -493,7 +495,7 @@ class Channel:
         flow_high = self.session.flow_high
         flow_high_bytes = self.session.flow_high_bytes
         for q in queues:
-            if not q.enqueue(message):
+            if not q.enqueue(message, reported=True):  # published() below reports it
                 accepted = False
             elif q.store is not None and (message.persistent or q.confirms_later):
                 durable = True

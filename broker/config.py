@@ -54,6 +54,9 @@ class AuditSettings:
     roll_seconds: float = 300.0
     codec: str = "deflate"
     buffer_events: int = 65536  # events held for the writer before the policy applies
+    # events serialised at once on the event loop, while what they name is still in the
+    # CPU's cache (a 50 ms batch is not); frames wait in memory for the drain task
+    chunk_events: int = 1024
     flush_interval: float = 0.05  # seconds between batches written to the spool
     spool_max: int = 1 << 30  # spool bytes the converter may lag behind before the policy applies
     stop_timeout: float = 30.0  # at shutdown, seconds the converter gets to finish the spool

@@ -33,6 +33,7 @@ class Session:
     def __init__(self, broker, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None, tls: bool = False):
         self.broker = broker
+        self.audit = getattr(broker, "audit", None)  # broker/audit trail, or None
         self.peer = peer
         self.peer_host = peer_host
         # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified
@@ -99,7 +100,15 @@ class Session:
     def data_received(self, data: bytes) -> None:
         events = self.conn.receive_data(data)
         if events:
-            self._handle_events(events)
+            audit = self.audit
+            if audit is None:
+                self._handle_events(events)
+            else:
+                audit.clock_start()  # the batch's events share one time
+                try:
+                    self._handle_events(events)
+                finally:
+                    audit.clock_stop()
         if self._confirming:
             self.flush_confirms()
         if self.conn.has_output:

@@ -25,16 +25,32 @@ PUB, ENQ, DEL, ACK, REJ, LEFT, SCH, FIRE, CAN, RETRY, TRAIL = range(11)
 #   (ACKC, t, qctx, msg, consumer_tag, delivery_tag, chctx)
 #  ``queues`` of PUBC: None (no queue), one queue's name, or a list of names.
 PUBC, DELC, ACKC = 11, 12, 13
+# A delivery acked while its DELC record was still in the recorder's buffer: the DELC
+# record, its kind changed and the ack's time in slot 9. ``rows`` turns it into the DELC
+# and the ACKC it stands for (so the ack's sequence number follows its delivery's).
+DACK = 14
 # The recorder's buffer is flat: every event takes WIDTH slots (the tuple above, padded
 # with None), so the hooks leave no tuple behind and a batch is cut into rows in C.
 ARITY = {PUB: 15, ENQ: 6, DEL: 11, ACK: 9, REJ: 11, LEFT: 8, SCH: 8, FIRE: 9, CAN: 4,
-         RETRY: 7, TRAIL: 5, PUBC: 12, DELC: 9, ACKC: 7}
+         RETRY: 7, TRAIL: 5, PUBC: 12, DELC: 9, ACKC: 7, DACK: 10}
 WIDTH = 12
 
 
 def rows(flat: list, trim: bool = False) -> list[tuple]:
-    """The events of a flat buffer as tuples (padded to WIDTH unless ``trim``)."""
+    """The events of a flat buffer as tuples (padded to WIDTH unless ``trim``); a DACK
+    record becomes its two events."""
     out = list(zip(*[iter(flat)] * WIDTH, strict=False))
+    if DACK in flat[::WIDTH]:
+        split: list = []
+        append = split.append
+        for ev in out:
+            if ev[0] == DACK:
+                _, t, qctx, msg, ctag, tag, redelivered, count, ch, acked_at = ev[:10]
+                append((DELC, t, qctx, msg, ctag, tag, redelivered, count, ch, None, None, None))
+                append((ACKC, acked_at, qctx, msg, ctag, tag, ch, None, None, None, None, None))
+            else:
+                append(ev)
+        out = split
     if trim:
         out = [ev[:ARITY[ev[0]]] for ev in out]
     return out

@@ -28,8 +28,8 @@ import trio
 from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
-from .events import ACKC, CAN, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL, WIDTH
-from .spool import Spool, dumps, last_spooled_seq, spool_dir
+from .events import ACKC, CAN, DACK, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL, WIDTH
+from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 
 log = logging.getLogger("broker.audit")
 
@@ -39,6 +39,7 @@ _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE, _EXPIRE, _DEAD_LETTER, _PURGE, _DELETE = 
 ALARM = "audit trail"
 _PAD = [(None,) * (WIDTH - n) for n in range(WIDTH + 1)]  # a record of n slots -> WIDTH
 _TRUE = (True, "true", "on", "yes", 1)
+KEEP_CHUNKS = 4  # the buffer holds up to this many chunks; the oldest is serialised
 _FALSE = (False, "false", "off", "no", 0)
 
 
@@ -59,9 +60,16 @@ class AuditTrail:
         self.broker = broker
         self.settings = settings
         self.buf: list = []  # flat: WIDTH slots per event
-        self.limit = settings.buffer_events * WIDTH
+        # serialised chunks of events, (count, data), waiting for the drain task
+        self.held: list[tuple[int, bytes]] = []
+        self.held_events = 0
+        self.base = 0  # the position of buf[0] among every slot recorded (``delivered``)
+        self.chunk = min(settings.chunk_events, settings.buffer_events) * WIDTH
+        # The hooks' test: past it, ``_full`` seals the oldest chunk or applies the policy.
+        # The newest events stay: most deliveries are acked while their record is here.
+        self.limit = min(KEEP_CHUNKS * settings.chunk_events,
+                         settings.buffer_events) * WIDTH
         self._scope_all = settings.scope == "all"
-        self.hard_limit = 2 * settings.buffer_events * WIDTH
         self.dropped = 0  # not yet reported in an audit_dropped event
         self.dropped_total = 0
         self.sent = 0
@@ -69,12 +77,9 @@ class AuditTrail:
         self.spool: Any = None  # the Spool, once run() started
         self._spool_full = False
         self.blocking = False
-        self._acking = None  # the entry a channel is acking right now (its SETTLE is the ack)
-        # The message a channel is routing now: its enqueues are listed in its published
-        # event (``queues``) instead of one enqueued event each.
-        self._routing = None
-        self._into: Any = None  # None, one queue name, or a list of several
-        self._route_t = 0.0
+        # The time of the receive batch being handled (``clock_start``), else 0.0: events
+        # of one batch share the time its bytes were read, one clock read per batch.
+        self.now = 0.0
         self._audited: set = set()  # Queue objects this trail observes
         self._vhosts_on: dict[str, int] = {}  # vhost name -> audited queues in it
         self._hooked: set[str] = set()
@@ -167,8 +172,11 @@ class AuditTrail:
 
     # ---- the bounded buffer ----
     def events(self) -> list[tuple]:
-        """The buffered events as tuples (without their padding)."""
-        return events.rows(self.buf, trim=True)
+        """The events not yet spooled, as tuples (without their padding)."""
+        out = []
+        for _, data in self.held:
+            out += [ev[:events.ARITY[ev[0]]] for ev in loads(data)]
+        return out + events.rows(self.buf, trim=True)
 
     def _add(self, ev: tuple) -> None:
         """Buffer one event of a less common kind (padded to WIDTH)."""
@@ -178,32 +186,64 @@ class AuditTrail:
             self._full()
 
     def _full(self) -> None:
-        if self.settings.policy == "drop" or len(self.buf) > self.hard_limit:
-            del self.buf[-WIDTH:]
-            self.dropped += 1
-            self.dropped_total += 1
-        elif not self.blocking:
-            self.blocking = True
-            self.broker.set_alarm(ALARM, True)
+        """The buffer passed ``limit``: serialise it as a chunk, or -- when the writer is
+        behind by ``buffer_events`` -- apply the policy."""
+        bound = self.settings.buffer_events
+        pending = self.held_events + len(self.buf) // WIDTH
+        if pending > bound:
+            if self.settings.policy == "drop" or pending > 2 * bound:
+                del self.buf[-WIDTH:]
+                self.dropped += 1
+                self.dropped_total += 1
+                return
+            if not self.blocking:
+                self.blocking = True
+                self.broker.set_alarm(ALARM, True)
+        if len(self.buf) >= self.limit:
+            self._seal(self.chunk)
+
+    def _seal(self, slots: int | None = None) -> None:
+        """Serialise the oldest ``slots`` of the buffer (all of it by default)."""
+        buf = self.buf
+        if slots is None or slots >= len(buf):
+            batch, self.buf = buf, []
+        else:
+            batch = buf[:slots]
+            del buf[:slots]
+        self.base += len(batch)
+        if batch:
+            count = len(batch) // WIDTH + batch[::WIDTH].count(DACK)
+            self.held.append((count, dumps(batch)))
+            self.held_events += count
+
+    # ---- the clock ----
+    def clock_start(self) -> None:
+        """A session starts handling a receive batch: its events share this time."""
+        self.now = _time()
+
+    def clock_stop(self) -> None:
+        """The batch is handled: events from timers and other tasks read the clock."""
+        self.now = 0.0
 
     # ---- hooks: channel ----
-    def begin_route(self, message) -> None:
-        """A channel starts routing ``message``; ``published`` follows."""
-        self._routing = message
-        self._into = None
-        self._route_t = _time()  # the publish time: deliveries happen while routing
-
     def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
-        """``message`` was routed (``queues``: where to) or taken over by a publish hook.
+        """``message`` was routed to ``queues`` (enqueued with ``reported=True``, so the
+        queues do not report those enqueues) or taken over by a publish hook.
 
         The event's ``queues`` are the audited queues that enqueued it (a queue may refuse:
-        overflow, deduplication)."""
-        into = None
-        t = None
-        if self._routing is message:
-            into = self._into
-            t = self._route_t
-            self._routing = None
+        overflow, deduplication; it then notes the message's id). Callers outside a receive
+        batch run between ``clock_start`` and ``clock_stop``, so the message's deliveries do
+        not precede its publish in time."""
+        into: Any = None
+        if queues:
+            mid = message.id
+            if len(queues) == 1:
+                q = queues[0]
+                if q.audit_ctx is not None and q.refused_id != mid:
+                    into = q.name
+            else:
+                into = [q.name for q in queues
+                        if q.audit_ctx is not None and q.refused_id != mid] or None
         try:
             ctx = channel.audit_ctx
         except AttributeError:
@@ -211,7 +251,7 @@ class AuditTrail:
         if not self._scope_all and not self._vhosts_on.get(ctx[0]):
             return
         buf = self.buf
-        buf += (PUBC, t or _time(), ctx, message.exchange, message.routing_key, message.id,
+        buf += (PUBC, self.now or _time(), ctx, message.exchange, message.routing_key, message.id,
                 message.properties, len(message.body), message.persistent, seq, into, outcome)
         if len(buf) > self.limit:
             self._full()
@@ -224,38 +264,53 @@ class AuditTrail:
                                    channel.number)
         return ctx
 
-    def delivered(self, channel, ctag, tag: int, queue, entry) -> None:
+    def delivered(self, channel, ctag, tag: int, queue, entry) -> int:
+        """Returns where the record is (for ``acked``: ``Unacked.audit_pos``), -1 if none."""
         try:
             qctx = queue.audit_ctx  # set while this trail follows the queue
         except AttributeError:
-            return
+            return -1
         if qctx is None:
-            return
+            return -1
         try:
             ctx = channel.audit_ctx
         except AttributeError:
             ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf += (DELC, _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
+        at = self.base + len(buf)
+        buf += (DELC, self.now or _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
                 entry.delivery_count, ctx, None, None, None)
         if len(buf) > self.limit:
+            dropped = self.dropped_total
             self._full()
+            if self.dropped_total != dropped:  # this very record (the drop policy)
+                return -1
+        return at
 
     def acked(self, channel, item) -> None:
+        # Still in the buffer (not serialised), the delivery's record takes the ack too:
+        # one record instead of two (``events.DACK``).
+        at = item.audit_pos - self.base
+        if at >= 0:
+            buf = self.buf
+            if at < len(buf) and buf[at] == DELC:
+                buf[at] = DACK
+                buf[at + 9] = self.now or _time()
+                return
         try:
             qctx = item.queue.audit_ctx
         except AttributeError:
             return
         if qctx is None:
             return
-        entry = self._acking = item.entry
+        entry = item.entry
         consumer = item.consumer
         try:
             ctx = channel.audit_ctx
         except AttributeError:
             ctx = self._channel_ctx(channel)
         buf = self.buf
-        buf += (ACKC, _time(), qctx, entry.message.id,
+        buf += (ACKC, self.now or _time(), qctx, entry.message.id,
                 consumer.tag if consumer is not None else None, item.tag, ctx, None, None, None,
                 None, None)
         if len(buf) > self.limit:
@@ -273,23 +328,12 @@ class AuditTrail:
                        channel.session.peer, channel.number, requeue, name))
 
     # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
+    # Deliveries, clients' publishes and acks are recorded by the sessions, which know the
+    # consumer, the channel and the delivery tag: the queue does not report them here.
+    reported_by_callers = True
+
     def queue_op(self, queue, op, entry) -> None:
-        # the common ops first: a delivery, the SETTLE of an ack, a publish's enqueue
-        if op is _DELIVER:
-            return  # recorded by the channel, which knows the consumer
-        if entry is self._acking:
-            self._acking = None  # the ack was recorded as such
-            return
         if op is _ENQUEUE:
-            if entry.message is self._routing:
-                into = self._into
-                if into is None:  # the usual single queue: its name, no list
-                    self._into = queue.name
-                elif into.__class__ is str:
-                    self._into = [into, queue.name]
-                else:
-                    into.append(queue.name)
-                return
             # not a client's publish (a dead letter, a scheduled firing): its properties
             # link it to the original (message id, x-ref-key)
             msg = entry.message
@@ -353,13 +397,30 @@ class AuditTrail:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return await trio.lowlevel.open_process(self.converter_command(), env=env)
 
-    def _take_batch(self) -> list:
-        batch, self.buf = self.buf, []
+    def _take_frames(self, everything: bool = True) -> tuple[list[tuple[int, int, bytes]], int]:
+        """What is buffered, as numbered frames ``(first seq, count, data)``, and how many
+        of their events are ``audit_dropped`` reports.
+
+        Not ``everything``: while the hooks serialise chunks (a busy broker), the newest
+        events stay in the buffer for the next chunk, so the drain task does not serialise
+        thousands of events at once on the event loop; when no chunk came since the last
+        drain, the buffer goes too (a quiet broker's events reach the spool in time)."""
+        reports = 0
         if self.dropped:
-            batch += (TRAIL, _time(), "audit_dropped", self.dropped,
-                      f"policy {self.settings.policy}: events not recorded") + _PAD[5]
+            self.buf += (TRAIL, _time(), "audit_dropped", self.dropped,
+                         f"policy {self.settings.policy}: events not recorded") + _PAD[5]
             self.dropped = 0
-        return batch
+            reports = 1
+            everything = True
+        if everything or not self.held:
+            self._seal()
+        frames = []
+        for count, data in self.held:
+            frames.append((self.next_seq, count, data))
+            self.next_seq += count
+        self.held = []
+        self.held_events = 0
+        return frames, reports
 
     def _open_spool(self) -> None:
         """Continue the sequence after what is on disk; note how the last run ended."""
@@ -374,34 +435,31 @@ class AuditTrail:
         if os.path.exists(marker):
             os.remove(marker)
         self.next_seq = last + 1
-        self.buf[0:0] = (TRAIL, _time(), "node_started", None, previous) + _PAD[5]
+        started = [TRAIL, _time(), "node_started", None, previous, *_PAD[5]]
+        self.held.insert(0, (1, dumps(started)))  # before what the hooks recorded so far
+        self.held_events += 1
 
-    async def _flush(self, batch: list) -> None:
-        """Number ``batch`` and append it to the spool (a worker thread does the write)."""
-        if not batch:
+    async def _flush(self, everything: bool = True) -> None:
+        """Append what is buffered to the spool (a worker thread does the writes)."""
+        frames, reports = self._take_frames(everything)
+        if not frames:
             return
+        total = sum(count for _, count, _ in frames)
         if self._spool_full and self.settings.policy == "drop":
-            lost = sum(1 for i in range(0, len(batch), WIDTH)
-                       if not (batch[i] == TRAIL and batch[i + 2] == "audit_dropped"))
+            lost = total - reports
             self.dropped += lost
             self.dropped_total += lost
             return
-        count = len(batch) // WIDTH
-        first = self.next_seq
-        self.next_seq = first + count
         try:
-            # serialised in the worker thread too: the batch is no longer the loop's (the
-            # hooks append to a new list), and while the loop waits for sockets the thread
-            # gets the GIL
-            await trio.to_thread.run_sync(self._spool_batch, first, count, batch)
-            self.sent += count
+            await trio.to_thread.run_sync(self._spool_frames, frames)
+            self.sent += total
         except OSError as exc:  # the sequence keeps the hole: the trail shows the loss
-            self.dropped_total += count
-            log.error("audit spool write failed (%s): events %d-%d lost", exc, first,
-                      first + count - 1)
+            self.dropped_total += total
+            log.error("audit spool write failed (%s): events %d-%d lost", exc, frames[0][0],
+                      frames[0][0] + total - 1)
 
-    def _spool_batch(self, first: int, count: int, batch: list) -> None:
-        self.spool.append(first, count, dumps(batch))
+    def _spool_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
+        self.spool.append_frames(frames)
 
     def _check_backlog(self) -> None:
         """The converter lags more than ``spool_max`` bytes: apply the policy."""
@@ -412,8 +470,9 @@ class AuditTrail:
                         self.settings.spool_max)
 
     def _update_alarm(self) -> None:
+        pending = self.held_events + len(self.buf) // WIDTH
         want = self.settings.policy == "block" and (
-            self._spool_full or (len(self.buf) > self.limit // 2 and self.blocking))
+            self._spool_full or (pending > self.settings.buffer_events // 2 and self.blocking))
         if want != self.blocking:
             self.blocking = want
             self.broker.set_alarm(ALARM, want)
@@ -428,7 +487,7 @@ class AuditTrail:
             while True:
                 await trio.sleep(self.settings.flush_interval)
                 self.hook_vhosts()  # vhosts created since, a policy module installed late
-                await self._flush(self._take_batch())
+                await self._flush(everything=False)
                 ticks += 1
                 if ticks % 20 == 0:
                     self._check_backlog()
@@ -439,10 +498,9 @@ class AuditTrail:
                 self._update_alarm()
         finally:
             with trio.CancelScope(shield=True):
-                batch = self._take_batch()
-                batch += (TRAIL, _time(), "node_stopped", None, "clean shutdown") + _PAD[5]
+                self.buf += (TRAIL, _time(), "node_stopped", None, "clean shutdown") + _PAD[5]
                 self._spool_full = False
-                await self._flush(batch)
+                await self._flush()
                 await trio.to_thread.run_sync(self.spool.close, True)
                 if self.blocking:
                     self.blocking = False

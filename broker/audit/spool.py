@@ -103,16 +103,34 @@ class Spool:
                 pass
         return total
 
-    def append(self, first_seq: int, count: int, data: bytes) -> None:
+    def _roll(self, first_seq: int) -> None:
         if self.file is None or self.size >= self.segment_bytes:
             if self.file is not None:
                 self.file.close()
             name = os.path.join(self.dir, f"seg-{first_seq:020d}.bin")
             self.file = open(name, "ab")  # noqa: SIM115 - kept open until the roll
             self.size = self.file.tell()
+
+    def append(self, first_seq: int, count: int, data: bytes) -> None:
+        self._roll(first_seq)
         self.file.write(FRAME.pack(first_seq, count, len(data)) + data)
         self.file.flush()
         self.size += FRAME.size + len(data)
+
+    def append_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
+        """Append each ``(first seq, count, data)``, in order, with one write: a segment
+        rolls before a call, so it may pass ``segment_bytes`` by one call's frames."""
+        if not frames:
+            return
+        self._roll(frames[0][0])
+        out = []
+        for first, count, data in frames:
+            out.append(FRAME.pack(first, count, len(data)))
+            out.append(data)
+        chunk = b"".join(out)
+        self.file.write(chunk)
+        self.file.flush()
+        self.size += len(chunk)
 
     def close(self, clean: bool) -> None:
         if self.file is not None:

@@ -120,6 +120,11 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
     closed_marker = os.path.join(spool.spool_dir(root), "closed")
     while True:
         progressed = False
+        # Looked at before the segments are read: the broker writes the marker after its
+        # last frame, so a marker seen now means every frame read below is whole, and a
+        # frame still being written when the marker was not yet there is read next pass.
+        closed = os.path.exists(closed_marker)
+        finished = idle_exit()
         segs = spool.segments(root)
         for i, path in enumerate(segs):
             newest = i == len(segs) - 1
@@ -152,7 +157,7 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
                 out.write(pending)
             if stop():
                 return last_seq
-            done = not newest or os.path.exists(closed_marker)
+            done = not newest or closed
             if done:
                 size = os.path.getsize(path)
                 if pos < size:
@@ -164,7 +169,7 @@ def convert(root: str, out: RollingWriter, last_seq: int, stop, idle_exit) -> in
         if stop():
             return last_seq
         if not progressed:
-            if idle_exit():  # a clean stop (all converted, segments gone) or the broker died
+            if finished:  # a clean stop (all converted, segments gone) or the broker died
                 return last_seq
             time.sleep(0.05)
 

@@ -140,12 +140,14 @@ class ProxyQueue(Queue):
         return 0  # the master's count is not known synchronously
 
     # ---- publishing ----
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
+    def enqueue(self, message, *, entry: QueueEntry | None = None,
+                reported: bool = False) -> bool:
         store: Any = self.store
         done = store.forward_started()
         if not self.link.publish(self.name, message.exchange, message.routing_key,
                                  message.properties, message.body, done):
             store.forward_abandoned(done)
+            self.refused_id = message.id
             return False  # the master is unreachable: nacked, as an unavailable queue
         self.stats_published += 1
         return True
@@ -209,7 +211,7 @@ class ProxyQueue(Queue):
             "basic.get on %s, whose master is node '%s': use basic.consume, or connect to '%s'",
             self.vhost.queue_resource(self.name), self.master, self.master)
 
-    def ack(self, entry: QueueEntry, consumer: Consumer | None) -> None:
+    def ack(self, entry: QueueEntry, consumer: Consumer | None, reported: bool = False) -> None:
         self.stats_acked += 1
         proxied = self._proxied.get(consumer) if consumer is not None else None
         if proxied is not None and not consumer.no_ack:  # type: ignore[union-attr]
@@ -226,7 +228,7 @@ class ProxyQueue(Queue):
             if proxied is not None:
                 proxied.settle(entry, "requeue")
 
-    def settled(self, entry: QueueEntry) -> None:
+    def settled(self, entry: QueueEntry, reported: bool = False) -> None:
         """Nothing is held here."""
 
     # ---- definitions, forwarded ----

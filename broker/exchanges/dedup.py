@@ -121,10 +121,12 @@ class CacheQueue(Queue):
         assert isinstance(ready, _HeldFifo)
         return ready.last()
 
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
+    def enqueue(self, message, *, entry: QueueEntry | None = None,
+                reported: bool = False) -> bool:
         """A routed message is a duplicate parked here only so that its confirm waits for
         the store: dropped. A stored marker handed back at start-up is adopted."""
         if entry is None:
+            self.refused_id = message.id
             return True
         exchange = self.exchange
         if exchange is None:  # its exchange was deleted: forget the stored marker

@@ -378,18 +378,23 @@ class Hermes:
             self._heal(topic)
         audit = getattr(self.broker, "audit", None)
         if audit is not None:
-            audit.begin_route(message)
-        accepted = True
-        durable = False
-        queues = self.vhost.route(topic.name, topic.name, message)
-        for q in queues:
-            if not q.enqueue(message):
-                accepted = False
-            elif q.store is not None:
-                durable = True
-        if audit is not None:
-            audit.published(Origin(VHOST, user, peer or "http"), message, queues,
-                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
+            audit.clock_start()
+        try:
+            accepted = True
+            durable = False
+            queues = self.vhost.route(topic.name, topic.name, message)
+            for q in queues:
+                if not q.enqueue(message, reported=True):  # published() below reports it
+                    accepted = False
+                elif q.store is not None:
+                    durable = True
+            if audit is not None:
+                audit.published(Origin(VHOST, user, peer or "http"), message, queues,
+                                ("routed" if accepted else "nacked") if queues else "unroutable",
+                                0)
+        finally:
+            if audit is not None:
+                audit.clock_stop()
         return mid, accepted, durable
 
     async def publish(self, name: str, body: bytes, content_type: str | None,

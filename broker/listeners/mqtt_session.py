@@ -163,6 +163,17 @@ class MQTTSession:
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
+        audit = self.audit
+        if audit is None:
+            self._handle(data)
+            return
+        audit.clock_start()  # the batch's events share one time
+        try:
+            self._handle(data)
+        finally:
+            audit.clock_stop()
+
+    def _handle(self, data: bytes) -> None:
         for ev in self.conn.receive_data(data):
             if isinstance(ev, PublishReceived):
                 self._on_publish(ev.publish)
@@ -171,7 +182,7 @@ class MQTTSession:
             elif isinstance(ev, ConnectRequested):
                 self._on_connect(ev.connect)
                 if not self.finished:
-                    self.data_received(b"")  # what came right behind the CONNECT
+                    self._handle(b"")  # what came right behind the CONNECT
                     return
             elif isinstance(ev, SubscribeRequested):
                 self._on_subscribe(ev.packet_id, ev.topics)
@@ -392,13 +403,11 @@ class MQTTSession:
             if audit is not None:
                 audit.published(self, message, [], "taken", packet_id)
             return needs_store
-        if audit is not None:
-            audit.begin_route(message)
         accepted = True
         flow_high = broker.config.flow_high or float("inf")
         queues = vhost.route(message.exchange, key, message)
         for q in queues:
-            if not q.enqueue(message):
+            if not q.enqueue(message, reported=True):  # published() below reports it
                 accepted = False
             elif q.store is not None and qos:
                 needs_store = True
@@ -553,9 +562,9 @@ class MQTTSession:
         if token is None:
             return  # a retained message sent at subscribe time: nothing to settle
         queue, entry, consumer, pid = token
-        if self.audit is not None:  # before the queue's SETTLE, which it stands for
+        if self.audit is not None:  # the queue's SETTLE, as the client's ack
             self.audit.acked(self, Unacked(pid, entry, queue, consumer))
-        queue.ack(entry, consumer)
+        queue.ack(entry, consumer, reported=True)
         self._touched[queue] = None
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:

@@ -263,15 +263,19 @@ def publish_message(vhost, exchange: str, routing_key: str, properties: dict,
         raise ApiError(400, f"field 'properties': {exc}") from None
     message = Message(exchange, routing_key, raw, properties, payload)
     if audit is not None:
-        audit.begin_route(message)
-    queues = vhost.route(exchange, routing_key, message)
-    routed = False
-    for q in queues:
-        if q.enqueue(message):
-            routed = True
-    if audit is not None:
-        audit.published(origin, message, queues,
-                        ("routed" if routed else "nacked") if queues else "unroutable", 0)
+        audit.clock_start()
+    try:
+        queues = vhost.route(exchange, routing_key, message)
+        routed = False
+        for q in queues:
+            if q.enqueue(message, reported=True):  # published() below reports it
+                routed = True
+        if audit is not None:
+            audit.published(origin, message, queues,
+                            ("routed" if routed else "nacked") if queues else "unroutable", 0)
+    finally:
+        if audit is not None:
+            audit.clock_stop()
     return routed
 
 

@@ -55,11 +55,12 @@ class InternalQueue(Queue):
         replace it) and writes are this queue's own (``write``/``forget``)."""
         self.store = store
 
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
+    def enqueue(self, message, *, entry: QueueEntry | None = None,
+                reported: bool = False) -> bool:
         """A publish routed here is refused (x-max-length 0, reject-publish); a stored
         entry handed back by recovery is adopted by the feature."""
         if entry is None:
-            return super().enqueue(message)
+            return super().enqueue(message, reported=reported)
         if entry.seq >= self._stored_seq:
             self._stored_seq = entry.seq + 1
         return self.adopt(entry)

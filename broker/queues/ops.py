@@ -52,7 +52,8 @@ class QueueObserver(Protocol):
     """Something that follows a queue's operation stream (a store, a test recorder).
 
     Register with ``queue.observers.append(observer)`` (``Queue.attach_store``
-    does it for the queue's store).
+    does it for the queue's store). An observer with a class attribute
+    ``reported_by_callers = True`` is not called for what callers report (``ObserverList``).
     """
 
     def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
@@ -72,6 +73,64 @@ class QueueObserver(Protocol):
         (an ack, a no-ack delivery, a withdrawn publish).
         """
         ...
+
+
+class ObserverList(list):
+    """``Queue.observers``: a list that also keeps ``unreported``, the observers without
+    a true ``reported_by_callers`` attribute.
+
+    Such an observer (the audit trail) learns of the most frequent operations from their
+    callers, which know more (the session, the consumer, the delivery tag): the queue does
+    not call it for a ``DELIVER``, nor for an ``ENQUEUE`` or ``SETTLE`` whose caller says
+    ``reported=True`` (a client's publish, a client's ack). Every mutation of the list
+    refreshes ``unreported``.
+    """
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.unreported: tuple = ()
+        self._sync()
+
+    def _sync(self) -> None:
+        self.unreported = tuple(o for o in self if not getattr(o, "reported_by_callers", False))
+
+    def append(self, observer) -> None:
+        super().append(observer)
+        self._sync()
+
+    def insert(self, index, observer) -> None:  # type: ignore[override]
+        super().insert(index, observer)
+        self._sync()
+
+    def extend(self, observers) -> None:
+        super().extend(observers)
+        self._sync()
+
+    def remove(self, observer) -> None:
+        super().remove(observer)
+        self._sync()
+
+    def pop(self, index=-1):  # type: ignore[override]
+        observer = super().pop(index)
+        self._sync()
+        return observer
+
+    def clear(self) -> None:
+        super().clear()
+        self._sync()
+
+    def __iadd__(self, observers):  # type: ignore[override,misc]
+        super().__iadd__(observers)
+        self._sync()
+        return self
+
+    def __setitem__(self, index, value) -> None:  # type: ignore[override]
+        super().__setitem__(index, value)
+        self._sync()
+
+    def __delitem__(self, index) -> None:  # type: ignore[override]
+        super().__delitem__(index)
+        self._sync()
 
 
 class OpRecorder:

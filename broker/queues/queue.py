@@ -17,7 +17,7 @@ from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
-from .ops import Op
+from .ops import ObserverList, Op
 from .priority import PriorityReady, message_priority
 
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
@@ -108,7 +108,11 @@ class Queue:
         self.retry = _make_retry(self)
         self.dedup = make_queue_dedup(self)  # x-message-deduplication (queues/dedup.py)
         # Follow the operation stream (queues/ops.py): the store of a durable queue, tests.
-        self.observers: list = []
+        self.observers = ObserverList()
+        # The audit trail's context while it follows this queue (broker/audit), and the id
+        # of the last message this queue refused (overflow, duplicate): the trail reads it.
+        self.audit_ctx: tuple | None = None
+        self.refused_id = 0
         # Why the entries of the leaving ops being emitted by ``discard`` leave ("rejected",
         # "expired", "maxlen", "delivery_limit"), else None: observers may read it (ops.py).
         self.leave_reason: str | None = None
@@ -190,16 +194,22 @@ class Queue:
         return bool(self.consumers)
 
     # ---- publishing ----
-    def enqueue(self, message, *, entry: QueueEntry | None = None) -> bool:
-        """Add a message; False if refused by x-overflow=reject-publish(-dlx)."""
+    def enqueue(self, message, *, entry: QueueEntry | None = None,
+                reported: bool = False) -> bool:
+        """Add a message; False if refused by x-overflow=reject-publish(-dlx).
+
+        ``reported``: a client's publish, which its session reports to the audit trail
+        (``ops.ObserverList``). A refused message's id is kept in ``refused_id``."""
         opts = self.opts
         size = len(message.body)
         if (opts.max_length is not None or opts.max_length_bytes is not None) \
                 and opts.overflow != "drop-head" and max_length.would_overflow(self, size):
+            self.refused_id = message.id
             if opts.overflow == "reject-publish-dlx":
                 dead_letter(self, [QueueEntry(message, 0)], "maxlen")
             return False
         if self.dedup is not None and not self.dedup.admit(message, entry):
+            self.refused_id = message.id
             return True  # a duplicate is dropped, its publisher confirmed
         if entry is None:
             seq = self._next_seq
@@ -211,8 +221,10 @@ class Queue:
             entry = QueueEntry(message, seq, expires_at,
                                message_priority(message.properties, opts.max_priority)
                                if opts.max_priority else 0)
-            if self.observers:
-                self._emit(_ENQUEUE, entry)
+            observers = self.observers.unreported if reported else self.observers
+            if observers:
+                for observer in observers:
+                    observer.queue_op(self, _ENQUEUE, entry)
         else:
             if entry.seq >= self._next_seq:
                 self._next_seq = entry.seq + 1
@@ -322,8 +334,9 @@ class Queue:
         self.stats_delivered += 1
         if entry.redelivered:
             self.stats_redeliver += 1
-        if self.observers:
-            self._emit(_DELIVER, entry)  # a store notes it: a crash brings it back redelivered
+        if self.observers.unreported:  # a store notes it: a crash brings it back redelivered
+            for observer in self.observers.unreported:
+                observer.queue_op(self, _DELIVER, entry)
 
     def _pick_consumer(self) -> Consumer | None:
         consumers = self.consumers
@@ -380,10 +393,11 @@ class Queue:
         return result
 
     # ---- settlement (called by channels) ----
-    def ack(self, entry: QueueEntry, consumer: Consumer | None) -> None:
+    def ack(self, entry: QueueEntry, consumer: Consumer | None, reported: bool = False) -> None:
+        """``reported``: the client's session reports the ack to the audit trail."""
         self.stats_acked += 1
         self._unacked_done(consumer)
-        self.settled(entry)
+        self.settled(entry, reported)
 
     def reject(self, entry: QueueEntry, consumer: Consumer | None) -> None:
         """Rejected without requeue: dead-letter (reason 'rejected') or drop."""
@@ -426,13 +440,15 @@ class Queue:
         if self.observers:
             self._emit(_REQUEUE, entry)
 
-    def settled(self, entry: QueueEntry) -> None:
+    def settled(self, entry: QueueEntry, reported: bool = False) -> None:
         """``entry`` left the queue for good: acked, no-ack delivery, dropped (SETTLE)."""
-        self._left(entry, _SETTLE)
+        self._left(entry, _SETTLE, reported)
 
-    def _left(self, entry: QueueEntry, op: Op) -> None:
-        if self.observers:
-            self._emit(op, entry)
+    def _left(self, entry: QueueEntry, op: Op, reported: bool = False) -> None:
+        observers = self.observers.unreported if reported else self.observers
+        if observers:
+            for observer in observers:
+                observer.queue_op(self, op, entry)
         if self.retry is not None:
             self.retry.on_settled(entry)
         if self.dedup is not None:

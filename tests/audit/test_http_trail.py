@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .test_mqtt_trail import Broker
+from .test_mqtt_trail import Broker, hermes_topic
 
 
 @pytest.mark.timeout(120)
@@ -20,14 +20,7 @@ def test_api_and_hermes_publishes_are_published_events(tmp_path):
                 "routing_key": key, "payload": "hello", "payload_encoding": "string",
                 "properties": {"message_id": f"api-{key}", "delivery_mode": 2}})
             assert r.status_code == 200, r.text
-        r = http.post("/topics", json={"name": "shop.json", "description": "d",
-                                       "contentType": "JSON",
-                                       "owner": {"source": "Plaintext", "id": "team"}})
-        assert r.status_code == 201, r.text
-        r = http.post("/topics/shop.json/subscriptions",
-                      json={"name": "s", "topicName": "shop.json", "state": "SUSPENDED",
-                            "endpoint": "http://127.0.0.1:9/x"})
-        assert r.status_code == 201, r.text
+        hermes_topic(http, "shop.json", "JSON")
         r = http.post("/topics/shop.json", content=b'{"id": 1}',
                       headers={"content-type": "application/json"})
         assert r.status_code in (201, 202), r.text

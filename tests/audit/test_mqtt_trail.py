@@ -92,6 +92,18 @@ class Client:
         self.c.loop_stop()
 
 
+def hermes_topic(http: httpx.Client, name: str, content_type: str, **extra) -> None:
+    """A Hermes topic ``name`` with one suspended subscription ``s`` (its queue keeps what
+    is published)."""
+    r = http.post("/topics", json={"name": name, "description": "d", "contentType": content_type,
+                                   "owner": {"source": "Plaintext", "id": "team"}, **extra})
+    assert r.status_code == 201, r.text
+    r = http.post(f"/topics/{name}/subscriptions",
+                  json={"name": "s", "topicName": name, "state": "SUSPENDED",
+                        "endpoint": "http://127.0.0.1:9/x"})
+    assert r.status_code == 201, r.text
+
+
 def _wait(cond, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -155,14 +167,7 @@ def test_mqtt_publishes_pass_the_publish_hooks(tmp_path):
     try:
         http = httpx.Client(base_url=f"http://127.0.0.1:{b.http_port}",
                             auth=("guest", "guest"))
-        r = http.post("/topics", json={"name": "shop.avro", "description": "d",
-                                       "contentType": "AVRO", "schema": json.dumps(ORDER),
-                                       "owner": {"source": "Plaintext", "id": "team"}})
-        assert r.status_code == 201, r.text
-        r = http.post("/topics/shop.avro/subscriptions",
-                      json={"name": "s", "topicName": "shop.avro", "state": "SUSPENDED",
-                            "endpoint": "http://127.0.0.1:9/x"})
-        assert r.status_code == 201, r.text
+        hermes_topic(http, "shop.avro", "AVRO", schema=json.dumps(ORDER))
         pub = Client(b.mqtt_port, "dev-1")
         pub.c.publish("orders/eu", _avro({"id": "o1", "qty": 2}), qos=1).wait_for_publish(10)
         # not the topic's schema: the hook refuses it, the broker closes the connection

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from broker.audit import events
+from broker.audit.spool import loads
 from broker.broker import Broker
 from broker.config import AuditSettings, Config
 
@@ -50,7 +51,9 @@ def test_drop_policy_counts_what_it_drops(tmp_path):
     for _ in range(5):
         q.enqueue(make_message(b"x"))
     assert len(trail.events()) == 3 and trail.dropped == 2
-    batch = events.rows(trail._take_batch())
+    frames, reports = trail._take_frames()
+    assert reports == 1
+    batch = [ev for _, _, data in frames for ev in loads(data)]
     assert batch[-1][:4] == (events.TRAIL, batch[-1][1], "audit_dropped", 2)
     assert not broker.alarms
 

@@ -274,3 +274,37 @@ def test_converter_joins_frames_but_keeps_a_hole_in_the_sequence(tmp_path):
     records = [r for f in node_files(str(tmp_path), "n1") for r in FileReader(f)]
     assert [(r["seq"], r["msg"]) for r in records] == [(s, s) for s in (1, 2, 3, 4, 5, 6, 10,
                                                                         11, 12)]
+
+
+def test_a_frame_whose_write_ends_with_the_stop_is_converted_not_skipped(tmp_path):
+    """The broker's last write and its ``closed`` marker can both land while the converter
+    is between reading the segment and deciding it is finished: the frame it saw torn is
+    then whole, and must be converted (it was once skipped as a crash's torn tail)."""
+    from broker.audit.spool import spool_dir
+    from broker.audit.writer import convert
+
+    root = str(tmp_path)
+    spool = Spool(root)
+    def flat(i: int) -> list:
+        return [events.TRAIL, 1.7e9 + i, "mark", None, f"event {i}", *[None] * 7]
+
+    spool.append(1, 1, dumps(flat(1)))
+    last = dumps(flat(2))
+    whole = FRAME.pack(2, 1, len(last)) + last
+    spool.file.write(whole[:10])  # the last frame, half written
+    spool.file.flush()
+    calls = []
+
+    def stop() -> bool:  # 1st call: after frame 1; 2nd: after the segment's frames were read
+        if len(calls) == 1:
+            spool.file.write(whole[10:])
+            spool.close(True)  # the rest of the frame, then the marker
+        calls.append(1)
+        return False
+
+    out = RollingWriter(root, "n", 1 << 20, 300.0, "deflate", 1)
+    marker = os.path.join(spool_dir(root), "closed")
+    assert convert(root, out, 0, stop, lambda: os.path.exists(marker)) == 2
+    out.close()
+    seqs = [r["seq"] for f in node_files(root, "n") for r in FileReader(f)]
+    assert seqs == [1, 2] and segments(root) == []
