@@ -5,7 +5,9 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from types import SimpleNamespace
+from typing import NoReturn
 
 import trio
 
@@ -338,3 +340,18 @@ def _run(args) -> int:
             return 1
         raise
     return 0
+
+
+def entry() -> NoReturn:
+    """``python -m broker`` and the ``triomq`` script: ``main`` as the process's exit."""
+    code = main()
+    if threading.active_count() > 1:
+        # trio's worker threads outlive trio.run: idle ones in its cache, and any abandoned
+        # on cancel (a lease renewal or reconnect stuck on a silent database) still inside
+        # its driver. CPython 3.11 finalising with the latter alive can crash (SIGSEGV),
+        # so leave without finalising once the output is flushed.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
