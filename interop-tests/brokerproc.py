@@ -30,8 +30,9 @@ class BrokerProc:
     Each start gets a free port and a log file of its own (``log()`` reads the latest)."""
 
     def __init__(self, data_dir: Path, store: str | None = None, extra=(), env=None,
-                 http: bool = False, mqtt: bool = False):
+                 http: bool = False, mqtt: bool = False, wait_ports=()):
         self.env = dict(os.environ, **(env or {}))
+        self.wait_ports = tuple(wait_ports)  # fixed ports set in ``extra`` (e.g. TLS listeners)
         self.mqtt = mqtt  # also listen for MQTT on a free port (mqtt_port)
         self.mqtt_port = 0
         self.http = http  # serve the management HTTP API on a free port (http_port)
@@ -84,8 +85,9 @@ class BrokerProc:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     pass
-                if self.mqtt:
-                    socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
+                for port in (self.mqtt_port, *self.wait_ports):
+                    if port:
+                        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 return self
             except OSError:
                 pass

@@ -54,7 +54,8 @@ def mq(tmp_path_factory, external_broker, tls_files):
     tls_port = free_port()
     proc = BrokerProc(tmp_path_factory.mktemp("mqtt") / "data", mqtt=True, http=True,
                       extra=["--mqtts-port", str(tls_port), "--tls-cert", str(cert),
-                             "--tls-key", str(key), "--mqtt-prefetch", "50"])
+                             "--tls-key", str(key), "--mqtt-prefetch", "50"],
+                      wait_ports=[tls_port])
     proc.mqtts_port = tls_port
     proc.start()
     yield proc
@@ -344,7 +345,7 @@ def test_tls_client_certificates_required(tmp_path):
     proc = BrokerProc(tmp_path / "data", mqtt=True,
                       extra=["--mqtts-port", str(port), "--tls-cert", str(cert), "--tls-key",
                              str(key), "--tls-ca", str(ca),
-                             "--tls-fail-if-no-peer-cert"]).start()
+                             "--tls-fail-if-no-peer-cert"], wait_ports=[port]).start()
     try:
         ctx = ssl.create_default_context(cafile=str(ca))
         ctx.check_hostname = False

@@ -63,17 +63,9 @@ def _start(pki, tmp, *extra: str) -> tuple[BrokerProc, int]:
     bp = BrokerProc(tmp / "data", store="memory", extra=[
         "--tls-port", str(tls_port), "--tls-cert", str(pki / "server.pem"),
         "--tls-key", str(pki / "server.key"), "--tls-ca", str(pki / "ca.pem"),
-        "--load-definitions", str(tmp / "defs.json"), *extra])
+        "--load-definitions", str(tmp / "defs.json"), *extra], wait_ports=[tls_port])
     bp.start()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", tls_port), timeout=0.5).close()
-            return bp, tls_port
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return bp, tls_port
 
 
 @pytest.fixture(scope="module")
