@@ -10,7 +10,7 @@ RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
 .PHONY: setup system-deps run cluster lint test test-triomq test-rabbitmq bench
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py broker/audit/_hooks.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -28,7 +28,8 @@ import trio
 from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
-from .events import ACKC, CAN, DACK, DELC, ENQ, FIRE, LEFT, PUBC, REJ, RETRY, SCH, TRAIL, WIDTH
+from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, TRAIL, WIDTH
+from .hooks import Hooks
 from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 
 log = logging.getLogger("broker.audit")
@@ -47,7 +48,7 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class AuditTrail:
+class AuditTrail(Hooks):
     """Records lifecycle events of audited queues and vhosts; owns the writer process.
 
     Selection: a queue is audited when its effective policy (``broker.policies``) has the
@@ -216,46 +217,6 @@ class AuditTrail:
             self.held.append((count, dumps(batch)))
             self.held_events += count
 
-    # ---- the clock ----
-    def clock_start(self) -> None:
-        """A session starts handling a receive batch: its events share this time."""
-        self.now = _time()
-
-    def clock_stop(self) -> None:
-        """The batch is handled: events from timers and other tasks read the clock."""
-        self.now = 0.0
-
-    # ---- hooks: channel ----
-    def published(self, channel, message, queues: list, outcome: str, seq: int) -> None:
-        """``message`` was routed to ``queues`` (enqueued with ``reported=True``, so the
-        queues do not report those enqueues) or taken over by a publish hook.
-
-        The event's ``queues`` are the audited queues that enqueued it (a queue may refuse:
-        overflow, deduplication; it then notes the message's id). Callers outside a receive
-        batch run between ``clock_start`` and ``clock_stop``, so the message's deliveries do
-        not precede its publish in time."""
-        into: Any = None
-        if queues:
-            mid = message.id
-            if len(queues) == 1:
-                q = queues[0]
-                if q.audit_ctx is not None and q.refused_id != mid:
-                    into = q.name
-            else:
-                into = [q.name for q in queues
-                        if q.audit_ctx is not None and q.refused_id != mid] or None
-        try:
-            ctx = channel.audit_ctx
-        except AttributeError:
-            ctx = self._channel_ctx(channel)
-        if not self._scope_all and not self._vhosts_on.get(ctx[0]):
-            return
-        buf = self.buf
-        buf += (PUBC, self.now or _time(), ctx, message.exchange, message.routing_key, message.id,
-                message.properties, len(message.body), message.persistent, seq, into, outcome)
-        if len(buf) > self.limit:
-            self._full()
-
     @staticmethod
     def _channel_ctx(channel) -> tuple:
         """The channel's part of its events, one shared tuple (``events.PUBC``)."""
@@ -263,58 +224,6 @@ class AuditTrail:
         ctx = channel.audit_ctx = (channel.vhost.name, session.conn.username, session.peer,
                                    channel.number)
         return ctx
-
-    def delivered(self, channel, ctag, tag: int, queue, entry) -> int:
-        """Returns where the record is (for ``acked``: ``Unacked.audit_pos``), -1 if none."""
-        try:
-            qctx = queue.audit_ctx  # set while this trail follows the queue
-        except AttributeError:
-            return -1
-        if qctx is None:
-            return -1
-        try:
-            ctx = channel.audit_ctx
-        except AttributeError:
-            ctx = self._channel_ctx(channel)
-        buf = self.buf
-        at = self.base + len(buf)
-        buf += (DELC, self.now or _time(), qctx, entry.message.id, ctag, tag, entry.redelivered,
-                entry.delivery_count, ctx, None, None, None)
-        if len(buf) > self.limit:
-            dropped = self.dropped_total
-            self._full()
-            if self.dropped_total != dropped:  # this very record (the drop policy)
-                return -1
-        return at
-
-    def acked(self, channel, item) -> None:
-        # Still in the buffer (not serialised), the delivery's record takes the ack too:
-        # one record instead of two (``events.DACK``).
-        at = item.audit_pos - self.base
-        if at >= 0:
-            buf = self.buf
-            if at < len(buf) and buf[at] == DELC:
-                buf[at] = DACK
-                buf[at + 9] = self.now or _time()
-                return
-        try:
-            qctx = item.queue.audit_ctx
-        except AttributeError:
-            return
-        if qctx is None:
-            return
-        entry = item.entry
-        consumer = item.consumer
-        try:
-            ctx = channel.audit_ctx
-        except AttributeError:
-            ctx = self._channel_ctx(channel)
-        buf = self.buf
-        buf += (ACKC, self.now or _time(), qctx, entry.message.id,
-                consumer.tag if consumer is not None else None, item.tag, ctx, None, None, None,
-                None, None)
-        if len(buf) > self.limit:
-            self._full()
 
     def rejected(self, channel, taken: list, requeue: bool, name: str) -> None:
         t = _time()
