@@ -38,17 +38,69 @@ static PyObject *s_audit_ctx, *s_refused_id, *s_name, *s_id, *s_exchange, *s_rou
     *s_audit_pos, *s_queue, *s_entry, *s_consumer, *s_tag, *s_full, *s_channel_ctx;
 static PyObject *k_pubc, *k_delc, *k_ackc, *k_dack, *zero;
 
+/* The records hold objects of their own where they can (the time, ids, tags): marshal
+ * looks up every object that something else also references in a table, to write it once
+ * and refer to it after, which is most of its cost; an object only the buffer holds is
+ * written at once. */
 static PyObject *
 now_obj(Hooks *self)
 {
     PyObject *now = self->now;
+    double t;
     if (now != NULL && PyFloat_CheckExact(now) && PyFloat_AS_DOUBLE(now) != 0.0) {
-        Py_INCREF(now);
-        return now;
+        t = PyFloat_AS_DOUBLE(now);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);  /* time.time() */
+        t = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);  /* time.time() */
-    return PyFloat_FromDouble((double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    return PyFloat_FromDouble(t);
+}
+
+/* An int of the buffer's own, equal to v (a new reference; v itself when it is not an int
+ * or is one of the shared small ints). */
+static PyObject *
+own_int(PyObject *v)
+{
+    if (v != NULL && PyLong_CheckExact(v)) {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && (n > 256 || n < -5))
+            return PyLong_FromLongLong(n);
+        if (n == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    Py_XINCREF(v);
+    return v;
+}
+
+/* getattr(obj, name), reading a __slots__ member in place (Message, QueueEntry, Unacked,
+ * Consumer): the generic lookup is most of a hook's time otherwise. */
+static PyObject *
+attr(PyObject *obj, PyObject *name)
+{
+    PyObject *descr = _PyType_Lookup(Py_TYPE(obj), name);  /* the type's cache */
+    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type == T_OBJECT_EX) {
+            PyObject *v = *(PyObject **)((char *)obj + m->offset);
+            if (v != NULL)
+                return Py_NewRef(v);
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* getattr(obj, name) as an int of the buffer's own */
+static PyObject *
+own_int_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *v = attr(obj, name);
+    if (v == NULL)
+        return NULL;
+    PyObject *own = own_int(v);
+    Py_DECREF(v);
+    return own;
 }
 
 /* channel.audit_ctx, or self._channel_ctx(channel) the first time (a new reference) */
@@ -64,7 +116,8 @@ channel_ctx(Hooks *self, PyObject *channel)
     return PyObject_CallMethodOneArg((PyObject *)self, s_channel_ctx, channel);
 }
 
-/* Appends the WIDTH items (new references, stolen; NULL = None) to buf. */
+/* Appends the WIDTH items (new references, stolen; NULL = None) to buf: in place while the
+ * list has room (it over-allocates as it grows), else one by one. */
 static int
 append(Hooks *self, PyObject **items)
 {
@@ -73,6 +126,15 @@ append(Hooks *self, PyObject **items)
     if (buf == NULL || !PyList_CheckExact(buf)) {
         PyErr_SetString(PyExc_TypeError, "audit buffer is not a list");
         rc = -1;
+    } else {
+        PyListObject *list = (PyListObject *)buf;
+        Py_ssize_t n = Py_SIZE(list);
+        if (list->allocated - n >= WIDTH) {
+            for (int i = 0; i < WIDTH; i++)
+                list->ob_item[n + i] = items[i] ? items[i] : Py_NewRef(Py_None);
+            Py_SET_SIZE(list, n + WIDTH);
+            return 0;
+        }
     }
     for (int i = 0; i < WIDTH; i++) {
         PyObject *v = items[i] ? items[i] : Py_NewRef(Py_None);
@@ -159,7 +221,7 @@ Hooks_published(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *fast = PySequence_Fast(queues, "queues");
         if (fast == NULL)
             return NULL;
-        mid = PyObject_GetAttr(message, s_id);
+        mid = attr(message, s_id);
         if (mid == NULL) {
             Py_DECREF(fast);
             return NULL;
@@ -222,21 +284,24 @@ routed:
         goto fail_items;
     items[2] = ctx;
     ctx = NULL;
-    if ((items[3] = PyObject_GetAttr(message, s_exchange)) == NULL ||
-        (items[4] = PyObject_GetAttr(message, s_routing_key)) == NULL ||
-        (items[5] = PyObject_GetAttr(message, s_id)) == NULL ||
-        (items[6] = PyObject_GetAttr(message, s_properties)) == NULL)
+    if ((items[3] = attr(message, s_exchange)) == NULL ||
+        (items[4] = attr(message, s_routing_key)) == NULL ||
+        (items[5] = own_int_attr(message, s_id)) == NULL ||
+        (items[6] = attr(message, s_properties)) == NULL)
         goto fail_items;
-    PyObject *body = PyObject_GetAttr(message, s_body);
+    if (PyDict_CheckExact(items[6]) && PyDict_GET_SIZE(items[6]) == 0)
+        Py_SETREF(items[6], Py_NewRef(Py_None));  /* no properties */
+    PyObject *body = attr(message, s_body);
     if (body == NULL)
         goto fail_items;
     Py_ssize_t size = PyObject_Length(body);
     Py_DECREF(body);
     if (size < 0 || (items[7] = PyLong_FromSsize_t(size)) == NULL)
         goto fail_items;
-    if ((items[8] = PyObject_GetAttr(message, s_persistent)) == NULL)
+    if ((items[8] = attr(message, s_persistent)) == NULL)
         goto fail_items;
-    items[9] = Py_NewRef(args[4]);
+    if ((items[9] = own_int(args[4])) == NULL)
+        goto fail_items;
     items[10] = into;  /* NULL: None */
     into = NULL;
     items[11] = Py_NewRef(args[3]);
@@ -299,17 +364,18 @@ Hooks_delivered(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
     items[8] = ctx;
     if ((items[1] = now_obj(self)) == NULL)
         goto fail;
-    PyObject *message = PyObject_GetAttr(entry, s_message);
+    PyObject *message = attr(entry, s_message);
     if (message == NULL)
         goto fail;
-    items[3] = PyObject_GetAttr(message, s_id);
+    items[3] = own_int_attr(message, s_id);
     Py_DECREF(message);
     if (items[3] == NULL)
         goto fail;
     items[4] = Py_NewRef(args[1]);
-    items[5] = Py_NewRef(args[2]);
-    if ((items[6] = PyObject_GetAttr(entry, s_redelivered)) == NULL ||
-        (items[7] = PyObject_GetAttr(entry, s_delivery_count)) == NULL)
+    if ((items[5] = own_int(args[2])) == NULL)
+        goto fail;
+    if ((items[6] = attr(entry, s_redelivered)) == NULL ||
+        (items[7] = attr(entry, s_delivery_count)) == NULL)
         goto fail;
     if (append(self, items) < 0)
         return NULL;
@@ -335,7 +401,7 @@ Hooks_acked(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *channel = args[0], *item = args[1];
     PyObject *items[WIDTH] = {NULL};
-    PyObject *pos = PyObject_GetAttr(item, s_audit_pos);
+    PyObject *pos = attr(item, s_audit_pos);
     if (pos == NULL)
         return NULL;
     Py_ssize_t at = PyLong_AsSsize_t(pos);
@@ -356,7 +422,7 @@ Hooks_acked(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         }
     }
-    PyObject *queue = PyObject_GetAttr(item, s_queue);
+    PyObject *queue = attr(item, s_queue);
     if (queue == NULL)
         return NULL;
     PyObject *qctx = queue_ctx(queue);
@@ -370,29 +436,29 @@ Hooks_acked(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
     items[2] = qctx;
     if ((items[1] = now_obj(self)) == NULL)
         goto fail;
-    PyObject *entry = PyObject_GetAttr(item, s_entry);
+    PyObject *entry = attr(item, s_entry);
     if (entry == NULL)
         goto fail;
-    PyObject *message = PyObject_GetAttr(entry, s_message);
+    PyObject *message = attr(entry, s_message);
     Py_DECREF(entry);
     if (message == NULL)
         goto fail;
-    items[3] = PyObject_GetAttr(message, s_id);
+    items[3] = own_int_attr(message, s_id);
     Py_DECREF(message);
     if (items[3] == NULL)
         goto fail;
-    PyObject *consumer = PyObject_GetAttr(item, s_consumer);
+    PyObject *consumer = attr(item, s_consumer);
     if (consumer == NULL)
         goto fail;
     if (consumer != Py_None) {
-        items[4] = PyObject_GetAttr(consumer, s_tag);
+        items[4] = attr(consumer, s_tag);
         Py_DECREF(consumer);
         if (items[4] == NULL)
             goto fail;
     } else {
         Py_DECREF(consumer);
     }
-    if ((items[5] = PyObject_GetAttr(item, s_tag)) == NULL ||
+    if ((items[5] = own_int_attr(item, s_tag)) == NULL ||
         (items[6] = channel_ctx(self, channel)) == NULL)
         goto fail;
     if (append(self, items) < 0 || check_full(self) < 0)

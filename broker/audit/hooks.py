@@ -69,7 +69,8 @@ class PyHooks:
             return
         buf = self.buf
         buf += (PUBC, self.now or _time(), ctx, message.exchange, message.routing_key, message.id,
-                message.properties, len(message.body), message.persistent, seq, into, outcome)
+                message.properties or None, len(message.body), message.persistent, seq, into,
+                outcome)
         if len(buf) > self.limit:
             self._full()
 
