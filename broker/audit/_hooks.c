@@ -35,7 +35,8 @@ typedef struct {
 
 static PyObject *s_audit_ctx, *s_refused_id, *s_name, *s_id, *s_exchange, *s_routing_key,
     *s_properties, *s_body, *s_persistent, *s_message, *s_redelivered, *s_delivery_count,
-    *s_audit_pos, *s_queue, *s_entry, *s_consumer, *s_tag, *s_full, *s_channel_ctx;
+    *s_audit_pos, *s_queue, *s_entry, *s_consumer, *s_tag, *s_full, *s_channel_ctx,
+    *s_message_id, *s_correlation_id, *s_app_id, *s_headers;
 static PyObject *k_pubc, *k_delc, *k_ackc, *k_dack, *zero;
 
 /* The records hold objects of their own where they can (the time, ids, tags): marshal
@@ -184,6 +185,25 @@ Hooks_clock_stop(Hooks *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* Does a message's property dict hold anything the trail keeps (events.TRAIL_PROPS)? */
+static int
+props_kept(PyObject *props)
+{
+    if (props == Py_None)
+        return 0;
+    if (!PyDict_Check(props))
+        return 1;
+    if (PyDict_GET_SIZE(props) == 0)
+        return 0;
+    PyObject *keys[] = {s_message_id, s_correlation_id, s_app_id, s_headers};
+    for (int i = 0; i < 4; i++) {
+        int r = PyDict_Contains(props, keys[i]);
+        if (r != 0)
+            return r;
+    }
+    return 0;
+}
+
 /* Is queue q's publish recorded: it is followed (audit_ctx) and did not refuse mid. */
 static int
 enqueued_audited(PyObject *q, PyObject *mid)
@@ -289,8 +309,11 @@ routed:
         (items[5] = own_int_attr(message, s_id)) == NULL ||
         (items[6] = attr(message, s_properties)) == NULL)
         goto fail_items;
-    if (PyDict_CheckExact(items[6]) && PyDict_GET_SIZE(items[6]) == 0)
-        Py_SETREF(items[6], Py_NewRef(Py_None));  /* no properties */
+    int kept = props_kept(items[6]);
+    if (kept < 0)
+        goto fail_items;
+    if (!kept)  /* nothing the trail keeps (the dict would outlive its message) */
+        Py_SETREF(items[6], Py_NewRef(Py_None));
     PyObject *body = attr(message, s_body);
     if (body == NULL)
         goto fail_items;
@@ -587,7 +610,9 @@ hooks_exec(PyObject *module)
         intern(&s_delivery_count, "delivery_count") || intern(&s_audit_pos, "audit_pos") ||
         intern(&s_queue, "queue") || intern(&s_entry, "entry") ||
         intern(&s_consumer, "consumer") || intern(&s_tag, "tag") || intern(&s_full, "_full") ||
-        intern(&s_channel_ctx, "_channel_ctx"))
+        intern(&s_channel_ctx, "_channel_ctx") || intern(&s_message_id, "message_id") ||
+        intern(&s_correlation_id, "correlation_id") || intern(&s_app_id, "app_id") ||
+        intern(&s_headers, "headers"))
         return -1;
     if ((k_pubc = PyLong_FromLong(PUBC)) == NULL || (k_delc = PyLong_FromLong(DELC)) == NULL ||
         (k_ackc = PyLong_FromLong(ACKC)) == NULL || (k_dack = PyLong_FromLong(DACK)) == NULL ||

@@ -27,8 +27,7 @@ from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL,
 
 _CACHE_MAX = 50_000
 _FIRST = itemgetter(0)
-# property keys the trail keeps something of (``_prop_fields``)
-_ANY_PROP = frozenset(("message_id", "correlation_id", "app_id", "headers"))
+_ANY_PROP = events.TRAIL_PROPS  # property keys the trail keeps something of
 
 
 def zz(n: int) -> bytes:
@@ -256,10 +255,9 @@ class BatchEncoder:
     def _props_piece(self, col) -> _Piece:
         """The property fields of PUBC rows, then body_size's union branch: six nulls for
         the usual message without ids or trail headers."""
-        try:
-            plain = list(map(_ANY_PROP.isdisjoint, col))
-        except TypeError:  # no property dict (None)
-            plain = [not p or _ANY_PROP.isdisjoint(p) for p in col]
+        if col.count(None) == len(col):  # the usual: the hooks kept no property dict
+            return _const_piece(_NO_PROPS, len(col))
+        plain = [not p or _ANY_PROP.isdisjoint(p) for p in col]
         if all(plain):
             return _const_piece(_NO_PROPS, len(col))
         return _bytes_piece([_NO_PROPS if ok else self._props_bytes(p) + b"\x02"

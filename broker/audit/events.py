@@ -64,6 +64,9 @@ def queue_names(queues) -> list:
         return [queues]
     return list(queues)
 
+# the property keys the trail keeps something of; a publish whose properties have none of
+# them records None instead of the dict (``hooks.published``)
+TRAIL_PROPS = frozenset(("message_id", "correlation_id", "app_id", "headers"))
 # header names the trail keeps from a message's headers
 REF_KEY = "x-ref-key"
 PRODUCER = "x-producer"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .events import ACKC, DACK, DELC, PUBC, WIDTH
+from .events import ACKC, DACK, DELC, PUBC, TRAIL_PROPS, WIDTH
 
 log = logging.getLogger("broker.audit")
 _time = time.time
@@ -67,10 +67,12 @@ class PyHooks:
             ctx = self._channel_ctx(channel)
         if not self._scope_all and not self._vhosts_on.get(ctx[0]):
             return
+        props = message.properties
+        if not props or TRAIL_PROPS.isdisjoint(props):
+            props = None  # nothing the trail keeps (the dict would outlive its message)
         buf = self.buf
         buf += (PUBC, self.now or _time(), ctx, message.exchange, message.routing_key, message.id,
-                message.properties or None, len(message.body), message.persistent, seq, into,
-                outcome)
+                props, len(message.body), message.persistent, seq, into, outcome)
         if len(buf) > self.limit:
             self._full()
 

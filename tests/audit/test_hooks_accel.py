@@ -82,7 +82,8 @@ def _script(t, clock):
     clock(t, 1000.5)
     out.append(t.published(ch, msg(1, {"message_id": "m1"}), [q1], "routed", 1))
     out.append(t.published(ch, msg(7), [q1, q2, q3], "routed", 2))  # q2 refused 7
-    out.append(t.published(ch, msg(8), [q1, q2], "routed", 0))
+    out.append(t.published(ch, msg(8, {"delivery_mode": 2}), [q1, q2], "routed", 0))
+    out.append(t.published(ch, msg(13, {"headers": {"x-seq": 1}}), [q1], "routed", 7))
     out.append(t.published(ch, msg(9), [q3], "routed", 3))  # into: None
     out.append(t.published(ch, msg(10), [], "unroutable", 4))
     out.append(t.published(ch, msg(11), (q1,), "taken", 5))
@@ -129,7 +130,11 @@ def test_c_and_python_hooks_record_the_same(limit):
     _same(py.sealed + py.buf, c.sealed + c.buf)
     assert (py.base, py.fulls) == (c.base, c.fulls)
     kinds = (py.sealed + py.buf)[::events.WIDTH]
-    assert kinds.count(events.PUBC) == 7
+    assert kinds.count(events.PUBC) == 8
+    props = (py.sealed + py.buf)[6::events.WIDTH]
+    # a property dict only where it holds something the trail keeps
+    assert {"message_id": "m1"} in props and {"headers": {"x-seq": 1}} in props
+    assert {"delivery_mode": 2} not in props and {} not in props
     if limit > 1:  # both deliveries still buffered at their acks: folded (a second ack not)
         assert kinds.count(events.DACK) == 2 and kinds.count(events.ACKC) == 2
     else:  # each delivery sealed before its ack: separate ack records
