@@ -204,23 +204,29 @@ props_kept(PyObject *props)
     return 0;
 }
 
-/* Is queue q's publish recorded: it is followed (audit_ctx) and did not refuse mid. */
-static int
-enqueued_audited(PyObject *q, PyObject *mid)
+/* The name of queue q when its enqueue of mid is recorded: it is followed (audit_ctx, which
+ * is (vhost, queue name)) and did not refuse mid. A new reference; NULL without an error
+ * when not recorded. */
+static PyObject *
+recorded_name(PyObject *q, PyObject *mid)
 {
     PyObject *ctx = PyObject_GetAttr(q, s_audit_ctx);
-    if (ctx == NULL)
-        return -1;
-    int followed = ctx != Py_None;
-    Py_DECREF(ctx);
-    if (!followed)
-        return 0;
+    if (ctx == NULL || ctx == Py_None) {
+        Py_XDECREF(ctx);
+        return NULL;
+    }
     PyObject *refused = PyObject_GetAttr(q, s_refused_id);
-    if (refused == NULL)
-        return -1;
-    int r = PyObject_RichCompareBool(refused, mid, Py_NE);
-    Py_DECREF(refused);
-    return r;
+    int r = refused == NULL ? -1 : PyObject_RichCompareBool(refused, mid, Py_NE);
+    Py_XDECREF(refused);
+    PyObject *name = NULL;
+    if (r > 0) {
+        if (PyTuple_CheckExact(ctx) && PyTuple_GET_SIZE(ctx) == 2)
+            name = Py_NewRef(PyTuple_GET_ITEM(ctx, 1));
+        else
+            name = PyObject_GetAttr(q, s_name);
+    }
+    Py_DECREF(ctx);
+    return name;
 }
 
 static PyObject *
@@ -248,14 +254,12 @@ Hooks_published(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyObject **qs = PySequence_Fast_ITEMS(fast);
         for (Py_ssize_t i = 0; i < nq; i++) {
-            int r = enqueued_audited(qs[i], mid);
-            if (r < 0)
-                goto fail_fast;
-            if (!r)
+            PyObject *name = recorded_name(qs[i], mid);
+            if (name == NULL) {
+                if (PyErr_Occurred())
+                    goto fail_fast;
                 continue;
-            PyObject *name = PyObject_GetAttr(qs[i], s_name);
-            if (name == NULL)
-                goto fail_fast;
+            }
             if (nq == 1) {
                 into = name;
             } else {
