@@ -1,7 +1,8 @@
 """The audit trail: every audited message's lifecycle as Avro files (docs/audit.md).
 
-``events`` (event tuples -> records, the schema file), ``recorder`` (the broker's hooks,
-queue observer and drain task), ``writer`` (the process that encodes and rolls files),
+``events`` (event tuples -> records, the schema file), ``hooks`` (the per-message hooks,
+in Python and, compiled, ``_hooks.c``), ``recorder`` (the rest of the broker's side: the
+queue observer and the drain task), ``writer`` (the process that encodes and rolls files),
 ``reader`` (the tolerant reader the Spark jobs and the writer share). Importing this
 package does not import trio or the broker core, so the Spark jobs can ship it alone.
 """

@@ -229,14 +229,33 @@ recorded_name(PyObject *q, PyObject *mid)
     return name;
 }
 
+/* entry.message.id, an int of the buffer's own */
+static PyObject *
+entry_message_id(PyObject *entry)
+{
+    PyObject *message = attr(entry, s_message);
+    if (message == NULL)
+        return NULL;
+    PyObject *mid = own_int_attr(message, s_id);
+    Py_DECREF(message);
+    return mid;
+}
+
+/* METH_FASTCALL methods: exactly ``want`` arguments, else TypeError(usage). */
+static int
+nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *usage)
+{
+    if (nargs == want)
+        return 1;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return 0;
+}
+
 static PyObject *
 Hooks_published(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "published(channel, message, queues, outcome, seq)");
+    if (!nargs_ok(nargs, 5, "published(channel, message, queues, outcome, seq)"))
         return NULL;
-    }
     PyObject *channel = args[0], *message = args[1], *queues = args[2];
     PyObject *items[WIDTH] = {NULL};
     PyObject *into = NULL, *ctx = NULL, *mid = NULL;
@@ -364,11 +383,8 @@ queue_ctx(PyObject *queue)
 static PyObject *
 Hooks_delivered(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "delivered(channel, ctag, tag, queue, entry)");
+    if (!nargs_ok(nargs, 5, "delivered(channel, ctag, tag, queue, entry)"))
         return NULL;
-    }
     PyObject *channel = args[0], *entry = args[4];
     PyObject *items[WIDTH] = {NULL};
     PyObject *qctx = queue_ctx(args[3]);
@@ -391,12 +407,7 @@ Hooks_delivered(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
     items[8] = ctx;
     if ((items[1] = now_obj(self)) == NULL)
         goto fail;
-    PyObject *message = attr(entry, s_message);
-    if (message == NULL)
-        goto fail;
-    items[3] = own_int_attr(message, s_id);
-    Py_DECREF(message);
-    if (items[3] == NULL)
+    if ((items[3] = entry_message_id(entry)) == NULL)
         goto fail;
     items[4] = Py_NewRef(args[1]);
     if ((items[5] = own_int(args[2])) == NULL)
@@ -422,10 +433,8 @@ fail:
 static PyObject *
 Hooks_acked(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "acked(channel, item)");
+    if (!nargs_ok(nargs, 2, "acked(channel, item)"))
         return NULL;
-    }
     PyObject *channel = args[0], *item = args[1];
     PyObject *items[WIDTH] = {NULL};
     PyObject *pos = attr(item, s_audit_pos);
@@ -466,12 +475,8 @@ Hooks_acked(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *entry = attr(item, s_entry);
     if (entry == NULL)
         goto fail;
-    PyObject *message = attr(entry, s_message);
+    items[3] = entry_message_id(entry);
     Py_DECREF(entry);
-    if (message == NULL)
-        goto fail;
-    items[3] = own_int_attr(message, s_id);
-    Py_DECREF(message);
     if (items[3] == NULL)
         goto fail;
     PyObject *consumer = attr(item, s_consumer);
