@@ -424,21 +424,27 @@ def test_queue_table_pages_through_the_api(page, broker_proc):
     assert any("use_regex=true" in u for u in seen)
 
 
+def _console_refreshing(context, proc):
+    """A logged-in console page of ``proc`` refreshing every 2 s."""
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    for _ in range(100):  # the HTTP listener may come up just after the AMQP one
+        try:
+            if httpx.get(proc.http_url + "/api/whoami", auth=("guest", "guest")).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    page.goto(proc.http_url + "/")
+    logged_in(page)
+    page.select_option("#refresh-interval", "2")
+    return page
+
+
 def test_broker_gone_shows_one_banner(browser, tmp_path):
     proc = BrokerProc(tmp_path / "data", store="memory", http=True).start()
     context = browser.new_context()
     try:
-        page = context.new_page()
-        page.set_default_timeout(10_000)
-        for _ in range(100):  # the HTTP listener may come up just after the AMQP one
-            try:
-                if httpx.get(proc.http_url + "/api/whoami", auth=("guest", "guest")).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        page.goto(proc.http_url + "/")
-        logged_in(page)
-        page.select_option("#refresh-interval", "2")
+        page = _console_refreshing(context, proc)
         proc.stop()
         page.wait_for_selector("#offline:has-text('not reachable')")
         page.wait_for_timeout(2500)
@@ -447,3 +453,44 @@ def test_broker_gone_shows_one_banner(browser, tmp_path):
     finally:
         context.close()
         proc.stop()
+
+
+def test_a_response_cut_off_after_its_headers_is_unreachable_not_an_error(browser, tmp_path):
+    """A broker stopping mid-response: the status line and headers came, the body never
+    did. That is the broker being unreachable (the banner), not a failed request (a toast)."""
+    import socket
+
+    cut = socket.socket()
+    cut.bind(("127.0.0.1", 0))
+    cut.listen(8)
+    port = cut.getsockname()[1]
+    stop = threading.Event()
+
+    def serve_cut_off():
+        cut.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = cut.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 1000\r\nAccess-Control-Allow-Origin: *\r\n\r\n{\"x\":")
+
+    server = threading.Thread(target=serve_cut_off, daemon=True)
+    server.start()
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True).start()
+    context = browser.new_context()
+    try:
+        page = _console_refreshing(context, proc)
+        page.route("**/api/overview*", lambda route: route.continue_(
+            url=f"http://127.0.0.1:{port}/api/overview"))
+        page.wait_for_selector("#offline:has-text('not reachable')")
+        assert page.locator(".toast-error").count() == 0
+    finally:
+        context.close()
+        proc.stop()
+        stop.set()
+        server.join(5)
+        cut.close()

@@ -39,6 +39,8 @@ export function path(strings, ...values) {
 let onUnauthorized = () => {};
 export function setUnauthorizedHandler(fn) { onUnauthorized = fn; }
 
+const unreachable = (e) => new ApiError(0, "network", `The broker is not reachable (${e.message})`);
+
 export async function request(method, url, body, { token, headers = {}, raw = false } = {}) {
   const auth = token ?? credentials()?.token;
   // credentials "omit": a 401 comes back to the page instead of opening the browser's own
@@ -53,7 +55,7 @@ export async function request(method, url, body, { token, headers = {}, raw = fa
   try {
     response = await fetch(url, init);
   } catch (e) {
-    throw new ApiError(0, "network", `The broker is not reachable (${e.message})`);
+    throw unreachable(e);
   }
   // Only a refusal of the session's current credentials ends it (not a request still in
   // flight from before a logout).
@@ -70,7 +72,14 @@ export async function request(method, url, body, { token, headers = {}, raw = fa
   }
   if (raw) return response;
   if (response.status === 204) return null;
-  const text = await response.text();
+  let text;
+  try {
+    text = await response.text();
+  } catch (e) {
+    // the connection went down after the headers (a broker stopping mid-response): as
+    // unreachable as a refused connection, not an error of the request
+    throw unreachable(e);
+  }
   return text ? JSON.parse(text) : null;
 }
 
