@@ -242,6 +242,49 @@ entry_message_id(PyObject *entry)
     return mid;
 }
 
+/* A publish's ``queues`` slot: None, the one recorded queue's name, or a list of several
+ * (a new reference; NULL on an error). */
+static PyObject *
+recorded_into(PyObject *queues, PyObject *message)
+{
+    PyObject *fast = PySequence_Fast(queues, "queues");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t nq = PySequence_Fast_GET_SIZE(fast);
+    PyObject **qs = PySequence_Fast_ITEMS(fast);
+    PyObject *into = NULL, *mid = nq ? attr(message, s_id) : NULL;
+    if (nq && mid == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        PyObject *name = recorded_name(qs[i], mid);
+        if (name == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (nq == 1) {
+            into = name;
+            break;
+        }
+        if (into == NULL && (into = PyList_New(0)) == NULL) {
+            Py_DECREF(name);
+            goto fail;
+        }
+        int rc = PyList_Append(into, name);
+        Py_DECREF(name);
+        if (rc < 0)
+            goto fail;
+    }
+    Py_DECREF(fast);
+    Py_XDECREF(mid);
+    return into ? into : Py_NewRef(Py_None);
+fail:
+    Py_DECREF(fast);
+    Py_XDECREF(mid);
+    Py_XDECREF(into);
+    return NULL;
+}
+
 /* METH_FASTCALL methods: exactly ``want`` arguments, else TypeError(usage). */
 static int
 nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *usage)
@@ -259,48 +302,10 @@ Hooks_published(Hooks *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *channel = args[0], *message = args[1], *queues = args[2];
     PyObject *items[WIDTH] = {NULL};
-    PyObject *into = NULL, *ctx = NULL, *mid = NULL;
-    Py_ssize_t nq = PyObject_Length(queues);
-    if (nq < 0)
+    PyObject *ctx = NULL;
+    PyObject *into = recorded_into(queues, message);
+    if (into == NULL)
         return NULL;
-    if (nq > 0) {
-        PyObject *fast = PySequence_Fast(queues, "queues");
-        if (fast == NULL)
-            return NULL;
-        mid = attr(message, s_id);
-        if (mid == NULL) {
-            Py_DECREF(fast);
-            return NULL;
-        }
-        PyObject **qs = PySequence_Fast_ITEMS(fast);
-        for (Py_ssize_t i = 0; i < nq; i++) {
-            PyObject *name = recorded_name(qs[i], mid);
-            if (name == NULL) {
-                if (PyErr_Occurred())
-                    goto fail_fast;
-                continue;
-            }
-            if (nq == 1) {
-                into = name;
-            } else {
-                if (into == NULL && (into = PyList_New(0)) == NULL) {
-                    Py_DECREF(name);
-                    goto fail_fast;
-                }
-                int rc = PyList_Append(into, name);
-                Py_DECREF(name);
-                if (rc < 0)
-                    goto fail_fast;
-            }
-        }
-        Py_DECREF(fast);
-        Py_CLEAR(mid);
-        goto routed;
-    fail_fast:
-        Py_DECREF(fast);
-        goto fail;
-    }
-routed:
     ctx = channel_ctx(self, channel);
     if (ctx == NULL)
         goto fail;
@@ -349,7 +354,7 @@ routed:
         goto fail_items;
     if ((items[9] = own_int(args[4])) == NULL)
         goto fail_items;
-    items[10] = into;  /* NULL: None */
+    items[10] = into;
     into = NULL;
     items[11] = Py_NewRef(args[3]);
     if (append(self, items) < 0 || check_full(self) < 0)
@@ -358,7 +363,6 @@ routed:
 fail_items:
     clear_items(items);
 fail:
-    Py_XDECREF(mid);
     Py_XDECREF(into);
     Py_XDECREF(ctx);
     return NULL;

@@ -40,8 +40,8 @@ _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE, _EXPIRE, _DEAD_LETTER, _PURGE, _DELETE = 
 ALARM = "audit trail"
 _PAD = [(None,) * (WIDTH - n) for n in range(WIDTH + 1)]  # a record of n slots -> WIDTH
 _TRUE = (True, "true", "on", "yes", 1)
-KEEP_CHUNKS = 4  # the buffer holds up to this many chunks; the oldest is serialised
 _FALSE = (False, "false", "off", "no", 0)
+KEEP_CHUNKS = 4  # the buffer holds up to this many chunks; the oldest is serialised
 
 
 def _package_root() -> str:
