@@ -92,6 +92,31 @@ def test_frame_larger_than_frame_max(raw_socket, bystander, assert_broker_alive)
     assert_broker_alive()
 
 
+def test_body_frames_of_frame_max_octets_are_accepted(raw_socket, uid, cleanup, connect,
+                                                     bystander, assert_broker_alive):
+    # RabbitMQ lets a frame be 8 octets over frame_max (clients that cut bodies into
+    # frame_max-octet frames); one octet more is still a framing error.
+    cleanup.queue(uid)
+    connect().channel().queue_declare(uid)
+    r = raw_socket()
+    r.handshake(frame_max=4096)
+    r.channel_open(1)
+    body = b"a" * 4096 + b"b" * 4096 + b"c"
+    r.send(method_frame(1, BASIC_PUBLISH, struct.pack(">H", 0) + shortstr("") + shortstr(uid)
+                        + b"\x00")
+           + content_header(1, len(body)) + body_frame(1, body[:4096])
+           + body_frame(1, body[4096:8192]) + body_frame(1, body[8192:]))
+    assert get_one(connect().channel(), uid)[2] == body
+    r.send(method_frame(1, BASIC_PUBLISH, struct.pack(">H", 0) + shortstr("") + shortstr(uid)
+                        + b"\x00")
+           + content_header(1, 4097) + body_frame(1, b"x" * 4097))
+    code, text, cid, mid = r.expect_connection_close()
+    assert (code, text) == (501, "FRAME_ERROR - type 3, all octets = <<>>: "
+                                 "{frame_too_large,4097,4088}")
+    bystander()
+    assert_broker_alive()
+
+
 def test_method_frame_larger_than_frame_max(raw_socket, bystander, assert_broker_alive):
     r = raw_socket()
     r.handshake(frame_max=4096)

@@ -211,7 +211,10 @@ class FrameReader:
                 if end - pos < 7:
                     break
                 ftype, channel, size = unpack(buf, pos)
-                if size + 8 > frame_max and frame_max:
+                # RabbitMQ's allowance (rabbit_reader's FRAME_SIZE_FUDGE): a payload of up to
+                # frame_max octets, 8 more than the spec's letter, because many clients fill
+                # a frame with frame_max octets of body; the error still names frame_max - 8.
+                if size > frame_max and frame_max:
                     raise FrameError(
                         f"type {ftype}, all octets = <<>>: "
                         f"{{frame_too_large,{size},{frame_max - 8}}}", frames)

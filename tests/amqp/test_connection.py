@@ -863,11 +863,27 @@ def test_frame_larger_than_negotiated_frame_max():
                       + mframe(1, spec.Channel.Open()))
     conn.data_to_send()
     events = conn.receive_data(mframe(1, spec.Basic.Publish()) + header_frame(1, 5000)
-                               + body_frame(1, b"x" * 4089))
+                               + body_frame(1, b"x" * 4097))
     assert kinds(events)[-2:] == [ProtocolError, ConnectionCloseCompleted]
     close = assert_connection_closed_with(conn, spec.FRAME_ERROR)
-    assert "frame_too_large,4089,4088" in close.reply_text
+    assert "frame_too_large,4097,4088" in close.reply_text
     assert conn.state is State.CLOSED
+
+
+def test_body_frames_of_frame_max_octets_are_accepted():
+    # RabbitMQ accepts frame_max + 8 octets a frame (clients that fill a frame with frame_max
+    # octets of body); a publish cut that way arrives whole.
+    conn = make_conn()
+    conn.receive_data(HEADER + start_ok() + tune_ok(frame_max=4096) + conn_open()
+                      + mframe(1, spec.Channel.Open()))
+    conn.data_to_send()
+    events = conn.receive_data(mframe(1, spec.Basic.Publish()) + header_frame(1, 4096 * 2 + 1)
+                               + body_frame(1, b"a" * 4096) + body_frame(1, b"b" * 4096)
+                               + body_frame(1, b"c"))
+    assert ProtocolError not in kinds(events)
+    published = [e for e in events if isinstance(e, ContentReceived)]
+    assert bytes(published[-1].body) == b"a" * 4096 + b"b" * 4096 + b"c"
+    assert conn.state is not State.CLOSED
 
 
 def test_frames_before_a_framing_error_are_processed():

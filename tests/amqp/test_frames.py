@@ -126,11 +126,18 @@ def test_frame_exactly_frame_max_is_accepted():
     assert reader.feed(frame) == [(3, 1, b"x" * 4088)]
 
 
+def test_frame_of_frame_max_payload_is_accepted():
+    # RabbitMQ's 8-octet allowance: a payload of frame_max octets (a frame of frame_max + 8)
+    reader = FrameReader(frame_max=4096)
+    assert reader.feed(raw_frame(3, 1, b"x" * 4096)) == [(3, 1, b"x" * 4096)]
+
+
 def test_frame_larger_than_frame_max():
     reader = FrameReader(frame_max=4096)
     with pytest.raises(FrameError) as info:
-        reader.feed(raw_frame(3, 1, b"x" * 4089))
-    assert info.value.explanation == "type 3, all octets = <<>>: {frame_too_large,4089,4088}"
+        reader.feed(raw_frame(3, 1, b"x" * 4097))
+    # as RabbitMQ words it: the limit named is the spec's frame_max - 8
+    assert info.value.explanation == "type 3, all octets = <<>>: {frame_too_large,4097,4088}"
 
 
 def test_oversized_frame_detected_from_its_header_alone():
