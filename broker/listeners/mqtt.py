@@ -114,14 +114,19 @@ class MQTTConnectionHandler:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 self._open = True
-                await self._reader()
-                # the reader is done (finished, EOF, timeout): the writer writes what is
-                # left and ends the nursery
-                self._start_writer()
+                try:
+                    await self._reader()
+                    # the reader is done (finished, EOF, timeout): the writer writes what
+                    # is left and ends the nursery
+                    self._start_writer()
+                finally:
+                    # the nursery closes as soon as no writer runs, before this task resumes
+                    # to leave it: a session closed from elsewhere in that window (a takeover)
+                    # must not start a writer in it
+                    self._open = False
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
             log.info("mqtt connection %s: dropped", self.peer)
         finally:
-            self._open = False
             if trio.current_effective_deadline() == -math.inf:
                 # cancelled from outside: the broker is stopping, devices did nothing wrong
                 self.listener.service.stopping = True

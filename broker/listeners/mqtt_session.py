@@ -191,6 +191,9 @@ class MQTTSession:
             elif isinstance(ev, Disconnected):
                 self.will = None
                 self.finished = True
+                # the client id is free at once, as on EOF: a reconnect that follows right
+                # behind must not find this session still registered
+                self.connection_lost()
             elif isinstance(ev, ProtocolViolation):
                 log.warning("mqtt connection %s: closing: %s", self.peer, ev.reason)
                 self.finished = True
