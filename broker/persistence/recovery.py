@@ -20,7 +20,13 @@ def encode_meta(value: dict) -> str:
     """A metadata value as stored (compact JSON); raises TypeError/ValueError if not JSON-able."""
     if not isinstance(value, dict):
         raise TypeError(f"metadata value must be a dict, not {type(value).__name__}")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: as a \u escape, which every store holds
+            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text
 
 
 def restore_meta(broker, records) -> int:

@@ -51,6 +51,8 @@ from .records import (
     encode_message,
 )
 from .recovery import encode_meta, restore, restore_meta
+from .sql_names import db_name as N
+from .sql_names import from_db as D
 from .sql_paged import SQLPagedFifo
 
 log = logging.getLogger("broker.store.sql")
@@ -111,10 +113,19 @@ def _reason(exc: BaseException) -> str:
     return line.strip()
 
 
+def _printable(name: str) -> str:
+    """A name for a report: as is, or escaped if it holds NUL, bytes or control characters."""
+    return name if name.isprintable() else ascii(name)[1:-1]
+
+
 def _binding_key(b: BindingDef) -> str:
     h = hashlib.sha1()
     for part in (b.vhost, b.source, b.destination_kind, b.destination, b.routing_key):
-        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+        try:
+            raw = part.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a lone surrogate that stands for no byte (not from AMQP)
+            raw = part.encode("utf-8", "surrogatepass")
+        h.update(raw + b"\0")
     h.update(encode_arguments(b.arguments))
     return h.hexdigest()
 
@@ -535,15 +546,15 @@ class SQLStore(Store):
         """Definitions, every queue's entry index, and the messages of the first
         ``page_window`` entries of each queue (the rest is read in pages: sql_paged.py)."""
         with self.engine.begin() as c:
-            xs = [ExchangeDef(r.vhost, r.name, r.type, True, r.auto_delete, r.internal,
+            xs = [ExchangeDef(D(r.vhost), D(r.name), r.type, True, r.auto_delete, r.internal,
                               decode_arguments(r.arguments))
                   for r in c.execute(select(S.exchanges))]
             qrows = list(c.execute(select(S.queues).order_by(S.queues.c.qid)))
-            qs = [QueueDef(r.vhost, r.name, True, r.auto_delete, decode_arguments(r.arguments))
+            qs = [QueueDef(D(r.vhost), D(r.name), True, r.auto_delete, decode_arguments(r.arguments))
                   for r in qrows]
-            by_qid = {r.qid: (r.vhost, r.name) for r in qrows}
-            bs = [BindingDef(r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
-                             decode_arguments(r.arguments))
+            by_qid = {r.qid: (D(r.vhost), D(r.name)) for r in qrows}
+            bs = [BindingDef(D(r.vhost), D(r.source), r.destination_kind, D(r.destination),
+                             D(r.routing_key), decode_arguments(r.arguments))
                   for r in c.execute(select(S.bindings))]
             index, orphans = self._load_index(c, by_qid)
             for qid in orphans:
@@ -552,7 +563,7 @@ class SQLStore(Store):
             messages = self._read_messages(
                 c, {mid for ix in index.values() for mid in ix.mids[:window]})
             max_id = c.execute(select(func.max(S.msgs.c.id))).scalar() or 0
-            meta = [(r.kind, r.name, r.value, r.seq)
+            meta = [(r.kind, D(r.name), r.value, r.seq)
                     for r in c.execute(select(S.meta).order_by(S.meta.c.seq))]
         self._next_qid = max(by_qid, default=0) + 1
         self._meta_seq = max((m[3] for m in meta), default=0)
@@ -1146,13 +1157,14 @@ class SQLStore(Store):
         kind = op[0]
         if kind == "x+":
             xd = op[1]
-            c.execute(delete(S.exchanges).where(S.exchanges.c.vhost == xd.vhost,
-                                                S.exchanges.c.name == xd.name))
-            c.execute(insert(S.exchanges).values(vhost=xd.vhost, name=xd.name, type=xd.type,
+            vhost, name = N(xd.vhost), N(xd.name)
+            c.execute(delete(S.exchanges).where(S.exchanges.c.vhost == vhost,
+                                                S.exchanges.c.name == name))
+            c.execute(insert(S.exchanges).values(vhost=vhost, name=name, type=xd.type,
                                                  auto_delete=xd.auto_delete, internal=xd.internal,
                                                  arguments=encode_arguments(xd.arguments)))
         elif kind == "x-":
-            vhost, name = op[1], op[2]
+            vhost, name = N(op[1]), N(op[2])
             B = S.bindings
             c.execute(delete(S.exchanges).where(S.exchanges.c.vhost == vhost, S.exchanges.c.name == name))
             c.execute(delete(B).where(B.c.vhost == vhost, B.c.source == name))
@@ -1160,13 +1172,14 @@ class SQLStore(Store):
                                       B.c.destination == name))
         elif kind == "q+":
             qd, qid = op[1], op[2]
+            vhost, name = N(qd.vhost), N(qd.name)
             Q = S.queues
-            c.execute(delete(Q).where(Q.c.vhost == qd.vhost, Q.c.name == qd.name))
-            c.execute(insert(Q).values(qid=qid, vhost=qd.vhost, name=qd.name,
+            c.execute(delete(Q).where(Q.c.vhost == vhost, Q.c.name == name))
+            c.execute(insert(Q).values(qid=qid, vhost=vhost, name=name,
                                        auto_delete=qd.auto_delete,
                                        arguments=encode_arguments(qd.arguments)))
         elif kind == "q-":
-            vhost, name, qid = op[1], op[2], op[3]
+            vhost, name, qid = N(op[1]), N(op[2]), op[3]
             E, Q, B = S.entries, S.queues, S.bindings
             ids = [r[0] for r in c.execute(select(E.c.message_id).where(E.c.qid == qid).distinct())]
             c.execute(delete(E).where(E.c.qid == qid))
@@ -1178,16 +1191,17 @@ class SQLStore(Store):
             bd = op[1]
             key = _binding_key(bd)
             c.execute(delete(S.bindings).where(S.bindings.c.bkey == key))
-            c.execute(insert(S.bindings).values(bkey=key, vhost=bd.vhost, source=bd.source,
+            c.execute(insert(S.bindings).values(bkey=key, vhost=N(bd.vhost), source=N(bd.source),
                                                 destination_kind=bd.destination_kind,
-                                                destination=bd.destination, routing_key=bd.routing_key,
+                                                destination=N(bd.destination),
+                                                routing_key=N(bd.routing_key),
                                                 arguments=encode_arguments(bd.arguments)))
         elif kind == "b-":
             c.execute(delete(S.bindings).where(S.bindings.c.bkey == _binding_key(op[1])))
         elif kind == "m+":
             mkey = _meta_key(op[1], op[2])
             c.execute(delete(S.meta).where(S.meta.c.mkey == mkey))
-            c.execute(insert(S.meta).values(mkey=mkey, kind=op[1], name=op[2], value=op[3],
+            c.execute(insert(S.meta).values(mkey=mkey, kind=op[1], name=N(op[2]), value=op[3],
                                             seq=op[4]))
         elif kind == "m-":
             c.execute(delete(S.meta).where(S.meta.c.mkey == _meta_key(op[1], op[2])))
@@ -1454,6 +1468,7 @@ def inspect(url: str) -> str:
                 rows = list(c.execute(stmt))
                 lines.append(f"  durable queues: {len(rows)}")
                 for vhost, name, n, size in rows:
+                    vhost, name = _printable(D(vhost)), _printable(D(name))
                     lines.append(f"    {vhost!s:<8} {name:<40} {n:>8} messages {int(size):>12} bytes")
         engine.dispose()
         return "\n".join(lines)

@@ -27,9 +27,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 
 # 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at);
-# 3: triomq_entries.size (body bytes) and .deliveries. ``migrate`` adds the columns in place: an older
-# database opens unchanged otherwise.
-SCHEMA_VERSION = 3
+# 3: triomq_entries.size (body bytes) and .deliveries; 4: names escaped (sql_names: NUL, lone
+# surrogates and U+F700..U+F7FF). ``migrate`` adds the columns and rewrites the rare names in
+# place: an older database opens unchanged otherwise.
+SCHEMA_VERSION = 4
 
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
 NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
@@ -119,7 +120,7 @@ ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings, meta)
 def migrate(conn) -> None:
     """Bring an existing database to SCHEMA_VERSION (after ``metadata.create_all``)."""
     from sqlalchemy import inspect as sa_inspect
-    from sqlalchemy import text, update
+    from sqlalchemy import select, text, update
     cols = {c["name"] for c in sa_inspect(conn).get_columns(lock.name)}
     if "expires_at" not in cols:
         kind = {"postgresql": "DOUBLE PRECISION", "sqlite": "REAL"}.get(conn.dialect.name, "DOUBLE")
@@ -129,5 +130,29 @@ def migrate(conn) -> None:
         conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN size BIGINT NULL"))
     if "deliveries" not in have:
         conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN deliveries INTEGER NULL"))
+    version = conn.execute(select(lock.c.schema_version).where(lock.c.id == 1)).scalar()
+    if version is not None and version < 4:
+        _escape_names(conn)
     conn.execute(update(lock).where(lock.c.schema_version < SCHEMA_VERSION)
                  .values(schema_version=SCHEMA_VERSION))
+
+
+# the text columns holding names, and each table's key
+_NAMED = ((exchanges, ("vhost", "name"), ("vhost", "name")),
+          (queues, ("vhost", "name"), ("qid",)),
+          (bindings, ("vhost", "source", "destination", "routing_key"), ("bkey",)),
+          (meta, ("name",), ("mkey",)))
+
+
+def _escape_names(conn) -> None:
+    """v4: rewrite the names an older version stored raw that v4 stores escaped (a NUL
+    SQLite or MariaDB held, a character of sql_names' reserved block); once, at migration."""
+    from sqlalchemy import select, update
+
+    from .sql_names import db_name, needs_escape
+    for table, cols, key in _NAMED:
+        for row in list(conn.execute(select(table))):
+            m = row._mapping
+            new = {c: db_name(m[c]) for c in cols if needs_escape(m[c])}
+            if new:
+                conn.execute(update(table).where(*(table.c[k] == m[k] for k in key)).values(**new))
