@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .auth import UserDatabase
 from .config import Config
+from .direct_reply import DirectReply
 from .listeners import mqtt as mqtt_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
@@ -51,6 +52,8 @@ class Broker:
         self.sessions: set = set()
         # Callables (channel, message, mandatory, seq) -> bool; True = taken over (e.g. delayed).
         self.publish_hooks: list = []
+        # amq.rabbitmq.reply-to consumers (a cluster names the node in their reply names)
+        self.direct_reply = DirectReply()
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()

@@ -11,6 +11,8 @@ from collections import deque
 
 from . import errors
 from .amqp import spec
+from .amqp.fields import encode_properties
+from .direct_reply import REPLY_PREFIX, REPLY_QUEUE, ReplyConsumer
 from .message import Message
 from .queues.queue import Consumer, Queue
 from .queues.selector import SelectorError, compile_selector
@@ -72,6 +74,7 @@ class Channel:
         self.closed = False  # no more deliveries or replies on this channel
         self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
+        self.reply_consumer: ReplyConsumer | None = None  # of amq.rabbitmq.reply-to
         self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
         # message counters read by management's sampler (rates) and /metrics
         self.stats_publish = self.stats_deliver = self.stats_get = self.stats_ack = 0
@@ -201,6 +204,8 @@ class Channel:
             self.session.broker.access.check_queue_limit(self.vhost, name)
 
     def on_queue_declare(self, m) -> None:
+        if m.queue.startswith(REPLY_QUEUE) and self._declare_reply_queue(m):
+            return
         q = self.vhost.declare_queue(
             m, self.session,
             authorize=None if self.authz is None or m.passive
@@ -208,6 +213,20 @@ class Channel:
         self.last_queue = q.name
         if not m.nowait:
             self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
+
+    def _declare_reply_queue(self, m) -> bool:
+        """RabbitMQ's answers for the direct reply-to pseudo-queue (0 messages, 1 consumer)
+        and, passively, for a reply name whose requester is live; False: not one of those."""
+        name = m.queue
+        if name != REPLY_QUEUE:
+            if not (m.passive and name.startswith(REPLY_PREFIX)):
+                return False
+            if not self.session.broker.direct_reply.exists(name):
+                raise errors.not_found(self.vhost.queue_resource(name))
+        self.last_queue = name
+        if not m.nowait:
+            self.reply(spec.Queue.DeclareOk(name, 0, 1))
+        return True
 
     def on_queue_bind(self, m) -> None:
         self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
@@ -266,9 +285,13 @@ class Channel:
         self._kick_consumers()
 
     def on_basic_consume(self, m) -> None:
+        if self._queue_name(m.queue) == REPLY_QUEUE:
+            self._consume_replies(m)
+            return
         if self.authz is not None:
             self.authz.check("queue", self._queue_name(m.queue), "read")
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
+        q.admit_consumer(self)  # the queue's type may refuse a channel's global QoS
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers:
             raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
@@ -285,7 +308,31 @@ class Channel:
             self.reply(spec.Basic.ConsumeOk(tag))
         q.add_consumer(consumer)
 
+    def _consume_replies(self, m) -> None:
+        """basic.consume of amq.rabbitmq.reply-to: the channel's reply consumer (no queue)."""
+        if m.consumer_tag in self.consumers:
+            raise errors.not_allowed(f"attempt to reuse consumer tag '{m.consumer_tag}'")
+        if not m.no_ack:
+            raise errors.precondition_failed("reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise errors.precondition_failed("reply consumer already set")
+        tag = m.consumer_tag or _random_tag("amq.ctag-")
+        self.reply_consumer = self.session.broker.direct_reply.register(self, tag)
+        if not m.nowait:
+            self.reply(spec.Basic.ConsumeOk(tag))
+
+    def _cancel_replies(self) -> None:
+        rc, self.reply_consumer = self.reply_consumer, None
+        if rc is not None:
+            self.session.broker.direct_reply.unregister(rc)
+
     def on_basic_cancel(self, m) -> None:
+        rc = self.reply_consumer
+        if rc is not None and rc.tag == m.consumer_tag:
+            self._cancel_replies()
+            if not m.nowait:
+                self.reply(spec.Basic.CancelOk(m.consumer_tag))
+            return
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
             self.reply(spec.Basic.CancelOk(m.consumer_tag))
@@ -450,6 +497,13 @@ class Channel:
                 raise avro.publish_refused(vhost, ev.exchange, problem)
         if ev.immediate:
             raise errors.not_implemented("immediate=true")
+        props_raw = ev.props_raw
+        if properties.get("reply_to") == REPLY_QUEUE:  # a direct reply-to request
+            rc = self.reply_consumer
+            if rc is None:
+                raise errors.precondition_failed("fast reply consumer does not exist")
+            properties = dict(properties, reply_to=rc.name)
+            props_raw = encode_properties(properties)
         user_id = properties.get("user_id")
         if user_id is not None and user_id != self.session.conn.username \
                 and not (authz is not None and authz.impersonator):
@@ -461,7 +515,7 @@ class Channel:
                 parse_expiration(properties["expiration"])
             except ExpirationError as exc:
                 raise errors.precondition_failed(str(exc)) from None
-        message = Message(ev.exchange, ev.routing_key, ev.props_raw, properties, ev.body)
+        message = Message(ev.exchange, ev.routing_key, props_raw, properties, ev.body)
         if self.tx is not None:
             self.tx.append(("publish", (message, ev.mandatory)))
             return
@@ -477,7 +531,13 @@ class Channel:
         self.route_message(message, mandatory, seq)
 
     def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        queues = self.vhost.route(message.exchange, message.routing_key, message)
+        if not message.exchange and message.routing_key.startswith(REPLY_PREFIX):
+            # a direct reply: straight to its requester, routed to no queue (a mandatory
+            # one is returned even when delivered, as on RabbitMQ)
+            self.session.broker.direct_reply.route(self.vhost.name, message)
+            queues: list = []
+        else:
+            queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
             if mandatory:
                 self.stats_return_unroutable += 1
@@ -653,6 +713,7 @@ class Channel:
                         self.unacked[item.tag] = item
             self.tx = None
         self.requeue_all()
+        self._cancel_replies()
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

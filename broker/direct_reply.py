@@ -1,0 +1,124 @@
+"""Direct reply-to: RPC replies without a reply queue, as RabbitMQ's ``amq.rabbitmq.reply-to``.
+
+A requester's channel consumes (no-ack) from the pseudo-queue ``amq.rabbitmq.reply-to``, then
+publishes requests with ``reply_to=amq.rabbitmq.reply-to``: the broker rewrites that to
+``amq.rabbitmq.reply-to.<node>.<key>``, a name only this broker hands out. A reply published to
+the default exchange with that routing key goes straight to the consumer (no queue): it is
+never routed to a queue, so a mandatory reply is always returned (312 NO_ROUTE), delivered or
+not, and a reply for a requester that is gone is dropped — RabbitMQ's behaviour.
+
+``<node>`` names the node the requester is connected to: a reply published on another node
+of a cluster is handed to ``forward`` (set by the cluster), which sends it to that node.
+
+Core: no persistence, cluster, management or listener imports.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .message import Message
+
+REPLY_QUEUE = "amq.rabbitmq.reply-to"
+REPLY_PREFIX = REPLY_QUEUE + "."
+
+
+def _token(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def node_of(name: str) -> str | None:
+    """The node named in a reply name ``amq.rabbitmq.reply-to.<node>.<key>`` (None: not one)."""
+    token, dot, key = name[len(REPLY_PREFIX):].partition(".")
+    if not dot or not key or not name.startswith(REPLY_PREFIX):
+        return None
+    try:
+        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, ValueError):
+        return None
+
+
+class ReplyConsumer:
+    """A channel's consumer of ``amq.rabbitmq.reply-to`` (at most one a channel)."""
+
+    __slots__ = ("channel", "name", "tag", "tag_raw")
+
+    def __init__(self, channel: Channel, tag: str, name: str):
+        self.channel = channel
+        self.tag = tag
+        raw = tag.encode("utf-8", "surrogateescape")
+        self.tag_raw = bytes((len(raw),)) + raw
+        self.name = name  # what the channel's requests carry as reply_to
+
+
+class DirectReply:
+    """The broker's reply consumers by reply name."""
+
+    def __init__(self, node: str = "") -> None:
+        self.consumers: dict[str, ReplyConsumer] = {}
+        # cluster: (node, vhost, message) -> None, sends a reply to the node its requester is
+        # on; None when the broker is alone (a reply naming another node is dropped)
+        self.forward: Callable[[str, str, Message], None] | None = None
+        self.node = node
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    @node.setter
+    def node(self, node: str) -> None:
+        # alone, a per-process token: a name handed out before a restart routes nowhere
+        self._node = node
+        self._node_token = _token(node.encode() if node else os.urandom(6))
+
+    def register(self, channel: Channel, tag: str) -> ReplyConsumer:
+        name = f"{REPLY_PREFIX}{self._node_token}.{_token(os.urandom(18))}"
+        rc = self.consumers[name] = ReplyConsumer(channel, tag, name)
+        return rc
+
+    def unregister(self, rc: ReplyConsumer) -> None:
+        self.consumers.pop(rc.name, None)
+
+    def is_local(self, name: str) -> bool:
+        return name[len(REPLY_PREFIX):].partition(".")[0] == self._node_token
+
+    def exists(self, name: str) -> bool:
+        """A passive declare's answer: the requester is live here, or the name is well-formed
+        and names another node (whose consumers are not known here)."""
+        if name in self.consumers:
+            return True
+        if self.is_local(name) or self.forward is None:
+            return False
+        return node_of(name) is not None
+
+    def route(self, vhost: str, message: Message) -> None:
+        """A reply published to the default exchange with a reply name as routing key:
+        delivered to its consumer here, or forwarded to the requester's node."""
+        name = message.routing_key
+        rc = self.consumers.get(name)
+        if rc is not None:
+            deliver(rc, message)
+            return
+        forward = self.forward
+        if forward is None or self.is_local(name):
+            return  # the requester is gone: dropped, as RabbitMQ does
+        node = node_of(name)
+        if node is not None:
+            forward(node, vhost, message)
+
+
+def deliver(rc: ReplyConsumer, message: Message) -> None:
+    ch = rc.channel
+    if ch.closed:
+        return
+    # RabbitMQ sends the channel's next delivery tag without taking it (a no-ack delivery
+    # that nothing will settle)
+    ch.conn.deliver(ch.number, rc.tag_raw, ch.next_tag, False, message.exchange,
+                    message.routing_key, message.props_raw, message.body)
+    ch.stats_deliver_no_ack += 1
+    ch.session.wake()
