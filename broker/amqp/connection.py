@@ -53,7 +53,7 @@ SERVER_CAPABILITIES: Final[dict[str, bool]] = {
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
 
 DEFAULT_FRAME_MAX = 131072
