@@ -24,14 +24,25 @@ class _Node:
         self.bindings: dict[tuple, object] = {}
 
 
+# A binding argument marking an MQTT subscription (its value: the filter as subscribed), to
+# which MQTT's rule applies: a filter starting with a wildcard does not match topic names
+# starting with '$' (MQTT-4.7.2-1).
+MQTT_SUBSCRIPTION_ARG = "x-mqtt-subscription"
+
+
 class TopicExchange(Exchange):
     type_name = "topic"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._root = _Node()
+        # MQTT subscriptions whose filter starts with a wildcard: they never match a key
+        # starting with '$' (MQTT-4.7.2-1); AMQP bindings keep AMQP's meaning
+        self._no_dollar: set[tuple] = set()
 
     def _index_add(self, binding: Binding) -> None:
+        if MQTT_SUBSCRIPTION_ARG in binding.arguments and binding.routing_key[:1] in ("*", "#"):
+            self._no_dollar.add(binding.key)
         node = self._root
         for word in _words(binding.routing_key):
             child = node.children.get(word)
@@ -41,6 +52,7 @@ class TopicExchange(Exchange):
         node.bindings[binding.key] = binding.destination
 
     def _index_remove(self, binding: Binding) -> None:
+        self._no_dollar.discard(binding.key)
         path = [self._root]
         words = _words(binding.routing_key)
         for word in words:
@@ -60,6 +72,9 @@ class TopicExchange(Exchange):
               properties: dict | None = None) -> list:
         out: dict = {}
         self._match(self._root, _words(routing_key), 0, out)
+        if self._no_dollar and routing_key[:1] == "$":
+            for key in self._no_dollar.intersection(out):
+                del out[key]
         return list(out.values())
 
     def _match(self, node: _Node, words: list, i: int, out: dict) -> None:

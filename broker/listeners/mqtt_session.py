@@ -37,6 +37,7 @@ from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..channel import Unacked
+from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..message import Message
 from ..mqtt import codec
 from ..mqtt.connection import (
@@ -459,9 +460,12 @@ class MQTTSession:
                 self._check("queue", q.name, "write")
                 self._check("exchange", exchange, "read")
                 self._check_topic(key, "read")
-                vhost.bind(exchange, q, key, {})
+                args = {MQTT_SUBSCRIPTION_ARG: topic_filter}
+                vhost.bind(exchange, q, key, args)
+                vhost.unbind(exchange, q, key, {})  # as bound before the '$' rule existed
                 other = self.consumers.get(1 - qos)
                 if other is not None:
+                    vhost.unbind(exchange, other.queue, key, args)
                     vhost.unbind(exchange, other.queue, key, {})
             except errors.AMQPError as exc:
                 log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
@@ -507,7 +511,8 @@ class MQTTSession:
             key = to_routing_key(topic_filter)
             for consumer in self.consumers.values():
                 try:
-                    self.vhost.unbind(exchange, consumer.queue, key, {})
+                    for args in ({MQTT_SUBSCRIPTION_ARG: topic_filter}, {}):
+                        self.vhost.unbind(exchange, consumer.queue, key, args)
                 except errors.AMQPError as exc:  # pragma: no cover - not our exclusive queue
                     log.warning("mqtt client %r: unsubscribe %r: %s", self.client_id,
                                 topic_filter, exc.text)

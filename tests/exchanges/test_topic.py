@@ -151,3 +151,43 @@ def test_duplicate_binding_is_added_once():
     from broker.exchanges import Binding
     assert x.add_binding(Binding("t", q, "a.#", {})) is False
     assert len(x.bindings) == 1
+
+
+def test_mqtt_subscriptions_with_a_leading_wildcard_never_match_dollar_keys():
+    """MQTT-4.7.2-1 on MQTT subscriptions (marked by their binding argument); an AMQP binding
+    keeps AMQP's meaning, and removing a binding removes its rule."""
+    from broker.exchanges.topic import MQTT_SUBSCRIPTION_ARG
+
+    x = TopicExchange("amq.topic")
+    plus, hash_, sys_, amqp = Dest("plus"), Dest("hash"), Dest("sys"), Dest("amqp")
+    bind(x, plus, "*.*", {MQTT_SUBSCRIPTION_ARG: "+/+"})
+    b = bind(x, hash_, "#", {MQTT_SUBSCRIPTION_ARG: "#"})
+    bind(x, sys_, "$SYS.#", {MQTT_SUBSCRIPTION_ARG: "$SYS/#"})
+    bind(x, amqp, "#")
+    assert names(x.route("$SYS.b", None)) == ["amqp", "sys"]
+    assert names(x.route("a.b", None)) == ["amqp", "hash", "plus"]
+    assert names(x.route("a.$b", None)) == ["amqp", "hash", "plus"]
+    # the same queue through a second, literal subscription still gets the '$' topic
+    bind(x, plus, "$SYS.b", {MQTT_SUBSCRIPTION_ARG: "$SYS/b"})
+    assert names(x.route("$SYS.b", None)) == ["amqp", "plus", "sys"]
+    x.remove_binding(b.key)
+    assert not any(key[1] == "hash" for key in x._no_dollar)
+
+
+@pytest.mark.parametrize("topic", ["a/b/c", "a.b/c", "P/*", "x/%2E/y", "100%/./*.*", "$SYS/x",
+                                   "", "/", "a//b"])
+def test_mqtt_topics_mean_exactly_themselves(topic):
+    from broker.mqtt.topics import to_mqtt_topic, to_routing_key
+
+    key = to_routing_key(topic)
+    assert to_mqtt_topic(key) == topic
+    assert key.count(".") == topic.count("/")  # one AMQP word per MQTT level
+    assert "*" not in key  # no literal character becomes an AMQP wildcard
+
+
+def test_mqtt_filters_map_their_wildcards_only():
+    from broker.mqtt.topics import to_routing_key
+
+    assert to_routing_key("a/+/#") == "a.*.#"
+    assert to_routing_key("P/*") == "P.%2A"
+    assert to_routing_key("a.b/+") == "a%2Eb.*"
