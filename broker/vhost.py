@@ -22,6 +22,7 @@ from .queues.args import (
     parse_queue_arguments,
 )
 from .queues.queue import Consumer, Queue
+from .queues.types import queue_type_of
 from .routing import RESOLVERS
 from .schemas import exchange as avro_exchange
 
@@ -220,15 +221,14 @@ class VirtualHost:
             authorize(name)
         args = m.arguments or {}
         resource = self.queue_resource(name)
+        existing = self.queues.get(name)
         try:
             opts = parse_queue_arguments(args)
         except TypeArgumentError as exc:
             raise errors.precondition_failed("invalid type '%s' for arg '%s' in %s", exc.detail,
                                              exc.name, resource) from None
         except ArgumentError as exc:
-            raise errors.precondition_failed("invalid arg '%s' for %s: %s", exc.name, resource,
-                                             exc.detail) from None
-        existing = self.queues.get(name)
+            raise queue_type_of(args).argument_error(resource, exc) from None
         if existing is not None:
             self.check_owner(existing, owner)
             checks = [("auto_delete", existing.auto_delete, m.auto_delete)]
@@ -246,6 +246,7 @@ class VirtualHost:
                 raise errors.precondition_failed(mismatch.format(queue=name, vhost=self.name))
             existing.touch()
             return existing
+        queue_type_of(args).check_declare(resource, m.durable, m.exclusive, m.auto_delete, args)
         if m.durable and not m.exclusive and self.store is not None:
             # a cluster's store places the queue's master (404 while its home node is
             # down); another node's master: the proxy that forwards to it

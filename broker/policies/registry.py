@@ -49,9 +49,11 @@ class Policy:
     priority: int | float
     regex: re.Pattern = field(repr=False, compare=False)
 
-    def applies(self, kind: str, name: str) -> bool:
-        """``kind``: "queue" or "exchange"."""
-        return (self.apply_to == "all" or self.apply_to == kind + "s") \
+    def applies(self, kind: str, name: str, queue_type: Any = None) -> bool:
+        """``kind``: "queue" or "exchange"; ``queue_type`` (queues/types.py) a queue's
+        type, which a type's own apply-to (``quorum_queues``...) selects."""
+        return (self.apply_to == "all" or self.apply_to == kind + "s"
+                or (queue_type is not None and self.apply_to == queue_type.policy_apply_to)) \
             and self.regex.search(name) is not None
 
     def as_dict(self) -> dict:
@@ -163,12 +165,13 @@ class Policies:
         return self._list(1, vhost)
 
     # ---- what applies ----
-    def effective(self, vhost_name: str, kind: str,
-                  name: str) -> tuple[str | None, str | None, dict]:
+    def effective(self, vhost_name: str, kind: str, name: str,
+                  queue_type: Any = None) -> tuple[str | None, str | None, dict]:
         """(policy name, operator policy name, merged definition) for the queue or
-        exchange ``name`` (``kind`` "queue" | "exchange"), whether or not it exists."""
-        policy = self._match(0, vhost_name, kind, name)
-        operator = self._match(1, vhost_name, kind, name)
+        exchange ``name`` (``kind`` "queue" | "exchange"), whether or not it exists;
+        ``queue_type``: a queue's type (None: only type-independent policies match)."""
+        policy = self._match(0, vhost_name, kind, name, queue_type)
+        operator = self._match(1, vhost_name, kind, name, queue_type)
         definition = policy.definition if policy is not None else {}
         if operator is not None:
             definition = merge_operator(definition, operator.definition)
@@ -335,14 +338,16 @@ class Policies:
             self._ranked[(index, vhost)] = ranked
         return ranked
 
-    def _match(self, index: int, vhost: str, kind: str, name: str) -> Policy | None:
+    def _match(self, index: int, vhost: str, kind: str, name: str,
+               queue_type: Any = None) -> Policy | None:
         for policy in self._rank(index, vhost):
-            if policy.applies(kind, name):
+            if policy.applies(kind, name, queue_type):
                 return policy
         return None
 
     def _apply_queue(self, vhost, queue) -> None:
-        policy, operator, definition = self.effective(vhost.name, "queue", queue.name)
+        policy, operator, definition = self.effective(vhost.name, "queue", queue.name,
+                                                      queue.queue_type)
         if (policy, operator, definition) != (queue.policy, queue.operator_policy,
                                               queue.effective_policy_definition):
             queue.apply_policy(policy, operator, definition)

@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..queues.types import QUEUE_APPLY_TO
+
 
 class PolicyError(ValueError):
     """A policy that is refused; ``text`` is RabbitMQ's explanation, ``key`` the offending
@@ -35,7 +37,9 @@ class VhostNotFound(LookupError):
     """The vhost does not exist (RabbitMQ's HTTP API: 404 ``vhost_not_found``)."""
 
 
-APPLY_TO = ("queues", "exchanges", "all")
+# RabbitMQ 3.12+ (4.x): a queue type's own value (classic_queues, quorum_queues, streams)
+# selects only queues of that type; "queues" every queue
+APPLY_TO = (*QUEUE_APPLY_TO, "exchanges", "all")
 
 
 def erl(value: Any) -> str:
@@ -216,8 +220,9 @@ def compile_pattern(pattern: Any) -> re.Pattern:
 
 def validate_apply_to(apply_to: Any) -> str:
     if apply_to not in APPLY_TO or not isinstance(apply_to, str):
-        raise PolicyError(f"apply-to '{apply_to}' unrecognised; should be 'queues', "
-                          f"'exchanges' or 'all'", "apply-to")
+        raise PolicyError(f"apply-to '{apply_to}' unrecognised; should be one of: 'queues', "
+                          f"'classic_queues', 'quorum_queues', 'streams', 'exchanges', or "
+                          f"'all'", "apply-to")
     return apply_to
 
 

@@ -58,9 +58,14 @@ def _erl(value) -> str:
     return str(value)
 
 
-def non_neg_int(name: str, value) -> int:
+def int_arg(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(name, f'"expected integer, got {amqp_type_name(value)}"')
+    return value
+
+
+def non_neg_int(name: str, value) -> int:
+    int_arg(name, value)
     if value < 0:
         raise ArgumentError(name, f"{{value_negative,{value}}}")
     return value
@@ -113,17 +118,39 @@ def max_priority(name: str, value) -> int:
     return value
 
 
+# The longest x-message-ttl, x-expires and per-message expiration RabbitMQ accepts, in ms
+# (ten years: rabbit_misc:check_expiry; 3.10 refuses 315360000001 with {value_too_large,N}).
+MAX_EXPIRY_MS = 315_360_000_000
+
+
 def message_ttl(name: str, value) -> int:
     non_neg_int(name, value)
-    if value > 2**32 - 1:  # RabbitMQ's limit for timers
-        raise ArgumentError(name, f"{{value_too_large,{value},4294967295}}")
+    if value > MAX_EXPIRY_MS:
+        raise ArgumentError(name, f"{{value_too_large,{value}}}")
     return value
+
+
+def expires(name: str, value) -> int:
+    positive_int(name, value)
+    if value > MAX_EXPIRY_MS:
+        raise ArgumentError(name, f"{{value_too_large,{value}}}")
+    return value
+
+
+QUEUE_TYPE_NAMES = ("classic", "quorum", "stream")  # what queues/types.py defines
+
+
+def queue_type_arg(name: str, value) -> str:
+    text = text_arg(name, value)
+    if text not in QUEUE_TYPE_NAMES:
+        raise ArgumentError(name, f'"unsupported queue type \'{text}\'"')
+    return text
 
 
 # name -> validator returning the normalised value
 QUEUE_ARGUMENTS: dict[str, Callable] = {
     "x-message-ttl": message_ttl,
-    "x-expires": positive_int,
+    "x-expires": expires,
     "x-max-length": non_neg_int,
     "x-max-length-bytes": non_neg_int,
     "x-overflow": one_of("drop-head", "reject-publish", "reject-publish-dlx",
@@ -132,7 +159,7 @@ QUEUE_ARGUMENTS: dict[str, Callable] = {
     "x-dead-letter-routing-key": exchange_name_arg,
     "x-max-priority": max_priority,
     "x-single-active-consumer": bool_arg,
-    "x-queue-type": one_of("classic"),
+    "x-queue-type": queue_type_arg,
     "x-queue-mode": one_of("default", "lazy"),
     # the message-deduplication plugin's queue argument (queues/dedup.py); like every
     # plugin argument it is outside RabbitMQ's equivalence list
@@ -216,6 +243,8 @@ def equivalence_mismatch(current: dict, received: dict) -> str | None:
     """Name and texts of the first checked argument that differs, as RabbitMQ words it."""
     for name in sorted(EQUIVALENCE_CHECKED):
         a, b = current.get(name), received.get(name)
+        if name == "x-queue-type" and (b is None or _norm(a or "classic") == _norm(b)):
+            continue  # RabbitMQ 4: no type is the queue's own; none is classic
         if _norm(a) != _norm(b):
             return f"inequivalent arg '{name}' for queue '{{queue}}' in vhost '{{vhost}}': " \
                    f"received {describe(b, a is None)} but current is {describe(a, b is None)}"

@@ -111,3 +111,60 @@ def dead_letter(queue, entries, reason: str) -> None:
             if is_cycle(message, target.name) and reason in AUTOMATIC_REASONS:
                 continue
             target.enqueue(message)
+
+
+# at-least-once: how long a dead letter that no queue took waits before it is routed again
+# (doubling up to the cap), as RabbitMQ's dead-letter worker retries
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
+
+
+def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRST_S) -> None:
+    """``x-dead-letter-strategy: at-least-once`` (queues/types.py decides when): each entry
+    stays in ``queue`` -- unsettled, so a restart brings it back -- until every queue its
+    dead letter was routed to has it: enqueued, and written by those queues' stores
+    (``when_durable``). A dead letter that no queue took (no binding yet, a target
+    refusing at its limit) is routed again later; the copies targets already took may
+    then arrive twice, which at-least-once allows."""
+    dlx = queue.opts.dead_letter_exchange
+    vhost = queue.vhost
+    for entry in entries:
+        message = dead_lettered_message(entry.message, queue.name, reason, dlx,
+                                        queue.opts.dead_letter_routing_key)
+        targets = [t for t in vhost.route(dlx, message.routing_key, message)
+                   if not (is_cycle(message, t.name) and reason in AUTOMATIC_REASONS)]
+        taken = bool(targets)
+        for target in targets:
+            taken = target.enqueue(message) and taken
+        if not taken:
+            vhost.timers.call_later(delay, lambda e=entry: _again(queue, e, reason, delay))
+            continue
+        stores = {id(t.store): t.store for t in targets if t.store is not None}
+        left = _Leave(queue, entry, reason, len(stores))
+        if not stores:
+            left()
+        for store in stores.values():
+            store.when_durable(left)
+
+
+def _again(queue, entry, reason: str, delay: float) -> None:
+    if not queue.deleted:
+        dead_letter_confirmed(queue, [entry], reason, min(delay * 2, RETRY_MAX_S))
+
+
+class _Leave:
+    """The entry leaves its queue once the last of ``waiting`` stores confirmed."""
+
+    __slots__ = ("entry", "queue", "reason", "waiting")
+
+    def __init__(self, queue, entry, reason: str, waiting: int):
+        self.queue, self.entry, self.reason, self.waiting = queue, entry, reason, waiting
+
+    def __call__(self) -> None:
+        from .ops import Op
+        self.waiting -= 1
+        q = self.queue
+        if self.waiting <= 0 and not q.deleted:
+            q.leave_reason = self.reason
+            q._left(self.entry, Op.DEAD_LETTER)
+            q.leave_reason = None

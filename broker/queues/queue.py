@@ -10,15 +10,17 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from .. import errors
 from . import max_length, ttl
 from .args import QueueOptions, with_policy
-from .dead_letter import dead_letter
+from .dead_letter import dead_letter, dead_letter_confirmed
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
 from .ops import ObserverList, Op
 from .priority import PriorityReady, message_priority
+from .types import queue_type_of
 
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
@@ -97,8 +99,10 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.opts = opts or QueueOptions()
-        self._base_opts = self.opts  # from the arguments alone; a policy combines with it
+        # classic, quorum (queues/types.py): its capabilities shape the options it runs with
+        self.queue_type = queue_type_of(self.arguments)
+        self._base_opts = opts or QueueOptions()  # from the arguments alone; a policy combines
+        self.opts = self.queue_type.effective(self._base_opts)
         # The policy in force (broker/policies): names and the merged definition, for
         # the management API; None / {} without one.
         self.policy: str | None = None
@@ -457,6 +461,9 @@ class Queue:
     def discard(self, entries: list, reason: str) -> None:
         """Entries leave: dead-lettered if the queue has a DLX, else dropped."""
         dlx = self.opts.dead_letter_exchange is not None
+        if dlx and self.queue_type.dead_letters_at_least_once(self.opts):
+            dead_letter_confirmed(self, entries, reason)  # each leaves once its targets have it
+            return
         if dlx:
             dead_letter(self, entries, reason)
         op = Op.EXPIRE if reason == "expired" else Op.DEAD_LETTER if dlx else _SETTLE
@@ -506,6 +513,13 @@ class Queue:
             self.discard(expired, "expired")
 
     # ---- consumers ----
+    def admit_consumer(self, channel) -> None:
+        """basic.consume, before anything changes: a queue type without global QoS refuses
+        a channel that has a global prefetch (RabbitMQ: 540, the connection closes)."""
+        if channel.global_prefetch and not self.queue_type.global_qos:
+            raise errors.not_implemented("%s does not support global qos",
+                                         self.vhost.queue_resource(self.name))
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         if consumer.selector is not None:
@@ -559,7 +573,8 @@ class Queue:
         self.policy = policy
         self.operator_policy = operator_policy
         self.effective_policy_definition = dict(definition)
-        self.reconfigure(with_policy(self._base_opts, self.arguments, definition))
+        self.reconfigure(self.queue_type.effective(
+            with_policy(self._base_opts, self.arguments, definition)))
 
     def reconfigure(self, opts: QueueOptions) -> None:
         """Switch to ``opts`` (the policy-controlled fields may differ; the priority and

@@ -25,7 +25,7 @@ from __future__ import annotations
 from ..amqp.fields import encode_properties
 from ..audit import note_retry
 from ..message import Message
-from .args import ArgumentError, amqp_type_name, bool_arg, non_neg_int, register_queue_argument
+from .args import ArgumentError, amqp_type_name, bool_arg, int_arg, register_queue_argument
 
 MAX_DELAY_MS = 2**32 - 1
 
@@ -48,7 +48,8 @@ def retry_delays(name: str, value) -> tuple:
 
 
 register_queue_argument("x-retry-delays", retry_delays)
-register_queue_argument("x-delivery-limit", non_neg_int)
+# RabbitMQ 4: a negative limit is none (switches a quorum queue's default of 20 off)
+register_queue_argument("x-delivery-limit", int_arg)
 register_queue_argument("x-retry-ordered", bool_arg)
 
 
@@ -128,7 +129,8 @@ class RetryPolicy:
     @property
     def idle(self) -> bool:
         """Nothing left to do: no delays, no limit, unordered, nobody waiting."""
-        return not self.delays and self.limit is None and not self.ordered and not self.waiting
+        return not self.delays and self.limit is None and not self.ordered and not self.waiting \
+            and not self.queue.queue_type.delivery_count_header
 
     # ---- seams of Queue ----
     def wrap_ready(self, ready):
@@ -234,6 +236,7 @@ def make_retry_policy(queue):
     delays = extra.get("x-retry-delays") or ()
     limit = extra.get("x-delivery-limit")
     ordered = bool(extra.get("x-retry-ordered"))
-    if not delays and limit is None and not ordered:
+    if not delays and limit is None and not ordered \
+            and not queue.queue_type.delivery_count_header:
         return None
     return RetryPolicy(queue, tuple(delays), limit, ordered)

@@ -6,6 +6,8 @@ long-lived message can shelter shorter ones behind it); a TTL of 0 means
 """
 from __future__ import annotations
 
+from .args import MAX_EXPIRY_MS
+
 
 class ExpirationError(ValueError):
     pass
@@ -18,7 +20,10 @@ def parse_expiration(value) -> int | None:
     text = value.decode() if isinstance(value, bytes) else str(value)
     if not text.isdigit():
         raise ExpirationError(f"invalid expiration '{text}': no_integer")
-    return int(text)
+    ms = int(text)
+    if ms > MAX_EXPIRY_MS:
+        raise ExpirationError(f"invalid expiration '{text}': {{value_too_large,{ms}}}")
+    return ms
 
 
 def deadline(queue_ttl: int | None, properties: dict, now: float) -> float | None:

@@ -106,8 +106,9 @@ def test_operator_policies_take_only_limits(definition, text):
      'priority should be a number, actually was <<"a">>'),
     ({"pattern": ".*", "definition": {"max-length": 1}, "priority": True}, "priority",
      "priority should be a number, actually was true"),
-    ({"pattern": ".*", "definition": {"max-length": 1}, "apply-to": "classic_queues"},
-     "apply-to", "apply-to 'classic_queues' unrecognised; should be 'queues', 'exchanges' or 'all'"),
+    ({"pattern": ".*", "definition": {"max-length": 1}, "apply-to": "classic_queue"},
+     "apply-to", "apply-to 'classic_queue' unrecognised; should be one of: 'queues', "
+     "'classic_queues', 'quorum_queues', 'streams', 'exchanges', or 'all'"),
 ])
 def test_invalid_policy_fields(body, key, reason):
     with pytest.raises(PolicyError) as info:
