@@ -16,6 +16,7 @@ from ..amqp.fields import encode_properties
 from ..audit import Origin
 from ..exchanges import EXCHANGE_TYPES
 from ..message import Message
+from ..queues.types import QUEUE_TYPES
 from .common import (
     NODE,
     amqp_error,
@@ -101,8 +102,11 @@ def queue_json(broker, vhost, q) -> dict:
         "recoverable_slaves": None,
         "single_active_consumer_tag": None,
         "state": "running",
-        "type": jsonable(q.arguments.get("x-queue-type", "classic")),
+        "type": q.queue_type.name,
         "vhost": vhost.name,
+        # a replicated type's members, as RabbitMQ lists them (this node alone)
+        **({} if q.queue_type.mirrored else {"leader": NODE, "members": [NODE],
+                                             "online": [NODE]}),
     }
 
 
@@ -361,7 +365,7 @@ async def put_queue(request: Request):
     arguments = dict(table(data, "arguments"))
     qtype = data.get("type") or data.get("queue_type")
     if qtype is not None:
-        if qtype not in ("classic", "quorum", "stream"):
+        if qtype not in QUEUE_TYPES:
             raise ApiError(400, f"field 'type': unknown queue type '{qtype}'")
         arguments.setdefault("x-queue-type", qtype)
     if name.startswith("amq."):

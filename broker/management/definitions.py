@@ -19,6 +19,7 @@ from .. import __version__, errors
 from ..amqp import spec
 from ..exchanges import EXCHANGE_TYPES
 from ..queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
+from ..queues.types import QUEUE_TYPES, queue_type_of
 from .auth import require
 from .common import broker_of, jsonable, param
 from .http import ApiError
@@ -163,6 +164,11 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
         if not name or name.startswith("amq."):
             raise ImportError_(f"{where}.name: '{name}' is not a valid queue name")
         args = _args(item, where)
+        qtype = item.get("type")  # newer exports name the type beside the arguments
+        if qtype is not None and "x-queue-type" not in args:
+            if qtype not in QUEUE_TYPES:
+                raise ImportError_(f"{where}.type: unknown queue type '{qtype}'")
+            args = dict(args, **{"x-queue-type": qtype})
         try:
             parse_queue_arguments(args)
         except ArgumentError as exc:
@@ -171,6 +177,13 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
                  "auto_delete": _bool(item, where, "auto_delete", False), "arguments": args}
         vhost = broker.vhosts.get(v)
         existing = vhost.find_queue(name) if vhost is not None else None
+        if existing is None:
+            try:  # a new queue: what its type refuses (quorum: auto-delete, transient)
+                queue_type_of(args).check_declare(_resource("queue", name, v),
+                                                  entry["durable"], False,
+                                                  entry["auto_delete"], args)
+            except errors.AMQPError as exc:
+                raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
         if existing is not None:
             if existing.durable != entry["durable"]:
                 raise ImportError_(f"{where}.durable: inequivalent with the existing queue "
