@@ -281,3 +281,16 @@ def test_java_channel_errors_keep_connection_usable(java, amqp_params, uid, clea
     assert r.one("new-channel") == ["true", "true"]
     assert r.one("recovered") == ["after-errors"]
     assert r.one("conn-open-at-end") == ["true"]
+
+
+# ---------------------------------------------------------------- direct reply-to
+def test_java_direct_reply_to(java, uid):
+    r = java("direct-reply-to", uid)
+    assert r.one("declare-ok") == ["amq.rabbitmq.reply-to", "0", "1"]
+    assert [row[0] for row in r.all("rpc-reply")] == ["RPC-0", "RPC-1", "RPC-2"]
+    assert r.all("spring-reply") == [["spring-0", "SPRING-0"], ["spring-1", "SPRING-1"]]
+    names = [row[0] for row in r.all("server-reply-to")]
+    assert len(names) == 5 and all(n.startswith("amq.rabbitmq.reply-to.") for n in names)
+    # RpcClient's channel keeps one name; each Spring-style call consumes anew: a new name
+    assert len(set(names[:3])) == 1 and len(set(names)) == 3
+    assert r.one("conn-open-at-end") == ["true"]

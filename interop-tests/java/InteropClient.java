@@ -17,6 +17,7 @@ import com.rabbitmq.client.Envelope;
 import com.rabbitmq.client.GetResponse;
 import com.rabbitmq.client.LongString;
 import com.rabbitmq.client.ReturnListener;
+import com.rabbitmq.client.RpcClient;
 import com.rabbitmq.client.ShutdownSignalException;
 
 import java.io.FileDescriptor;
@@ -71,6 +72,7 @@ public class InteropClient {
                 case "consume": consume(conn, name, Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
                 case "mandatory": mandatory(conn, name); break;
                 case "channel-error": channelError(conn, name); break;
+                case "direct-reply-to": directReplyTo(conn, name); break;
                 default:
                     System.err.println("unknown scenario " + scenario);
                     System.exit(2);
@@ -387,6 +389,54 @@ public class InteropClient {
         GetResponse r = getWait(ch, queue, true);
         emit("routed", text(r.getBody()), r.getMessageCount());
         ch.close();
+    }
+
+    // Direct reply-to two ways: the client's RpcClient (one reply consumer for the channel's
+    // life) and Spring AMQP's RabbitTemplate pattern (a passive declare of the pseudo-queue
+    // at start-up, then per call: consume no-ack, publish, wait, cancel).
+    static void directReplyTo(Connection conn, String queue) throws Exception {
+        final String replyTo = "amq.rabbitmq.reply-to";
+        Channel server = conn.createChannel();
+        server.queueDeclare(queue, false, false, true, null);
+        server.basicConsume(queue, true, new DefaultConsumer(server) {
+            @Override
+            public void handleDelivery(String tag, Envelope env, AMQP.BasicProperties props, byte[] body)
+                    throws IOException {
+                emit("server-reply-to", props.getReplyTo());
+                AMQP.BasicProperties rp = new AMQP.BasicProperties.Builder()
+                        .correlationId(props.getCorrelationId()).build();
+                String answer = new String(body, StandardCharsets.UTF_8).toUpperCase();
+                server.basicPublish("", props.getReplyTo(), rp, answer.getBytes(StandardCharsets.UTF_8));
+            }
+        });
+        Channel ch = conn.createChannel();
+        AMQP.Queue.DeclareOk ok = ch.queueDeclarePassive(replyTo);
+        emit("declare-ok", ok.getQueue(), ok.getMessageCount(), ok.getConsumerCount());
+        RpcClient client = new RpcClient(ch, "", queue, replyTo, (int) WAIT_MS);
+        for (int i = 0; i < 3; i++) {
+            byte[] reply = client.primitiveCall(("rpc-" + i).getBytes(StandardCharsets.UTF_8));
+            emit("rpc-reply", new String(reply, StandardCharsets.UTF_8));
+        }
+        client.close();
+        Channel spring = conn.createChannel();
+        for (int i = 0; i < 2; i++) {
+            BlockingQueue<String[]> replies = new LinkedBlockingQueue<>();
+            String ctag = spring.basicConsume(replyTo, true, new DefaultConsumer(spring) {
+                @Override
+                public void handleDelivery(String tag, Envelope env, AMQP.BasicProperties props, byte[] body) {
+                    replies.add(new String[] {props.getCorrelationId(), new String(body, StandardCharsets.UTF_8)});
+                }
+            });
+            String cid = "spring-" + i;
+            spring.basicPublish("", queue, new AMQP.BasicProperties.Builder().replyTo(replyTo)
+                    .correlationId(cid).build(), cid.getBytes(StandardCharsets.UTF_8));
+            String[] reply = replies.poll(WAIT_MS, TimeUnit.MILLISECONDS);
+            emit("spring-reply", reply == null ? "timeout" : reply[0], reply == null ? "" : reply[1]);
+            spring.basicCancel(ctag);
+        }
+        spring.close();
+        ch.close();
+        server.close();
     }
 
     static void emitClose(String label, ShutdownSignalException sse, Channel ch, Connection conn) {
