@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HTTP request body / socket read timeout (default 30 s)")
     run.add_argument("--http-tls", action="store_true",
                      help="serve the HTTP listener over TLS (HTTPS) with the --tls-* options")
+    run.add_argument("--metrics-auth", action="store_true",
+                     help="/metrics needs the basic credentials of a user tagged monitoring or "
+                          "administrator (default: no login, as rabbitmq_prometheus)")
+    run.add_argument("--metrics-per-object", action="store_true",
+                     help="/metrics labels each queue (default: aggregated, as "
+                          "rabbitmq_prometheus; /metrics/per-object always labels them)")
     run.add_argument("--hermes-port", type=int, default=None, metavar="PORT",
                      help="Hermes frontend: POST /topics/{topic} on a lean listener of its own "
                           "(default: publishing only on the --http-port)")
@@ -294,7 +300,8 @@ def _run(args) -> int:
                     http_port=(15672 if args.http_port is None else args.http_port or None),
                     http_optional=args.http_port is None, http_host=args.http_host,
                     http_max_body=args.http_max_body, http_timeout=args.http_timeout,
-                    http_tls=args.http_tls,
+                    http_tls=args.http_tls, metrics_auth=args.metrics_auth,
+                    metrics_per_object=args.metrics_per_object,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,

@@ -114,6 +114,11 @@ class Config:
     http_max_body: int = 20 * MiB  # RabbitMQ's management.http.max_body_size default
     http_timeout: float = 30.0  # request body / each socket read, seconds
     http_tls: bool = False  # HTTPS with the tls_* options (broker/security/tls.py)
+    # /metrics as rabbitmq_prometheus serves it: no login unless ``metrics_auth`` (a user
+    # tagged monitoring or administrator), queue metrics aggregated unless
+    # ``metrics_per_object`` (/metrics/per-object always labels each queue)
+    metrics_auth: bool = False
+    metrics_per_object: bool = False
     # MQTT listener (docs/mqtt.md): None disables it; 0 picks a free port. mqtts needs
     # ``tls_cert`` and ``tls_key`` (PEM files; ``tls_ca`` set: client certificates verified).
     mqtt_port: int | None = None

@@ -12,7 +12,6 @@ manage a subscription, write on the exchange to publish (403 otherwise).
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from starlette.routing import Route
 
 from .. import errors
 from ..management.auth import require
+from ..management.http import JsonRejected, parse_json
 from .model import HermesError
 
 MAX_DEFINITION = 1024 * 1024  # bytes of a management request body
@@ -35,8 +35,8 @@ async def _json(request: Request) -> Any:
     if len(body) > MAX_DEFINITION:
         raise HermesError(413, "Request body too large", "MESSAGE_TOO_LARGE")
     try:
-        return json.loads(body or b"null")
-    except (ValueError, RecursionError) as exc:
+        return parse_json(body or b"null")
+    except JsonRejected as exc:
         raise HermesError(400, f"Invalid JSON: {exc}") from None
 
 
@@ -122,7 +122,9 @@ def routes(hermes) -> list:
             return Response(t.schema, media_type="application/json",
                             headers={"Schema-Version": str(t.schemaVersion)})
         may(user, "exchange", topic)
-        hermes.set_schema(topic, (await request.body()).decode("utf-8", "replace"))
+        raw = await request.body()
+        await _json(request)  # refused as any other body: too large, too deep, not JSON
+        hermes.set_schema(topic, raw.decode("utf-8", "replace"))
         return Response(status_code=201)
 
     async def subscriptions(request: Request, user, topic: str) -> Response:

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 
 from ..schemas import SchemaError, backward_problem, compiled
 
+# a topic is an exchange, a subscription the queue "{topic}.{name}" consumed with the tag
+# "hermes.{topic}.{name}": AMQP short strings, at most 255 bytes (names are ASCII)
+MAX_NAME = 255 - len("hermes.")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
 SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_INFLIGHT_TTL = 7200  # seconds, Hermes' hard limit
@@ -108,6 +111,8 @@ def parse_topic(data: Any, current: TopicDef | None = None, max_size: int | None
         if not TOPIC_NAME.match(name):
             raise invalid("name", f"must be 'group.topic' (letters, digits, '_' and '-' "
                                   f"around dots), got {name!r}"[:200])
+        if len(name) > MAX_NAME:
+            raise invalid("name", f"longer than {MAX_NAME} characters")
     else:
         name = current.name
         if data.get("name") not in (None, name):
@@ -145,8 +150,13 @@ def set_schema(topic: TopicDef, schema: Any, old: str | None) -> None:
         new = compiled(schema if isinstance(schema, str) else _json_text(schema))
     except SchemaError as exc:
         raise invalid("schema", str(exc)) from None
+    except RecursionError:  # schema text nested past what the JSON decoder recurses
+        raise invalid("schema", "nested too deeply") from None
     if old is not None:
-        problem = backward_problem(compiled(old), new)
+        try:
+            problem = backward_problem(compiled(old), new)
+        except (TypeError, ValueError) as exc:  # a name or type of the wrong JSON type
+            problem = f"invalid Avro schema: {exc}"[:200]
         if problem:
             raise invalid("schema", problem)
     if new.text != old:
@@ -248,6 +258,8 @@ def parse_subscription(topic: str, data: Any, current: SubscriptionDef | None = 
         sub_name = _get(data, "name", str, name or "")
         if not SUBSCRIPTION_NAME.match(sub_name):
             raise invalid("name", f"must be letters, digits, '_' or '-', got {sub_name!r}"[:200])
+        if len(f"{topic}.{sub_name}") > MAX_NAME:
+            raise invalid("name", f"with its topic's name longer than {MAX_NAME} characters")
         if "endpoint" not in data:
             raise invalid("endpoint", "is required")
         base = SubscriptionDef(topicName=topic, name=sub_name, endpoint="http://x")

@@ -16,6 +16,7 @@ from . import (
 def add_routes(broker) -> None:
     routes: list = []
     for module in (api_overview, api_entities, api_connections, api_access, api_policies,
-                   api_parameters, definitions, metrics):
+                   api_parameters, definitions):
         routes.extend(module.routes())
+    routes.extend(metrics.routes(broker))
     broker.http_routes.extend(routes)

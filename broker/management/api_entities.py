@@ -16,6 +16,7 @@ from ..amqp.fields import encode_properties
 from ..audit import Origin
 from ..exchanges import EXCHANGE_TYPES
 from ..message import Message
+from ..queues.ttl import ExpirationError, parse_expiration
 from ..queues.types import QUEUE_TYPES
 from .common import (
     NODE,
@@ -300,6 +301,18 @@ def _properties(data: dict) -> dict:
             value = int(value)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ApiError(400, f"field 'properties.{key}': expected {kind.__name__}")
+        # what the basic properties can carry: checked here, not when a consumer is sent it
+        if kind is str and len(value.encode()) > 255:
+            raise ApiError(400, f"field 'properties.{key}': longer than 255 bytes")
+        if key in ("delivery_mode", "priority") and not 0 <= value <= 255:
+            raise ApiError(400, f"field 'properties.{key}': expected 0 to 255")
+        if key == "timestamp" and value < 0:
+            raise ApiError(400, f"field 'properties.{key}': expected a non-negative integer")
+        if key == "expiration":
+            try:
+                parse_expiration(value)
+            except ExpirationError as exc:
+                raise ApiError(400, f"field 'properties.{key}': {exc}") from None
         out[key] = value
     return out
 

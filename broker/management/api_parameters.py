@@ -4,15 +4,21 @@
 them. Other components (federation, shovel) do not exist here: 400."""
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ..policies import PolicyError, PolicyNotFound, VhostNotFound
 from ..security import DefinitionError, NotFound
 from .auth import require
-from .common import broker_of, check_vhost_access, created, json_response, no_content, param
+from .common import (
+    broker_of,
+    check_vhost_access,
+    created,
+    json_of,
+    json_response,
+    no_content,
+    param,
+)
 from .http import ApiError
 
 COMPONENTS = ("vhost-limits", "operator_policy")
@@ -64,10 +70,7 @@ async def put_parameter(request: Request):
     await require(request, "administrator" if component == "operator_policy" else "policymaker")
     broker = broker_of(request)
     raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "not_json") from None
+    data = json_of(raw)
     if not isinstance(data, dict) or "value" not in data:
         raise ApiError(400, "field 'value': missing")
     value = data["value"]

@@ -2,8 +2,6 @@
 which validates (PolicyError -> 400 with RabbitMQ's text) and applies at once."""
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -13,6 +11,7 @@ from .common import (
     broker_of,
     check_vhost_access,
     created,
+    json_of,
     json_response,
     no_content,
     param,
@@ -91,10 +90,7 @@ async def put_policy(request: Request):
     vhost, name = param(request, "vhost"), param(request, "name")
     _object_access(broker, user, vhost)
     raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "not_json") from None
+    data = json_of(raw) if raw.strip() else {}
     policies = broker.policies
     operator = _kind(request) == "operator"
     getter = policies.get_operator_policy if operator else policies.get_policy

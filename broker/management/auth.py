@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from dataclasses import dataclass, field
 
 import trio
 from starlette.requests import Request
 
+from ..security.access import LOOPBACK_ONLY, shown
 from .http import ApiError
+
+log = logging.getLogger("broker.management")
 
 # Which tags grant each level (RabbitMQ: administrator > monitoring > management,
 # administrator > policymaker > management).
@@ -57,16 +61,24 @@ def _tags_of(user) -> frozenset[str]:
     return frozenset(tags)
 
 
+def denied(username: str, why: str, peer_host: str | None) -> None:
+    """RabbitMQ's log line of a refused HTTP login (the client only gets "Login failed")."""
+    log.warning("HTTP access denied: user '%s' - %s (peer %s)", shown(username), why, peer_host)
+
+
 def login(broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
     """The user for these credentials, or None (wrong password, unknown user, loopback-only
-    user from elsewhere)."""
+    user from elsewhere), logged as RabbitMQ's management plugin logs it."""
     access = getattr(broker, "access", None)
     if access is not None:
-        user = access.authenticate(username, password, peer_host)
+        user, why = access.check_login(username, password, peer_host)
         if user is None:
+            denied(username, "User can only log in via localhost" if why == LOOPBACK_ONLY
+                   else "invalid credentials", peer_host)
             return None
         return ApiUser(user.name, _tags_of(user), user)
     if broker.users.check(username, password, peer_host) is not None:
+        denied(username, "invalid credentials", peer_host)
         return None
     # before the security model: the built-in users are administrators
     return ApiUser(username, frozenset({"administrator"}))
@@ -107,9 +119,9 @@ async def require(request: Request, level: str = "management") -> ApiUser:
     """Authenticate and check ``level``; RabbitMQ answers a missing tag with 401
     ``{"error": "not_authorised", "reason": "Not <level> user"}``."""
     user = await authenticate(request)
-    if not user.has("management"):
-        raise ApiError(401, "Not management user", "not_authorised", CHALLENGE)
-    if not user.has(level):
-        name = "monitor" if level == "monitoring" else level  # RabbitMQ's wording
-        raise ApiError(401, f"Not {name} user", "not_authorised", CHALLENGE)
+    for needed in ("management", level):
+        if not user.has(needed):
+            name = "monitor" if needed == "monitoring" else needed  # RabbitMQ's wording
+            denied(user.name, f"Not {name} user", request.client.host if request.client else None)
+            raise ApiError(401, f"Not {name} user", "not_authorised", CHALLENGE)
     return user

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from .. import errors
 from .auth import CHALLENGE, ApiUser, require
-from .http import ApiError
+from .http import ApiError, JsonRejected, parse_json
 
 NODE = "triomq@localhost"
 
@@ -55,6 +55,15 @@ async def vhost_scope(request: Request, creating: bool = False,
     return user, broker, vhost
 
 
+def json_of(raw: bytes) -> Any:
+    """A request body's JSON; 400 naming the problem (malformed, too deep, a number out
+    of range)."""
+    try:
+        return parse_json(raw)
+    except JsonRejected as exc:
+        raise ApiError(400, str(exc)) from None
+
+
 async def body(request: Request, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:
     """The JSON object in the request body; 400 naming the field for malformed JSON, a
     non-object, an unknown key or a missing required one."""
@@ -62,10 +71,7 @@ async def body(request: Request, allowed: Iterable[str], required: Iterable[str]
     if not raw.strip():
         data: Any = {}
     else:
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "not_json") from None
+        data = json_of(raw)
     if not isinstance(data, dict):
         raise ApiError(400, "not_json: expected a JSON object")
     allowed = set(allowed)

@@ -9,8 +9,6 @@ raising ValueError with the field, ``apply(defs)``).
 """
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -21,7 +19,7 @@ from ..exchanges import EXCHANGE_TYPES
 from ..queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
 from ..queues.types import QUEUE_TYPES, queue_type_of
 from .auth import require
-from .common import broker_of, jsonable, param
+from .common import broker_of, json_of, jsonable, param
 from .http import ApiError
 
 
@@ -185,9 +183,13 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
             except errors.AMQPError as exc:
                 raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
         if existing is not None:
-            if existing.durable != entry["durable"]:
-                raise ImportError_(f"{where}.durable: inequivalent with the existing queue "
-                                   f"'{name}' in vhost '{v}'")
+            if existing.exclusive_owner is not None:
+                raise ImportError_(f"{where}: queue '{name}' in vhost '{v}' is exclusive to a "
+                                   f"connection")
+            for key in ("durable", "auto_delete"):
+                if getattr(existing, key) != entry[key]:
+                    raise ImportError_(f"{where}.{key}: inequivalent with the existing queue "
+                                       f"'{name}' in vhost '{v}'")
             mismatch = equivalence_mismatch(existing.arguments, args)
             if mismatch:
                 raise ImportError_(f"{where}.arguments: "
@@ -315,10 +317,7 @@ async def post_definitions(request: Request):
             raw = (upload or "").encode()
         else:
             raw = await upload.read()
-    try:
-        defs = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "not_json") from None
+    defs = json_of(raw)
     try:
         import_definitions(broker, defs, vhost)
     except ImportError_ as exc:

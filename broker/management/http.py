@@ -19,6 +19,7 @@ import math
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -67,6 +68,62 @@ def error_response(status: int, reason: str, error: str | None = None,
                    headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": error or _STATUS_ERRORS.get(status, "error"), "reason": reason},
                         status_code=status, headers=headers)
+
+
+MAX_JSON_DEPTH = 64  # nesting of any request body; real documents need fewer than 10 levels
+_INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # what an AMQP table or a limit can hold
+
+
+class JsonRejected(ValueError):
+    """A request body that is not acceptable JSON; the text names the problem and, for a
+    value, its place (``arguments.x-max-length``)."""
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """The JSON document in ``raw``, refused (``JsonRejected``) when malformed, nested
+    deeper than ``MAX_JSON_DEPTH``, or holding a number no field can take (non-finite,
+    or an integer outside 64 bits): such values would otherwise fail later, far from the
+    request, or be stored and break every later export."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        # the C decoder recurses per level; a hostile depth stops it here, not the broker
+        raise JsonRejected(f"not_json: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise JsonRejected("not_json: not UTF-8") from None
+    except json.JSONDecodeError:
+        raise JsonRejected("not_json") from None  # RabbitMQ's reason, word for word
+    except ValueError:  # Python refuses integer literals of more than 4300 digits
+        raise JsonRejected("not_json: number out of range") from None
+    _check_values(data)
+    return data
+
+
+def _check_values(data: Any) -> None:
+    # iterative: the walk itself must not recurse on hostile input
+    stack: list[tuple[Any, tuple, int]] = [(data, (), 0)]
+    lo, hi = _INT_RANGE
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            if type(value) is int and not lo <= value <= hi:
+                raise JsonRejected(f"field '{_dotted(path)}': number out of range")
+            if type(value) is float and not math.isfinite(value):
+                raise JsonRejected(f"field '{_dotted(path)}': number out of range")
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise JsonRejected(f"not_json: nested deeper than {MAX_JSON_DEPTH} levels")
+        for key, item in items:
+            if isinstance(item, (dict, list, int, float)):
+                stack.append((item, (*path, key), depth + 1))
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(p) for p in path) or "(document)"
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

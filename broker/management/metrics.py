@@ -1,6 +1,11 @@
 """Prometheus /metrics: one custom collector that reads the broker's state at scrape time
 (no metric objects on the message path). RabbitMQ's names (rabbitmq_prometheus plugin) where
-the meaning is the same; ``triomq_*`` for this broker's own."""
+the meaning is the same; ``triomq_*`` for this broker's own.
+
+As rabbitmq_prometheus: ``/metrics`` is aggregated (queue metrics summed, no vhost or queue
+names) unless ``Config.metrics_per_object``; ``/metrics/per-object`` always labels each queue.
+No login is asked unless ``Config.metrics_auth`` (then a user tagged monitoring or
+administrator, 401 otherwise)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -15,13 +20,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..broker import process_rss
-from .common import broker_of
+from .auth import require
 from .stats import connection_counts, with_deliver_get
 
 
 class BrokerCollector:
-    def __init__(self, broker):
+    def __init__(self, broker, per_object: bool):
         self.broker = broker
+        self.per_object = per_object
 
     def collect(self):
         broker = self.broker
@@ -29,7 +35,7 @@ class BrokerCollector:
         sessions = [s for s in list(broker.sessions) if s.vhost is not None]
         channels = sum(len(s.channels) for s in sessions)
         consumers = 0
-        labels = ["vhost", "queue"]
+        labels = ["vhost", "queue"] if self.per_object else None
         ready = GaugeMetricFamily("rabbitmq_queue_messages_ready",
                                   "Messages ready to be delivered to consumers", labels=labels)
         unacked = GaugeMetricFamily("rabbitmq_queue_messages_unacked",
@@ -44,20 +50,33 @@ class BrokerCollector:
         qpub = CounterMetricFamily("rabbitmq_queue_messages_published",
                                    "Messages published into a queue", labels=labels)
         queues = 0
+        sums = [0, 0, 0, 0, 0]  # ready, unacked, consumers, ready bytes, published
         for vhost in list(broker.vhosts.values()):
             for q in list(vhost.queues.values()):
                 if q.internal:
                     continue
                 queues += 1
+                r, u, c = q.message_count, q.unacked_count, len(q.consumers)
+                consumers += c
+                if not self.per_object:
+                    sums[0] += r
+                    sums[1] += u
+                    sums[2] += c
+                    sums[3] += q.ready_bytes
+                    sums[4] += q.stats_published
+                    continue
                 key = [vhost.name, q.name]
-                r, u = q.message_count, q.unacked_count
                 ready.add_metric(key, r)
                 unacked.add_metric(key, u)
                 messages.add_metric(key, r + u)
-                qcons.add_metric(key, len(q.consumers))
+                qcons.add_metric(key, c)
                 qbytes.add_metric(key, q.ready_bytes)
                 qpub.add_metric(key, q.stats_published)
-                consumers += len(q.consumers)
+        if not self.per_object:
+            for family, value in ((ready, sums[0]), (unacked, sums[1]),
+                                  (messages, sums[0] + sums[1]), (qcons, sums[2]),
+                                  (qbytes, sums[3]), (qpub, sums[4])):
+                family.add_metric([], value)
         yield from (ready, unacked, messages, qcons, qbytes, qpub)
         yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
                                 value=len(sessions))
@@ -176,19 +195,24 @@ def _counter(name: str, doc: str, store: str, value: int) -> CounterMetricFamily
     return c
 
 
-def make_registry(broker) -> CollectorRegistry:
+def make_registry(broker, per_object: bool) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker))
+    registry.register(BrokerCollector(broker, per_object))
     return registry
 
 
-async def metrics(request: Request) -> Response:
-    broker = broker_of(request)
-    registry = getattr(broker, "_metrics_registry", None)
-    if registry is None:
-        registry = broker._metrics_registry = make_registry(broker)
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+def routes(broker) -> list:
+    registries = {per_object: make_registry(broker, per_object) for per_object in (False, True)}
 
+    async def scrape(request: Request, per_object: bool) -> Response:
+        if broker.config.metrics_auth:
+            await require(request, "monitoring")
+        return Response(generate_latest(registries[per_object]), media_type=CONTENT_TYPE_LATEST)
 
-def routes() -> list:
-    return [Route("/metrics", metrics)]
+    async def metrics(request: Request) -> Response:
+        return await scrape(request, broker.config.metrics_per_object)
+
+    async def per_object(request: Request) -> Response:
+        return await scrape(request, True)
+
+    return [Route("/metrics", metrics), Route("/metrics/per-object", per_object)]

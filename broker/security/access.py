@@ -32,6 +32,25 @@ def login_refused(mechanism: str) -> str:
             f"For details see the broker logfile.")
 
 
+def _log_refused(mechanism: str, username: str, why: str, peer_host: str | None) -> None:
+    """RabbitMQ's log line of a refused AMQP login, which the client is never told."""
+    detail = "can only connect via localhost" if why == LOOPBACK_ONLY else f"- {why}"
+    log.warning("%s login refused: user '%s' %s (peer %s)", mechanism, shown(username), detail,
+                peer_host)
+
+
+# why check_login refused (what RabbitMQ's log lines say after the user name)
+INVALID_CREDENTIALS = "invalid credentials"
+LOOPBACK_ONLY = "loopback only"
+
+
+def shown(name: str) -> str:
+    """A client-chosen name as log lines show it: control characters escaped (a name cannot
+    forge a line of its own) and at most 128 characters."""
+    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name[:128])
+    return out + "..." if len(name) > 128 else out
+
+
 def is_loopback(host: str | None) -> bool:
     import ipaddress
     if host is None:
@@ -166,16 +185,26 @@ class AccessControl:
         (loopback users only from loopback); None otherwise, in about the same time
         whether the user exists or not. The caller delays its refusal by
         ``failure_delay`` seconds (without blocking anybody else)."""
+        user, why = self.check_login(username, password, peer_host)
+        if why == LOOPBACK_ONLY:
+            log.warning("user '%s' can only connect via localhost (peer %s)", shown(username),
+                        peer_host)
+        return user
+
+    def check_login(self, username: str, password: str,
+                    peer_host: str | None = None) -> tuple[User | None, str]:
+        """``authenticate`` without logging: (user, "") or (None, ``INVALID_CREDENTIALS``
+        for an unknown user or a wrong password, ``LOOPBACK_ONLY``), for callers that log
+        the refusal in their protocol's words."""
         user = self.users.get(username)
         if user is None:
             verify_password(password, _DUMMY_HASH, SHA256)
-            return None
+            return None, INVALID_CREDENTIALS
         if not verify_password(password, user.password_hash, user.hashing_algorithm):
-            return None
+            return None, INVALID_CREDENTIALS
         if user.name in self.loopback_users and not is_loopback(peer_host):
-            log.warning("user %r can only connect via localhost (peer %s)", username, peer_host)
-            return None
-        return user
+            return None, LOOPBACK_ONLY
+        return user, ""
 
     def login(self, mechanism: str, response: bytes, peer_host: str | None,
               peer_cert_user: str | None = None) -> tuple[User | None, str]:
@@ -186,6 +215,8 @@ class AccessControl:
         if mechanism == "EXTERNAL":
             user = self.users.get(peer_cert_user) if peer_cert_user is not None else None
             if user is None or (user.name in self.loopback_users and not is_loopback(peer_host)):
+                why = LOOPBACK_ONLY if user is not None else INVALID_CREDENTIALS
+                _log_refused(mechanism, peer_cert_user or "", why, peer_host)
                 return None, login_refused(mechanism)
             return user, ""
         if mechanism not in ("PLAIN", "AMQPLAIN"):
@@ -193,8 +224,9 @@ class AccessControl:
         creds = parse_credentials(mechanism, response)
         if creds is None:
             return None, ""
-        user = self.authenticate(creds[0], creds[1], peer_host)
+        user, why = self.check_login(creds[0], creds[1], peer_host)
         if user is None:
+            _log_refused(mechanism, creds[0], why, peer_host)
             return None, login_refused(mechanism)
         return user, ""
 

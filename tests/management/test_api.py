@@ -228,7 +228,7 @@ async def test_metrics(api, http_broker):
     await api.post("/api/exchanges/%2F/amq.default/publish", json={
         "routing_key": "mq", "payload": "m", "payload_encoding": "string", "properties": {}})
     async with http_broker.client() as c:
-        text = (await c.get("/metrics")).text
+        text = (await c.get("/metrics/per-object")).text
     assert 'rabbitmq_queue_messages_ready{queue="mq",vhost="/"} 1.0' in text
     for name in ("rabbitmq_connections", "rabbitmq_channels", "rabbitmq_consumers",
                  "rabbitmq_global_messages_received_total", "rabbitmq_global_messages_delivered_total",
