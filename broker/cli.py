@@ -29,6 +29,11 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seconds_or_zero(text: str) -> float:
+    """Seconds, or 0 for 'never'."""
+    return 0.0 if text.strip() in ("0", "0.0") else _seconds(text)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -106,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="MQTT 3.1/3.1.1 listener port (default: no MQTT listener)")
     run.add_argument("--mqtts-port", type=int, default=None, metavar="PORT",
                      help="MQTT over TLS listener port (needs --tls-cert and --tls-key)")
+    run.add_argument("--mqtt-ws-port", type=int, default=None, metavar="PORT",
+                     help="MQTT over WebSockets listener port, path /ws (default: none)")
+    run.add_argument("--mqtt-wss-port", type=int, default=None, metavar="PORT",
+                     help="MQTT over secure WebSockets (needs --tls-cert and --tls-key)")
+    run.add_argument("--mqtt-sys-interval", type=_seconds_or_zero, default=Config.mqtt_sys_interval,
+                     metavar="S", help="publish the $SYS topics every S seconds (default 10; "
+                                       "0: never)")
     run.add_argument("--mqtt-exchange", default=Config.mqtt_exchange, metavar="NAME",
                      help="topic exchange MQTT publishes go to (default amq.topic)")
     run.add_argument("--mqtt-prefetch", type=_positive, default=Config.mqtt_prefetch,
@@ -198,11 +210,13 @@ def _tls_problem(args) -> str | None:
     """One line saying what is wrong with the TLS options, or None."""
     if args.mqtts_port is not None and not (args.tls_cert and args.tls_key):
         return "--mqtts-port needs --tls-cert and --tls-key"
+    if args.mqtt_wss_port is not None and not (args.tls_cert and args.tls_key):
+        return "--mqtt-wss-port needs --tls-cert and --tls-key"
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
             return f"{option} {path}: no such file"
-    if args.mqtts_port is not None:
+    if args.mqtts_port is not None or args.mqtt_wss_port is not None:
         from .security.tls import TLSConfigError, server_context
         try:  # the same context as amqps (--tls-verify, --tls-fail-if-no-peer-cert)
             server_context(SimpleNamespace(
@@ -259,6 +273,8 @@ def _run(args) -> int:
         print(f"triomq: error: invalid --http-port {args.http_port}", file=sys.stderr)
         return 2
     for option, value in (("--mqtt-port", args.mqtt_port), ("--mqtts-port", args.mqtts_port),
+                          ("--mqtt-ws-port", args.mqtt_ws_port),
+                          ("--mqtt-wss-port", args.mqtt_wss_port),
                           ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
@@ -304,6 +320,8 @@ def _run(args) -> int:
                     metrics_per_object=args.metrics_per_object,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
+                    mqtt_ws_port=args.mqtt_ws_port, mqtt_wss_port=args.mqtt_wss_port,
+                    mqtt_sys_interval=args.mqtt_sys_interval,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,
                     tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,

@@ -125,6 +125,11 @@ class Config:
     mqtts_port: int | None = None
     mqtt_exchange: str = "amq.topic"
     mqtt_prefetch: int = 10  # QoS 1 deliveries in flight per subscription (RabbitMQ's default)
+    # MQTT over WebSockets (listeners/mqtt_ws.py): path /ws, subprotocol mqtt; None: none.
+    # wss uses the tls_* options as mqtts does.
+    mqtt_ws_port: int | None = None
+    mqtt_wss_port: int | None = None
+    mqtt_sys_interval: float = 10.0  # $SYS topics every N seconds (Mosquitto's); 0: none
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

@@ -20,6 +20,8 @@ import trio.lowlevel
 from ..mqtt.connection import State
 from . import ListenError
 from .mqtt_session import MQTTService, MQTTSession
+from .mqtt_sys import SysTopics
+from .mqtt_ws import WebSocketListeners
 
 log = logging.getLogger("broker.mqtt")
 
@@ -39,7 +41,7 @@ class MQTTConnectionHandler:
                  "_started", "_writer_running", "listener", "nursery", "peer", "session",
                  "stream")
 
-    def __init__(self, listener: MQTTListener, stream, sock, tls: bool):
+    def __init__(self, listener: MQTTListener, stream, sock, tls: bool, direct: bool = True):
         self.listener = listener
         self.stream = stream
         try:
@@ -59,7 +61,8 @@ class MQTTConnectionHandler:
         self._drained: trio.Event | None = None
         self._flow_event: trio.Event | None = None
         self._started = self._last_received = trio.current_time()
-        self._fd = -1 if tls else sock.fileno()
+        # direct writes need the plain socket (not TLS, not a WebSocket's frames)
+        self._fd = sock.fileno() if direct and not tls else -1
         self._writer_running = False
         self._open = False  # the nursery is open: a writer can be started
         self._leftover = b""  # what a direct write could not take: the writer's, first
@@ -95,6 +98,7 @@ class MQTTConnectionHandler:
             n = 0
         except OSError:
             n = 0  # the writer's send_all meets the same error and ends the connection
+        self.listener.service.bytes_sent += n
         if n < len(data):
             self._leftover = data[n:]
             self._start_writer()
@@ -182,6 +186,7 @@ class MQTTConnectionHandler:
                 session.connection_lost()
                 return
             self._last_received = trio.current_time()
+            listener.service.bytes_received += len(data)
             session.data_received(data)
             if listener.dirty:
                 listener.flush_dirty()
@@ -203,6 +208,7 @@ class MQTTConnectionHandler:
                 if not data:
                     break
                 await stream.send_all(data)
+                self.listener.service.bytes_sent += len(data)
                 if session.delivery_stalled:
                     session.output_drained()
         finally:
@@ -234,6 +240,9 @@ class MQTTListener:
         self.dirty: dict[MQTTConnectionHandler, None] = {}
         self._flush_wanted: trio.Event | None = None
         self.ports: dict[str, int] = {}
+        self.websockets = WebSocketListeners(self)
+        interval = broker.config.mqtt_sys_interval
+        self.sys_topics = SysTopics(self.service, interval) if interval > 0 else None
 
     def mark_dirty(self, handler: MQTTConnectionHandler) -> None:
         if not self.dirty and self._flush_wanted is not None:
@@ -288,11 +297,17 @@ class MQTTListener:
             listeners += await self._open("mqtt", config.mqtt_port, host, False)
         if config.mqtts_port is not None:
             listeners += await self._open("mqtts", config.mqtts_port, host, True)
+        ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._flusher)
-                await trio.serve_listeners(self._handle, listeners)
+                if self.sys_topics is not None:
+                    nursery.start_soon(self.sys_topics.run)
+                if ws_listeners:
+                    nursery.start_soon(trio.serve_listeners, self.websockets.handle, ws_listeners)
+                if listeners:
+                    await trio.serve_listeners(self._handle, listeners)
         finally:
             self.service.stopping = True
 
@@ -303,7 +318,13 @@ class MQTTListener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
             pass
-        handler = MQTTConnectionHandler(self, stream, sock, raw is not stream)
+        await self.serve_connection(stream, sock, raw is not stream)
+
+    async def serve_connection(self, stream, sock, tls: bool, direct: bool = True) -> None:
+        """One MQTT connection on ``stream`` (``sock`` its socket; ``direct``: the socket
+        may be written directly, not through ``stream``)."""
+        self.service.sockets_opened += 1
+        handler = MQTTConnectionHandler(self, stream, sock, tls, direct)
         self.handlers.add(handler)
         try:
             await handler.run()
@@ -316,7 +337,8 @@ class MQTTListener:
 def install(broker) -> MQTTListener | None:
     """Start the MQTT listener(s) with the broker when configured (``broker.mqtt``)."""
     config = broker.config
-    if config.mqtt_port is None and config.mqtts_port is None:
+    if all(port is None for port in (config.mqtt_port, config.mqtts_port,
+                                      config.mqtt_ws_port, config.mqtt_wss_port)):
         return None
     listener = MQTTListener(broker)
     broker.background_tasks.append(listener.run)

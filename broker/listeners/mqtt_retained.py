@@ -57,6 +57,11 @@ class RetainedStore:
             "vhost": vhost, "topic": topic, "qos": qos,
             "payload": base64.b64encode(payload).decode("ascii")})
 
+    def set_volatile(self, vhost: str, topic: str, payload: bytes, qos: int) -> None:
+        """Retained in memory only (the broker's own ``$SYS`` status: rewritten every few
+        seconds, meaningless after a restart)."""
+        self.by_vhost.setdefault(vhost, {})[topic] = (payload, qos)
+
     def get(self, vhost: str, topic: str) -> tuple[bytes, int] | None:
         return self.by_vhost.get(vhost, {}).get(topic)
 

@@ -91,6 +91,11 @@ class MQTTService:
         self.clients: dict[tuple[str, str], MQTTSession] = {}
         self.retained = RetainedStore(broker)
         self.stopping = False  # broker shutdown: no will messages
+        # $SYS counters (mqtt_sys.py): plain increments where the data passes
+        self.bytes_received = self.bytes_sent = 0  # MQTT bytes (counted by the edge)
+        self.publish_received = self.publish_sent = 0  # PUBLISH packets
+        self.publish_bytes_received = self.publish_bytes_sent = 0  # their payloads
+        self.sockets_opened = self.connections_accepted = 0
 
 
 def _access(broker):
@@ -269,6 +274,7 @@ class MQTTSession:
         else:
             present = bool(existing)
         conn.accept(present, self.username)
+        service.connections_accepted += 1
         # the trail's shared context of this connection's events (no channel: MQTT has none)
         self.audit_ctx = (vhost.name, self.username, self.peer, None)
         # listed, limited and closed with the AMQP connections (management API, ctl,
@@ -338,6 +344,9 @@ class MQTTSession:
 
     # ---- PUBLISH from the client ----
     def _on_publish(self, p: codec.Publish) -> None:
+        service = self.service
+        service.publish_received += 1
+        service.publish_bytes_received += len(p.payload)
         topic = p.topic
         key = self._keys.get(topic)
         if key is None:
@@ -537,6 +546,9 @@ class MQTTSession:
         # will call, before going back to the loop) ``wake``: one wake per batch
         was_empty = not self.conn.pending_output
         message = entry.message
+        service = self.service
+        service.publish_sent += 1
+        service.publish_bytes_sent += len(message.body)
         topic = self._topics.get(message.routing_key)
         if topic is None:
             if len(self._topics) >= 256:  # bounded: thousands of sessions keep one each
