@@ -118,7 +118,8 @@ async def test_no_field_value_gets_a_500(api):
     """Every field of every endpoint above, replaced by values of each JSON type."""
     await api.put("/api/queues/%2F/hq", json={})
     await api.post("/topics", json={"name": "g.ht"})
-    endpoints = ENDPOINTS + [
+    endpoints = [
+        *ENDPOINTS,
         ("POST", "/api/queues/%2F/hq/get", {"count": 1, "ackmode": "ack_requeue_true",
                                             "encoding": "auto", "truncate": 10}),
         ("POST", "/api/bindings/%2F/e/amq.direct/q/hq", {"routing_key": "k", "arguments": {}}),
