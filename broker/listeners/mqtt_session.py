@@ -11,13 +11,19 @@ The mapping is RabbitMQ's MQTT plugin's (docs/mqtt.md):
   with PUBACK once routed and, when a durable queue took it, once the store has it
   (``when_durable``); a publish a queue refused (overflow reject-publish) or the store
   failed gets no PUBACK, so the client sends it again. PUBACKs leave in PUBLISH order.
-- Each client has up to two queues, ``mqtt-subscription-<client id>qos0`` and
-  ``...qos1``, with one consumer each; every SUBSCRIBE filter is a binding of one of them
-  (a filter moves when it is subscribed again with the other QoS). QoS 0 deliveries are
-  settled as they are written; QoS 1 deliveries stay unacknowledged (``prefetch`` at most
-  in flight) until the client's PUBACK.
-- clean session: the queues are transient and auto-delete, and go with the connection;
-  otherwise the QoS 1 queue is durable and both stay, with their bindings and messages,
+- Each client has one subscription queue, ``mqtt-subscription-<client id>qos1`` (the name
+  RabbitMQ gives its QoS 1 queue, so sessions stored by earlier versions carry on), with
+  one consumer; every SUBSCRIBE filter is a binding of it whose arguments carry the filter
+  and its granted QoS. A message is delivered once, at the highest QoS of the session's
+  filters that match its topic, lowered to the QoS it was published with (section 3.3.5).
+  QoS 0 deliveries are settled as they are written; QoS 1 ones stay unacknowledged
+  (``prefetch`` at most in flight) until the client's PUBACK, QoS 2 ones until its PUBREC
+  (then the PUBREL/PUBCOMP phase is the session's QoS 2 state, ``mqtt_qos2``).
+- A QoS 2 PUBLISH is routed once, when it arrives (method A of figure 4.3), and answered
+  with PUBREC as a QoS 1 PUBLISH is with PUBACK; its packet id stays received until the
+  PUBREL, and a PUBLISH with that id meanwhile is answered with PUBREC without routing.
+- clean session: the queue is transient and auto-delete, and goes with the connection;
+  otherwise it is durable and stays, with its bindings, messages and the QoS 2 state,
   until a clean session of the same client id.
 
 As an AMQP publish, a PUBLISH (and a will) passes the broker's publish hooks (cluster
@@ -41,24 +47,32 @@ from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..message import Message
 from ..mqtt import codec
 from ..mqtt.connection import (
+    PUBREC_BIT,
     ConnectRequested,
     DeliveryAcked,
+    DeliveryCompleted,
+    DeliveryReceived,
     Disconnected,
     ProtocolViolation,
     PublishReceived,
+    ReleaseReceived,
     ServerConnection,
     SubscribeRequested,
     UnsubscribeRequested,
     topic_field,
 )
-from ..mqtt.topics import to_mqtt_topic, to_routing_key
+from ..mqtt.topics import matches, to_mqtt_topic, to_routing_key
 from ..persistence import DURABLE
 from ..queues.queue import Consumer
+from .mqtt_qos2 import INBOUND, OUTBOUND, QoS2Sessions, SessionState
 from .mqtt_retained import RetainedStore
 
 log = logging.getLogger("broker.mqtt")
 
 MAX_KEY = 255  # an AMQP shortstr: routing keys and queue names
+# the binding argument carrying a subscription's granted QoS (a binding without it is one
+# stored by an earlier version: QoS 1 in the ...qos1 queue, QoS 0 in the ...qos0 queue)
+QOS_ARG = "x-mqtt-qos"
 
 
 def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
@@ -70,10 +84,11 @@ def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
 # the four property sets an MQTT publish can have, built and encoded once and shared by
 # every such message (a Message's properties are never changed once routed: a header is
 # changed on a copy, Message.with_changes)
-_PROPS = {(q, d): _props(q, d) for q in (0, 1) for d in (False, True)}
+_PROPS = {(q, d): _props(q, d) for q in (0, 1, 2) for d in (False, True)}
 
 
 def queue_names(client_id: str) -> tuple[str, str]:
+    """(the QoS 0 queue of sessions stored by earlier versions, the subscription queue)"""
     base = f"mqtt-subscription-{client_id}"
     return base + "qos0", base + "qos1"
 
@@ -90,6 +105,7 @@ class MQTTService:
         self.max_packet = config.max_message_size + 65_546  # body + a topic and a packet id
         self.clients: dict[tuple[str, str], MQTTSession] = {}
         self.retained = RetainedStore(broker)
+        self.qos2 = QoS2Sessions(broker)
         self.stopping = False  # broker shutdown: no will messages
         # $SYS counters (mqtt_sys.py): plain increments where the data passes
         self.bytes_received = self.bytes_sent = 0  # MQTT bytes (counted by the edge)
@@ -107,13 +123,13 @@ class MQTTSession:
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
-    __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_keys", "_pubacks",
-                 "_seq", "_topics", "_touched", "audit", "audit_ctx", "authz", "blocked_sent",
-                 "broker", "clean",
-                 "client_id", "conn", "consumers", "delivering", "delivery_stalled", "ended",
-                 "finished", "flow_queues", "flow_resumed", "is_publisher", "local_port",
-                 "output_delay", "output_high_water", "peer", "peer_host", "service", "tls",
-                 "user", "username", "vhost", "wake", "will")
+    __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_filter_qos",
+                 "_keys", "_one_qos", "_pubacks", "_seq", "_topics", "_touched", "audit",
+                 "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
+                 "consumers", "delivering", "delivery_stalled", "ended", "filters", "finished",
+                 "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
+                 "output_high_water", "peer", "peer_host", "qos2", "service", "tls", "user",
+                 "username", "vhost", "wake", "will")
 
     global_prefetch = 0
     prefetch = 0  # as a channel: the limit is per consumer (``Consumer.prefetch``)
@@ -143,7 +159,14 @@ class MQTTSession:
         self.client_id = ""
         self.clean = True
         self.will: codec.Will | None = None
-        self.consumers: dict[int, Consumer] = {}  # subscription QoS -> its queue's consumer
+        self.consumers: dict[int, Consumer] = {}  # 1 -> the subscription queue's consumer
+        # the session's subscriptions: MQTT filter -> granted QoS, and what a delivery's QoS
+        # needs from them: the one QoS they all share (None: they differ), else the highest
+        # QoS matching each routing key seen (a bounded cache)
+        self.filters: dict[str, int] = {}
+        self._one_qos: int | None = None
+        self._filter_qos: dict[str, int] = {}
+        self.qos2 = SessionState()  # a persistent session's comes from service.qos2
         self.delivering = False
         self.delivery_stalled = False
         self.is_publisher = False
@@ -185,6 +208,14 @@ class MQTTSession:
                 self._on_publish(ev.publish)
             elif isinstance(ev, DeliveryAcked):
                 self._on_delivery_acked(ev.token)
+            elif isinstance(ev, ReleaseReceived):
+                self._on_release(ev.packet_id)
+            elif isinstance(ev, DeliveryReceived):
+                self._on_delivery_received(ev.token, ev.packet_id)
+            elif isinstance(ev, DeliveryCompleted):
+                if not self.clean:
+                    self.service.qos2.remove(self.vhost.name, self.client_id, OUTBOUND,
+                                             ev.packet_id)
             elif isinstance(ev, ConnectRequested):
                 self._on_connect(ev.connect)
                 if not self.finished:
@@ -265,14 +296,23 @@ class MQTTSession:
         service.clients[key] = self
         q0_name, q1_name = queue_names(client_id)
         vhost = self.vhost
-        existing = [q for q in (vhost.find_queue(q0_name), vhost.find_queue(q1_name))
-                    if q is not None]
+        legacy_q0 = vhost.find_queue(q0_name)
+        q1 = vhost.find_queue(q1_name)
+        qos2_store = service.qos2
         present = False
         if self.clean:
-            for q in existing:  # a clean session starts without the previous one's state
-                vhost.delete_queue(q, reason="clean MQTT session")
+            # a clean session starts without the previous one's state
+            for q in (legacy_q0, q1):
+                if q is not None:
+                    vhost.delete_queue(q, reason="clean MQTT session")
+            qos2_store.discard(vhost.name, client_id)
+            q1 = None
         else:
-            present = bool(existing)
+            present = legacy_q0 is not None or q1 is not None or (
+                (vhost.name, client_id) in qos2_store.states)
+            self.qos2 = qos2_store.get(vhost.name, client_id)
+        # the connection's outbound PUBREL phase is the session's (kept across connections)
+        conn.releasing = self.qos2.releasing
         conn.accept(present, self.username)
         service.connections_accepted += 1
         # the trail's shared context of this connection's events (no channel: MQTT has none)
@@ -283,9 +323,53 @@ class MQTTSession:
         log.info("mqtt connection %s: client %r user %r vhost %r (clean session %s)",
                  self.peer, client_id, self.username, vhost.name, self.clean)
         self.delivering = True
-        if not self.clean:  # the stored session's messages follow the CONNACK
-            for q in existing:
-                self._consume(q, 0 if q.name == q0_name else 1)
+        if not self.clean:  # the stored session's PUBRELs and messages follow the CONNACK
+            if conn.releasing:
+                conn.resend_pubrel()
+            if legacy_q0 is not None:
+                q1 = self._adopt_legacy_queue(legacy_q0, q1)
+            if q1 is not None:
+                self._restore_filters(q1)
+                self._consume(q1)
+
+    def _restore_filters(self, q) -> None:
+        """The subscriptions of a stored session, from its queue's bindings."""
+        exchanges = self.vhost.exchanges
+        for source, bkey in list(q.bindings):
+            x = exchanges.get(source)
+            binding = x.bindings.get(bkey) if x is not None else None
+            if binding is None or source != self.service.exchange:
+                continue
+            args = binding.arguments
+            topic_filter = args.get(MQTT_SUBSCRIPTION_ARG)
+            if not isinstance(topic_filter, str):
+                topic_filter = to_mqtt_topic(binding.routing_key.replace("*", "+"))
+            qos = args.get(QOS_ARG, 1)
+            self.filters[topic_filter] = qos if qos in (0, 1, 2) else 1
+        self._filters_changed()
+
+    def _adopt_legacy_queue(self, q0, q1):
+        """A session stored by a version with a separate QoS 0 queue: its subscriptions
+        become QoS 0 bindings of the subscription queue, and the queue goes (with what
+        it held: transient QoS 0 messages, which at most once allows to lose)."""
+        exchanges = self.vhost.exchanges
+        filters = []
+        for source, bkey in list(q0.bindings):
+            x = exchanges.get(source)
+            binding = x.bindings.get(bkey) if x is not None else None
+            if binding is not None and source == self.service.exchange:
+                f = binding.arguments.get(MQTT_SUBSCRIPTION_ARG)
+                if not isinstance(f, str):
+                    f = to_mqtt_topic(binding.routing_key.replace("*", "+"))
+                filters.append((f, binding.routing_key))
+        self.vhost.delete_queue(q0, reason="MQTT session upgraded to one queue")
+        if not filters:
+            return q1
+        if q1 is None:
+            q1 = self._declare_queue()
+        for f, key in filters:
+            self.vhost.bind(self.service.exchange, q1, key, self._binding_args(f, 0))
+        return q1
 
     def _login(self, c: codec.Connect) -> tuple[int, str] | None:
         """Authenticate and pick the vhost ('vhost:user' in the user name, as RabbitMQ);
@@ -370,21 +454,43 @@ class MQTTSession:
                 self.close(exc.text)
                 return
         self.is_publisher = True
-        try:
-            stored = self._route(topic, key, p.payload, p.qos, p.retain, p.dup, p.packet_id)
-        except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
-            self.close(exc.text)
-            return
-        if p.qos:
+        qos = p.qos
+        ack_id = p.packet_id or 0
+        stored: bool | None
+        if qos == 2:
+            ack_id |= PUBREC_BIT
+            if p.packet_id in self.qos2.received:
+                # section 4.3.3: a duplicate before the PUBREL is not delivered again; its
+                # PUBREC follows the original's
+                stored = False
+            else:
+                try:
+                    stored = self._route(topic, key, p.payload, 2, p.retain, p.dup, p.packet_id)
+                except errors.AMQPError as exc:
+                    self.close(exc.text)
+                    return
+                if stored is not None:
+                    self.qos2.received.add(p.packet_id or 0)
+                    if not self.clean:
+                        self.service.qos2.add(self.vhost.name, self.client_id, INBOUND,
+                                              p.packet_id or 0)
+                        stored = stored or self.service.qos2.durable
+        else:
+            try:
+                stored = self._route(topic, key, p.payload, qos, p.retain, p.dup, p.packet_id)
+            except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
+                self.close(exc.text)
+                return
+        if qos:
             if stored is False and not self._pubacks:
                 # the common case: routed, no store write to wait for, none before it waits
-                self._ack_now.append(p.packet_id or 0)
+                self._ack_now.append(ack_id)
                 return
             if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
                 self.conn.pubacks(self._ack_now)
                 self._ack_now = []
             seq = self._seq = self._seq + 1
-            self._pubacks.append((seq, p.packet_id or 0))
+            self._pubacks.append((seq, ack_id))
             if stored is None:
                 self._decided[seq] = False
             elif stored:
@@ -442,17 +548,36 @@ class MQTTSession:
 
     def _flush_pubacks(self) -> None:
         pubacks, decided = self._pubacks, self._decided
-        conn = self.conn
         n = 0
+        acks = []
         for seq, pid in pubacks:
             ok = decided.pop(seq, None)
             if ok is None:
                 break
             n += 1
             if ok:
-                conn.puback(pid)
+                acks.append(pid)
+            elif pid & PUBREC_BIT:  # not taken after all: the client's resend is routed
+                self._forget_received(pid ^ PUBREC_BIT)
         if n:
             del pubacks[:n]
+        if acks:
+            self.conn.pubacks(acks)
+
+    def _forget_received(self, packet_id: int) -> None:
+        if packet_id in self.qos2.received:
+            self.qos2.received.discard(packet_id)
+            if not self.clean:
+                self.service.qos2.remove(self.vhost.name, self.client_id, INBOUND, packet_id)
+
+    def _on_release(self, packet_id: int) -> None:
+        """PUBREL: the inbound QoS 2 message is the broker's alone; PUBCOMP (after the
+        PUBRECs still waiting for the store, which come first in PUBLISH order)."""
+        self._forget_received(packet_id)
+        if self._ack_now:
+            self.conn.pubacks(self._ack_now)
+            self._ack_now = []
+        self.conn.pubcomp(packet_id)
 
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
     def _on_subscribe(self, packet_id: int, topics: list[tuple[str, int]]) -> None:
@@ -465,17 +590,17 @@ class MQTTSession:
             try:
                 if len(key.encode()) > MAX_KEY:
                     raise errors.precondition_failed("topic filter longer than %d bytes", MAX_KEY)
-                q = self._subscription_queue(qos)
+                q = self._subscription_queue()
                 self._check("queue", q.name, "write")
                 self._check("exchange", exchange, "read")
                 self._check_topic(key, "read")
-                args = {MQTT_SUBSCRIPTION_ARG: topic_filter}
+                args = self._binding_args(topic_filter, qos)
                 vhost.bind(exchange, q, key, args)
-                vhost.unbind(exchange, q, key, {})  # as bound before the '$' rule existed
-                other = self.consumers.get(1 - qos)
-                if other is not None:
-                    vhost.unbind(exchange, other.queue, key, args)
-                    vhost.unbind(exchange, other.queue, key, {})
+                # the same filter subscribed before with another QoS, or as bound by earlier
+                # versions (no QoS; no filter before the '$' rule existed)
+                for old in self._old_binding_args(topic_filter, qos):
+                    vhost.unbind(exchange, q, key, old)
+                self.filters[topic_filter] = qos
             except errors.AMQPError as exc:
                 log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
                             topic_filter, exc.text)
@@ -483,35 +608,63 @@ class MQTTSession:
                 continue
             codes.append(qos)
             granted.append((topic_filter, qos))
+        self._filters_changed()
         self.conn.suback(packet_id, codes)
         retained = self.service.retained
         for topic_filter, qos in granted:  # after the SUBACK (section 3.3.1.3)
             for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
                 self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True)
 
-    def _subscription_queue(self, qos: int):
-        consumer = self.consumers.get(qos)
+    @staticmethod
+    def _binding_args(topic_filter: str, qos: int) -> dict:
+        return {MQTT_SUBSCRIPTION_ARG: topic_filter, QOS_ARG: qos}
+
+    def _old_binding_args(self, topic_filter: str, qos: int) -> list[dict]:
+        olds: list[dict] = [{}, {MQTT_SUBSCRIPTION_ARG: topic_filter}]
+        prev = self.filters.get(topic_filter)
+        if prev is not None and prev != qos:
+            olds.append(self._binding_args(topic_filter, prev))
+        return olds
+
+    def _filters_changed(self) -> None:
+        values = set(self.filters.values())
+        self._one_qos = values.pop() if len(values) == 1 else None
+        self._filter_qos = {}
+
+    def _subscription_qos(self, routing_key: str) -> int:
+        """The highest QoS of the filters matching ``routing_key`` (1 if none does any
+        more: the message was queued before an UNSUBSCRIBE, or bound over AMQP)."""
+        qos = self._filter_qos.get(routing_key)
+        if qos is None:
+            if len(self._filter_qos) >= 256:  # bounded, as the topic cache
+                self._filter_qos.clear()
+            topic = to_mqtt_topic(routing_key)
+            found = [q for f, q in self.filters.items() if matches(f, topic)]
+            qos = self._filter_qos[routing_key] = max(found) if found else 1
+        return qos
+
+    def _subscription_queue(self):
+        consumer = self.consumers.get(1)
         if consumer is not None:
             return consumer.queue
-        name = queue_names(self.client_id)[qos]
-        self._check("queue", name, "configure")
-        self._check("queue", name, "read")
-        # QoS 1: durable unless clean. A clean session lasts as long as its connection
-        # (MQTT 3.1.1 section 3.1.2.4; a restart ends it), so its messages need no disk
-        # (RabbitMQ's 3.x plugin declares it durable and auto-delete: a difference).
-        # QoS 0: transient, but kept across reconnects of a non-clean session (RabbitMQ
-        # makes it auto-delete)
-        m = spec.Queue.Declare(queue=name, durable=bool(qos) and not self.clean,
-                               auto_delete=self.clean)
-        q = self.vhost.declare_queue(m, None)
-        self._consume(q, qos)
+        q = self._declare_queue()
+        self._consume(q)
         return q
 
-    def _consume(self, q, qos: int) -> None:
-        tag = f"mqtt-{self.client_id}-qos{qos}"
-        consumer = Consumer(tag, self, q, not qos, False, 0, self.service.prefetch if qos else 0,
-                            {})
-        self.consumers[qos] = consumer
+    def _declare_queue(self):
+        name = queue_names(self.client_id)[1]
+        self._check("queue", name, "configure")
+        self._check("queue", name, "read")
+        # Durable unless clean. A clean session lasts as long as its connection (MQTT 3.1.1
+        # section 3.1.2.4; a restart ends it), so its messages need no disk (RabbitMQ's 3.x
+        # plugin declares it durable and auto-delete: a difference).
+        m = spec.Queue.Declare(queue=name, durable=not self.clean, auto_delete=self.clean)
+        return self.vhost.declare_queue(m, None)
+
+    def _consume(self, q) -> None:
+        tag = f"mqtt-{self.client_id}-qos1"
+        consumer = Consumer(tag, self, q, False, False, 0, self.service.prefetch, {})
+        self.consumers[1] = consumer
         q.add_consumer(consumer)
 
     def _on_unsubscribe(self, packet_id: int, topics: list[str]) -> None:
@@ -520,11 +673,13 @@ class MQTTSession:
             key = to_routing_key(topic_filter)
             for consumer in self.consumers.values():
                 try:
-                    for args in ({MQTT_SUBSCRIPTION_ARG: topic_filter}, {}):
+                    for args in self._old_binding_args(topic_filter, -1):
                         self.vhost.unbind(exchange, consumer.queue, key, args)
                 except errors.AMQPError as exc:  # pragma: no cover - not our exclusive queue
                     log.warning("mqtt client %r: unsubscribe %r: %s", self.client_id,
                                 topic_filter, exc.text)
+            self.filters.pop(topic_filter, None)
+        self._filters_changed()
         self.conn.unsuback(packet_id)
 
     # ---- deliveries (the queue calls these, as on an AMQP channel) ----
@@ -561,9 +716,18 @@ class MQTTSession:
             if audit is not None:
                 audit.delivered(self, consumer.tag, None, queue, entry)
         else:
-            headers = message.properties.get("headers")
-            if headers and headers.get("x-mqtt-publish-qos") == 0:
-                # published at QoS 0: delivered at QoS 0 (the lower of the two), settled now
+            # the highest QoS of the matching subscriptions, lowered to the publish's QoS
+            # (section 3.3.5); an AMQP-published message takes the subscriptions'
+            qos = self._one_qos
+            if qos is None:
+                qos = self._subscription_qos(message.routing_key)
+            if qos:
+                headers = message.properties.get("headers")
+                if headers:
+                    pub_qos = headers.get("x-mqtt-publish-qos")
+                    if pub_qos is not None and pub_qos < qos:
+                        qos = pub_qos
+            if not qos:
                 self.conn.publish(topic, message.body, 0)
                 if audit is not None:
                     audit.delivered(self, consumer.tag, None, queue, entry)
@@ -571,8 +735,12 @@ class MQTTSession:
             else:
                 # the token: [queue, entry, consumer, packet id] (the id is known once sent)
                 token = [queue, entry, consumer, 0]
-                token[3] = pid = self.conn.publish(topic, message.body, 1, token,
-                                                   dup=entry.redelivered)
+                resend = 0
+                if qos == 2 and entry.redelivered and self.qos2.resend:
+                    # sent before a reconnect without a PUBREC: the same packet id again
+                    resend = self.qos2.resend.pop((queue.name, entry.seq), 0)
+                token[3] = pid = self.conn.publish(topic, message.body, qos, token,
+                                                   dup=entry.redelivered, packet_id=resend)
                 if audit is not None:
                     audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
@@ -586,6 +754,14 @@ class MQTTSession:
             self.audit.acked(self, Unacked(pid, entry, queue, consumer))
         queue.ack(entry, consumer, reported=True)
         self._touched[queue] = None
+
+    def _on_delivery_received(self, token, packet_id: int) -> None:
+        """PUBREC: the message is the client's; the queue entry is settled and the PUBREL
+        phase (a persistent session's, stored first so that the ack never lands without
+        it) carries on until the PUBCOMP."""
+        if not self.clean:
+            self.service.qos2.add(self.vhost.name, self.client_id, OUTBOUND, packet_id)
+        self._on_delivery_acked(token)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The subscription queue was deleted (by AMQP or management): its subscriptions
@@ -667,10 +843,15 @@ class MQTTSession:
         if will is not None and self.vhost is not None and not service.stopping:
             self._publish_will(will)
         by_queue: dict = {}
-        for token in self.conn.take_inflight():
+        qos2_out = self.conn.qos2_out
+        resend = None if self.clean else self.qos2.resend
+        for pid, token in self.conn.inflight.items():
             if token is not None:
                 queue, entry, consumer, _ = token
                 by_queue.setdefault(queue, []).append((entry, consumer))
+                if resend is not None and pid in qos2_out:
+                    resend[(queue.name, entry.seq)] = pid
+        self.conn.take_inflight()
         for q, items in by_queue.items():
             items.sort(key=lambda pair: -pair[0].seq)
             q.requeue(items)
@@ -684,6 +865,8 @@ class MQTTSession:
         if self.vhost is not None and service.clients.get((self.vhost.name,
                                                            self.client_id)) is self:
             del service.clients[(self.vhost.name, self.client_id)]
+            if not self.clean:
+                service.qos2.release(self.vhost.name, self.client_id)
         self.broker.session_closed(self)
 
     def _publish_will(self, will: codec.Will) -> None:
@@ -697,6 +880,6 @@ class MQTTSession:
             log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)
             return
         try:
-            self._route(will.topic, key, will.message, min(will.qos, 1), will.retain)
+            self._route(will.topic, key, will.message, will.qos, will.retain)
         except errors.AMQPError as exc:  # a publish hook refused it
             log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)

@@ -3,12 +3,18 @@
 ``ServerConnection.receive_data(data)`` parses packets (``codec.PacketReader``), enforces
 the order the spec requires (CONNECT first and once, nothing before CONNACK is decided),
 answers what needs no broker (PINGREQ) and returns events for the rest; the broker answers
-through ``accept`` / ``refuse`` / ``suback`` / ``unsuback`` / ``puback`` and sends messages
-with ``publish``, which numbers QoS 1 deliveries and keeps them in flight until the client's
-PUBACK comes back as ``DeliveryAcked``. Bytes to write accumulate until ``data_to_send()``.
+through ``accept`` / ``refuse`` / ``suback`` / ``unsuback`` / ``pubacks`` / ``pubcomp`` and
+sends messages with ``publish``, which numbers QoS 1 and 2 deliveries and keeps them in
+flight until the client's PUBACK (``DeliveryAcked``) or PUBREC (``DeliveryReceived``) comes
+back. Bytes to write accumulate until ``data_to_send()``.
 
-QoS 2 is downgraded to QoS 1 as RabbitMQ's MQTT plugin does: a QoS 2 PUBLISH is taken as
-QoS 1 (the client gets PUBACK, not PUBREC) and a QoS 2 subscription is granted QoS 1.
+QoS 2 (section 4.3.3): inbound, a QoS 2 PUBLISH is a ``PublishReceived`` the broker answers
+with PUBREC (``pubacks`` with ``PUBREC_BIT``), the client's PUBREL a ``ReleaseReceived``
+answered with ``pubcomp``; whether a packet id was already received is the broker's
+session state, not the connection's. Outbound, a PUBREC of a QoS 2 delivery is answered
+here with PUBREL and its packet id stays in ``releasing`` until the PUBCOMP
+(``DeliveryCompleted``); ``releasing`` may be the set of a persistent session, shared
+across its connections, and ``resend_pubrel`` sends PUBREL again for each on a reconnect.
 
 After a protocol violation the connection is ``closed``: the edge drops the socket
 without a reply (section 4.8), except for an unsupported protocol level, which gets
@@ -27,6 +33,7 @@ from .codec import (
     PINGRESP,
     PUBACK,
     PUBCOMP,
+    PUBREC,
     PUBREL,
     UNSUBACK,
     Bare,
@@ -42,6 +49,7 @@ from .codec import (
 
 _H = struct.Struct(">H")
 _PUBACK = struct.Struct(">BBH")
+_PUBREL = _PUBACK  # the same layout; PUBREL's first byte is 0x62 (reserved flags 0010)
 _PINGRESP = codec.encode(Bare(PINGRESP))
 
 
@@ -62,14 +70,21 @@ class ConnectRequested:
 
 @dataclass(slots=True)
 class PublishReceived:
-    """PUBLISH from the client (``publish.qos`` already downgraded to at most 1). For QoS 1
-    the broker answers ``puback(publish.packet_id)`` once the message is routed."""
+    """PUBLISH from the client. For QoS 1 the broker answers PUBACK once the message is
+    routed, for QoS 2 PUBREC (``pubacks``)."""
     publish: Publish
 
 
 @dataclass(slots=True)
+class ReleaseReceived:
+    """PUBREL of an inbound QoS 2 message: the broker forgets the packet id and answers
+    ``pubcomp`` (always, even for an id it does not know: section 4.3.3)."""
+    packet_id: int
+
+
+@dataclass(slots=True)
 class SubscribeRequested:
-    """SUBSCRIBE; requested QoS 2 already downgraded to 1. Answer with ``suback``."""
+    """SUBSCRIBE (requested QoS 0, 1 or 2). Answer with ``suback``."""
     packet_id: int
     topics: list[tuple[str, int]]
 
@@ -87,6 +102,20 @@ class DeliveryAcked:
 
 
 @dataclass(slots=True)
+class DeliveryReceived:
+    """The client's PUBREC for a QoS 2 ``publish`` (PUBREL is already queued; the packet id
+    is in ``releasing`` until the PUBCOMP)."""
+    token: Any
+    packet_id: int
+
+
+@dataclass(slots=True)
+class DeliveryCompleted:
+    """The client's PUBCOMP: the QoS 2 delivery ``packet_id`` is over."""
+    packet_id: int
+
+
+@dataclass(slots=True)
 class Disconnected:
     """DISCONNECT: a clean end; the will message is discarded (section 3.14.4)."""
 
@@ -97,8 +126,12 @@ class ProtocolViolation:
     reason: str
 
 
-Event = (ConnectRequested | PublishReceived | SubscribeRequested | UnsubscribeRequested
-         | DeliveryAcked | Disconnected | ProtocolViolation)
+Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequested
+         | UnsubscribeRequested | DeliveryAcked | DeliveryReceived | DeliveryCompleted
+         | Disconnected | ProtocolViolation)
+
+# in the list ``pubacks`` takes, a packet id with this bit set gets PUBREC instead of PUBACK
+PUBREC_BIT = 0x10000
 
 
 def encode_publish(topic_raw: bytes, payload: bytes, qos: int, packet_id: int,
@@ -128,7 +161,8 @@ class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
     __slots__ = ("_held", "_next_id", "_out", "close_reason", "inflight", "keep_alive",
-                 "pending_output", "protocol_level", "reader", "state", "username")
+                 "pending_output", "protocol_level", "qos2_out", "reader", "releasing", "state",
+                 "username")
 
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
@@ -138,7 +172,11 @@ class ServerConnection:
         self.username: str | None = None  # as authenticated (``accept``)
         self._out: list[bytes] = []
         self.pending_output = 0
-        self.inflight: dict[int, Any] = {}  # packet id -> token of an unacknowledged QoS 1 delivery
+        # packet id -> token of a QoS 1 delivery without PUBACK or a QoS 2 one without PUBREC
+        self.inflight: dict[int, Any] = {}
+        self.qos2_out: set[int] = set()  # which of ``inflight`` are QoS 2
+        # outbound QoS 2 packet ids PUBRECed, PUBREL sent, no PUBCOMP yet (not reusable)
+        self.releasing: set[int] = set()
         self._next_id = 1
         self.close_reason: str | None = None
         self._held: list[codec.Packet] = []  # packets behind a CONNECT not yet decided
@@ -169,11 +207,11 @@ class ServerConnection:
             # neither changes the state)
             if connected:
                 if isinstance(packet, Publish):
-                    if packet.qos == 2:
-                        packet.qos = 1
                     append(PublishReceived(packet))
                     continue
                 if isinstance(packet, PacketId) and packet.type == PUBACK:
+                    if self.qos2_out and packet.packet_id in self.qos2_out:
+                        continue  # a PUBACK for a QoS 2 delivery settles nothing
                     token = inflight.pop(packet.packet_id, _MISSING)
                     if token is not _MISSING:
                         append(DeliveryAcked(token))
@@ -206,24 +244,37 @@ class ServerConnection:
             self.protocol_level = packet.protocol_level
             return ConnectRequested(packet)
         if isinstance(packet, Publish):
-            if packet.qos == 2:
-                packet.qos = 1
             return PublishReceived(packet)
         if isinstance(packet, PacketId):
-            if packet.type == PUBACK:
-                token = self.inflight.pop(packet.packet_id, _MISSING)
+            pid = packet.packet_id
+            ptype = packet.type
+            if ptype == PUBACK:
+                if pid in self.qos2_out:
+                    return None  # a PUBACK for a QoS 2 delivery settles nothing
+                token = self.inflight.pop(pid, _MISSING)
                 if token is _MISSING:
                     return None  # an acknowledgement for something already settled
                 return DeliveryAcked(token)
-            if packet.type == PUBREL:  # a QoS 2 client that got PUBACK may still release
-                self._write(codec.encode(PacketId(PUBCOMP, packet.packet_id)))
+            if ptype == PUBREL:
+                return ReleaseReceived(pid)
+            if ptype == PUBREC:
+                if pid in self.qos2_out:
+                    self.qos2_out.discard(pid)
+                    token = self.inflight.pop(pid)
+                    self.releasing.add(pid)
+                    self._write(_PUBREL.pack(0x62, 2, pid))
+                    return DeliveryReceived(token, pid)
+                if pid in self.releasing:  # PUBREC again (our PUBREL crossed it): resend
+                    self._write(_PUBREL.pack(0x62, 2, pid))
+                return None  # for a QoS 1 delivery or an unknown id: nothing to settle
+            if ptype == PUBCOMP:
+                if pid in self.releasing:
+                    self.releasing.discard(pid)
+                    return DeliveryCompleted(pid)
                 return None
-            if packet.type == UNSUBACK:
-                return self._violation("UNSUBACK sent to the server")
-            return None  # PUBREC / PUBCOMP: we never send QoS 2, nothing to answer
+            return self._violation("UNSUBACK sent to the server")
         if isinstance(packet, Subscribe):
-            return SubscribeRequested(packet.packet_id,
-                                      [(t, min(q, 1)) for t, q in packet.topics])
+            return SubscribeRequested(packet.packet_id, packet.topics)
         if isinstance(packet, Unsubscribe):
             return UnsubscribeRequested(packet.packet_id, packet.topics)
         if isinstance(packet, Bare):
@@ -267,9 +318,20 @@ class ServerConnection:
         self._write(b"\x40\x02" + _H.pack(packet_id))
 
     def pubacks(self, packet_ids: list[int]) -> None:
-        """PUBACK for each of ``packet_ids``, in that order."""
+        """PUBACK for each of ``packet_ids``, in that order; PUBREC for an id carrying
+        ``PUBREC_BIT`` (the answer to a QoS 2 PUBLISH)."""
         pack = _PUBACK.pack
-        self._write(b"".join([pack(0x40, 2, pid) for pid in packet_ids]))
+        self._write(b"".join([pack(0x40, 2, pid) if pid < PUBREC_BIT
+                              else pack(0x50, 2, pid ^ PUBREC_BIT) for pid in packet_ids]))
+
+    def pubcomp(self, packet_id: int) -> None:
+        self._write(_PUBACK.pack(0x70, 2, packet_id))
+
+    def resend_pubrel(self) -> None:
+        """PUBREL again for every id in ``releasing`` (a persistent session reconnected:
+        section 4.4)."""
+        pack = _PUBREL.pack
+        self._write(b"".join([pack(0x62, 2, pid) for pid in sorted(self.releasing)]))
 
     def send_blocked(self, reason: str) -> bool:
         """MQTT 3.1.1 cannot tell a client the server is blocked (AMQP's connection.blocked):
@@ -287,29 +349,39 @@ class ServerConnection:
 
     # ---- output ----
     def publish(self, topic_raw: bytes, payload: bytes, qos: int, token: Any = None,
-                retain: bool = False, dup: bool = False) -> int:
-        """Queue a PUBLISH (``topic_raw`` from ``topic_field``). QoS 1 gets a free packet
-        identifier, returned, and stays in ``inflight`` with ``token`` until the PUBACK."""
+                retain: bool = False, dup: bool = False, packet_id: int = 0) -> int:
+        """Queue a PUBLISH (``topic_raw`` from ``topic_field``). QoS 1 and 2 get a free
+        packet identifier (``packet_id`` if given and free: the id a QoS 2 delivery had
+        before a reconnect), returned, and stay in ``inflight`` with ``token`` until the
+        PUBACK (QoS 1) or PUBREC (QoS 2)."""
         pid = 0
         if qos:
             inflight = self.inflight
-            if len(inflight) >= 65535:
+            releasing = self.releasing
+            if len(inflight) + len(releasing) >= 65535:
                 raise RuntimeError("no free packet identifier")
-            pid = self._next_id
-            while pid in inflight:
-                pid = pid % 65535 + 1
-            self._next_id = pid % 65535 + 1
+            if packet_id and packet_id not in inflight and packet_id not in releasing:
+                pid = packet_id
+            else:
+                pid = self._next_id
+                while pid in inflight or (releasing and pid in releasing):
+                    pid = pid % 65535 + 1
+                self._next_id = pid % 65535 + 1
             inflight[pid] = token
+            if qos == 2:
+                self.qos2_out.add(pid)
         data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
         return pid
 
     def take_inflight(self) -> list[Any]:
-        """The tokens of every unacknowledged QoS 1 delivery, in sending order (the
-        connection is going: the broker returns them to their queues)."""
+        """The tokens of every QoS 1 delivery without PUBACK and QoS 2 delivery without
+        PUBREC, in sending order (the connection is going: the broker returns them to their
+        queues). ``releasing`` stays: it belongs to the session."""
         tokens = list(self.inflight.values())
         self.inflight.clear()
+        self.qos2_out.clear()
         return tokens
 
     def _write(self, data: bytes) -> None:

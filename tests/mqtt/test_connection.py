@@ -8,11 +8,15 @@ from hypothesis import strategies as st
 from broker.mqtt import codec as m
 from broker.mqtt.codec import PacketReader, encode
 from broker.mqtt.connection import (
+    PUBREC_BIT,
     ConnectRequested,
     DeliveryAcked,
+    DeliveryCompleted,
+    DeliveryReceived,
     Disconnected,
     ProtocolViolation,
     PublishReceived,
+    ReleaseReceived,
     ServerConnection,
     State,
     SubscribeRequested,
@@ -50,7 +54,7 @@ def test_packets_behind_connect_wait_for_the_decision():
     assert conn.data_to_send() == b""  # nothing answered before the CONNACK
     conn.accept(True)
     events = conn.receive_data(b"")
-    assert events == [SubscribeRequested(1, [("a/#", 1)])]  # QoS 2 granted as 1
+    assert events == [SubscribeRequested(1, [("a/#", 2)])]
     assert out(conn) == [m.ConnAck(0, True), m.Bare(m.PINGRESP)]
 
 
@@ -98,19 +102,36 @@ def test_huge_remaining_length_refused_from_its_header():
     assert isinstance(ev, ProtocolViolation) and "exceeds the limit" in ev.reason
 
 
-def test_ping_and_qos2_publish_downgraded():
+def test_ping_and_qos2_publish_answered_with_pubrec():
     conn = connected()
     events = conn.receive_data(encode(m.Bare(m.PINGREQ))
                                + encode(m.Publish("a/b", b"x", qos=2, packet_id=7)))
-    assert events == [PublishReceived(m.Publish("a/b", b"x", 1, False, False, 7))]
+    assert events == [PublishReceived(m.Publish("a/b", b"x", 2, False, False, 7))]
     assert out(conn) == [m.Bare(m.PINGRESP)]
-    conn.puback(7)
-    assert out(conn) == [m.PacketId(m.PUBACK, 7)]
+    conn.pubacks([6, 7 | PUBREC_BIT])
+    assert out(conn) == [m.PacketId(m.PUBACK, 6), m.PacketId(m.PUBREC, 7)]
 
 
-def test_pubrel_answered_with_pubcomp():
+def test_qos2_delivery_pubrec_pubrel_pubcomp():
     conn = connected()
-    assert conn.receive_data(encode(m.PacketId(m.PUBREL, 9))) == []
+    pid = conn.publish(topic_field("a"), b"x", 2, "token")
+    out(conn)
+    assert conn.receive_data(encode(m.PacketId(m.PUBACK, pid))) == []  # not for QoS 2
+    assert conn.receive_data(encode(m.PacketId(m.PUBREC, pid))) == [
+        DeliveryReceived("token", pid)]
+    assert out(conn) == [m.PacketId(m.PUBREL, pid)]
+    assert conn.inflight == {} and conn.releasing == {pid}
+    # the id is not reused while PUBREL waits for PUBCOMP
+    assert conn.publish(topic_field("a"), b"y", 1, "t2") != pid
+    assert conn.receive_data(encode(m.PacketId(m.PUBCOMP, pid))) == [DeliveryCompleted(pid)]
+    assert conn.releasing == set()
+    assert conn.receive_data(encode(m.PacketId(m.PUBCOMP, pid))) == []  # already complete
+
+
+def test_pubrel_is_the_brokers_to_answer():
+    conn = connected()
+    assert conn.receive_data(encode(m.PacketId(m.PUBREL, 9))) == [ReleaseReceived(9)]
+    conn.pubcomp(9)
     assert out(conn) == [m.PacketId(m.PUBCOMP, 9)]
 
 

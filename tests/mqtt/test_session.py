@@ -57,16 +57,18 @@ def publishes(packets) -> list:
 def test_connect_and_subscribe_declares_queue_and_binding(broker, service):
     c = Client(service)
     assert c.connack == [m.ConnAck(0, False)]
-    assert c.subscribe(("a/+/c", 1), ("d/#", 0), ("e", 2)) == [m.SubAck(1, [1, 0, 1])]
-    q0, q1 = (broker.vhosts["/"].queues[n] for n in queue_names("c1"))
+    assert c.subscribe(("a/+/c", 1), ("d/#", 0), ("e", 2)) == [m.SubAck(1, [1, 0, 2])]
+    q0_name, q1_name = queue_names("c1")
+    q1 = broker.vhosts["/"].queues[q1_name]
+    assert q0_name not in broker.vhosts["/"].queues  # one queue, the QoS in the bindings
     # clean session: nothing outlives the connection, nothing goes to disk
-    assert q1.auto_delete and not q1.durable and not q0.durable
+    assert q1.auto_delete and not q1.durable
     persistent = Client(service, "c2", clean=False)
     persistent.subscribe(("x", 1))
     assert broker.vhosts["/"].queues[queue_names("c2")[1]].durable
-    assert {key[2] for _, key in q1.bindings} == {"a.*.c", "e"}
-    assert {key[2] for _, key in q0.bindings} == {"d.#"}
-    assert len(q1.consumers) == 1 and len(q0.consumers) == 1
+    assert {(key[2], dict(key[3]).get("x-mqtt-qos")) for _, key in q1.bindings} == {
+        ("a.*.c", 1), ("d.#", 0), ("e", 2)}
+    assert len(q1.consumers) == 1
 
 
 def test_publish_reaches_subscriber_with_puback_order(broker, service):
