@@ -6,6 +6,7 @@ broker answers there, opens the store offline, recovers and operates on it.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -51,6 +52,36 @@ def _online(data_dir: str, request: dict) -> dict | None:
     return json.loads(data.decode())
 
 
+def _missing_store(args) -> str | None:
+    """Why there is no store to open offline (None: there is one). A tool that reads or
+    edits a store must never create one: a mistyped --data-dir would report '0 pending'."""
+    from ..persistence.base import journal_dir
+
+    url = args.store
+    where = f"no broker answers on {socket_path(args.data_dir)}"
+    if url == "memory":
+        return f"{where}, and the memory store keeps nothing to read offline"
+    if url and "://" in url:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        db = engine.url.database
+        if engine.url.get_backend_name() == "sqlite" and db and not os.path.exists(db):
+            return f"{where}, and there is no SQLite database {db}"  # connecting makes one
+        try:
+            with engine.connect() as conn:
+                if not sqlalchemy.inspect(conn).has_table("triomq_msgs"):
+                    return f"{where}, and the database {engine.url.render_as_string()} holds no TrioMQ store"
+        finally:
+            engine.dispose()
+        return None
+    jdir = os.path.join(journal_dir(url, args.data_dir), "journal")
+    if not os.path.isdir(jdir) or not any(n.endswith(".log") or n == "checkpoint"
+                                          for n in os.listdir(jdir)):
+        return f"{where}, and {jdir} holds no journal (is --data-dir right?)"
+    return None
+
+
 def _offline(args, request: dict) -> dict:
     import trio
 
@@ -88,6 +119,10 @@ def main(args) -> int:
     response = _online(args.data_dir, request)
     if response is None:
         try:
+            missing = _missing_store(args)
+            if missing is not None:
+                print(f"triomq: error: {missing}", file=sys.stderr)
+                return 2
             response = _offline(args, request)
         except Exception as exc:
             print(f"triomq: error: {exc}", file=sys.stderr)
