@@ -22,7 +22,7 @@ restart is ready again at once; its next rejection uses the next level.
 """
 from __future__ import annotations
 
-from ..amqp.fields import encode_properties
+from ..amqp.fields import Long, encode_properties
 from ..audit import note_retry
 from ..message import Message
 from .args import ArgumentError, amqp_type_name, bool_arg, int_arg, register_queue_argument
@@ -190,7 +190,7 @@ class RetryPolicy:
         old = entry.message
         props = dict(old.properties)
         headers = dict(props.get("headers") or {})
-        headers["x-delivery-count"] = failures
+        headers["x-delivery-count"] = Long(failures)  # a long, as RabbitMQ writes it
         props["headers"] = headers
         entry.message = Message(old.exchange, old.routing_key, encode_properties(props), props,
                                 old.body, msg_id=old.id)
