@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .auth import UserDatabase
 from .config import Config
+from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
 from .listeners import mqtt as mqtt_listener
 from .malloc import give_back
@@ -54,6 +55,9 @@ class Broker:
         self.publish_hooks: list = []
         # amq.rabbitmq.reply-to consumers (a cluster names the node in their reply names)
         self.direct_reply = DirectReply()
+        # unacknowledged deliveries held too long close their channel (consumer_timeout)
+        self.consumer_timeouts = ConsumerTimeouts(self.timers, self.config.consumer_timeout,
+                                                  self.config.consumer_timeout_interval)
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()

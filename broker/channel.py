@@ -39,13 +39,14 @@ def _random_tag(prefix: str) -> str:
 
 
 class Unacked:
-    __slots__ = ("audit_pos", "consumer", "entry", "queue", "tag")
+    __slots__ = ("at", "audit_pos", "consumer", "entry", "queue", "tag")
 
-    def __init__(self, tag, entry, queue, consumer):
+    def __init__(self, tag, entry, queue, consumer, at: float = 0.0):
         self.tag = tag
         self.entry = entry
         self.queue = queue
         self.consumer = consumer
+        self.at = at  # the consumer-timeout sweep's time before the delivery (consumer_timeout)
         self.audit_pos = -1  # where the audit trail holds its delivery's record (acked())
 
 
@@ -75,6 +76,8 @@ class Channel:
         self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
         self.reply_consumer: ReplyConsumer | None = None  # of amq.rabbitmq.reply-to
+        self.timeouts = session.broker.consumer_timeouts
+        self.timeouts.watch(self)
         self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
         # message counters read by management's sampler (rates) and /metrics
         self.stats_publish = self.stats_deliver = self.stats_get = self.stats_ack = 0
@@ -103,7 +106,7 @@ class Channel:
             self.stats_deliver_no_ack += 1
         else:
             self.stats_deliver += 1
-            item = self.unacked[tag] = Unacked(tag, entry, queue, consumer)
+            item = self.unacked[tag] = Unacked(tag, entry, queue, consumer, self.timeouts.tick)
         if entry.redelivered:
             self.stats_redeliver += 1
         if self.audit is not None:
@@ -377,7 +380,7 @@ class Channel:
             self.stats_get += 1
             q.stats_get += 1
             q.unacked_count += 1
-            self.unacked[tag] = Unacked(tag, entry, q, None)
+            self.unacked[tag] = Unacked(tag, entry, q, None, self.timeouts.tick)
 
     def _take_unacked(self, tag: int, multiple: bool, m) -> list:
         unacked = self.unacked
@@ -550,6 +553,12 @@ class Channel:
                 self.audit.published(self, message, queues,
                                      "returned" if mandatory else "unroutable", seq)
             return
+        if seq and message.persistent and self.session.broker.refuses_persistent(queues):
+            # the store cannot write: nacked before any queue (or consumer) sees it
+            self.confirm_decided(seq, False)
+            if self.audit is not None:
+                self.audit.published(self, message, queues, "nacked", seq)
+            return
         accepted = True
         durable = False
         flow_high = self.session.flow_high
@@ -705,6 +714,7 @@ class Channel:
             return
         self.released = True
         self.session.broker.message_totals.retire(self)  # its counters outlive it
+        self.timeouts.forget(self)
         self.stop_deliveries()
         if self.tx:
             for kind, data in self.tx:

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-message-size", type=_positive, metavar="BYTES",
                      default=Config.max_message_size,
                      help="largest message body accepted (default 128 MiB)")
+    run.add_argument("--consumer-timeout", type=int, metavar="MS", default=Config.consumer_timeout,
+                     help="a delivery unacknowledged this long closes its channel (406) and is "
+                          "requeued (default 1800000: 30 minutes; 0: never)")
     sql = SQLSettings()
     run.add_argument("--sql-lease", type=_seconds, default=sql.lease, metavar="S",
                      help="SQL store: lease time of the store lock (default 10 s)")
@@ -306,6 +309,7 @@ def _run(args) -> int:
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
                     heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
                     flush=args.flush, max_message_size=args.max_message_size,
+                    consumer_timeout=args.consumer_timeout,
                     journal=JournalSettings(segment_size=args.journal_segment_size,
                                             checkpoint_bytes=args.journal_checkpoint_bytes,
                                             queue_memory_budget=args.queue_memory_budget),

@@ -83,6 +83,12 @@ class Config:
     log_level: str = "INFO"
     # AMQP: the largest message body accepted (406 PRECONDITION_FAILED above it)
     max_message_size: int = 128 * 1024 * 1024
+    # AMQP: a delivery unacknowledged this long (ms) closes its channel (406) and is requeued;
+    # RabbitMQ's consumer_timeout default, 30 minutes. None or 0: no broker-wide timeout
+    # (queues may still set x-consumer-timeout or the consumer-timeout policy key). Checked
+    # every ``consumer_timeout_interval`` seconds.
+    consumer_timeout: int | None = 1_800_000
+    consumer_timeout_interval: float = 1.0
     # Network edge: bytes asked of the socket per receive, and bytes queued for a client's
     # socket before its deliveries pause (publishers are not read above 4 times that).
     receive_size: int = 256 * 1024

@@ -247,6 +247,18 @@ class Session:
                 "channel_max": conn.channel_max, "frame_max": conn.frame_max,
                 "timeout": conn.heartbeat, "client_properties": conn.client_properties}
 
+    def close_channel(self, ch: Channel, error: errors.AMQPError) -> None:
+        """Close channel ``ch`` from the broker's side, outside any method (a consumer
+        timeout): the channel.close goes out, its unacked deliveries are requeued."""
+        if self.channels.get(ch.number) is not ch:
+            return
+        del self.channels[ch.number]
+        self._flush_channel_confirms(ch)
+        self.conn.close_channel(ch.number, error.code, error.text, error.class_id,
+                                error.method_id)
+        ch.close()
+        self.wake()
+
     def force_close(self, error: errors.AMQPError) -> None:
         """Close the connection from the broker's side (shutdown, store failure, ...)."""
         self._close_all_channels()

@@ -112,6 +112,7 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "dead-letter-exchange": _text("dead letter exchange name"),
     "dead-letter-routing-key": _text("dead letter routing key"),
     "delivery-limit": _non_neg_int("delivery limit"),
+    "consumer-timeout": _non_neg_int("consumer timeout"),  # ms (RabbitMQ 3.12+)
     "alternate-exchange": _text("alternate exchange name"),
     "queue-mode": _choice(("default", "lazy"), "%s is not a valid queue-mode value"),
     "queue-version": _queue_version,

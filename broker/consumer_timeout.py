@@ -1,0 +1,100 @@
+"""Consumer timeouts, as RabbitMQ's ``consumer_timeout``: a delivery left unacknowledged too
+long closes its channel (406 PRECONDITION_FAILED "delivery acknowledgement on channel N timed
+out ...") and, as any channel close does, its unacknowledged deliveries are requeued.
+
+The timeout is broker-wide (``Config.consumer_timeout``, ms, RabbitMQ's default 30 minutes),
+or per queue: the ``x-consumer-timeout`` argument and the ``consumer-timeout`` policy key
+(RabbitMQ 3.12+), the lower of the two when both are set.
+
+Cheap on the hot path: a delivery records the time of the last sweep (an attribute read, no
+clock call, no timer); one sweep on the broker's timer heap every ``interval`` seconds looks
+at each channel's oldest unacknowledged delivery, as RabbitMQ's channel tick does. A delivery
+times out between ``timeout`` and ``timeout + 2 * interval`` after it was sent.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from . import errors
+from .queues.args import non_neg_int, register_queue_argument
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .timers import TimerHandle, TimerQueue
+
+log = logging.getLogger("broker.consumer_timeout")
+
+ARGUMENT = "x-consumer-timeout"
+POLICY_KEY = "consumer-timeout"
+
+
+# RabbitMQ 3.12+ validates it at declare; not in its equivalence list
+register_queue_argument(ARGUMENT, non_neg_int, equivalence=False)
+
+
+def queue_timeout_ms(queue) -> int | None:
+    """The queue's own timeout (argument, policy; the lower of both), None: the broker's."""
+    arg = queue.arguments.get(ARGUMENT) if queue.arguments else None
+    policy = queue.effective_policy_definition.get(POLICY_KEY)
+    if not isinstance(arg, int) or isinstance(arg, bool):
+        arg = None
+    if not isinstance(policy, int) or isinstance(policy, bool):
+        policy = None
+    if arg is None:
+        return policy
+    return arg if policy is None else min(arg, policy)
+
+
+class ConsumerTimeouts:
+    """The sweep over the broker's AMQP channels; channels register while open."""
+
+    def __init__(self, timers: TimerQueue, timeout_ms: int | None, interval: float = 1.0):
+        self.timers = timers
+        self.timeout_ms = timeout_ms or None  # broker-wide; None/0: none
+        self.interval = interval
+        self.tick = timers.now()  # the last sweep's time: what deliveries record
+        self.channels: set[Channel] = set()
+        # users whose channels are never timed out (the cluster's node-to-node links: their
+        # deliveries wait on the other node's consumers, which have timeouts of their own)
+        self.exempt_users: set[str] = set()
+        self._handle: TimerHandle | None = None
+
+    def watch(self, channel: Channel) -> None:
+        user = channel.session.user
+        if user is not None and user.name in self.exempt_users:
+            return
+        self.channels.add(channel)
+        if self._handle is None:
+            self.tick = self.timers.now()
+            self._handle = self.timers.call_later(self.interval, self._sweep)
+
+    def forget(self, channel: Channel) -> None:
+        self.channels.discard(channel)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        now = self.tick = self.timers.now()
+        slack = self.interval  # a delivery recorded the sweep before it: never early
+        default = self.timeout_ms
+        expired = []
+        for ch in self.channels:
+            unacked = ch.unacked
+            if not unacked:
+                continue
+            oldest = next(iter(unacked.values()))
+            own = queue_timeout_ms(oldest.queue)
+            timeout = own if own is not None else default
+            if timeout is not None and now - oldest.at > timeout / 1000 + slack:
+                expired.append((ch, timeout, oldest))
+        for ch, timeout, oldest in expired:
+            tag = oldest.consumer.tag if oldest.consumer is not None else "basic.get"
+            log.warning("consumer %s on channel %d of %s has timed out waiting for delivery "
+                        "acknowledgement (timeout %d ms)", tag, ch.number, ch.session.peer,
+                        timeout)
+            ch.session.close_channel(ch, errors.precondition_failed(
+                "delivery acknowledgement on channel %d timed out. Timeout value used: %d ms. "
+                "This timeout value can be configured, see consumers doc guide to learn more",
+                ch.number, timeout))
+        if self.channels:
+            self._handle = self.timers.call_later(self.interval, self._sweep)
