@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import trio
 from sqlalchemy import create_engine, delete, event, exists, func, insert, or_, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError, StatementError
 from sqlalchemy.pool import NullPool
 
 from ..config import SQLSettings
@@ -113,6 +113,17 @@ def _reason(exc: BaseException) -> str:
     return line.strip()
 
 
+def _refused_record(exc: BaseException) -> bool:
+    """True if ``exc`` is the database (or the encoding on the way to it) refusing a value of
+    one record -- a string too long, a character it cannot hold -- with the connection
+    intact; False for what every write would meet (connection, lease, timeout)."""
+    if isinstance(exc, (DataError, IntegrityError)):
+        return not exc.connection_invalidated
+    if isinstance(exc, StatementError) and not isinstance(exc, DBAPIError):
+        return True  # a parameter the driver could not encode
+    return isinstance(exc, (ValueError, TypeError))  # our own encoding (UnicodeError, a table)
+
+
 def _printable(name: str) -> str:
     """A name for a report: as is, or escaped if it holds NUL, bytes or control characters."""
     return name if name.isprintable() else ascii(name)[1:-1]
@@ -142,7 +153,8 @@ def _chunks(seq, n=CHUNK):
 
 class _Batch:
     """What the core asked for since the last hand-off (only touched on the trio thread)."""
-    __slots__ = ("callbacks", "defs", "dlv", "enq", "msgs", "nbytes", "rm", "rm_msgs")
+    __slots__ = ("callbacks", "defs", "dlv", "enq", "msgs", "nbytes", "rejected", "rejected_msgs",
+                 "rm", "rm_msgs")
     # callbacks: (on_success, on_failure, held) — held: the (queue, entry) of the publish,
     # taken back from the queues when it is nacked
 
@@ -157,6 +169,10 @@ class _Batch:
         self.rm: dict = {}                   # qid -> set(seq) of entries already handed off
         self.rm_msgs: set = set()            # msg ids that may have lost their last entry
         self.callbacks: list = []            # (on_success, on_failure)
+        # records the database refused for what they hold (``SQLStore._write_apart``): never
+        # written, never tried again; the publishes of rejected messages are nacked
+        self.rejected: list = []             # (definition op, reason)
+        self.rejected_msgs: set = set()      # message ids
 
     def empty(self) -> bool:
         return not (self.defs or self.msgs or self.enq or self.dlv or self.rm or self.rm_msgs)
@@ -923,6 +939,8 @@ class SQLStore(Store):
             self.batches += 1
             self._unwritten -= batch.nbytes
             self._check_backlog()
+            if batch.rejected or batch.rejected_msgs:
+                callbacks = self._refused(batch, callbacks)
             self._page_out(batch)
             for ok, _fail, _held in callbacks:
                 ok()
@@ -937,6 +955,33 @@ class SQLStore(Store):
             callbacks = []
         self._go_down(error, callbacks)
         return False
+
+    def _refused(self, batch: _Batch, callbacks: list) -> list:
+        """After ``_write_apart``: log what the database refused, forget a refused queue's
+        id (its next write tries the definition again), nack the publishes of refused
+        messages (taken back from their queues). Returns the callbacks to confirm."""
+        for op, reason in batch.rejected:
+            what = {"x+": "exchange", "q+": "queue", "b+": "binding", "m+": "metadata"}.get(op[0])
+            name = op[1].name if op[0] in ("x+", "q+") else op[2] if op[0] == "m+" else op[1]
+            log.error("store %s: the database refused %s %r (%s): it is NOT stored and will not "
+                      "survive a restart", self.safe_url, what or op[0], name, reason)
+            if op[0] == "q+":
+                qd, qid = op[1], op[2]
+                have = self._qids.get((qd.vhost, qd.name))
+                if have is not None and have[1] == qid:
+                    del self._qids[(qd.vhost, qd.name)]
+                    self._queue_of.pop(qid, None)
+        if not batch.rejected_msgs:
+            return callbacks
+        log.error("store %s: the database refused %d messages: their publishes are nacked",
+                  self.safe_url, len(batch.rejected_msgs))
+        keep: list = []
+        nack: list = []
+        for cb in callbacks:
+            refused = any(e.message.id in batch.rejected_msgs for _q, e in cb[2])
+            (nack if refused and cb[1] is not None else keep).append(cb)
+        self._fail(nack)
+        return keep
 
     def _go_down(self, error: str, callbacks: list) -> None:
         if not self._down:
@@ -1040,16 +1085,72 @@ class SQLStore(Store):
                 c = self.engine.connect()
                 if gen == self._gen:
                     self._conn = c
-            with c.begin():
-                self._write_batch(c, batch)
+            try:
+                with c.begin():
+                    self._write_batch(c, batch)
+            except (SQLAlchemyError, ValueError, TypeError) as exc:
+                if not _refused_record(exc):
+                    raise
+                log.warning("store %s: the database refused a record (%s): writing the batch "
+                            "record by record", self.safe_url, _reason(exc))
+                self._drop(c)
+                c = None
+                self._write_apart(batch)
             self._conn_used = time.monotonic()
             # a big statement leaves the driver's buffers that big for the connection's life
-            if gen != self._gen or batch.nbytes >= self.settings.batch_bytes // 2:
+            if c is not None and (gen != self._gen or batch.nbytes >= self.settings.batch_bytes // 2):
                 self._drop(c)
             return None
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, ValueError, TypeError) as exc:
             self._drop(c)
             return _reason(exc)
+
+    def _write_apart(self, b: _Batch) -> None:
+        """``b`` failed for a value of one of its records: write each definition in a
+        transaction of its own, then each message with its entries, then the rest, so only
+        what the database refuses is left out (in ``b.rejected``, ``b.rejected_msgs``; the
+        trio side nacks those publishes). In order and idempotent, as a retry is; a failure
+        that is not a refused record is raised (the store goes down as for any outage)."""
+        def attempt(part: _Batch) -> str | None:
+            try:
+                with self.engine.begin() as c:
+                    self._write_batch(c, part)
+                return None
+            except (SQLAlchemyError, ValueError, TypeError) as exc:
+                if not _refused_record(exc):
+                    raise
+                return _reason(exc)
+
+        for op in list(b.defs):
+            part = _Batch()
+            part.defs = [op]
+            reason = attempt(part)
+            b.defs.remove(op)  # written or refused: either way never again
+            if reason is not None:
+                b.rejected.append((op, reason))
+        # a refused queue has no row: its entries would be orphans, so their messages are out
+        lost = {op[2] for op, _ in b.rejected if op[0] == "q+"}
+        doomed = {r[0] for qid in lost for r in b.enq.get(qid, {}).values()}
+        for mid in list(b.msgs):
+            part = _Batch()
+            part.msgs = {mid: b.msgs[mid]}
+            part.enq = {qid: {seq: r for seq, r in seqs.items() if r[0] == mid}
+                        for qid, seqs in b.enq.items()}
+            part.enq = {qid: seqs for qid, seqs in part.enq.items() if seqs}
+            if mid not in doomed and attempt(part) is None:
+                continue
+            b.rejected_msgs.add(mid)
+        rest = _Batch()  # entries of messages an earlier batch wrote, deliveries, removals
+        for qid, seqs in b.enq.items():
+            keep = {seq: r for seq, r in seqs.items() if r[0] not in b.msgs and r[0] not in doomed}
+            if keep:
+                rest.enq[qid] = keep
+        rest.dlv, rest.rm, rest.rm_msgs = b.dlv, b.rm, b.rm_msgs
+        b.msgs, b.enq = {}, {}
+        # ids and numbers only, nothing to refuse: a failure here is an outage (raised)
+        with self.engine.begin() as c:
+            self._write_batch(c, rest)
+        b.dlv, b.rm, b.rm_msgs = {}, {}, set()
 
     def _drop(self, c) -> None:
         if c is None:
