@@ -11,6 +11,7 @@ RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 .PHONY: setup system-deps run cluster lint test test-triomq test-rabbitmq bench
 
 $(VENV)/.installed: pyproject.toml setup.py broker/audit/_hooks.c
+	@echo "Setting up $(VENV): TrioMQ with its test and audit tools (pytest, client libraries, PySpark); a few minutes the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -31,6 +32,8 @@ system-deps:
 
 ## Set up and run the broker (PORT=5673 make run to pick another port).
 run: setup
+	@echo "TrioMQ: AMQP on $(HOST):$(PORT), data in $(DATA), the management HTTP API and console on port 15672"
+	@echo "        (more options through ARGS, e.g. make run ARGS='--http-port 15673 --mqtt-port 1883'; python -m broker run --help)"
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
 
 ## Start a private etcd and a local 3-node cluster (Ctrl-C stops it); AMQP on PORT, PORT+1, PORT+2.
