@@ -124,7 +124,7 @@ class MQTTSession:
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
     __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_filter_qos",
-                 "_keys", "_one_qos", "_pubacks", "_seq", "_topics", "_touched", "audit",
+                 "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq", "_topics", "_touched", "audit",
                  "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "ended", "filters", "finished",
                  "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
@@ -186,6 +186,8 @@ class MQTTSession:
         self._touched: dict = {}  # queues acked in this batch: dispatched once at its end
         self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
         self._keys: dict[str, str] = {}  # MQTT topic -> routing key (checked for length)
+        # outbound QoS 2 packet ids whose PUBREL waits for the store (persistent sessions)
+        self._pubrels: list[int] = []
         # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
         # durability callback per read, not per message
         self._awaiting_store: list[int] = []
@@ -245,6 +247,10 @@ class MQTTSession:
         if self._ack_now:  # (then nothing is in _pubacks: they are older)
             self.conn.pubacks(self._ack_now)
             self._ack_now = []
+        pubrels = self._pubrels
+        if pubrels:
+            self._pubrels = []
+            self.broker.store.when_durable(lambda: self._send_pubrels(pubrels))
         awaiting = self._awaiting_store
         if awaiting:
             self._awaiting_store = []
@@ -757,11 +763,22 @@ class MQTTSession:
 
     def _on_delivery_received(self, token, packet_id: int) -> None:
         """PUBREC: the message is the client's; the queue entry is settled and the PUBREL
-        phase (a persistent session's, stored first so that the ack never lands without
-        it) carries on until the PUBCOMP."""
-        if not self.clean:
+        phase carries on until the PUBCOMP. A persistent session's PUBREL state is stored
+        before the ack (which never lands without it) and PUBREL is sent once it is
+        durable: a restart then sends PUBREL again, never the PUBLISH the client has
+        released already."""
+        if not self.clean and self.service.qos2.durable:
             self.service.qos2.add(self.vhost.name, self.client_id, OUTBOUND, packet_id)
+            self._pubrels.append(packet_id)
+        else:
+            self.conn.pubrels([packet_id])
         self._on_delivery_acked(token)
+
+    def _send_pubrels(self, packet_ids: list[int]) -> None:
+        if self.ended:
+            return  # the next connection of the session sends them (``releasing``)
+        self.conn.pubrels(packet_ids)
+        self.wake()
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The subscription queue was deleted (by AMQP or management): its subscriptions

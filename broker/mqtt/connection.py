@@ -12,8 +12,8 @@ QoS 2 (section 4.3.3): inbound, a QoS 2 PUBLISH is a ``PublishReceived`` the bro
 with PUBREC (``pubacks`` with ``PUBREC_BIT``), the client's PUBREL a ``ReleaseReceived``
 answered with ``pubcomp``; whether a packet id was already received is the broker's
 session state, not the connection's. Outbound, a PUBREC of a QoS 2 delivery is answered
-here with PUBREL and its packet id stays in ``releasing`` until the PUBCOMP
-(``DeliveryCompleted``); ``releasing`` may be the set of a persistent session, shared
+by the broker with PUBREL (``pubrels``) and its packet id stays in ``releasing`` until the
+PUBCOMP (``DeliveryCompleted``); ``releasing`` may be the set of a persistent session, shared
 across its connections, and ``resend_pubrel`` sends PUBREL again for each on a reconnect.
 
 After a protocol violation the connection is ``closed``: the edge drops the socket
@@ -103,8 +103,9 @@ class DeliveryAcked:
 
 @dataclass(slots=True)
 class DeliveryReceived:
-    """The client's PUBREC for a QoS 2 ``publish`` (PUBREL is already queued; the packet id
-    is in ``releasing`` until the PUBCOMP)."""
+    """The client's PUBREC for a QoS 2 ``publish``: the packet id is in ``releasing`` until
+    the PUBCOMP; the broker sends ``pubrels`` (once the PUBREL state is durable, for a
+    persistent session)."""
     token: Any
     packet_id: int
 
@@ -262,7 +263,6 @@ class ServerConnection:
                     self.qos2_out.discard(pid)
                     token = self.inflight.pop(pid)
                     self.releasing.add(pid)
-                    self._write(_PUBREL.pack(0x62, 2, pid))
                     return DeliveryReceived(token, pid)
                 if pid in self.releasing:  # PUBREC again (our PUBREL crossed it): resend
                     self._write(_PUBREL.pack(0x62, 2, pid))
@@ -326,6 +326,10 @@ class ServerConnection:
 
     def pubcomp(self, packet_id: int) -> None:
         self._write(_PUBACK.pack(0x70, 2, packet_id))
+
+    def pubrels(self, packet_ids: list[int]) -> None:
+        pack = _PUBREL.pack
+        self._write(b"".join([pack(0x62, 2, pid) for pid in packet_ids]))
 
     def resend_pubrel(self) -> None:
         """PUBREL again for every id in ``releasing`` (a persistent session reconnected:
