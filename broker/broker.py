@@ -134,22 +134,31 @@ class Broker:
         are in doubt (it may have reached the disk or database, or not), so neither a
         confirm nor a nack would be true: every connection waiting for confirms is
         closed with 541, as RabbitMQ closes channels whose queue died, and its
-        publisher must treat what it did not get confirmed as in doubt. A store
-        declaring ``BLOCKS_ON_FAILURE`` (the journal: its disk is full or failing) also
-        raises a resource alarm named after it, which blocks publishers, and on its
-        first failure closes every connection. Never raises.
+        publisher must treat what it did not get confirmed as in doubt. Other
+        connections stay open (consumers keep draining); until ``on_store_recovered``
+        a persistent publish to its queues is nacked before it is enqueued
+        (``refuses_persistent``). A store declaring ``BLOCKS_ON_FAILURE`` (the journal:
+        its disk is full or failing) also raises a resource alarm named after it, which
+        blocks publishers. Never raises.
         """
-        first = store not in self._failing_stores
         self._failing_stores.add(store)
         blocks = BLOCKS_ON_FAILURE in store.capabilities
         if blocks:
             self.set_alarm(store.name, True)
         for session in list(self.sessions):
-            if (blocks and first) or any(ch.awaiting_confirms for ch in session.channels.values()):
+            # only publishers waiting for confirms: consumers go on draining (and acking),
+            # which is what frees the space
+            if any(ch.awaiting_confirms for ch in session.channels.values()):
                 try:
                     session.force_close(errors.internal_error("%s write failed: %s", store.name, reason))
                 except Exception:  # pragma: no cover
                     log.exception("could not close a session after a store failure")
+
+    def refuses_persistent(self, queues) -> bool:
+        """A persistent publish to ``queues`` is nacked at once: one of them is kept by a
+        store whose writes fail (it could neither be stored nor ever be delivered)."""
+        failing = self._failing_stores
+        return bool(failing) and any(q.store in failing for q in queues)
 
     def on_store_fenced(self, store: Store, fenced: bool, reason: str | None = None) -> None:
         """``store``'s lease on a shared database ran out (``fenced``) or was renewed.

@@ -397,6 +397,9 @@ class JournalStore(Store):
         self._bytes_since_ckpt = 0
         self._ckpt_wanted = False
         self._failed: OSError | None = None
+        # entries enqueued while writes fail, not yet recorded -> queue: a nacked publish
+        # takes them back from their queues and is never written (when_durable)
+        self._held: dict = {}
         # definitions (for checkpoints)
         self._exchanges: dict = {}
         self._queues: dict = {}    # qid -> QueueDef
@@ -577,8 +580,17 @@ class JournalStore(Store):
         return (seg << 32) | off
 
     def when_durable(self, callback, on_failure=None) -> None:
-        # A failed write is retried, never skipped. While writes fail, publishes are
-        # nacked (on_failure); a callback without on_failure waits for the retry.
+        # A failed write is retried, never skipped: what it held is in doubt and waits.
+        # While writes fail, a publish is nacked (on_failure) after its entries -- those
+        # enqueued since the previous call: Channel.route_message enqueues, then calls
+        # this at once -- are taken back from their queues unwritten, so a nacked
+        # message is never delivered, now or after a restart. A callback without
+        # on_failure has them recorded and waits for the retry.
+        if self._held:
+            if self._failed is not None and on_failure is not None:
+                self._withdraw_held()
+            else:
+                self._record_held()
         if self.flush == "async":
             callback()
             return
@@ -589,7 +601,26 @@ class JournalStore(Store):
         if self._dirty is not None:
             self._dirty.set()
 
+    def _withdraw_held(self) -> None:
+        held, self._held = self._held, {}
+        by_queue: dict = {}
+        for entry, q in held.items():
+            by_queue.setdefault(q, []).append(entry)
+        for q, entries in by_queue.items():
+            if not q.deleted:
+                q.withdraw(entries)
+
+    def _record_held(self) -> None:
+        """Write the records of held entries no nack took back (publishes without
+        confirms, dead letters) once writes are retried or a callback waits for them."""
+        held, self._held = self._held, {}
+        for entry, q in held.items():
+            if not q.deleted:
+                self.enqueue(q, entry)
+
     async def _flush_once(self) -> None:
+        if self._held:
+            self._record_held()
         chunks = self._pending
         cbs = self._callbacks
         if not chunks and not cbs:
@@ -606,15 +637,11 @@ class JournalStore(Store):
             self.flush_stats.errors += 1
             self._inflight = []
             self._pending = chunks + self._pending
+            # In doubt: part of the write may be on disk (and would come back after a
+            # restart), so its publishes are neither confirmed nor nacked: they wait for
+            # the retry, and the broker closes the connections waiting for them.
+            self._callbacks = cbs + self._callbacks
             self._write_failed(exc)
-            # nack the publishes that waited for this write; the rest wait for the retry
-            self._callbacks = [cb for cb in cbs if cb[1] is None] + self._callbacks
-            for _ok, fail in cbs:
-                if fail is not None:
-                    try:
-                        fail()
-                    except Exception:  # pragma: no cover
-                        log.exception("journal: failure callback failed")
             await trio.sleep(1.0)
             if self._dirty is not None:
                 self._dirty.set()
@@ -636,9 +663,9 @@ class JournalStore(Store):
         self._failed = exc
         reason = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         if first:
-            log.error("journal: write failed (%s); unconfirmed publishes are nacked, "
-                      "closing connections with 541 and blocking publishers until writes succeed",
-                      reason)
+            log.error("journal: write failed (%s); publishes in flight are in doubt (their "
+                      "connections are closed with 541), new ones are nacked and never stored, "
+                      "publishers are blocked until writes succeed", reason)
         if self.broker is not None:
             self.broker.on_store_failure(self, reason)
 
@@ -778,7 +805,14 @@ class JournalStore(Store):
         if not entry.message.persistent:
             return
         if op is _ENQUEUE:
+            if self._failed is not None:
+                # writes fail: recorded only once its publish is not nacked (when_durable)
+                self._held[entry] = queue
+                return
             self.enqueue(queue, entry)
+        elif self._held and entry in self._held:
+            if op is not _DELIVER and op is not _REQUEUE:
+                del self._held[entry]  # left before it was recorded: nothing to write
         elif op is _DELIVER:
             if entry.loc:
                 self._out[entry] = queue

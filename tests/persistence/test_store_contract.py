@@ -147,6 +147,9 @@ def test_journal_restores_a_paged_index(tmp_path):
 
 
 def test_journal_write_failure_reports_to_broker_and_nacks(tmp_path):
+    """A failed write: its publishes are in doubt (they wait for the retry, never nacked);
+    a publish while writes fail is taken back from its queue unwritten and nacked; a
+    callback without on_failure has its entries written by the retry."""
     async def main():
         jb = JournalBroker(tmp_path)
         await jb.start()
@@ -170,15 +173,26 @@ def test_journal_write_failure_reports_to_broker_and_nacks(tmp_path):
         with trio.move_on_after(0.01):           # _flush_once sleeps 1 s after a failure
             await jb.store._flush_once()
         assert reports == [(jb.store, "no space left on device")]
-        assert results == ["nack"] and waiting == []
-        jb.store.when_durable(lambda: results.append("ack"), lambda: results.append("nack2"))
-        assert results == ["nack", "nack2"]      # while failing: nacked at once
+        assert results == [] and waiting == []   # in doubt: neither confirmed nor nacked
+        q.enqueue(message(b"nacked"))
+        jb.store.when_durable(lambda: results.append("ack2"), lambda: results.append("nack2"))
+        assert results == ["nack2"]              # while failing: nacked at once...
+        assert [e.message.body for e in q.ready] == [b"x"]  # ...and never in the queue
+        q.enqueue(message(b"kept"))              # no on_failure (no confirms): written later
+        jb.store.when_durable(lambda: waiting.append("kept"))
         jb.store._write_chunks = real
         await jb.store._flush_once()
-        assert recovered == [jb.store] and waiting == ["done"]
+        assert recovered == [jb.store] and waiting == ["done", "kept"]
+        assert results == ["nack2", "ack"]       # the write in doubt made it after all
         await jb.stop()
 
     trio.run(main)
+
+    def after(jb):
+        q = jb.broker.vhosts["/"].queues["q"]
+        assert [q.get().message.body for _ in range(q.message_count)] == [b"x", b"kept"]
+
+    life(tmp_path, after)
 
 
 def test_broker_on_store_failure_blocks_for_a_blocking_store(tmp_path):
