@@ -87,6 +87,15 @@ def make_app(broker_url: str, queue: str, result_backend: str, **conf) -> Celery
             redelivered=bool(info.get("redelivered")),
         )
 
+    @app.task(bind=True, name="itest.slow", shared=False)
+    def slow(self, runs_dir, tag, seconds):
+        """Write a run record, then take ``seconds`` (a worker busy while it holds more)."""
+        info = self.request.delivery_info or {}
+        rec = write_run(runs_dir, tag, task_id=self.request.id, hostname=self.request.hostname,
+                        redelivered=bool(info.get("redelivered")))
+        time.sleep(seconds)
+        return rec
+
     @app.task(bind=True, name="itest.flaky", max_retries=5, shared=False)
     def flaky(self, runs_dir, tag, fail_times):
         """Fail (retry with countdown=1) ``fail_times`` times, then succeed."""
