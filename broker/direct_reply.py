@@ -96,6 +96,12 @@ class DirectReply:
             return False
         return node_of(name) is not None
 
+    def deliver_here(self, message: Message) -> None:
+        """A reply another node forwarded here: to its consumer, if still there."""
+        rc = self.consumers.get(message.routing_key)
+        if rc is not None:
+            deliver(rc, message)
+
     def route(self, vhost: str, message: Message) -> None:
         """A reply published to the default exchange with a reply name as routing key:
         delivered to its consumer here, or forwarded to the requester's node."""

@@ -25,6 +25,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
+from ..direct_reply import REPLY_PREFIX
 from ..message import Message
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
@@ -248,6 +249,18 @@ class ProxyQueue(Queue):
         return consumers
 
 
+def _reply_sent(ok: bool | None) -> None:
+    """A forwarded direct reply needs no answer: routed to no queue, nobody waits on it."""
+
+
+def forward_reply(link: Link, message: Message) -> None:
+    """A direct reply for a requester connected to the link's node: published there under
+    its reply name, where ``forwarded_publish`` hands it to the requester's channel. Dropped
+    while the link is down, as a reply to a requester that is gone."""
+    link.publish(message.routing_key, "", message.routing_key, message.properties, message.body,
+                 _reply_sent)
+
+
 def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> bool:
     """Publish hook on the master: a publish forwarded by another node's link goes into
     the queue it names, with its original exchange and routing key; anything else is not
@@ -284,6 +297,11 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     exchange, key = (r.decode("utf-8", "surrogateescape") if isinstance(r, bytes) else str(r)
                      for r in route)
     original = Message(exchange, key, encode_properties(props), props, message.body)
+    if key.startswith(REPLY_PREFIX) and not exchange:  # a direct reply (forward_reply)
+        session.broker.direct_reply.deliver_here(original)
+        if seq:
+            channel.confirm_decided(seq, True)
+        return True
     session.broker.store.publishing = channel  # the link's: in doubt, the link is closed
     q = vhost.queues.get(message.routing_key)
     if q is None or isinstance(q, ProxyQueue):

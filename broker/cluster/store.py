@@ -39,10 +39,11 @@ from urllib.parse import quote, unquote
 
 import trio
 
+from ..message import Message
 from ..persistence.base import Store, StoreUnavailable
 from ..persistence.records import decode_arguments, encode_arguments
 from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
-from .forward import LOCATORS, ProxyQueue, choose_master, forwarded_publish
+from .forward import LOCATORS, ProxyQueue, choose_master, forward_reply, forwarded_publish
 from .link import LINK_USER, Link, link_password
 from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
@@ -233,6 +234,11 @@ class ClusterStore(Store):
         self._drop_superseded()
         # before the other hooks: a forwarded publish is the queue's, nobody else's
         broker.publish_hooks.insert(0, forwarded_publish)
+        # direct reply-to: reply names say which node the requester is on
+        broker.direct_reply.node = self.node.name
+        broker.direct_reply.forward = self._forward_reply
+        # a link's deliveries wait on the other node's consumer, which has its own timeout
+        broker.consumer_timeouts.exempt_users.add(LINK_USER)
         self._publish_local()
 
     def _meta_values(self, kind: str) -> list[dict]:
@@ -388,6 +394,11 @@ class ClusterStore(Store):
         for name in [vhost_name] if vhost_name else list(self.broker.vhosts):
             if name in self.broker.vhosts and (LINK_USER, name) not in access.perms:
                 access.set_permissions(LINK_USER, name, ".*", ".*", ".*")
+
+    def _forward_reply(self, node: str, vhost: str, message: Message) -> None:
+        """A direct reply published here for a requester on ``node`` (a cluster member)."""
+        if node != self.node.name and node in self._addresses:
+            forward_reply(self.link_for(node, vhost), message)
 
     def link_for(self, node: str, vhost: str) -> Link:
         """The link to ``node`` for ``vhost``, started on first use."""
