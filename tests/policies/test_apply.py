@@ -308,3 +308,23 @@ def test_lower_max_length_bytes_drops_the_head(c):
     assert bodies(c, "mb") == [b"xxxxxxxxxx3", b"xxxxxxxxxx4"]
     c.broker.policies.set_operator_policy("/", "o", "^mb$", {"max-length-bytes": 11})
     assert bodies(c, "mb") == [b"xxxxxxxxxx4"]
+
+
+def test_apply_to_a_queue_type(c):
+    """apply-to classic_queues / quorum_queues (RabbitMQ 3.12+) select queues by type;
+    "queues" every queue."""
+    c.declare_queue(1, "classic-q")
+    c.declare_queue(1, "quorum-q", durable=True, arguments={"x-queue-type": "quorum"})
+    policies = c.broker.policies
+    policies.set_policy("/", "qq", "-q$", {"max-length": 1}, apply_to="quorum_queues")
+    queues = c.broker.vhosts["/"].queues
+    assert queues["quorum-q"].policy == "qq" and queues["classic-q"].policy is None
+    policies.set_policy("/", "cq", "-q$", {"max-length": 2}, apply_to="classic_queues")
+    assert queues["quorum-q"].policy == "qq" and queues["classic-q"].policy == "cq"
+    policies.set_policy("/", "all", "-q$", {"max-length": 3}, apply_to="queues", priority=5)
+    assert queues["quorum-q"].policy == "all" and queues["classic-q"].policy == "all"
+    # a quorum queue's delivery limit comes from the policy rather than the default 20
+    policies.set_policy("/", "all", "-q$", {"delivery-limit": 7}, apply_to="queues", priority=5)
+    assert queues["quorum-q"].opts.extra["x-delivery-limit"] == 7
+    policies.clear_policy("/", "all")
+    assert queues["quorum-q"].opts.extra["x-delivery-limit"] == 20
