@@ -15,6 +15,7 @@ from . import errors
 from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
+from .persistence.records import unstorable
 from .queues.args import (
     ArgumentError,
     TypeArgumentError,
@@ -109,6 +110,8 @@ class VirtualHost:
         if xtype is None:
             raise errors.command_invalid(f"unknown exchange type '{m.type}'")
         args = m.arguments or {}
+        if (why := unstorable(name, args)) is not None:
+            raise errors.precondition_failed(f"{why}: {self.exchange_resource(name)}")
         xtype.validate(args, self.exchange_resource(name))
         if avro_exchange.ARG in args:
             avro_exchange.validate_arguments(args, self.exchange_resource(name))
@@ -164,6 +167,9 @@ class VirtualHost:
             raise errors.access_refused("operation not permitted on the default exchange")
         source = self.get_exchange(source_name)
         source.validate_binding(routing_key, arguments)
+        if (why := unstorable(routing_key, arguments)) is not None:
+            raise errors.precondition_failed(
+                f"routing key: {why}: binding from {self.exchange_resource(source_name)}")
         binding = Binding(source_name, destination, routing_key, arguments)
         if source.add_binding(binding):
             if destination.kind == "queue":
@@ -221,6 +227,8 @@ class VirtualHost:
             authorize(name)
         args = m.arguments or {}
         resource = self.queue_resource(name)
+        if (why := unstorable(name, args)) is not None:
+            raise errors.precondition_failed(f"{why}: {resource}")
         existing = self.queues.get(name)
         try:
             opts = parse_queue_arguments(args)

@@ -81,6 +81,32 @@ def entry_def(vhost, queue, entry) -> EntryDef:
                     entry.delivery_count > 0, entry.delivery_count)
 
 
+NAME_MAX = 255  # bytes: a shortstr, and what every store's name columns hold
+
+
+def unstorable(name: str, arguments: dict | None = None) -> str | None:
+    """Why a definition named ``name`` with ``arguments`` could not be stored, or None.
+
+    The rule every store keeps (docs/sql-store.md, "What a name may hold"): a name, key or
+    header may hold any character -- NUL included, as in RabbitMQ -- and a byte that is
+    not UTF-8 (a surrogate, as AMQP hands it over), but a name is a shortstr (at most 255
+    bytes) and an argument table must encode as AMQP (no lone surrogate that stands for
+    no byte, which only JSON can make). AMQP cannot send anything else; the HTTP API and
+    definitions can, so a declare checks this before it answers ok."""
+    try:
+        size = len(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        return "name holds a lone surrogate (not UTF-8, not a byte)"
+    if size > NAME_MAX:
+        return f"name longer than {NAME_MAX} bytes"
+    if arguments:
+        try:
+            encode_arguments(arguments)
+        except (ValueError, TypeError, OverflowError) as exc:
+            return f"arguments cannot be stored ({exc})"
+    return None
+
+
 def encode_arguments(arguments: dict) -> bytes:
     return encode_table(arguments or {})
 

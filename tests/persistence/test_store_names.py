@@ -36,11 +36,12 @@ class Proc:
     def __init__(self, store: str, data_dir: str, log_path: str):
         self.store, self.data_dir, self.log_path = store, data_dir, log_path
         self.port = _free_port()
+        self.http_port = 0  # the management API: off unless a test sets a port
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: float = 60.0) -> None:
         args = [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
-                "--data-dir", self.data_dir, "--http-port", "0"]
+                "--data-dir", self.data_dir, "--http-port", str(self.http_port)]
         if self.store != "journal":
             args += ["--store", self.store]
         with open(self.log_path, "a") as log:
@@ -49,7 +50,8 @@ class Proc:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"broker exited: {self.text()[-3000:]}")
-            if _reachable("127.0.0.1", self.port):
+            if _reachable("127.0.0.1", self.port) and (
+                    not self.http_port or _reachable("127.0.0.1", self.http_port)):
                 return
             time.sleep(0.05)
         raise AssertionError(f"broker did not start: {self.text()[-3000:]}")
@@ -92,10 +94,10 @@ def backend(request, tmp_path):
         db.drop()
 
 
-def _connect(port):
+def _connect(port, vhost="/"):
     return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", port, connection_attempts=5, retry_delay=0.5, heartbeat=0,
-        blocked_connection_timeout=60))
+        "127.0.0.1", port, virtual_host=vhost, connection_attempts=5, retry_delay=0.5,
+        heartbeat=0, blocked_connection_timeout=60))
 
 
 def _normal(headers):
@@ -234,3 +236,89 @@ def test_fuzzed_names_and_keys_survive_a_restart(backend):
     def run(names, keys):
         _lifetimes(make, _cases(names, keys), kill=True)
     run()
+
+
+# ---------------------------------------------------------------- the HTTP API
+def _http(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.timeout(180)
+def test_vhost_with_nul_over_http_survives_and_unstorable_declares_are_refused(backend):
+    """PUT /api/vhosts/{name} (what ``ctl add_vhost`` calls) with a NUL in the name: created,
+    as RabbitMQ keeps any UTF-8 name; its permission, a durable queue in it and a persistent
+    message come back after a restart. A declare no store can hold -- a name longer than a
+    shortstr, an argument with a lone surrogate (only JSON can say "\\ud800") -- is
+    answered 400 before anything exists, and the store goes on."""
+    import json
+    _kind, make = backend
+    vhost = "v\x00h\uf700"
+    path = "/vhosts/v%00h%EF%9C%80"
+    first = make()
+    first.http_port = _free_port()
+    first.start()
+    try:
+        assert _http(first.http_port, "PUT", path, {})[0] == 201
+        assert _http(first.http_port, "PUT", "/permissions/v%00h%EF%9C%80/guest",
+                     {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+        status, body = _http(first.http_port, "PUT", "/queues/%2F/" + "a" * 256, {"durable": True})
+        assert status == 400 and b"longer than 255 bytes" in body, body
+        raw = b'{"durable": true, "arguments": {"x-note": "\\ud800"}}'
+        req_status, body = _http_raw(first.http_port, "PUT", "/queues/%2F/surrogate", raw)
+        assert req_status == 400 and b"cannot be stored" in body, body
+        conn = _connect(first.port, vhost)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("q\x00", durable=True)
+        ch.basic_publish("", "q\x00", b"kept", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+    except Exception as exc:
+        raise AssertionError(f"{exc!r}; broker log:\n{first.text()[-4000:]}") from exc
+    first.stop()
+    second = make()
+    second.http_port = _free_port()
+    second.start()
+    try:
+        status, body = _http(second.http_port, "GET", "/vhosts")
+        assert status == 200 and vhost in [v["name"] for v in json.loads(body)]
+        status, body = _http(second.http_port, "GET", "/queues")
+        names = {(q["vhost"], q["name"]) for q in json.loads(body)}
+        assert (vhost, "q\x00") in names and ("/", "surrogate") not in names
+        conn = _connect(second.port, vhost)  # the permission is back too
+        ch = conn.channel()
+        method, _props, got = ch.basic_get("q\x00", auto_ack=True)
+        assert got == b"kept"
+        conn.close()
+    except Exception as exc:
+        raise AssertionError(f"{exc!r}; broker log:\n{second.text()[-4000:]}") from exc
+    finally:
+        second.stop()
+    assert "database lost" not in first.text() + second.text()
+
+
+def _http_raw(port: int, method: str, path: str, data: bytes) -> tuple[int, bytes]:
+    import base64
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api{path}", method=method, data=data,
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
