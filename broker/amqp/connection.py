@@ -102,6 +102,15 @@ class MethodReceived:
 
 
 @dataclass(slots=True)
+class ContentStarted:
+    """A basic.publish's content header declared a body of more than one frame: the broker
+    may refuse the publish (a channel error) before its body is read."""
+    channel: int
+    exchange: str
+    body_size: int
+
+
+@dataclass(slots=True)
 class ContentReceived:
     """A complete basic.publish: method arguments, raw properties and body."""
     channel: int
@@ -142,8 +151,8 @@ class AuthenticationFailed:
 
 # What ``receive_data`` returns.
 Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | MethodReceived
-                    | ContentReceived | ConnectionClosedByPeer | ConnectionCloseCompleted | ProtocolError
-                    | AuthenticationFailed)
+                    | ContentStarted | ContentReceived | ConnectionClosedByPeer
+                    | ConnectionCloseCompleted | ProtocolError | AuthenticationFailed)
 
 
 _PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
@@ -163,8 +172,7 @@ _CH_CLOSING = 2  # we sent channel.close, waiting for close-ok
 
 
 class _ChannelState:
-    __slots__ = ("body", "body_size", "body_view", "pending", "properties", "props_raw", "received",
-                 "state")
+    __slots__ = ("body", "body_size", "pending", "properties", "props_raw", "received", "state")
 
     def __init__(self) -> None:
         self.state = _CH_OPEN
@@ -174,10 +182,11 @@ class _ChannelState:
         self.props_raw: bytes | None = None
         self.properties: Properties | None = None
         self.body_size = 0
-        # a body that comes in more than one frame is put together here, allocated at its
-        # full size (the edge may receive the rest of a frame straight into ``body_view``)
+        # A body that comes in more than one frame is put together here: its first
+        # ``received`` octets. The buffer grows with what arrives, at most to twice that
+        # (never to the declared size at once: a peer's partial body costs at most twice
+        # what it sent); the edge may receive the rest of a frame straight into it.
         self.body: bytearray | None = None
-        self.body_view: memoryview | None = None
         self.received = 0
 
 
@@ -190,7 +199,8 @@ class ServerConnection:
                  server_properties: FieldTable | None = None, frame_max: int = DEFAULT_FRAME_MAX,
                  channel_max: int = DEFAULT_CHANNEL_MAX, heartbeat: int = DEFAULT_HEARTBEAT,
                  max_message_size: int = MAX_MESSAGE_SIZE,
-                 mechanisms: bytes = b"AMQPLAIN PLAIN") -> None:
+                 mechanisms: bytes = b"AMQPLAIN PLAIN",
+                 max_partial_bodies: int | None = None) -> None:
         self.state = State.AWAIT_HEADER
         self.mechanisms = mechanisms  # offered in connection.start (EXTERNAL on TLS)
         self._authenticate = authenticate
@@ -205,6 +215,12 @@ class ServerConnection:
         self.server_channel_max = channel_max
         self.server_heartbeat = heartbeat
         self.max_message_size = max_message_size
+        # Octets of bodies still being received, over all channels, and their bound (a
+        # channel whose content would pass it is closed): what a peer can make the
+        # connection hold without completing a message.
+        self.partial_bytes = 0
+        self.max_partial_bodies = (2 * max_message_size if max_partial_bodies is None
+                                   else max_partial_bodies)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = 0
@@ -216,7 +232,7 @@ class ServerConnection:
         # the edge's limit on the octets of (non-body) frames handled per ``receive_data``
         # call (0: all); ``input_pending`` says when buffered frames are left for later
         self.input_budget = 0
-        # where the last ``get_buffer`` pointed into a content's body (else None)
+        # the content whose body part the last ``get_buffer`` handed out (else None)
         self._direct: _ChannelState | None = None
         self._last_read = 0
         # the body buffer of the last large content, reused by the next one (a buffer in use
@@ -367,7 +383,7 @@ class ServerConnection:
             return
         ch.state = _CH_CLOSING
         ch.pending = None
-        ch.body = ch.body_view = None
+        self._drop_body(ch)
         self.send_method(channel, spec.Channel.Close(code, reply_text(text), class_id, method_id))
 
     def send_blocked(self, reason: str) -> bool:
@@ -385,15 +401,22 @@ class ServerConnection:
     # ---- input ----
     def get_buffer(self, size: int) -> memoryview:
         """Where to receive the next octets of the stream (at most ``size``; report them with
-        ``buffer_updated``). Inside a large body frame whose start was handled, that is the
-        rest of the frame's payload in its content's body; otherwise the frame buffer."""
+        ``buffer_updated``). Inside a large body frame whose start was handled, that is a new
+        part of its content's body for the rest of the frame's payload; otherwise the frame
+        buffer."""
         channel, left = self._reader.body_remaining
         if left and self.state is State.OPEN:
             ch = self.channels.get(channel)
-            if (ch is not None and ch.body_view is not None and ch.pending is not None
-                    and ch.state == _CH_OPEN and ch.received + left <= ch.body_size):
+            body = ch.body if ch is not None else None
+            if (body is not None and ch.pending is not None  # type: ignore[union-attr]
+                    and ch.state == _CH_OPEN and ch.received + left <= ch.body_size):  # type: ignore[union-attr]
+                start = ch.received  # type: ignore[union-attr]
+                # no more than doubles what arrived (the buffer grows by received octets)
+                end = start + min(left, size, max(len(body) - start, start))
+                if end > len(body):
+                    body = self._grow(ch, end, exact=True)  # type: ignore[arg-type]
                 self._direct = ch
-                return ch.body_view[ch.received:ch.received + min(left, size)]
+                return memoryview(body)[start:end]
         self._direct = None
         return self._reader.get_buffer(size)
 
@@ -406,7 +429,8 @@ class ServerConnection:
         if ch is not None:
             self._direct = None
             self._reader.body_received(nbytes)
-            ch.received += nbytes
+            if ch.body is not None:  # (not dropped meanwhile: its channel closed)
+                ch.received += nbytes
         else:
             self._reader.buffer_updated(nbytes)
             self._last_read = nbytes
@@ -466,6 +490,40 @@ class ServerConnection:
         if reader.release_if_idle(self._last_read):
             self._spare = None
         return events
+
+    def _grow(self, ch: _ChannelState, need: int, exact: bool = False) -> bytearray:
+        """``ch.body`` with room for ``need`` octets: the spare buffer for a first part if it
+        fits, else a new buffer (the received octets copied) of ``need`` octets if
+        ``exact``, else of up to twice that (amortized growth)."""
+        body = ch.body
+        size = ch.body_size
+        cap = len(body) if body is not None else 0
+        spare = self._spare
+        if body is None and spare is not None and size <= len(spare) <= 2 * size:
+            self._spare = None
+            new = spare
+        else:
+            new = bytearray(min(size, need if exact else max(need, 2 * cap)))
+            if ch.received:
+                new[:ch.received] = memoryview(body)[:ch.received]  # type: ignore[arg-type]
+        self.partial_bytes += len(new) - cap
+        ch.body = new
+        return new
+
+    def release_input(self) -> None:
+        """The connection ended: drop the bodies still being received, the spare and the
+        frame buffer, so that their memory goes back at once (not when the session is
+        collected)."""
+        for ch in self.channels.values():
+            self._drop_body(ch)
+        self._reader.release_if_idle(0)
+        self._direct = None
+        self._spare = None
+
+    def _drop_body(self, ch: _ChannelState) -> None:
+        if ch.body is not None:
+            self.partial_bytes -= len(ch.body)
+            ch.body = None
 
     def _whole_publish(self, channel: int, method: bytes | memoryview, header: Frame,
                        body: Frame, events: list[Event]) -> bool:
@@ -631,6 +689,9 @@ class ServerConnection:
             ch.received = 0
             if body_size == 0:
                 self._complete(ch, channel, b"", events)
+            elif body_size > self.frame_max - 8:
+                # more than one frame: the broker may refuse it before reading the body
+                events.append(ContentStarted(channel, ch.pending[0], body_size))  # type: ignore[index]
             return
         if ftype != FRAME_BODY and ftype != FRAME_BODY_PART:
             raise errors.unexpected_frame(
@@ -639,28 +700,31 @@ class ServerConnection:
         if received > ch.body_size:
             raise errors.unexpected_frame(f"content body of {received} bytes larger than the declared "
                 f"{ch.body_size}", method=_PUBLISH)
-        view = ch.body_view
-        if view is None:
-            if received == ch.body_size and ftype == FRAME_BODY:  # the whole body in one frame
-                ch.received = received
-                self._complete(ch, channel, payload if type(payload) is bytes else bytes(payload),
-                               events)
+        body = ch.body
+        if body is None and received == ch.body_size and ftype == FRAME_BODY:
+            # the whole body in one frame
+            ch.received = received
+            self._complete(ch, channel, payload if type(payload) is bytes else bytes(payload),
+                           events)
+            return
+        if body is None or received > len(body):
+            if self.partial_bytes + received - (len(body) if body is not None else 0) \
+                    > self.max_partial_bodies:
+                self._drop_body(ch)
+                ch.pending = None
+                err = errors.precondition_failed(
+                    "message bodies being received on this connection exceed the limit of %d "
+                    "bytes", self.max_partial_bodies, method=_PUBLISH)
+                self.close_channel(channel, err.code, err.text, err.class_id, err.method_id)
                 return
-            size = ch.body_size
-            spare = self._spare
-            if spare is not None and size <= len(spare) <= 2 * size:
-                self._spare = None
-                ch.body = spare
-            else:
-                ch.body = bytearray(size)
-            view = ch.body_view = memoryview(ch.body)[:size]
-        view[ch.received:received] = payload
+            body = self._grow(ch, received)
+        body[ch.received:received] = payload
         ch.received = received
         if received == ch.body_size and ftype == FRAME_BODY:
-            done = ch.body
-            self._complete(ch, channel, bytes(view), events)
-            if len(done) <= _SPARE_MAX:  # type: ignore[arg-type]
-                self._spare = done
+            self._complete(ch, channel, bytes(memoryview(body)[:received]), events)
+            self.partial_bytes -= len(body)
+            if len(body) <= _SPARE_MAX:
+                self._spare = body
 
     def _complete(self, ch: _ChannelState, channel: int, body: bytes, events: list[Event]) -> None:
         # Called with the content's header received: pending, props_raw and properties are set
@@ -670,7 +734,7 @@ class ServerConnection:
                                       ch.props_raw, ch.properties, body))  # type: ignore[arg-type]
         ch.pending = None
         ch.props_raw = None
-        ch.body = ch.body_view = None
+        ch.body = None
 
     def _decode(self, payload: ReadableBuffer) -> spec.Method:
         try:
