@@ -494,3 +494,35 @@ def test_a_response_cut_off_after_its_headers_is_unreachable_not_an_error(browse
         stop.set()
         server.join(5)
         cut.close()
+
+
+def test_quorum_queue_from_the_form(page, broker_proc):
+    """Type "Quorum" fixes durability and auto-delete (the broker would refuse others);
+    the queue's page shows its type and members, and a policy can apply to quorum queues."""
+    base = broker_proc.http_url
+    logged_in(page)
+    page.goto(base + "/#/queues")
+    page.click("#add-queue summary")
+    page.select_option("#add-queue select[name=durable]", "false")
+    page.select_option("#add-queue select[name=type]", "quorum")
+    assert page.locator("#add-queue select[name=durable]").is_disabled()
+    assert page.locator("#add-queue select[name=durable]").input_value() == "true"
+    page.fill("#add-queue input[name=name]", "console-qq")
+    page.click("#add-queue button[type=submit]")
+    page.locator("#queues-table tbody tr", has_text="console-qq").wait_for()
+    page.click("#queues-table a:has-text('console-qq')")
+    page.wait_for_selector("#queue-name:has-text('console-qq')")
+    props = page.locator("dl.props", has_text="Members")
+    props.wait_for()
+    assert "quorum" in props.inner_text()
+    page.goto(base + "/#/policies")
+    page.click("#add-policy summary")
+    page.fill("#add-policy input[name=name]", "console-qq-cap")
+    page.fill("#add-policy input[name=pattern]", "^console-qq$")
+    page.select_option("#add-policy select[name=apply-to]", "quorum_queues")
+    page.click("#add-policy button.link:has-text('delivery-limit')")
+    page.locator("#add-policy .kv-row").first.locator(".kv-value").fill("3")
+    page.click("#add-policy button[type=submit]")
+    page.locator("#policies-table tbody tr", has_text="console-qq-cap").wait_for()
+    r = httpx.get(f"{base}/api/queues/%2F/console-qq", auth=("guest", "guest"))
+    assert r.json()["policy"] == "console-qq-cap" and r.json()["type"] == "quorum"

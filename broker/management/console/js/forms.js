@@ -39,7 +39,8 @@ export const QUEUE_ARGUMENTS = [
   ["x-message-ttl", "number"], ["x-expires", "number"], ["x-max-length", "number"],
   ["x-max-length-bytes", "number"], ["x-overflow", "string"], ["x-dead-letter-exchange", "string"],
   ["x-dead-letter-routing-key", "string"], ["x-max-priority", "number"], ["x-queue-mode", "string"],
-  ["x-single-active-consumer", "boolean"],
+  ["x-single-active-consumer", "boolean"], ["x-delivery-limit", "number"],
+  ["x-dead-letter-strategy", "string"], ["x-quorum-initial-group-size", "number"],
 ];
 export const EXCHANGE_ARGUMENTS = [["alternate-exchange", "string"]];
 export const POLICY_KEYS = [

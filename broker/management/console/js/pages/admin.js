@@ -227,7 +227,7 @@ function policyForm(ctx, kind, table) {
     const vhost = select("vhost", vhosts, p.vhost || ctx.vhost || (vhosts.includes("/") ? "/" : vhosts[0]));
     const name = input("name", { required: true, value: p.name || "" });
     const pattern = input("pattern", { required: true, value: p.pattern ?? "", placeholder: "^amq\\." });
-    const applyTo = select("apply-to", operator ? [["queues", "Queues"]] : [["all", "Exchanges and queues"], ["exchanges", "Exchanges"], ["queues", "Queues"]], p["apply-to"] || (operator ? "queues" : "all"));
+    const applyTo = select("apply-to", operator ? [["queues", "Queues"]] : [["all", "Exchanges and queues"], ["exchanges", "Exchanges"], ["queues", "Queues"], ["classic_queues", "Classic queues"], ["quorum_queues", "Quorum queues"]], p["apply-to"] || (operator ? "queues" : "all"));
     const priority = input("priority", { type: "number", value: String(p.priority ?? 0) });
     const def = keyValueEditor("Definition", operator ? OPERATOR_KEYS : POLICY_KEYS, p.definition || {});
     const card = formCard(p.name ? `Update ${operator ? "operator policy" : "policy"} ${p.name}` : `Add / update ${operator ? "an operator policy" : "a policy"}`,

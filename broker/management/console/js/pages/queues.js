@@ -68,6 +68,12 @@ function addQueueForm(ctx, table) {
   const durable = select("durable", [["true", "Durable"], ["false", "Transient"]], "true");
   const autoDelete = select("auto_delete", [["false", "No"], ["true", "Yes"]], "false");
   const argsEd = keyValueEditor("Arguments", QUEUE_ARGUMENTS);
+  // quorum queues and streams are durable and never auto-delete (the broker refuses them)
+  type.addEventListener("change", () => {
+    const fixed = type.value !== "classic";
+    if (fixed) { durable.value = "true"; autoDelete.value = "false"; }
+    durable.disabled = autoDelete.disabled = fixed;
+  });
   return formCard("Add a new queue", [
     field("Virtual host", vhost), field("Name", name), field("Type", type), field("Durability", durable),
     field("Auto delete", autoDelete), field("Arguments", argsEd),
@@ -119,6 +125,7 @@ export async function renderOne(ctx, vhost, name) {
       stat("Ack", rate(detail(ms, "ack") ?? 0)));
     clear(details, h("dl.props",
       dt("Type"), dd(q.type || q.arguments?.["x-queue-type"] || "classic"),
+      q.members && [dt("Leader"), dd(q.leader ?? "?"), dt("Members"), dd(q.members.join(", "))],
       dt("State"), dd(queueState(q)),
       dt("Features"), dd(features(q)),
       dt("Durable"), dd(yesno(q.durable)), dt("Auto delete"), dd(yesno(q.auto_delete)), dt("Exclusive"), dd(yesno(q.exclusive)),
