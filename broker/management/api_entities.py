@@ -302,11 +302,12 @@ def _properties(data: dict) -> dict:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ApiError(400, f"field 'properties.{key}': expected {kind.__name__}")
         # what the basic properties can carry: checked here, not when a consumer is sent it
-        if kind is str and len(value.encode()) > 255:
+        if isinstance(value, str) and len(value.encode()) > 255:
             raise ApiError(400, f"field 'properties.{key}': longer than 255 bytes")
-        if key in ("delivery_mode", "priority") and not 0 <= value <= 255:
+        limit = 255 if key in ("delivery_mode", "priority") else None
+        if isinstance(value, int) and limit is not None and not 0 <= value <= limit:
             raise ApiError(400, f"field 'properties.{key}': expected 0 to 255")
-        if key == "timestamp" and value < 0:
+        if isinstance(value, int) and key == "timestamp" and value < 0:
             raise ApiError(400, f"field 'properties.{key}': expected a non-negative integer")
         if key == "expiration":
             try:

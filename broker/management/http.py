@@ -6,9 +6,10 @@ objects to it at install time; the app is built from the list when the listener 
 followed by the web console's static files at "/" (a catch-all, so it goes last).
 
 Limits (docs/management.md): a request body above ``http_max_body`` gets 413, a body not
-received within ``http_timeout`` gets 408 and the connection is dropped, each socket read
-waits at most ``http_timeout`` and idle keep-alive connections close after 5 s. HTTP work
-runs on the same loop as AMQP, so handlers stay short and never wait for clients.
+received within ``http_timeout`` gets 408 and the connection is dropped, bodies held at once
+over all requests are capped (503), each socket read waits at most ``http_timeout`` and idle
+keep-alive connections close after 5 s. HTTP work runs on the same loop as AMQP, so handlers
+stay short and never wait for clients. Request bodies are JSON read by ``parse_json``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..malloc import trim
+
 log = logging.getLogger("broker.management")
 
 CONSOLE_DIR = Path(__file__).with_name("console")
@@ -47,6 +50,7 @@ _STATUS_ERRORS = {
     408: "timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    503: "service_unavailable",
 }
 
 
@@ -135,13 +139,23 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
 
+TRIM_AFTER = 1 << 20  # request body bytes after which the heap is trimmed
+# request body bytes held at once over all connections: 4 bodies of the largest size (a
+# handler holds a body and its decoded copy), and never less than this floor
+BODIES_IN_FLIGHT_MIN = 64 << 20
+
+
 class LimitsMiddleware:
-    """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds."""
+    """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds, and
+    at most ``budget`` bytes of bodies held over all requests at once (503 past it): the
+    number of connections is not capped, the memory their bodies take is."""
 
     def __init__(self, app, max_body: int, timeout: float):
         self.app = app
         self.max_body = max_body
         self.timeout = timeout
+        self.budget = max(4 * max_body, BODIES_IN_FLIGHT_MIN)
+        self.in_flight = 0  # body bytes received by requests not finished yet
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -169,16 +183,29 @@ class LimitsMiddleware:
             with trio.move_on_after(max(remaining, 0)):
                 message = await receive()
                 if message["type"] == "http.request":
-                    received += len(message.get("body", b""))
+                    size = len(message.get("body", b""))
+                    received += size
+                    self.in_flight += size
                     if received > self.max_body:
                         raise ApiError(413, f"request body larger than {self.max_body} bytes",
                                        headers={"connection": "close"})
+                    if self.in_flight > self.budget:
+                        raise ApiError(503, f"request bodies being received exceed "
+                                            f"{self.budget} bytes; retry later",
+                                       headers={"connection": "close", "retry-after": "1"})
                 return message
             raise ApiError(408, f"request body not received within {self.timeout:g} s",
                            headers={"connection": "close"})
 
         # the app's exception handler turns the ApiError raised in receive into its answer
-        await self.app(scope, limited_receive, send)
+        try:
+            await self.app(scope, limited_receive, send)
+        finally:
+            self.in_flight -= received
+            if received >= TRIM_AFTER:
+                # a big body's copies (chunks, joined, decoded) were reused heap pages that
+                # the periodic check would not count as newly free: give them back now
+                trim()
 
     @staticmethod
     async def _refuse(send, status: int, reason: str) -> None:
@@ -207,6 +234,21 @@ def build_app(broker) -> Starlette:
     return app
 
 
+class _SendRaceFilter(logging.Filter):
+    """Drops hypercorn's "Error in ASGI Framework" for trio's BusyResourceError: its trio
+    server closes a connection (after an answer with "connection: close", e.g. a 413 while the
+    client still sends its body) without the lock its writer holds. The client has its
+    answer; a traceback per hostile request would only let clients fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, trio.BusyResourceError)
+
+
+_HYPERCORN_LOG = logging.getLogger("broker.management.hypercorn")
+_HYPERCORN_LOG.addFilter(_SendRaceFilter())
+
+
 class _TLSConfig(HyperConfig):
     """hypercorn's config with the broker's TLS context (TLS 1.2/1.3, client certificates
     as --tls-verify says) instead of one built from file names."""
@@ -230,6 +272,7 @@ class HttpServer:
         self.broker = broker
         self.port: int | None = None
         self.amqp_port: int | None = None  # the AMQP listener's, once it listens
+        self.limits: LimitsMiddleware | None = None  # the app's outer layer, once it runs
         self.started = trio.Event()
 
     def bind(self) -> socket.socket:
@@ -284,12 +327,13 @@ class HttpServer:
             hyper = HyperConfig()
             sockets = Sockets([], [sock], [])
         hyper.accesslog = None
-        hyper.errorlog = logging.getLogger("broker.management.hypercorn")
+        hyper.errorlog = _HYPERCORN_LOG
         hyper.read_timeout = math.ceil(config.http_timeout)
         hyper.keep_alive_timeout = 5
         hyper.graceful_timeout = 1
         hyper.h11_max_incomplete_size = 16 * 1024
-        app = LimitsMiddleware(build_app(self.broker), config.http_max_body, config.http_timeout)
+        app = self.limits = LimitsMiddleware(build_app(self.broker), config.http_max_body,
+                                             config.http_timeout)
         log.info("management HTTP API listening on %s:%s", host, self.port)
         started = self.started
 
