@@ -167,7 +167,7 @@ class VirtualHost:
             raise errors.access_refused("operation not permitted on the default exchange")
         source = self.get_exchange(source_name)
         source.validate_binding(routing_key, arguments)
-        if (why := unstorable(routing_key, arguments)) is not None:
+        if (why := unstorable(routing_key, arguments, limit=None)) is not None:
             raise errors.precondition_failed(
                 f"routing key: {why}: binding from {self.exchange_resource(source_name)}")
         binding = Binding(source_name, destination, routing_key, arguments)

@@ -84,21 +84,22 @@ def entry_def(vhost, queue, entry) -> EntryDef:
 NAME_MAX = 255  # bytes: a shortstr, and what every store's name columns hold
 
 
-def unstorable(name: str, arguments: dict | None = None) -> str | None:
+def unstorable(name: str, arguments: dict | None = None, limit: int | None = NAME_MAX) -> str | None:
     """Why a definition named ``name`` with ``arguments`` could not be stored, or None.
 
     The rule every store keeps (docs/sql-store.md, "What a name may hold"): a name, key or
     header may hold any character -- NUL included, as in RabbitMQ -- and a byte that is
-    not UTF-8 (a surrogate, as AMQP hands it over), but a name is a shortstr (at most 255
-    bytes) and an argument table must encode as AMQP (no lone surrogate that stands for
+    not UTF-8 (a surrogate, as AMQP hands it over), but a queue or exchange name is a
+    shortstr (at most ``limit`` bytes; a routing key has no limit: an MQTT topic may be
+    longer) and an argument table must encode as AMQP (no lone surrogate that stands for
     no byte, which only JSON can make). AMQP cannot send anything else; the HTTP API and
     definitions can, so a declare checks this before it answers ok."""
     try:
         size = len(name.encode("utf-8", "surrogateescape"))
     except UnicodeEncodeError:
         return "name holds a lone surrogate (not UTF-8, not a byte)"
-    if size > NAME_MAX:
-        return f"name longer than {NAME_MAX} bytes"
+    if limit is not None and size > limit:
+        return f"name longer than {limit} bytes"
     if arguments:
         try:
             encode_arguments(arguments)
@@ -116,10 +117,14 @@ def decode_arguments(raw: bytes) -> dict:
 
 
 def encode_message(message) -> bytes:
-    """id, exchange, routing key, raw properties, body in one blob."""
+    """id, exchange, routing key, raw properties, body in one blob.
+
+    The routing key is the rest of the names block, so it may be longer than a shortstr (an
+    MQTT topic): its length byte says 255 then, and ``decode_message`` ignores it (blobs
+    written before that hold exactly that many bytes)."""
     ex = message.exchange.encode("utf-8", "surrogateescape")
     rk = message.routing_key.encode("utf-8", "surrogateescape")
-    names = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+    names = bytes((len(ex),)) + ex + bytes((min(len(rk), 255),)) + rk
     return b"".join((_MSG_HEAD.pack(message.id, len(names), len(message.props_raw)), names,
                      message.props_raw, message.body))
 
@@ -132,9 +137,9 @@ def decode_message(blob: bytes):
     n = blob[pos]
     exchange = blob[pos + 1:pos + 1 + n].decode("utf-8", "surrogateescape")
     pos += 1 + n
-    n = blob[pos]
-    routing_key = blob[pos + 1:pos + 1 + n].decode("utf-8", "surrogateescape")
-    pos = _MSG_HEAD.size + names_len
+    pos_props = _MSG_HEAD.size + names_len
+    routing_key = blob[pos + 1:pos_props].decode("utf-8", "surrogateescape")
+    pos = pos_props
     props_raw = bytes(blob[pos:pos + props_len])
     body = bytes(blob[pos + props_len:])
     return Message(exchange, routing_key, props_raw, decode_properties(props_raw), body, msg_id=msg_id)

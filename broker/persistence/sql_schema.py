@@ -35,6 +35,8 @@ SCHEMA_VERSION = 4
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
 NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
                                 "mysql", "mariadb")
+KEY = Text().with_variant(mysql.MEDIUMTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql",
+                          "mariadb")
 BLOB = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 metadata = MetaData()
@@ -98,7 +100,8 @@ bindings = Table(
     Column("source", NAME, nullable=False),
     Column("destination_kind", String(16), nullable=False),
     Column("destination", NAME, nullable=False),
-    Column("routing_key", NAME, nullable=False),
+    # not indexed, so unbounded: an MQTT topic filter may be longer than a shortstr (v4)
+    Column("routing_key", KEY, nullable=False),
     Column("arguments", BLOB, nullable=False),
 )
 
@@ -132,6 +135,11 @@ def migrate(conn) -> None:
         conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN deliveries INTEGER NULL"))
     version = conn.execute(select(lock.c.schema_version).where(lock.c.id == 1)).scalar()
     if version is not None and version < 4:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"ALTER TABLE {bindings.name} ALTER COLUMN routing_key TYPE TEXT"))
+        elif conn.dialect.name in ("mysql", "mariadb"):
+            conn.execute(text(f"ALTER TABLE {bindings.name} MODIFY routing_key MEDIUMTEXT CHARACTER SET "
+                              f"utf8mb4 COLLATE utf8mb4_bin NOT NULL"))
         _escape_names(conn)
     conn.execute(update(lock).where(lock.c.schema_version < SCHEMA_VERSION)
                  .values(schema_version=SCHEMA_VERSION))

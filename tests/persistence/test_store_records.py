@@ -229,3 +229,56 @@ def test_a_record_the_database_refuses_fails_alone(kind, caplog):
         trio.run(second)
     finally:
         db.drop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+def test_schema_v3_names_are_rewritten_and_long_routing_keys_fit(kind):
+    """A database written before v4: names were stored raw (SQLite and MariaDB held a NUL,
+    any database a character of the escape block) and the routing key was VARCHAR(255).
+    Opening it migrates in place: every name reads back as it was written, and a routing key
+    longer than a shortstr (an MQTT topic filter may be) is stored from then on."""
+    import sqlalchemy
+
+    from broker.persistence import sql_schema as S
+    db = _make_db(kind)
+    raw_names = ["block\uf780\uf700", "plain"] + (["nul\x00raw"] if kind != "postgresql" else [])
+    long_key = "t/" + "é" * 400
+    try:
+        async def create():
+            async with Life(kind, db.url):
+                pass
+        trio.run(create)
+        engine = sqlalchemy.create_engine(db.url)
+        with engine.begin() as c:  # what a v3 broker left behind
+            if kind == "postgresql":
+                c.exec_driver_sql("ALTER TABLE triomq_bindings ALTER COLUMN routing_key "
+                                  "TYPE VARCHAR(255)")
+            elif kind == "mysql":
+                c.exec_driver_sql("ALTER TABLE triomq_bindings MODIFY routing_key VARCHAR(255) "
+                                  "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL")
+            for qid, name in enumerate(raw_names, 1):
+                c.execute(sqlalchemy.insert(S.queues).values(
+                    qid=qid, vhost="/", name=name, auto_delete=False, arguments=b""))
+            c.execute(sqlalchemy.update(S.lock).values(schema_version=3))
+        engine.dispose()
+
+        async def migrated():
+            async with Life(kind, db.url) as life:
+                assert set(raw_names) <= set(life.vhost.queues)
+                q = life.vhost.queues[raw_names[0]]
+                life.vhost.bind("amq.topic", q, long_key, {})
+                results: dict = {}
+                life.publish(results, "m", [q], _message("amq.topic", long_key, b"x"))
+                await life.settled(results, 1)
+                assert results == {"m": True} and not life.store._down
+
+        async def again():
+            async with Life(kind, db.url) as life:
+                q = life.vhost.queues[raw_names[0]]
+                assert ("amq.topic", long_key) in {(src, k[2]) for src, k in q.bindings}
+                assert [e.message.body for e in q.ready] == [b"x"]
+        trio.run(migrated)
+        trio.run(again)
+    finally:
+        db.drop()
