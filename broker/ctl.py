@@ -368,7 +368,9 @@ def _policy_verbs() -> None:
     register(Verb("set_policy", "Sets or updates a policy", set_policy, [
         ("name", {}), ("pattern", {}), ("definition", {}),
         ("--priority", {"type": int, "default": 0}),
-        ("--apply-to", {"default": "all", "choices": ["queues", "exchanges", "all"]})],
+        ("--apply-to", {"default": "all", "choices": ["queues", "classic_queues",
+                                                    "quorum_queues", "streams", "exchanges",
+                                                    "all"]})],
         vhost=True, banner=lambda a: f'Setting policy "{a.name}" for pattern "{a.pattern}" '
                                      f'to "{a.definition}" with priority "{a.priority}" for '
                                      f'vhost "{a.vhost}" ...'))

@@ -134,3 +134,27 @@ def test_ctl_end_to_end(broker, tmp_path):
     p = subprocess.run([sys.executable, "-m", "broker", "ctl", "list_users"], cwd=str(REPO_ROOT),
                        capture_output=True, text=True, timeout=60, env=dead)
     assert p.returncode == 69 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_quorum_queue_with_admin_and_ctl(broker):
+    """rabbitmqadmin declares a quorum queue; ctl lists its type and sets a policy that
+    applies to quorum queues only."""
+    admin(broker, "declare", "queue", "name=adm-qq", "durable=true", "queue_type=quorum")
+    admin(broker, "declare", "queue", "name=adm-cq", "durable=true")
+    env = dict(os.environ, TRIOMQ_URL=broker.http_url)
+
+    def ctl(*args):
+        return subprocess.run([sys.executable, "-m", "broker", "ctl", *args], cwd=str(REPO_ROOT),
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    p = ctl("list_queues", "name", "type")
+    rows = p.stdout.splitlines()[1:]
+    assert "adm-qq\tquorum" in rows and "adm-cq\tclassic" in rows, p.stdout
+    p = ctl("set_policy", "adm-p", "^adm-", '{"max-length": 3}', "--apply-to", "quorum_queues")
+    assert p.returncode == 0, p.stderr
+    p = ctl("list_queues", "name", "policy")
+    rows = p.stdout.splitlines()[1:]
+    assert "adm-qq\tadm-p" in rows and "adm-cq\t" in rows, p.stdout
+    assert ctl("clear_policy", "adm-p").returncode == 0
+    admin(broker, "delete", "queue", "name=adm-qq")
+    admin(broker, "delete", "queue", "name=adm-cq")
