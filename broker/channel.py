@@ -534,14 +534,12 @@ class Channel:
         self.route_message(message, mandatory, seq)
 
     def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        if not message.exchange and message.routing_key.startswith(REPLY_PREFIX):
-            # a direct reply: straight to its requester, routed to no queue (a mandatory
-            # one is returned even when delivered, as on RabbitMQ)
-            self.session.broker.direct_reply.route(self.vhost.name, message)
-            queues: list = []
-        else:
-            queues = self.vhost.route(message.exchange, message.routing_key, message)
+        queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
+            if not message.exchange and message.routing_key.startswith(REPLY_PREFIX):
+                # a direct reply (no queue can have its name: amq. is reserved): straight to
+                # its requester; a mandatory one is returned even when delivered, as on RabbitMQ
+                self.session.broker.direct_reply.route(self.vhost.name, message)
             if mandatory:
                 self.stats_return_unroutable += 1
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
