@@ -11,9 +11,10 @@ class JournalSettings:
     """Tuning of the journal store (``--journal-*`` and ``--queue-memory-budget``)."""
     segment_size: int = 32 * MiB  # bytes per segment file (tests use small segments)
     checkpoint_bytes: int = 64 * MiB  # journal bytes written between checkpoints
-    # A segment older than the checkpoint holding at most this many live messages has them
-    # rewritten forward, so a handful of old messages never pins a whole file.
-    compact_max_live: int = 2000
+    # A segment older than the checkpoint with at least this fraction of dead bytes has its
+    # live messages rewritten forward, so a few old messages never pin a whole file and
+    # compaction writes at most (1 - fraction) of the bytes it frees.
+    compact_dead_fraction: float = 0.5
     # Bytes of ready messages per durable FIFO queue kept in memory; the rest stay paged
     # in the journal and are read back in order when needed.
     queue_memory_budget: int = 32 * MiB

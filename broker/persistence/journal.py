@@ -54,6 +54,7 @@ from .base import (
 )
 from .paged import PagedFifo, PagedPriority
 from .records import (
+    _MSG_HEAD,
     binding_def,
     decode_message,
     encode_message,
@@ -67,6 +68,10 @@ ASYNC_INTERVAL = 0.1  # seconds between fsyncs with flush="async"
 NAN = float("nan")
 _ENQUEUE, _DELIVER, _REQUEUE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE
 _T_ENQ, _T_ENQ_REF, _T_REMOVE = jf.T_ENQ, jf.T_ENQ_REF, jf.T_REMOVE
+# The smallest T_ENQ record of a body (empty exchange, routing key and properties): what a
+# live entry is counted for in a segment's live bytes (a lower bound of what moving it writes)
+ENQ_MIN = jf.HDR_SIZE + jf.ENQ.size + _MSG_HEAD.size + 2
+DELIVERED_MAX = jf.HDR_SIZE + jf.DELIVERED_N.size  # one T_DELIVERED record at most
 
 
 def _columns(queue=None) -> list:
@@ -84,10 +89,14 @@ def _index_columns(entries) -> tuple:
                  for code, i in (("q", 0), ("q", 1), ("d", 2), ("I", 4), ("B", 5)))
 
 
-def _count_live(live: dict, locs) -> None:
-    """Add the live entries at ``locs`` to the per-segment counts ``live``."""
-    for seg, n in Counter(map((32).__rrshift__, locs)).items():
+def _count_live(live: dict, live_bytes: dict, locs, blens) -> None:
+    """Add the live entries at ``locs`` (bodies of ``blens`` bytes) to the per-segment
+    counts ``live`` and live-byte lower bounds ``live_bytes``."""
+    segs = list(map((32).__rrshift__, locs))
+    for seg, n in Counter(segs).items():
         live[seg] = live.get(seg, 0) + n
+    for seg, blen in zip(segs, blens, strict=True):
+        live_bytes[seg] = live_bytes.get(seg, 0) + ENQ_MIN + blen
 
 
 class QueueState:
@@ -392,7 +401,11 @@ class JournalStore(Store):
         self._maps: dict = {}      # seg -> mmap for reading bodies
         self._last_msg = None
         self._last_msg_loc = 0
-        self._seg_live: dict = {}
+        self._seg_live: dict = {}  # seg -> live entries stored there
+        self._seg_bytes: dict = {}  # seg -> their bytes, a lower bound (ENQ_MIN + body each)
+        self.compact_written = 0  # bytes compaction wrote (moved messages)
+        self.compact_freed = 0    # bytes of the segment files it emptied, once deleted
+        self._compacted: set = set()  # segments compaction emptied, not yet deleted
         self._max_msg_id = 0
         self._bytes_since_ckpt = 0
         self._ckpt_wanted = False
@@ -479,13 +492,14 @@ class JournalStore(Store):
                 if q.opts.max_priority:  # grouped by level, seq order kept within each
                     entries.sort(key=itemgetter(3))
                 cols = _index_columns(entries)
-                _count_live(live, cols[1])
+                _count_live(live, self._seg_bytes, cols[1], cols[3])
                 if q.opts.max_priority:
                     cols = (*cols, array("B", map(itemgetter(3), entries)))
                 del entries
                 q.restore(paged=cols)
             else:
-                _count_live(live, [e[1] for e in entries])
+                _count_live(live, self._seg_bytes, [e[1] for e in entries],
+                            [e[4] for e in entries])
                 q.restore(self._entries_of(q, entries, now_wall))
         set_message_id_floor(self._max_msg_id)
         log.info("journal: recovered %d persistent messages", total)
@@ -716,16 +730,7 @@ class JournalStore(Store):
         return os.path.join(self.jdir, name)
 
     def read_message(self, loc: int):
-        seg = loc >> 32
-        off = loc & 0xFFFFFFFF
-        for chunks in (self._pending, self._inflight):
-            for cseg, start, buf in chunks:
-                if cseg == seg and start <= off < start + len(buf):
-                    return self._decode_at(buf, off - start)
-        m = self._maps.get(seg)
-        if m is None or off + jf.HDR_SIZE > len(m):
-            m = self._map(seg)
-        return self._decode_at(m, off)
+        return self._decode_at(*self._buffer_at(loc))
 
     def release_read_maps(self) -> None:
         """Unmap the segments mapped for reading; they are mapped again on the next read."""
@@ -847,6 +852,8 @@ class JournalStore(Store):
         seg = loc >> 32
         live = self._seg_live
         live[seg] = live.get(seg, 0) + 1
+        live_bytes = self._seg_bytes
+        live_bytes[seg] = live_bytes.get(seg, 0) + ENQ_MIN + blen
 
     def paged_ready(self, queue, entries) -> PagedFifo | PagedPriority:
         restored = queue.retry.restored if queue.retry is not None else None
@@ -874,8 +881,13 @@ class JournalStore(Store):
         n = live.get(seg, 0) - 1
         if n > 0:
             live[seg] = n
+            msg = entry.message
+            # (a scheduler slot's entry may leave unread: its body length is on disk)
+            blen = len(msg.body) if msg is not None else self._stored_body_len(loc)
+            self._seg_bytes[seg] -= ENQ_MIN + blen
         else:
             live.pop(seg, None)
+            self._seg_bytes.pop(seg, None)
             m = self._maps.pop(seg, None)
             if m is not None:  # nothing left to read there: drop its mapped pages from RSS
                 try:
@@ -941,61 +953,127 @@ class JournalStore(Store):
                 prios.append(e.priority)
 
     def _compact(self) -> int:
-        """Rewrite the few live messages of old, mostly-dead segments at the head of the log.
+        """Rewrite the live messages of old, mostly dead segments at the head of the log.
 
-        A segment older than the previous checkpoint whose live entries are at most
-        ``compact_max_live`` keeps a whole 32 MiB file alive; its entries are appended
-        again (same queue and seq, so replay keeps the newest location) and their
-        in-memory locations updated, so the next checkpoint can delete the file.
+        A segment older than the previous checkpoint keeps its whole file while any of
+        its messages lives. If at least ``compact_dead_fraction`` of it is dead, its live
+        entries are appended again (same queue and seq, so replay keeps the newest
+        location) and their in-memory locations updated, so the next checkpoint deletes
+        the file: compaction writes at most ``1 - compact_dead_fraction`` of the bytes it
+        frees. The bytes are counted exactly (record headers) before anything is written,
+        and a compaction that would not fit in the free space left is not started.
         """
-        victims = {s for s, n in self._seg_live.items()
-                   if s < self._ckpt_seg and s < self._seg - 1 and n <= self.settings.compact_max_live}
-        if not victims or self.broker is None:
+        if self.broker is None:
+            return 0
+        limit = int(self.segment_size * (1.0 - self.settings.compact_dead_fraction))
+        lower = self._seg_bytes
+        cands = {s for s in self._seg_live
+                 if s < self._ckpt_seg and s < self._seg - 1 and lower.get(s, 0) <= limit}
+        if not cands:
+            return 0
+        now_wall = time.time()
+        entries = []  # (qid, entry, delivered, wall - monotonic)
+        sizes = dict.fromkeys(cands, 0)  # exact bytes moving each candidate's entries writes
+
+        def measure(loc, count) -> None:
+            buf, off = self._buffer_at(loc)
+            sizes[loc >> 32] += jf.HDR_SIZE + jf.HDR.unpack_from(buf, off)[0] \
+                + (DELIVERED_MAX if count else 0)
+
+        for q in self._qids:
+            delta = now_wall - q.vhost.timers.now()
+            for e in q.stored_entries():
+                if e.loc and (e.loc >> 32) in cands:
+                    entries.append((self._qids[q], e, 0, delta))
+            q.relocate_paged(cands, lambda loc, seq, exp, blen, flags: measure(loc, flags) or loc)
+        for e, q in self._out.items():
+            qid = self._qids.get(q)
+            if qid is not None and e.loc and (e.loc >> 32) in cands:
+                entries.append((qid, e, 1, now_wall - q.vhost.timers.now()))
+        for _qid, e, delivered, _delta in entries:
+            measure(e.loc, e.delivery_count or delivered or e.redelivered)
+        victims = {s for s, n in sizes.items() if n <= limit}
+        if not victims:
+            return 0
+        planned = sum(sizes[s] for s in victims)
+        room = self.segment_size - self._off
+        new_segments = 0 if planned <= room else -(-(planned - room) // self.segment_size)
+        need = (new_segments + 1) * self.segment_size  # + one of headroom: the log goes on
+        free = self._free_bytes()
+        if free is not None and free < need:
+            log.warning("journal: compaction of %d segments not started: it needs %d bytes "
+                        "of disk, %d are free", len(victims), need, free)
             return 0
         moved = 0
+        written = 0
         live = self._seg_live
+        live_bytes = self._seg_bytes
 
         def move(qid, entry_loc, seq, exp_wall, prio, blen, count, max_priority=0):
-            nonlocal moved
+            nonlocal moved, written
             old = entry_loc
             msg = self.read_message(old)
             if max_priority:  # a paged entry: its priority is its message's
                 prio = min(msg.properties.get("priority") or 0, max_priority)
-            new = self._append(jf.T_ENQ, jf.pack_enq(qid, seq, exp_wall, prio, blen, 0)
-                               + encode_message(msg))
+            payload = jf.pack_enq(qid, seq, exp_wall, prio, blen, 0) + encode_message(msg)
+            new = self._append(jf.T_ENQ, payload)
+            written += jf.HDR_SIZE + len(payload)
             if count:
-                self._append(jf.T_DELIVERED, jf.pack_delivered(qid, seq, count))
+                payload = jf.pack_delivered(qid, seq, count)
+                self._append(jf.T_DELIVERED, payload)
+                written += jf.HDR_SIZE + len(payload)
             s_old = old >> 32
             live[s_old] = live.get(s_old, 0) - 1
+            live_bytes[s_old] = live_bytes.get(s_old, 0) - ENQ_MIN - blen
             if live[s_old] <= 0:
                 live.pop(s_old, None)
+                live_bytes.pop(s_old, None)
             s_new = new >> 32
             live[s_new] = live.get(s_new, 0) + 1
+            live_bytes[s_new] = live_bytes.get(s_new, 0) + ENQ_MIN + blen
             moved += 1
             return new
 
-        now_wall = time.time()
-        entries = []  # (qid, entry, delivered, wall - monotonic)
         for q, qid in self._qids.items():
-            delta = now_wall - q.vhost.timers.now()
-            for e in q.stored_entries():
-                if e.loc and (e.loc >> 32) in victims:
-                    entries.append((qid, e, 0, delta))
             q.relocate_paged(
                 victims, lambda loc, seq, exp, blen, flags, qid=qid, mp=q.opts.max_priority:
                 move(qid, loc, seq, exp, 0, blen, flags, mp))
-        for e, q in self._out.items():
-            qid = self._qids.get(q)
-            if qid is not None and e.loc and (e.loc >> 32) in victims:
-                entries.append((qid, e, 1, now_wall - q.vhost.timers.now()))
         for qid, e, delivered, delta in entries:
+            if (e.loc >> 32) not in victims:
+                continue
             exp = None if e.expires_at is None else e.expires_at + delta
             e.loc = move(qid, e.loc, e.seq, exp, e.priority, len(e.message.body),
                          e.delivery_count or (1 if delivered or e.redelivered else 0))
+        self.compact_written += written
+        self._compacted |= victims
         if moved:
-            log.info("journal: compaction moved %d live messages out of %d old segments",
-                     moved, len(victims))
+            log.info("journal: compaction moved %d live messages (%d bytes) out of %d old "
+                     "segments", moved, written, len(victims))
         return moved
+
+    def _stored_body_len(self, loc: int) -> int:
+        buf, off = self._buffer_at(loc)
+        return jf.ENQ.unpack_from(buf, off + jf.HDR_SIZE)[4]
+
+    def _buffer_at(self, loc: int):
+        """``(buffer, offset)`` of the record at ``loc``: still buffered, or mapped."""
+        seg = loc >> 32
+        off = loc & 0xFFFFFFFF
+        for chunks in (self._pending, self._inflight):
+            for cseg, start, buf in chunks:
+                if cseg == seg and start <= off < start + len(buf):
+                    return buf, off - start
+        m = self._maps.get(seg)
+        if m is None or off + jf.HDR_SIZE + jf.ENQ.size > len(m):
+            m = self._map(seg)
+        return m, off
+
+    def _free_bytes(self) -> int | None:
+        try:
+            st = os.statvfs(self.jdir)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
 
     async def checkpoint(self) -> None:
         """Write a checkpoint covering everything appended so far, then drop dead segments."""
@@ -1031,8 +1109,10 @@ class JournalStore(Store):
                     fd = self._fds.pop(seg, None)
                     if fd is not None:
                         os.close(fd)
-                    os.unlink(os.path.join(self.jdir, jf.seg_name(seg)))
-                    dropped.append(seg)
+                    seg_path = os.path.join(self.jdir, jf.seg_name(seg))
+                    size = os.path.getsize(seg_path)
+                    os.unlink(seg_path)
+                    dropped.append((seg, size))
             return dropped
 
         try:
@@ -1041,7 +1121,10 @@ class JournalStore(Store):
             log.warning("journal: checkpoint failed: %s", exc)
             return
         self._ckpt_seg = ck_seg
-        for seg in dropped:
+        for seg, size in dropped:
+            if seg in self._compacted:
+                self._compacted.discard(seg)
+                self.compact_freed += size
             m = self._maps.pop(seg, None)
             if m is not None:
                 try:

@@ -7,6 +7,7 @@ import trio
 
 from broker.amqp.fields import encode_properties
 from broker.broker import Broker
+from broker.config import JournalSettings
 from broker.message import Message
 from broker.persistence.journal import JournalStore
 from broker.queues.args import parse_queue_arguments
@@ -55,7 +56,9 @@ def msg(body, headers=None, rk="out"):
 
 
 def open_broker(data_dir, clock, segment_size=None):
-    store = JournalStore(str(data_dir), flush="sync", segment_size=segment_size)
+    # every old segment is compacted, however live (the default leaves those mostly live)
+    store = JournalStore(str(data_dir), flush="sync", segment_size=segment_size,
+                         settings=JournalSettings(compact_dead_fraction=0.0))
     trio.run(store.open)
     b = Broker(store=store)
     b.scheduler.clock = clock
