@@ -1,14 +1,23 @@
 """MQTT benchmarks: TrioMQ (started here) and the machine's Mosquitto, same load tool, one run.
 
-    .venv/bin/python -m bench.mqtt throughput [--publishers 2] [--window 64] [--size 64]
-                                              [--duration 10] [--warmup 2] [--prefetch 20]
-                                              [--repeats 5] [--session clean|persistent]
+    .venv/bin/python -m bench.mqtt throughput [--qos 0|1|2] [--publishers 2] [--window 64]
+                                              [--size 64] [--duration 10] [--warmup 2]
+                                              [--prefetch 20] [--repeats 5]
+                                              [--session clean|persistent]
+    .venv/bin/python -m bench.mqtt fanout [--subscribers 1000] [--qos 1] [--window 10] ...
     .venv/bin/python -m bench.mqtt connections [--count 10000]
 
-``throughput``: one QoS 1 subscriber (PUBACK for every message; clean session unless
-``--session persistent``) on ``bench/<run>/#`` and N
-QoS 1 publishers, each keeping at most ``--window`` PUBLISHes without PUBACK; the figure is
-the messages the subscriber received per second in the measured window. TrioMQ gets
+``throughput``: one subscriber (clean session unless ``--session persistent``) on
+``bench/<run>/#`` and N publishers, both at ``--qos``: QoS 1 answers every delivery with
+PUBACK, QoS 2 goes through PUBREC/PUBREL/PUBCOMP both ways. A publisher keeps at most
+``--window`` PUBLISHes unacknowledged (PUBACK, or PUBCOMP at QoS 2); at QoS 0, which has no
+acknowledgement, it sends ``--window`` PUBLISHes then a PINGREQ and keeps at most two such
+batches without PINGRESP (a broker answers the PINGREQ after the PUBLISHes before it). The
+figure is the messages the subscriber received per second in the measured window.
+
+``fanout``: ``--subscribers`` connections (spread over ``--sub-procs`` processes) subscribe
+to one topic at ``--qos``; one publisher publishes to it as in ``throughput``; the figure is
+deliveries per second summed over the subscribers. TrioMQ gets
 ``--mqtt-prefetch`` equal to Mosquitto's default ``max_inflight_messages`` (20). Each of
 ``--repeats`` rounds measures TrioMQ (one broker process for all rounds) and then Mosquitto
 with the same clients, QoS, message count limits and size; every round prints both figures,
@@ -68,9 +77,32 @@ def subscribe_packet(topic: str, qos: int) -> bytes:
     return b"\x82" + _length(len(body)) + body
 
 
-def publish_packet(topic_raw: bytes, pid: int, payload: bytes) -> bytes:
+def publish_packet(topic_raw: bytes, pid: int, payload: bytes, qos: int = 1) -> bytes:
+    if not qos:
+        body = topic_raw + payload
+        return b"\x30" + _length(len(body)) + body
     body = topic_raw + struct.pack(">H", pid) + payload
-    return b"\x32" + _length(len(body)) + body
+    return bytes((0x30 | qos << 1,)) + _length(len(body)) + body
+
+
+PINGREQ = b"\xc0\x00"
+
+
+def answers(parser: Parser, data: bytes, acks: list) -> int:
+    """A subscriber's side: the deliveries in ``data`` (counted) and what they need back
+    (PUBACK; PUBREC, and PUBCOMP for a PUBREL) appended to ``acks``."""
+    n = 0
+    for first, body in parser.feed(data):
+        kind = first >> 4
+        if kind == 3:
+            n += 1
+            qos = (first >> 1) & 3
+            if qos:
+                tlen = struct.unpack_from(">H", body)[0]
+                acks.append((b"\x40\x02" if qos == 1 else b"\x50\x02") + body[2 + tlen:4 + tlen])
+        elif kind == 6:  # PUBREL
+            acks.append(b"\x70\x02" + body[:2])
+    return n
 
 
 class Parser:
@@ -121,10 +153,10 @@ def _open(addr, client_id: str, keep_alive: int = 0,
 
 
 # ---- throughput workers --------------------------------------------------------------------
-def _subscriber(addr, topic, start_at, end_at, ready, results, clean=True):
+def _subscriber(addr, topic, start_at, end_at, ready, results, clean=True, qos=1):
     client_id = "sub-" + uuid.uuid4().hex[:8]
     s, parser = _open(addr, client_id, clean=clean)
-    s.sendall(subscribe_packet(topic, 1))
+    s.sendall(subscribe_packet(topic, qos))
     got_suback = False
     while not got_suback:
         got_suback = any(first >> 4 == 9 for first, _ in parser.feed(s.recv(4096)))
@@ -138,17 +170,12 @@ def _subscriber(addr, topic, start_at, end_at, ready, results, clean=True):
             continue
         if not data:
             break
-        acks = []
-        for first, body in parser.feed(data):
-            if first >> 4 == 3:
-                total += 1
-                qos = (first >> 1) & 3
-                if qos:
-                    tlen = struct.unpack_from(">H", body)[0]
-                    acks.append(b"\x40\x02" + body[2 + tlen:4 + tlen])
+        acks: list[bytes] = []
+        n = answers(parser, data, acks)
+        total += n
         now = time.time()
         if start_at <= now < end_at:
-            counted += len(acks) if acks else 0
+            counted += n
         if acks:
             s.sendall(b"".join(acks))
     results.put(("sub", counted, total))
@@ -159,38 +186,57 @@ def _subscriber(addr, topic, start_at, end_at, ready, results, clean=True):
         s.close()
 
 
-def _publisher(addr, topic, payload, window, end_at, ready, results):
+def _publisher(addr, topic, payload, window, end_at, ready, results, qos=1):
     s, parser = _open(addr, "pub-" + uuid.uuid4().hex[:8])
     ready.wait(30)
     topic_raw = _str(topic)
-    inflight = 0
+    inflight = 0  # QoS 0: batches sent without PINGRESP; else PUBLISHes without PUBACK/PUBCOMP
+    limit = 2 if qos == 0 else window
     pid = 0
     sent = acked = 0
     s.settimeout(1.0)
     while time.time() < end_at:
-        if inflight < window:
+        if inflight < limit:
             batch = []
-            while inflight < window:
-                pid = pid % 65535 + 1
-                batch.append(publish_packet(topic_raw, pid, payload))
-                inflight += 1
+            if qos == 0:
+                while inflight < limit:
+                    batch += [publish_packet(topic_raw, 0, payload, 0)] * window
+                    batch.append(PINGREQ)
+                    inflight += 1
+                    sent += window
+            else:
+                while inflight < window:
+                    pid = pid % 65535 + 1
+                    batch.append(publish_packet(topic_raw, pid, payload, qos))
+                    inflight += 1
+                    sent += 1
             s.sendall(b"".join(batch))
-            sent += len(batch)
         try:
             data = s.recv(1 << 16)
         except TimeoutError:
             continue
         if not data:
             break
-        n = sum(1 for first, _ in parser.feed(data) if first >> 4 == 4)
-        inflight -= n
-        acked += n
+        rels = []
+        for first, body in parser.feed(data):
+            kind = first >> 4
+            if kind == 4 or kind == 7:  # PUBACK, PUBCOMP
+                inflight -= 1
+                acked += 1
+            elif kind == 5:  # PUBREC: release it
+                rels.append(b"\x62\x02" + body[:2])
+            elif kind == 13:  # PINGRESP: a QoS 0 batch went through
+                inflight -= 1
+                acked += window
+        if rels:
+            s.sendall(b"".join(rels))
     results.put(("pub", acked, sent))
     s.close()
 
 
 def throughput(addr, publishers: int, window: int, size: int, duration: float,
-               warmup: float, broker_pid: int | None = None, clean: bool = True) -> dict:
+               warmup: float, broker_pid: int | None = None, clean: bool = True,
+               qos: int = 1) -> dict:
     run = uuid.uuid4().hex[:8]
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
@@ -198,10 +244,10 @@ def throughput(addr, publishers: int, window: int, size: int, duration: float,
     t0 = time.time() + 3.0  # spawn time
     start_at, end_at = t0 + warmup, t0 + warmup + duration
     sub = ctx.Process(target=_subscriber, args=(addr, f"bench/{run}/#", start_at, end_at, ready,
-                                                results, clean))
+                                                results, clean, qos))
     sub.start()
     pubs = [ctx.Process(target=_publisher, args=(addr, f"bench/{run}/p{i}", b"x" * size, window,
-                                                 end_at, ready, results))
+                                                 end_at, ready, results, qos))
             for i in range(publishers)]
     for p in pubs:
         p.start()
@@ -224,6 +270,88 @@ def throughput(addr, publishers: int, window: int, size: int, duration: float,
             # what one second of the broker's CPU moved: steadier than msg/s on a shared
             # machine, where each broker gets what the other processes leave
             "msg_per_cpu_s": round(counted / duration / cpu) if cpu else None}
+
+
+# ---- fan-out ---------------------------------------------------------------------------------
+def _fan_subscribers(addr, topic, count, qos, start_at, end_at, ready, results):
+    """``count`` subscribers in this process, read with one selector."""
+    sel = selectors.DefaultSelector()
+    socks = []
+    for _ in range(count):
+        s, parser = _open(addr, "fan-" + uuid.uuid4().hex[:10])
+        s.sendall(subscribe_packet(topic, qos))
+        while not any(first >> 4 == 9 for first, _ in parser.feed(s.recv(4096))):
+            pass
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, parser)
+        socks.append(s)
+    ready.put(count)
+    counted = total = 0
+    while time.time() < end_at:
+        for key, _ in sel.select(timeout=0.5):
+            s = key.fileobj
+            try:
+                data = s.recv(1 << 18)
+            except BlockingIOError:
+                continue
+            if not data:
+                sel.unregister(s)
+                continue
+            acks: list[bytes] = []
+            n = answers(key.data, data, acks)
+            total += n
+            if start_at <= time.time() < end_at:
+                counted += n
+            if acks:
+                s.setblocking(True)
+                s.sendall(b"".join(acks))
+                s.setblocking(False)
+    results.put(("sub", counted, total))
+    for s in socks:
+        s.close()
+
+
+def fanout(addr, subscribers: int, sub_procs: int, qos: int, window: int, size: int,
+           duration: float, warmup: float, broker_pid: int | None = None) -> dict:
+    run = uuid.uuid4().hex[:8]
+    topic = f"fan/{run}"
+    ctx = mp.get_context("spawn")
+    results: mp.Queue = ctx.Queue()
+    ready_q: mp.Queue = ctx.Queue()
+    ready = ctx.Event()
+    setup = 10.0 + subscribers / 200  # time to connect and subscribe everyone
+    t0 = time.time() + setup
+    start_at, end_at = t0 + warmup, t0 + warmup + duration
+    per = [subscribers // sub_procs + (1 if i < subscribers % sub_procs else 0)
+           for i in range(sub_procs)]
+    subs = [ctx.Process(target=_fan_subscribers, args=(addr, topic, n, qos, start_at, end_at,
+                                                       ready_q, results)) for n in per]
+    for p in subs:
+        p.start()
+    pub = ctx.Process(target=_publisher, args=(addr, topic, b"x" * size, window, end_at, ready,
+                                               results, qos))
+    pub.start()
+    connected = sum(ready_q.get(timeout=setup + 60) for _ in subs)
+    ready.set()
+    late = time.time() > start_at
+    cpu = None
+    if broker_pid:
+        time.sleep(max(0.0, start_at - time.time()))
+        before = cpu_seconds(broker_pid)
+        time.sleep(max(0.0, end_at - time.time()))
+        after = cpu_seconds(broker_pid)
+        if before is not None and after is not None:
+            cpu = (after - before) / duration
+    out = [results.get(timeout=duration + warmup + 60) for _ in range(len(subs) + 1)]
+    for p in [*subs, pub]:
+        p.join(10)
+    counted = sum(c for kind, c, _ in out if kind == "sub")
+    pubs = [(c, t) for kind, c, t in out if kind == "pub"]
+    return {"subscribers": connected, "deliveries_per_s": round(counted / duration),
+            "published": pubs[0][1], "acked": pubs[0][0],
+            "received": sum(t for kind, _, t in out if kind == "sub"),
+            "cpu": round(cpu, 2) if cpu is not None else None,
+            "setup_overran": late}
 
 
 # ---- idle connections ------------------------------------------------------------------------
@@ -316,9 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--session", choices=("clean", "persistent"), default="clean",
                    help="the subscriber's session: persistent (clean session 0) puts its "
                         "TrioMQ queue on disk, so a PUBACK waits for the store")
+    t.add_argument("--qos", type=int, choices=(0, 1, 2), default=1)
+    f = sub.add_parser("fanout")
+    f.add_argument("--subscribers", type=int, default=1000)
+    f.add_argument("--sub-procs", type=int, default=2)
+    f.add_argument("--qos", type=int, choices=(0, 1, 2), default=1)
+    f.add_argument("--window", type=int, default=10)
+    f.add_argument("--size", type=int, default=64)
+    f.add_argument("--duration", type=float, default=10.0)
+    f.add_argument("--warmup", type=float, default=2.0)
+    f.add_argument("--prefetch", type=int, default=20)
+    f.add_argument("--repeats", type=int, default=3)
     c = sub.add_parser("connections")
     c.add_argument("--count", type=int, default=10_000)
-    for p in (t, c):
+    for p in (t, f, c):
         p.add_argument("--broker-arg", action="append", default=[])
         p.add_argument("--skip-mosquitto", action="store_true")
         p.add_argument("--triomq-port", type=int, default=None,
@@ -328,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     hard = raise_nofile()
     mqtt_port = free_port()
     extra = ["--mqtt-port", str(mqtt_port), "--http-port", "0", *args.broker_arg]
-    if args.cmd == "throughput":
+    if args.cmd in ("throughput", "fanout"):
         extra += ["--mqtt-prefetch", str(args.prefetch)]
     triomq = TrioMQProcess(extra_args=extra, quiet=True)
     if args.triomq_port:
@@ -345,15 +484,32 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.repeats):
                 clean = args.session == "clean"
                 r = throughput(("127.0.0.1", mqtt_port), args.publishers, args.window,
-                               args.size, args.duration, args.warmup, triomq_pid, clean)
+                               args.size, args.duration, args.warmup, triomq_pid, clean,
+                               args.qos)
                 print(f"round {i + 1} TrioMQ", r, flush=True)
                 m = None
                 if not args.skip_mosquitto:
                     m = throughput(MOSQUITTO, args.publishers, args.window, args.size,
-                                   args.duration, args.warmup, mosquitto_pid, clean)
+                                   args.duration, args.warmup, mosquitto_pid, clean, args.qos)
                     print(f"round {i + 1} Mosquitto", m, flush=True)
                     print(f"round {i + 1} ratio TrioMQ/Mosquitto: "
                           f"{r['msg_per_s'] / m['msg_per_s']:.2f}", flush=True)
+                rows.append((r, m))
+        elif args.cmd == "fanout":
+            triomq_pid = triomq.pid or pid_listening_on(mqtt_port)
+            mosquitto_pid = pid_listening_on(MOSQUITTO[1])
+            for i in range(args.repeats):
+                fan = (args.subscribers, args.sub_procs, args.qos, args.window, args.size,
+                       args.duration, args.warmup)
+                r = fanout(("127.0.0.1", mqtt_port), *fan, triomq_pid)
+                print(f"round {i + 1} TrioMQ", r, flush=True)
+                m = None
+                if not args.skip_mosquitto:
+                    m = fanout(MOSQUITTO, *fan, mosquitto_pid)
+                    print(f"round {i + 1} Mosquitto", m, flush=True)
+                    print(f"round {i + 1} ratio TrioMQ/Mosquitto: "
+                          f"{r['deliveries_per_s'] / max(m['deliveries_per_s'], 1):.2f}",
+                          flush=True)
                 rows.append((r, m))
         else:
             print(f"open files limit raised to {hard}")
@@ -361,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
                                           triomq.pid or pid_listening_on(mqtt_port)), None))
     finally:
         triomq.stop()
+    if args.cmd == "fanout":
+        ratios = sorted(r["deliveries_per_s"] / max(m["deliveries_per_s"], 1)
+                        for r, m in rows if m)
+        if ratios:
+            print(f"ratio TrioMQ/Mosquitto: median {statistics.median(ratios):.2f} "
+                  f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f}, {len(ratios)} rounds)")
+        return 0
     if args.cmd == "throughput":
         ratios = sorted(r["msg_per_s"] / m["msg_per_s"] for r, m in rows if m)
         if ratios:

@@ -636,6 +636,11 @@ class MQTTSession:
         values = set(self.filters.values())
         self._one_qos = values.pop() if len(values) == 1 else None
         self._filter_qos = {}
+        consumer = self.consumers.get(1)
+        if consumer is not None:
+            # only QoS 0 subscriptions: deliveries are settled as the queue hands them out
+            # (no ack per message); deliveries in flight before a change settle as they were
+            consumer.no_ack = self._one_qos == 0
 
     def _subscription_qos(self, routing_key: str) -> int:
         """The highest QoS of the filters matching ``routing_key`` (1 if none does any
@@ -669,7 +674,7 @@ class MQTTSession:
 
     def _consume(self, q) -> None:
         tag = f"mqtt-{self.client_id}-qos1"
-        consumer = Consumer(tag, self, q, False, False, 0, self.service.prefetch, {})
+        consumer = Consumer(tag, self, q, self._one_qos == 0, False, 0, self.service.prefetch, {})
         self.consumers[1] = consumer
         q.add_consumer(consumer)
 
