@@ -16,9 +16,10 @@ what a hostile client would):
 ``frontend``  POST /topics/{topic} on the Hermes frontend port, Content-Length 1 TB, then
               chunked
 
-For each case: the status answered, the body bytes each connection had sent when the answer
-came (at most; the kernel's socket buffers hold a few hundred KiB more), the broker's RSS
-before, its peak while the case ran (sampled every 10 ms) and 3 s after the clients closed.
+For each case: the statuses answered (how many connections got each), the body bytes each
+connection had sent when the answer came (at most; the kernel's socket buffers hold a few
+hundred KiB more), the broker's RSS before, its peak while the case ran (sampled every
+10 ms) and 3 s after the clients closed.
 """
 from __future__ import annotations
 
@@ -166,8 +167,11 @@ def run_case(pid: int, name: str, http: int, frontend: int, max_body: int,
     sampler.join()
     time.sleep(3)  # the broker's periodic check gives freed heap back (malloc_trim)
     after = rss_kb(pid) or 0
-    statuses = sorted({r[0] for r in results if r})
-    return {"case": name, "status": "/".join(statuses),
+    counts: dict[str, int] = {}
+    for r in results:
+        if r:
+            counts[r[0]] = counts.get(r[0], 0) + 1
+    return {"case": name, "status": ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())),
             "sent_max": max(r[1] for r in results if r), "seconds": elapsed,
             "rss_before": before, "rss_peak": sampler.peak, "rss_after": after}
 

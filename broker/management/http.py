@@ -143,19 +143,27 @@ TRIM_AFTER = 1 << 20  # request body bytes after which the heap is trimmed
 # request body bytes held at once over all connections: 4 bodies of the largest size (a
 # handler holds a body and its decoded copy), and never less than this floor
 BODIES_IN_FLIGHT_MIN = 64 << 20
+# the first bytes of each body are not counted: ordinary small requests are never refused
+# while big ones fill the budget (each connection may hold this much, as its headers)
+UNCOUNTED = 64 << 10
+
+
+def _counted(received: int) -> int:
+    return max(0, received - UNCOUNTED)
 
 
 class LimitsMiddleware:
     """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds, and
-    at most ``budget`` bytes of bodies held over all requests at once (503 past it): the
-    number of connections is not capped, the memory their bodies take is."""
+    at most ``budget`` bytes of bodies (beyond each one's first ``UNCOUNTED``) held over all
+    requests at once (503 past it): the number of connections is not capped, the memory
+    their bodies take is."""
 
     def __init__(self, app, max_body: int, timeout: float):
         self.app = app
         self.max_body = max_body
         self.timeout = timeout
         self.budget = max(4 * max_body, BODIES_IN_FLIGHT_MIN)
-        self.in_flight = 0  # body bytes received by requests not finished yet
+        self.in_flight = 0  # counted body bytes received by requests not finished yet
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -183,13 +191,13 @@ class LimitsMiddleware:
             with trio.move_on_after(max(remaining, 0)):
                 message = await receive()
                 if message["type"] == "http.request":
-                    size = len(message.get("body", b""))
-                    received += size
-                    self.in_flight += size
+                    before = received
+                    received += len(message.get("body", b""))
+                    self.in_flight += _counted(received) - _counted(before)
                     if received > self.max_body:
                         raise ApiError(413, f"request body larger than {self.max_body} bytes",
                                        headers={"connection": "close"})
-                    if self.in_flight > self.budget:
+                    if received > UNCOUNTED and self.in_flight > self.budget:
                         raise ApiError(503, f"request bodies being received exceed "
                                             f"{self.budget} bytes; retry later",
                                        headers={"connection": "close", "retry-after": "1"})
@@ -201,7 +209,7 @@ class LimitsMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         finally:
-            self.in_flight -= received
+            self.in_flight -= _counted(received)
             if received >= TRIM_AFTER:
                 # a big body's copies (chunks, joined, decoded) were reused heap pages that
                 # the periodic check would not count as newly free: give them back now

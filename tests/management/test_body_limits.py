@@ -125,27 +125,30 @@ async def test_declared_and_endless_bodies_are_cut_at_the_limit(nursery, tmp_pat
 
 async def test_bodies_in_flight_are_capped(nursery, tmp_path, monkeypatch):
     monkeypatch.setattr(mhttp, "BODIES_IN_FLIGHT_MIN", 0)
-    max_body = 100 * 1024  # so at most 400 KiB of bodies at once
+    max_body = 200 * 1024  # so at most 800 KiB of bodies (beyond 64 KiB each) at once
     hb = await start_http_broker(nursery, tmp_path, http_max_body=max_body)
     limits = hb.broker.http_server.limits
     assert limits is not None and limits.budget == 4 * max_body
-    part = 90 * 1024
+    part = 190 * 1024
+    counted = part - mhttp.UNCOUNTED
     body = b"{}" + b" " * (max_body - 10)
+    head = f"content-length: {len(body)}\r\n".encode()
     held = []
-    for i in range(4):  # four requests, each stalled after 90 KiB of its body
+    for i in range(6):  # six requests, each stalled after 190 KiB of its body
         stream = await trio.open_tcp_stream("127.0.0.1", hb.http_port)
-        await stream.send_all(_head("PUT", f"/api/queues/%2F/held{i}",
-                                    f"content-length: {len(body)}\r\n".encode()) + body[:part])
+        await stream.send_all(_head("PUT", f"/api/queues/%2F/held{i}", head) + body[:part])
         held.append(stream)
-    await _until(lambda: limits.in_flight >= 4 * part)
-    # a fifth body passes the budget: 503, retry later
+    await _until(lambda: limits.in_flight >= 6 * counted)
+    # small requests still go through meanwhile
+    async with hb.client() as api:
+        assert (await api.put("/api/queues/%2F/small", json={})).status_code == 201
+    # a seventh big body passes the budget: 503, retry later
     stream = await trio.open_tcp_stream("127.0.0.1", hb.http_port)
-    await stream.send_all(_head("PUT", "/api/queues/%2F/fifth",
-                                f"content-length: {len(body)}\r\n".encode()) + body[:part])
+    await stream.send_all(_head("PUT", "/api/queues/%2F/seventh", head) + body[:part])
     answer = await _answer(stream)
     await stream.aclose()
-    assert answer.startswith(b"HTTP/1.1 503") and b"exceed 409600 bytes" in answer, answer
-    await _until(lambda: limits.in_flight <= 4 * part)  # the refused one gave its share back
+    assert answer.startswith(b"HTTP/1.1 503") and b"exceed 819200 bytes" in answer, answer
+    await _until(lambda: limits.in_flight <= 6 * counted)  # the refused one gave its share back
     # the held ones finish normally and give their share back
     for stream in held:
         await stream.send_all(body[part:])
@@ -154,5 +157,5 @@ async def test_bodies_in_flight_are_capped(nursery, tmp_path, monkeypatch):
         await stream.aclose()
     await _until(lambda: limits.in_flight == 0)
     async with hb.client() as api:
-        assert (await api.put("/api/queues/%2F/fifth", content=body)).status_code == 201
+        assert (await api.put("/api/queues/%2F/seventh", content=body)).status_code == 201
     await hb.server.shutdown()
