@@ -15,6 +15,9 @@ class JournalSettings:
     # live messages rewritten forward, so a few old messages never pin a whole file and
     # compaction writes at most (1 - fraction) of the bytes it frees.
     compact_dead_fraction: float = 0.5
+    # bytes appended but not yet written that the journal holds before publishers are
+    # blocked with a resource alarm (they are unblocked below half of it)
+    max_unwritten: int = 64 * MiB
     # Bytes of ready messages per durable FIFO queue kept in memory; the rest stay paged
     # in the journal and are read back in order when needed.
     queue_memory_budget: int = 32 * MiB

@@ -409,6 +409,8 @@ class JournalStore(Store):
         self._max_msg_id = 0
         self._bytes_since_ckpt = 0
         self._ckpt_wanted = False
+        self._unwritten = 0        # bytes in _pending and _inflight
+        self._backlog_full = False  # over settings.max_unwritten: publishers are blocked
         self._failed: OSError | None = None
         # entries enqueued while writes fail, not yet recorded -> queue: a nacked publish
         # takes them back from their queues and is never written (when_durable)
@@ -569,6 +571,7 @@ class JournalStore(Store):
         """Write and fsync what ``append_record`` buffered, then close the files."""
         self._write_chunks(self._pending)
         self._pending = []
+        self._unwritten = 0
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -589,9 +592,20 @@ class JournalStore(Store):
             pending.append([seg, off, bytearray(rec)])
         self._off = off + n
         self._bytes_since_ckpt += n
+        self._unwritten += n
+        if self._unwritten > self.settings.max_unwritten and not self._backlog_full:
+            self._set_backlog(True)
         if self._dirty is not None:
             self._dirty.set()
         return (seg << 32) | off
+
+    def _set_backlog(self, full: bool) -> None:
+        """Block publishers while the unwritten buffer is over its bound (a burst faster
+        than the disk would otherwise sit in memory): a resource alarm, as the SQL
+        store's backlog."""
+        self._backlog_full = full
+        if self.broker is not None:
+            self.broker.on_store_backlog(self, full)
 
     def when_durable(self, callback, on_failure=None) -> None:
         # A failed write is retried, never skipped: what it held is in doubt and waits.
@@ -661,6 +675,9 @@ class JournalStore(Store):
                 self._dirty.set()
             return
         self._inflight = []
+        self._unwritten -= sum(len(c[2]) for c in chunks)
+        if self._backlog_full and self._unwritten <= self.settings.max_unwritten // 2:
+            self._set_backlog(False)
         if self._failed is not None:
             log.warning("journal: writes succeed again after %s", self._failed)
             self._failed = None
