@@ -394,6 +394,9 @@ def test_restart_between_publish_and_pubrel(tmp_path, external_broker, store_url
         [d] = sub.expect(1)
         sub.send(m.PacketId(m.PUBREC, d.packet_id))
         assert sub.expect(1) == [m.PacketId(m.PUBREL, d.packet_id)]
+        pub.publish2("r/t", b"unreceived", 8)  # delivered, but no PUBREC before the kill
+        [u] = sub.expect(1)
+        assert u.payload == b"unreceived"
         proc.stop(hard=True)
         pub.close()
         sub.close()
@@ -401,8 +404,12 @@ def test_restart_between_publish_and_pubrel(tmp_path, external_broker, store_url
         addr = ("127.0.0.1", proc.mqtt_port)
         sub = Raw(addr, "sub-r", clean=False)
         assert sub.session_present
-        assert sub.expect(1) == [m.PacketId(m.PUBREL, d.packet_id)]
+        pubrel, again = sub.expect(2)
+        assert pubrel == m.PacketId(m.PUBREL, d.packet_id)
+        # sent again with its packet id (section 4.4), not as a new message
+        assert (again.payload, again.qos, again.packet_id) == (b"unreceived", 2, u.packet_id)
         sub.send(m.PacketId(m.PUBCOMP, d.packet_id))
+        settle(sub, [again])
         pub = Raw(addr, "pub-r", clean=False)
         assert pub.session_present
         pub.send(m.Publish("r/t", b"once", 2, False, True, 7))
@@ -415,10 +422,10 @@ def test_restart_between_publish_and_pubrel(tmp_path, external_broker, store_url
         settle(sub, got)
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", proc.port))
         bodies = []
-        for _ in range(3):
+        for _ in range(4):
             _, _, body = conn.channel().basic_get("counted", auto_ack=True)
             bodies.append(body)
-        assert bodies == [b"once", b"marker", None]
+        assert bodies == [b"once", b"unreceived", b"marker", None]
         conn.close()
         pub.close()
         sub.close()

@@ -746,12 +746,16 @@ class MQTTSession:
             else:
                 # the token: [queue, entry, consumer, packet id] (the id is known once sent)
                 token = [queue, entry, consumer, 0]
-                resend = 0
-                if qos == 2 and entry.redelivered and self.qos2.resend:
-                    # sent before a reconnect without a PUBREC: the same packet id again
-                    resend = self.qos2.resend.pop((queue.name, entry.seq), 0)
+                want = 0
+                if qos == 2:
+                    # a QoS 2 PUBLISH sent again (reconnect, restart) must keep its packet id
+                    # (section 4.4): the id it had before a reconnect, else one derived from
+                    # the entry's seq, which a restart keeps (used when free)
+                    want = entry.seq % 65535 + 1
+                    if entry.redelivered and self.qos2.resend:
+                        want = self.qos2.resend.pop((queue.name, entry.seq), want)
                 token[3] = pid = self.conn.publish(topic, message.body, qos, token,
-                                                   dup=entry.redelivered, packet_id=resend)
+                                                   dup=entry.redelivered, packet_id=want)
                 if audit is not None:
                     audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
