@@ -136,7 +136,7 @@ def store(request, tmp_path):
 
 QNAME = "q\x00\uf700\uf701" + "é" * 10
 XNAME = "x\x00\uf7ff"
-KEYS = ["k\x00", "", "\uf780" * 3, "é\x00" * 40]
+KEYS = ["k\x00", "", "\uf780" * 3, "é\x00" * 40, "long." * 200]  # the last: an MQTT topic may pass 255 bytes
 BODIES = [b"", b"\x00" * 10, bytes(range(256)) * 100]
 # in their wire form (a long string decodes as bytes), as a declare hands them to the store
 ARGS = {"x-nul\x00": "v\x00\uf700".encode(), "nested": {"a": [b"\x00\xff", b"\x00"]},
