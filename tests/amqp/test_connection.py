@@ -238,8 +238,8 @@ def test_tune_ok_accepted():
     assert conn.state is State.AWAIT_OPEN
     assert (conn.channel_max, conn.frame_max, conn.heartbeat) == (100, 65536, 30)
     assert conn.data_to_send() == b""
-    # The reader now enforces the negotiated frame_max.
-    conn.receive_data(raw_frame(1, 0, b"\x00" * 65530))
+    # The reader now enforces the negotiated frame_max (with RabbitMQ's 8-octet allowance).
+    conn.receive_data(raw_frame(1, 0, b"\x00" * 65537))
     assert_connection_closed_with(conn, spec.FRAME_ERROR)
     assert conn.state is State.CLOSED
 
