@@ -73,18 +73,27 @@ class Store:
 
     Failure: when a write fails (disk full, database gone) the store
     (1) calls ``broker.on_store_failure(self, reason)`` once per failed write,
-    before anything else: the publishes waiting for that write are in doubt, and
-    the broker closes the connections waiting for their confirms (541); (2) never
-    confirms what it did not write; (3) keeps the unwritten data and retries, and
-    (4) calls ``broker.on_store_recovered(self)`` once writes succeed again.
-    While writes keep failing, a ``when_durable`` with an ``on_failure`` gets it
-    (a publisher NACK): the SQL store first withdraws that publish from its
-    queues, so a nacked message is never stored nor delivered; a
-    ``BLOCKS_ON_FAILURE`` store blocks publishers instead. A store that buffers
-    writes bounds what it holds: it calls ``broker.on_store_backlog(self, True)``
-    when the bound is passed (the broker blocks publishers) and ``(self, False)``
-    once it is back under it. A store never touches sessions or channels: what
-    happens to connections is the broker's decision.
+    before anything else: the publishes waiting for that write are in doubt (part
+    of it may be stored), so they are neither confirmed nor nacked and the broker
+    closes the connections waiting for their confirms (541) -- no other
+    connection: consumers keep draining; (2) never confirms what it did not
+    write; (3) keeps the unwritten data and retries, and (4) calls
+    ``broker.on_store_recovered(self)`` once writes succeed again.
+
+    A nacked publish is never delivered, by any store, now or after a restart.
+    Between (1) and (4) the broker nacks a persistent publish to the store's
+    queues before it is enqueued (``Broker.refuses_persistent``), so no consumer
+    can get it first; and a ``when_durable`` with an ``on_failure`` (other
+    publishers: transactions, MQTT, HTTP) gets it only after the store took the
+    entries enqueued since the previous ``when_durable`` back from their queues
+    (``Queue.withdraw``) and will never write them. A ``BLOCKS_ON_FAILURE`` store
+    also blocks publishers. A store that buffers writes bounds what it holds: it
+    calls ``broker.on_store_backlog(self, True)`` when the bound is passed (the
+    broker blocks publishers) and ``(self, False)`` once it is back under it. A
+    store never touches sessions or channels: what happens to connections is the
+    broker's decision. tests/persistence/test_full_disk.py (journal, SQLite: a real
+    full disk) and test_store_failure_contract.py (PostgreSQL, MariaDB: an outage)
+    check this contract with a consumer draining throughout.
     """
 
     name: str = "abstract"
