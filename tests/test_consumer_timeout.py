@@ -146,3 +146,26 @@ def test_invalid_policy_value(broker):
     with pytest.raises(PolicyError) as ei:
         broker.policies.set_policy("/", "bad", ".*", {"consumer-timeout": -5})
     assert "-5 is not a valid consumer timeout" in str(ei.value)
+
+
+def test_channels_are_forgotten_when_they_go(broker, session_client, clock):
+    c = session_client()
+    _consume_one(c)
+    c.open_channel(2)
+    assert len(broker.consumer_timeouts.channels) == 2
+    c.call(2, spec.Channel.Close(200, "bye", 0, 0))
+    assert len(broker.consumer_timeouts.channels) == 1
+    c.drop()
+    assert broker.consumer_timeouts.channels == set()
+    clock.advance(5.0)  # the sweep stops re-arming with no channel left
+    assert broker.consumer_timeouts._handle is None
+
+
+def test_exempt_users_are_never_timed_out(broker, session_client, clock):
+    # the cluster exempts its node-to-node link user this way
+    broker.consumer_timeouts.timeout_ms = 1000
+    broker.consumer_timeouts.exempt_users.add("guest")
+    c = session_client()
+    _consume_one(c)
+    clock.advance(60.0)
+    assert c.output() == []
