@@ -231,3 +231,30 @@ def test_interval_zero_publishes_nothing(tmp_path):
         while _open_clients:
             _open_clients.pop().close()
         proc.stop()
+
+
+@pytest.mark.parametrize("broker", ["triomq", "mosquitto"])
+def test_clients_cannot_publish_into_sys(mq, broker):
+    """A client's PUBLISH to a $SYS topic is acknowledged and dropped (not delivered, not
+    retained), as Mosquitto does: nobody can fake the broker's status."""
+    if broker == "mosquitto" and not mosquitto_listening():
+        pytest.skip("no Mosquitto on 127.0.0.1:1883")
+    host, port = MOSQUITTO if broker == "mosquitto" else ("127.0.0.1", mq.mqtt_port)
+    t = uid()
+    watcher = Paho(port, host)
+    watcher.subscribe(f"$SYS/{t}/#", t)
+    spoofer = Paho(port, host)
+    topics = [f"$SYS/{t}/x"]
+    if broker == "triomq":  # (not on the shared Mosquitto's real topics)
+        topics.append("$SYS/broker/version")
+    for topic in topics:
+        spoofer.publish(topic, b"spoofed", qos=1)  # acknowledged (waits for the PUBACK)
+        spoofer.c.publish(topic, b"spoofed", qos=0, retain=True)
+    spoofer.publish(t, b"marker")
+    watcher.until(lambda: any(tp == t for tp, _, _ in watcher.got), what="the marker")
+    assert [tp for tp, _, _ in watcher.got] == [t]
+    late = Paho(port, host)
+    late.subscribe(f"$SYS/{t}/#", "$SYS/broker/version", t)
+    spoofer.publish(t, b"marker 2")
+    late.until(lambda: any(tp == t for tp, _, _ in late.got), what="the second marker")
+    assert b"spoofed" not in [p for _, p, _ in late.got]

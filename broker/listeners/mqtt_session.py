@@ -509,6 +509,10 @@ class MQTTSession:
         """Route one message; None if a queue refused it, else whether a store write must
         be durable before it counts as taken. A publish hook may refuse it (raises
         ``errors.AMQPError``) or take it over."""
+        if key[:1] == "$" and (key == "$SYS" or key.startswith("$SYS.")):
+            # the broker's own status (mqtt_sys.py): dropped, as Mosquitto does (a QoS 1
+            # publish is still acknowledged)
+            return False
         props, raw = _PROPS[(qos, dup)]
         message = Message(self.service.exchange, key, raw, props, payload)
         vhost = self.vhost
