@@ -13,8 +13,9 @@ what a hostile client would):
 ``chunked``   PUT /api/queues/... with a chunked body that never ends (64 KiB chunks)
 ``deep``      PUT /api/queues/... with a body of ``--max-body`` minus 1 KiB of ``[``
 ``hermes``    POST /topics/{topic} on the management port, chunked and endless
-``frontend``  POST /topics/{topic} on the Hermes frontend port, Content-Length 1 TB, then
-              chunked
+``frontend``  POST /topics/{topic} on the Hermes frontend port, Content-Length 1 TB
+``frontend-big`` the same with whole bodies of ``--max-body`` bytes to a topic that takes
+              them (published when the bodies-in-flight budget allows, else 503)
 
 For each case: the statuses answered (how many connections got each), the body bytes each
 connection had sent when the answer came (at most; the kernel's socket buffers hold a few
@@ -36,7 +37,7 @@ from .procinfo import TrioMQProcess, free_port, rss_kb
 
 AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
 CHUNK = 64 * 1024
-CASES = ("declared", "chunked", "deep", "hermes", "frontend")
+CASES = ("declared", "chunked", "deep", "hermes", "frontend", "frontend-big")
 
 
 class Sampler(threading.Thread):
@@ -142,6 +143,10 @@ def _case(name: str, http: int, frontend: int, max_body: int):
         return http, "POST", "/topics/bench.hostile", chunked, _endless_chunked, limit
     if name == "frontend":
         return frontend, "POST", "/topics/bench.hostile", big, lambda: _raw(b" " * limit), limit
+    if name == "frontend-big":
+        body = b"{}" + b" " * (max_body - 2)
+        return (frontend, "POST", "/topics/bench.big", {"Content-Length": str(len(body))},
+                lambda: _raw(body), len(body))
     raise ValueError(name)
 
 
@@ -201,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+        assert r.status_code in (201, 409), r.text
+        r = httpx.post(f"{base}/topics", json={"name": "bench.big", "maxMessageSize": args.max_body},
+                       auth=("guest", "guest"), timeout=5)
         assert r.status_code in (201, 409), r.text
         print(f"broker pid {broker.pid}, --http-max-body {args.max_body}, "
               f"{args.connections} connections per case")

@@ -33,7 +33,9 @@ def install(broker) -> Hermes:
     config = broker.config
     if config.hermes_port is not None:
         host = config.hermes_host if config.hermes_host is not None else config.host
-        hermes.frontend = Frontend(hermes, host, config.hermes_port)
+        server = getattr(broker, "http_server", None)  # absent when built without management
+        hermes.frontend = Frontend(hermes, host, config.hermes_port,
+                                   server.bodies if server is not None else None)
         broker.background_tasks.append(hermes.frontend.run)
     restorers = getattr(broker, "meta_restorers", None)
     if restorers is not None:

@@ -8,8 +8,9 @@ available on the management port.
 
 Per connection: one task (in the listener's nursery, ended with the connection), one request
 at a time, keep-alive. Bounded: a head above ``MAX_HEAD`` gets 431, a body above the topic's
-``maxMessageSize`` 413 (the connection is then closed, the rest of the body unread), a body
-without Content-Length 411, a request not complete within ``REQUEST_TIMEOUT`` 408 and an idle
+``maxMessageSize`` 413 (the connection is then closed, the rest of the body unread), bodies
+past the broker's ``BodyBudget`` (shared with the management port) 503, a body without
+Content-Length 411, a request not complete within ``REQUEST_TIMEOUT`` 408 and an idle
 connection is closed after ``IDLE_TIMEOUT``.
 
 Authentication: HTTP basic credentials of any user (``broker.access``; 401 otherwise, after
@@ -27,6 +28,7 @@ from urllib.parse import unquote
 import trio
 
 from ..management.auth import FAILED_LOGIN_DELAY, login
+from ..management.http import BodyBudget
 from .http import check
 from .model import HermesError
 
@@ -65,8 +67,9 @@ def _error(exc: HermesError, close: bool = False) -> bytes:
 class Frontend:
     """The listener; ``port`` is the bound port once ``run`` has started (``started``)."""
 
-    def __init__(self, hermes, host: str, port: int):
+    def __init__(self, hermes, host: str, port: int, bodies: BodyBudget | None = None):
         self.hermes = hermes
+        self.bodies = bodies  # shared with the management port: bodies held at once
         self.host = host
         self.requested_port = port
         self.port: int | None = None
@@ -197,16 +200,31 @@ class Frontend:
             return _error(exc, True), True  # the body is not read: the connection cannot go on
         if headers.get("expect", "").lower() == "100-continue":
             await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-        while len(buf) < length:
-            await self._fill(stream, buf)
-        body = bytes(buf[:length])
-        del buf[:length]
-        extra = {"Partition-Key": headers["partition-key"]} if "partition-key" in headers else None
+        bodies = self.bodies
+        received = 0
+        body = b""
         try:
-            result = await hermes.publish(name, body, headers.get("content-type"), extra)
-        except HermesError as exc:
-            return _error(exc, close), close
-        except Exception:
-            log.exception("publish to %s failed", name)
-            return _error(HermesError(500, "Internal error", "INTERNAL_ERROR"), True), True
+            while True:
+                before, received = received, min(len(buf), length)
+                if bodies is not None and not bodies.grew(before, received):
+                    return _error(HermesError(503, bodies.refusal(), "SERVICE_UNAVAILABLE",
+                                              {"Retry-After": "1"}), True), True
+                if received == length:
+                    break
+                await self._fill(stream, buf)
+            body = bytes(buf[:length])
+            del buf[:length]
+            extra = ({"Partition-Key": headers["partition-key"]} if "partition-key" in headers
+                     else None)
+            try:
+                result = await hermes.publish(name, body, headers.get("content-type"), extra)
+            except HermesError as exc:
+                return _error(exc, close), close
+            except Exception:
+                log.exception("publish to %s failed", name)
+                return _error(HermesError(500, "Internal error", "INTERNAL_ERROR"), True), True
+        finally:
+            body = b""  # released before done() trims the heap after a big body
+            if bodies is not None:
+                bodies.done(received)
         return _response(result.status, {"Hermes-Message-Id": result.message_id}, close=close), close

@@ -152,18 +152,43 @@ def _counted(received: int) -> int:
     return max(0, received - UNCOUNTED)
 
 
+class BodyBudget:
+    """Request body bytes held at once over every HTTP request of the broker (management
+    port and Hermes frontend): ``limit`` = 4 x the largest body, ``BODIES_IN_FLIGHT_MIN`` at
+    least, each body's first ``UNCOUNTED`` bytes free. The number of connections is not
+    capped; the memory their bodies take is."""
+
+    def __init__(self, max_body: int):
+        self.limit = max(4 * max_body, BODIES_IN_FLIGHT_MIN)
+        self.held = 0
+
+    def grew(self, before: int, after: int) -> bool:
+        """A body went from ``before`` to ``after`` bytes received; False if that passes
+        the limit (the caller answers 503 and later calls ``done`` as for any body)."""
+        self.held += _counted(after) - _counted(before)
+        return after <= UNCOUNTED or self.held <= self.limit
+
+    def done(self, received: int) -> None:
+        """A request that had received ``received`` body bytes is over."""
+        self.held -= _counted(received)
+        if received >= TRIM_AFTER:
+            # a big body's copies (chunks, joined, decoded) were reused heap pages that the
+            # periodic check would not count as newly free: give them back now
+            trim()
+
+    def refusal(self) -> str:
+        return f"request bodies being received exceed {self.limit} bytes; retry later"
+
+
 class LimitsMiddleware:
     """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds, and
-    at most ``budget`` bytes of bodies (beyond each one's first ``UNCOUNTED``) held over all
-    requests at once (503 past it): the number of connections is not capped, the memory
-    their bodies take is."""
+    within the broker's ``BodyBudget`` (503 past it)."""
 
-    def __init__(self, app, max_body: int, timeout: float):
+    def __init__(self, app, max_body: int, timeout: float, bodies: BodyBudget):
         self.app = app
         self.max_body = max_body
         self.timeout = timeout
-        self.budget = max(4 * max_body, BODIES_IN_FLIGHT_MIN)
-        self.in_flight = 0  # counted body bytes received by requests not finished yet
+        self.bodies = bodies
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -193,13 +218,12 @@ class LimitsMiddleware:
                 if message["type"] == "http.request":
                     before = received
                     received += len(message.get("body", b""))
-                    self.in_flight += _counted(received) - _counted(before)
+                    within = self.bodies.grew(before, received)
                     if received > self.max_body:
                         raise ApiError(413, f"request body larger than {self.max_body} bytes",
                                        headers={"connection": "close"})
-                    if received > UNCOUNTED and self.in_flight > self.budget:
-                        raise ApiError(503, f"request bodies being received exceed "
-                                            f"{self.budget} bytes; retry later",
+                    if not within:
+                        raise ApiError(503, self.bodies.refusal(),
                                        headers={"connection": "close", "retry-after": "1"})
                 return message
             raise ApiError(408, f"request body not received within {self.timeout:g} s",
@@ -209,11 +233,7 @@ class LimitsMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         finally:
-            self.in_flight -= _counted(received)
-            if received >= TRIM_AFTER:
-                # a big body's copies (chunks, joined, decoded) were reused heap pages that
-                # the periodic check would not count as newly free: give them back now
-                trim()
+            self.bodies.done(received)
 
     @staticmethod
     async def _refuse(send, status: int, reason: str) -> None:
@@ -280,7 +300,8 @@ class HttpServer:
         self.broker = broker
         self.port: int | None = None
         self.amqp_port: int | None = None  # the AMQP listener's, once it listens
-        self.limits: LimitsMiddleware | None = None  # the app's outer layer, once it runs
+        # body bytes held over all requests, the Hermes frontend's too
+        self.bodies = BodyBudget(broker.config.http_max_body)
         self.started = trio.Event()
 
     def bind(self) -> socket.socket:
@@ -340,8 +361,8 @@ class HttpServer:
         hyper.keep_alive_timeout = 5
         hyper.graceful_timeout = 1
         hyper.h11_max_incomplete_size = 16 * 1024
-        app = self.limits = LimitsMiddleware(build_app(self.broker), config.http_max_body,
-                                             config.http_timeout)
+        app = LimitsMiddleware(build_app(self.broker), config.http_max_body,
+                               config.http_timeout, self.bodies)
         log.info("management HTTP API listening on %s:%s", host, self.port)
         started = self.started
 

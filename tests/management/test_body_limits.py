@@ -126,9 +126,14 @@ async def test_declared_and_endless_bodies_are_cut_at_the_limit(nursery, tmp_pat
 async def test_bodies_in_flight_are_capped(nursery, tmp_path, monkeypatch):
     monkeypatch.setattr(mhttp, "BODIES_IN_FLIGHT_MIN", 0)
     max_body = 200 * 1024  # so at most 800 KiB of bodies (beyond 64 KiB each) at once
-    hb = await start_http_broker(nursery, tmp_path, http_max_body=max_body)
-    limits = hb.broker.http_server.limits
-    assert limits is not None and limits.budget == 4 * max_body
+    hb = await start_http_broker(nursery, tmp_path, http_max_body=max_body, hermes_port=0)
+    bodies = hb.broker.http_server.bodies
+    assert bodies.limit == 4 * max_body
+    async with hb.client() as api:
+        assert (await api.post("/topics", json={"name": "g.t", "maxMessageSize": max_body})
+                ).status_code == 201
+    with trio.fail_after(10):
+        await hb.broker.hermes.frontend.started.wait()
     part = 190 * 1024
     counted = part - mhttp.UNCOUNTED
     body = b"{}" + b" " * (max_body - 10)
@@ -138,24 +143,31 @@ async def test_bodies_in_flight_are_capped(nursery, tmp_path, monkeypatch):
         stream = await trio.open_tcp_stream("127.0.0.1", hb.http_port)
         await stream.send_all(_head("PUT", f"/api/queues/%2F/held{i}", head) + body[:part])
         held.append(stream)
-    await _until(lambda: limits.in_flight >= 6 * counted)
+    await _until(lambda: bodies.held >= 6 * counted)
     # small requests still go through meanwhile
     async with hb.client() as api:
         assert (await api.put("/api/queues/%2F/small", json={})).status_code == 201
+    # a big publish on the Hermes frontend counts against the same budget
+    stream = await trio.open_tcp_stream("127.0.0.1", hb.broker.hermes.frontend.port)
+    await stream.send_all(_head("POST", "/topics/g.t", head) + body[:part])
+    answer = await _answer(stream)
+    await stream.aclose()
+    assert answer.startswith(b"HTTP/1.1 503") and b"exceed 819200 bytes" in answer, answer
+    await _until(lambda: bodies.held <= 6 * counted)
     # a seventh big body passes the budget: 503, retry later
     stream = await trio.open_tcp_stream("127.0.0.1", hb.http_port)
     await stream.send_all(_head("PUT", "/api/queues/%2F/seventh", head) + body[:part])
     answer = await _answer(stream)
     await stream.aclose()
     assert answer.startswith(b"HTTP/1.1 503") and b"exceed 819200 bytes" in answer, answer
-    await _until(lambda: limits.in_flight <= 6 * counted)  # the refused one gave its share back
+    await _until(lambda: bodies.held <= 6 * counted)  # the refused one gave its share back
     # the held ones finish normally and give their share back
     for stream in held:
         await stream.send_all(body[part:])
         answer = await _answer(stream)
         assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
         await stream.aclose()
-    await _until(lambda: limits.in_flight == 0)
+    await _until(lambda: bodies.held == 0)
     async with hb.client() as api:
         assert (await api.put("/api/queues/%2F/seventh", content=body)).status_code == 201
     await hb.server.shutdown()
