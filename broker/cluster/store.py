@@ -42,6 +42,7 @@ import trio
 from ..message import Message
 from ..persistence.base import Store, StoreUnavailable
 from ..persistence.records import decode_arguments, encode_arguments
+from ..queues.types import queue_type_of
 from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
 from .forward import LOCATORS, ProxyQueue, choose_master, forward_reply, forwarded_publish
 from .link import LINK_USER, Link, link_password
@@ -623,8 +624,9 @@ class ClusterStore(Store):
             target = home  # its definition has not reached this node yet
         else:
             arguments = dict(getattr(m, "arguments", None) or {})
-            locator = arguments.get("x-queue-master-locator")
-            source = "arg 'x-queue-master-locator'"
+            qtype = queue_type_of(arguments)  # quorum: x-queue-leader-locator
+            locator = qtype.placement_locator(arguments)
+            source = f"arg '{qtype.locator_argument}'"
             if locator is None and getattr(self.broker, "policies", None) is not None:
                 locator = self.broker.policies.effective(vhost.name, "queue", name)[2].get(
                     "queue-master-locator")
@@ -648,7 +650,8 @@ class ClusterStore(Store):
         proxy = self._add_proxy(vhost, name, target, bool(getattr(m, "auto_delete", False)),
                                 arguments)
         # the master creates it locally: its own locator must not send it on again
-        remote_args = dict(arguments, **{"x-queue-master-locator": "client-local"})
+        remote_args = dict(arguments, **{queue_type_of(arguments).locator_argument:
+                                         "client-local"})
         from ..amqp import spec
         proxy.link.control(spec.Queue.Declare(0, name, False, True, False, proxy.auto_delete,
                                               False, remote_args))

@@ -73,6 +73,9 @@ class QueueType:
     dead_letter_strategies: tuple = ("at-most-once",)
     overflow: tuple = ("drop-head", "reject-publish", "reject-publish-dlx")
     available: bool = True
+    # the argument naming the node a new queue goes to in a cluster (its values mapped onto
+    # the cluster's placement strategies by ``placement_locator``)
+    locator_argument: str = "x-queue-master-locator"
 
     # ---- declare ----
     def check_declare(self, resource: Resource, durable: bool, exclusive: bool,
@@ -129,6 +132,15 @@ class QueueType:
                 and opts.extra.get("x-dead-letter-strategy") == "at-least-once"
                 and opts.dead_letter_exchange is not None and opts.overflow == "reject-publish")
 
+    def placement_locator(self, arguments: dict):
+        """The cluster's placement strategy for a new queue with these arguments (None:
+        no argument; an unknown value is returned as it is, for the caller's refusal)."""
+        value = arguments.get(self.locator_argument)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        return _LEADER_LOCATORS.get(value, value) if self.locator_argument == \
+            "x-queue-leader-locator" else value
+
     def initial_group_size(self, arguments: dict) -> int | None:
         """How many nodes a replicated type starts on (the cluster's placement)."""
         if self.mirrored:
@@ -136,6 +148,10 @@ class QueueType:
         size = arguments.get("x-quorum-initial-group-size")
         return size if isinstance(size, int) and not isinstance(size, bool) else None
 
+
+# x-queue-leader-locator (quorum, stream) as the cluster's placement strategies
+_LEADER_LOCATORS = {"client-local": "client-local", "balanced": "min-masters",
+                    "least-leaders": "min-masters", "random": "random"}
 
 # The node name in texts that name one (a single-node broker's, as RabbitMQ's default).
 NODE_NAME = "rabbit@localhost"
@@ -163,12 +179,13 @@ CLASSIC = QueueType("classic", "rabbit_classic_queue", _CLASSIC_ARGS, "classic_q
 QUORUM = QueueType("quorum", "rabbit_quorum_queue", _QUORUM_ARGS, "quorum_queues",
                    exclusive=False, transient=False, auto_delete=False, global_qos=False,
                    mirrored=False, default_delivery_limit=20,
+                   locator_argument="x-queue-leader-locator",
                    delivery_count_header=True,
                    dead_letter_strategies=("at-most-once", "at-least-once"),
                    overflow=("drop-head", "reject-publish"))
 STREAM = QueueType("stream", "rabbit_stream_queue", _STREAM_ARGS, "streams",
                    exclusive=False, transient=False, auto_delete=False, global_qos=False,
-                   mirrored=False, available=False)
+                   mirrored=False, available=False, locator_argument="x-queue-leader-locator")
 
 QUEUE_TYPES: dict[str, QueueType] = {t.name: t for t in (CLASSIC, QUORUM, STREAM)}
 # policy apply-to values that select queues, by type (None: every queue)
