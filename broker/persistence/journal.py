@@ -406,6 +406,7 @@ class JournalStore(Store):
         self.compact_written = 0  # bytes compaction wrote (moved messages)
         self.compact_freed = 0    # bytes of the segment files it emptied, once deleted
         self._compacted: set = set()  # segments compaction emptied, not yet deleted
+        self._prev_seg_bytes: dict = {}  # _seg_bytes at the previous compaction pass
         self._max_msg_id = 0
         self._bytes_since_ckpt = 0
         self._ckpt_wanted = False
@@ -973,19 +974,24 @@ class JournalStore(Store):
         """Rewrite the live messages of old, mostly dead segments at the head of the log.
 
         A segment older than the previous checkpoint keeps its whole file while any of
-        its messages lives. If at least ``compact_dead_fraction`` of it is dead, its live
-        entries are appended again (same queue and seq, so replay keeps the newest
-        location) and their in-memory locations updated, so the next checkpoint deletes
-        the file: compaction writes at most ``1 - compact_dead_fraction`` of the bytes it
-        frees. The bytes are counted exactly (record headers) before anything is written,
-        and a compaction that would not fit in the free space left is not started.
+        its messages lives. If at least ``compact_dead_fraction`` of it is dead and none
+        of its messages left since the previous pass, its live entries are appended
+        again (same queue and seq, so replay keeps the newest location) and their
+        in-memory locations updated, so the next checkpoint deletes the file: compaction
+        writes at most ``1 - compact_dead_fraction`` of the bytes it frees. The bytes are
+        counted exactly (record headers) before anything is written, and a compaction
+        that would not fit in the free space left is not started.
         """
         if self.broker is None:
             return 0
         limit = int(self.segment_size * (1.0 - self.settings.compact_dead_fraction))
         lower = self._seg_bytes
+        # only segments nothing left since the previous pass: one a consumer is draining
+        # would be rewritten just before its messages are acked anyway
+        prev, self._prev_seg_bytes = self._prev_seg_bytes, dict(lower)
         cands = {s for s in self._seg_live
-                 if s < self._ckpt_seg and s < self._seg - 1 and lower.get(s, 0) <= limit}
+                 if s < self._ckpt_seg and s < self._seg - 1 and lower.get(s, 0) <= limit
+                 and prev.get(s) == lower.get(s)}
         if not cands:
             return 0
         now_wall = time.time()
@@ -1063,6 +1069,7 @@ class JournalStore(Store):
                          e.delivery_count or (1 if delivered or e.redelivered else 0))
         self.compact_written += written
         self._compacted |= victims
+        self._prev_seg_bytes = dict(live_bytes)
         if moved:
             log.info("journal: compaction moved %d live messages (%d bytes) out of %d old "
                      "segments", moved, written, len(victims))
