@@ -310,6 +310,7 @@ def test_bad_upgrade_requests_are_refused_with_rabbitmqs_statuses(mq):
     assert http_status(port, upgrade(protocol=None))[0] == 400  # MQTT-6.0.0-3: 'mqtt' offered
     assert http_status(port, upgrade(protocol="stomp, v12.stomp"))[0] == 400
     assert http_status(port, upgrade(protocol="stomp, mqtt"))[0] == 101
+    assert http_status(port, upgrade(protocol="mqttv3.1"))[0] == 101  # older 3.1 clients
     assert http_status(port, upgrade(version=b"8"))[0] == 426
     assert http_status(port, b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 400  # no upgrade
     assert http_status(port, b"POST /ws HTTP/1.1\r\nHost: x\r\ncontent-length: 0\r\n\r\n")[0] == 400

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.mqtt")
 
 PATH = "/ws"  # RabbitMQ's Web MQTT endpoint
-# what RabbitMQ's Web MQTT accepts ('mqttv3.1': MQTT 3.1 clients such as paho's)
-SUBPROTOCOLS = ("mqtt", "mqttv3.1", "mqttv3.1.1")
+# 'mqtt' (MQTT-6.0.0-3; all RabbitMQ's Web MQTT accepts) and 'mqttv3.1', which older
+# MQTT 3.1 clients offer and Mosquitto's websockets listener accepts too
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 HANDSHAKE_READ = 4096
 _CLOSE = [(b"connection", b"close")]
 
