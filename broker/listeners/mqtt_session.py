@@ -166,7 +166,9 @@ class MQTTSession:
         self.filters: dict[str, int] = {}
         self._one_qos: int | None = None
         self._filter_qos: dict[str, int] = {}
-        self.qos2 = SessionState()  # a persistent session's comes from service.qos2
+        # QoS 2 packet-id state: a persistent session's comes from service.qos2, a clean
+        # session's is made when first needed (None until then)
+        self.qos2: SessionState | None = None
         self.delivering = False
         self.delivery_stalled = False
         self.is_publisher = False
@@ -317,8 +319,8 @@ class MQTTSession:
             present = legacy_q0 is not None or q1 is not None or (
                 (vhost.name, client_id) in qos2_store.states)
             self.qos2 = qos2_store.get(vhost.name, client_id)
-        # the connection's outbound PUBREL phase is the session's (kept across connections)
-        conn.releasing = self.qos2.releasing
+            # the connection's outbound PUBREL phase is the session's (kept across connections)
+            conn.releasing = self.qos2.releasing
         conn.accept(present, self.username)
         service.connections_accepted += 1
         # the trail's shared context of this connection's events (no channel: MQTT has none)
@@ -465,7 +467,10 @@ class MQTTSession:
         stored: bool | None
         if qos == 2:
             ack_id |= PUBREC_BIT
-            if p.packet_id in self.qos2.received:
+            state = self.qos2
+            if state is None:
+                state = self.qos2 = SessionState()
+            if p.packet_id in state.received:
                 # section 4.3.3: a duplicate before the PUBREL is not delivered again; its
                 # PUBREC follows the original's
                 stored = False
@@ -476,7 +481,7 @@ class MQTTSession:
                     self.close(exc.text)
                     return
                 if stored is not None:
-                    self.qos2.received.add(p.packet_id or 0)
+                    state.received.add(p.packet_id or 0)
                     if not self.clean:
                         self.service.qos2.add(self.vhost.name, self.client_id, INBOUND,
                                               p.packet_id or 0)
@@ -575,8 +580,9 @@ class MQTTSession:
             self.conn.pubacks(acks)
 
     def _forget_received(self, packet_id: int) -> None:
-        if packet_id in self.qos2.received:
-            self.qos2.received.discard(packet_id)
+        state = self.qos2
+        if state is not None and packet_id in state.received:
+            state.received.discard(packet_id)
             if not self.clean:
                 self.service.qos2.remove(self.vhost.name, self.client_id, INBOUND, packet_id)
 
@@ -756,8 +762,9 @@ class MQTTSession:
                     # (section 4.4): the id it had before a reconnect, else one derived from
                     # the entry's seq, which a restart keeps (used when free)
                     want = entry.seq % 65535 + 1
-                    if entry.redelivered and self.qos2.resend:
-                        want = self.qos2.resend.pop((queue.name, entry.seq), want)
+                    state = self.qos2
+                    if entry.redelivered and state is not None and state.resend:
+                        want = state.resend.pop((queue.name, entry.seq), want)
                 token[3] = pid = self.conn.publish(topic, message.body, qos, token,
                                                    dup=entry.redelivered, packet_id=want)
                 if audit is not None:
@@ -874,7 +881,7 @@ class MQTTSession:
             self._publish_will(will)
         by_queue: dict = {}
         qos2_out = self.conn.qos2_out
-        resend = None if self.clean else self.qos2.resend
+        resend = None if self.clean or self.qos2 is None else self.qos2.resend
         for pid, token in self.conn.inflight.items():
             if token is not None:
                 queue, entry, consumer, _ = token

@@ -175,9 +175,11 @@ class ServerConnection:
         self.pending_output = 0
         # packet id -> token of a QoS 1 delivery without PUBACK or a QoS 2 one without PUBREC
         self.inflight: dict[int, Any] = {}
-        self.qos2_out: set[int] = set()  # which of ``inflight`` are QoS 2
-        # outbound QoS 2 packet ids PUBRECed, PUBREL sent, no PUBCOMP yet (not reusable)
-        self.releasing: set[int] = set()
+        # which of ``inflight`` are QoS 2; and the outbound QoS 2 packet ids PUBRECed, PUBREL
+        # sent, no PUBCOMP yet (not reusable). Both start as the shared empty frozenset and
+        # become sets when first used (thousands of idle connections never use them)
+        self.qos2_out: set[int] | frozenset[int] = _EMPTY
+        self.releasing: set[int] | frozenset[int] = _EMPTY
         self._next_id = 1
         self.close_reason: str | None = None
         self._held: list[codec.Packet] = []  # packets behind a CONNECT not yet decided
@@ -259,17 +261,22 @@ class ServerConnection:
             if ptype == PUBREL:
                 return ReleaseReceived(pid)
             if ptype == PUBREC:
-                if pid in self.qos2_out:
-                    self.qos2_out.discard(pid)
+                qos2_out = self.qos2_out
+                if pid in qos2_out:
+                    # a set (it holds pid)
+                    qos2_out.discard(pid)  # type: ignore[union-attr]
                     token = self.inflight.pop(pid)
-                    self.releasing.add(pid)
+                    releasing = self.releasing
+                    if releasing is _EMPTY:
+                        releasing = self.releasing = set()
+                    releasing.add(pid)  # type: ignore[union-attr]
                     return DeliveryReceived(token, pid)
                 if pid in self.releasing:  # PUBREC again (our PUBREL crossed it): resend
                     self._write(_PUBREL.pack(0x62, 2, pid))
                 return None  # for a QoS 1 delivery or an unknown id: nothing to settle
             if ptype == PUBCOMP:
                 if pid in self.releasing:
-                    self.releasing.discard(pid)
+                    self.releasing.discard(pid)  # type: ignore[union-attr]
                     return DeliveryCompleted(pid)
                 return None
             return self._violation("UNSUBACK sent to the server")
@@ -373,7 +380,9 @@ class ServerConnection:
                 self._next_id = pid % 65535 + 1
             inflight[pid] = token
             if qos == 2:
-                self.qos2_out.add(pid)
+                if self.qos2_out is _EMPTY:
+                    self.qos2_out = set()
+                self.qos2_out.add(pid)  # type: ignore[union-attr]
         data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
@@ -385,7 +394,7 @@ class ServerConnection:
         queues). ``releasing`` stays: it belongs to the session."""
         tokens = list(self.inflight.values())
         self.inflight.clear()
-        self.qos2_out.clear()
+        self.qos2_out = _EMPTY
         return tokens
 
     def _write(self, data: bytes) -> None:
@@ -410,3 +419,4 @@ class ServerConnection:
 
 
 _MISSING = object()
+_EMPTY: frozenset[int] = frozenset()
