@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
@@ -61,6 +62,9 @@ class Broker:
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()
+        # called whenever an alarm is set or cleared (the edges stop reading publishers, or
+        # read them again)
+        self.alarms_changed: list[Callable[[], None]] = []
         self.fenced = False  # the store's lease ran out: serve nobody (on_store_fenced)
         # Async callables run for the broker's lifetime in the server's nursery.
         self.background_tasks: list = []
@@ -110,6 +114,17 @@ class Broker:
     @property
     def blocked(self) -> bool:
         return bool(self.alarms)
+
+    @property
+    def stops_publishers(self) -> bool:
+        """A resource alarm (memory, disk, a store's backlog) holds: publishers are not read
+        at all, as RabbitMQ. A store's write-failure alarm alone only slows them: their
+        publishes to its queues are nacked at once, which is what they wait for."""
+        alarms = self.alarms
+        if not alarms:
+            return False
+        failing = self._failing_stores
+        return not failing or not alarms <= {store.name for store in failing}
 
     def session_opened(self, session) -> None:
         self.sessions.add(session)
@@ -222,6 +237,8 @@ class Broker:
                 session.conn.send_unblocked()
                 session.blocked_sent = False
                 session.wake()
+        for changed in self.alarms_changed:
+            changed()
 
     def check_resources(self) -> None:
         freed = give_back(self.config.free_heap_kept)

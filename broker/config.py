@@ -87,6 +87,10 @@ class Config:
     log_level: str = "INFO"
     # AMQP: the largest message body accepted (406 PRECONDITION_FAILED above it)
     max_message_size: int = 128 * 1024 * 1024
+    # AMQP: octets of message bodies still being received that one connection may hold over
+    # all its channels (the channel whose content would pass it is closed, 406); None: twice
+    # max_message_size
+    max_partial_bodies: int | None = None
     # AMQP: a delivery unacknowledged this long (ms) closes its channel (406) and is requeued;
     # RabbitMQ's consumer_timeout default, 30 minutes. None or 0: no broker-wide timeout
     # (queues may still set x-consumer-timeout or the consumer-timeout policy key). Checked

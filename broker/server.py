@@ -30,8 +30,14 @@ from .session import Session
 
 log = logging.getLogger("broker.server")
 
+# A connection in flow (credit flow from its queues), or a publisher while only a failing
+# store's alarm holds, is read in slices of this size, one per interval at most, so that
+# close, acks and heartbeats still get through.
 BLOCKED_READ_SIZE = 4096
 BLOCKED_READ_INTERVAL = 0.1
+# A connection blocked by a resource alarm is not read; it checks its own state this often
+# (a broker-side close while blocked: the client's close-ok must be read again).
+BLOCKED_CHECK_INTERVAL = 1.0
 # Buffers per sendmsg call (Linux's IOV_MAX is 1024).
 SEND_IOV_MAX = 512
 # A write of at least this many octets (large bodies only) runs in a worker thread: the
@@ -67,11 +73,20 @@ class ConnectionHandler:
         self._drained = trio.Event()
         self._writer_done = trio.Event()
         self.closing = False
+        self.alarm_blocked = False  # not read while a resource alarm holds (see _reader)
+        self._read_scope: trio.CancelScope | None = None  # around a plain socket's receive
         self.last_received = time.monotonic()
         self.last_sent = time.monotonic()
 
     def _wake(self) -> None:
         self._wake_event.set()
+
+    def stop_reading(self) -> None:
+        """A resource alarm: end a receive in progress (nothing was read by it), so that a
+        publisher is blocked now, not after its next read. Plain sockets only: a TLS
+        stream's receive is not cancelled (it blocks after that read)."""
+        if self._read_scope is not None:
+            self._read_scope.cancel()
 
     def _flow_resumed(self) -> None:
         self._flow_event.set()
@@ -105,8 +120,10 @@ class ConnectionHandler:
                      ", ".join(sorted({type(e).__name__ for e in group.exceptions})))
         finally:
             # The one clean-up for every way a connection ends (close handshake, EOF, reset,
-            # write error, heartbeat or handshake timeout, shutdown): requeue, drop exclusives.
+            # write error, heartbeat or handshake timeout, shutdown): requeue, drop exclusives,
+            # and free the bodies still being received at once.
             session.connection_lost()
+            session.conn.release_input()
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
                     await self.stream.aclose()
@@ -130,8 +147,10 @@ class ConnectionHandler:
                 await self._drained.wait()
             size = broker.config.receive_size
             if broker.blocked and session.is_publisher and conn.state is State.OPEN:
-                # Blocked by a resource alarm: trickle-read (so close, acks and heartbeats
-                # still get through) instead of stopping dead as RabbitMQ does.
+                if broker.stops_publishers:
+                    await self._blocked_by_alarm()
+                    continue
+                # only a failing store's alarm: read slowly (its publishes are nacked)
                 broker.notify_blocked(session)
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
                     await self.server.unblocked_event().wait()
@@ -153,8 +172,15 @@ class ConnectionHandler:
                     buf.release()
                 else:
                     # an idle or trickling connection: the kernel allocates what arrives, so
-                    # that no buffer is held while waiting (copied into the frame buffer)
-                    data = await sock.recv(size)
+                    # that no buffer is held while waiting (copied into the frame buffer).
+                    # The wait can be ended by an alarm (stop_reading); a read with data
+                    # waiting (above) returns at once.
+                    with trio.CancelScope() as scope:
+                        self._read_scope = scope
+                        data = await sock.recv(size)
+                    self._read_scope = None
+                    if scope.cancelled_caught:
+                        continue  # nothing was read: blocked before the next read
                     n = len(data)
                     ready = n == size
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -168,6 +194,24 @@ class ConnectionHandler:
             session.data_received(data)
             if conn.input_pending:
                 await self._feed_slices()
+
+    async def _blocked_by_alarm(self) -> None:
+        """A publisher while a resource alarm holds: as RabbitMQ, its socket is not read at
+        all (connection.blocked sent) until the alarm clears, or the connection is closed
+        from our side (then its close-ok must be read). The client's heartbeats are not
+        read meanwhile, so the watchdog does not count them (``alarm_blocked``)."""
+        session = self.session
+        conn = session.conn
+        broker = self.server.broker
+        broker.notify_blocked(session)
+        self.alarm_blocked = True
+        try:
+            while broker.stops_publishers and conn.state is State.OPEN and not session.finished:
+                with trio.move_on_after(BLOCKED_CHECK_INTERVAL):
+                    await self.server.unblocked_event().wait()
+        finally:
+            self.alarm_blocked = False
+            self.last_received = time.monotonic()
 
     async def _feed_slices(self) -> None:
         """Handle the rest of what was read a budget at a time, yielding between goes so that
@@ -252,7 +296,7 @@ class ConnectionHandler:
                     return
             hb = conn.heartbeat
             if hb and state in (State.OPEN, State.CLOSING):
-                if now - self.last_received > 2 * hb:
+                if now - self.last_received > 2 * hb and not self.alarm_blocked:
                     log.warning("connection %s: missed heartbeats from client, timeout: %ss",
                                 self.peer, hb)
                     await self._abort()
@@ -274,12 +318,21 @@ class Server:
         self.broker = broker
         self.handlers: set[ConnectionHandler] = set()
         self._unblocked = trio.Event()
+        broker.alarms_changed.append(self._alarms_changed)
         self.listeners: list[trio.SocketListener] = []
         self.port: int | None = None
         self._accept_scope = trio.CancelScope()
         self.fatal: BaseException | None = None  # why the server stopped by itself
         self.tls_port: int | None = None  # the amqps port once open (config.tls_port)
         self.tls_context: ssl.SSLContext | None = None
+
+    def _alarms_changed(self) -> None:
+        if not self.broker.blocked:
+            self._unblocked.set()
+        elif self.broker.stops_publishers:
+            for handler in self.handlers:
+                if handler.session.is_publisher:
+                    handler.stop_reading()
 
     def unblocked_event(self) -> trio.Event:
         if not self.broker.blocked:
@@ -363,10 +416,7 @@ class Server:
 
     async def _monitor_resources(self) -> None:
         while True:
-            was_blocked = self.broker.blocked
-            self.broker.check_resources()
-            if was_blocked and not self.broker.blocked:
-                self._unblocked.set()
+            self.broker.check_resources()  # alarms set or cleared: see _alarms_changed
             await trio.sleep(1.0)
 
     async def serve(self, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:

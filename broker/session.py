@@ -17,6 +17,7 @@ from .amqp.connection import (
     ConnectionClosedByPeer,
     ConnectionOpened,
     ContentReceived,
+    ContentStarted,
     MethodReceived,
     ProtocolError,
     ServerConnection,
@@ -46,6 +47,7 @@ class Session:
             self._authenticate, self._open_vhost,
             frame_max=broker.config.frame_max, channel_max=broker.config.channel_max,
             heartbeat=broker.config.heartbeat, max_message_size=broker.config.max_message_size,
+            max_partial_bodies=broker.config.max_partial_bodies,
             server_properties={"version": __version__},
             mechanisms=b"AMQPLAIN PLAIN EXTERNAL" if tls else b"AMQPLAIN PLAIN")
         self.output_high_water = broker.config.output_high_water
@@ -128,6 +130,13 @@ class Session:
                     ch = channels.get(ev.channel)
                     if ch is not None:
                         ch.handle(ev.method)
+                elif kind is ContentStarted:
+                    # a large body: refuse a publisher without write permission before
+                    # its body is read (what follows on the channel is then dropped)
+                    self.is_publisher = True
+                    authz = self.authz
+                    if authz is not None and ev.exchange not in authz.write_ok:
+                        authz.check("exchange", ev.exchange, "write")
                 elif kind is ChannelOpened:
                     channels[ev.channel] = Channel(self, ev.channel)
                     if self.user is not None:
@@ -161,7 +170,8 @@ class Session:
                 number = getattr(ev, "channel", 0)
                 # The failing method is known here, not at the raise site.
                 exc.for_method(ev.method if kind is MethodReceived
-                               else _PUBLISH if kind is ContentReceived else None)
+                               else _PUBLISH if kind is ContentReceived or kind is ContentStarted
+                               else None)
                 if exc.hard or number == 0:
                     log.warning("connection %s: closing: %s", self.peer, exc.text)
                     self.flush_confirms()

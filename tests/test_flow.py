@@ -239,3 +239,91 @@ async def test_in_flow_connection_still_gets_its_close_handled(inprocess_broker)
             break
     await pub.aclose()
     await sub.aclose()
+
+
+# ---- resource alarms: a blocked publisher is not read at all ---------------------------
+ALARM = "test alarm"  # raised by hand (the resource monitor sets memory and disk itself)
+
+
+async def _wait_for(cond, what: str, within: float = 10.0) -> None:
+    with trio.fail_after(within):
+        while not cond():  # noqa: ASYNC110 - polling the broker's state
+            await trio.sleep(0.01)
+
+
+async def _blocked_publisher(server, port: int, heartbeat: int = 0):
+    """A connection that has published once, then blocked by an alarm: (client, handler)."""
+    pub = TrioClient(await trio.open_tcp_stream("127.0.0.1", port))
+    await pub.handshake(heartbeat=heartbeat)
+    await pub.call(1, spec.Channel.Open(), spec.Channel.OpenOk)
+    await pub.call(1, spec.Queue.Declare(queue="alarmed"), spec.Queue.DeclareOk)
+    await pub.publish(1, b"before", routing_key="alarmed")
+    await _wait_for(lambda: any(h.session.is_publisher for h in server.handlers), "a publisher")
+    (handler,) = [h for h in server.handlers if h.session.is_publisher]
+    server.broker.set_alarm(ALARM, True)
+    await _wait_for(lambda: handler.alarm_blocked, "the publisher blocked")
+    return pub, handler
+
+
+async def test_a_publisher_blocked_by_an_alarm_is_not_read_at_all(inprocess_broker, nursery):
+    server = inprocess_broker.server
+    pub, handler = await _blocked_publisher(server, inprocess_broker.port)
+    conn = handler.session.conn
+    queue = server.broker.vhosts["/"].queues["alarmed"]
+    read = conn.recv_oct
+    sent = trio.Event()
+
+    async def publish_all():  # more than the kernel's buffers take: the rest waits
+        for i in range(400):
+            await pub.publish(1, b"x" * 1000 + b"%d" % i, routing_key="alarmed")
+        sent.set()
+
+    nursery.start_soon(publish_all)
+    # A negative: nothing is read while the alarm holds (the old trickle read 4 KiB every
+    # 0.1 s; 1.5 s would have let ~60 KB through).
+    await trio.sleep(1.5)
+    assert conn.recv_oct == read
+    assert len(queue.ready) == 1 and not sent.is_set()
+    server.broker.set_alarm(ALARM, False)
+    await _wait_for(lambda: len(queue.ready) == 401, "the held publishes after the alarm")
+    assert sent.is_set()
+    await pub.aclose()
+
+
+async def test_a_blocked_publisher_is_not_timed_out_for_unread_heartbeats(inprocess_broker):
+    server = inprocess_broker.server
+    pub, handler = await _blocked_publisher(server, inprocess_broker.port, heartbeat=1)
+    # no frame from the client for more than twice the heartbeat: not read, not counted
+    await trio.sleep(3)
+    assert handler in server.handlers
+    server.broker.set_alarm(ALARM, False)
+    await _wait_for(lambda: not handler.alarm_blocked, "the publisher unblocked")
+    await pub.call(1, spec.Basic.Qos(0, 1, False), spec.Basic.QosOk)
+    await pub.aclose()
+
+
+async def test_a_consumer_that_never_published_is_read_while_an_alarm_holds(inprocess_broker):
+    server = inprocess_broker.server
+    sub = await _consumer(inprocess_broker.port, "alarmed", prefetch=1)
+    queue = server.broker.vhosts["/"].queues["alarmed"]
+    pub, _handler = await _blocked_publisher(server, inprocess_broker.port)
+    got = await sub.expect(spec.Basic.Deliver, within=10)
+    await sub.call(1, spec.Basic.Ack(got.method.delivery_tag, False))
+    consumer = [h for h in server.handlers if not h.session.is_publisher][0]
+    await _wait_for(lambda: not any(ch.unacked for ch in consumer.session.channels.values()),
+                    "the consumer's ack handled under the alarm")
+    server.broker.set_alarm(ALARM, False)
+    await pub.aclose()
+    await sub.aclose()
+
+
+async def test_a_blocked_publisher_closed_by_the_broker_gets_its_close_ok_read(inprocess_broker):
+    from broker import errors
+    server = inprocess_broker.server
+    pub, handler = await _blocked_publisher(server, inprocess_broker.port)
+    handler.session.force_close(errors.connection_forced("closed by an operator"))
+    await pub.expect(spec.Connection.Close, within=10)
+    await pub.call(0, spec.Connection.CloseOk())
+    await _wait_for(lambda: handler not in server.handlers, "the connection ended", within=10)
+    server.broker.set_alarm(ALARM, False)
+    await pub.aclose()
