@@ -104,26 +104,41 @@ def parse_json(raw: bytes | str) -> Any:
 
 
 def _check_values(data: Any) -> None:
-    # iterative: the walk itself must not recurse on hostile input
-    stack: list[tuple[Any, tuple, int]] = [(data, (), 0)]
+    # iterative, so the walk cannot recurse on hostile input; no paths are built on the way
+    # (the walk costs about half the decoding of a big definitions file): only when a value
+    # is refused does a second walk find where it is
     lo, hi = _INT_RANGE
+    bare = type(data) is not dict and type(data) is not list
+    if bare:
+        data = [data]  # a bare number is checked as an element of nothing
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    pop, push = stack.pop, stack.append
     while stack:
-        value, path, depth = stack.pop()
-        if isinstance(value, dict):
-            items: Any = value.items()
-        elif isinstance(value, list):
-            items = enumerate(value)
-        else:
-            if type(value) is int and not lo <= value <= hi:
-                raise JsonRejected(f"field '{_dotted(path)}': number out of range")
-            if type(value) is float and not math.isfinite(value):
-                raise JsonRejected(f"field '{_dotted(path)}': number out of range")
-            continue
+        value, depth = pop()
         if depth >= MAX_JSON_DEPTH:
             raise JsonRejected(f"not_json: nested deeper than {MAX_JSON_DEPTH} levels")
+        for item in (value.values() if type(value) is dict else value):
+            kind = type(item)
+            if kind is dict or kind is list:
+                push((item, depth + 1))
+            elif (kind is int and not lo <= item <= hi) or (
+                    kind is float and not math.isfinite(item)):
+                path = _path_to(data, item)[1 if bare else 0:]
+                raise JsonRejected(f"field '{_dotted(path)}': number out of range")
+
+
+def _path_to(data: Any, target: Any) -> tuple:
+    """The keys leading to ``target`` (the object itself) in ``data``."""
+    stack: list[tuple[Any, tuple]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        items = value.items() if type(value) is dict else enumerate(value)
         for key, item in items:
-            if isinstance(item, (dict, list, int, float)):
-                stack.append((item, (*path, key), depth + 1))
+            if item is target:
+                return (*path, key)
+            if type(item) is dict or type(item) is list:
+                stack.append((item, (*path, key)))
+    return ()
 
 
 def _dotted(path: tuple) -> str:
