@@ -4,7 +4,8 @@ out ...") and, as any channel close does, its unacknowledged deliveries are requ
 
 The timeout is broker-wide (``Config.consumer_timeout``, ms, RabbitMQ's default 30 minutes),
 or per queue: the ``x-consumer-timeout`` argument and the ``consumer-timeout`` policy key
-(RabbitMQ 3.12+), the lower of the two when both are set.
+(RabbitMQ 3.12+), the lower of the two when both are set; an ``x-consumer-timeout`` consumer
+argument (basic.consume, newer RabbitMQ) overrides them for that consumer's deliveries.
 
 Cheap on the hot path: a delivery records the time of the last sweep (an attribute read, no
 clock call, no timer); one sweep on the broker's timer heap every ``interval`` seconds looks
@@ -33,14 +34,25 @@ POLICY_KEY = "consumer-timeout"
 register_queue_argument(ARGUMENT, non_neg_int, equivalence=False)
 
 
+def _ms(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+def delivery_timeout_ms(consumer, queue) -> int | None:
+    """The timeout of a delivery by ``consumer`` (None: basic.get) from ``queue``; None: the
+    broker's."""
+    if consumer is not None and consumer.arguments:
+        own = _ms(consumer.arguments.get(ARGUMENT))
+        if own is not None:
+            return own
+    return queue_timeout_ms(queue)
+
+
 def queue_timeout_ms(queue) -> int | None:
     """The queue's own timeout (argument, policy; the lower of both), None: the broker's."""
-    arg = queue.arguments.get(ARGUMENT) if queue.arguments else None
-    policy = queue.effective_policy_definition.get(POLICY_KEY)
-    if not isinstance(arg, int) or isinstance(arg, bool):
-        arg = None
-    if not isinstance(policy, int) or isinstance(policy, bool):
-        policy = None
+    arg = _ms(queue.arguments.get(ARGUMENT)) if queue.arguments else None
+    policy = _ms(queue.effective_policy_definition.get(POLICY_KEY))
     if arg is None:
         return policy
     return arg if policy is None else min(arg, policy)
@@ -83,7 +95,7 @@ class ConsumerTimeouts:
             if not unacked:
                 continue
             oldest = next(iter(unacked.values()))
-            own = queue_timeout_ms(oldest.queue)
+            own = delivery_timeout_ms(oldest.consumer, oldest.queue)
             timeout = own if own is not None else default
             if timeout is not None and now - oldest.at > timeout / 1000 + slack:
                 expired.append((ch, timeout, oldest))

@@ -169,3 +169,14 @@ def test_exempt_users_are_never_timed_out(broker, session_client, clock):
     _consume_one(c)
     clock.advance(60.0)
     assert c.output() == []
+
+
+def test_consumer_argument_overrides_the_queue(broker, session_client, clock):
+    broker.consumer_timeouts.timeout_ms = None
+    c = session_client()
+    c.open_channel(1)
+    c.declare_queue(1, "q", arguments={"x-consumer-timeout": 600_000})
+    c.publish(1, b"m", routing_key="q")
+    c.consume(1, "q", tag="t", arguments={"x-consumer-timeout": 2000})
+    clock.advance(4.0)
+    assert channel_close(c.output()).reply_text == timed_out_text(1, 2000)
