@@ -9,6 +9,8 @@ raising ValueError with the field, ``apply(defs)``).
 """
 from __future__ import annotations
 
+import re
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -298,8 +300,9 @@ async def get_definitions(request: Request):
         raise ApiError(404, "Not Found")
     headers = {}
     if "download" in request.query_params:
-        headers["content-disposition"] = (
-            f'attachment; filename="{request.query_params["download"] or "definitions.json"}"')
+        # the client names the file: only characters a header and a file name can carry
+        name = re.sub(r"[^A-Za-z0-9._ -]", "_", request.query_params["download"])[:200]
+        headers["content-disposition"] = f'attachment; filename="{name or "definitions.json"}"'
     return JSONResponse(export(broker, vhost), headers=headers)
 
 

@@ -136,3 +136,12 @@ async def test_no_field_value_gets_a_500(api):
                 if r.status_code >= 500:
                     failures.append((method, path, field, value, r.status_code))
     assert not failures
+
+
+async def test_download_name_cannot_inject_headers(api):
+    for name, expected in (("x\r\nSet-Cookie: a", 'filename="x__Set-Cookie_ a"'),
+                           ("défs.json", 'filename="d_fs.json"'), ("", 'filename="definitions.json"')):
+        r = await api.get("/api/definitions", params={"download": name})
+        assert r.status_code == 200, (name, r.status_code)
+        assert r.headers["content-disposition"] == f"attachment; {expected}"
+        assert "set-cookie" not in r.headers
