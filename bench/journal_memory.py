@@ -128,7 +128,7 @@ def unacked(args) -> None:
             _blast(b.url, "u", n, size)
             if mode == "unacked":
                 done.wait(600)
-            time.sleep(1.0)
+            time.sleep(4.0)  # the journal pages unacked deliveries out after 1-2 s
             grown = ((rss_kb(b.pid) or 0) - base) * 1024
             print(f"{mode}: {n} x {size} B: RSS +{grown >> 20} MiB, {grown / n:.0f} B per "
                   f"message, {grown / payload:.2f}x the payload")

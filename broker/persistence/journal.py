@@ -34,11 +34,12 @@ import time
 from array import array
 from collections import Counter
 from operator import itemgetter
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import trio
 
 from ..config import JournalSettings
+from ..message import Message
 from ..queues.entry import QueueEntry
 from ..queues.ops import Op
 from ..queues.retry import restore_delivery_count
@@ -72,6 +73,63 @@ _T_ENQ, _T_ENQ_REF, _T_REMOVE = jf.T_ENQ, jf.T_ENQ_REF, jf.T_REMOVE
 # live entry is counted for in a segment's live bytes (a lower bound of what moving it writes)
 ENQ_MIN = jf.HDR_SIZE + jf.ENQ.size + _MSG_HEAD.size + 2
 DELIVERED_MAX = jf.HDR_SIZE + jf.DELIVERED_N.size  # one T_DELIVERED record at most
+
+
+UNACKED_PAGE_AFTER = 1.0  # seconds a delivery stays unacked before its message is paged out
+# Message's slot descriptors, which StoredMessage's properties shadow
+_SLOTS: dict[str, Any] = {name: Message.__dict__[name] for name in ("body", "properties", "props_raw")}
+
+
+class StoredMessage(Message):
+    """The message of a delivery left unacknowledged, kept by its journal location only.
+
+    Body, properties and raw properties are read back from the journal on first use (a
+    requeue, a dead letter) and kept from then on; id, exchange, routing key and
+    persistence stay in memory, so an ack reads nothing. A consumer holding many
+    deliveries then costs about what a paged queue entry does, not its payload.
+    """
+
+    __slots__ = ("_blen", "_loc", "_store")
+    _blen: int
+    _loc: int
+    _store: JournalStore
+
+    @classmethod
+    def of(cls, message: Message, store: JournalStore, loc: int) -> StoredMessage:
+        m = object.__new__(cls)
+        m.id = message.id
+        m.exchange = message.exchange
+        m.routing_key = message.routing_key
+        m.persistent = message.persistent
+        m._blen = len(message.body)
+        m._loc = loc
+        m._store = store
+        return m
+
+    def _slot(self, name: str):
+        slot = _SLOTS[name]
+        try:
+            return slot.__get__(self)
+        except AttributeError:  # not read back yet
+            real = self._store.read_message(self._loc)
+            for n, d in _SLOTS.items():
+                d.__set__(self, getattr(real, n))
+            return slot.__get__(self)
+
+
+def _lazy(name: str) -> property:
+    def get(self: StoredMessage) -> Any:
+        return self._slot(name)
+    return property(get)
+
+
+for _name in _SLOTS:  # (set here: a property over a slot of the base class)
+    setattr(StoredMessage, _name, _lazy(_name))
+
+
+def _body_len(entry) -> int:
+    msg = entry.message
+    return msg._blen if isinstance(msg, StoredMessage) else len(msg.body)
 
 
 def _columns(queue=None) -> list:
@@ -416,6 +474,10 @@ class JournalStore(Store):
         # entries enqueued while writes fail, not yet recorded -> queue: a nacked publish
         # takes them back from their queues and is never written (when_durable)
         self._held: dict = {}
+        # stored deliveries not yet settled, by age: their messages are paged out once
+        # they are UNACKED_PAGE_AFTER old (_page_unacked)
+        self._fresh_out: list = []
+        self._aging_out: list = []
         # definitions (for checkpoints)
         self._exchanges: dict = {}
         self._queues: dict = {}    # qid -> QueueDef
@@ -527,6 +589,22 @@ class JournalStore(Store):
             yield entry
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._page_unacked)
+            await self._run_writer()
+
+    async def _page_unacked(self) -> None:
+        """Every UNACKED_PAGE_AFTER seconds, the stored deliveries still unsettled since the
+        previous pass keep their messages only by location (StoredMessage)."""
+        while True:
+            await trio.sleep(UNACKED_PAGE_AFTER)
+            due, self._aging_out, self._fresh_out = self._aging_out, self._fresh_out, []
+            out = self._out
+            for e in due:
+                if e.loc and type(e.message) is Message and e in out:
+                    e.message = StoredMessage.of(e.message, self, e.loc)
+
+    async def _run_writer(self) -> None:
         dirty = self._dirty = trio.Event()
         if self._pending or self._callbacks:
             dirty.set()
@@ -839,6 +917,7 @@ class JournalStore(Store):
         elif op is _DELIVER:
             if entry.loc:
                 self._out[entry] = queue
+                self._fresh_out.append(entry)
                 self.delivered(queue, entry)  # every time: the count survives a restart
         elif op is _REQUEUE:
             self._out.pop(entry, None)
@@ -899,9 +978,8 @@ class JournalStore(Store):
         n = live.get(seg, 0) - 1
         if n > 0:
             live[seg] = n
-            msg = entry.message
             # (a scheduler slot's entry may leave unread: its body length is on disk)
-            blen = len(msg.body) if msg is not None else self._stored_body_len(loc)
+            blen = _body_len(entry) if entry.message is not None else self._stored_body_len(loc)
             self._seg_bytes[seg] -= ENQ_MIN + blen
         else:
             live.pop(seg, None)
@@ -965,7 +1043,7 @@ class JournalStore(Store):
             seqs.append(e.seq)
             locs.append(e.loc)
             exps.append(NAN if e.expires_at is None else e.expires_at + delta)
-            blens.append(len(e.message.body))
+            blens.append(_body_len(e))
             flags.append(jf.count_flags(e.delivery_count, bool(delivered or e.redelivered)))
             if prios is not None:
                 prios.append(e.priority)
@@ -1065,8 +1143,10 @@ class JournalStore(Store):
             if (e.loc >> 32) not in victims:
                 continue
             exp = None if e.expires_at is None else e.expires_at + delta
-            e.loc = move(qid, e.loc, e.seq, exp, e.priority, len(e.message.body),
+            e.loc = move(qid, e.loc, e.seq, exp, e.priority, _body_len(e),
                          e.delivery_count or (1 if delivered or e.redelivered else 0))
+            if isinstance(e.message, StoredMessage):
+                e.message._loc = e.loc  # the old segment goes
         self.compact_written += written
         self._compacted |= victims
         self._prev_seg_bytes = dict(live_bytes)

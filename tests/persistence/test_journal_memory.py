@@ -5,6 +5,7 @@ than the disk) is bench.journal_memory's, in docs/performance-durability.md."""
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from broker.broker import Broker
 from broker.config import Config, JournalSettings
@@ -33,3 +34,71 @@ def test_unwritten_buffer_over_its_bound_blocks_publishers(tmp_path):
         await store.close()
 
     trio.run(main)
+
+
+def test_unacked_deliveries_keep_only_their_location(tmp_path):
+    """Deliveries left unacked for a while keep their message by journal location only
+    (StoredMessage): no body, no properties in memory. An ack reads nothing back; a
+    requeue reads it back whole; compaction moves them; a restart brings them back."""
+    from broker.persistence.journal import _SLOTS, StoredMessage
+
+    def in_memory(m) -> bool:
+        try:
+            _SLOTS["body"].__get__(m)
+        except AttributeError:
+            return False
+        return True
+
+    async def main():
+        settings = JournalSettings(segment_size=64 * 1024, compact_dead_fraction=0.0)
+        store = JournalStore(str(tmp_path), segment_size=64 * 1024, settings=settings)
+        broker = Broker(Config(data_dir=str(tmp_path)), store)
+        await store.open()
+        broker.recover()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            q = durable_queue(broker)
+            for i in range(200):
+                q.enqueue(message(b"%04d" % i + b"." * 996))
+            await store._flush_once()
+            held = [q.get() for _ in range(200)]
+            assert all(type(e.message) is not StoredMessage for e in held)
+            await trio.sleep(2.5)                # two pager passes
+            assert all(type(e.message) is StoredMessage and not in_memory(e.message)
+                       for e in held)
+            for e in held[100:150]:
+                q.ack(e, None)
+            assert not any(in_memory(e.message) for e in held)  # acks read nothing
+            await store.checkpoint()
+            for _ in range(150):                 # the log moves on: the old segments compact
+                q.enqueue(message(b"late" + b"." * 996))
+            await store._flush_once()
+            await store.checkpoint()
+            assert store.compact_written > 0
+            assert not any(in_memory(e.message) for e in held[:100])
+            q.requeue([(e, None) for e in held[:10]])
+            assert [q.get().message.body[:4] for _ in range(10)] == [b"%04d" % i for i in range(10)]
+            assert held[0].message.properties["delivery_mode"] == 2
+            nursery.cancel_scope.cancel()
+        await store.close()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+    async def after():
+        store = JournalStore(str(tmp_path), segment_size=64 * 1024)
+        broker = Broker(Config(data_dir=str(tmp_path)), store)
+        await store.open()
+        broker.recover()
+        q = broker.vhosts["/"].queues["q"]
+        got = []
+        while q.message_count:
+            e = q.get()
+            got.append((e.message.body[:4], e.redelivered))
+            q.ack(e, None)
+        await store.close()
+        return got
+
+    got = trio.run(after)
+    expected = [(b"%04d" % i, True) for i in range(200) if not 100 <= i < 150]
+    assert sorted(g for g in got if g[0] != b"late") == expected
+    assert sum(1 for g in got if g[0] == b"late") == 150
