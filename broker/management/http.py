@@ -105,7 +105,7 @@ def parse_json(raw: bytes | str) -> Any:
 
 def _check_values(data: Any) -> None:
     # iterative, so the walk cannot recurse on hostile input; no paths are built on the way
-    # (the walk costs about half the decoding of a big definitions file): only when a value
+    # (the walk costs about as much as decoding a big definitions file): only when a value
     # is refused does a second walk find where it is
     lo, hi = _INT_RANGE
     bare = type(data) is not dict and type(data) is not list
