@@ -12,6 +12,7 @@ from collections import deque
 from . import errors
 from .amqp import spec
 from .amqp.fields import encode_properties
+from .consumer_timeout import Period
 from .direct_reply import REPLY_PREFIX, REPLY_QUEUE, ReplyConsumer
 from .message import Message
 from .queues.queue import Consumer, Queue
@@ -41,12 +42,12 @@ def _random_tag(prefix: str) -> str:
 class Unacked:
     __slots__ = ("at", "audit_pos", "consumer", "entry", "queue", "tag")
 
-    def __init__(self, tag, entry, queue, consumer, at: float = 0.0):
+    def __init__(self, tag, entry, queue, consumer, at: Period | None = None):
         self.tag = tag
         self.entry = entry
         self.queue = queue
         self.consumer = consumer
-        self.at = at  # the consumer-timeout sweep's time before the delivery (consumer_timeout)
+        self.at = at  # the period between consumer-timeout sweeps it was delivered in
         self.audit_pos = -1  # where the audit trail holds its delivery's record (acked())
 
 
@@ -106,7 +107,7 @@ class Channel:
             self.stats_deliver_no_ack += 1
         else:
             self.stats_deliver += 1
-            item = self.unacked[tag] = Unacked(tag, entry, queue, consumer, self.timeouts.tick)
+            item = self.unacked[tag] = Unacked(tag, entry, queue, consumer, self.timeouts.period)
         if entry.redelivered:
             self.stats_redeliver += 1
         if self.audit is not None:
@@ -380,7 +381,7 @@ class Channel:
             self.stats_get += 1
             q.stats_get += 1
             q.unacked_count += 1
-            self.unacked[tag] = Unacked(tag, entry, q, None, self.timeouts.tick)
+            self.unacked[tag] = Unacked(tag, entry, q, None, self.timeouts.period)
 
     def _take_unacked(self, tag: int, multiple: bool, m) -> list:
         unacked = self.unacked

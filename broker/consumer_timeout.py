@@ -7,10 +7,12 @@ or per queue: the ``x-consumer-timeout`` argument and the ``consumer-timeout`` p
 (RabbitMQ 3.12+), the lower of the two when both are set; an ``x-consumer-timeout`` consumer
 argument (basic.consume, newer RabbitMQ) overrides them for that consumer's deliveries.
 
-Cheap on the hot path: a delivery records the time of the last sweep (an attribute read, no
-clock call, no timer); one sweep on the broker's timer heap every ``interval`` seconds looks
-at each channel's oldest unacknowledged delivery, as RabbitMQ's channel tick does. A delivery
-times out between ``timeout`` and ``timeout + 2 * interval`` after it was sent.
+Cheap on the hot path: one sweep on the broker's timer heap every ``interval`` seconds looks
+at each channel's oldest unacknowledged delivery, as RabbitMQ's channel tick does, and a
+delivery with acks only records the ``Period`` between two sweeps it was sent in (an attribute
+read: no clock read, no timer, no task). The period's end, the next sweep's time, bounds the
+delivery's time from above, however late a loaded loop runs the sweep: a delivery never times
+out early, and at most two intervals (plus the timer's lateness) after its timeout.
 """
 from __future__ import annotations
 
@@ -58,6 +60,15 @@ def queue_timeout_ms(queue) -> int | None:
     return arg if policy is None else min(arg, policy)
 
 
+class Period:
+    """The time between two sweeps; ``end`` (the second sweep's time) is set when it ends."""
+
+    __slots__ = ("end",)
+
+    def __init__(self) -> None:
+        self.end: float | None = None
+
+
 class ConsumerTimeouts:
     """The sweep over the broker's AMQP channels; channels register while open."""
 
@@ -65,7 +76,7 @@ class ConsumerTimeouts:
         self.timers = timers
         self.timeout_ms = timeout_ms or None  # broker-wide; None/0: none
         self.interval = interval
-        self.tick = timers.now()  # the last sweep's time: what deliveries record
+        self.period = Period()  # the current one: what deliveries record
         self.channels: set[Channel] = set()
         # users whose channels are never timed out (the cluster's node-to-node links: their
         # deliveries wait on the other node's consumers, which have timeouts of their own)
@@ -78,7 +89,6 @@ class ConsumerTimeouts:
             return
         self.channels.add(channel)
         if self._handle is None:
-            self.tick = self.timers.now()
             self._handle = self.timers.call_later(self.interval, self._sweep)
 
     def forget(self, channel: Channel) -> None:
@@ -86,8 +96,9 @@ class ConsumerTimeouts:
 
     def _sweep(self) -> None:
         self._handle = None
-        now = self.tick = self.timers.now()
-        slack = self.interval  # a delivery recorded the sweep before it: never early
+        now = self.timers.now()
+        self.period.end = now
+        self.period = Period()
         default = self.timeout_ms
         expired = []
         for ch in self.channels:
@@ -97,7 +108,8 @@ class ConsumerTimeouts:
             oldest = next(iter(unacked.values()))
             own = delivery_timeout_ms(oldest.consumer, oldest.queue)
             timeout = own if own is not None else default
-            if timeout is not None and now - oldest.at > timeout / 1000 + slack:
+            sent_by = oldest.at.end if oldest.at is not None else None  # a bound: never early
+            if timeout is not None and sent_by is not None and now - sent_by > timeout / 1000:
                 expired.append((ch, timeout, oldest))
         for ch, timeout, oldest in expired:
             tag = oldest.consumer.tag if oldest.consumer is not None else "basic.get"

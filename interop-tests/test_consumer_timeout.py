@@ -76,7 +76,7 @@ def test_acked_in_time_keeps_the_channel(connect, uid, cleanup):
         pytest.skip("x-consumer-timeout is RabbitMQ 3.12+")
     ch = conn.channel()
     q = cleanup.queue(uid)
-    ch.queue_declare(q, arguments={"x-consumer-timeout": 1000})
+    ch.queue_declare(q, arguments={"x-consumer-timeout": 3000})  # a client stalled by load
     acked: list = []
 
     def on_message(c, m, p, b):
@@ -84,7 +84,7 @@ def test_acked_in_time_keeps_the_channel(connect, uid, cleanup):
         acked.append(b)
 
     ch.basic_consume(q, on_message)
-    deadline = time.monotonic() + 4.0  # several timeouts' worth of prompt acks
+    deadline = time.monotonic() + 8.0  # a few timeouts' worth of prompt acks
     i = 0
     while time.monotonic() < deadline:
         ch.basic_publish("", q, str(i).encode())
