@@ -305,11 +305,10 @@ async def test_a_blocked_publisher_is_not_timed_out_for_unread_heartbeats(inproc
 async def test_a_consumer_that_never_published_is_read_while_an_alarm_holds(inprocess_broker):
     server = inprocess_broker.server
     sub = await _consumer(inprocess_broker.port, "alarmed", prefetch=1)
-    queue = server.broker.vhosts["/"].queues["alarmed"]
     pub, _handler = await _blocked_publisher(server, inprocess_broker.port)
     got = await sub.expect(spec.Basic.Deliver, within=10)
     await sub.call(1, spec.Basic.Ack(got.method.delivery_tag, False))
-    consumer = [h for h in server.handlers if not h.session.is_publisher][0]
+    consumer = next(h for h in server.handlers if not h.session.is_publisher)
     await _wait_for(lambda: not any(ch.unacked for ch in consumer.session.channels.values()),
                     "the consumer's ack handled under the alarm")
     server.broker.set_alarm(ALARM, False)

@@ -17,6 +17,7 @@ import ssl
 import trio
 import trio.lowlevel
 
+from ..mqtt.codec import MAX_UNAUTHENTICATED
 from ..mqtt.connection import State
 from . import ListenError
 from .mqtt_session import MQTTService, MQTTSession
@@ -50,6 +51,8 @@ class MQTTConnectionHandler:
         except OSError:
             host, self.peer = None, "?"
         self.session = MQTTSession(listener.service, self.peer, host)
+        # the CONNECT, read before any login, is bounded as RabbitMQ bounds it
+        self.session.conn.reader.max_first = MAX_UNAUTHENTICATED
         try:
             self.session.local_port = sock.getsockname()[1]
         except OSError:
@@ -154,8 +157,15 @@ class MQTTConnectionHandler:
                 self._drained = None
             size = broker.config.receive_size
             if broker.blocked and session.is_publisher:
-                # resource alarm: trickle-read (PINGREQ, PUBACKs still pass), as for AMQP
                 broker.notify_blocked(session)  # listed as "blocked" (nothing is sent)
+                if broker.stops_publishers:
+                    # a resource alarm: not read at all until it clears, as for AMQP (the
+                    # keep-alive starts again from then: its PINGREQs were not read)
+                    while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
+                        await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
+                    self._last_received = trio.current_time()
+                    continue
+                # only a failing store's alarm: read slowly (its publishes are refused)
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
                     await listener.server_unblocked()
                 size = BLOCKED_READ_SIZE

@@ -26,6 +26,10 @@ REFUSED_NOT_AUTHORIZED = 5
 SUBACK_FAILURE = 0x80
 
 MAX_REMAINING_LENGTH = 268_435_455  # 4 bytes of variable length encoding
+# What the server's reader allows the first packet (CONNECT, before any login), as
+# RabbitMQ's mqtt.max_packet_size_unauthenticated: an anonymous peer cannot make the broker
+# buffer more (``PacketReader.max_first``).
+MAX_UNAUTHENTICATED = 65_536
 _H = struct.Struct(">H")
 
 
@@ -350,18 +354,24 @@ def _publish_at(first: int, buf: bytearray, start: int, end: int) -> Publish:
 
 class PacketReader:
     """Splits a byte stream into packets. ``max_packet`` bounds the remaining length
-    (a huge declared length is refused as soon as its length bytes arrive)."""
+    (a huge declared length is refused as soon as its length bytes arrive), and
+    ``max_first`` that of the first packet (the CONNECT). The buffer only holds what
+    arrived: a declared length allocates nothing."""
 
-    def __init__(self, max_packet: int = MAX_REMAINING_LENGTH):
+    def __init__(self, max_packet: int = MAX_REMAINING_LENGTH,
+                 max_first: int = MAX_REMAINING_LENGTH):
         self.buf = bytearray()
         self.max_packet = max_packet
+        self.max_first = max_first
+        self.started = False  # the first packet was read
 
     def feed(self, data: bytes) -> list[Packet]:
         buf = self.buf
         buf += data
         packets: list[Packet] = []
         append = packets.append
-        max_packet = self.max_packet
+        started = self.started
+        max_packet = self.max_packet if started else min(self.max_packet, self.max_first)
         n = len(buf)  # buf only shrinks at the end
         pos = 0
         while n - pos >= 2:
@@ -402,6 +412,9 @@ class PacketReader:
             else:
                 append(decode(first, bytes(buf[i:i + length])))
             pos = i + length
+            if not started:
+                started = self.started = True
+                max_packet = self.max_packet
         del buf[:pos]
         return packets
 
