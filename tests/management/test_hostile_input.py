@@ -23,7 +23,7 @@ ENDPOINTS = [
     ("PUT", "/api/queues/%2F/hq", {"durable": True, "arguments": {"x-max-length": 5}}),
     ("PUT", "/api/exchanges/%2F/hx", {"type": "direct", "arguments": {}}),
     ("POST", "/api/exchanges/%2F/amq.default/publish",
-     {"routing_key": "k", "payload": "m", "payload_encoding": "string",
+     {"routing_key": "hq", "payload": "m", "payload_encoding": "string",
       "properties": {"priority": 1, "expiration": "1000", "headers": {"h": 1}}}),
     ("PUT", "/api/users/hu", {"password": "p", "tags": "management"}),
     ("PUT", "/api/vhosts/hv", {"description": "d", "tags": "a"}),
@@ -111,11 +111,12 @@ async def test_hermes_names_and_schemas(api, http_broker):
     assert not [q for q in http_broker.broker.vhosts["/"].queues if q.startswith("g.ht.")]
 
 
-BAD_VALUES = [[], {}, -1, 1 << 70, 1.5, "x", True, None, "x" * 300, [[[]]], {"a": {"b": []}}]
+BAD_VALUES = [[], {}, -1, 1 << 70, 1.5, "x", " ", True, None, "x" * 300, [[[]]], {"a": {"b": []}}]
 
 
 async def test_no_field_value_gets_a_500(api):
-    """Every field of every endpoint above, replaced by values of each JSON type."""
+    """Every field of every endpoint above, and every key of its object fields, replaced by
+    values of each JSON type."""
     await api.put("/api/queues/%2F/hq", json={})
     await api.post("/topics", json={"name": "g.ht"})
     endpoints = [
@@ -130,11 +131,15 @@ async def test_no_field_value_gets_a_500(api):
     ]
     failures = []
     for method, path, good in endpoints:
-        for field in good:
-            for value in BAD_VALUES:
-                r = await api.request(method, path, json={**good, field: value})
-                if r.status_code >= 500:
-                    failures.append((method, path, field, value, r.status_code))
+        variants = [(field, {**good, field: value}) for field in good for value in BAD_VALUES]
+        # one level down too: each key of an object field (properties, arguments, value...)
+        variants += [(f"{field}.{key}", {**good, field: {**inner, key: value}})
+                     for field, inner in good.items() if isinstance(inner, dict)
+                     for key in inner for value in BAD_VALUES]
+        for where, doc in variants:
+            r = await api.request(method, path, json=doc)
+            if r.status_code >= 500:
+                failures.append((method, path, where, r.status_code))
     assert not failures
 
 
