@@ -58,9 +58,13 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
     least 1), which keeps delivery limits and retry levels across the restart.
     """
     counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0}
+    orphans: list[str] = []  # stored definitions left out: never dropped without a word
     for xd in exchanges:
         vhost = broker.vhosts.get(xd.vhost)
-        if vhost is None or xd.name in vhost.exchanges:
+        if vhost is None:
+            orphans.append(f"exchange {xd.name!r} (no vhost {xd.vhost!r})")
+            continue
+        if xd.name in vhost.exchanges:
             continue
         xtype = EXCHANGE_TYPES.get(xd.type)
         if xtype is None:
@@ -71,7 +75,10 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
         counts["exchanges"] += 1
     for qd in queues:
         vhost = broker.vhosts.get(qd.vhost)
-        if vhost is None or qd.name in vhost.queues:
+        if vhost is None:
+            orphans.append(f"queue {qd.name!r} (no vhost {qd.vhost!r})")
+            continue
+        if qd.name in vhost.queues:
             continue
         try:
             opts = parse_queue_arguments(qd.arguments)
@@ -84,11 +91,12 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
         counts["queues"] += 1
     for bd in bindings:
         vhost = broker.vhosts.get(bd.vhost)
-        if vhost is None:
-            continue
-        source = vhost.exchanges.get(bd.source)
-        dest = (vhost.queues if bd.destination_kind == "queue" else vhost.exchanges).get(bd.destination)
+        source = vhost.exchanges.get(bd.source) if vhost is not None else None
+        dest = None if vhost is None else (
+            vhost.queues if bd.destination_kind == "queue" else vhost.exchanges).get(bd.destination)
         if source is None or dest is None:
+            orphans.append(f"binding {bd.source!r} -> {bd.destination_kind} {bd.destination!r} "
+                           f"key {bd.routing_key!r} in vhost {bd.vhost!r} (an end is missing)")
             continue
         binding = Binding(bd.source, dest, bd.routing_key, bd.arguments)
         if source.add_binding(binding):
@@ -120,6 +128,9 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
     set_message_id_floor(max_id)
     log.info("recovered %(exchanges)d exchanges, %(queues)d queues, %(bindings)d bindings, "
              "%(messages)d messages", counts)
+    if orphans:
+        log.warning("%d stored definitions not recovered: %s%s", len(orphans),
+                    "; ".join(orphans[:10]), " ..." if len(orphans) > 10 else "")
     return counts
 
 
