@@ -43,6 +43,7 @@ from ..amqp.codec import (
     method_frame,
     parse_content_header,
 )
+from ..amqp.connection import MAX_MESSAGE_SIZE
 from ..amqp.spec import UnknownMethod
 
 log = logging.getLogger("broker.cluster.link")
@@ -53,6 +54,9 @@ LINK_USER = "triomq-cluster-link"
 ROUTE_HEADER = "x-triomq-route"
 _PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _FRAME_MAX = 131072
+# A content the peer declares larger than this ends the link: no node sends one (the
+# largest message a node accepts), and its parts would be held until the declared end.
+_MAX_CONTENT = MAX_MESSAGE_SIZE
 _CONTROL = 1
 _PUBLISH = 2
 
@@ -390,6 +394,8 @@ class Link:
                     c = content.get(channel)
                     if c is not None:
                         _cls, c[2], c[1] = parse_content_header(payload)
+                        if c[2] > _MAX_CONTENT:
+                            raise LinkClosed(f"the peer declared a content of {c[2]} bytes")
                         if c[2] == 0:
                             del content[channel]
                             self._content(channel, c[0], c[1], b"")
