@@ -207,6 +207,27 @@ def test_body_shorter_than_declared_then_method(raw_conn, bystander, assert_brok
     assert_broker_alive()
 
 
+def test_declared_body_sizes_hold_nothing_until_sent(raw_conn, bystander, assert_broker_alive):
+    """Content headers declaring 100 MiB bodies on 20 channels, one octet of each sent: the
+    connection goes on (a later channel opens, a publish on it completes); the broker holds
+    only what arrived (TrioMQ's amount is checked in tests/test_publish_limits.py)."""
+    q, _, _ = raw_conn.queue_declare(1, "", exclusive=True)
+    data = b""
+    for ch in range(2, 22):
+        raw_conn.channel_open(ch)
+        data += (method_frame(ch, BASIC_PUBLISH, struct.pack(">H", 0) + shortstr("")
+                              + shortstr(q) + b"\x00")
+                 + content_header(ch, 100 * 1024 * 1024) + body_frame(ch, b"x"))
+    raw_conn.send(data)
+    raw_conn.channel_open(30)
+    raw_conn.publish(30, "", q, b"whole")
+    raw_conn.queue_declare(30, q, passive=True)  # a round trip after the publish
+    _name, count, _consumers = raw_conn.queue_declare(30, q, passive=True)
+    assert count == 1
+    bystander()
+    assert_broker_alive()
+
+
 def test_content_header_wrong_class(raw_conn, bystander, assert_broker_alive):
     raw_conn.send(method_frame(1, BASIC_PUBLISH, struct.pack(">H", 0) + shortstr("") + shortstr("q") + b"\x00")
                   + content_header(1, 3, class_id=50) + body_frame(1, b"abc"))
