@@ -413,10 +413,12 @@ class ServerConnection:
                 start = ch.received  # type: ignore[union-attr]
                 # no more than doubles what arrived (the buffer grows by received octets)
                 end = start + min(left, size, max(len(body) - start, start))
-                if end > len(body):
-                    body = self._grow(ch, end, exact=True)  # type: ignore[arg-type]
-                self._direct = ch
-                return memoryview(body)[start:end]
+                if end <= len(body) or \
+                        self.partial_bytes + end - len(body) <= self.max_partial_bodies:
+                    if end > len(body):
+                        body = self._grow(ch, end, exact=True)  # type: ignore[arg-type]
+                    self._direct = ch
+                    return memoryview(body)[start:end]
         self._direct = None
         return self._reader.get_buffer(size)
 
@@ -708,16 +710,13 @@ class ServerConnection:
                            events)
             return
         if body is None or received > len(body):
-            if self.partial_bytes + received - (len(body) if body is not None else 0) \
-                    > self.max_partial_bodies:
-                self._drop_body(ch)
-                ch.pending = None
+            body = self._grow(ch, received)
+            if self.partial_bytes > self.max_partial_bodies:
                 err = errors.precondition_failed(
                     "message bodies being received on this connection exceed the limit of %d "
                     "bytes", self.max_partial_bodies, method=_PUBLISH)
                 self.close_channel(channel, err.code, err.text, err.class_id, err.method_id)
                 return
-            body = self._grow(ch, received)
         body[ch.received:received] = payload
         ch.received = received
         if received == ch.body_size and ftype == FRAME_BODY:
