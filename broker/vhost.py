@@ -110,7 +110,8 @@ class VirtualHost:
         if xtype is None:
             raise errors.command_invalid(f"unknown exchange type '{m.type}'")
         args = m.arguments or {}
-        if (why := unstorable(name, args)) is not None:
+        if m.durable and self.store is not None and (
+                why := unstorable(name, args, self.store.name_max)) is not None:
             raise errors.precondition_failed(f"{why}: {self.exchange_resource(name)}")
         xtype.validate(args, self.exchange_resource(name))
         if avro_exchange.ARG in args:
@@ -167,7 +168,8 @@ class VirtualHost:
             raise errors.access_refused("operation not permitted on the default exchange")
         source = self.get_exchange(source_name)
         source.validate_binding(routing_key, arguments)
-        if (why := unstorable(routing_key, arguments, limit=None)) is not None:
+        if persist and self.store is not None and source.durable and _stored(destination) and (
+                why := unstorable(routing_key, arguments, None)) is not None:
             raise errors.precondition_failed(
                 f"routing key: {why}: binding from {self.exchange_resource(source_name)}")
         binding = Binding(source_name, destination, routing_key, arguments)
@@ -227,7 +229,8 @@ class VirtualHost:
             authorize(name)
         args = m.arguments or {}
         resource = self.queue_resource(name)
-        if (why := unstorable(name, args)) is not None:
+        if m.durable and self.store is not None and (
+                why := unstorable(name, args, self.store.name_max)) is not None:
             raise errors.precondition_failed(f"{why}: {resource}")
         existing = self.queues.get(name)
         try:

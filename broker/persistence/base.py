@@ -99,6 +99,9 @@ class Store:
     name: str = "abstract"
     #: Optional capabilities (``DURABLE``, ``PAGES_MESSAGES``, ``READS_BACK``).
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: Longest queue or exchange name (UTF-8 bytes) it stores; None = any. A durable
+    #: declare past it is refused before ok (``records.unstorable``).
+    name_max: ClassVar[int | None] = None
 
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:

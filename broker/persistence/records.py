@@ -81,19 +81,17 @@ def entry_def(vhost, queue, entry) -> EntryDef:
                     entry.delivery_count > 0, entry.delivery_count)
 
 
-NAME_MAX = 255  # bytes: a shortstr, and what every store's name columns hold
-
-
-def unstorable(name: str, arguments: dict | None = None, limit: int | None = NAME_MAX) -> str | None:
-    """Why a definition named ``name`` with ``arguments`` could not be stored, or None.
+def unstorable(name: str, arguments: dict | None, limit: int | None) -> str | None:
+    """Why a durable definition named ``name`` with ``arguments`` could not be stored in a
+    store whose names hold at most ``limit`` bytes (``Store.name_max``), or None.
 
     The rule every store keeps (docs/sql-store.md, "What a name may hold"): a name, key or
     header may hold any character -- NUL included, as in RabbitMQ -- and a byte that is
-    not UTF-8 (a surrogate, as AMQP hands it over), but a queue or exchange name is a
-    shortstr (at most ``limit`` bytes; a routing key has no limit: an MQTT topic may be
-    longer) and an argument table must encode as AMQP (no lone surrogate that stands for
-    no byte, which only JSON can make). AMQP cannot send anything else; the HTTP API and
-    definitions can, so a declare checks this before it answers ok."""
+    not UTF-8 (a surrogate, as AMQP hands it over); the SQL store's names are at most a
+    shortstr (the journal's any length: an HTTP name or an MQTT client id may be longer);
+    an argument table must encode as AMQP (no lone surrogate that stands for no byte,
+    which only JSON can make). AMQP cannot send anything else; the HTTP API and
+    definitions can, so a durable declare checks this before it answers ok."""
     try:
         size = len(name.encode("utf-8", "surrogateescape"))
     except UnicodeEncodeError:

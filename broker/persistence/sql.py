@@ -375,6 +375,7 @@ class SQLStore(Store):
     read ahead in pages as consumers drain it (``sql_paged.SQLPagedFifo``, ``_pager``)."""
 
     capabilities: ClassVar[frozenset[str]] = frozenset({DURABLE, PAGES_MESSAGES})
+    name_max: ClassVar[int | None] = S.NAME_MAX  # VARCHAR(255): a shortstr, escaped (sql_names)
 
     def __init__(self, url: str, flush: str = "sync", async_interval: float = 0.02,
                  settings: SQLSettings | None = None):

@@ -33,8 +33,9 @@ from sqlalchemy.dialects import mysql
 SCHEMA_VERSION = 4
 
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
-NAME = String(255).with_variant(mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"),
-                                "mysql", "mariadb")
+NAME_MAX = 255
+NAME = String(NAME_MAX).with_variant(
+    mysql.VARCHAR(NAME_MAX, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
 KEY = Text().with_variant(mysql.MEDIUMTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql",
                           "mariadb")
 BLOB = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
