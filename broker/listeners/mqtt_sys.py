@@ -2,8 +2,9 @@
 "BROKER STATUS"), published every ``mqtt_sys_interval`` seconds (Mosquitto's
 ``sys_interval``, 10 s by default; 0: none).
 
-Each value is published retained at QoS 0 when it changed since the last round (as
-Mosquitto does; so a new subscriber of ``$SYS/#`` gets every value at once), in every
+Each value is published retained at QoS 0, expiring from queues after 60 s, when it
+changed since the last round (as Mosquitto does; a new subscriber of ``$SYS/#`` gets every
+value at once from the retained ones), in every
 vhost, through the MQTT routing path (the MQTT exchange, routing key translated as for a
 client's PUBLISH). The topic exchange keeps MQTT's rule that a filter starting with a
 wildcard (``#``, ``+/...``) matches no topic starting with '$' (MQTT-4.7.2-1), so only
@@ -43,7 +44,11 @@ LOADS = (("messages/received", "publish_received"), ("messages/sent", "publish_s
          ("sockets", "sockets_opened"), ("connections", "connections_accepted"))
 PERIODS = ((60.0, "1min"), (300.0, "5min"), (900.0, "15min"))
 
-_PROPS = {"delivery_mode": 1, "headers": {"x-mqtt-publish-qos": 0, "x-mqtt-dup": False}}
+# transient, and expiring after 60 s as Mosquitto's $SYS messages do: a persistent session
+# subscribed to $SYS/# that stays away does not pile up every round's values
+EXPIRATION_MS = "60000"
+_PROPS = {"delivery_mode": 1, "expiration": EXPIRATION_MS,
+          "headers": {"x-mqtt-publish-qos": 0, "x-mqtt-dup": False}}
 _RAW = encode_properties(_PROPS)
 
 

@@ -116,3 +116,21 @@ def test_client_publish_to_sys_is_acknowledged_and_dropped(service):
     sys_topics.publish_round()
     assert (PREFIX + "version", sys_topics.values()[PREFIX + "version"].encode(), False) in \
         watcher.publishes()
+
+
+def test_sys_messages_expire_in_an_absent_persistent_session(broker, service, clock):
+    """A persistent session subscribed to $SYS/# that stays away keeps at most a minute of
+    rounds (the messages expire after 60 s, as Mosquitto's), not every round since."""
+    sys_topics = SysTopics(service, 10.0)
+    away = Client(service, "away", clean=False)
+    away.send(m.Subscribe(1, [("$SYS/#", 1)]))
+    away.session.connection_lost()
+    queue = next(q for name, q in broker.vhosts["/"].queues.items() if "away" in name)
+    sizes = []
+    for _ in range(30):  # five minutes of rounds every 10 s
+        Client(service, f"c{len(sizes)}")  # so that some values change every round
+        sys_topics.publish_round()
+        clock.advance(10.0)
+        sizes.append(len(queue.ready))
+    assert sizes[-1] < 7 * len(sys_topics.values())  # about six rounds' worth at most
+    assert sizes[-1] <= sizes[10] + len(sys_topics.values())  # flat after the first minute
