@@ -88,7 +88,7 @@ def unstorable(name: str, arguments: dict | None, limit: int | None) -> str | No
     The rule every store keeps (docs/sql-store.md, "What a name may hold"): a name, key or
     header may hold any character -- NUL included, as in RabbitMQ -- and a byte that is
     not UTF-8 (a surrogate, as AMQP hands it over); the SQL store's names are at most a
-    shortstr (the journal's any length: an HTTP name or an MQTT client id may be longer);
+    shortstr (the journal's any length: a name over HTTP may be longer);
     an argument table must encode as AMQP (no lone surrogate that stands for no byte,
     which only JSON can make). AMQP cannot send anything else; the HTTP API and
     definitions can, so a durable declare checks this before it answers ok."""
@@ -118,7 +118,7 @@ def encode_message(message) -> bytes:
     """id, exchange, routing key, raw properties, body in one blob.
 
     The routing key is the rest of the names block, so it may be longer than a shortstr (an
-    MQTT topic): its length byte says 255 then, and ``decode_message`` ignores it (blobs
+    key given over HTTP): its length byte says 255 then, and ``decode_message`` ignores it (blobs
     written before that hold exactly that many bytes)."""
     ex = message.exchange.encode("utf-8", "surrogateescape")
     rk = message.routing_key.encode("utf-8", "surrogateescape")

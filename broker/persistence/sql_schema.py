@@ -101,7 +101,7 @@ bindings = Table(
     Column("source", NAME, nullable=False),
     Column("destination_kind", String(16), nullable=False),
     Column("destination", NAME, nullable=False),
-    # not indexed, so unbounded: an MQTT topic filter may be longer than a shortstr (v4)
+    # not indexed, so unbounded: a key given over HTTP may be longer than a shortstr (v4)
     Column("routing_key", KEY, nullable=False),
     Column("arguments", BLOB, nullable=False),
 )

@@ -276,7 +276,7 @@ def test_vhost_with_nul_over_http_survives_and_unstorable_declares_are_refused(b
         assert _http(first.http_port, "PUT", "/permissions/v%00h%EF%9C%80/guest",
                      {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
         status, body = _http(first.http_port, "PUT", "/queues/%2F/" + "a" * 256, {"durable": True})
-        if kind == "journal":  # holds a name of any length (an MQTT client id may pass 255)
+        if kind == "journal":  # holds a name of any length (HTTP names may pass 255)
             assert status == 201, body
         else:  # VARCHAR(255)
             assert status == 400 and b"longer than 255 bytes" in body, body

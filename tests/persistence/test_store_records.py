@@ -138,7 +138,7 @@ def store(request, tmp_path):
 
 QNAME = "q\x00\uf700\uf701" + "é" * 10
 XNAME = "x\x00\uf7ff"
-KEYS = ["k\x00", "", "\uf780" * 3, "é\x00" * 40, "long." * 200]  # the last: an MQTT topic may pass 255 bytes
+KEYS = ["k\x00", "", "\uf780" * 3, "é\x00" * 40, "long." * 200]  # the last: as HTTP may give
 BODIES = [b"", b"\x00" * 10, bytes(range(256)) * 100]
 # in their wire form (a long string decodes as bytes), as a declare hands them to the store
 ARGS = {"x-nul\x00": "v\x00\uf700".encode(), "nested": {"a": [b"\x00\xff", b"\x00"]},
@@ -239,7 +239,7 @@ def test_schema_v3_names_are_rewritten_and_long_routing_keys_fit(kind):
     """A database written before v4: names were stored raw (SQLite and MariaDB held a NUL,
     any database a character of the escape block) and the routing key was VARCHAR(255).
     Opening it migrates in place: every name reads back as it was written, and a routing key
-    longer than a shortstr (an MQTT topic filter may be) is stored from then on."""
+    longer than a shortstr (the HTTP API takes one) is stored from then on."""
     import sqlalchemy
 
     from broker.persistence import sql_schema as S
