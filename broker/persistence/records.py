@@ -117,9 +117,9 @@ def decode_arguments(raw: bytes) -> dict:
 def encode_message(message) -> bytes:
     """id, exchange, routing key, raw properties, body in one blob.
 
-    The routing key is the rest of the names block, so it may be longer than a shortstr (an
-    key given over HTTP): its length byte says 255 then, and ``decode_message`` ignores it (blobs
-    written before that hold exactly that many bytes)."""
+    The routing key is the rest of the names block, so it may be longer than a shortstr (a
+    key given over HTTP): its length byte says 255 then, and ``decode_message`` ignores it
+    (blobs written before that hold exactly that many bytes)."""
     ex = message.exchange.encode("utf-8", "surrogateescape")
     rk = message.routing_key.encode("utf-8", "surrogateescape")
     names = bytes((len(ex),)) + ex + bytes((min(len(rk), 255),)) + rk
