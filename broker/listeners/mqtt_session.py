@@ -165,7 +165,7 @@ class MQTTSession:
         # QoS matching each routing key seen (a bounded cache)
         self.filters: dict[str, int] = {}
         self._one_qos: int | None = None
-        self._filter_qos: dict[str, int] = {}
+        self._filter_qos: dict[str, int] | None = None  # made when first needed
         # QoS 2 packet-id state: a persistent session's comes from service.qos2, a clean
         # session's is made when first needed (None until then)
         self.qos2: SessionState | None = None
@@ -189,7 +189,7 @@ class MQTTSession:
         self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
         self._keys: dict[str, str] = {}  # MQTT topic -> routing key (checked for length)
         # outbound QoS 2 packet ids whose PUBREL waits for the store (persistent sessions)
-        self._pubrels: list[int] = []
+        self._pubrels: list[int] | None = None
         # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
         # durability callback per read, not per message
         self._awaiting_store: list[int] = []
@@ -251,7 +251,7 @@ class MQTTSession:
             self._ack_now = []
         pubrels = self._pubrels
         if pubrels:
-            self._pubrels = []
+            self._pubrels = None
             self.broker.store.when_durable(lambda: self._send_pubrels(pubrels))
         awaiting = self._awaiting_store
         if awaiting:
@@ -645,7 +645,7 @@ class MQTTSession:
     def _filters_changed(self) -> None:
         values = set(self.filters.values())
         self._one_qos = values.pop() if len(values) == 1 else None
-        self._filter_qos = {}
+        self._filter_qos = None
         consumer = self.consumers.get(1)
         if consumer is not None:
             # only QoS 0 subscriptions: deliveries are settled as the queue hands them out
@@ -655,13 +655,16 @@ class MQTTSession:
     def _subscription_qos(self, routing_key: str) -> int:
         """The highest QoS of the filters matching ``routing_key`` (1 if none does any
         more: the message was queued before an UNSUBSCRIBE, or bound over AMQP)."""
-        qos = self._filter_qos.get(routing_key)
+        cache = self._filter_qos
+        if cache is None:
+            cache = self._filter_qos = {}
+        qos = cache.get(routing_key)
         if qos is None:
-            if len(self._filter_qos) >= 256:  # bounded, as the topic cache
-                self._filter_qos.clear()
+            if len(cache) >= 256:  # bounded, as the topic cache
+                cache.clear()
             topic = to_mqtt_topic(routing_key)
             found = [q for f, q in self.filters.items() if matches(f, topic)]
-            qos = self._filter_qos[routing_key] = max(found) if found else 1
+            qos = cache[routing_key] = max(found) if found else 1
         return qos
 
     def _subscription_queue(self):
@@ -789,6 +792,8 @@ class MQTTSession:
         released already."""
         if not self.clean and self.service.qos2.durable:
             self.service.qos2.add(self.vhost.name, self.client_id, OUTBOUND, packet_id)
+            if self._pubrels is None:
+                self._pubrels = []
             self._pubrels.append(packet_id)
         else:
             self.conn.pubrels([packet_id])
