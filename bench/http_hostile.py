@@ -12,6 +12,8 @@ what a hostile client would):
               until answered (the broker should answer 413 from the header alone)
 ``chunked``   PUT /api/queues/... with a chunked body that never ends (64 KiB chunks)
 ``deep``      PUT /api/queues/... with a body of ``--max-body`` minus 1 KiB of ``[``
+``wide``      PUT /api/queues/... with a body of ``--max-body`` minus 1 KiB of ``{},``: valid
+              JSON whose decoded objects take ~25 times the body
 ``hermes``    POST /topics/{topic} on the management port, chunked and endless
 ``frontend``  POST /topics/{topic} on the Hermes frontend port, Content-Length 1 TB
 ``frontend-big`` the same with whole bodies of ``--max-body`` bytes to a topic that takes
@@ -37,7 +39,7 @@ from .procinfo import TrioMQProcess, free_port, rss_kb
 
 AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
 CHUNK = 64 * 1024
-CASES = ("declared", "chunked", "deep", "hermes", "frontend", "frontend-big")
+CASES = ("declared", "chunked", "deep", "wide", "hermes", "frontend", "frontend-big")
 
 
 class Sampler(threading.Thread):
@@ -137,6 +139,10 @@ def _case(name: str, http: int, frontend: int, max_body: int):
         return http, "PUT", "/api/queues/%2F/hostile", chunked, _endless_chunked, limit
     if name == "deep":
         body = b"[" * (max_body - 1024)
+        return (http, "PUT", "/api/queues/%2F/hostile", {"Content-Length": str(len(body))},
+                lambda: _raw(body), len(body))
+    if name == "wide":
+        body = b"[" + b"{}," * ((max_body - 1024) // 3) + b"{}]"
         return (http, "PUT", "/api/queues/%2F/hostile", {"Content-Length": str(len(body))},
                 lambda: _raw(body), len(body))
     if name == "hermes":

@@ -150,3 +150,15 @@ async def test_download_name_cannot_inject_headers(api):
         assert r.status_code == 200, (name, r.status_code)
         assert r.headers["content-disposition"] == f"attachment; {expected}"
         assert "set-cookie" not in r.headers
+
+
+async def test_wide_json_refused_before_decoding(api):
+    """A valid body of millions of tiny objects would decode to tens of times its size."""
+    wide = b"[" + b"{}," * 200_000 + b"{}]"  # 600 KB
+    r = await api.put("/api/queues/%2F/wq", content=wide)
+    assert r.status_code == 400 and "objects and arrays in" in _reason(r), r.text
+    # a long flat array is fine, and its numbers are still checked
+    r = await api.put("/api/queues/%2F/wq", json={"arguments": {"x-x": list(range(1000))}})
+    assert r.status_code == 201, r.text
+    r = await api.put("/api/queues/%2F/wq2", json={"arguments": {"x-x": [*range(1000), 1 << 64]}})
+    assert r.status_code == 400 and "'arguments.x-x.1000'" in _reason(r), r.text
