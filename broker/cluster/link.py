@@ -169,6 +169,8 @@ class Link:
         self.last_error = ""
         self.forwarded = 0
         self.confirmed = 0
+        # the frame size negotiated with the peer: every frame sent is at most this
+        self.frame_max = _FRAME_MAX
 
     # ---- used by the proxies (synchronous) ----
     def send(self, frame: bytes) -> None:
@@ -195,8 +197,10 @@ class Link:
                 body: bytes, done: Callable[[bool | None], None],
                 extra: dict | None = None) -> bool:
         """Forward a publish to ``queue`` on the master; ``done(ok)`` once decided. False
-        (nothing sent, ``done`` not called) while the link is down; held (bounded) while it
-        connects for the first time or again after a clean break."""
+        (nothing sent, ``done`` not called) while the link is down or when its properties
+        would not fit in one frame of the negotiated size; held (bounded) while it connects
+        for the first time or again after a clean break. The body is cut in frames of the
+        negotiated size."""
         if not self.connected:
             if self.failing or len(self._held) >= self.max_inflight:
                 return False
@@ -209,10 +213,15 @@ class Link:
         if extra:
             headers.update(extra)
         props["headers"] = headers
+        props_raw = encode_properties(props)
+        if len(props_raw) + 21 > self.frame_max:
+            # a content header is one frame: the peer would close the link (501), so this
+            # publish is refused (nacked) instead; callers keep their headers small
+            return False
         self._seq += 1
         self._pending[self._seq] = (done, trio.current_time())
         frames = [method_frame(_PUBLISH, spec.Basic.Publish(0, "", queue, False, False))]
-        frames.extend(content_frames(_PUBLISH, encode_properties(props), body, _FRAME_MAX))
+        frames.extend(content_frames(_PUBLISH, props_raw, body, self.frame_max))
         self.forwarded += 1
         self._send_many(frames)
         return True
@@ -322,6 +331,7 @@ class Link:
                     "PLAIN", response, "en_US")))
                 tune = await method(spec.Connection.Tune)
                 frame_max = min(tune.frame_max or _FRAME_MAX, _FRAME_MAX)
+                self.frame_max = frame_max
                 await stream.send_all(method_frame(0, spec.Connection.TuneOk(
                     tune.channel_max or 2047, frame_max, 0)))
                 await stream.send_all(method_frame(0, spec.Connection.Open(self.vhost, "", False)))
@@ -340,7 +350,8 @@ class Link:
             self.last_error = ""
             held, self._held = self._held, []
             for item in held:
-                self.publish(*item)
+                if not self.publish(*item):
+                    item[5](False)  # too large a header for this peer: nacked
             log.info("link to node %r (%s, vhost %r) up", self.node, self.address, self.vhost)
             waiting, self._waiting = self._waiting, []
             for rc in waiting:

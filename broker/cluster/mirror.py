@@ -52,7 +52,47 @@ RESET = 0  # op code: start a copy of this epoch (empty)
 SYNCED = 99  # op code: the snapshot is complete
 LEAVES = 50  # op code: the entries of these seqs left the queue (the seqs: the route key)
 ENQUEUES = 51  # op code: these messages entered the queue (body: ``pack_entries``)
+LEFT = 52  # op code: the entries of these seqs left the queue (body: ``pack_seqs``)
 _REC = struct.Struct(">QHHII")
+_SEQ = struct.Struct(">Q")
+# An op is one message on the link: its body is cut in frames of the negotiated size, but
+# each op stays well under the largest message a node takes, so a purge or an ack of
+# tens of thousands of messages goes as several ops (the seqs once went in a header: one
+# frame, which a purge of 30,001 messages made larger than the frame size).
+_SEQS_PER_OP = 16384  # 128 KiB of seqs
+_OP_BYTES = 8 << 20  # messages packed per op (one larger message goes alone)
+
+
+def pack_seqs(seqs) -> bytes:
+    return b"".join(_SEQ.pack(seq) for seq in seqs)
+
+
+def unpack_seqs(data: bytes) -> list[int]:
+    if len(data) % _SEQ.size:
+        raise struct.error("truncated seqs")
+    return [s for (s,) in _SEQ.iter_unpack(data)]
+
+
+def seq_chunks(seqs: list[int]) -> list[bytes]:
+    """``seqs`` packed in ops of at most ``_SEQS_PER_OP``."""
+    return [pack_seqs(seqs[i:i + _SEQS_PER_OP]) for i in range(0, len(seqs), _SEQS_PER_OP)]
+
+
+def entry_chunks(entries) -> list[bytes]:
+    """``entries`` packed in ops of about ``_OP_BYTES`` at most (at least one entry each)."""
+    out: list[bytes] = []
+    chunk: list = []
+    size = 0
+    for e in entries:
+        n = len(e.message.body) + len(e.message.props_raw) + 600
+        if chunk and size + n > _OP_BYTES:
+            out.append(pack_entries(chunk))
+            chunk, size = [], 0
+        chunk.append(e)
+        size += n
+    if chunk:
+        out.append(pack_entries(chunk))
+    return out
 
 
 def pack_entries(entries) -> bytes:
@@ -209,7 +249,8 @@ class Mirroring:
         leaves, self._leaves = self._leaves, []
         tokens, self._tokens = self._tokens, {}
         leave_tokens, self._leave_tokens = self._leave_tokens, {}
-        packed = pack_entries(enqueued) if enqueued else b""
+        packed = entry_chunks(enqueued) if enqueued else []
+        left = seq_chunks(leaves) if leaves else []
         for node, state in self.nodes.items():
             mine = tokens.get(node, [])
             if state == "failed":
@@ -217,11 +258,11 @@ class Mirroring:
                 self._park(leave_tokens.get(node, []))
                 continue
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
-            if enqueued:
-                self._send(node, ENQUEUES, packed, self._batch_done(node, mine))
-            if leaves:
-                self._send(node, LEAVES, b"", self._batch_done(node, leave_tokens.get(node, [])),
-                           ",".join(map(str, leaves)))
+            if packed:
+                self._send_all(node, ENQUEUES, packed, self._batch_done(node, mine))
+            if left:
+                self._send_all(node, LEFT, left,
+                               self._batch_done(node, leave_tokens.get(node, [])))
         for table in (tokens, leave_tokens):
             for node, mine in table.items():
                 if node not in self.nodes:
@@ -258,11 +299,32 @@ class Mirroring:
             self._park(tokens)
         return done
 
-    def _send(self, node: str, op: int, body: bytes, done, seqs: str = "") -> None:
+    def _send(self, node: str, op: int, body: bytes, done) -> None:
         link = self.owner.store.link_for(node, self.queue.vhost.name)
         extra = {MIRROR_HEADER: [self.epoch, op, 0, self.owner.store.node.name]}
-        if not link.publish(self.queue.name, "", seqs, {}, body, done, extra):
+        if not link.publish(self.queue.name, "", "", {}, body, done, extra):
             done(False)
+
+    def _send_all(self, node: str, op: int, bodies: list[bytes], done) -> None:
+        """One op in several link messages: ``done(True)`` once the mirror took every
+        part, ``done(ok)`` at the first part it did not."""
+        if len(bodies) == 1:
+            self._send(node, op, bodies[0], done)
+            return
+        left = [len(bodies)]
+
+        def part(ok: bool | None) -> None:
+            if left[0] <= 0:
+                return
+            if not ok:
+                left[0] = 0
+                done(ok)
+                return
+            left[0] -= 1
+            if left[0] == 0:
+                done(True)
+        for body in bodies:
+            self._send(node, op, body, part)
 
     def _done_for(self, node: str):
         generation = self.generation.get(node, 0)
@@ -352,8 +414,8 @@ class Mirroring:
             count = min(size, len(entries) - pos)
             pos += count
             flying += 1
-            self._send(node, ENQUEUES, pack_entries(batch),
-                       self._sync_batch_done(node, generation, count, fail))
+            self._send_all(node, ENQUEUES, entry_chunks(batch) or [b""],
+                           self._sync_batch_done(node, generation, count, fail))
         sync[2], sync[3] = pos, flying
         if pos < len(entries) or flying:
             return
@@ -512,10 +574,20 @@ class Mirrors:
             return True
         if copy is None or copy.epoch != epoch:
             return False
-        if op == LEAVES:
+        if op == LEFT:
             entries = copy.entries
-            for text in routing_key.split(","):
-                entries.pop(int(text), None)
+            try:
+                for seq in unpack_seqs(body):
+                    entries.pop(seq, None)
+            except struct.error:
+                return False
+        elif op == LEAVES:  # from a node of an earlier version: the seqs in the route key
+            entries = copy.entries
+            try:
+                for text in routing_key.split(","):
+                    entries.pop(int(text), None)
+            except ValueError:
+                return False
         elif op == SYNCED:
             copy.synced = True
         elif op == ENQUEUES:
