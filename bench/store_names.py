@@ -35,7 +35,7 @@ def micro() -> None:
                       ("db_name(with NUL)", lambda: db_name(nul)),
                       ("from_db(plain)", lambda: from_db(plain)),
                       ("from_db(escaped)", lambda: from_db(db_name(nul))),
-                      ("unstorable(name, 3 args)", lambda: unstorable(plain, args))]:
+                      ("unstorable(name, 3 args)", lambda: unstorable(plain, args, 255))]:
         n = 200_000
         t = min(timeit.repeat(fn, number=n, repeat=3)) / n
         print(f"  {label:<28} {t * 1e9:8.0f} ns/call")

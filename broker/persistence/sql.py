@@ -1107,11 +1107,12 @@ class SQLStore(Store):
             return _reason(exc)
 
     def _write_apart(self, b: _Batch) -> None:
-        """``b`` failed for a value of one of its records: write each definition in a
-        transaction of its own, then each message with its entries, then the rest, so only
-        what the database refuses is left out (in ``b.rejected``, ``b.rejected_msgs``; the
-        trio side nacks those publishes). In order and idempotent, as a retry is; a failure
-        that is not a refused record is raised (the store goes down as for any outage)."""
+        """``b`` failed for a value of one of its records: write its definitions, then its
+        messages (each with its entries), in halves that are halved again while they fail
+        (about 2·log2(n) transactions for one bad record among n, in order), then the
+        rest, so only what the database refuses is left out (``b.rejected``,
+        ``b.rejected_msgs``; the trio side nacks those publishes). Idempotent, as a retry
+        is; a failure that is not a refused record is raised (an outage, as any other)."""
         def attempt(part: _Batch) -> str | None:
             try:
                 with self.engine.begin() as c:
@@ -1122,32 +1123,69 @@ class SQLStore(Store):
                     raise
                 return _reason(exc)
 
-        for op in list(b.defs):
+        def halves(items: list, make, refused: list) -> None:
+            if not items:
+                return
+            reason = attempt(make(items))
+            if reason is None:
+                return
+            if len(items) == 1:
+                refused.append((items[0], reason))
+                return
+            half = len(items) // 2
+            halves(items[:half], make, refused)
+            halves(items[half:], make, refused)
+
+        def defs_part(ops: list) -> _Batch:
             part = _Batch()
-            part.defs = [op]
-            reason = attempt(part)
-            b.defs.remove(op)  # written or refused: either way never again
-            if reason is not None:
-                b.rejected.append((op, reason))
+            part.defs = ops
+            return part
+
+        # snapshots: the trio side may cancel entries of a batch waiting for a retry
+        defs = list(b.defs)
+        refused_defs: list = []
+        halves(defs, defs_part, refused_defs)
+        b.rejected.extend(refused_defs)
+        tried = {id(op) for op in defs}
+        b.defs = [op for op in b.defs if id(op) not in tried]  # written or refused: never again
         # a refused queue has no row: its entries would be orphans, so their messages are out
-        lost = {op[2] for op, _ in b.rejected if op[0] == "q+"}
-        doomed = {r[0] for qid in lost for r in b.enq.get(qid, {}).values()}
-        for mid in list(b.msgs):
+        lost = {op[2] for op, _ in refused_defs if op[0] == "q+"}
+        enq = {qid: dict(seqs) for qid, seqs in list(b.enq.items())}
+        msgs = dict(b.msgs)
+        by_mid: dict = {}  # message id -> {qid: {seq: row}}
+        for qid, seqs in enq.items():
+            for seq, r in seqs.items():
+                by_mid.setdefault(r[0], {}).setdefault(qid, {})[seq] = r
+        doomed = {mid for mid, qs in by_mid.items() if lost.intersection(qs)}
+        b.rejected_msgs.update(doomed)
+
+        def msgs_part(mids: list) -> _Batch:
             part = _Batch()
-            part.msgs = {mid: b.msgs[mid]}
-            part.enq = {qid: {seq: r for seq, r in seqs.items() if r[0] == mid}
-                        for qid, seqs in b.enq.items()}
-            part.enq = {qid: seqs for qid, seqs in part.enq.items() if seqs}
-            if mid not in doomed and attempt(part) is None:
-                continue
-            b.rejected_msgs.add(mid)
+            for mid in mids:
+                part.msgs[mid] = msgs[mid]
+                for qid, seqs in by_mid.get(mid, {}).items():
+                    part.enq.setdefault(qid, {}).update(seqs)
+            return part
+
+        refused_msgs: list = []
+        halves([mid for mid in msgs if mid not in doomed], msgs_part, refused_msgs)
+        b.rejected_msgs.update(mid for mid, _ in refused_msgs)
         rest = _Batch()  # entries of messages an earlier batch wrote, deliveries, removals
-        for qid, seqs in b.enq.items():
-            keep = {seq: r for seq, r in seqs.items() if r[0] not in b.msgs and r[0] not in doomed}
-            if keep:
-                rest.enq[qid] = keep
+        for mid, qs in by_mid.items():
+            if mid not in msgs and mid not in doomed:
+                for qid, seqs in qs.items():
+                    rest.enq.setdefault(qid, {}).update(seqs)
         rest.dlv, rest.rm, rest.rm_msgs = b.dlv, b.rm, b.rm_msgs
-        b.msgs, b.enq = {}, {}
+        for mid in msgs:
+            b.msgs.pop(mid, None)
+        for qs in by_mid.values():
+            for qid, seqs in qs.items():
+                left = b.enq.get(qid)
+                if left is not None:
+                    for seq in seqs:
+                        left.pop(seq, None)
+                    if not left:
+                        b.enq.pop(qid, None)
         # ids and numbers only, nothing to refuse: a failure here is an outage (raised)
         with self.engine.begin() as c:
             self._write_batch(c, rest)
