@@ -199,3 +199,26 @@ def test_will_and_retained_at_qos2(broker, service):
     [r] = [p for p in got if isinstance(p, m.Publish)]
     assert late.send(m.PacketId(PUBREC, r.packet_id)) == [m.PacketId(PUBREL, r.packet_id)]
     assert late.send(m.PacketId(PUBCOMP, r.packet_id)) == []
+
+
+def test_publisher_flow_set_made_and_released(broker, service):
+    """A publisher into a queue with a backlog is held in flow until it drains (its set of
+    such queues is made on first use)."""
+    broker.config.flow_high, broker.config.flow_low = 2, 0
+    sub = Client(service, "sub")
+    sub.subscribe(("t", 1))
+    pub = Client(service, "pub")
+    resumed = []
+    pub.session.flow_resumed = lambda: resumed.append(True)
+    assert not pub.session.flow_queues
+    for i in range(8):
+        pub.publish("t", b"%d" % i, qos=1, pid=i + 1)
+    assert len(pub.session.flow_queues) == 1  # 3 in flight (prefetch), 5 ready > 2
+    out = sub.output()
+    while not resumed:
+        out = [p for p in out if isinstance(p, m.Publish)]
+        assert out, "the queue stopped delivering"
+        out = sub.send(*[m.PacketId(m.PUBACK, p.packet_id) for p in out])
+    assert not pub.session.flow_queues
+    pub.drop()
+    assert not pub.session.flow_queues
