@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 
+import httpx
 import paho.mqtt.client as paho
 import pytest
 from brokerproc import BrokerProc, free_port
@@ -68,6 +69,7 @@ def mq(tmp_path_factory, external_broker, tls_files):
     cert, key = tls_files
     ws_port, wss_port = free_port(), free_port()
     proc = BrokerProc(tmp_path_factory.mktemp("mqttws") / "data", store="memory", mqtt=True,
+                      http=True,
                       extra=["--mqtt-ws-port", str(ws_port), "--mqtt-wss-port", str(wss_port),
                              "--tls-cert", str(cert), "--tls-key", str(key),
                              "--max-message-size", str(MAX_MESSAGE)],
@@ -163,6 +165,32 @@ def test_paho_secure_websockets(mq, tls_files):
     assert wss.wait_for(1) == [(t, b"over wss", 1)]
     wss.publish(t, b"echo", qos=1)
     assert wss.wait_for(2)[1] == (t, b"echo", 1)
+
+
+def test_listed_as_web_mqtt_connections(mq, tls_files):
+    """The management API lists them as RabbitMQ lists Web MQTT connections, on their
+    listener's port, ssl for wss."""
+    cert, _ = tls_files
+    ws = Paho(mq.ws_port, transport="websockets")
+    wss = Paho(mq.wss_port, transport="websockets", tls_ca=cert)
+    tcp = Paho(mq.mqtt_port)
+    ids = {c._client_id.decode(): c for c in (ws.c, wss.c, tcp.c)}
+    http = httpx.Client(base_url=mq.http_url, auth=("guest", "guest"), timeout=20)
+    deadline = time.monotonic() + 30
+    while True:  # the HTTP listener may come up just after the others
+        try:
+            listed = http.get("/api/connections").json()
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    mine = {c["client_properties"]["client_id"]: c for c in listed
+            if c["client_properties"].get("client_id") in ids}
+    got = {cid: (c["protocol"], c["port"], c["ssl"]) for cid, c in mine.items()}
+    assert got == {ws.c._client_id.decode(): ("Web MQTT 3.1.1", mq.ws_port, False),
+                   wss.c._client_id.decode(): ("Web MQTT 3.1.1", mq.wss_port, True),
+                   tcp.c._client_id.decode(): ("MQTT 3.1.1", mq.mqtt_port, False)}
 
 
 # ---- a browser page ---------------------------------------------------------------------

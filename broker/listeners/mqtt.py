@@ -42,7 +42,8 @@ class MQTTConnectionHandler:
                  "_started", "_writer_running", "listener", "nursery", "peer", "session",
                  "stream")
 
-    def __init__(self, listener: MQTTListener, stream, sock, tls: bool, direct: bool = True):
+    def __init__(self, listener: MQTTListener, stream, sock, tls: bool, direct: bool = True,
+                 session_class: type[MQTTSession] = MQTTSession):
         self.listener = listener
         self.stream = stream
         try:
@@ -50,7 +51,7 @@ class MQTTConnectionHandler:
             self.peer = f"{host}:{port}"
         except OSError:
             host, self.peer = None, "?"
-        self.session = MQTTSession(listener.service, self.peer, host)
+        self.session = session_class(listener.service, self.peer, host)
         # the CONNECT, read before any login, is bounded as RabbitMQ bounds it
         self.session.conn.reader.max_first = MAX_UNAUTHENTICATED
         try:
@@ -330,11 +331,12 @@ class MQTTListener:
             pass
         await self.serve_connection(stream, sock, raw is not stream)
 
-    async def serve_connection(self, stream, sock, tls: bool, direct: bool = True) -> None:
+    async def serve_connection(self, stream, sock, tls: bool, direct: bool = True,
+                               session_class: type[MQTTSession] = MQTTSession) -> None:
         """One MQTT connection on ``stream`` (``sock`` its socket; ``direct``: the socket
         may be written directly, not through ``stream``)."""
         self.service.sockets_opened += 1
-        handler = MQTTConnectionHandler(self, stream, sock, tls, direct)
+        handler = MQTTConnectionHandler(self, stream, sock, tls, direct, session_class)
         self.handlers.add(handler)
         try:
             await handler.run()

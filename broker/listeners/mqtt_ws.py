@@ -39,6 +39,7 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
 from . import ListenError
+from .mqtt_session import MQTTSession
 
 if TYPE_CHECKING:
     from .mqtt import MQTTListener
@@ -131,6 +132,17 @@ class WebSocketStream(trio.abc.Stream):
             pass
         finally:
             await self.stream.aclose()
+
+
+class WebMQTTSession(MQTTSession):
+    """An MQTT session over a WebSocket: listed (management API, ctl) with the protocol
+    'Web MQTT 3.1.1', as RabbitMQ lists its Web MQTT connections."""
+
+    __slots__ = ()
+
+    @property
+    def protocol(self) -> str:
+        return "Web " + super().protocol
 
 
 def _choose(request: Request) -> tuple[int, str | None]:
@@ -257,4 +269,5 @@ class WebSocketListeners:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
             return
-        await self.listener.serve_connection(ws_stream, sock, raw is not stream, direct=False)
+        await self.listener.serve_connection(ws_stream, sock, raw is not stream, direct=False,
+                                             session_class=WebMQTTSession)
