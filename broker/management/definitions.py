@@ -173,15 +173,16 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
             parse_queue_arguments(args)
         except ArgumentError as exc:
             raise ImportError_(f"{where}.arguments.{exc.name}: {exc.detail}") from None
-        entry = {"vhost": v, "name": name, "durable": _bool(item, where, "durable", True),
-                 "auto_delete": _bool(item, where, "auto_delete", False), "arguments": args}
+        durable = _bool(item, where, "durable", True)
+        auto_delete = _bool(item, where, "auto_delete", False)
+        entry = {"vhost": v, "name": name, "durable": durable, "auto_delete": auto_delete,
+                 "arguments": args}
         vhost = broker.vhosts.get(v)
         existing = vhost.find_queue(name) if vhost is not None else None
         if existing is None:
             try:  # a new queue: what its type refuses (quorum: auto-delete, transient)
-                queue_type_of(args).check_declare(_resource("queue", name, v),
-                                                  entry["durable"], False,
-                                                  entry["auto_delete"], args)
+                queue_type_of(args).check_declare(_resource("queue", name, v), durable, False,
+                                                  auto_delete, args)
             except errors.AMQPError as exc:
                 raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
         if existing is not None:

@@ -138,8 +138,9 @@ class QueueType:
         value = arguments.get(self.locator_argument)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        return _LEADER_LOCATORS.get(value, value) if self.locator_argument == \
-            "x-queue-leader-locator" else value
+        if isinstance(value, str) and self.locator_argument == "x-queue-leader-locator":
+            return _LEADER_LOCATORS.get(value, value)
+        return value
 
     def initial_group_size(self, arguments: dict) -> int | None:
         """How many nodes a replicated type starts on (the cluster's placement)."""
