@@ -71,6 +71,10 @@ log = logging.getLogger("broker.mqtt")
 
 MAX_KEY = 255  # an AMQP shortstr: routing keys and queue names
 _NO_QUEUES: frozenset = frozenset()
+# empty stand-ins shared by sessions until they need their own (never written to: the
+# session replaces them first, see ``_on_publish``)
+_NO_LIST: list = []
+_NO_DECISIONS: dict = {}
 # the binding argument carrying a subscription's granted QoS (a binding without it is one
 # stored by an earlier version: QoS 1 in the ...qos1 queue, QoS 0 in the ...qos0 queue)
 QOS_ARG = "x-mqtt-qos"
@@ -182,8 +186,9 @@ class MQTTSession:
         self.ended = False
         # (seq, packet id) of QoS 1 publishes, in order (a list: a deque costs 600 bytes
         # on each of thousands of idle connections, and this one stays short)
-        self._pubacks: list[tuple[int, int]] = []
-        self._decided: dict[int, bool] = {}
+        # (these three are made on the first publish that waits: shared empties until then)
+        self._pubacks: list[tuple[int, int]] = _NO_LIST
+        self._decided: dict[int, bool] = _NO_DECISIONS
         self._seq = 0
         # packet ids of this read's QoS 1 publishes acknowledged at once (nothing waits
         # for the store before them): written in one go at the end of the read
@@ -195,7 +200,7 @@ class MQTTSession:
         self._pubrels: list[int] | None = None
         # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
         # durability callback per read, not per message
-        self._awaiting_store: list[int] = []
+        self._awaiting_store: list[int] = _NO_LIST
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
@@ -503,6 +508,8 @@ class MQTTSession:
             if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
                 self.conn.pubacks(self._ack_now)
                 self._ack_now = []
+            if self._decided is _NO_DECISIONS:
+                self._pubacks, self._decided, self._awaiting_store = [], {}, []
             seq = self._seq = self._seq + 1
             self._pubacks.append((seq, ack_id))
             if stored is None:

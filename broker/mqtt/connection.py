@@ -182,7 +182,8 @@ class ServerConnection:
         self.releasing: set[int] | frozenset[int] = _EMPTY
         self._next_id = 1
         self.close_reason: str | None = None
-        self._held: list[codec.Packet] = []  # packets behind a CONNECT not yet decided
+        # packets behind a CONNECT not yet decided (a list only while there are some)
+        self._held: list[codec.Packet] | tuple[codec.Packet, ...] = ()
 
     # ---- input ----
     def receive_data(self, data: bytes) -> list[Event]:
@@ -199,8 +200,8 @@ class ServerConnection:
             # the packets before the bad one are not handed out: the connection is over
             return [self._violation(str(exc))]
         if self._held:
-            packets = self._held + packets
-            self._held = []
+            packets = list(self._held) + packets
+            self._held = ()
         events: list[Event] = []
         append = events.append
         inflight = self.inflight
