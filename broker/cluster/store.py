@@ -628,8 +628,8 @@ class ClusterStore(Store):
             locator = qtype.placement_locator(arguments)
             source = f"arg '{qtype.locator_argument}'"
             if locator is None and getattr(self.broker, "policies", None) is not None:
-                locator = self.broker.policies.effective(vhost.name, "queue", name)[2].get(
-                    "queue-master-locator")
+                locator = self.broker.policies.effective(vhost.name, "queue", name, qtype)[
+                    2].get("queue-master-locator")
                 source = "policy key 'queue-master-locator'"
             if isinstance(locator, bytes):
                 locator = locator.decode("utf-8", "replace")
