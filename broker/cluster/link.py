@@ -150,6 +150,7 @@ class Link:
         # once instead of held until it connects
         self.failing = False
         self._held: list[tuple] = []  # publishes made before the first connection
+        self._held_since = 0.0  # when the oldest of them was held
         self.blocked = False  # the master sent connection.blocked
         self.pressure = False
         self.generation = 0
@@ -204,6 +205,8 @@ class Link:
         if not self.connected:
             if self.failing or len(self._held) >= self.max_inflight:
                 return False
+            if not self._held:
+                self._held_since = trio.current_time()
             self._held.append((queue, exchange, routing_key, properties, body, done, extra))
             return True
         from ..amqp.fields import encode_properties
@@ -259,6 +262,19 @@ class Link:
             self.on_pressure(False)
 
     # ---- the connection ----
+    async def held_watchdog(self) -> None:
+        """Publishes held for a first connection that does not come within
+        ``confirm_timeout`` (the peer's address unknown: it is down; a connect that hangs)
+        are nacked -- never sent, so not in doubt -- and the next ones at once until the
+        link is up: a publisher always gets an answer within the failover time."""
+        while True:
+            await trio.sleep(min(0.5, self.confirm_timeout / 4))
+            if self._held and trio.current_time() - self._held_since > self.confirm_timeout:
+                self.failing = True
+                held, self._held = self._held, []
+                for item in held:
+                    item[5](False)
+
     async def run(self) -> None:
         delay = 0.1
         while True:
@@ -299,7 +315,10 @@ class Link:
 
     async def _connect_and_serve(self) -> None:
         host, _, port = self.address.rpartition(":")
-        stream = await trio.open_tcp_stream(host, int(port))
+        # a peer that does not answer the SYN (partitioned, paused host): not the OS's
+        # minutes of retries, while publishes wait to be sent
+        with trio.fail_after(max(self.confirm_timeout, 1.0)):
+            stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             reader = FrameReader(_FRAME_MAX)
             await stream.send_all(_PROTOCOL_HEADER)

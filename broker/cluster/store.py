@@ -416,10 +416,13 @@ class ClusterStore(Store):
         return link
 
     async def _run_link(self, link: Link) -> None:
-        while not link.address:  # the node is not up (yet): its queues are unavailable
-            await trio.sleep(0.5)
-            link.address = self._addresses.get(link.node, "")
-        await link.run()
+        async with trio.open_nursery() as nursery:
+            # what is held for the first connection is answered (nacked) in bounded time
+            nursery.start_soon(link.held_watchdog)
+            while not link.address:  # the node is not up (yet): its queues are unavailable
+                await trio.sleep(0.5)
+                link.address = self._addresses.get(link.node, "")
+            await link.run()
 
     def known_members(self) -> set[str] | None:
         """The cluster's members (ha-mode nodes checks its names), or None while applying
