@@ -326,3 +326,26 @@ async def test_a_blocked_publisher_closed_by_the_broker_gets_its_close_ok_read(i
     await _wait_for(lambda: handler not in server.handlers, "the connection ended", within=10)
     server.broker.set_alarm(ALARM, False)
     await pub.aclose()
+
+
+def test_only_a_failing_stores_alarm_keeps_publishers_read_slowly(broker):
+    """A store whose writes fail raises an alarm named after it; alone it does not stop
+    reading publishers (their publishes to its queues are nacked at once), any other alarm
+    does."""
+    from broker.persistence.base import BLOCKS_ON_FAILURE
+
+    class FailingStore:
+        name = "journal"
+        capabilities = frozenset({BLOCKS_ON_FAILURE})
+
+    store = FailingStore()
+    assert not broker.stops_publishers
+    broker.on_store_failure(store, "no space left on device")
+    assert broker.blocked and not broker.stops_publishers
+    broker.set_alarm("memory", True)
+    assert broker.stops_publishers
+    broker.set_alarm("memory", False)
+    broker.on_store_recovered(store)
+    assert not broker.blocked and not broker.stops_publishers
+    broker.set_alarm("disk", True)
+    assert broker.stops_publishers
