@@ -126,9 +126,18 @@ def unpack_entries(data: bytes):
 _SYNC_BATCH = 512  # messages per op while a new mirror synchronises
 
 
-def wanted_mirrors(definition: dict, master: str, live: list[str]) -> list[str]:
+# which mirrors keep their slot under ha-mode exactly: in sync first, then those on their
+# way, then the failed (they resync anyway), then new nodes
+_KEEP = {"in_sync": 0, "syncing": 1, "manual": 1, "failed": 2}
+
+
+def wanted_mirrors(definition: dict, master: str, live: list[str],
+                   current: dict[str, str] | None = None) -> list[str]:
     """The nodes that should mirror a queue mastered on ``master`` under the policy
-    ``definition`` (ha-mode all | exactly | nodes), among the ``live`` nodes."""
+    ``definition`` (ha-mode all | exactly | nodes), among the ``live`` nodes. ``current``:
+    the mirrors now and their states; under ``exactly`` they keep their slots (an in-sync
+    mirror is never evicted for a node that comes back), new nodes fill what is free in
+    name order."""
     mode = definition.get("ha-mode")
     others = sorted(n for n in live if n != master)
     if mode == "all":
@@ -137,7 +146,9 @@ def wanted_mirrors(definition: dict, master: str, live: list[str]) -> list[str]:
         count = definition.get("ha-params")
         if not isinstance(count, int) or count < 1:
             return []
-        return others[:count - 1]
+        states = current or {}
+        others.sort(key=lambda n: (_KEEP.get(states.get(n, ""), 3), n))
+        return sorted(others[:count - 1])
     if mode == "nodes":
         names = definition.get("ha-params")
         if not isinstance(names, list):
@@ -352,7 +363,11 @@ class Mirroring:
     # ---- membership and sync ----
     def set_nodes(self, wanted: list[str], manual: bool) -> None:
         for node in [n for n in self.nodes if n not in wanted]:
-            if self.nodes.pop(node) == "in_sync":
+            state = self.nodes.pop(node)
+            log.info("queue %r in vhost %r: mirror on node %r (%s) dropped: not wanted by the "
+                     "policy among the live nodes", self.queue.name, self.queue.vhost.name,
+                     node, state)
+            if state == "in_sync":
                 self.isr_dirty = True
             self.generation[node] = self.generation.get(node, 0) + 1
             if node in self._syncs:
@@ -669,7 +684,7 @@ class Mirrors:
                     q.observers.append(mirroring)
                 mirroring.deposed = False
                 definition = q.effective_policy_definition or {}
-                wanted = wanted_mirrors(definition, node.name, live)
+                wanted = wanted_mirrors(definition, node.name, live, mirroring.nodes)
                 mirroring.set_nodes(wanted, definition.get("ha-sync-mode") == "manual")
         for key in [k for k in self.masters if k not in seen]:
             self.masters.pop(key).detach()
