@@ -135,7 +135,7 @@ def test_ordered_retry_blocks_the_queue(conn, ch, uid, cleanup, ordered):
 
 
 @pytest.mark.parametrize("args", [{"x-retry-delays": "100"}, {"x-retry-delays": [100, -1]},
-                                  {"x-retry-delays": []}, {"x-delivery-limit": -1},
+                                  {"x-retry-delays": []}, {"x-delivery-limit": "x"},
                                   {"x-retry-ordered": "yes"}])
 def test_bad_retry_arguments(conn, uid, args):
     ch = conn.channel()
