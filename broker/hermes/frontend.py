@@ -217,7 +217,8 @@ class Frontend:
             extra = ({"Partition-Key": headers["partition-key"]} if "partition-key" in headers
                      else None)
             try:
-                result = await hermes.publish(name, body, headers.get("content-type"), extra)
+                result = await hermes.publish(name, body, headers.get("content-type"), extra,
+                                              user.name, peer)
             except HermesError as exc:
                 return _error(exc, close), close
             except Exception:

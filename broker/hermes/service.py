@@ -39,7 +39,7 @@ from ..message import Message
 from ..persistence import DURABLE
 from ..queues.args import with_policy
 from ..schemas import ValidationFailed, compiled
-from . import model
+from . import bodies, model
 from .model import HermesError, SubscriptionDef, TopicDef
 from .push import PushSubscriber
 
@@ -356,9 +356,17 @@ class Hermes:
                 if ctype in AVRO_TYPES:
                     schema.check_binary(body)
                     return body, "avro/binary"
-                return schema.from_json(body), "avro/binary"
+                stored = schema.from_json(body)
             except ValidationFailed as exc:
                 raise HermesError(400, f"Invalid message: {exc}", "VALIDATION_ERROR") from None
+            unknown = bodies.unknown_field(schema.definition, body)
+            if unknown is not None:  # the Avro encoding would drop it without a word
+                raise HermesError(400, f"Invalid message: Failed to convert JSON to Avro: "
+                                       f"Field {unknown} is unknown"[:400], "VALIDATION_ERROR")
+            return stored, "avro/binary"
+        problem = bodies.json_problem(body)
+        if problem is not None:
+            raise HermesError(400, f"Invalid message: {problem}", "VALIDATION_ERROR")
         return body, ctype or "application/json"
 
     def publish_now(self, topic: TopicDef, body: bytes, content_type: str,
