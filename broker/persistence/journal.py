@@ -476,8 +476,9 @@ class JournalStore(Store):
         self._held: dict = {}
         # stored deliveries not yet settled, by age: their messages are paged out once
         # they are UNACKED_PAGE_AFTER old (_page_unacked)
-        self._fresh_out: list = []
-        self._aging_out: list = []
+        # (dicts as ordered sets: a settled entry leaves them at once, never kept alive)
+        self._fresh_out: dict = {}
+        self._aging_out: dict = {}
         # definitions (for checkpoints)
         self._exchanges: dict = {}
         self._queues: dict = {}    # qid -> QueueDef
@@ -598,10 +599,9 @@ class JournalStore(Store):
         previous pass keep their messages only by location (StoredMessage)."""
         while True:
             await trio.sleep(UNACKED_PAGE_AFTER)
-            due, self._aging_out, self._fresh_out = self._aging_out, self._fresh_out, []
-            out = self._out
+            due, self._aging_out, self._fresh_out = self._aging_out, self._fresh_out, {}
             for e in due:
-                if e.loc and type(e.message) is Message and e in out:
+                if e.loc and type(e.message) is Message:
                     e.message = StoredMessage.of(e.message, self, e.loc)
 
     async def _run_writer(self) -> None:
@@ -917,13 +917,14 @@ class JournalStore(Store):
         elif op is _DELIVER:
             if entry.loc:
                 self._out[entry] = queue
-                self._fresh_out.append(entry)
+                self._fresh_out[entry] = None
                 self.delivered(queue, entry)  # every time: the count survives a restart
-        elif op is _REQUEUE:
-            self._out.pop(entry, None)
         else:
-            self._out.pop(entry, None)
-            self.remove(queue, entry)
+            if self._out.pop(entry, None) is not None:
+                self._fresh_out.pop(entry, None)
+                self._aging_out.pop(entry, None)
+            if op is not _REQUEUE:
+                self.remove(queue, entry)
 
     def enqueue(self, queue, entry) -> None:
         qid = self._qids.get(queue)
