@@ -19,8 +19,13 @@ See docs/durability.md. In short:
   bookkeeping: the journal id of each queue (``_qids``) and the stored entries
   that are delivered but not settled (``_out``: unacked, or waiting for a retry),
   which checkpoints and compaction need besides the queues' ``stored_entries()``.
-* A failed write: ``broker.on_store_failure``, the waiting confirms are nacked,
-  the write is retried every second (see ``base.Store``).
+* A failed write: ``broker.on_store_failure``; its confirms are in doubt (they wait),
+  new publishes are nacked and never written (entries enqueued while failing are held
+  unrecorded until their publish is decided), the write is retried every second (see
+  ``base.Store``). The unwritten buffer is bounded (``max_unwritten``: a resource alarm).
+* Compaction rewrites an old segment only if at least ``compact_dead_fraction`` of it
+  is dead, and only if the disk has room for it.
+* Deliveries left unacked keep their message by location only (``StoredMessage``).
 """
 from __future__ import annotations
 
