@@ -385,7 +385,10 @@ _QUEUE_KEYS = {"name", "durable", "auto_delete", "arguments", "policy", "operato
                "effective_policy_definition", "exclusive", "messages", "messages_ready",
                "messages_unacknowledged", "message_bytes", "message_bytes_ready", "consumers",
                "memory", "state", "type", "vhost", "consumer_utilisation",
-               "exclusive_consumer_tag", "single_active_consumer_tag", "head_message_timestamp"}
+               "exclusive_consumer_tag", "single_active_consumer_tag", "head_message_timestamp",
+               # in a cluster, as the queue's master has them (the same from every node)
+               "node", "leader", "members", "online", "slave_nodes",
+               "synchronised_slave_nodes", "term"}
 _EXCHANGE_KEYS = {"name", "type", "durable", "auto_delete", "internal", "arguments", "policy",
                   "vhost"}
 _BINDING_KEYS = {"source_name", "source_kind", "destination_name", "destination_kind",

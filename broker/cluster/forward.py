@@ -278,6 +278,21 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     from ..amqp.fields import encode_properties
     from .mirror import MIRROR_HEADER
     vhost = channel.vhost
+    from .view import STATS_ANSWER, STATS_REQUEST
+    stats = headers.get(STATS_REQUEST), headers.get(STATS_ANSWER)  # type: ignore[union-attr]
+    if stats != (None, None):  # a queue view asked by another node, or its answer (view.py)
+        from .store import ClusterStore
+        store = session.broker.store
+        if isinstance(store, ClusterStore):
+            if isinstance(stats[0], list) and len(stats[0]) == 2:
+                asking = stats[0][1]
+                store.views.answer(asking.decode() if isinstance(asking, bytes) else str(asking),
+                                   vhost.name, stats[0], message.body)
+            elif isinstance(stats[1], list):
+                store.views.answered(stats[1], message.body)
+        if seq:
+            channel.confirm_decided(seq, True)
+        return True
     mirror_op = headers.get(MIRROR_HEADER)  # type: ignore[union-attr]
     if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
         mirrors = getattr(session.broker.store, "mirrors", None)

@@ -48,6 +48,7 @@ from .forward import LOCATORS, ProxyQueue, choose_master, forward_reply, forward
 from .link import LINK_USER, Link, link_password
 from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
+from .view import QueueViews
 
 log = logging.getLogger("broker.cluster.defs")
 
@@ -154,6 +155,7 @@ class ClusterStore(Store):
         self._masters: dict[tuple[str, str], str] = {}  # queue -> its master node (etcd)
         self.publishing: Any = None  # the channel whose publish is being routed (forward.py)
         self.mirrors = Mirrors(self)
+        self.views = QueueViews(self)  # the same queue view from every node (view.py)
         node.on_fenced.append(self._fenced)
 
     def __getattr__(self, name: str) -> Any:

@@ -347,8 +347,12 @@ async def list_queues(request: Request):
     user, broker, vhost = await vhost_scope(request, optional=True)
     vhosts = [vhost] if vhost is not None else visible_vhosts(broker, user)
     pairs = [(v, q) for v in vhosts for q in _queues_of(v)]
-    return json_response(paginate(request, pairs, lambda p: queue_json(broker, *p),
-                                  lambda p: p[1].name, lambda p: p[0].name))
+    # in a cluster: counts, node and mirrors as the queue's master has them
+    from ..cluster.view import apply, queue_overlays
+    views = await queue_overlays(broker, pairs)
+    return json_response(paginate(
+        request, pairs, lambda p: apply(queue_json(broker, *p), views.get((p[0].name, p[1].name))),
+        lambda p: p[1].name, lambda p: p[0].name))
 
 
 def _queue(request: Request, vhost):
@@ -361,7 +365,9 @@ def _queue(request: Request, vhost):
 async def get_queue(request: Request):
     user, broker, vhost = await vhost_scope(request)
     q = _queue(request, vhost)
-    out = queue_json(broker, vhost, q)
+    from ..cluster.view import apply, queue_overlays
+    views = await queue_overlays(broker, [(vhost, q)])
+    out = apply(queue_json(broker, vhost, q), views.get((vhost.name, q.name)))
     out["consumer_details"] = [consumer_json(c, vhost.name) for c in q.consumers]
     out["deliveries"] = []
     out["incoming"] = []

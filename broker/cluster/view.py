@@ -1,0 +1,189 @@
+"""The same queue view from every node: what the management API (and ``ctl list_queues``,
+which reads it) shows of a durable queue in a cluster.
+
+A queue's counts live on its master. For a queue mastered on this node the view is local;
+for one mastered on another node (a proxy here) this node asks the master over the link:
+one stats request per master node and vhost, published on the link with the header
+``STATS_REQUEST`` (the queue names in the body), answered by the master over its own link
+back with ``STATS_ANSWER`` (``forward.forwarded_publish`` takes both). The answer carries
+the counts and the cluster fields, all from the master: ``node`` and ``leader`` (the
+master), ``members`` (master and mirrors), ``online`` (those of them up), ``slave_nodes``
+and ``synchronised_slave_nodes`` (RabbitMQ's classic mirrored queue fields) and ``term``
+(the master's epoch). A master that does not answer within ``ANSWER_TIMEOUT``: the
+queue's ``state`` is ``"unreachable"`` (counts unknown, left as this node has them: 0);
+no master now: ``"down"``, as RabbitMQ shows a queue whose node is down.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from .store import ClusterStore
+
+log = logging.getLogger("broker.cluster.view")
+
+STATS_REQUEST = "x-triomq-stats"  # [request id, asking node]
+STATS_ANSWER = "x-triomq-stats-answer"  # [request id]
+ANSWER_TIMEOUT = 2.0
+# the fields of a queue's JSON object the master's answer replaces
+_COUNTS = ("messages", "messages_ready", "messages_unacknowledged", "messages_ram",
+           "messages_ready_ram", "messages_unacknowledged_ram", "message_bytes",
+           "message_bytes_ready", "message_bytes_ram", "consumers")
+
+
+def _noop(ok: bool | None) -> None:
+    """A stats request or answer needs no confirm: a lost one is a timeout."""
+
+
+class QueueViews:
+    """This node's side of the queue view: asks masters, answers as a master."""
+
+    def __init__(self, store: ClusterStore):
+        self.store = store
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list]] = {}
+
+    # ---- as a master ----
+    def local(self, vhost, q) -> dict:
+        """The cluster fields of ``q``, mastered on this node (its counts are local)."""
+        store = self.store
+        me = store.node.name
+        m = store.node.mastership(vhost.name, q.name)
+        mirroring = store.mirrors.masters.get((vhost.name, q.name))
+        nodes = dict(mirroring.nodes) if mirroring is not None else {}
+        live = store.live_nodes()
+        mirrors = sorted(nodes)
+        return {"node": me, "leader": me, "members": [me, *mirrors],
+                "online": [me, *(n for n in mirrors if n in live)],
+                "slave_nodes": mirrors,
+                "synchronised_slave_nodes": sorted(n for n, s in nodes.items()
+                                                   if s == "in_sync"),
+                "term": m.epoch if m is not None else None,
+                "state": "running" if m is not None else "down"}
+
+    def answer(self, asking: str, vhost_name: str, header: list, body: bytes) -> None:
+        """A stats request from ``asking``'s link: answer on this node's link to it."""
+        try:
+            request_id = int(header[0])
+            names = json.loads(body)
+        except (TypeError, ValueError, IndexError):
+            return
+        vhost = self.store.broker.vhosts.get(vhost_name) if self.store.broker else None
+        out: dict[str, dict] = {}
+        if vhost is not None and isinstance(names, list):
+            from .forward import ProxyQueue
+            for name in names:
+                q = vhost.queues.get(name) if isinstance(name, str) else None
+                if q is None or isinstance(q, ProxyQueue):
+                    continue  # not (or no longer) mastered here
+                ready, unacked = q.message_count, q.unacked_count
+                ready_bytes = q.ready_bytes
+                out[name] = {"messages": ready + unacked, "messages_ready": ready,
+                             "messages_unacknowledged": unacked,
+                             "messages_ram": ready + unacked, "messages_ready_ram": ready,
+                             "messages_unacknowledged_ram": unacked,
+                             "message_bytes": ready_bytes, "message_bytes_ready": ready_bytes,
+                             "message_bytes_ram": ready_bytes, "consumers": len(q.consumers),
+                             **self.local(vhost, q)}
+        link = self.store.link_for(asking, vhost_name)
+        link.publish("", "", "", {}, json.dumps(out).encode(), _noop,
+                     {STATS_ANSWER: [request_id]})
+
+    # ---- as the node asked ----
+    def answered(self, header: list, body: bytes) -> None:
+        try:
+            waiting = self._waiting.get(int(header[0]))
+            data = json.loads(body)
+        except (TypeError, ValueError, IndexError):
+            return
+        if waiting is not None and isinstance(data, dict):
+            waiting[1].append(data)
+            waiting[0].set()
+
+    async def _ask(self, master: str, vhost_name: str, names: list[str]) -> dict | None:
+        request_id = next(self._ids)
+        event = trio.Event()
+        result: list = []
+        self._waiting[request_id] = (event, result)
+        try:
+            link = self.store.link_for(master, vhost_name)
+
+            def sent(ok: bool | None) -> None:
+                if not ok:
+                    event.set()  # not delivered: no answer will come
+            if not link.publish("", "", "", {}, json.dumps(names).encode(), sent,
+                                {STATS_REQUEST: [request_id, self.store.node.name]}):
+                return None
+            with trio.move_on_after(ANSWER_TIMEOUT):
+                await event.wait()
+            return result[0] if result else None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def overlays(self, pairs) -> dict[tuple[str, str], dict]:
+        """For each (vhost, queue) of ``pairs`` the cluster queue's view to lay over its
+        JSON object (``apply``); queues the cluster does not know are left out."""
+        from .forward import ProxyQueue
+        store = self.store
+        out: dict[tuple[str, str], dict] = {}
+        asks: dict[tuple[str, str], list[str]] = {}
+        for vhost, q in pairs:
+            key = (vhost.name, q.name)
+            if isinstance(q, ProxyQueue):
+                master = store.master_of(*key)
+                if master is None or master == store.node.name:
+                    out[key] = {"node": q.master, "leader": None, "members": [q.master],
+                                "online": [], "slave_nodes": [],
+                                "synchronised_slave_nodes": [], "term": None, "state": "down"}
+                else:
+                    asks.setdefault((master, vhost.name), []).append(q.name)
+            elif q.durable and store.node.mastership(vhost.name, q.name) is not None:
+                out[key] = self.local(vhost, q)
+        answers: dict[tuple[str, str], dict | None] = {}
+
+        async def ask(master: str, vhost_name: str, names: list[str]) -> None:
+            answers[(master, vhost_name)] = await self._ask(master, vhost_name, names)
+        if asks:
+            async with trio.open_nursery() as nursery:
+                for (master, vhost_name), names in asks.items():
+                    nursery.start_soon(ask, master, vhost_name, names)
+        for (master, vhost_name), names in asks.items():
+            answer = answers.get((master, vhost_name))
+            for name in names:
+                view = (answer or {}).get(name)
+                out[(vhost_name, name)] = view if isinstance(view, dict) else {
+                    "node": master, "leader": master, "members": [master], "online": [],
+                    "slave_nodes": [], "synchronised_slave_nodes": [], "term": None,
+                    "state": "unreachable"}
+        return out
+
+
+def apply(obj: dict, overlay: dict | None) -> dict:
+    """``obj`` (a queue's JSON object) with the cluster's view of it."""
+    if overlay:
+        obj.update({k: v for k, v in overlay.items() if k in _COUNTS or k in _FIELDS})
+        if "messages_ready" in overlay:
+            obj["backing_queue_status"] = {"mode": "default", "len": overlay["messages_ready"]}
+    return obj
+
+
+_FIELDS = ("node", "leader", "members", "online", "slave_nodes", "synchronised_slave_nodes",
+           "term", "state")
+
+
+async def queue_overlays(broker: Any, pairs: list) -> dict[tuple[str, str], dict]:
+    """The management API's entry: {} without a cluster."""
+    from .store import ClusterStore
+    store = broker.store
+    if not isinstance(store, ClusterStore) or not pairs:
+        return {}
+    try:
+        return await store.views.overlays(pairs)
+    except Exception:  # a listing must not fail for the cluster's extra fields
+        log.exception("cluster queue view failed")
+        return {}
