@@ -36,9 +36,11 @@ run: setup
 	@echo "        (more options through ARGS, e.g. make run ARGS='--http-port 15673 --mqtt-port 1883'; python -m broker run --help)"
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
 
-## Start a private etcd and a local 3-node cluster (Ctrl-C stops it); AMQP on PORT, PORT+1, PORT+2.
+## Start a private etcd and a local 3-node cluster (Ctrl-C stops it); AMQP on PORT, PORT+1, PORT+2,
+## each node's management API on PORT+10000.. (CLUSTER_HTTP_PORT=N picks the first one).
 cluster: setup system-deps
-	$(PY) -m broker.cluster.local --nodes 3 --port $(PORT) --dir $(DATA)-cluster
+	$(PY) -m broker.cluster.local --nodes 3 --port $(PORT) --dir $(DATA)-cluster \
+		$(if $(CLUSTER_HTTP_PORT),--http-port $(CLUSTER_HTTP_PORT))
 
 ## Set up and run every test: lint (ruff, mypy), unit, CLI, storage, scheduler and the interop suite against
 ## TrioMQ, then the same interop suite against the reference RabbitMQ when one is reachable.

@@ -1,5 +1,7 @@
 """``python -m broker.cluster.local``: a private etcd and N TrioMQ nodes on this machine, for
-trying the cluster (``make cluster``). Everything lives under ``--dir`` and stops on Ctrl-C."""
+trying the cluster (``make cluster``). Each node has its own AMQP port and management port
+(``--http-port``, default the AMQP port + 10000, as RabbitMQ's 5672/15672), printed with the
+``ctl`` line that reaches it. Everything lives under ``--dir`` and stops on Ctrl-C."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--port", type=int, default=5672, help="AMQP port of the first node; the "
                                                           "others use the next ones")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="management HTTP port of the first node; the others use the next ones "
+                        "(default: --port + 10000)")
     p.add_argument("--dir", default="./cluster-data", help="etcd and node data (kept)")
     p.add_argument("--etcd", default=shutil.which("etcd") or "/usr/bin/etcd")
     args = p.parse_args(argv)
@@ -39,9 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triomq: error: etcd not found at {args.etcd} (make system-deps installs it)",
               file=sys.stderr)
         return 1
+    http = args.port + 10000 if args.http_port is None else args.http_port
     busy = [args.port + i for i in range(args.nodes) if _listening(args.port + i)]
     if busy:
         print(f"triomq: error: port {busy[0]} is in use (pick another with --port)", file=sys.stderr)
+        return 1
+    # a management port in use would leave a node without one, and ``ctl`` on that port
+    # would configure whatever listens there (a RabbitMQ on 15672)
+    busy = [http + i for i in range(args.nodes) if _listening(http + i)]
+    if busy:
+        print(f"triomq: error: management port {busy[0]} is in use (pick another with "
+              f"--http-port)", file=sys.stderr)
         return 1
     os.makedirs(args.dir, exist_ok=True)
     secret = os.path.join(args.dir, "secret")
@@ -82,18 +95,25 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(args.dir, f"{name}.log"), "ab") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
-                     str(port), "--data-dir", os.path.join(args.dir, name), "--http-port", "0",
+                     str(port), "--data-dir", os.path.join(args.dir, name), "--http-port",
+                     str(http + i),
                      "--cluster", url, "--node-name", name, "--cluster-secret-file", secret],
                     stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
-        while not all(_listening(args.port + i) for i in range(args.nodes)):
+        while not all(_listening(args.port + i) and _listening(http + i)
+                      for i in range(args.nodes)):
             if time.monotonic() > deadline or any(pr.poll() is not None for pr in procs):
                 print(f"triomq: error: a node did not start (logs in {args.dir})", file=sys.stderr)
                 return 1
             time.sleep(0.2)
         for i in range(args.nodes):
-            print(f"node{i + 1}: amqp://guest:guest@127.0.0.1:{args.port + i}/")
+            print(f"node{i + 1}: amqp://guest:guest@127.0.0.1:{args.port + i}/   management "
+                  f"http://127.0.0.1:{http + i}/")
         print(f"cluster: {url}   (python -m broker cluster status --cluster {url})")
+        print(f"ctl:     python -m broker ctl --url http://127.0.0.1:{http} ...   (or export "
+              f"TRIOMQ_URL=http://127.0.0.1:{http}; ctl's default is 127.0.0.1:15672)")
+        print(f"mirror:  python -m broker ctl --url http://127.0.0.1:{http} set_policy ha "
+              "'^ha\\.' '{\"ha-mode\":\"all\"}' --apply-to queues")
         subprocess.run([sys.executable, "-m", "broker", "cluster", "status", "--cluster", url])
         print("Ctrl-C stops etcd and every node")
         while all(pr.poll() is None for pr in procs):
