@@ -368,3 +368,16 @@ def test_quorum_queue_survives_in_the_listing(ch, uid, cleanup):
         ch.basic_publish("", q, str(i).encode())
     wait_for(lambda: len(got_a) + len(got_b) == 3, conn=ch.connection, msg="3 deliveries")
     assert got_b == [] and got_a == [b"0", b"1", b"2"]
+
+
+def test_later_global_qos_does_not_limit_a_quorum_consumer(ch, uid, cleanup):
+    """basic.qos(global=true) after the consume is accepted; the quorum queue's consumer
+    stays out of the channel's limit (RabbitMQ 3.10: all 5 delivered)."""
+    q = cleanup.queue(uid)
+    _declare(ch, q, arguments=Q)
+    got = []
+    ch.basic_consume(q, lambda c, m, p, b: got.append(m.delivery_tag))
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    for _ in range(5):
+        ch.basic_publish("", q, b"x")
+    wait_for(lambda: len(got) == 5, conn=ch.connection, msg="all five delivered")

@@ -41,6 +41,7 @@ class Consumer:
         "arguments",
         "channel",
         "exclusive",
+        "global_qos",
         "no_ack",
         "parked",
         "prefetch",
@@ -69,6 +70,9 @@ class Consumer:
         self.parked = False
         self.arguments = arguments
         self.selector = selector  # x-filter: a predicate over messages (queues/selector.py)
+        # whether the channel's global prefetch limits it: not on a quorum queue, whose
+        # consumers RabbitMQ keeps out of the channel's limiter (a later qos global=true)
+        self.global_qos = queue.queue_type.global_qos
 
     def can_take(self) -> bool:
         ch = self.channel
@@ -78,7 +82,8 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return not (ch.global_prefetch and ch.unacked_count >= ch.global_prefetch)
+        return not (ch.global_prefetch and ch.unacked_count >= ch.global_prefetch
+                    and self.global_qos)
 
 
 class Queue:

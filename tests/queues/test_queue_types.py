@@ -242,3 +242,12 @@ def test_quorum_queue_recovered_from_the_journal(tmp_path):
                 entry.message.properties["headers"]["x-delivery-count"])
 
     assert life(second, crash=False) == ("quorum", 5, b"kept", 2, 1)
+
+
+def test_channel_global_limit_skips_quorum_consumers(vhost):
+    channel = FakeChannel(global_prefetch=1)
+    channel.unacked_count = 1  # the channel's global limit is reached
+    quorum = declare_queue(vhost, "q", durable=True, arguments=Q)
+    classic = declare_queue(vhost, "c")
+    assert Consumer("a", channel, quorum, False, False, 0, 0, {}).can_take()
+    assert not Consumer("b", channel, classic, False, False, 0, 0, {}).can_take()
