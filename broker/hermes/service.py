@@ -391,6 +391,9 @@ class Hermes:
             accepted = True
             durable = False
             queues = self.vhost.route(topic.name, topic.name, message)
+            if self.broker.refuses_persistent(queues):
+                # the store cannot write: refused before any subscription could deliver it
+                raise HermesError(500, "The store could not write the message", "INTERNAL_ERROR")
             for q in queues:
                 if not q.enqueue(message, reported=True):  # published() below reports it
                     accepted = False
