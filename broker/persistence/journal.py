@@ -698,16 +698,15 @@ class JournalStore(Store):
         # this at once -- are taken back from their queues unwritten, so a nacked
         # message is never delivered, now or after a restart. A callback without
         # on_failure has them recorded and waits for the retry.
-        if self._held:
-            if self._failed is not None and on_failure is not None:
+        if self._failed is not None and on_failure is not None:
+            if self._held:
                 self._withdraw_held()
-            else:
-                self._record_held()
+            on_failure()
+            return
+        if self._held:
+            self._record_held()
         if self.flush == "async":
             callback()
-            return
-        if self._failed is not None and on_failure is not None:
-            on_failure()
             return
         self._callbacks.append((callback, on_failure))
         if self._dirty is not None:
