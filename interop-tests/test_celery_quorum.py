@@ -25,7 +25,7 @@ import celery_app
 import pika
 import pytest
 from kombu import Connection, Exchange, Queue
-from test_celery import CeleryRun, _get, _wait
+from test_celery import CeleryRun, Worker, _get, _wait
 
 QUORUM_CONF = {
     "task_default_queue_type": "quorum",
@@ -84,6 +84,7 @@ def test_worker_declares_quorum_and_delay_queues(quorum_run, amqp_params):
     run = quorum_run
     w = run.start_worker()
     assert "Failed to" not in w.log() and "global qos" not in w.log(), run.logs()
+    assert "Global QoS is disabled" in w.log(), run.logs()  # Celery's quorum detection
     assert _queue_type(amqp_params, run.queue)
     conn = pika.BlockingConnection(amqp_params.pika_params())
     try:  # a redeclare with Celery's arguments, the quorum type included, is equivalent
@@ -180,3 +181,21 @@ def test_kombu_queue_arguments(amqp_params, uid, cleanup):
                 time.sleep(0.02)
         assert again is not None and again.headers.get("x-delivery-count") == 1
         again.ack()
+
+
+def test_without_quorum_detection(quorum_run, external_broker, monkeypatch):
+    """``worker_detect_quorum_queues = False``: kombu picks the QoS flag from the server's
+    product and version. RabbitMQ 3.x gets ``global=true`` and refuses the consume on a
+    quorum queue (540 "does not support global qos"); TrioMQ gets ``global=false``
+    (as RabbitMQ 4 would) and the worker runs."""
+    run = quorum_run
+    run.config["worker_detect_quorum_queues"] = False
+    if external_broker:
+        monkeypatch.setattr(Worker, "wait_ready", lambda self, timeout=0: None)
+        w = run.start_worker()
+        _wait(lambda: "does not support global qos" in w.log(), run,
+              "RabbitMQ 3.x to refuse the global QoS consume", 30)
+        return
+    w = run.start_worker()
+    assert "Global QoS is disabled" not in w.log()
+    assert _get(run.add.delay(1, 2), run) == 3
