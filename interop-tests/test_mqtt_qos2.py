@@ -429,5 +429,7 @@ def test_restart_between_publish_and_pubrel(tmp_path, external_broker, store_url
         conn.close()
         pub.close()
         sub.close()
+    except AssertionError as exc:  # the broker's side of it, for a failure under load
+        raise AssertionError(f"{exc}\n--- broker log (last 5000 chars) ---\n{proc.log()}") from exc
     finally:
         proc.stop()

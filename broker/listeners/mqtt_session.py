@@ -71,10 +71,11 @@ log = logging.getLogger("broker.mqtt")
 
 MAX_KEY = 255  # an AMQP shortstr: routing keys and queue names
 _NO_QUEUES: frozenset = frozenset()
-# empty stand-ins shared by sessions until they need their own (never written to: the
-# session replaces them first, see ``_on_publish``)
+# empty stand-ins shared by sessions until they need their own: each place that would
+# write to one replaces it first (thousands of idle connections carry no containers)
 _NO_LIST: list = []
 _NO_DECISIONS: dict = {}
+_NO_DICT: dict = {}
 # the binding argument carrying a subscription's granted QoS (a binding without it is one
 # stored by an earlier version: QoS 1 in the ...qos1 queue, QoS 0 in the ...qos0 queue)
 QOS_ARG = "x-mqtt-qos"
@@ -170,7 +171,7 @@ class MQTTSession:
         # the session's subscriptions: MQTT filter -> granted QoS, and what a delivery's QoS
         # needs from them: the one QoS they all share (None: they differ), else the highest
         # QoS matching each routing key seen (a bounded cache)
-        self.filters: dict[str, int] = {}
+        self.filters: dict[str, int] = _NO_DICT  # made on the first SUBSCRIBE
         self._one_qos: int | None = None
         self._filter_qos: dict[str, int] | None = None  # made when first needed
         # QoS 2 packet-id state: a persistent session's comes from service.qos2, a clean
@@ -193,9 +194,11 @@ class MQTTSession:
         # packet ids of this read's QoS 1 publishes acknowledged at once (nothing waits
         # for the store before them): written in one go at the end of the read
         self._ack_now: list[int] = []
-        self._touched: dict = {}  # queues acked in this batch: dispatched once at its end
+        # queues acked in this batch: dispatched once at its end (made on the first ack)
+        self._touched: dict = _NO_DICT
         self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
-        self._keys: dict[str, str] = {}  # MQTT topic -> routing key (checked for length)
+        # MQTT topic -> routing key (checked for length), made on the first PUBLISH
+        self._keys: dict[str, str] = _NO_DICT
         # outbound QoS 2 packet ids whose PUBREL waits for the store (persistent sessions)
         self._pubrels: list[int] | None = None
         # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
@@ -250,7 +253,7 @@ class MQTTSession:
                 break
         touched = self._touched
         if touched:
-            self._touched = {}
+            self._touched = _NO_DICT
             for q in touched:
                 if q.consumers:
                     q.dispatch()
@@ -361,6 +364,8 @@ class MQTTSession:
             if not isinstance(topic_filter, str):
                 topic_filter = to_mqtt_topic(binding.routing_key.replace("*", "+"))
             qos = args.get(QOS_ARG, 1)
+            if self.filters is _NO_DICT:
+                self.filters = {}
             self.filters[topic_filter] = qos if qos in (0, 1, 2) else 1
         self._filters_changed()
 
@@ -456,6 +461,8 @@ class MQTTSession:
                 return
             if len(self._keys) >= 256:  # bounded: a device may publish to ever new topics
                 self._keys.clear()
+            elif self._keys is _NO_DICT:
+                self._keys = {}
             self._keys[topic] = key
         authz = self.authz
         if authz is not None:  # AMQP basic.publish's checks, on the same shared cache
@@ -626,6 +633,8 @@ class MQTTSession:
                 # versions (no QoS; no filter before the '$' rule existed)
                 for old in self._old_binding_args(topic_filter, qos):
                     vhost.unbind(exchange, q, key, old)
+                if self.filters is _NO_DICT:
+                    self.filters = {}
                 self.filters[topic_filter] = qos
             except errors.AMQPError as exc:
                 log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
@@ -792,6 +801,8 @@ class MQTTSession:
         if self.audit is not None:  # the queue's SETTLE, as the client's ack
             self.audit.acked(self, Unacked(pid, entry, queue, consumer))
         queue.ack(entry, consumer, reported=True)
+        if self._touched is _NO_DICT:
+            self._touched = {}
         self._touched[queue] = None
 
     def _on_delivery_received(self, token, packet_id: int) -> None:
