@@ -299,7 +299,7 @@ class Link:
         self.failing = True
         held, self._held = self._held, []
         for item in held:
-            item[5](None)  # its done callback: in doubt
+            item[5](False)  # never sent (held for a connection that did not come): nacked
         self._out.clear()
         self._out_bytes = 0
         pending, self._pending = self._pending, OrderedDict()
