@@ -75,7 +75,8 @@ class WebSocketStream(trio.abc.Stream):
             out = []
             for event in ws.events():
                 if isinstance(event, BytesMessage):
-                    out.append(event.data)
+                    if event.data:  # an empty frame is no EOF: b"" would say so
+                        out.append(event.data)
                 elif isinstance(event, Ping):
                     await self._send_raw(ws.send(event.response()))
                 elif isinstance(event, CloseConnection):
