@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker")
 
+# Octets of partial message bodies received between two checks of the memory alarm at most
+# (besides the monitor's, once a second): fast large bodies cannot outrun the alarm by more.
+MEMORY_CHECK_STEP = 16 * 1024 * 1024
+
 
 def _total_memory() -> int:
     try:
@@ -62,6 +66,7 @@ class Broker:
         self.memory_limit = (self.config.memory_limit_bytes
                              or int(_total_memory() * self.config.memory_high_watermark))
         self.alarms: set[str] = set()
+        self._unchecked_bodies = 0  # see bodies_grew
         # called whenever an alarm is set or cleared (the edges stop reading publishers, or
         # read them again)
         self.alarms_changed: list[Callable[[], None]] = []
@@ -239,6 +244,14 @@ class Broker:
                 session.wake()
         for changed in self.alarms_changed:
             changed()
+
+    def bodies_grew(self, octets: int) -> None:
+        """Partial message bodies (contents still being received) grew by ``octets``: past
+        ``MEMORY_CHECK_STEP`` since the last time, the memory alarm is checked at once."""
+        self._unchecked_bodies += octets
+        if self._unchecked_bodies >= MEMORY_CHECK_STEP:
+            self._unchecked_bodies = 0
+            self.set_alarm("memory", process_rss() > self.memory_limit)
 
     def check_resources(self) -> None:
         freed = give_back(self.config.free_heap_kept)

@@ -67,6 +67,7 @@ class Session:
         self.delivery_stalled = False
         self.is_publisher = False
         self.blocked_sent = False
+        self._partial_seen = 0  # conn.partial_bytes when last looked at (data_received)
         self.finished = False  # the socket should be closed once output is flushed
         self.closed = False
 
@@ -101,6 +102,11 @@ class Session:
     # ---- input ----
     def data_received(self, data: bytes) -> None:
         events = self.conn.receive_data(data)
+        partial = self.conn.partial_bytes
+        if partial != self._partial_seen:  # large bodies in progress: the memory alarm
+            if partial > self._partial_seen:
+                self.broker.bodies_grew(partial - self._partial_seen)
+            self._partial_seen = partial
         if events:
             audit = self.audit
             if audit is None:

@@ -95,3 +95,27 @@ async def test_a_permitted_large_publish_still_arrives_whole(inprocess_broker):
     assert got.body == body
     await client.aclose()
 
+
+
+def test_partial_bodies_raise_the_memory_alarm_without_waiting_for_the_monitor(broker,
+                                                                                session_client):
+    """No resource monitor runs here: the memory alarm comes from the bodies' growth itself
+    (every 16 MiB received into partial bodies), not from the once-a-second check."""
+    from broker.broker import process_rss
+
+    from .support import methods
+
+    client = session_client()
+    client.open_channel(1)
+    broker.memory_limit = process_rss() + 8 * MiB
+    client.send(_head(1, 100 * MiB))
+    chunk = body_frame(1, b"m" * (131072 - 8))
+    written = []
+    for _ in range(48 * 8):  # 48 MiB of the body
+        written += client.send(chunk)
+        if broker.alarms:
+            break
+    assert "memory" in broker.alarms
+    assert not methods(written, spec.Channel.Close)
+    broker.set_alarm("memory", False)
+    client.drop()
