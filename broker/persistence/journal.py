@@ -47,6 +47,7 @@ from ..config import JournalSettings
 from ..message import Message
 from ..queues.entry import QueueEntry
 from ..queues.ops import Op
+from ..queues.priority import message_priority
 from ..queues.retry import restore_delivery_count
 from . import journal_format as jf
 from .base import (
@@ -582,13 +583,14 @@ class JournalStore(Store):
         """QueueEntry objects (messages read back) for recovered index rows."""
         timers = q.vhost.timers
         max_priority = q.opts.max_priority
+        two_level = q.opts.two_level_priority
         for seq, loc, exp, prio, _blen, fl in entries:
             msg = self.read_message(loc)
             expires_at = None
             if exp == exp:
                 expires_at = timers.now() + (exp - now_wall)
             if max_priority:
-                prio = min(msg.properties.get("priority") or 0, max_priority)
+                prio = message_priority(msg.properties, max_priority, two_level)
             entry = QueueEntry(msg, seq, expires_at, prio)
             entry.loc = loc
             restore_delivery_count(q, entry, fl)
@@ -962,7 +964,7 @@ class JournalStore(Store):
         budget = self.settings.queue_memory_budget
         if queue.opts.max_priority:
             return PagedPriority(self, queue.vhost.timers, queue.opts.max_priority, budget,
-                                 entries, restored)
+                                 entries, restored, queue.opts.two_level_priority)
         return PagedFifo(self, queue.vhost.timers, budget=budget, entries=entries,
                          restored=restored)
 
@@ -1115,12 +1117,13 @@ class JournalStore(Store):
         live = self._seg_live
         live_bytes = self._seg_bytes
 
-        def move(qid, entry_loc, seq, exp_wall, prio, blen, count, max_priority=0):
+        def move(qid, entry_loc, seq, exp_wall, prio, blen, count, max_priority=0,
+                 two_level=False):
             nonlocal moved, written
             old = entry_loc
             msg = self.read_message(old)
             if max_priority:  # a paged entry: its priority is its message's
-                prio = min(msg.properties.get("priority") or 0, max_priority)
+                prio = message_priority(msg.properties, max_priority, two_level)
             payload = jf.pack_enq(qid, seq, exp_wall, prio, blen, 0) + encode_message(msg)
             new = self._append(jf.T_ENQ, payload)
             written += jf.HDR_SIZE + len(payload)
@@ -1142,8 +1145,8 @@ class JournalStore(Store):
 
         for q, qid in self._qids.items():
             q.relocate_paged(
-                victims, lambda loc, seq, exp, blen, flags, qid=qid, mp=q.opts.max_priority:
-                move(qid, loc, seq, exp, 0, blen, flags, mp))
+                victims, lambda loc, seq, exp, blen, flags, qid=qid, mp=q.opts.max_priority,
+                tl=q.opts.two_level_priority: move(qid, loc, seq, exp, 0, blen, flags, mp, tl))
         for qid, e, delivered, delta in entries:
             if (e.loc >> 32) not in victims:
                 continue

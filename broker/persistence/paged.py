@@ -310,11 +310,13 @@ class PagedPriority(PriorityReady):
     accepts_paged_index = True
 
     def __init__(self, store, timers, max_priority: int, budget: int = DEFAULT_BUDGET,
-                 entries=(), restored=None):
+                 entries=(), restored=None, weighted: bool = False):
         per_level = budget // (max_priority + 1)
         self._levels = [PagedFifo(store, timers, per_level, level=p, restored=restored)
                         for p in range(max_priority + 1)]
         self._count = 0
+        self._weighted = weighted and max_priority == 1
+        self._counter = 0
         for e in entries:
             self.append(e)
 

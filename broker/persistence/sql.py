@@ -707,7 +707,7 @@ class SQLStore(Store):
         """The ready store of a durable queue (``PAGES_MESSAGES``): FIFO queues page; a
         priority queue keeps its messages in memory."""
         if queue.opts.max_priority:
-            ready = PriorityReady(queue.opts.max_priority)
+            ready = PriorityReady(queue.opts.max_priority, queue.opts.two_level_priority)
             for entry in entries:
                 ready.append(entry)
             return ready

@@ -192,6 +192,8 @@ class QueueOptions:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     max_priority: int | None = None
+    # quorum queues: two levels (0-4 normal, 5+ high) served 2:1 (``priority.py``)
+    two_level_priority: bool = False
     single_active_consumer: bool = False
     extra: dict = field(default_factory=dict)
 

@@ -75,7 +75,8 @@ class QueueDedup:
         if type(ready) is FifoReady:
             return _HeldFifo()
         if type(ready) is PriorityReady:
-            return _HeldPriority(self.queue.opts.max_priority)
+            opts = self.queue.opts
+            return _HeldPriority(opts.max_priority, opts.two_level_priority)
         return ready
 
     def admit(self, message, entry) -> bool:

@@ -157,7 +157,9 @@ class Queue:
         Queue variants override it. ``self.opts`` and ``self.retry`` are set when
         it is called; an ordered retry policy wraps the store it is given.
         """
-        ready = PriorityReady(self.opts.max_priority) if self.opts.max_priority else FifoReady()
+        opts = self.opts
+        ready = (PriorityReady(opts.max_priority, opts.two_level_priority) if opts.max_priority
+                 else FifoReady())
         if self.dedup is not None:
             ready = self.dedup.unpaged(ready)
         if self.retry is not None:
@@ -228,7 +230,8 @@ class Queue:
                 expires_at = ttl.deadline(opts.message_ttl, message.properties,
                                           self.vhost.timers.now())
             entry = QueueEntry(message, seq, expires_at,
-                               message_priority(message.properties, opts.max_priority)
+                               message_priority(message.properties, opts.max_priority,
+                                                opts.two_level_priority)
                                if opts.max_priority else 0)
             observers = self.observers.unreported if reported else self.observers
             if observers:

@@ -76,6 +76,8 @@ class QueueType:
     # the argument naming the node a new queue goes to in a cluster (its values mapped onto
     # the cluster's placement strategies by ``placement_locator``)
     locator_argument: str = "x-queue-master-locator"
+    # RabbitMQ 4's quorum priorities: two levels served 2:1 (``priority.py``)
+    two_level_priority: bool = False
 
     # ---- declare ----
     def check_declare(self, resource: Resource, durable: bool, exclusive: bool,
@@ -123,6 +125,9 @@ class QueueType:
             changes["extra"] = extra
         if opts.overflow not in self.overflow:
             changes["overflow"] = self.overflow[0]
+        if self.two_level_priority:
+            changes["max_priority"] = 1
+            changes["two_level_priority"] = True
         return replace(opts, **changes) if changes else opts
 
     def dead_letters_at_least_once(self, opts: QueueOptions) -> bool:
@@ -181,7 +186,7 @@ QUORUM = QueueType("quorum", "rabbit_quorum_queue", _QUORUM_ARGS, "quorum_queues
                    exclusive=False, transient=False, auto_delete=False, global_qos=False,
                    mirrored=False, default_delivery_limit=20,
                    locator_argument="x-queue-leader-locator",
-                   delivery_count_header=True,
+                   delivery_count_header=True, two_level_priority=True,
                    dead_letter_strategies=("at-most-once", "at-least-once"),
                    overflow=("drop-head", "reject-publish"))
 STREAM = QueueType("stream", "rabbit_stream_queue", _STREAM_ARGS, "streams",
