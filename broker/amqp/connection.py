@@ -401,22 +401,22 @@ class ServerConnection:
     # ---- input ----
     def get_buffer(self, size: int) -> memoryview:
         """Where to receive the next octets of the stream (at most ``size``; report them with
-        ``buffer_updated``). Inside a large body frame whose start was handled, that is a new
-        part of its content's body for the rest of the frame's payload; otherwise the frame
-        buffer."""
+        ``buffer_updated``). Inside a large body frame whose start was handled, that is the
+        rest of the frame's payload in its content's body (grown for it by at most what
+        arrived so far); otherwise the frame buffer."""
         channel, left = self._reader.body_remaining
         if left and self.state is State.OPEN:
             ch = self.channels.get(channel)
-            body = ch.body if ch is not None else None
-            if (body is not None and ch.pending is not None  # type: ignore[union-attr]
-                    and ch.state == _CH_OPEN and ch.received + left <= ch.body_size):  # type: ignore[union-attr]
-                start = ch.received  # type: ignore[union-attr]
+            if (ch is not None and ch.body is not None and ch.pending is not None
+                    and ch.state == _CH_OPEN and ch.received + left <= ch.body_size):
+                body = ch.body
+                start = ch.received
                 # no more than doubles what arrived (the buffer grows by received octets)
                 end = start + min(left, size, max(len(body) - start, start))
                 if end <= len(body) or \
                         self.partial_bytes + end - len(body) <= self.max_partial_bodies:
                     if end > len(body):
-                        body = self._grow(ch, end, exact=True)  # type: ignore[arg-type]
+                        body = self._grow(ch, end, exact=True)
                     self._direct = ch
                     return memoryview(body)[start:end]
         self._direct = None
