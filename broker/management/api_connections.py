@@ -88,7 +88,10 @@ def connection_json(session) -> dict:
     for name in ("recv_cnt", "send_cnt"):  # RabbitMQ gives these no rate
         del out[name + "_details"]
     out["port"] = _local_port(session, info)
-    out["client_properties"] = jsonable(info.get("client_properties", {}))
+    out["client_properties"] = props = jsonable(info.get("client_properties", {}))
+    given = props.get("connection_name") if isinstance(props, dict) else None
+    if isinstance(given, str) and given:  # as RabbitMQ: only when the client named it
+        out["user_provided_name"] = given
     return out
 
 

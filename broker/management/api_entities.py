@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import hashlib
 import json
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, unquote_plus
 
 from starlette.requests import Request
 from starlette.routing import Route
@@ -108,7 +109,17 @@ def queue_json(broker, vhost, q) -> dict:
         # a replicated type's members, as RabbitMQ lists them (this node alone)
         **({} if q.queue_type.mirrored else {"leader": NODE, "members": [NODE],
                                              "online": [NODE]}),
+        **_idle_since(sampler, q),
     }
+
+
+def _idle_since(sampler, q) -> dict:
+    """RabbitMQ's ``idle_since`` (present only while idle), in its local-time format."""
+    since = sampler.queue_idle_since(q)
+    if since is None:
+        return {}
+    stamp = datetime.datetime.fromtimestamp(since).astimezone()
+    return {"idle_since": stamp.isoformat(timespec="milliseconds")}
 
 
 def _queue_message_stats(q, rates: dict) -> dict:
@@ -561,7 +572,8 @@ async def create_binding(request: Request):
     data = await body(request, {"routing_key", "arguments", "vhost", "source", "destination",
                                 "destination_type"})
     source, kind, dest = _endpoints(request, vhost)
-    routing_key = text(data, "routing_key", "")
+    # as RabbitMQ: a null routing key is the empty one
+    routing_key = "" if data.get("routing_key") is None else text(data, "routing_key")
     arguments = table(data, "arguments")
     check_perm(broker, user, vhost.name, kind, dest.name, "write")
     check_perm(broker, user, vhost.name, "exchange", source, "read")
@@ -575,10 +587,24 @@ async def create_binding(request: Request):
     return resp
 
 
+def _props_keys(props_key: str) -> set[str]:
+    """The binding ids a path's ``{props}`` may stand for: as given (the id encoded twice in
+    the URL, as RabbitMQ's own clients send it) and, as RabbitMQ also accepts, read from an
+    id encoded once (the key part then arrives decoded: ``a/b`` for ``a%2Fb``)."""
+    key, sep, digest = props_key.partition("~")
+    if sep and "~" in digest:
+        return {props_key}
+    once = quote_plus(unquote_plus(key), safe="").replace("~", "%7E")
+    if not sep:
+        return {props_key, once or "~"}
+    return {props_key, once + "~" + digest if digest else once or "~"}
+
+
 def _find_binding(vhost, source: str, kind: str, dest, props_key: str):
+    keys = _props_keys(props_key)
     for b in vhost_bindings(vhost):
         if (b["source"] == source and b["destination_type"] == kind
-                and b["destination"] == dest.name and b["properties_key"] == props_key):
+                and b["destination"] == dest.name and b["properties_key"] in keys):
             return b
     return None
 

@@ -2,11 +2,14 @@
 /api/health/checks/*."""
 from __future__ import annotations
 
+import glob
+import html
 import os
+import shutil
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from .. import __version__, errors
@@ -100,7 +103,7 @@ async def overview(request: Request) -> JSONResponse:
         "disable_stats": False, "enable_queue_totals": True,
         "message_stats": stats, "churn_rates": {}, "queue_totals": queue_totals,
         "object_totals": objects, "statistics_db_event_queue": 0, "node": NODE,
-        "listeners": _listeners(broker), "contexts": [],
+        "listeners": _listeners(broker), "contexts": [],  # RabbitMQ's overview has none
     }
     if "samples" in request.query_params or request.query_params.get("msg_rates_age"):
         # the console's graphs: the ring of overview samples (time ms, counters)
@@ -128,8 +131,65 @@ def _node(broker) -> dict:
         "applications": [{"name": "triomq", "description": "TrioMQ", "version": __version__}],
         "partitions": [], "cluster_links": [], "alarms": sorted(broker.alarms),
         "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
-        "listeners": _listeners(broker), "contexts": [],
+        "listeners": _listeners(broker), "contexts": _contexts(broker),
+        **_node_extras(broker),
     }
+
+
+def _contexts(broker) -> list[dict]:
+    """The HTTP listener as RabbitMQ's node lists its web contexts (the port a string)."""
+    http = broker.http_server
+    if not http.port:
+        return []
+    return [{"description": "RabbitMQ Management", "path": "/",
+             "cowboy_opts": "[{sendfile,false}]", "port": str(http.port)}]
+
+
+_NODE_COUNTERS = (
+    "gc_num", "gc_bytes_reclaimed", "context_switches", "io_read_count", "io_read_bytes",
+    "io_read_avg_time", "io_write_count", "io_write_bytes", "io_write_avg_time",
+    "io_sync_count", "io_sync_avg_time", "io_seek_count", "io_seek_avg_time",
+    "io_reopen_count", "mnesia_ram_tx_count", "mnesia_disk_tx_count",
+    "msg_store_read_count", "msg_store_write_count", "queue_index_write_count",
+    "queue_index_read_count", "connection_created", "connection_closed",
+    "channel_created", "channel_closed", "queue_declared", "queue_created", "queue_deleted")
+
+
+def _proc_io() -> dict[str, int]:
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(": ") for line in f)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _node_extras(broker) -> dict:
+    """The rest of RabbitMQ's node fields: process counters where this process has them
+    (garbage collections, context switches, reads and writes), 0 where the Erlang VM's own
+    (mnesia, the message store) have no counterpart here; every counter with
+    its ``_details``, as RabbitMQ's basic rates mode gives them."""
+    import gc
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    io = _proc_io()
+    values = dict.fromkeys(_NODE_COUNTERS, 0)
+    values.update(gc_num=sum(g["collections"] for g in gc.get_stats()),
+                  context_switches=usage.ru_nvcsw + usage.ru_nivcsw,
+                  io_read_count=io.get("syscr", 0), io_read_bytes=io.get("read_bytes", 0),
+                  io_write_count=io.get("syscw", 0), io_write_bytes=io.get("write_bytes", 0))
+    out: dict = {}
+    for name, value in values.items():
+        out[name] = value
+        out[name + "_details"] = {"rate": 0.0}
+    for name in ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free"):
+        out[name + "_details"] = {"rate": 0.0}
+    config = broker.config
+    out.update({
+        "log_files": [], "db_dir": str(config.data_dir), "config_files": [],
+        "net_ticktime": 60, "mem_calculation_strategy": "rss",
+        "ra_open_file_metrics": {}, "metrics_gc_queue_length": {},
+    })
+    return out
 
 
 def _disk_free(broker) -> int:
@@ -356,6 +416,50 @@ async def health_simple_ok(request: Request):
     return _ok()
 
 
+async def healthchecks_node(request: Request):
+    """RabbitMQ's older /api/healthchecks/node[/{node}]: ok unless an alarm is in effect."""
+    await require(request)
+    broker = broker_of(request)
+    if "node" in request.path_params and param(request, "node") != NODE:
+        raise ApiError(404, "Not Found")
+    if broker.alarms:
+        return JSONResponse({"status": "failed",
+                             "reason": "resource alarm(s) in effect: "
+                                       + ", ".join(sorted(broker.alarms))})
+    return _ok()
+
+
+async def api_index(request: Request):
+    """/api/index.html: the routes this broker serves (RabbitMQ's page documents its API)."""
+    broker = broker_of(request)
+    paths = sorted({r.path for r in broker.http_routes if getattr(r, "path", "")})
+    rows = "".join(f"<tr><td><code>{html.escape(p)}</code></td></tr>" for p in paths)
+    return HTMLResponse("<!DOCTYPE html><html><head><title>TrioMQ Management HTTP API"
+                        "</title></head><body><h1>TrioMQ Management HTTP API</h1>"
+                        "<p>The paths below answer as RabbitMQ's management plugin's do; "
+                        "see docs/management.md.</p><table>" + rows + "</table></body></html>")
+
+
+def rabbitmqadmin_path() -> str | None:
+    """RabbitMQ's rabbitmqadmin script if installed on this host (TrioMQ ships none)."""
+    found = shutil.which("rabbitmqadmin")
+    if found:
+        return found
+    for candidate in sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins/"
+                                      "rabbitmq_management-*/priv/www/cli/rabbitmqadmin")):
+        return candidate
+    return None
+
+
+async def cli_rabbitmqadmin(request: Request):
+    """/cli/rabbitmqadmin, unauthenticated as in RabbitMQ: the script, served from this
+    host's RabbitMQ install when there is one."""
+    path = rabbitmqadmin_path()
+    if path is None:
+        raise ApiError(404, "rabbitmqadmin is not installed on this host")
+    return FileResponse(path, media_type="text/plain")
+
+
 def routes() -> list:
     return [
         Route("/api/whoami", whoami),
@@ -377,6 +481,10 @@ def routes() -> list:
         Route("/api/health/checks/certificate-expiration/{within}/{unit}", health_simple_ok),
         Route("/api/health/checks/node-is-mirror-sync-critical", health_simple_ok),
         Route("/api/health/checks/node-is-quorum-critical", health_simple_ok),
+        Route("/api/healthchecks/node", healthchecks_node),
+        Route("/api/healthchecks/node/{node}", healthchecks_node),
+        Route("/api/index.html", api_index),
+        Route("/cli/rabbitmqadmin", cli_rabbitmqadmin),
     ]
 
 

@@ -3,12 +3,15 @@
 An import is all or nothing: every section is validated first (the security model's users,
 vhosts, permissions and limits by ``broker.access.validate``; policies by
 ``broker.policies.check_import``; exchanges, queues and bindings here, including equivalence
-with what exists), and only then applied. Other features add sections through
+with what exists), and only then applied. The one exception, as in RabbitMQ: a binding whose
+source or destination is nowhere (neither existing nor in the file) is skipped with a warning
+and the rest imported. Other features add sections through
 ``broker.definition_sections`` (objects with ``export(vhost) -> dict``, ``check(defs)``
 raising ValueError with the field, ``apply(defs)``).
 """
 from __future__ import annotations
 
+import logging
 import re
 
 from starlette.requests import Request
@@ -23,6 +26,8 @@ from ..queues.types import QUEUE_TYPES, queue_type_of
 from .auth import require
 from .common import broker_of, json_of, jsonable, param
 from .http import ApiError
+
+log = logging.getLogger("broker.management")
 
 
 class ImportError_(ValueError):
@@ -212,14 +217,21 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
         vhost = broker.vhosts.get(v)
         if source == "":
             continue  # the default exchange's implicit bindings
+        # a dangling binding (its source or destination neither exists nor comes with the
+        # file) is skipped and the rest imported, as RabbitMQ does: exports taken while
+        # queues came and went have them, and refusing the whole file would lose the rest
         if (v, source) not in new_x and (vhost is None or source not in vhost.exchanges):
-            raise ImportError_(f"{where}.source: no exchange '{source}' in vhost '{v}'")
+            log.warning("definitions: %s skipped: no exchange '%s' in vhost '%s'",
+                        where, source, v)
+            continue
         if kind == "queue":
             ok = (v, dest) in new_q or (vhost is not None and vhost.find_queue(dest) is not None)
         else:
             ok = (v, dest) in new_x or (vhost is not None and dest in vhost.exchanges)
         if not ok:
-            raise ImportError_(f"{where}.destination: no {kind} '{dest}' in vhost '{v}'")
+            log.warning("definitions: %s skipped: no %s '%s' in vhost '%s'", where, kind,
+                        dest, v)
+            continue
         bindings.append({"vhost": v, "source": source, "destination": dest,
                          "destination_type": kind,
                          "routing_key": _str(item, where, "routing_key", ""),

@@ -14,6 +14,7 @@ stay short and never wait for clients. Request bodies are JSON read by ``parse_j
 from __future__ import annotations
 
 import errno
+import http
 import json
 import logging
 import math
@@ -22,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import h11
+import hypercorn.protocol.h11 as _hyper_h11
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
@@ -256,7 +259,11 @@ class LimitsMiddleware:
         raw = scope.get("raw_path")
         if raw and scope["path"].startswith("/api/"):
             # match /api paths still percent-encoded: a vhost "%2F" is one path segment
-            scope = dict(scope, path=raw.split(b"?", 1)[0].decode("latin-1"))
+            path = raw.split(b"?", 1)[0].decode("latin-1")
+            # as RabbitMQ's router: a trailing "/" is ignored ("/api/queues/" lists them all)
+            if len(path) > len("/api/") and path.endswith("/"):
+                path = path[:-1]
+            scope = dict(scope, path=path)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -332,6 +339,26 @@ class _SendRaceFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         return not isinstance(exc, trio.BusyResourceError)
 
+
+class _H11WithReasons:
+    """The h11 module as hypercorn's HTTP/1.1 protocol sees it, with a reason phrase on each
+    status line: ASGI carries none, and hypercorn sends ``HTTP/1.1 401 `` where RabbitMQ (and
+    clients that show or check it) have ``401 Unauthorized``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(h11, name)
+
+    @staticmethod
+    def Response(**fields: Any) -> h11.Response:
+        if not fields.get("reason"):
+            try:
+                fields["reason"] = http.HTTPStatus(fields["status_code"]).phrase.encode()
+            except ValueError:
+                pass
+        return h11.Response(**fields)
+
+
+_hyper_h11.h11 = _H11WithReasons()  # type: ignore[assignment]
 
 _HYPERCORN_LOG = logging.getLogger("broker.management.hypercorn")
 _HYPERCORN_LOG.addFilter(_SendRaceFilter())

@@ -166,6 +166,7 @@ class Sampler:
         self.queues: dict = {}  # queue -> latest counters (QUEUE_FIELDS order)
         self.queues_prev: dict = {}  # the sample before
         self.queue_time: tuple[float, float] = (0.0, 0.0)  # (previous, latest) sample time
+        self.queue_changed: dict = {}  # queue -> wall time its counters last changed
         self.channels: dict = {}  # channel -> (previous, latest)
         self.exchanges: dict = {}  # exchange -> (previous, latest)
         self.connections: dict = {}  # session -> (previous, latest)
@@ -191,6 +192,11 @@ class Sampler:
                 if not q.internal:
                     ready += r
                     unacked += u
+        wall = time.time()
+        previous, changed = self.queues, self.queue_changed
+        # a queue's last change: when a sample first saw its counters as they are now
+        self.queue_changed = {q: changed.get(q, wall) if previous.get(q) == values else wall
+                              for q, values in latest.items()}
         self.queues_prev, self.queues = self.queues, latest
         channels: dict = {}
         for session in list(self.broker.sessions):
@@ -236,6 +242,15 @@ class Sampler:
             return dict.fromkeys(QUEUE_FIELDS, 0.0)
         t0, t1 = self.queue_time
         return _rates(Sample(t0, prev), Sample(t1, cur), QUEUE_FIELDS)
+
+    def queue_idle_since(self, q) -> float | None:
+        """Wall time since which the queue saw no traffic (no publish, delivery, ack or
+        length change), or None if it had some in the last interval or is not sampled yet:
+        RabbitMQ's ``idle_since``."""
+        cur, prev = self.queues.get(q), self.queues_prev.get(q)
+        if cur is None or prev is None or cur != prev:
+            return None
+        return self.queue_changed.get(q)
 
     def vhost_rates(self, name: str) -> dict:
         cur, prev = self.vhosts.get(name), self.vhosts_prev.get(name)

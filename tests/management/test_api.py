@@ -265,12 +265,12 @@ async def test_definitions_round_trip_and_atomic_import(api, http_broker):
     defs = (await api.get("/api/definitions")).json()
     assert {"users", "vhosts", "permissions", "policies", "queues", "exchanges", "bindings"} <= set(defs)
     assert any(q["name"] == "q1" and q["vhost"] == "dev" for q in defs["queues"])
-    # a bad binding at the end: nothing of the import happens
+    # a malformed binding at the end: nothing of the import happens
     bad = {"vhosts": [{"name": "new"}], "queues": [{"name": "nq", "vhost": "new", "durable": True}],
-           "bindings": [{"source": "nox", "vhost": "new", "destination": "nq",
-                         "destination_type": "queue", "routing_key": ""}]}
+           "bindings": [{"source": "amq.direct", "vhost": "new", "destination": "nq",
+                         "destination_type": "stream", "routing_key": ""}]}
     r = await api.post("/api/definitions", content=json.dumps(bad))
-    assert r.status_code == 400 and "bindings[0].source" in r.json()["reason"]
+    assert r.status_code == 400 and "bindings[0].destination_type" in r.json()["reason"]
     assert (await api.get("/api/vhosts/new")).status_code == 404
     # into a fresh broker: everything comes back, alice can log in with her password
     await api.delete("/api/vhosts/dev")
