@@ -31,7 +31,13 @@ def _seconds(text: str) -> float:
 
 def _seconds_or_zero(text: str) -> float:
     """Seconds, or 0 for 'never'."""
-    return 0.0 if text.strip() in ("0", "0.0") else _seconds(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: never): {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -226,7 +232,8 @@ def _tls_problem(args) -> str | None:
                 tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                 tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
         except TLSConfigError as exc:
-            return f"--mqtts-port: {exc}"
+            option = "--mqtts-port" if args.mqtts_port is not None else "--mqtt-wss-port"
+            return f"{option}: {exc}"
     return None
 
 
