@@ -232,6 +232,37 @@ async def cluster_name(request: Request) -> JSONResponse:
     return JSONResponse({"name": NODE})
 
 
+async def global_parameters(request: Request) -> JSONResponse:
+    """RabbitMQ's cluster-wide runtime parameters: here only the cluster name."""
+    await require(request, "policymaker")
+    return JSONResponse([{"name": "cluster_name", "value": NODE}])
+
+
+_SECRET_FIELDS = ("default_pass",)
+
+
+async def environment(request: Request) -> JSONResponse:
+    """The node's configuration (``ctl environment``, as rabbitmqctl's prints the Erlang
+    application environment): administrator only, secrets masked. TrioMQ's own path."""
+    await require(request, "administrator")
+    import dataclasses
+    config = broker_of(request).config
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in _SECRET_FIELDS and value:
+            value = "********"
+        elif isinstance(value, str) and "://" in value and "@" in value:
+            scheme, _, rest = value.partition("://")  # a DSN's password
+            creds, _, host = rest.rpartition("@")
+            user = creds.split(":", 1)[0]
+            value = f"{scheme}://{user}:********@{host}" if ":" in creds else value
+        elif not isinstance(value, (str, int, float, bool, type(None), list, dict)):
+            value = str(value)
+        out[f.name] = value
+    return JSONResponse(out)
+
+
 async def extensions(request: Request) -> JSONResponse:
     await require(request)
     return JSONResponse([])
@@ -466,6 +497,8 @@ def routes() -> list:
         Route("/api/overview", overview),
         Route("/api/cluster-name", cluster_name),
         Route("/api/extensions", extensions),
+        Route("/api/global-parameters", global_parameters),
+        Route("/api/environment", environment),
         Route("/api/nodes", nodes),
         Route("/api/nodes/{name}", node),
         Route("/api/vhosts", list_vhosts),
