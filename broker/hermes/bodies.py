@@ -11,6 +11,7 @@ otherwise, the message starting ``Invalid message:`` as Hermes words it).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes",
@@ -104,14 +105,26 @@ def _unknown(schema: Any, datum: Any, named: dict, path: str, depth: int = 0) ->
     return None
 
 
-def unknown_field(definition: Any, body: bytes) -> str | None:
+@lru_cache(maxsize=256)
+def _schema(text: str) -> tuple[Any, dict]:
+    """The schema's definition and named types, once per schema text (topics keep theirs)."""
+    definition = json.loads(text)
+    named: dict = {}
+    _named(definition, None, named)
+    return definition, named
+
+
+def unknown_field(schema: Any, body: bytes) -> str | None:
     """The path of the first key of the JSON ``body`` that no record of the Avro schema
-    ``definition`` (parsed JSON) has, or None (also when the body is not JSON: the schema's
-    own validation names that)."""
+    (its JSON text, or the parsed definition) has, or None (also when the body is not JSON:
+    the schema's own validation names that)."""
     try:
         datum = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    named: dict = {}
-    _named(definition, None, named)
+    if isinstance(schema, str):
+        definition, named = _schema(schema)
+    else:
+        definition, named = schema, {}
+        _named(definition, None, named)
     return _unknown(definition, datum, named, "")

@@ -359,7 +359,7 @@ class Hermes:
                 stored = schema.from_json(body)
             except ValidationFailed as exc:
                 raise HermesError(400, f"Invalid message: {exc}", "VALIDATION_ERROR") from None
-            unknown = bodies.unknown_field(schema.definition, body)
+            unknown = bodies.unknown_field(schema.text, body)
             if unknown is not None:  # the Avro encoding would drop it without a word
                 raise HermesError(400, f"Invalid message: Failed to convert JSON to Avro: "
                                        f"Field {unknown} is unknown"[:400], "VALIDATION_ERROR")
