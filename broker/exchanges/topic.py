@@ -24,6 +24,8 @@ class _Node:
         self.bindings: dict[tuple, object] = {}
 
 
+CACHE_KEYS = 4096  # routing keys whose destinations a topic exchange remembers
+
 # A binding argument marking an MQTT subscription (its value: the filter as subscribed), to
 # which MQTT's rule applies: a filter starting with a wildcard does not match topic names
 # starting with '$' (MQTT-4.7.2-1).
@@ -39,8 +41,13 @@ class TopicExchange(Exchange):
         # MQTT subscriptions whose filter starts with a wildcard: they never match a key
         # starting with '$' (MQTT-4.7.2-1); AMQP bindings keep AMQP's meaning
         self._no_dollar: set[tuple] = set()
+        # routing key -> destinations: publishers repeat keys (a device its topic, a service
+        # its event names), and the trie walk costs several microseconds with wildcards on
+        # the path. Any binding change empties it; bounded by emptying when full.
+        self._cache: dict[str, tuple] = {}
 
     def _index_add(self, binding: Binding) -> None:
+        self._cache.clear()
         if MQTT_SUBSCRIPTION_ARG in binding.arguments and binding.routing_key[:1] in ("*", "#"):
             self._no_dollar.add(binding.key)
         node = self._root
@@ -52,6 +59,7 @@ class TopicExchange(Exchange):
         node.bindings[binding.key] = binding.destination
 
     def _index_remove(self, binding: Binding) -> None:
+        self._cache.clear()
         self._no_dollar.discard(binding.key)
         path = [self._root]
         words = _words(binding.routing_key)
@@ -70,12 +78,18 @@ class TopicExchange(Exchange):
 
     def route(self, routing_key: str, headers: dict | None,
               properties: dict | None = None) -> list:
-        out: dict = {}
-        self._match(self._root, _words(routing_key), 0, out)
-        if self._no_dollar and routing_key[:1] == "$":
-            for key in self._no_dollar.intersection(out):
-                del out[key]
-        return list(out.values())
+        cache = self._cache
+        found = cache.get(routing_key)
+        if found is None:
+            out: dict = {}
+            self._match(self._root, _words(routing_key), 0, out)
+            if self._no_dollar and routing_key[:1] == "$":
+                for key in self._no_dollar.intersection(out):
+                    del out[key]
+            if len(cache) >= CACHE_KEYS:
+                cache.clear()
+            found = cache[routing_key] = tuple(out.values())
+        return list(found)
 
     def _match(self, node: _Node, words: list, i: int, out: dict) -> None:
         children = node.children

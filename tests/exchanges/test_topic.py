@@ -191,3 +191,22 @@ def test_mqtt_filters_map_their_wildcards_only():
     assert to_routing_key("a/+/#") == "a.*.#"
     assert to_routing_key("P/*") == "P.%2A"
     assert to_routing_key("a.b/+") == "a%2Eb.*"
+
+
+def test_routes_are_remembered_until_a_binding_changes():
+    import broker.exchanges.topic as topic
+
+    x = TopicExchange("t")
+    a, b = Dest("a"), Dest("b")
+    ba = bind(x, a, "k.*")
+    assert names(x.route("k.1", None)) == ["a"]
+    routed = x.route("k.1", None)
+    routed.append(b)  # a caller's list is its own
+    assert names(x.route("k.1", None)) == ["a"]
+    bind(x, b, "#")
+    assert names(x.route("k.1", None)) == ["a", "b"]
+    x.remove_binding(ba.key)
+    assert names(x.route("k.1", None)) == ["b"]
+    for i in range(topic.CACHE_KEYS + 10):
+        x.route(f"k.{i}", None)
+    assert len(x._cache) <= topic.CACHE_KEYS
