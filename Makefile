@@ -20,11 +20,13 @@ $(VENV)/.installed: pyproject.toml setup.py broker/audit/_hooks.c
 setup: $(VENV)/.installed
 
 # System packages the tests drive: rabbitmq-c's command-line tools, the RabbitMQ Java client (Java 17
-# is on the machine), Chromium for the web console's browser tests and etcd for the cluster tests.
-# Installed with apt when missing (CI runs as root).
-SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java chromium etcd-server etcd-client
+# is on the machine), Chromium for the web console's browser tests, etcd for the cluster tests and
+# Prometheus for the Grafana-dashboard test (which runs a private one; the package's own service is not
+# needed). Installed with apt when missing (CI runs as root).
+SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java chromium etcd-server etcd-client prometheus
 system-deps:
 	@if ! command -v amqp-publish >/dev/null || ! command -v chromium >/dev/null || ! command -v etcd >/dev/null \
+			|| ! command -v prometheus >/dev/null \
 			|| { [ ! -f /usr/share/java/amqp-client.jar ] && [ ! -f /usr/share/java/rabbitmq-client.jar ]; }; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_TEST_PACKAGES) >/dev/null; \

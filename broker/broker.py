@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .auth import UserDatabase
+from .churn import Churn
 from .config import Config
 from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
@@ -52,7 +53,9 @@ class Broker:
         self.store = store or MemoryStore()
         backing = self.store if DURABLE in self.store.capabilities else None
         self.vhosts: dict[str, VirtualHost] = {"/": VirtualHost("/", self.timers, backing)}
+        self.churn = Churn()  # opened/created/deleted counters (Prometheus)
         for vhost in self.vhosts.values():
+            vhost.churn = self.churn
             vhost.on_queue_deleted.append(self._queue_deleted)
         self.users = UserDatabase()
         self.sessions: set = set()
@@ -113,6 +116,7 @@ class Broker:
         if vhost is None:
             backing = self.store if DURABLE in self.store.capabilities else None
             vhost = self.vhosts[name] = VirtualHost(name, self.timers, backing)
+            vhost.churn = self.churn
             vhost.on_queue_deleted.append(self._queue_deleted)
         return vhost
 
@@ -133,6 +137,7 @@ class Broker:
 
     def session_opened(self, session) -> None:
         self.sessions.add(session)
+        self.churn.connections_opened += 1
 
     def notify_blocked(self, session) -> None:
         """As RabbitMQ: a connection is told it is blocked once it publishes during an alarm."""

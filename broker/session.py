@@ -145,6 +145,7 @@ class Session:
                         authz.check("exchange", ev.exchange, "write")
                 elif kind is ChannelOpened:
                     channels[ev.channel] = Channel(self, ev.channel)
+                    self.broker.churn.channels_opened += 1
                     if self.user is not None:
                         self.broker.access.check_channel_limit(self.user, self.broker.sessions)
                 elif kind is ChannelClosedByPeer:

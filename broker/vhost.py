@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from . import errors
+from .churn import Churn
 from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
@@ -59,6 +60,7 @@ class VirtualHost:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
         self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []  # (queue, consumers)
         self.on_queue_added: list[Callable[[Queue], None]] = []  # declared or recovered (audit)
+        self.churn = Churn()  # the broker's own, once it owns this vhost
         self.policies = None  # broker/policies, once this vhost has any: new entities ask it
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
@@ -214,6 +216,7 @@ class VirtualHost:
     def declare_queue(self, m, owner, authorize: Callable[[str], None] | None = None) -> Queue:
         """queue.declare; ``authorize(name)`` (permissions, limits) runs once the name is
         known (server-named queues included), before anything is created."""
+        self.churn.queues_declared += 1
         name = m.queue
         if m.passive:
             if name == "":
@@ -269,6 +272,7 @@ class VirtualHost:
         q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
                   auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)
+        self.churn.queues_created += 1
         for resolver in self.resolvers:
             resolver.queue_declared(self, q)
         return q
@@ -300,6 +304,7 @@ class VirtualHost:
             return 0
         count = q.message_count
         del self.queues[q.name]
+        self.churn.queues_deleted += 1
         for source_name, key in list(q.bindings):
             source = self.exchanges.get(source_name)
             if source is not None:

@@ -3,16 +3,25 @@
 the meaning is the same; ``triomq_*`` for this broker's own.
 
 As rabbitmq_prometheus: ``/metrics`` is aggregated (queue metrics summed, no vhost or queue
-names) unless ``Config.metrics_per_object``; ``/metrics/per-object`` always labels each queue.
+names) unless ``Config.metrics_per_object``; ``/metrics/per-object`` always labels each queue;
+``/metrics/detailed?family=...&vhost=...`` serves only the families asked for, per object,
+named ``rabbitmq_detailed_*``. Every endpoint carries ``rabbitmq_identity_info`` and
+``rabbitmq_build_info``, which RabbitMQ's Grafana dashboards join every query on.
 No login is asked unless ``Config.metrics_auth`` (then a user tagged monitoring or
 administrator, 401 otherwise)."""
 from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    UntypedMetricFamily,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -21,7 +30,52 @@ from starlette.routing import Route
 
 from ..broker import process_rss
 from .auth import require
-from .stats import connection_counts, with_deliver_get
+from .common import NODE
+from .stats import connection_counts
+
+RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
+PROTOCOL = "amqp091"  # the global counters' protocol label
+# rabbitmq_prometheus' dead-letter counters by reason (x-death reasons)
+DEAD_LETTER_REASONS = {"expired": "expired", "maxlen": "maxlen", "rejected": "rejected",
+                       "delivery_limit": "delivery_limit"}
+# the /metrics/detailed families served (rabbitmq_prometheus' names)
+DETAILED_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count", "queue_metrics",
+                     "connection_churn_metrics", "channel_metrics")
+
+
+def identity() -> list:
+    """rabbitmq_identity_info and rabbitmq_build_info, RabbitMQ's label sets."""
+    ident = UntypedMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
+                                labels=["rabbitmq_node", "rabbitmq_cluster",
+                                        "rabbitmq_cluster_permanent_id"])
+    ident.add_metric([NODE, NODE, "triomq-cluster-id-" + NODE], 1)
+    build = UntypedMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+                                labels=["rabbitmq_version", "prometheus_plugin_version",
+                                        "prometheus_client_version", "erlang_version"])
+    # no Erlang here: its label says so rather than inventing a version
+    build.add_metric([RABBITMQ_VERSION, RABBITMQ_VERSION, _client_version(),
+                      "none (Python " + platform.python_version() + ")"], 1)
+    return [ident, build]
+
+
+def _client_version() -> str:
+    from importlib.metadata import version
+    try:
+        return version("prometheus-client")
+    except Exception:
+        return ""
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def _max_fds() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class BrokerCollector:
@@ -31,6 +85,7 @@ class BrokerCollector:
 
     def collect(self):
         broker = self.broker
+        yield from identity()
         totals = broker.message_totals.current()
         sessions = [s for s in list(broker.sessions) if s.vhost is not None]
         channels = sum(len(s.channels) for s in sessions)
@@ -84,18 +139,46 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected",
                                 value=consumers)
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=queues)
-        yield CounterMetricFamily("rabbitmq_global_messages_received",
-                                  "Total number of messages received from publishers",
-                                  value=totals["publish"])
-        yield CounterMetricFamily("rabbitmq_global_messages_delivered",
-                                  "Total number of messages delivered to consumers",
-                                  value=with_deliver_get(totals)["deliver_get"])
-        yield CounterMetricFamily("rabbitmq_global_messages_delivered_get",
-                                  "Total number of messages fetched with basic.get",
-                                  value=totals["get"] + totals["get_no_ack"])
-        yield CounterMetricFamily("rabbitmq_global_messages_acknowledged",
-                                  "Total number of messages acknowledged by consumers",
-                                  value=totals["ack"])
+        yield from churn_families(broker, "rabbitmq_")
+        chans = [ch for s in sessions for ch in list(s.channels.values())]
+        yield GaugeMetricFamily("rabbitmq_channel_consumers", "Consumers on a channel",
+                                value=sum(len(getattr(ch, "consumers", ())) for ch in chans))
+        yield GaugeMetricFamily("rabbitmq_channel_messages_unconfirmed",
+                                "Published but not yet confirmed",
+                                value=sum(len(getattr(ch, "_unconfirmed", ())) for ch in chans))
+        # the global counters (rabbitmq_global_*): every protocol is counted as amqp091
+        # (MQTT publishes go through the same counters); no queue_type split
+        for name, doc, value in (
+                ("received", "Total number of messages received from publishers",
+                 totals["publish"]),
+                ("confirmed", "Total number of messages confirmed to publishers",
+                 totals["confirm"]),
+                ("unroutable_returned", "Total number of messages published as mandatory into "
+                 "an exchange and returned to the publisher as unroutable",
+                 totals["return_unroutable"]),
+                ("unroutable_dropped", "Total number of messages published as non-mandatory "
+                 "into an exchange and dropped as unroutable", totals["drop_unroutable"]),
+                ("delivered", "Total number of messages delivered to consumers",
+                 totals["deliver"] + totals["deliver_no_ack"] + totals["get"]
+                 + totals["get_no_ack"]),
+                ("delivered_consume_manual_ack", "Total number of messages delivered to "
+                 "consumers using manual acknowledgement mode", totals["deliver"]),
+                ("delivered_consume_auto_ack", "Total number of messages delivered to "
+                 "consumers using automatic acknowledgement mode", totals["deliver_no_ack"]),
+                ("delivered_get_manual_ack", "Total number of messages delivered to "
+                 "consumers using basic.get with manual acknowledgment mode", totals["get"]),
+                ("delivered_get_auto_ack", "Total number of messages delivered to consumers "
+                 "using basic.get with automatic acknowledgment mode", totals["get_no_ack"]),
+                ("get_empty", "Total number of times basic.get operations fetched no message",
+                 totals["get_empty"]),
+                ("redelivered", "Total number of messages redelivered to consumers",
+                 totals["redeliver"]),
+                ("acknowledged", "Total number of messages acknowledged by consumers",
+                 totals["ack"])):
+            c = CounterMetricFamily("rabbitmq_global_messages_" + name, doc, labels=["protocol"])
+            c.add_metric([PROTOCOL], value)
+            yield c
+        yield from dead_letter_families(broker)
         # rabbitmq_prometheus's channel counters (its "get" and "delivered" are the no-ack
         # ones, "get_ack" and "delivered_ack" the ack-mode ones); closed channels included
         for name, doc, value in (
@@ -150,6 +233,27 @@ class BrokerCollector:
                                 "Memory used in bytes", value=process_rss())
         yield GaugeMetricFamily("rabbitmq_resident_memory_limit_bytes",
                                 "Memory high watermark in bytes", value=broker.memory_limit)
+        max_fds = _max_fds()
+        yield GaugeMetricFamily("rabbitmq_process_open_fds", "Open file descriptors",
+                                value=_open_fds())
+        yield GaugeMetricFamily("rabbitmq_process_max_fds", "Open file descriptors limit",
+                                value=max_fds)
+        yield GaugeMetricFamily("rabbitmq_process_open_tcp_sockets", "Open TCP sockets",
+                                value=len(broker.sessions))
+        # no separate socket limit: sockets are file descriptors; RabbitMQ keeps ~10% of
+        # them for files, so does this figure
+        yield GaugeMetricFamily("rabbitmq_process_max_tcp_sockets", "Open TCP sockets limit",
+                                value=int(max_fds * 0.9))
+        config = broker.config
+        try:
+            free = shutil.disk_usage(config.data_dir).free
+        except OSError:
+            free = 0
+        yield GaugeMetricFamily("rabbitmq_disk_space_available_bytes",
+                                "Disk space available in bytes", value=free)
+        yield GaugeMetricFamily("rabbitmq_disk_space_available_limit_bytes",
+                                "Free disk space low watermark in bytes",
+                                value=config.disk_free_limit)
         # ---- this broker's own ----
         store = broker.store
         stats = getattr(store, "flush_stats", None)
@@ -179,6 +283,110 @@ class BrokerCollector:
                                         "Scheduled messages waiting for their time",
                                         value=pending)
         yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
+
+
+def churn_families(broker, prefix: str) -> list:
+    """connection_churn_metrics; closed counts are opened minus still open."""
+    churn = broker.churn
+    open_channels = sum(len(s.channels) for s in list(broker.sessions))
+    out = []
+    for name, doc, value in (
+            ("connections_opened", "Total number of connections opened",
+             churn.connections_opened),
+            ("connections_closed", "Total number of connections closed or terminated",
+             max(0, churn.connections_opened - len(broker.sessions))),
+            ("channels_opened", "Total number of channels opened", churn.channels_opened),
+            ("channels_closed", "Total number of channels closed",
+             max(0, churn.channels_opened - open_channels)),
+            ("queues_declared", "Total number of queues declared", churn.queues_declared),
+            ("queues_created", "Total number of queues created", churn.queues_created),
+            ("queues_deleted", "Total number of queues deleted", churn.queues_deleted)):
+        out.append(CounterMetricFamily(prefix + name, doc, value=value))
+    return out
+
+
+def dead_letter_families(broker) -> list:
+    """rabbitmq_global_messages_dead_lettered_<reason>_total{queue_type, dead_letter_strategy};
+    classic at-most-once and disabled always present at 0, as RabbitMQ shows them."""
+    counts = broker.churn.dead_lettered
+    out = []
+    for reason, name in DEAD_LETTER_REASONS.items():
+        c = CounterMetricFamily("rabbitmq_global_messages_dead_lettered_" + name,
+                                f"Total number of messages dead-lettered due to {name}",
+                                labels=["queue_type", "dead_letter_strategy"])
+        seen = {(qt, st): n for (qt, st, r), n in counts.items() if r == reason}
+        for key in (("rabbit_classic_queue", "at_most_once"),
+                    ("rabbit_classic_queue", "disabled")):
+            seen.setdefault(key, 0)
+        for (qt, st), n in sorted(seen.items()):
+            c.add_metric([qt, st], n)
+        out.append(c)
+    return out
+
+
+class DetailedCollector:
+    """/metrics/detailed: the families asked for, per object, ``rabbitmq_detailed_*``;
+    ``vhosts`` (if any) limits the queue families to those vhosts."""
+
+    def __init__(self, broker, families: set[str], vhosts: set[str]):
+        self.broker = broker
+        self.families = families
+        self.vhosts = vhosts
+
+    def collect(self):
+        broker = self.broker
+        yield from identity()
+        fam = self.families
+        if "connection_churn_metrics" in fam:
+            yield from churn_families(broker, "rabbitmq_detailed_")
+        queue_families = fam & {"queue_coarse_metrics", "queue_consumer_count", "queue_metrics"}
+        if queue_families:
+            labels = ["vhost", "queue"]
+            ready = GaugeMetricFamily("rabbitmq_detailed_queue_messages_ready",
+                                      "Messages ready to be delivered to consumers",
+                                      labels=labels)
+            unacked = GaugeMetricFamily("rabbitmq_detailed_queue_messages_unacked",
+                                        "Messages delivered to consumers but not yet "
+                                        "acknowledged", labels=labels)
+            messages = GaugeMetricFamily("rabbitmq_detailed_queue_messages",
+                                         "Sum of ready and unacknowledged messages",
+                                         labels=labels)
+            consumers = GaugeMetricFamily("rabbitmq_detailed_queue_consumers",
+                                          "Consumers on a queue", labels=labels)
+            ready_bytes = GaugeMetricFamily("rabbitmq_detailed_queue_messages_ready_bytes",
+                                            "Size in bytes of ready messages", labels=labels)
+            for vhost in list(broker.vhosts.values()):
+                if self.vhosts and vhost.name not in self.vhosts:
+                    continue
+                for q in list(vhost.queues.values()):
+                    if q.internal:
+                        continue
+                    key = [vhost.name, q.name]
+                    ready.add_metric(key, q.message_count)
+                    unacked.add_metric(key, q.unacked_count)
+                    messages.add_metric(key, q.message_count + q.unacked_count)
+                    consumers.add_metric(key, len(q.consumers))
+                    ready_bytes.add_metric(key, q.ready_bytes)
+            if "queue_coarse_metrics" in fam:
+                yield from (ready, unacked, messages)
+            if "queue_consumer_count" in fam:
+                yield consumers
+            if "queue_metrics" in fam:
+                yield ready_bytes
+        if "channel_metrics" in fam:
+            labels = ["channel"]
+            cons = GaugeMetricFamily("rabbitmq_detailed_channel_consumers",
+                                     "Consumers on a channel", labels=labels)
+            unconfirmed = GaugeMetricFamily("rabbitmq_detailed_channel_messages_unconfirmed",
+                                            "Published but not yet confirmed", labels=labels)
+            for s in list(broker.sessions):
+                if s.vhost is None or (self.vhosts and s.vhost.name not in self.vhosts):
+                    continue
+                for number, ch in list(s.channels.items()):
+                    name = f"{getattr(s, 'name', id(s))} ({number})"
+                    cons.add_metric([name], len(getattr(ch, "consumers", ())))
+                    unconfirmed.add_metric([name], len(getattr(ch, "_unconfirmed", ())))
+            yield from (cons, unconfirmed)
 
 
 def _histogram(store: str, buckets: list, total: float) -> HistogramMetricFamily:
@@ -215,4 +423,14 @@ def routes(broker) -> list:
     async def per_object(request: Request) -> Response:
         return await scrape(request, True)
 
-    return [Route("/metrics", metrics), Route("/metrics/per-object", per_object)]
+    async def detailed(request: Request) -> Response:
+        if broker.config.metrics_auth:
+            await require(request, "monitoring")
+        families = {f for f in request.query_params.getlist("family") if f in DETAILED_FAMILIES}
+        vhosts = set(request.query_params.getlist("vhost"))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(DetailedCollector(broker, families, vhosts))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/metrics", metrics), Route("/metrics/per-object", per_object),
+            Route("/metrics/detailed", detailed)]

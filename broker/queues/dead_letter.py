@@ -100,7 +100,11 @@ def is_cycle(message, target_queue: str) -> bool:
 def dead_letter(queue, entries, reason: str) -> None:
     """Republish ``entries`` from ``queue`` to its DLX (if it has one and it exists)."""
     dlx = queue.opts.dead_letter_exchange
-    if dlx is None or not entries:
+    if not entries:
+        return
+    queue.vhost.churn.dead_letters(queue, "disabled" if dlx is None else "at_most_once", reason,
+                                   len(entries))
+    if dlx is None:
         return
     vhost = queue.vhost
     for entry in entries:
@@ -119,7 +123,8 @@ RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 
 
-def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRST_S) -> None:
+def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRST_S,
+                          again: bool = False) -> None:
     """``x-dead-letter-strategy: at-least-once`` (queues/types.py decides when): each entry
     stays in ``queue`` -- unsettled, so a restart brings it back -- until every queue its
     dead letter was routed to has it: enqueued, and written by those queues' stores
@@ -128,6 +133,8 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
     then arrive twice, which at-least-once allows."""
     dlx = queue.opts.dead_letter_exchange
     vhost = queue.vhost
+    if not again:  # a dead letter routed again is counted once
+        vhost.churn.dead_letters(queue, "at_least_once", reason, len(entries))
     for entry in entries:
         message = dead_lettered_message(entry.message, queue.name, reason, dlx,
                                         queue.opts.dead_letter_routing_key)
@@ -149,7 +156,7 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
 
 def _again(queue, entry, reason: str, delay: float) -> None:
     if not queue.deleted:
-        dead_letter_confirmed(queue, [entry], reason, min(delay * 2, RETRY_MAX_S))
+        dead_letter_confirmed(queue, [entry], reason, min(delay * 2, RETRY_MAX_S), again=True)
 
 
 class _Leave:

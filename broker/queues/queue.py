@@ -472,8 +472,7 @@ class Queue:
         if dlx and self.queue_type.dead_letters_at_least_once(self.opts):
             dead_letter_confirmed(self, entries, reason)  # each leaves once its targets have it
             return
-        if dlx:
-            dead_letter(self, entries, reason)
+        dead_letter(self, entries, reason)  # without a DLX: only counted (Prometheus)
         op = Op.EXPIRE if reason == "expired" else Op.DEAD_LETTER if dlx else _SETTLE
         self.leave_reason = reason
         for entry in entries:

@@ -1,0 +1,24 @@
+"""Counters of things opened, closed, created and deleted, which no current state can give
+back (rabbitmq_prometheus' connection_churn_metrics and dead-letter counters). One ``Churn``
+per broker, shared by its vhosts; plain integer increments on the paths that open or
+delete, read at scrape time. Closed counts are derived (opened minus still open)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Churn:
+    connections_opened: int = 0
+    channels_opened: int = 0
+    queues_declared: int = 0
+    queues_created: int = 0
+    queues_deleted: int = 0
+    # (queue type module, dead-letter strategy, reason) -> messages dead-lettered
+    dead_lettered: Counter = field(default_factory=Counter)
+
+    def dead_letters(self, queue, strategy: str, reason: str, n: int) -> None:
+        """``n`` messages dead-lettered by ``queue`` (strategy as RabbitMQ's label:
+        at_most_once, at_least_once, disabled)."""
+        self.dead_lettered[(queue.queue_type.module, strategy, reason)] += n
