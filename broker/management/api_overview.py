@@ -30,7 +30,7 @@ from .common import (
 )
 from .http import ApiError
 from .listing import paginate
-from .stats import rate_details, with_deliver_get
+from .stats import CHURN_FIELDS, churn_counts, rate_details, with_deliver_get
 
 STARTED = time.time()
 
@@ -101,7 +101,9 @@ async def overview(request: Request) -> JSONResponse:
         "product_name": "TrioMQ", "rabbitmq_version": "3.10.8", "cluster_name": NODE,
         "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
-        "message_stats": stats, "churn_rates": {}, "queue_totals": queue_totals,
+        "message_stats": stats, "queue_totals": queue_totals,
+        "churn_rates": rate_details(dict(zip(CHURN_FIELDS, churn_counts(broker), strict=True)),
+                                    sampler.churn_rates()),
         "object_totals": objects, "statistics_db_event_queue": 0, "node": NODE,
         "listeners": _listeners(broker), "contexts": [],  # RabbitMQ's overview has none
     }
@@ -177,10 +179,12 @@ def _node_extras(broker) -> dict:
                   context_switches=usage.ru_nvcsw + usage.ru_nivcsw,
                   io_read_count=io.get("syscr", 0), io_read_bytes=io.get("read_bytes", 0),
                   io_write_count=io.get("syscw", 0), io_write_bytes=io.get("write_bytes", 0))
+    values.update(zip(CHURN_FIELDS, churn_counts(broker), strict=True))
+    churn_rates = broker.stats_sampler.churn_rates()
     out: dict = {}
     for name, value in values.items():
         out[name] = value
-        out[name + "_details"] = {"rate": 0.0}
+        out[name + "_details"] = {"rate": round(churn_rates.get(name, 0.0), 1)}
     for name in ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free"):
         out[name + "_details"] = {"rate": 0.0}
     config = broker.config
@@ -220,11 +224,28 @@ async def nodes(request: Request) -> JSONResponse:
     return JSONResponse([_node(broker_of(request))])
 
 
+def _memory(broker) -> dict:
+    """RabbitMQ's ``?memory=true`` breakdown, in the categories that have a meaning here:
+    message bodies held by queues, bytes waiting in connections' output buffers, the rest of
+    the process; ``total`` is the resident set (the strategy memory alarms use)."""
+    rss = process_rss()
+    queues = sum(q.ready_bytes for v in list(broker.vhosts.values())
+                 for q in list(v.queues.values()))
+    output = sum(getattr(s.conn, "pending_output", 0) for s in list(broker.sessions))
+    return {"queue_procs": queues, "connection_writers": output,
+            "other_proc": max(0, rss - queues - output), "strategy": "rss",
+            "total": {"rss": rss, "allocated": rss, "erlang": rss}}
+
+
 async def node(request: Request) -> JSONResponse:
     await require(request, "monitoring")
     if param(request, "name") != NODE:
         raise ApiError(404, "Not Found")
-    return JSONResponse(_node(broker_of(request)))
+    broker = broker_of(request)
+    out = _node(broker)
+    if request.query_params.get("memory") == "true":
+        out["memory"] = _memory(broker)
+    return JSONResponse(out)
 
 
 async def cluster_name(request: Request) -> JSONResponse:

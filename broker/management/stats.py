@@ -46,6 +46,21 @@ def connection_counts(session) -> tuple:
     return tuple(getattr(conn, name, 0) for name in CONNECTION_COUNTS)
 
 
+# RabbitMQ's churn_rates (overview) and node counters of the same names
+CHURN_FIELDS = ("connection_created", "connection_closed", "channel_created", "channel_closed",
+                "queue_declared", "queue_created", "queue_deleted")
+
+
+def churn_counts(broker) -> tuple:
+    """``CHURN_FIELDS`` of the broker: closed counts are opened minus still open."""
+    churn = broker.churn
+    sessions = list(broker.sessions)
+    open_channels = sum(len(s.channels) for s in sessions)
+    return (churn.connections_opened, max(0, churn.connections_opened - len(sessions)),
+            churn.channels_opened, max(0, churn.channels_opened - open_channels),
+            churn.queues_declared, churn.queues_created, churn.queues_deleted)
+
+
 def with_deliver_get(values: dict) -> dict:
     """Channel counters (or their rates) plus RabbitMQ's deliver_get: every delivery and get,
     with and without ack."""
@@ -178,6 +193,8 @@ class Sampler:
         self.vhost_octets_prev: dict[str, tuple] = {}
         self._overview_prev: Sample | None = None
         self._overview_cur: Sample | None = None
+        self._churn_prev: Sample | None = None
+        self._churn_cur: Sample | None = None
 
     def sample(self) -> None:
         now = time.monotonic()
@@ -228,7 +245,11 @@ class Sampler:
         values = (*(t[f] for f in CHANNEL_FIELDS), with_deliver_get(t)["deliver_get"],
                   ready + unacked, ready, unacked)
         self._overview_prev, self._overview_cur = self._overview_cur, Sample(now, values)
-        self.overview.append((time.time(), dict(zip(OVERVIEW_FIELDS, values, strict=True))))
+        churn = Sample(now, churn_counts(self.broker))
+        self._churn_prev, self._churn_cur = self._churn_cur, churn
+        self.overview.append((time.time(), {**dict(zip(OVERVIEW_FIELDS, values, strict=True)),
+                                            **dict(zip(CHURN_FIELDS, churn.values,
+                                                       strict=True))}))
 
     async def run(self) -> None:
         while True:
@@ -280,6 +301,11 @@ class Sampler:
         if pair is None:
             return dict.fromkeys(names, 0.0)
         return _rates(pair[0], pair[1], names)
+
+    def churn_rates(self) -> dict:
+        if self._churn_cur is None:
+            return dict.fromkeys(CHURN_FIELDS, 0.0)
+        return _rates(self._churn_prev, self._churn_cur, CHURN_FIELDS)
 
     def overview_rates(self) -> dict:
         if self._overview_cur is None:

@@ -260,3 +260,27 @@ async def test_dangling_binding_skipped_rest_imported(api):
     r = await api.post("/api/definitions", content=json.dumps(defs))
     assert r.status_code == 400 and "bindings[3].routing_key" in r.json()["reason"]
     assert (await api.get("/api/queues/%2F/dq2")).status_code == 404
+
+
+async def test_churn_rates_and_memory_breakdown(api, http_broker):
+    client = await _declare(http_broker.amqp_port, "churnq")
+    await client.call(1, spec.Channel.Close(reply_code=200, reply_text="", class_id=0,
+                                            method_id=0), spec.Channel.CloseOk)
+    http_broker.broker.stats_sampler.sample()
+    churn = (await api.get("/api/overview")).json()["churn_rates"]
+    assert churn["connection_created"] == 1 and churn["connection_closed"] == 0
+    assert churn["channel_created"] == 1 and churn["channel_closed"] == 1
+    assert churn["queue_declared"] == 1 and churn["queue_created"] == 1
+    assert churn["queue_deleted"] == 0 and churn["queue_created_details"]["rate"] >= 0
+    node = (await api.get("/api/nodes")).json()[0]
+    assert node["channel_created"] == 1 and node["connection_closed"] == 0
+    memory = (await api.get(f"/api/nodes/{quote(node['name'])}?memory=true")).json()["memory"]
+    assert memory["total"]["rss"] > 0 and memory["strategy"] == "rss"
+    assert memory["queue_procs"] == 0 and "memory" not in node
+    await client.aclose()
+
+
+async def test_churn_rates_keys_as_rabbitmq(api, rabbit):
+    theirs = (await trio.to_thread.run_sync(lambda: rabbit.get("/api/overview").json()))
+    ours = (await api.get("/api/overview")).json()
+    assert set(ours["churn_rates"]) == set(theirs["churn_rates"])

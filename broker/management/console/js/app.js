@@ -114,9 +114,12 @@ function header() {
   ctx.vhosts.map((v) => h("option", { value: v, selected: v === ctx.vhost }, v)));
   const ov = ctx.overview || {};
   const product = `${ov.product_name || "TrioMQ"} ${ov.product_version || ov.management_version || ""}`.trim();
+  // as RabbitMQ's header: the version (and the RabbitMQ version it answers as) and the cluster
+  const compat = ov.rabbitmq_version && ov.product_name !== "RabbitMQ" ? ` (RabbitMQ ${ov.rabbitmq_version})` : "";
   return h("header.top",
     h("div.brand", h("img", { src: "img/logo.svg", alt: "" }), h("span.brand-name", "TrioMQ"),
-      h("span.brand-meta", product, ov.cluster_name ? ` · ${ov.cluster_name}` : "")),
+      h("span.brand-meta", h("span#product-version", product + compat),
+        ov.cluster_name ? h("span", "Cluster ", h("b#cluster-name", ov.cluster_name)) : "")),
     h("nav.tabs", TABS.filter(([id]) => id !== "admin" || ctx.can("policymaker")).map(([id, label, href]) =>
       // a policymaker's Admin is the Policies page
       h("a.tab", { href: id === "admin" && !ctx.isAdmin() ? "#/policies" : href, dataset: { tab: id } }, label))),

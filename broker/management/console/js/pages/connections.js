@@ -22,7 +22,9 @@ export async function renderConnections(ctx) {
     url: () => (ctx.vhost ? `/api/vhosts/${api.enc(ctx.vhost)}/connections` : "/api/connections"),
     rowLink: (c) => connectionHref(c.name),
     columns: [
-      { key: "name", label: "Name", render: (c) => h("a.mono", { href: connectionHref(c.name) }, c.name) },
+      // as RabbitMQ's console: the peer address, and under it the name the client gave
+      { key: "name", label: "Name", render: (c) => h("span", h("a.mono", { href: connectionHref(c.name) }, c.name),
+        c.user_provided_name ? h("span.conn-name", c.user_provided_name) : "") },
       { key: "vhost", label: "Virtual host" },
       { key: "user", label: "User" },
       { key: "state", label: "State", render: (c) => state(c.state) },

@@ -5,11 +5,33 @@ import { h, clear, num, rate, bytes, duration, detail, toast, errorText, downloa
 import { chartCard, ratesFrom, spanSelect } from "../chart.js";
 import { select } from "../forms.js";
 
+// RabbitMQ's overview rate series (its "disk read/write" have no counterpart here)
 const RATE_SERIES = [
   { key: "publish", label: "Publish", color: "#0d9488" },
-  { key: "confirm", label: "Confirm", color: "#6366f1" },
-  { key: "deliver_get", label: "Deliver", color: "#f59e0b" },
-  { key: "ack", label: "Ack", color: "#ec4899" },
+  { key: "confirm", label: "Publisher confirm", color: "#6366f1" },
+  { key: "deliver", label: "Deliver (manual ack)", color: "#f59e0b" },
+  { key: "deliver_no_ack", label: "Deliver (auto ack)", color: "#eab308" },
+  { key: "ack", label: "Consumer ack", color: "#ec4899" },
+  { key: "redeliver", label: "Redelivered", color: "#ef4444" },
+  { key: "get", label: "Get (manual ack)", color: "#8b5cf6" },
+  { key: "get_no_ack", label: "Get (auto ack)", color: "#a855f7" },
+  { key: "get_empty", label: "Get (empty)", color: "#94a3b8" },
+  { key: "return_unroutable", label: "Unroutable (return)", color: "#78716c" },
+  { key: "drop_unroutable", label: "Unroutable (drop)", color: "#57534e" },
+];
+const CHURN_SERIES = [
+  { key: "connection_created", label: "Connections opened", color: "#0d9488" },
+  { key: "connection_closed", label: "Connections closed", color: "#14b8a6" },
+  { key: "channel_created", label: "Channels opened", color: "#6366f1" },
+  { key: "channel_closed", label: "Channels closed", color: "#a5b4fc" },
+  { key: "queue_declared", label: "Queues declared", color: "#f59e0b" },
+  { key: "queue_created", label: "Queues created", color: "#f97316" },
+  { key: "queue_deleted", label: "Queues deleted", color: "#ef4444" },
+];
+const MEMORY_PARTS = [
+  ["queue_procs", "Queues (message bodies)", "#0ea5e9"],
+  ["connection_writers", "Connections (output buffers)", "#f97316"],
+  ["other_proc", "Other", "#94a3b8"],
 ];
 const QUEUED_SERIES = [
   { key: "messages_ready", label: "Ready", color: "#0ea5e9" },
@@ -26,6 +48,9 @@ export async function render(ctx) {
     format: (v) => num(v) });
   const rates = chartCard({ id: "chart-rates", title: "Message rates", series: RATE_SERIES,
     format: (v, axis) => (axis ? `${num(v)}/s` : rate(v)) });
+  const churn = chartCard({ id: "chart-churn", title: "Churn (per second)", series: CHURN_SERIES,
+    format: (v, axis) => (axis ? `${num(v)}/s` : rate(v)) });
+  const memory = h("div#memory-panel");
   const totals = h("div.stats");
   const nodes = h("div.table-wrap");
   const listeners = h("div.table-wrap");
@@ -37,11 +62,13 @@ export async function render(ctx) {
     const [ov, nodeList] = await Promise.all([api.get(url), ctx.can("monitoring") ? api.get("/api/nodes").catch(() => []) : []]);
     const now = Date.now() / 1000;
     const qt = ov.queue_totals || {}, ms = ov.message_stats || {}, ot = ov.object_totals || {};
-    if (first) seed(ov, queued, rates);
+    if (first) seed(ov, queued, rates, churn);
     // a counter the broker does not report is a gap, not a zero (an idle RabbitMQ reports none)
     const none = Object.keys(ms).length === 0 ? 0 : null;
     queued.add(now, QUEUED_SERIES.map((s) => qt[s.key] ?? 0));
     rates.add(now, RATE_SERIES.map((s) => detail(ms, s.key) ?? none));
+    const cr = ov.churn_rates || {};
+    churn.add(now, CHURN_SERIES.map((s) => detail(cr, s.key) ?? null));
     clear(totals,
       stat("Connections", num(ot.connections ?? 0), "total-connections"),
       stat("Channels", num(ot.channels ?? 0), "total-channels"),
@@ -59,6 +86,7 @@ export async function render(ctx) {
         h("td", bytes(n.disk_free)), h("td", duration((n.uptime ?? 0) / 1000)),
         h("td", n.mem_alarm || n.disk_free_alarm ? h("span.pill.pill-bad", [n.mem_alarm && "memory", n.disk_free_alarm && "disk"].filter(Boolean).join(", ")) : h("span.pill.pill-on", "none"))))
         : h("tr.empty", h("td", { colSpan: 7 }, "No node information")))));
+    if (list.length) await renderMemory(memory, list[0].name);
     clear(listeners, h("table.data", h("thead", h("tr", ["Protocol", "Bound to", "Port"].map((x) => h("th", x)))),
       h("tbody", (ov.listeners || []).map((l) => h("tr", h("td", l.protocol), h("td", l.ip_address), h("td.num", l.port))))));
   }
@@ -66,16 +94,17 @@ export async function render(ctx) {
   await refresh().catch((e) => toast(errorText(e), "error"));
 
   const el = h("div.page",
-    h("div.page-head", h("h1", "Overview"), spanSelect([queued, rates])),
+    h("div.page-head", h("h1", "Overview"), spanSelect([queued, rates, churn])),
     totals,
     h("div.grid-2", queued.el, rates.el),
+    h("div.grid-2", churn.el, ctx.can("monitoring") ? h("section.card", h("h2", "Memory"), memory) : null),
     ctx.can("monitoring") ? h("section.card", h("h2", "Nodes"), nodes) : null,
     h("section.card", h("h2", "Listeners"), listeners),
     definitionsCard(ctx));
   return {
     el, refresh,
-    mounted() { queued.render(); rates.render(); },
-    stop() { queued.stop(); rates.stop(); },
+    mounted() { queued.render(); rates.render(); churn.render(); },
+    stop() { queued.stop(); rates.stop(); churn.stop(); },
   };
 }
 
@@ -89,7 +118,27 @@ function samplesOf(ov, section, key) {
   return list.map((x) => ({ t: x.timestamp / 1000, v: x.sample })).sort((a, b) => a.t - b.t);
 }
 
-function seed(ov, queued, rates) {
+// The node's memory, as RabbitMQ's node page breaks it down (?memory=true): a bar of the parts
+// and the total against the limit at which the memory alarm goes off.
+async function renderMemory(box, node) {
+  let m;
+  try {
+    m = (await api.get(`/api/nodes/${api.enc(node)}?memory=true`)).memory;
+  } catch { return; }
+  if (!m) return clear(box, h("p.muted", "No memory breakdown"));
+  const total = m.total?.rss ?? m.total?.allocated ?? 0;
+  const parts = MEMORY_PARTS.filter(([k]) => typeof m[k] === "number");
+  const bar = h("div.memory-bar", parts.map(([k, label, color]) => {
+    const el = h("i", { title: `${label}: ${bytes(m[k])}` });
+    el.style.background = color;
+    el.style.width = `${total ? (100 * m[k]) / total : 0}%`;
+    return el;
+  }));
+  clear(box, h("div.stat-value#memory-total", bytes(total)), bar,
+    h("table.data", h("tbody", parts.map(([k, label]) => h("tr", { dataset: { part: k } }, h("td", label), h("td.num", bytes(m[k])))))));
+}
+
+function seed(ov, queued, rates, churn) {
   const fill = (chart, columns) => {
     const maps = columns.map((c) => new Map(c.map((p) => [p.t, p.v])));
     const times = [...new Set(columns.flat().map((p) => p.t))].sort((a, b) => a - b);
@@ -97,6 +146,7 @@ function seed(ov, queued, rates) {
   };
   fill(queued, QUEUED_SERIES.map((s) => samplesOf(ov, "queue_totals", s.key)));
   fill(rates, RATE_SERIES.map((s) => ratesFrom(samplesOf(ov, "message_stats", s.key))));
+  fill(churn, CHURN_SERIES.map((s) => ratesFrom(samplesOf(ov, "churn_rates", s.key))));
 }
 
 // Definitions: download the broker's (or one vhost's) definitions; upload a file to import.

@@ -95,6 +95,14 @@ export async function renderOne(ctx, vhost, name) {
   const chart = chartCard({ id: `chart-queue-${vhost}-${name}`.replace(/[^\w-]/g, "_"), title: "Queued messages",
     series: [{ label: "Ready", color: "#0ea5e9" }, { label: "Unacked", color: "#f97316" }, { label: "Total", color: "#334155" }],
     format: (v) => num(v) });
+  const RATES = [["publish", "Publish", "#0d9488"], ["deliver_get", "Deliver / get", "#f59e0b"],
+    ["ack", "Consumer ack", "#ec4899"], ["redeliver", "Redelivered", "#ef4444"],
+    ["deliver_no_ack", "Deliver (auto ack)", "#eab308"], ["get", "Get (manual ack)", "#8b5cf6"],
+    ["get_no_ack", "Get (auto ack)", "#a855f7"], ["get_empty", "Get (empty)", "#94a3b8"]];
+  const rateChart = chartCard({ id: `chart-queue-rates-${vhost}-${name}`.replace(/[^\w-]/g, "_"), title: "Message rates",
+    series: RATES.map(([, label, color]) => ({ label, color })),
+    format: (v, axis) => (axis ? `${num(v)}/s` : rate(v)) });
+  rateChart.el.classList.add("queue-rates");
   const summary = h("div.stats");
   const details = h("div.details");
   const consumers = h("div.table-wrap");
@@ -118,6 +126,7 @@ export async function renderOne(ctx, vhost, name) {
     if (seed) seedLengths(chart, q, ["messages_ready", "messages_unacknowledged", "messages"]);
     chart.add(Date.now() / 1000, [q.messages_ready ?? 0, q.messages_unacknowledged ?? 0, q.messages ?? 0]);
     const ms = q.message_stats || {};
+    rateChart.add(Date.now() / 1000, RATES.map(([k]) => detail(ms, k) ?? 0));
     clear(summary,
       stat("Ready", num(q.messages_ready ?? 0), "queue-ready"), stat("Unacked", num(q.messages_unacknowledged ?? 0), "queue-unacked"),
       stat("Total", num(q.messages ?? 0), "queue-total"), stat("Consumers", num(q.consumers ?? 0), "queue-consumers"),
@@ -156,16 +165,17 @@ export async function renderOne(ctx, vhost, name) {
 
   const el = h("div.page",
     h("div.page-head", h("div", h("div.crumb", h("a", { href: "#/queues" }, "Queues"), " · virtual host ", h("span.mono", vhost)), h("h1", "Queue ", h("span.mono#queue-name", name))),
-      h("div.head-tags", spanSelect([chart]), tags(first.type ? [first.type] : []))),
+      h("div.head-tags", spanSelect([chart, rateChart]), tags(first.type ? [first.type] : []))),
     summary,
     h("div.grid-2", h("section.card", h("h2", "Details"), details), chart.el),
+    rateChart.el,
     h("section.card", h("h2", "Consumers"), consumers),
     bindings.el,
     publishCard(ctx, { vhost, exchange: "", routingKey: name, title: "Publish message",
       hint: "Published to the default exchange with this queue's name as the routing key." }),
     getCard(base),
     h("div.grid-2", purgeCard(base, name, refresh), deleteCard(base, name, () => { deleted = true; location.hash = "#/queues"; })));
-  return { el, refresh, mounted: () => chart.render(), stop: () => chart.stop() };
+  return { el, refresh, mounted: () => { chart.render(); rateChart.render(); }, stop: () => { chart.stop(); rateChart.stop(); } };
 }
 
 function stat(label, value, id) {
