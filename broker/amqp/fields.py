@@ -44,14 +44,12 @@ class Timestamp(int):
     """Seconds since the epoch, encoded with tag 'T'."""
 
 
-# Tables/arrays nested deeper than this are refused: decoding is recursive and a
-# single frame could otherwise hold enough levels to exhaust the Python stack.
-MAX_NESTING: Final = 100
+def decode_table(buf: ReadableBuffer, offset: int) -> tuple[FieldTable, int]:
+    """The field table at ``offset`` and the offset after it.
 
-
-def decode_table(buf: ReadableBuffer, offset: int, _depth: int = 0) -> tuple[FieldTable, int]:
-    if _depth > MAX_NESTING:
-        raise FieldError("field table nested too deeply")
+    A flat loop over the table's own values (the hot path: publish headers are mostly
+    flat); a nested table or array goes to ``_decode_nested``, which never recurses.
+    """
     (length,) = _I.unpack_from(buf, offset)
     offset += 4
     end = offset + length
@@ -63,31 +61,71 @@ def decode_table(buf: ReadableBuffer, offset: int, _depth: int = 0) -> tuple[Fie
         offset += 1
         key = bytes(buf[offset:offset + n]).decode("utf-8", "surrogateescape")
         offset += n
-        value, offset = _decode_value(buf, offset, _depth)
-        table[key] = value
+        tag = buf[offset]
+        if tag == 0x46 or tag == 0x41:  # 'F', 'A'
+            table[key], offset = _decode_nested(buf, offset)
+        else:
+            table[key], offset = _decode_value(buf, offset)
     if offset != end:
         raise FieldError("table contents overrun its length")
     return table, end
 
 
-def _decode_array(buf: ReadableBuffer, offset: int, depth: int) -> tuple[list[Any], int]:
-    if depth > MAX_NESTING:
-        raise FieldError("field array nested too deeply")
-    (length,) = _I.unpack_from(buf, offset)
-    offset += 4
-    end = offset + length
-    if end > len(buf):
-        raise FieldError("array length overruns the frame")
-    items: list[Any] = []
-    while offset < end:
-        value, offset = _decode_value(buf, offset, depth)
-        items.append(value)
-    if offset != end:
-        raise FieldError("array contents overrun its length")
-    return items, end
+def _decode_nested(buf: ReadableBuffer, offset: int) -> tuple[Any, int]:
+    """The table ('F') or array ('A') whose tag is at ``offset``, and the offset after it.
+
+    Decoded with an explicit stack, not recursion: any depth a frame can hold is
+    accepted, as RabbitMQ accepts it (a 128 KiB frame holds 18,000 levels), at the
+    cost of one stack entry per open container.
+    """
+    size = len(buf)
+    stack: list[tuple[Any, int, bool]] = []
+    root: Any = None
+    cur: Any = None
+    is_table = False
+    end = offset
+    key = ""
+    tag = buf[offset]
+    while True:
+        if tag == 0x46 or tag == 0x41:  # open a container
+            (n,) = _I.unpack_from(buf, offset + 1)
+            offset += 5
+            if offset + n > size:
+                raise FieldError("table length overruns the frame" if tag == 0x46
+                                 else "array length overruns the frame")
+            value: Any = {} if tag == 0x46 else []
+            if cur is None:
+                root = value
+            else:
+                if is_table:
+                    cur[key] = value
+                else:
+                    cur.append(value)
+                stack.append((cur, end, is_table))
+            cur, end, is_table = value, offset + n, tag == 0x46
+        else:
+            value, offset = _decode_value(buf, offset)
+            if is_table:
+                cur[key] = value
+            else:
+                cur.append(value)
+        while offset >= end:  # close every container that ends here
+            if offset != end:
+                raise FieldError("table contents overrun its length" if is_table
+                                 else "array contents overrun its length")
+            if not stack:
+                return root, end
+            cur, end, is_table = stack.pop()
+        if is_table:
+            n = buf[offset]
+            offset += 1
+            key = bytes(buf[offset:offset + n]).decode("utf-8", "surrogateescape")
+            offset += n
+        tag = buf[offset]
 
 
-def _decode_value(buf: ReadableBuffer, offset: int, depth: int = 0) -> tuple[Any, int]:
+def _decode_value(buf: ReadableBuffer, offset: int) -> tuple[Any, int]:
+    """A scalar value (its tag at ``offset``); tables and arrays are ``decode_table``'s."""
     tag = buf[offset]
     offset += 1
     if tag == 0x53:  # 'S'
@@ -98,14 +136,10 @@ def _decode_value(buf: ReadableBuffer, offset: int, depth: int = 0) -> tuple[Any
         return bytes(buf[offset:offset + n]), offset + n
     if tag == 0x49:  # 'I'
         return _i.unpack_from(buf, offset)[0], offset + 4
-    if tag == 0x46:  # 'F'
-        return decode_table(buf, offset, depth + 1)
     if tag == 0x74:  # 't'
         return bool(buf[offset]), offset + 1
     if tag == 0x6C:  # 'l'
         return Long(_q.unpack_from(buf, offset)[0]), offset + 8
-    if tag == 0x41:  # 'A'
-        return _decode_array(buf, offset, depth + 1)
     if tag == 0x54:  # 'T'
         return Timestamp(_Q.unpack_from(buf, offset)[0]), offset + 8
     if tag == 0x62:  # 'b'
@@ -140,6 +174,8 @@ def _decode_value(buf: ReadableBuffer, offset: int, depth: int = 0) -> tuple[Any
 
 
 def encode_table(table: FieldTable) -> bytes:
+    """A table's wire form (4-byte length first): a flat loop (the hot path); a nested
+    table or array is ``encode_value``'s, which hands it to ``_encode_nested``."""
     parts: list[bytes] = []
     for key, value in table.items():
         raw = key.encode("utf-8", "surrogateescape")
@@ -150,6 +186,59 @@ def encode_table(table: FieldTable) -> bytes:
         parts.append(encode_value(value))
     body = b"".join(parts)
     return _I.pack(len(body)) + body
+
+
+def _encode_nested(root: Any, tag: bytes) -> bytes:
+    """``tag`` + length + contents of a table or array.
+
+    Nested tables and arrays are written with an explicit stack, not recursion, into
+    one buffer whose length fields are filled in as each container closes: any depth
+    is encoded in linear time (a table that contains itself is refused).
+    """
+    is_table = isinstance(root, dict)
+    out = bytearray(tag)
+    start = len(out)  # where the open container's length goes
+    out += b"\x00\x00\x00\x00"
+    cur: Any = root
+    items: Any = iter(root.items()) if is_table else iter(root)
+    stack: list[tuple[Any, Any, int, bool]] = []
+    open_ids = {id(root)}
+    while True:
+        for item in items:
+            if is_table:
+                key, value = item
+                raw = key.encode("utf-8", "surrogateescape")
+                if len(raw) > 255:
+                    raise FieldError(f"table key too long: {key[:20]}...")
+                out.append(len(raw))
+                out += raw
+            else:
+                value = item
+            if type(value) is str:
+                raw = value.encode("utf-8", "surrogateescape")
+                out += b"S"
+                out += _I.pack(len(raw))
+                out += raw
+            elif isinstance(value, (dict, list, tuple)):
+                if id(value) in open_ids:
+                    raise FieldError("cannot encode a field table that contains itself")
+                open_ids.add(id(value))
+                stack.append((cur, items, start, is_table))
+                cur = value
+                is_table = isinstance(value, dict)
+                items = iter(cur.items()) if is_table else iter(cur)
+                out += b"F" if is_table else b"A"
+                start = len(out)
+                out += b"\x00\x00\x00\x00"
+                break
+            else:
+                out += encode_value(value)
+        else:
+            _I.pack_into(out, start, len(out) - start - 4)
+            if not stack:
+                return bytes(out)
+            open_ids.discard(id(cur))
+            cur, items, start, is_table = stack.pop()
 
 
 def encode_value(value: object) -> bytes:
@@ -173,10 +262,9 @@ def encode_value(value: object) -> bytes:
     if isinstance(value, bytearray):
         return b"x" + _I.pack(len(value)) + bytes(value)
     if isinstance(value, dict):
-        return b"F" + encode_table(value)
+        return _encode_nested(value, b"F")
     if isinstance(value, (list, tuple)):
-        body = b"".join(encode_value(v) for v in value)
-        return b"A" + _I.pack(len(body)) + body
+        return _encode_nested(value, b"A")
     if isinstance(value, float):
         return b"d" + _d.pack(value)
     if isinstance(value, decimal.Decimal):

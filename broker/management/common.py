@@ -109,12 +109,7 @@ def table(data: dict, key: str) -> dict:
     return value
 
 
-def jsonable(value: Any) -> Any:
-    """AMQP field values as RabbitMQ renders them in JSON."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+def _scalar_jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
         try:
@@ -126,6 +121,68 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, datetime.datetime):
         return int(value.timestamp())
     return value
+
+
+def jsonable(value: Any) -> Any:
+    """AMQP field values as RabbitMQ renders them in JSON. Nested tables and arrays are
+    walked with an explicit stack: a header table may be nested as deep as a frame
+    holds (18,000 levels), far past the recursion limit."""
+    if not isinstance(value, (dict, list, tuple)):
+        return _scalar_jsonable(value)
+    root: Any = {} if isinstance(value, dict) else []
+    stack = [(value, root)]
+    while stack:
+        src, dst = stack.pop()
+        for k, v in (src.items() if isinstance(src, dict) else enumerate(src)):
+            if isinstance(v, (dict, list, tuple)):
+                out: Any = {} if isinstance(v, dict) else []
+                stack.append((v, out))
+            else:
+                out = _scalar_jsonable(v)
+            if isinstance(dst, dict):
+                dst[str(k)] = out
+            else:
+                dst.append(out)
+    return root
+
+
+def dumps_deep(data: Any) -> bytes:
+    """JSON text of ``data`` without recursion (json.dumps stops near 1,000 levels):
+    for the rare answer holding deeply nested header tables."""
+    out: list[str] = []
+    stack: list[Any] = [data]
+    dumps = json.dumps
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            out.append(item.text)
+        elif isinstance(item, dict):
+            out.append("{")
+            parts: list[Any] = []
+            for n, (k, v) in enumerate(item.items()):
+                parts.append(_Raw(("," if n else "") + dumps(str(k), ensure_ascii=False) + ":"))
+                parts.append(v)
+            parts.append(_Raw("}"))
+            stack.extend(reversed(parts))
+        elif isinstance(item, (list, tuple)):
+            out.append("[")
+            parts = []
+            for n, v in enumerate(item):
+                if n:
+                    parts.append(_Raw(","))
+                parts.append(v)
+            parts.append(_Raw("]"))
+            stack.extend(reversed(parts))
+        else:
+            out.append(dumps(item, ensure_ascii=False, allow_nan=False))
+    return "".join(out).encode("utf-8")
+
+
+class _Raw:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
 
 
 def amqp_error(exc: errors.AMQPError) -> ApiError:
@@ -147,8 +204,11 @@ def created() -> Response:
     return Response(status_code=201)
 
 
-def json_response(data: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(data, status_code=status)
+def json_response(data: Any, status: int = 200) -> Response:
+    try:
+        return JSONResponse(data, status_code=status)
+    except RecursionError:  # deeply nested headers: rendered without recursion
+        return Response(dumps_deep(data), status_code=status, media_type="application/json")
 
 
 def check_perm(broker, user: ApiUser, vhost: str, kind: str, name: str, perm: str) -> None:

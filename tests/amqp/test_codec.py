@@ -417,15 +417,60 @@ def test_table_contents_overrun_its_length():
         decode_table(data, 0)
 
 
-@pytest.mark.parametrize("tag", [b"F", b"A"])
-def test_deeply_nested_input_is_a_field_error_not_recursion_error(tag):
-    # A 4 KiB frame can hold ~800 nesting levels; that must not blow the stack.
+def _deep(tag: bytes, levels: int) -> bytes:
+    """A table holding ``levels`` nested tables ('F', each under key "k") or arrays."""
     inner = struct.pack(">I", 0)
-    for _ in range(3000):
+    for _ in range(levels - 1):
         body = (b"\x01k" if tag == b"F" else b"") + tag + inner
         inner = struct.pack(">I", len(body)) + body
+    body = b"\x01k" + tag + inner
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize("tag", [b"F", b"A"])
+def test_tables_nested_as_deep_as_a_frame_holds_are_accepted(tag):
+    # RabbitMQ accepts 18,000 levels (what a 128 KiB frame holds); the decoder and the
+    # encoder never recurse, so neither hits Python's recursion limit
+    raw = _deep(tag, 18_000)
+    assert len(raw) < 131_072
+    table, end = decode_table(raw, 0)
+    assert end == len(raw)
+    depth, value = 0, table["k"]
+    while value:
+        value = value["k"] if tag == b"F" else value[0]
+        depth += 1
+    assert depth == 18_000 - 1
+    assert encode_table(table) == raw
+
+
+@pytest.mark.parametrize("tag", [b"F", b"A"])
+def test_deep_nesting_cut_short_is_a_field_error(tag):
+    raw = _deep(tag, 5000)
+    for cut in (len(raw) // 2, len(raw) - 1):
+        with pytest.raises((FieldError, IndexError, struct.error)):
+            decode_table(raw[:cut], 0)
+    # the innermost container claims more than its parent holds
+    bad = bytearray(raw)
+    bad[-4:] = struct.pack(">I", 1)
     with pytest.raises(FieldError):
-        decode_table(inner, 0)
+        decode_table(bytes(bad) + b"\x00" * 8, 0)
+
+
+def test_a_table_that_contains_itself_is_refused():
+    table: dict = {"a": 1}
+    table["self"] = table
+    with pytest.raises(FieldError):
+        encode_table(table)
+    looped: list = [1]
+    looped.append({"x": looped})
+    with pytest.raises(FieldError):
+        encode_value(looped)
+
+
+def test_shared_values_are_not_a_loop():
+    shared = {"s": [1, 2]}
+    assert decode_table(encode_table({"a": shared, "b": shared, "c": [shared, shared]}),
+                        0)[0] == {"a": shared, "b": shared, "c": [shared, shared]}
 
 
 def test_reasonable_nesting_is_accepted():

@@ -691,16 +691,22 @@ def test_malformed_method_text_shows_the_arguments():
     assert close.reply_text == "FRAME_ERROR - cannot decode <<0,1>>"
 
 
-def test_deeply_nested_arguments_are_a_frame_error():
+def test_deeply_nested_arguments_are_accepted():
+    # RabbitMQ accepts arguments nested as deep as the frame holds (18,000 levels in
+    # 128 KiB); TrioMQ closed the connection with 502 past 100 levels
     conn = open_connection(channels=[1])
     inner = struct.pack(">I", 0)
-    for _ in range(700):
+    for _ in range(18_000):
         body = b"A" + inner
         inner = struct.pack(">I", len(body)) + body
     args = struct.pack(">I", len(inner) + 3) + b"\x01kA" + inner
     payload = struct.pack(">HHH", 50, 10, 0) + b"\x01q\x00" + args
-    conn.receive_data(raw_frame(1, 1, payload))
-    assert_connection_closed_with(conn, spec.FRAME_ERROR, 50, 10)
+    events = conn.receive_data(raw_frame(1, 1, payload))
+    assert kinds(events) == [MethodReceived]
+    value, depth = events[0].method.arguments["k"], 0
+    while value:
+        value, depth = value[0], depth + 1
+    assert depth == 18_000
 
 
 def test_heartbeat_on_channel_zero_is_fine():
