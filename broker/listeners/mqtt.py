@@ -19,6 +19,7 @@ import trio.lowlevel
 
 from ..mqtt.codec import MAX_UNAUTHENTICATED
 from ..mqtt.connection import State
+from ..mqtt.properties import KEEP_ALIVE_TIMEOUT
 from . import ListenError
 from .mqtt_session import MQTTService, MQTTSession
 from .mqtt_sys import SysTopics
@@ -189,7 +190,7 @@ class MQTTConnectionHandler:
                 else:
                     log.warning("mqtt client %r: keep-alive of %ss expired", session.client_id,
                                 conn.keep_alive)
-                    session.close("keep-alive timeout")  # the will is published
+                    session.close("keep-alive timeout", KEEP_ALIVE_TIMEOUT)  # will published
                 return
             if not data:
                 # EOF without DISCONNECT: an abnormal end, the will is published

@@ -46,6 +46,7 @@ from ..channel import Unacked
 from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..message import Message
 from ..mqtt import codec
+from ..mqtt import properties as P
 from ..mqtt.connection import (
     PUBREC_BIT,
     ConnectRequested,
@@ -79,6 +80,11 @@ _NO_DICT: dict = {}
 # the binding argument carrying a subscription's granted QoS (a binding without it is one
 # stored by an earlier version: QoS 1 in the ...qos1 queue, QoS 0 in the ...qos0 queue)
 QOS_ARG = "x-mqtt-qos"
+# MQTT 5.0: the inbound QoS 1/2 PUBLISHes a client may have without PUBACK/PUBCOMP, and the
+# topic aliases it may define, as the CONNACK states them (both enforced by the connection)
+RECEIVE_MAXIMUM = 1024
+TOPIC_ALIAS_MAXIMUM = 64
+NEVER_EXPIRES = 0xFFFFFFFF  # Session Expiry Interval: the session does not expire
 
 
 def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
@@ -132,9 +138,10 @@ class MQTTSession:
     __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_filter_qos",
                  "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq", "_topics", "_touched", "audit",
                  "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
-                 "consumers", "delivering", "delivery_stalled", "ended", "filters", "finished",
-                 "flow_queues", "flow_resumed", "is_publisher", "local_port", "output_delay",
-                 "output_high_water", "peer", "peer_host", "qos2", "service", "tls", "user",
+                 "consumers", "delivering", "delivery_stalled", "end_session", "ended",
+                 "expiry", "filters", "finished", "flow_queues", "flow_resumed", "is_publisher",
+                 "local_port", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
+                 "receive_max", "service", "tls", "user",
                  "username", "vhost", "wake", "will")
 
     global_prefetch = 0
@@ -166,6 +173,12 @@ class MQTTSession:
         self.username: str | None = None
         self.client_id = ""
         self.clean = True
+        # MQTT 5.0: the Session Expiry Interval (None for 3.1/3.1.1), whether the session
+        # ends with this connection although it resumed a stored one (Clean Start 0 and
+        # expiry 0), and the client's Receive Maximum (bounds QoS 1/2 deliveries in flight)
+        self.expiry: int | None = None
+        self.end_session = False
+        self.receive_max = 65535
         self.will: codec.Will | None = None
         self.consumers: dict[int, Consumer] = {}  # 1 -> the subscription queue's consumer
         # the session's subscriptions: MQTT filter -> granted QoS, and what a delivery's QoS
@@ -237,11 +250,14 @@ class MQTTSession:
                     self._handle(b"")  # what came right behind the CONNECT
                     return
             elif isinstance(ev, SubscribeRequested):
-                self._on_subscribe(ev.packet_id, ev.topics)
+                self._on_subscribe(ev.packet_id, ev.topics, ev.properties)
             elif isinstance(ev, UnsubscribeRequested):
                 self._on_unsubscribe(ev.packet_id, ev.topics)
             elif isinstance(ev, Disconnected):
-                self.will = None
+                if ev.reason_code != P.DISCONNECT_WITH_WILL:
+                    self.will = None
+                if ev.properties and self.expiry is not None:
+                    self._expiry_at_disconnect(ev.properties)
                 self.finished = True
                 # the client id is free at once, as on EOF: a reconnect that follows right
                 # behind must not find this session still registered
@@ -284,13 +300,22 @@ class MQTTSession:
             conn.refuse(codec.REFUSED_SERVER_UNAVAILABLE, "broker not serving")
             self.finished = True
             return
+        v5 = c.protocol_level == 5
+        props = c.properties or {}
+        if v5 and P.AUTHENTICATION_METHOD in props:
+            # no enhanced authentication mechanism is offered (section 4.12)
+            conn.refuse(P.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
+            self.finished = True
+            return
         client_id = c.client_id
+        assigned = False
         if not client_id:
-            if not c.clean_session:  # section 3.1.3-8
+            if not c.clean_session and not v5:  # section 3.1.3-8 (v5 assigns one: 3.1.3-6)
                 conn.refuse(codec.REFUSED_IDENTIFIER, "empty client id without clean session")
                 self.finished = True
                 return
             client_id = "triomq-" + os.urandom(8).hex()
+            assigned = True
         if len(queue_names(client_id)[1].encode()) > MAX_KEY:
             conn.refuse(codec.REFUSED_IDENTIFIER, "client id too long")
             self.finished = True
@@ -303,7 +328,16 @@ class MQTTSession:
             self.finished = True
             return
         self.client_id = client_id
-        self.clean = c.clean_session
+        start_clean = c.clean_session  # v5: Clean Start
+        if v5:
+            # the session lives as long as its expiry interval says, not as Clean Start
+            # says (section 3.1.2.11): expiry 0 is a session ending with the connection
+            self.expiry = props.get(P.SESSION_EXPIRY_INTERVAL, 0)
+            self.receive_max = props.get(P.RECEIVE_MAXIMUM, 65535)
+            self.clean = start_clean and not self.expiry
+            self.end_session = not self.clean and not self.expiry
+        else:
+            self.clean = start_clean
         self.will = c.will
         key = (self.vhost.name, client_id)
         old = service.clients.get(key)
@@ -311,7 +345,7 @@ class MQTTSession:
             # section 3.1.4-2: the existing connection of this client id is closed first
             log.info("mqtt client %r: connection %s takes over from %s", client_id, self.peer,
                      old.peer)
-            old.close("another connection took the session over")
+            old.close("another connection took the session over", P.SESSION_TAKEN_OVER)
         service.clients[key] = self
         q0_name, q1_name = queue_names(client_id)
         vhost = self.vhost
@@ -319,20 +353,34 @@ class MQTTSession:
         q1 = vhost.find_queue(q1_name)
         qos2_store = service.qos2
         present = False
-        if self.clean:
+        if start_clean:
             # a clean session starts without the previous one's state
             for q in (legacy_q0, q1):
                 if q is not None:
                     vhost.delete_queue(q, reason="clean MQTT session")
             qos2_store.discard(vhost.name, client_id)
-            q1 = None
-        else:
+            legacy_q0 = q1 = None
+        if not self.clean:
             present = legacy_q0 is not None or q1 is not None or (
                 (vhost.name, client_id) in qos2_store.states)
             self.qos2 = qos2_store.get(vhost.name, client_id)
             # the connection's outbound PUBREL phase is the session's (kept across connections)
             conn.releasing = self.qos2.releasing
-        conn.accept(present, self.username)
+        if v5:
+            # what this server does and does not do, stated as MQTT 5 lets it (section
+            # 3.2.2.3; Maximum QoS is absent: 2 is supported)
+            caps = {P.RECEIVE_MAXIMUM: RECEIVE_MAXIMUM,
+                    P.MAXIMUM_PACKET_SIZE: service.max_packet + 2,
+                    P.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
+                    P.RETAIN_AVAILABLE: 1,
+                    P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
+                    P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+                    P.SHARED_SUBSCRIPTION_AVAILABLE: 0}
+            if assigned:
+                caps[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+            conn.accept(present, self.username, caps)
+        else:
+            conn.accept(present, self.username)
         service.connections_accepted += 1
         # the trail's shared context of this connection's events (no channel: MQTT has none)
         self.audit_ctx = (vhost.name, self.username, self.peer, None)
@@ -457,7 +505,8 @@ class MQTTSession:
         if key is None:
             key = to_routing_key(topic)
             if len(key.encode()) > MAX_KEY:
-                self.close(f"topic {topic[:40]!r}... longer than {MAX_KEY} bytes")
+                self.close(f"topic {topic[:40]!r}... longer than {MAX_KEY} bytes",
+                           P.TOPIC_NAME_INVALID)
                 return
             if len(self._keys) >= 256:  # bounded: a device may publish to ever new topics
                 self._keys.clear()
@@ -474,7 +523,7 @@ class MQTTSession:
                     authz.check_topic(exchange, key, "write")
             except errors.AMQPError as exc:
                 # RabbitMQ closes an MQTT connection that publishes where it may not
-                self.close(exc.text)
+                self.close(exc.text, P.NOT_AUTHORIZED)
                 return
         self.is_publisher = True
         qos = p.qos
@@ -493,7 +542,7 @@ class MQTTSession:
                 try:
                     stored = self._route(topic, key, p.payload, 2, p.retain, p.dup, p.packet_id)
                 except errors.AMQPError as exc:
-                    self.close(exc.text)
+                    self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                     return
                 if stored is not None:
                     state.received.add(p.packet_id or 0)
@@ -505,7 +554,7 @@ class MQTTSession:
             try:
                 stored = self._route(topic, key, p.payload, qos, p.retain, p.dup, p.packet_id)
             except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
-                self.close(exc.text)
+                self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                 return
         if qos:
             if stored is False and not self._pubacks:
@@ -613,12 +662,33 @@ class MQTTSession:
         self.conn.pubcomp(packet_id)
 
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
-    def _on_subscribe(self, packet_id: int, topics: list[tuple[str, int]]) -> None:
+    def _on_subscribe(self, packet_id: int, topics: list[tuple[str, int]],
+                      properties: dict | None = None) -> None:
+        if properties and P.SUBSCRIPTION_IDENTIFIER in properties:
+            # the CONNACK said Subscription Identifiers Available 0 (section 3.8.2.1.2)
+            self.close("subscription identifiers are not supported",
+                       P.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
+            return
         codes = []
         vhost = self.vhost
         exchange = self.service.exchange
         granted = []
-        for topic_filter, qos in topics:
+        v5 = self.expiry is not None
+        for topic_filter, options in topics:
+            qos = options & 0x03
+            send_retained = True
+            if v5:
+                if topic_filter.startswith("$share/"):  # the CONNACK said 0 (section 4.8.2)
+                    codes.append(P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+                    continue
+                if options & 0x0C:
+                    # No Local and Retain As Published are not implemented: refused rather
+                    # than granted and ignored
+                    codes.append(P.IMPLEMENTATION_SPECIFIC_ERROR)
+                    continue
+                handling = (options >> 4) & 0x03  # section 3.8.3.1: Retain Handling
+                send_retained = handling == 0 or (handling == 1
+                                                  and topic_filter not in self.filters)
             key = to_routing_key(topic_filter)
             try:
                 if len(key.encode()) > MAX_KEY:
@@ -639,10 +709,12 @@ class MQTTSession:
             except errors.AMQPError as exc:
                 log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
                             topic_filter, exc.text)
-                codes.append(codec.SUBACK_FAILURE)
+                codes.append(P.NOT_AUTHORIZED if exc.code == 403
+                             else codec.SUBACK_FAILURE)
                 continue
             codes.append(qos)
-            granted.append((topic_filter, qos))
+            if send_retained:
+                granted.append((topic_filter, qos))
         self._filters_changed()
         self.conn.suback(packet_id, codes)
         retained = self.service.retained
@@ -701,17 +773,26 @@ class MQTTSession:
         # Durable unless clean. A clean session lasts as long as its connection (MQTT 3.1.1
         # section 3.1.2.4; a restart ends it), so its messages need no disk (RabbitMQ's 3.x
         # plugin declares it durable and auto-delete: a difference).
-        m = spec.Queue.Declare(queue=name, durable=not self.clean, auto_delete=self.clean)
+        args = {}
+        if self.expiry and self.expiry != NEVER_EXPIRES:
+            # an MQTT 5 session expires that long after its last connection ends: the queue's
+            # x-expires (unused that long: no consumer) is exactly that (section 3.1.2.11.2)
+            args["x-expires"] = self.expiry * 1000
+        m = spec.Queue.Declare(queue=name, durable=not self.clean, auto_delete=self.clean,
+                               arguments=args)
         return self.vhost.declare_queue(m, None)
 
     def _consume(self, q) -> None:
         tag = f"mqtt-{self.client_id}-qos1"
-        consumer = Consumer(tag, self, q, self._one_qos == 0, False, 0, self.service.prefetch, {})
+        # a v5 client's Receive Maximum bounds the QoS 1/2 deliveries in flight (3.3.4)
+        prefetch = min(self.service.prefetch, self.receive_max)
+        consumer = Consumer(tag, self, q, self._one_qos == 0, False, 0, prefetch, {})
         self.consumers[1] = consumer
         q.add_consumer(consumer)
 
     def _on_unsubscribe(self, packet_id: int, topics: list[str]) -> None:
         exchange = self.service.exchange
+        codes = [P.SUCCESS if f in self.filters else P.NO_SUBSCRIPTION_EXISTED for f in topics]
         for topic_filter in topics:
             key = to_routing_key(topic_filter)
             for consumer in self.consumers.values():
@@ -723,7 +804,7 @@ class MQTTSession:
                                 topic_filter, exc.text)
             self.filters.pop(topic_filter, None)
         self._filters_changed()
-        self.conn.unsuback(packet_id)
+        self.conn.unsuback(packet_id, codes)
 
     # ---- deliveries (the queue calls these, as on an AMQP channel) ----
     @property
@@ -789,7 +870,9 @@ class MQTTSession:
                         want = state.resend.pop((queue.name, entry.seq), want)
                 token[3] = pid = self.conn.publish(topic, message.body, qos, token,
                                                    dup=entry.redelivered, packet_id=want)
-                if audit is not None:
+                if pid < 0:  # over a v5 client's Maximum Packet Size: dropped, as if sent
+                    queue.ack(entry, consumer)
+                elif audit is not None:
                     audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
             self.wake()
@@ -868,7 +951,8 @@ class MQTTSession:
 
     @property
     def protocol(self) -> str:
-        return "MQTT 3.1.1" if self.conn.protocol_level == 4 else "MQTT 3.1"
+        level = self.conn.protocol_level
+        return "MQTT 5.0" if level == 5 else "MQTT 3.1.1" if level == 4 else "MQTT 3.1"
 
     def connection_info(self) -> dict:
         """The protocol's own fields of the management API's connection object."""
@@ -879,17 +963,34 @@ class MQTTSession:
 
     def force_close(self, error: errors.AMQPError) -> None:
         """The broker ends the connection (management, store fencing, vhost deleted):
-        MQTT has no close frame, the socket is closed and the will published."""
-        self.close(error.text)
+        MQTT 3.1.1 has no close frame, the socket is closed and the will published; a v5
+        client gets a DISCONNECT saying why."""
+        if "shutdown" in error.text:
+            code = P.SERVER_SHUTTING_DOWN
+        elif error.code == 320:  # CONNECTION_FORCED: management, vhost deleted, fencing
+            code = P.ADMINISTRATIVE_ACTION
+        else:
+            code = P.UNSPECIFIED_ERROR
+        self.close(error.text, code)
+
+    def _expiry_at_disconnect(self, props: dict) -> None:
+        """A v5 DISCONNECT's Session Expiry Interval (section 3.14.2.2.2): 0 ends the
+        session now. (A non-zero one after a CONNECT with 0 is a Protocol Error the server
+        may ignore: the connection is ending anyway; the session still ends.)"""
+        expiry = props.get(P.SESSION_EXPIRY_INTERVAL)
+        if expiry == 0 and self.expiry:
+            self.expiry = 0
+            self.end_session = True
 
     # ---- the end ----
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, reason_code: int = P.UNSPECIFIED_ERROR) -> None:
         """The server ends the connection (takeover, keep-alive, refused publish, shutdown):
-        the will is published, the socket closed once pending output is written."""
+        the will is published, the socket closed once pending output is written (a v5
+        client's last packet is a DISCONNECT with ``reason_code``)."""
         if self.ended:
             return
         log.info("mqtt connection %s: closing: %s", self.peer, reason)
-        self.conn.close(reason)
+        self.conn.close(reason, reason_code)
         self.finished = True
         self.connection_lost()
         self.wake()
@@ -930,7 +1031,13 @@ class MQTTSession:
         if self.vhost is not None and service.clients.get((self.vhost.name,
                                                            self.client_id)) is self:
             del service.clients[(self.vhost.name, self.client_id)]
-            if not self.clean:
+            if self.end_session:
+                # a v5 session of expiry 0 that resumed a stored one ends here
+                q = self.vhost.find_queue(queue_names(self.client_id)[1])
+                if q is not None:
+                    self.vhost.delete_queue(q, reason="MQTT session expired")
+                service.qos2.discard(self.vhost.name, self.client_id)
+            elif not self.clean:
                 service.qos2.release(self.vhost.name, self.client_id)
         self.broker.session_closed(self)
 

@@ -1,4 +1,4 @@
-"""MQTT 3.1 / 3.1.1 packets, sans-IO: bytes in, packet objects out, and back.
+"""MQTT 3.1 / 3.1.1 / 5.0 packets, sans-IO: bytes in, packet objects out, and back.
 
 ``PacketReader.feed(data)`` returns every complete packet in the bytes given so far;
 anything the spec calls a protocol violation raises ``MalformedPacket`` (the server then
@@ -6,15 +6,27 @@ closes the network connection without a reply, MQTT 3.1.1 section 4.8), except a
 with an unacceptable protocol level, which the connection answers with CONNACK return code
 1 first (section 3.1.2.2) -- ``UnsupportedProtocol`` carries what it needs for that.
 ``encode(packet)`` builds the bytes of any packet. No sockets, clocks or broker state here.
+
+MQTT 5.0 (protocol level 5): the reader learns the version from the CONNECT and decodes
+what follows as v5 packets (properties, reason codes, AUTH); a v5 violation carries the
+reason code the server answers with (``MalformedPacket.reason_code``: 0x81 Malformed Packet,
+0x82 Protocol Error, 0x95 Packet too large), sent in a CONNACK when the CONNECT itself is
+bad (``connect_v5``) and in a DISCONNECT after it (sections 4.13, 3.14). Packets carry
+``properties`` (a dict, ``properties.py``) only in v5; 3.1.1's take the defaults.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
+
+from . import properties as _props
+from .properties import MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, PropertyError
 
 # control packet types (MQTT 3.1.1 table 2.1)
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+AUTH = 15  # MQTT 5.0 only
 
 # CONNACK return codes (table 3.1)
 ACCEPTED = 0
@@ -34,12 +46,23 @@ _H = struct.Struct(">H")
 
 
 class MalformedPacket(ValueError):
-    """A protocol violation: the server closes the network connection."""
+    """A protocol violation: the server closes the network connection (in MQTT 5 after a
+    DISCONNECT, or a CONNACK if ``connect_v5``, with ``reason_code``)."""
+
+    def __init__(self, text: str, reason_code: int = MALFORMED_PACKET,
+                 connect_v5: bool = False):
+        super().__init__(text)
+        self.reason_code = reason_code
+        self.connect_v5 = connect_v5
 
 
 class UnsupportedProtocol(MalformedPacket):
     """CONNECT with a protocol name/level this server does not speak: answer CONNACK 1,
     then close."""
+
+
+def _protocol_error(text: str) -> MalformedPacket:
+    return MalformedPacket(text, PROTOCOL_ERROR)
 
 
 @dataclass(slots=True)
@@ -48,6 +71,7 @@ class Will:
     message: bytes
     qos: int
     retain: bool
+    properties: dict[int, Any] | None = None  # v5 will properties
 
 
 @dataclass(slots=True)
@@ -58,13 +82,15 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     will: Will | None = None
-    protocol_level: int = 4  # 4: MQTT 3.1.1 ("MQTT"), 3: MQTT 3.1 ("MQIsdp")
+    protocol_level: int = 4  # 5: MQTT 5.0, 4: MQTT 3.1.1 ("MQTT"), 3: MQTT 3.1 ("MQIsdp")
+    properties: dict[int, Any] | None = None  # v5 (clean_session is then Clean Start)
 
 
 @dataclass(slots=True)
 class ConnAck:
-    return_code: int
+    return_code: int  # a v5 reason code in a v5 CONNACK
     session_present: bool = False
+    properties: dict[int, Any] | None = None  # v5: encoded as a v5 CONNACK when not None
 
 
 @dataclass(slots=True)
@@ -75,31 +101,58 @@ class Publish:
     retain: bool = False
     dup: bool = False
     packet_id: int | None = None
+    properties: dict[int, Any] | None = None  # v5 (may hold a Topic Alias; topic may be '')
 
 
 @dataclass(slots=True)
 class PacketId:
-    """PUBACK, PUBREC, PUBREL, PUBCOMP and UNSUBACK: a type and a packet identifier."""
+    """PUBACK, PUBREC, PUBREL, PUBCOMP and (3.1.1) UNSUBACK: a type and a packet
+    identifier; in v5 a reason code and properties (``v5``: encoded in v5's format)."""
     type: int
     packet_id: int
+    reason_code: int = 0
+    properties: dict[int, Any] | None = None
+    v5: bool = False
 
 
 @dataclass(slots=True)
 class Subscribe:
     packet_id: int
-    topics: list[tuple[str, int]] = field(default_factory=list)  # (filter, requested QoS)
+    # (filter, requested QoS); in v5 the whole subscription options byte (QoS in bits
+    # 0-1, No Local 2, Retain As Published 3, Retain Handling 4-5)
+    topics: list[tuple[str, int]] = field(default_factory=list)
+    properties: dict[int, Any] | None = None  # v5
 
 
 @dataclass(slots=True)
 class SubAck:
     packet_id: int
-    return_codes: list[int] = field(default_factory=list)
+    return_codes: list[int] = field(default_factory=list)  # v5: reason codes
+    properties: dict[int, Any] | None = None  # v5: encoded as v5 when not None
 
 
 @dataclass(slots=True)
 class Unsubscribe:
     packet_id: int
     topics: list[str] = field(default_factory=list)
+    properties: dict[int, Any] | None = None  # v5
+
+
+@dataclass(slots=True)
+class UnsubAck:
+    """The v5 UNSUBACK: a reason code per filter."""
+    packet_id: int
+    reason_codes: list[int] = field(default_factory=list)
+    properties: dict[int, Any] | None = None
+
+
+@dataclass(slots=True)
+class Disconnect:
+    """The v5 DISCONNECT (either way) and AUTH (``type`` AUTH): a reason code and
+    properties (3.1.1's DISCONNECT is a ``Bare``)."""
+    reason_code: int = 0
+    properties: dict[int, Any] | None = None
+    type: int = DISCONNECT
 
 
 @dataclass(slots=True)
@@ -108,7 +161,8 @@ class Bare:
     type: int
 
 
-Packet = Connect | ConnAck | Publish | PacketId | Subscribe | SubAck | Unsubscribe | Bare
+Packet = (Connect | ConnAck | Publish | PacketId | Subscribe | SubAck | Unsubscribe | UnsubAck
+          | Disconnect | Bare)
 
 
 # ---- primitives -----------------------------------------------------------------------
@@ -185,6 +239,14 @@ class _Body:
         self.pos = len(self.buf)
         return data
 
+    def props(self, packet: str) -> dict[int, Any]:
+        """v5 properties allowed in ``packet`` (a ``properties`` packet name)."""
+        try:
+            props, self.pos = _props.decode(self.buf, self.pos, len(self.buf), packet)
+        except PropertyError as exc:
+            raise MalformedPacket(str(exc), exc.reason_code) from None
+        return props
+
 
 def _packet_id(body: _Body) -> int:
     pid = body.u16()
@@ -213,17 +275,25 @@ def valid_topic_filter(topic: str) -> bool:
 
 # ---- decoding ---------------------------------------------------------------------------
 
-def decode(first: int, body: bytes) -> Packet:
-    """One packet from its first byte and its remaining bytes."""
+def decode(first: int, body: bytes, version: int = 4) -> Packet:
+    """One packet from its first byte and its remaining bytes (``version``: the protocol
+    level the CONNECT chose; 5 decodes MQTT 5.0 packets)."""
     ptype, flags = first >> 4, first & 0x0F
     b = _Body(body)
     if ptype == PUBLISH:
+        if version == 5:
+            return _decode_publish_v5(flags, b)
         return _decode_publish(flags, b)
     expected_flags = 0x02 if ptype in (PUBREL, SUBSCRIBE, UNSUBSCRIBE) else 0
     if flags != expected_flags:  # section 2.2.2: reserved flags must be as the table says
         raise MalformedPacket(f"invalid fixed header flags {flags:#x} for packet type {ptype}")
     if ptype == CONNECT:
         return _decode_connect(b)
+    if version == 5:
+        packet5 = _decode_v5(ptype, b)
+        if b.left:
+            raise MalformedPacket(f"{b.left} unexpected bytes at the end of packet type {ptype}")
+        return packet5
     if ptype in (PUBACK, PUBREC, PUBREL, PUBCOMP, UNSUBACK):
         packet: Packet = PacketId(ptype, _packet_id(b))
     elif ptype == SUBSCRIBE:
@@ -268,6 +338,12 @@ def _decode_publish(flags: int, b: _Body) -> Publish:
 def _decode_connect(b: _Body) -> Connect:
     name = b.string()
     level = b.u8()
+    if name == "MQTT" and level == 5:
+        try:
+            return _decode_connect_v5(b)
+        except MalformedPacket as exc:
+            exc.connect_v5 = True  # answered with a CONNACK carrying the reason code
+            raise
     if (name, level) not in (("MQTT", 4), ("MQIsdp", 3)):
         if name in ("MQTT", "MQIsdp"):
             raise UnsupportedProtocol(f"protocol level {level} of {name!r} is not supported")
@@ -296,6 +372,136 @@ def _decode_connect(b: _Body) -> Connect:
     if b.left:
         raise MalformedPacket("unexpected bytes at the end of CONNECT")
     return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, level)
+
+
+# ---- MQTT 5.0 -------------------------------------------------------------------------
+
+_PUBACK_CODES = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))
+_PUBREL_CODES = frozenset((0x00, 0x92))
+_DISCONNECT_CODES = frozenset((0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D,
+                               0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99,
+                               0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2))
+_AUTH_CODES = frozenset((0x00, 0x18, 0x19))
+
+
+def _decode_connect_v5(b: _Body) -> Connect:
+    flags = b.u8()
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag set")
+    has_user, has_pass = bool(flags & 0x80), bool(flags & 0x40)
+    will_retain, will_qos, will_flag = bool(flags & 0x20), (flags >> 3) & 0x03, bool(flags & 0x04)
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("will QoS/retain set without the will flag")
+    if will_qos == 3:
+        raise MalformedPacket("will QoS 3")
+    keep_alive = b.u16()
+    props = b.props(_props.CONNECT)
+    client_id = b.string()
+    will = None
+    if will_flag:
+        will_props = b.props(_props.WILL)
+        topic = b.string()
+        if not valid_topic_name(topic):
+            raise MalformedPacket(f"invalid will topic {topic!r}")
+        will = Will(topic, b.binary(), will_qos, will_retain, will_props)
+    username = b.string() if has_user else None
+    password = b.binary() if has_pass else None
+    if b.left:
+        raise MalformedPacket("unexpected bytes at the end of CONNECT")
+    return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, 5,
+                   props)
+
+
+def _decode_publish_v5(flags: int, b: _Body) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and qos == 0:
+        raise MalformedPacket("PUBLISH with DUP set at QoS 0")
+    topic = b.string()
+    if "+" in topic or "#" in topic:
+        raise MalformedPacket(f"invalid topic name {topic!r} in PUBLISH", _props.TOPIC_NAME_INVALID)
+    pid = _packet_id(b) if qos else None
+    props = b.props(_props.PUBLISH)
+    if not topic and _props.TOPIC_ALIAS not in props:  # section 3.3.2.1
+        raise _protocol_error("PUBLISH without a topic name or a topic alias")
+    if _props.SUBSCRIPTION_IDENTIFIER in props:  # section 3.3.4: server to client only
+        raise _protocol_error("PUBLISH from a client with a subscription identifier")
+    return Publish(topic, b.rest(), qos, bool(flags & 0x01), dup, pid, props)
+
+
+def _reason(b: _Body, allowed: frozenset[int], name: str) -> int:
+    code = b.u8()
+    if code not in allowed:
+        raise MalformedPacket(f"invalid reason code {code:#x} in {name}")
+    return code
+
+
+def _decode_v5(ptype: int, b: _Body) -> Packet:
+    """Every v5 packet but CONNECT and PUBLISH (section 3)."""
+    if ptype in (PUBACK, PUBREC, PUBREL, PUBCOMP):
+        pid = _packet_id(b)
+        code = 0
+        props = None
+        if b.left:  # section 3.4.2.1: no reason code means 0x00 Success
+            code = _reason(b, _PUBACK_CODES if ptype in (PUBACK, PUBREC) else _PUBREL_CODES,
+                           "acknowledgement")
+            if b.left:
+                props = b.props(_props.ACK)
+        return PacketId(ptype, pid, code, props, True)
+    if ptype == SUBSCRIBE:
+        pid = _packet_id(b)
+        props = b.props(_props.SUBSCRIBE)
+        topics = []
+        while b.left:
+            t = _topic_filter(b)
+            options = b.u8()
+            if options & 0xC0:
+                raise MalformedPacket(f"reserved subscription option bits set: {options:#x}")
+            if options & 0x03 == 3:
+                raise MalformedPacket("requested QoS 3")
+            if (options >> 4) & 0x03 == 3:
+                raise _protocol_error("retain handling 3")
+            if options & 0x04 and t.startswith("$share/"):  # section 3.8.3.1
+                raise _protocol_error("no local on a shared subscription")
+            topics.append((t, options))
+        if not topics:
+            raise _protocol_error("SUBSCRIBE without topic filters")
+        return Subscribe(pid, topics, props)
+    if ptype == UNSUBSCRIBE:
+        pid = _packet_id(b)
+        props = b.props(_props.UNSUBSCRIBE)
+        filters = []
+        while b.left:
+            filters.append(_topic_filter(b))
+        if not filters:
+            raise _protocol_error("UNSUBSCRIBE without topic filters")
+        return Unsubscribe(pid, filters, props)
+    if ptype in (PINGREQ, PINGRESP):
+        return Bare(ptype)
+    if ptype in (DISCONNECT, AUTH):
+        code = 0
+        props = None
+        if b.left:
+            code = _reason(b, _DISCONNECT_CODES if ptype == DISCONNECT else _AUTH_CODES,
+                           "DISCONNECT" if ptype == DISCONNECT else "AUTH")
+            if b.left:
+                props = b.props(_props.DISCONNECT if ptype == DISCONNECT else _props.AUTH)
+        return Disconnect(code, props, ptype)
+    if ptype == CONNACK:
+        ack = b.u8()
+        code = b.u8()
+        return ConnAck(code, bool(ack & 1), b.props(_props.CONNACK))
+    if ptype == SUBACK:
+        pid = _packet_id(b)
+        props = b.props(_props.SUBACK)
+        return SubAck(pid, list(b.rest()), props)
+    if ptype == UNSUBACK:
+        pid = _packet_id(b)
+        props = b.props(_props.UNSUBACK)
+        return UnsubAck(pid, list(b.rest()), props)
+    raise MalformedPacket(f"reserved packet type {ptype}")
 
 
 def _topic_filter(b: _Body) -> str:
@@ -364,6 +570,7 @@ class PacketReader:
         self.max_packet = max_packet
         self.max_first = max_first
         self.started = False  # the first packet was read
+        self.version = 4  # the CONNECT's protocol level (5: MQTT 5.0 packets follow)
 
     def feed(self, data: bytes) -> list[Packet]:
         buf = self.buf
@@ -395,14 +602,14 @@ class PacketReader:
                         raise MalformedPacket("remaining length longer than 4 bytes")
                 if length > max_packet:
                     raise MalformedPacket(f"packet of {length} bytes exceeds the limit of "
-                                          f"{max_packet}")
+                                          f"{max_packet}", PACKET_TOO_LARGE)
             elif length > max_packet:
                 raise MalformedPacket(f"packet of {length} bytes exceeds the limit of "
-                                      f"{max_packet}")
+                                      f"{max_packet}", PACKET_TOO_LARGE)
             if n - i < length:
                 break
             # the two packets of the hot path are read in place, the rest through decode
-            if first >> 4 == PUBLISH:
+            if first >> 4 == PUBLISH and self.version != 5:
                 append(_publish_at(first, buf, i, i + length))
             elif first == 0x40 and length == 2:
                 pid = buf[i] << 8 | buf[i + 1]
@@ -410,7 +617,10 @@ class PacketReader:
                     raise MalformedPacket("packet identifier 0")
                 append(PacketId(PUBACK, pid))
             else:
-                append(decode(first, bytes(buf[i:i + length])))
+                packet = decode(first, bytes(buf[i:i + length]), self.version)
+                append(packet)
+                if not started and isinstance(packet, Connect):
+                    self.version = packet.protocol_level
             pos = i + length
             if not started:
                 started = self.started = True
@@ -423,6 +633,39 @@ class PacketReader:
 
 def encode(packet: Packet) -> bytes:
     """The bytes of ``packet``; raises ValueError for values the format cannot carry."""
+    if isinstance(packet, Publish) and packet.properties is not None:
+        return _encode_publish_v5(packet)
+    if isinstance(packet, ConnAck) and packet.properties is not None:
+        return _frame(CONNACK, 0, bytes((1 if packet.session_present else 0, packet.return_code))
+                      + _props.encode(packet.properties))
+    if isinstance(packet, PacketId) and packet.v5:
+        body = _H.pack(packet.packet_id)
+        if packet.reason_code or packet.properties:
+            body += bytes((packet.reason_code,))
+            if packet.properties:
+                body += _props.encode(packet.properties)
+        return _frame(packet.type, 0x02 if packet.type == PUBREL else 0, body)
+    if isinstance(packet, SubAck) and packet.properties is not None:
+        return _frame(SUBACK, 0, _H.pack(packet.packet_id) + _props.encode(packet.properties)
+                      + bytes(packet.return_codes))
+    if isinstance(packet, UnsubAck):
+        return _frame(UNSUBACK, 0, _H.pack(packet.packet_id) + _props.encode(packet.properties)
+                      + bytes(packet.reason_codes))
+    if isinstance(packet, Disconnect):
+        body = b""
+        if packet.reason_code or packet.properties:
+            body = bytes((packet.reason_code,))
+            if packet.properties:
+                body += _props.encode(packet.properties)
+        return _frame(packet.type, 0, body)
+    if isinstance(packet, Subscribe) and packet.properties is not None:
+        body = (_H.pack(packet.packet_id) + _props.encode(packet.properties)
+                + b"".join(_string(t) + bytes((q,)) for t, q in packet.topics))
+        return _frame(SUBSCRIBE, 0x02, body)
+    if isinstance(packet, Unsubscribe) and packet.properties is not None:
+        body = (_H.pack(packet.packet_id) + _props.encode(packet.properties)
+                + b"".join(_string(t) for t in packet.topics))
+        return _frame(UNSUBSCRIBE, 0x02, body)
     if isinstance(packet, Publish):
         if packet.qos not in (0, 1, 2):
             raise ValueError("QoS must be 0, 1 or 2")
@@ -451,12 +694,27 @@ def encode(packet: Packet) -> bytes:
     return _encode_connect(packet)
 
 
+def _encode_publish_v5(p: Publish) -> bytes:
+    if p.qos not in (0, 1, 2):
+        raise ValueError("QoS must be 0, 1 or 2")
+    flags = (0x08 if p.dup else 0) | (p.qos << 1) | (0x01 if p.retain else 0)
+    body = _string(p.topic)
+    if p.qos:
+        if not p.packet_id:
+            raise ValueError("QoS 1 and 2 publishes need a packet identifier")
+        body += _H.pack(p.packet_id)
+    return _frame(PUBLISH, flags, body + _props.encode(p.properties) + p.payload)
+
+
 def _encode_connect(c: Connect) -> bytes:
-    name = "MQTT" if c.protocol_level == 4 else "MQIsdp"
+    v5 = c.protocol_level == 5
+    name = "MQIsdp" if c.protocol_level == 3 else "MQTT"
     flags = 0x02 if c.clean_session else 0
     payload = _string(c.client_id)
     if c.will is not None:
         flags |= 0x04 | (c.will.qos << 3) | (0x20 if c.will.retain else 0)
+        if v5:
+            payload += _props.encode(c.will.properties)
         payload += _string(c.will.topic) + _binary(c.will.message)
     if c.username is not None:
         flags |= 0x80
@@ -465,6 +723,8 @@ def _encode_connect(c: Connect) -> bytes:
         flags |= 0x40
         payload += _binary(c.password)
     header = _string(name) + bytes((c.protocol_level, flags)) + _H.pack(c.keep_alive)
+    if v5:
+        header += _props.encode(c.properties)
     return _frame(CONNECT, 0, header + payload)
 
 

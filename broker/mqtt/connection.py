@@ -19,6 +19,15 @@ across its connections, and ``resend_pubrel`` sends PUBREL again for each on a r
 After a protocol violation the connection is ``closed``: the edge drops the socket
 without a reply (section 4.8), except for an unsupported protocol level, which gets
 CONNACK 1 first (section 3.1.2.2). No sockets, clocks or broker state here.
+
+MQTT 5.0 (``v5``, from the CONNECT's protocol level): answers carry reason codes and
+properties; a violation is answered with a DISCONNECT carrying its reason code (a CONNACK
+when the CONNECT itself was bad) before the close (section 4.13), and ``close`` sends a
+DISCONNECT with the server's reason. Inbound topic aliases are resolved here (up to
+``topic_alias_max``, stated in the CONNACK), and the Receive Maximum stated there is
+enforced: more QoS 1/2 PUBLISHes without PUBACK/PUBCOMP than that is 0x93. Outbound, a
+packet larger than the client's Maximum Packet Size is not sent (section 3.1.2.25):
+``publish`` returns -1 and the broker settles it as if it had been.
 """
 from __future__ import annotations
 
@@ -28,7 +37,9 @@ from enum import Enum
 from typing import Any
 
 from . import codec
+from . import properties as P
 from .codec import (
+    AUTH,
     PINGREQ,
     PINGRESP,
     PUBACK,
@@ -38,6 +49,7 @@ from .codec import (
     UNSUBACK,
     Bare,
     Connect,
+    Disconnect,
     MalformedPacket,
     PacketId,
     PacketReader,
@@ -84,9 +96,11 @@ class ReleaseReceived:
 
 @dataclass(slots=True)
 class SubscribeRequested:
-    """SUBSCRIBE (requested QoS 0, 1 or 2). Answer with ``suback``."""
+    """SUBSCRIBE (requested QoS 0, 1 or 2; in v5 the subscription options byte). Answer
+    with ``suback``."""
     packet_id: int
     topics: list[tuple[str, int]]
+    properties: dict[int, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -118,7 +132,11 @@ class DeliveryCompleted:
 
 @dataclass(slots=True)
 class Disconnected:
-    """DISCONNECT: a clean end; the will message is discarded (section 3.14.4)."""
+    """DISCONNECT: a clean end; the will message is discarded (section 3.14.4), unless a v5
+    client's reason code is 0x04 (Disconnect with Will Message). ``properties``: a v5
+    DISCONNECT's (Session Expiry Interval may change there)."""
+    reason_code: int = 0
+    properties: dict[int, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -161,9 +179,9 @@ def topic_field(topic: str) -> bytes:
 class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
-    __slots__ = ("_held", "_next_id", "_out", "close_reason", "inflight", "keep_alive",
-                 "pending_output", "protocol_level", "qos2_out", "reader", "releasing", "state",
-                 "username")
+    __slots__ = ("_aliases", "_held", "_inbound", "_next_id", "_out", "close_reason", "inflight",
+                 "keep_alive", "max_out", "pending_output", "protocol_level", "qos2_out", "reader",
+                 "receive_max", "releasing", "state", "topic_alias_max", "username", "v5")
 
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
@@ -184,6 +202,13 @@ class ServerConnection:
         self.close_reason: str | None = None
         # packets behind a CONNECT not yet decided (a list only while there are some)
         self._held: list[codec.Packet] | tuple[codec.Packet, ...] = ()
+        # MQTT 5.0 (set from the CONNECT): what the CONNACK states and this side enforces
+        self.v5 = False
+        self.receive_max = 65535  # inbound QoS 1/2 PUBLISHes not yet PUBACKed/PUBCOMPed
+        self.topic_alias_max = 0  # inbound topic aliases accepted (0: none)
+        self.max_out = 0  # the client's Maximum Packet Size (0: no limit)
+        self._aliases: dict[int, str] | None = None
+        self._inbound: set[int] | None = None  # v5: the inbound packet ids in flight
 
     # ---- input ----
     def receive_data(self, data: bytes) -> list[Event]:
@@ -198,7 +223,9 @@ class ServerConnection:
             return [self._violation(str(exc))]
         except MalformedPacket as exc:
             # the packets before the bad one are not handed out: the connection is over
-            return [self._violation(str(exc))]
+            if exc.connect_v5 and self.state is State.AWAIT_CONNECT:
+                self._write(codec.encode(codec.ConnAck(exc.reason_code, False, {})))
+            return [self._violation(str(exc), exc.reason_code)]
         if self._held:
             packets = list(self._held) + packets
             self._held = ()
@@ -211,6 +238,12 @@ class ServerConnection:
             # neither changes the state)
             if connected:
                 if isinstance(packet, Publish):
+                    if self.v5:
+                        ev5 = self._publish_v5(packet)
+                        append(ev5)
+                        if self.closed:
+                            break
+                        continue
                     append(PublishReceived(packet))
                     continue
                 if isinstance(packet, PacketId) and packet.type == PUBACK:
@@ -233,10 +266,42 @@ class ServerConnection:
             connected = self.state is State.CONNECTED
         return events
 
-    def _violation(self, reason: str) -> ProtocolViolation:
+    def _violation(self, reason: str, reason_code: int = P.PROTOCOL_ERROR) -> ProtocolViolation:
+        if self.v5 and self.state is State.CONNECTED:
+            self._write(codec.encode(Disconnect(reason_code, _reason_string(reason))))
         self.state = State.CLOSED
         self.close_reason = reason
         return ProtocolViolation(reason)
+
+    def _publish_v5(self, p: Publish) -> PublishReceived | ProtocolViolation:
+        """A v5 PUBLISH: its topic alias resolved, the Receive Maximum counted."""
+        props = p.properties
+        if props:
+            alias = props.get(P.TOPIC_ALIAS)
+            if alias is not None:
+                if alias > self.topic_alias_max:  # (0 is refused by the codec)
+                    return self._violation(f"topic alias {alias} above the maximum "
+                                           f"{self.topic_alias_max}", P.TOPIC_ALIAS_INVALID)
+                aliases = self._aliases
+                if aliases is None:
+                    aliases = self._aliases = {}
+                if p.topic:
+                    aliases[alias] = p.topic
+                else:
+                    topic = aliases.get(alias)
+                    if topic is None:  # section 3.3.2.3.4
+                        return self._violation(f"unknown topic alias {alias}", P.PROTOCOL_ERROR)
+                    p.topic = topic
+        if p.qos:
+            inbound = self._inbound
+            if inbound is None:
+                inbound = self._inbound = set()
+            if p.packet_id not in inbound:
+                if len(inbound) >= self.receive_max:  # section 3.3.4
+                    return self._violation("receive maximum exceeded",
+                                           P.RECEIVE_MAXIMUM_EXCEEDED)
+                inbound.add(p.packet_id or 0)
+        return PublishReceived(p)
 
     def _handle(self, packet: codec.Packet) -> Event | None:
         state = self.state
@@ -246,9 +311,21 @@ class ServerConnection:
             self.state = State.CONNECTING
             self.keep_alive = packet.keep_alive
             self.protocol_level = packet.protocol_level
+            if packet.protocol_level == 5:
+                self.v5 = True
+                props = packet.properties or {}
+                self.max_out = props.get(P.MAXIMUM_PACKET_SIZE, 0)
             return ConnectRequested(packet)
         if isinstance(packet, Publish):
+            if self.v5:
+                return self._publish_v5(packet)
             return PublishReceived(packet)
+        if isinstance(packet, Disconnect):  # v5 (3.1.1's is a Bare)
+            if packet.type == AUTH:  # no enhanced authentication was agreed (section 4.12)
+                return self._violation("AUTH without an authentication method")
+            self.state = State.CLOSED
+            self.close_reason = "client disconnected"
+            return Disconnected(packet.reason_code, packet.properties)
         if isinstance(packet, PacketId):
             pid = packet.packet_id
             ptype = packet.type
@@ -282,7 +359,7 @@ class ServerConnection:
                 return None
             return self._violation("UNSUBACK sent to the server")
         if isinstance(packet, Subscribe):
-            return SubscribeRequested(packet.packet_id, packet.topics)
+            return SubscribeRequested(packet.packet_id, packet.topics, packet.properties)
         if isinstance(packet, Unsubscribe):
             return UnsubscribeRequested(packet.packet_id, packet.topics)
         if isinstance(packet, Bare):
@@ -299,28 +376,53 @@ class ServerConnection:
         return self._violation(f"{type(packet).__name__} sent to the server")
 
     # ---- answers ----
-    def accept(self, session_present: bool, username: str | None = None) -> None:
+    def accept(self, session_present: bool, username: str | None = None,
+               properties: dict[int, Any] | None = None) -> None:
         """CONNACK 0; ``username``: who the broker authenticated (without a 'vhost:'
-        prefix), kept as ``username``."""
+        prefix), kept as ``username``. ``properties``: a v5 CONNACK's (the server's
+        capabilities); its Receive Maximum and Topic Alias Maximum are enforced."""
         if self.state is not State.CONNECTING:
             raise RuntimeError("accept without a pending CONNECT")
         self.state = State.CONNECTED
         self.username = username
+        if self.v5:
+            props = properties if properties is not None else {}
+            self.receive_max = props.get(P.RECEIVE_MAXIMUM, 65535)
+            self.topic_alias_max = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
+            self._write(codec.encode(codec.ConnAck(codec.ACCEPTED, session_present, props)))
+            return
         self._write(codec.encode(codec.ConnAck(codec.ACCEPTED, session_present)))
 
     def refuse(self, return_code: int, reason: str) -> None:
-        """CONNACK with a refusal code, then the connection is closed (section 3.2.2.3)."""
+        """CONNACK with a refusal code (3.1.1's; a v5 client gets the matching reason code,
+        or ``return_code`` itself when it is one: 0x80 and up), then the connection is
+        closed (section 3.2.2.3)."""
         if self.state is not State.CONNECTING:
             raise RuntimeError("refuse without a pending CONNECT")
-        self._write(codec.encode(codec.ConnAck(return_code)))
+        if self.v5:
+            code = _V5_REFUSALS.get(return_code, return_code)
+            self._write(codec.encode(codec.ConnAck(code, False, _reason_string(reason))))
+        else:
+            self._write(codec.encode(codec.ConnAck(return_code)))
         self.state = State.CLOSED
         self.close_reason = reason
 
     def suback(self, packet_id: int, return_codes: list[int]) -> None:
-        self._write(codec.encode(codec.SubAck(packet_id, return_codes)))
+        """SUBACK; v5 reason codes are the granted QoS or a failure code (0x80 and up), and
+        3.1.1's one failure code is 0x80 (so a v5 code is sent to 3.1.1 as 0x80)."""
+        if self.v5:
+            self._write(codec.encode(codec.SubAck(packet_id, return_codes, {})))
+        else:
+            self._write(codec.encode(codec.SubAck(
+                packet_id, [c if c < 0x80 else codec.SUBACK_FAILURE for c in return_codes])))
 
-    def unsuback(self, packet_id: int) -> None:
-        self._write(codec.encode(PacketId(UNSUBACK, packet_id)))
+    def unsuback(self, packet_id: int, reason_codes: list[int] | None = None) -> None:
+        """UNSUBACK; a v5 one carries a reason code per filter (0x00 Success, 0x11 No
+        subscription existed)."""
+        if self.v5:
+            self._write(codec.encode(codec.UnsubAck(packet_id, reason_codes or [])))
+        else:
+            self._write(codec.encode(PacketId(UNSUBACK, packet_id)))
 
     def puback(self, packet_id: int) -> None:
         self._write(b"\x40\x02" + _H.pack(packet_id))
@@ -331,9 +433,16 @@ class ServerConnection:
         pack = _PUBACK.pack
         self._write(b"".join([pack(0x40, 2, pid) if pid < PUBREC_BIT
                               else pack(0x50, 2, pid ^ PUBREC_BIT) for pid in packet_ids]))
+        inbound = self._inbound
+        if inbound:  # v5: a QoS 1 PUBLISH leaves the Receive Maximum's count at its PUBACK
+            for pid in packet_ids:
+                if pid < PUBREC_BIT:
+                    inbound.discard(pid)
 
     def pubcomp(self, packet_id: int) -> None:
         self._write(_PUBACK.pack(0x70, 2, packet_id))
+        if self._inbound:  # and a QoS 2 one at its PUBCOMP
+            self._inbound.discard(packet_id)
 
     def pubrels(self, packet_ids: list[int]) -> None:
         pack = _PUBREL.pack
@@ -353,19 +462,30 @@ class ServerConnection:
     def send_unblocked(self) -> bool:
         return False
 
-    def close(self, reason: str) -> None:
-        """The server ends the connection (keep-alive, takeover, shutdown, refused publish)."""
+    def close(self, reason: str, reason_code: int = P.UNSPECIFIED_ERROR) -> None:
+        """The server ends the connection (keep-alive, takeover, shutdown, refused publish);
+        a v5 client is told why first (DISCONNECT with ``reason_code``: section 3.14)."""
         if self.state is not State.CLOSED:
+            if self.v5 and self.state is State.CONNECTED:
+                self._write(codec.encode(Disconnect(reason_code, _reason_string(reason))))
             self.state = State.CLOSED
             self.close_reason = reason
 
     # ---- output ----
     def publish(self, topic_raw: bytes, payload: bytes, qos: int, token: Any = None,
-                retain: bool = False, dup: bool = False, packet_id: int = 0) -> int:
+                retain: bool = False, dup: bool = False, packet_id: int = 0,
+                props: bytes = b"") -> int:
         """Queue a PUBLISH (``topic_raw`` from ``topic_field``). QoS 1 and 2 get a free
         packet identifier (``packet_id`` if given and free: the id a QoS 2 delivery had
         before a reconnect), returned, and stay in ``inflight`` with ``token`` until the
-        PUBACK (QoS 1) or PUBREC (QoS 2)."""
+        PUBACK (QoS 1) or PUBREC (QoS 2). ``props``: a v5 PUBLISH's encoded properties
+        (length first). -1: not sent, larger than the v5 client's Maximum Packet Size."""
+        if self.v5:
+            props = props or b"\x00"
+            if self.max_out:
+                n = len(topic_raw) + len(props) + len(payload) + (2 if qos else 0)
+                if n + len(codec._encode_length(n)) + 1 > self.max_out:
+                    return -1  # section 3.1.2.25: discarded, as if sent
         pid = 0
         if qos:
             inflight = self.inflight
@@ -384,7 +504,10 @@ class ServerConnection:
                 if self.qos2_out is _EMPTY:
                     self.qos2_out = set()
                 self.qos2_out.add(pid)  # type: ignore[union-attr]
-        data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
+        if props:
+            data = encode_publish(topic_raw, props + payload, qos, pid, retain, dup)
+        else:
+            data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
         return pid
@@ -421,3 +544,14 @@ class ServerConnection:
 
 _MISSING = object()
 _EMPTY: frozenset[int] = frozenset()
+# 3.1.1 CONNACK return codes -> the v5 reason codes meaning the same (section 3.2.2.2)
+_V5_REFUSALS = {codec.REFUSED_PROTOCOL_VERSION: P.UNSUPPORTED_PROTOCOL_VERSION,
+                codec.REFUSED_IDENTIFIER: P.CLIENT_IDENTIFIER_NOT_VALID,
+                codec.REFUSED_SERVER_UNAVAILABLE: P.SERVER_UNAVAILABLE,
+                codec.REFUSED_BAD_CREDENTIALS: P.BAD_USER_NAME_OR_PASSWORD,
+                codec.REFUSED_NOT_AUTHORIZED: P.NOT_AUTHORIZED}
+
+
+def _reason_string(reason: str) -> dict[int, Any]:
+    """A Reason String property (bounded: it is for diagnostics, section 3.14.2.2.3)."""
+    return {P.REASON_STRING: reason[:200]}

@@ -112,7 +112,7 @@ def test_malformed(data, why):
 
 def test_wrong_protocol_level_is_answered_with_connack_1():
     with pytest.raises(UnsupportedProtocol):
-        PacketReader().feed(b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x0a\x00\x01c")
+        PacketReader().feed(b"\x10\x0d\x00\x04MQTT\x06\x02\x00\x0a\x00\x01c")
 
 
 def test_huge_remaining_length_is_refused_before_the_body_arrives():

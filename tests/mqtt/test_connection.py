@@ -77,7 +77,7 @@ def test_first_packet_must_be_connect():
 def test_wrong_protocol_level_gets_connack_1():
     conn = ServerConnection()
     bad = bytearray(CONNECT)
-    bad[8] = 5  # protocol level byte
+    bad[8] = 6  # protocol level byte (5 is MQTT 5.0)
     [ev] = conn.receive_data(bytes(bad))
     assert isinstance(ev, ProtocolViolation)
     assert out(conn) == [m.ConnAck(1)]

@@ -1,0 +1,188 @@
+"""MQTT 5.0 sessions against a whole broker (memory store, fake clock), without sockets:
+the CONNACK's capabilities, session expiry (Clean Start + Session Expiry Interval on the
+subscription queue), reason codes on SUBACK/UNSUBACK, server DISCONNECT reasons
+(takeover), the client's Receive Maximum and Maximum Packet Size, 3.1.1 beside it."""
+from __future__ import annotations
+
+import pytest
+
+from broker.listeners.mqtt_session import (
+    RECEIVE_MAXIMUM,
+    TOPIC_ALIAS_MAXIMUM,
+    MQTTService,
+    MQTTSession,
+    queue_names,
+)
+from broker.mqtt import codec as m
+from broker.mqtt import properties as P
+from broker.mqtt.codec import PacketReader, encode
+
+
+@pytest.fixture
+def service(broker):
+    broker.config.mqtt_prefetch = 10
+    return MQTTService(broker)
+
+
+class Client5:
+    def __init__(self, service, client_id="c1", clean=True, props=None, will=None,
+                 level=5):
+        self.session = MQTTSession(service, "127.0.0.1:40000", "127.0.0.1")
+        self.reader = PacketReader()
+        self.reader.version = level
+        self.reader.started = True
+        self.connack = self.send(m.Connect(client_id, clean, 60, will=will, protocol_level=level,
+                                           properties=props if level == 5 else None))
+
+    def send(self, *packets) -> list:
+        self.session.data_received(b"".join(encode(p) for p in packets))
+        return self.output()
+
+    def output(self) -> list:
+        return self.reader.feed(self.session.conn.data_to_send())
+
+
+def test_connack_states_capabilities(service):
+    c = Client5(service, "", props={})
+    [ack] = c.connack
+    assert ack.return_code == 0
+    props = ack.properties
+    assert props[P.ASSIGNED_CLIENT_IDENTIFIER] == c.session.client_id
+    assert props[P.RECEIVE_MAXIMUM] == RECEIVE_MAXIMUM
+    assert props[P.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
+    assert props[P.SHARED_SUBSCRIPTION_AVAILABLE] == 0
+    assert props[P.SUBSCRIPTION_IDENTIFIER_AVAILABLE] == 0
+    assert props[P.WILDCARD_SUBSCRIPTION_AVAILABLE] == 1
+    assert props[P.RETAIN_AVAILABLE] == 1
+    assert P.MAXIMUM_QOS not in props  # absent: QoS 2 is supported
+    assert props[P.MAXIMUM_PACKET_SIZE] == service.max_packet + 2
+    assert c.session.protocol == "MQTT 5.0"
+
+
+def test_session_expiry_keeps_the_queue_with_x_expires(broker, service):
+    vhost = broker.vhosts["/"]
+    name = queue_names("dev")[1]
+    c = Client5(service, "dev", clean=True, props={P.SESSION_EXPIRY_INTERVAL: 120})
+    assert c.connack[0].session_present is False
+    c.send(m.Subscribe(1, [("a/b", 1)], {}))
+    q = vhost.queues[name]
+    assert q.durable and not q.auto_delete and q.opts.expires == 120_000
+    c.session.connection_lost()
+    assert name in vhost.queues
+    # Clean Start 0 resumes it
+    c2 = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 120})
+    assert c2.connack[0].session_present is True
+    # a DISCONNECT with expiry 0 ends it at once
+    c2.send(m.Disconnect(0, {P.SESSION_EXPIRY_INTERVAL: 0}))
+    assert name not in vhost.queues
+
+
+def test_expiry_zero_without_clean_start_resumes_then_ends(broker, service):
+    vhost = broker.vhosts["/"]
+    name = queue_names("dev")[1]
+    c = Client5(service, "dev", props={P.SESSION_EXPIRY_INTERVAL: 0xFFFFFFFF})
+    c.send(m.Subscribe(1, [("a", 1)], {}))
+    assert vhost.queues[name].opts.expires is None  # never expires
+    c.session.connection_lost()
+    c2 = Client5(service, "dev", clean=False, props={})  # expiry 0
+    assert c2.connack[0].session_present is True
+    c2.session.connection_lost()
+    assert name not in vhost.queues
+
+
+def test_clean_start_with_expiry_drops_the_old_session(broker, service):
+    c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    c.send(m.Subscribe(1, [("a", 1)], {}))
+    c.session.connection_lost()
+    c2 = Client5(service, "dev", clean=True, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    assert c2.connack[0].session_present is False
+    assert queue_names("dev")[1] not in broker.vhosts["/"].queues
+
+
+def test_takeover_tells_the_old_connection_why(service):
+    old = Client5(service, "dev", props={})
+    Client5(service, "dev", props={})
+    [d] = old.output()
+    assert isinstance(d, m.Disconnect) and d.reason_code == P.SESSION_TAKEN_OVER
+
+
+def test_suback_and_unsuback_reason_codes(service):
+    c = Client5(service, "dev", props={})
+    [ack] = c.send(m.Subscribe(1, [("a/+", 2), ("$share/g/a", 1), ("b", 0x04 | 1),
+                                   ("c", 0x20 | 1)], {}))
+    assert ack.return_codes == [2, P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                                P.IMPLEMENTATION_SPECIFIC_ERROR, 1]
+    [ack] = c.send(m.Unsubscribe(2, ["a/+", "zzz"], {}))
+    assert ack == m.UnsubAck(2, [P.SUCCESS, P.NO_SUBSCRIPTION_EXISTED], {})
+
+
+def test_subscription_identifier_is_refused_as_stated(service):
+    c = Client5(service, "dev", props={})
+    [d] = c.send(m.Subscribe(1, [("a", 1)], {P.SUBSCRIPTION_IDENTIFIER: 3}))
+    assert d.reason_code == P.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
+    assert c.session.finished
+
+
+def test_retain_handling(service):
+    pub = Client5(service, "pub", props={})
+    pub.send(m.Publish("r/1", b"kept", 1, True, False, 1, {}))
+    sub = Client5(service, "sub", props={})
+
+    def retained(options, pid):
+        return [p for p in sub.send(m.Subscribe(pid, [("r/#", options)], {}))
+                if isinstance(p, m.Publish)]
+    assert retained(0x20 | 1, 1) == []  # 2: never
+    assert retained(0x10 | 1, 2) == []  # 1: only for a new subscription (it exists now)
+    [p] = retained(0x00 | 1, 3)  # 0: always
+    assert p.payload == b"kept" and p.retain
+
+
+def test_receive_maximum_bounds_deliveries_in_flight(service):
+    sub = Client5(service, "sub", props={P.RECEIVE_MAXIMUM: 2})
+    sub.send(m.Subscribe(1, [("t", 1)], {}))
+    pub = Client5(service, "pub", props={})
+    for i in range(5):
+        pub.send(m.Publish("t", b"%d" % i, 1, False, False, i + 1, {}))
+    got = [p for p in sub.output() if isinstance(p, m.Publish)]
+    assert [p.payload for p in got] == [b"0", b"1"]
+    got = [p for p in sub.send(m.PacketId(m.PUBACK, got[0].packet_id))
+           if isinstance(p, m.Publish)]
+    assert [p.payload for p in got] == [b"2"]
+
+
+def test_deliveries_over_the_clients_maximum_packet_size_are_dropped(broker, service):
+    sub = Client5(service, "sub", props={P.MAXIMUM_PACKET_SIZE: 100})
+    sub.send(m.Subscribe(1, [("t", 1)], {}))
+    pub = Client5(service, "pub", props={})
+    pub.send(m.Publish("t", b"x" * 200, 1, False, False, 1, {}),
+             m.Publish("t", b"small", 1, False, False, 2, {}))
+    got = [p for p in sub.output() if isinstance(p, m.Publish)]
+    assert [p.payload for p in got] == [b"small"]
+    q = broker.vhosts["/"].queues[queue_names("sub")[1]]
+    sub.send(m.PacketId(m.PUBACK, got[0].packet_id))
+    assert q.message_count == 0 and not sub.session.conn.inflight  # the big one settled
+
+
+def test_disconnect_with_will_publishes_the_will(service):
+    watcher = Client5(service, "w", props={})
+    watcher.send(m.Subscribe(1, [("will/t", 0)], {}))
+    c = Client5(service, "dev", props={}, will=m.Will("will/t", b"gone", 0, False, {}))
+    c.send(m.Disconnect(P.DISCONNECT_WITH_WILL))
+    assert [p.payload for p in watcher.output() if isinstance(p, m.Publish)] == [b"gone"]
+    c = Client5(service, "dev2", props={}, will=m.Will("will/t", b"gone2", 0, False, {}))
+    c.send(m.Disconnect(0))
+    assert watcher.output() == []
+
+
+def test_v311_and_v5_clients_together(service):
+    v3 = Client5(service, "v3", level=4)
+    assert v3.connack == [m.ConnAck(0, False)]
+    v5 = Client5(service, "v5", props={})
+    v3.send(m.Subscribe(1, [("t", 1)]))
+    v5.send(m.Subscribe(1, [("t", 1)], {}))
+    got5 = v5.send(m.Publish("t", b"from5", 1, False, False, 1, {}))
+    got3 = v3.send(m.Publish("t", b"from3", 1, False, False, 1))
+    assert [p.payload for p in got3 if isinstance(p, m.Publish)] == [b"from5", b"from3"]
+    got = [p for p in got5 + v5.output() if isinstance(p, m.Publish)]
+    assert [p.payload for p in got] == [b"from5", b"from3"]
+    assert got[0].properties is not None  # v5 PUBLISH format
