@@ -779,7 +779,7 @@ def _quorum_verbs() -> None:
                 for x in _quorum_queues(api, a) if a.node in x.get("members", [])]
         return ["vhost", "name", "size", "result"], rows
 
-    qv = [("queue", {})]
+    qv: list[tuple[str, dict]] = [("queue", {})]
     register(Verb("quorum_status", "Displays quorum status of a quorum queue", quorum_status,
                   qv, vhost=True, banner=lambda a: f"Status of quorum queue {a.queue} on "
                                                    f"node triomq@localhost ..."))

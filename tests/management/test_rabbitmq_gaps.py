@@ -153,8 +153,8 @@ async def test_user_provided_name(api, http_broker):
     conn = await trio.to_thread.run_sync(pika.BlockingConnection, params)
     try:
         with trio.fail_after(10):
-            while not (conns := (await api.get("/api/connections")).json()):
-                await trio.sleep(0.05)
+            while not (conns := (await api.get("/api/connections")).json()):  # noqa: ASYNC110
+                await trio.sleep(0.05)  # polling the API: the open happens in pika's thread
         assert conns[0]["user_provided_name"] == "orders-worker"
         assert conns[0]["client_properties"]["connection_name"] == "orders-worker"
     finally:
@@ -162,8 +162,8 @@ async def test_user_provided_name(api, http_broker):
     # a connection that names nothing has no such field, as in RabbitMQ
     client = await TrioClient.connect(http_broker.amqp_port)
     with trio.fail_after(10):
-        while len(conns := (await api.get("/api/connections")).json()) != 1:
-            await trio.sleep(0.05)
+        while len(conns := (await api.get("/api/connections")).json()) != 1:  # noqa: ASYNC110
+            await trio.sleep(0.05)  # pika's connection closing
     assert "user_provided_name" not in conns[0]
     await client.aclose()
 
@@ -208,7 +208,7 @@ async def test_binding_key_encodings_as_rabbitmq(rabbit):
             out = {}
             for key in KEYS:
                 ch.queue_bind("triomq.gaps.bq", "amq.direct", key)
-                pk = [b for b in rabbit.get(base).json() if b["routing_key"] == key][0][
+                pk = next(b for b in rabbit.get(base).json() if b["routing_key"] == key)[
                     "properties_key"]
                 out[key] = (pk, [rabbit.get(f"{base}/{e}").status_code
                                  for e in (quote(pk, safe=""), pk)])
@@ -230,8 +230,8 @@ async def test_idle_since(api, http_broker):
     assert len(since) == len("2026-11-27T21:49:51.985+00:00") and since[10] == "T"
     await client.publish(1, b"x", routing_key="idleq")
     with trio.fail_after(10):
-        while http_broker.broker.vhosts["/"].queues["idleq"].message_count == 0:
-            await trio.sleep(0.01)
+        while http_broker.broker.vhosts["/"].queues["idleq"].message_count == 0:  # noqa: ASYNC110
+            await trio.sleep(0.01)  # the publish being read by the broker
     sampler.sample()
     assert "idle_since" not in (await api.get("/api/queues/%2F/idleq")).json()
     await client.aclose()
@@ -284,3 +284,23 @@ async def test_churn_rates_keys_as_rabbitmq(api, rabbit):
     theirs = (await trio.to_thread.run_sync(lambda: rabbit.get("/api/overview").json()))
     ours = (await api.get("/api/overview")).json()
     assert set(ours["churn_rates"]) == set(theirs["churn_rates"])
+
+
+PATHS = ("/api/queues/", "/api/queues/%2F/", "/api/overview/", "/api/queues//",
+         "/api/healthchecks/node", "/api/healthchecks/node/", "/api/index.html", "/api/nope",
+         "/cli/rabbitmqadmin")
+
+
+async def test_paths_and_status_lines_as_rabbitmq(api, http_broker, rabbit):
+    """The same paths answer the same status codes on both; the status lines carry the same
+    reason phrases."""
+    from broker.management.api_overview import rabbitmqadmin_path
+    theirs = await trio.to_thread.run_sync(lambda: {p: rabbit.get(p).status_code for p in PATHS})
+    ours = {p: (await api.get(p)).status_code for p in PATHS}
+    if rabbitmqadmin_path() is None:  # this host's script is what TrioMQ serves
+        ours.pop("/cli/rabbitmqadmin"), theirs.pop("/cli/rabbitmqadmin")
+    assert ours == theirs
+    port = RABBITMQ_API.rsplit(":", 1)[1]  # on 127.0.0.1, as the default
+    request = b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert await _status_line(int(port), request) \
+        == await _status_line(http_broker.http_port, request) == b"HTTP/1.1 401 Unauthorized"
