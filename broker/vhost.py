@@ -24,7 +24,7 @@ from .queues.args import (
     parse_queue_arguments,
 )
 from .queues.queue import Consumer, Queue
-from .queues.types import queue_type_of
+from .queues.types import CLASSIC, QUEUE_TYPES, queue_type_of
 from .routing import RESOLVERS
 from .schemas import exchange as avro_exchange
 
@@ -62,6 +62,9 @@ class VirtualHost:
         self.on_queue_added: list[Callable[[Queue], None]] = []  # declared or recovered (audit)
         self.churn = Churn()  # the broker's own, once it owns this vhost
         self.policies = None  # broker/policies, once this vhost has any: new entities ask it
+        # metadata default_queue_type (RabbitMQ 3.11+): the type of a new queue declared
+        # without x-queue-type, where the type allows the declare (``with_default_type``)
+        self.default_queue_type: str | None = None
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
 
@@ -230,12 +233,12 @@ class VirtualHost:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         if authorize is not None:
             authorize(name)
-        args = m.arguments or {}
+        existing = self.queues.get(name)
+        args = self.with_default_type(m.arguments or {}, m, existing)
         resource = self.queue_resource(name)
         if m.durable and self.store is not None and (
                 why := unstorable(name, args, self.store.name_max)) is not None:
             raise errors.precondition_failed(f"{why}: {resource}")
-        existing = self.queues.get(name)
         try:
             opts = parse_queue_arguments(args)
         except TypeArgumentError as exc:
@@ -276,6 +279,25 @@ class VirtualHost:
         for resolver in self.resolvers:
             resolver.queue_declared(self, q)
         return q
+
+    def with_default_type(self, args: dict, m, existing: Queue | None) -> dict:
+        """``args`` with the vhost's default queue type when they name none, as RabbitMQ's
+        ``rabbit_amqqueue:augment_declare_args``: only where the type takes the declare's
+        properties (a quorum default leaves exclusive, auto-delete, transient and
+        server-named queues classic). An existing queue keeps its type: a redeclare
+        without x-queue-type matches it when it is the default's."""
+        dqt = self.default_queue_type
+        if not dqt or "x-queue-type" in args or dqt not in QUEUE_TYPES:
+            return args
+        qtype = QUEUE_TYPES[dqt]
+        if existing is not None:
+            if existing.queue_type is not qtype:
+                return args
+        elif ((m.exclusive and not qtype.exclusive) or (m.auto_delete and not qtype.auto_delete)
+              or (not m.durable and not qtype.transient)
+              or (not m.queue and qtype is not CLASSIC)):
+            return args
+        return {**args, "x-queue-type": dqt}
 
     def ensure_queue(self, name: str, durable: bool, arguments: dict) -> Queue:
         """The queue ``name``, declared as a client would if it does not exist (for

@@ -148,7 +148,7 @@ class AccessControl:
                                 "limits": dict(value.get("limits", {}))}
         if value.get("default_queue_type"):
             self.vhost_info[key]["default_queue_type"] = value["default_queue_type"]
-        self.broker.create_vhost(key)
+        self.broker.create_vhost(key).default_queue_type = value.get("default_queue_type")
 
     def _restore_permission(self, key: str, value: dict) -> None:
         self._first_record()
@@ -411,7 +411,7 @@ class AccessControl:
             info["default_queue_type"] = default_queue_type
         created = name not in self.broker.vhosts
         self.vhost_info[name] = info
-        self.broker.create_vhost(name)
+        self.broker.create_vhost(name).default_queue_type = info.get("default_queue_type")
         self._save_vhost(name)
         if created:
             for callback in self.on_vhost_added:

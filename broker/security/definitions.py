@@ -23,7 +23,9 @@ def export(access) -> dict:
         entry = {"name": v["name"], "description": v["description"], "tags": v["tags"],
                  "metadata": {"description": v["description"], "tags": v["tags"]}}
         if v.get("default_queue_type"):
+            # RabbitMQ 3.11+ exports it in the metadata; older importers read the top level
             entry["default_queue_type"] = v["default_queue_type"]
+            entry["metadata"]["default_queue_type"] = v["default_queue_type"]
         vhosts.append(entry)
         if v["limits"]:  # RabbitMQ keeps vhost limits as a runtime parameter
             parameters.append({"vhost": v["name"], "component": "vhost-limits",
@@ -85,8 +87,9 @@ def validate(access, defs: object) -> dict:
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             raise DefinitionError(f"{f}.tags", "must be a list of strings")
         plan["vhosts"].append({"name": name, "description": description, "tags": tags,
-                               "default_queue_type": _str(f"{f}.default_queue_type",
-                                                          v.get("default_queue_type"))})
+                               "default_queue_type": _str(
+                                   f"{f}.default_queue_type",
+                                   v.get("default_queue_type", meta.get("default_queue_type")))})
         if v.get("limits"):
             plan["vhost_limits"].append(
                 (name, model.limits(f"{f}.limits", v["limits"], VHOST_LIMITS)))
