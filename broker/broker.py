@@ -13,6 +13,7 @@ from .config import Config
 from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
 from .listeners import mqtt as mqtt_listener
+from .listeners import stomp as stomp_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
@@ -93,6 +94,7 @@ class Broker:
         hermes.install(self)  # Hermes-style HTTP publishing and push subscriptions (broker.hermes)
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
+        self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""

@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mqtt-prefetch", type=_positive, default=Config.mqtt_prefetch,
                      metavar="N", help="QoS 1 deliveries in flight per MQTT subscription "
                                        "(default 10)")
+    run.add_argument("--stomp-port", type=int, nargs="?", const=61613, default=None,
+                     metavar="PORT", help="STOMP 1.0/1.1/1.2 listener port (61613 when given "
+                                          "without a port; default: no STOMP listener)")
+    run.add_argument("--stomps-port", type=int, default=None, metavar="PORT",
+                     help="STOMP over TLS listener port (needs --tls-cert and --tls-key)")
     run.add_argument("--tls-cert", default=None, metavar="PEM",
                      help="server certificate (chain) for the TLS listeners")
     run.add_argument("--tls-key", default=None, metavar="PEM",
@@ -221,18 +226,22 @@ def _tls_problem(args) -> str | None:
         return "--mqtts-port needs --tls-cert and --tls-key"
     if args.mqtt_wss_port is not None and not (args.tls_cert and args.tls_key):
         return "--mqtt-wss-port needs --tls-cert and --tls-key"
+    if args.stomps_port is not None and not (args.tls_cert and args.tls_key):
+        return "--stomps-port needs --tls-cert and --tls-key"
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
             return f"{option} {path}: no such file"
-    if args.mqtts_port is not None or args.mqtt_wss_port is not None:
+    if args.mqtts_port is not None or args.mqtt_wss_port is not None or \
+            args.stomps_port is not None:
         from .security.tls import TLSConfigError, server_context
         try:  # the same context as amqps (--tls-verify, --tls-fail-if-no-peer-cert)
             server_context(SimpleNamespace(
                 tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                 tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
         except TLSConfigError as exc:
-            option = "--mqtts-port" if args.mqtts_port is not None else "--mqtt-wss-port"
+            option = ("--mqtts-port" if args.mqtts_port is not None else "--mqtt-wss-port"
+                      if args.mqtt_wss_port is not None else "--stomps-port")
             return f"{option}: {exc}"
     return None
 
@@ -285,6 +294,7 @@ def _run(args) -> int:
     for option, value in (("--mqtt-port", args.mqtt_port), ("--mqtts-port", args.mqtts_port),
                           ("--mqtt-ws-port", args.mqtt_ws_port),
                           ("--mqtt-wss-port", args.mqtt_wss_port),
+                          ("--stomp-port", args.stomp_port), ("--stomps-port", args.stomps_port),
                           ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
@@ -333,6 +343,7 @@ def _run(args) -> int:
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     mqtt_ws_port=args.mqtt_ws_port, mqtt_wss_port=args.mqtt_wss_port,
                     mqtt_sys_interval=args.mqtt_sys_interval,
+                    stomp_port=args.stomp_port, stomps_port=args.stomps_port,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,
                     tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,

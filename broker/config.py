@@ -144,6 +144,10 @@ class Config:
     mqtt_ws_port: int | None = None
     mqtt_wss_port: int | None = None
     mqtt_sys_interval: float = 10.0  # $SYS topics every N seconds (Mosquitto's); 0: none
+    # STOMP listener (docs/stomp.md): None disables it; 0 picks a free port. stomps uses
+    # the tls_* options as amqps does.
+    stomp_port: int | None = None
+    stomps_port: int | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

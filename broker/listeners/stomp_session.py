@@ -1,0 +1,747 @@
+"""One STOMP client as the broker sees it: login, SEND into the routing core, SUBSCRIBE as
+queues, bindings and consumers, ACK/NACK, transactions and receipts. Synchronous (no
+trio): the edge (``stomp.py``) feeds bytes and writes what the sans-IO connection queued
+whenever ``wake`` is called.
+
+Destinations are RabbitMQ's STOMP plugin's (docs/stomp.md):
+
+- ``/queue/<name>``: SEND publishes to the default exchange with routing key <name>,
+  SUBSCRIBE consumes <name>; both declare it (durable) first.
+- ``/amq/queue/<name>``: the same without declaring (the queue must exist).
+- ``/topic/<key>``: SEND publishes to amq.topic; SUBSCRIBE binds a queue of its own
+  (exclusive, or durable with ``durable:true``/``persistent:true`` or ActiveMQ's
+  ``activemq.subscriptionName``) to amq.topic with <key>.
+- ``/exchange/<exchange>[/<key>]``: as /topic/ on any exchange.
+- ``/temp-queue/<name>``: a queue of this connection (exclusive, server-named), made on
+  first use; in ``reply-to`` it is rewritten to ``/reply-queue/<queue>`` and its messages
+  come to subscription id ``/temp-queue/<name>``. ``/reply-queue/<queue>``: SEND to it.
+
+As the session is the ``channel`` of its consumers, the queues deliver to it as to an AMQP
+channel. A SEND goes through the broker's publish hooks (scheduler: ActiveMQ's
+``AMQ_SCHEDULED_*`` headers, cluster forwarding, transactions, Hermes) as an AMQP
+publish without confirms or mandatory.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .. import errors
+from ..amqp import spec
+from ..amqp.fields import encode_properties
+from ..channel import _selector
+from ..message import Message
+from ..queues.queue import Consumer
+from ..stomp.codec import Frame
+from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
+
+log = logging.getLogger("broker.stomp")
+
+_NO_QUEUES: frozenset = frozenset()
+MAX_KEY = 255
+
+# SEND headers that are the frame's own, not the message's
+_FRAME_HEADERS = frozenset({"destination", "content-length", "transaction", "receipt",
+                            "persistent", "content-type", "content-encoding", "priority",
+                            "correlation-id", "reply-to", "expiration", "amqp-message-id",
+                            "timestamp", "type", "user-id", "app-id", "message-id"})
+# STOMP header -> AMQP property (strings)
+_STR_PROPS = {"content-type": "content_type", "content-encoding": "content_encoding",
+              "correlation-id": "correlation_id", "reply-to": "reply_to",
+              "expiration": "expiration", "amqp-message-id": "message_id", "type": "type",
+              "user-id": "user_id", "app-id": "app_id"}
+_INT_PROPS = {"priority": "priority", "timestamp": "timestamp"}
+# the ActiveMQ scheduler's headers are numbers in the AMQP headers table
+_NUMERIC_HEADERS = frozenset({"AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD",
+                              "AMQ_SCHEDULED_REPEAT", "x-delay"})
+VALID_DESTINATIONS = ("'%s' is not a valid destination.\nValid destination types are: "
+                      "/temp-queue, /exchange, /topic, /queue, /amq/queue, /reply-queue/.\n")
+
+
+class StompError(Exception):
+    """An ERROR frame (``message`` header, ``detail`` body); the connection closes."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+def _amqp_error(exc: errors.AMQPError) -> StompError:
+    # as RabbitMQ's plugin: the error's name in lower case, the AMQP reply text as body
+    return StompError(exc.name.lower() if exc.name else "error", exc.text)
+
+
+class StompService:
+    """The listener's broker-wide settings."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.max_body = broker.config.max_message_size
+        self.stopping = False
+
+
+class Subscription:
+    __slots__ = ("ack", "consumer", "destination", "durable_queue", "id", "queue")
+
+    def __init__(self, sub_id: str, destination: str, ack: str, queue, consumer: Consumer,
+                 durable_queue: bool):
+        self.id = sub_id
+        self.destination = destination
+        self.ack = ack  # auto | client | client-individual
+        self.queue = queue
+        self.consumer = consumer
+        self.durable_queue = durable_queue
+
+
+class StompSession:
+    """One connection; also the ``channel`` of its subscriptions' consumers."""
+
+    global_prefetch = 0
+    prefetch = 0
+    number = 0
+    channels: Mapping = MappingProxyType({})
+
+    def __init__(self, service: StompService, peer: str, peer_host: str | None):
+        self.service = service
+        self.broker = service.broker
+        self.peer = peer
+        self.peer_host = peer_host
+        self.local_port = 0
+        self.tls = False
+        self.conn = ServerConnection(service.max_body)
+        self.output_high_water = self.broker.config.output_high_water
+        self.output_delay = 0.0
+        self.wake = lambda: None
+        self.flow_resumed = lambda: None
+        self.flow_queues: set | frozenset = _NO_QUEUES
+        self.vhost: Any = None
+        self.user: Any = None
+        self.authz: Any = None
+        self.username: str | None = None
+        self.client_id = ""
+        self.subscriptions: dict[str, Subscription] = {}
+        self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
+        # delivery number -> (subscription, queue, entry, consumer), in delivery order
+        self.unacked: dict[int, tuple[Subscription, Any, Any, Consumer]] = {}
+        self._delivery = 0
+        self.transactions: dict[str, list[Frame]] = {}
+        self.temp_queues: dict[str, Any] = {}  # /temp-queue/<name> -> its queue
+        self.delivering = False
+        self.delivery_stalled = False
+        self.is_publisher = False
+        self.blocked_sent = False
+        self.finished = False
+        self.ended = False
+        self._receipts_waiting = 0  # receipts held for the store: later ones queue behind
+
+    # ---- input ----
+    def data_received(self, data: bytes) -> None:
+        for ev in self.conn.receive_data(data):
+            if self.finished:
+                break
+            if isinstance(ev, FrameReceived):
+                self._on_frame(ev.frame)
+            elif isinstance(ev, ConnectRequested):
+                self._on_connect(ev.frame)
+            elif isinstance(ev, ProtocolError):
+                log.warning("stomp connection %s: %s: %s", self.peer, ev.message, ev.detail)
+                self._finish()
+        if self.conn.has_output or self.finished:
+            self.wake()
+
+    def _on_frame(self, frame: Frame, in_tx: bool = False) -> None:
+        receipt = frame.headers.get("receipt")
+        try:
+            waits = self._dispatch(frame, in_tx)
+        except errors.AMQPError as exc:
+            self._error(_amqp_error(exc), receipt)
+            return
+        except StompError as exc:
+            self._error(exc, receipt)
+            return
+        if receipt is not None and not in_tx and not self.finished:
+            self._receipt(receipt, waits)
+
+    def _receipt(self, receipt: str, waits: bool) -> None:
+        if waits or self._receipts_waiting:
+            self._receipts_waiting += 1
+
+            def send() -> None:
+                self._receipts_waiting -= 1
+                if not self.ended:
+                    self.conn.receipt(receipt)
+                    self.wake()
+            self.broker.store.when_durable(send)
+        else:
+            self.conn.receipt(receipt)
+
+    def _dispatch(self, frame: Frame, in_tx: bool) -> bool:
+        """Handles one frame; True when its receipt must wait for the store."""
+        command = frame.command
+        headers = frame.headers
+        tx = headers.get("transaction")
+        if tx is not None and not in_tx and command in ("SEND", "ACK", "NACK"):
+            if tx not in self.transactions:
+                raise StompError("Bad transaction", f'Invalid transaction identifier: "{tx}"\n')
+            self.transactions[tx].append(frame)
+            return False
+        if command == "SEND":
+            return self._on_send(frame)
+        if command == "SUBSCRIBE":
+            self._on_subscribe(headers)
+        elif command == "UNSUBSCRIBE":
+            self._on_unsubscribe(headers)
+        elif command in ("ACK", "NACK"):
+            self._on_ack(command, headers)
+        elif command == "BEGIN":
+            name = self._tx_name(command, headers)
+            if name in self.transactions:
+                raise StompError("Bad transaction",
+                                 f'Transaction "{name}" already started\n')
+            self.transactions[name] = []
+        elif command == "COMMIT":
+            frames = self._take_tx(command, headers)
+            waits = False
+            for f in frames:
+                waits = self._dispatch(f, True) or waits
+            return waits
+        elif command == "ABORT":
+            self._take_tx(command, headers)
+        elif command == "DISCONNECT":
+            receipt = headers.get("receipt")
+            if receipt is not None:
+                self._receipt(receipt, False)
+            self._finish(graceful=True)
+        return False
+
+    def _tx_name(self, command: str, headers: dict) -> str:
+        name = headers.get("transaction")
+        if name is None:
+            raise StompError("Missing transaction",
+                             f'"{command}" must include a \'transaction\' header\n')
+        return name
+
+    def _take_tx(self, command: str, headers: dict) -> list[Frame]:
+        name = self._tx_name(command, headers)
+        frames = self.transactions.pop(name, None)
+        if frames is None:
+            raise StompError("Bad transaction", f'Invalid transaction identifier: "{name}"\n')
+        return frames
+
+    # ---- CONNECT ----
+    def _on_connect(self, frame: Frame) -> None:
+        conn = self.conn
+        if self.broker.fenced or self.service.stopping:
+            conn.error("Bad CONNECT", "broker not serving\n")
+            self._finish()
+            return
+        h = frame.headers
+        username = h.get("login", "guest")
+        password = h.get("passcode", "guest" if "login" not in h else "")
+        vhost_name = h.get("host") or "/"
+        broker = self.broker
+        access = broker.access
+        user = access.authenticate(username, password, self.peer_host)
+        if user is None:
+            self.output_delay = access.failure_delay
+            log.warning("stomp connection %s: login refused for user %r", self.peer, username)
+            conn.error("Bad CONNECT", f"Access refused for user '{username}'\n")
+            self._finish()
+            return
+        if vhost_name not in broker.vhosts and _is_host_name(vhost_name):
+            # an ActiveMQ-style client sends its server's host name: the default vhost
+            vhost_name = "/"
+        vhost = broker.vhosts.get(vhost_name)
+        try:
+            if vhost is None:
+                raise errors.access_refused("vhost not found")
+            access.check_vhost(user, vhost_name)
+            access.check_connection_limits(user, vhost_name, broker.sessions)
+        except errors.AMQPError:
+            conn.error("Bad CONNECT", f"Virtual host '{vhost_name}' access denied")
+            self._finish()
+            return
+        self.user = user
+        self.username = username
+        self.authz = access.authz(user, vhost_name)
+        self.vhost = vhost
+        self.client_id = h.get("client-id", "")
+        conn.accept()
+        broker.session_opened(self)
+        self.delivering = True
+        log.info("stomp connection %s: user %r vhost %r version %s", self.peer, username,
+                 vhost_name, conn.version)
+
+    # ---- destinations ----
+    def _parse(self, destination: str | None, command: str) -> tuple[str, str, str]:
+        """(kind, exchange or queue name, routing key) of a destination."""
+        if destination is None:
+            raise StompError("Missing destination",
+                             f'"{command}" must include a \'destination\' header\n')
+        for prefix, kind in (("/amq/queue/", "amq-queue"), ("/queue/", "queue"),
+                             ("/topic/", "topic"), ("/temp-queue/", "temp-queue"),
+                             ("/reply-queue/", "reply-queue")):
+            if destination.startswith(prefix):
+                name = destination[len(prefix):]
+                if name:
+                    return kind, name, name
+        if destination.startswith("/exchange/"):
+            rest = destination[len("/exchange/"):]
+            exchange, _, key = rest.partition("/")
+            if exchange:
+                return "exchange", exchange, key
+        raise StompError("Unknown destination", VALID_DESTINATIONS % destination)
+
+    def _declare(self, name: str, durable: bool, auto_delete: bool, exclusive: bool,
+                 arguments: dict | None = None):
+        authz = self.authz
+
+        def authorize(qname: str) -> None:
+            authz.check("queue", qname, "configure")
+
+        m = spec.Queue.Declare(queue=name, durable=durable, auto_delete=auto_delete,
+                               exclusive=exclusive, arguments=arguments or {})
+        return self.vhost.declare_queue(m, self if exclusive else None, authorize)
+
+    def _temp_queue(self, name: str):
+        q = self.temp_queues.get(name)
+        if q is None or q.deleted:
+            q = self._declare("", False, True, True)
+            self.temp_queues[name] = q
+            sub_id = "/temp-queue/" + name
+            if sub_id not in self.subscriptions:
+                self._add_subscription(sub_id, "/reply-queue/" + q.name, "auto", q, False, 0, None)
+        return q
+
+    # ---- SEND ----
+    def _on_send(self, frame: Frame) -> bool:
+        h = frame.headers
+        kind, name, key = self._parse(h.get("destination"), "SEND")
+        if kind in ("queue", "amq-queue", "reply-queue"):
+            exchange, key = "", name
+            if kind == "queue":
+                self._ensure_queue(name, h)
+        elif kind == "topic":
+            exchange = "amq.topic"
+        elif kind == "temp-queue":
+            exchange, key = "", self._temp_queue(name).name
+        else:
+            exchange = name
+        if len(key.encode()) > MAX_KEY:
+            raise errors.precondition_failed("routing key longer than %d bytes", MAX_KEY)
+        authz = self.authz
+        if exchange not in authz.write_ok:
+            authz.check("exchange", exchange, "write")
+        if authz.topics:
+            authz.check_topic(exchange, key, "write")
+        if self.vhost.exchanges.get(exchange) is None:
+            raise errors.not_found(self.vhost.exchange_resource(exchange))
+        props = self._properties(h)
+        if "user_id" in props and props["user_id"] != self.username:
+            raise errors.precondition_failed(
+                "user_id property set to '%s' but authenticated user was '%s'",
+                props["user_id"], self.username)
+        self.is_publisher = True
+        message = Message(exchange, key, encode_properties(props), props, frame.body)
+        return self._route(message)
+
+    def _ensure_queue(self, name: str, headers: dict) -> None:
+        if self.vhost.find_queue(name) is None:
+            self._declare(name, True, False, False, _queue_arguments(headers))
+
+    def _properties(self, h: dict) -> dict:
+        props: dict[str, Any] = {}
+        for header, prop in _STR_PROPS.items():
+            value = h.get(header)
+            if value is not None:
+                props[prop] = value
+        for header, prop in _INT_PROPS.items():
+            value = h.get(header)
+            if value is not None:
+                try:
+                    props[prop] = int(value)
+                except ValueError:
+                    raise StompError("Invalid header",
+                                     f"'{header}' must be an integer: '{value}'\n") from None
+        reply_to = props.get("reply_to")
+        if isinstance(reply_to, str) and reply_to.startswith("/temp-queue/"):
+            props["reply_to"] = "/reply-queue/" + self._temp_queue(
+                reply_to[len("/temp-queue/"):]).name
+        if h.get("persistent", "").lower() == "true":
+            props["delivery_mode"] = 2
+        headers: dict[str, Any] = {}
+        for k, v in h.items():
+            if k in _FRAME_HEADERS:
+                continue
+            if k in _NUMERIC_HEADERS:
+                try:
+                    headers[k] = int(v)
+                    continue
+                except ValueError:
+                    pass
+            headers[k] = v
+        if headers:
+            props["headers"] = headers
+        return props
+
+    def _route(self, message: Message) -> bool:
+        broker = self.broker
+        for hook in broker.publish_hooks:
+            if hook(self, message, False, 0):
+                return False
+        needs_store = False
+        flow_high = broker.config.flow_high or float("inf")
+        queues = self.vhost.route(message.exchange, message.routing_key, message)
+        for q in queues:
+            if q.enqueue(message) and q.store is not None and message.persistent:
+                needs_store = True
+            if len(q.ready) > flow_high and q.consumers and not self.consumers:
+                self._queue_over_threshold(q)
+        return needs_store
+
+    # ---- SUBSCRIBE / UNSUBSCRIBE ----
+    def _on_subscribe(self, h: dict) -> None:
+        destination = h.get("destination")
+        kind, name, key = self._parse(destination, "SUBSCRIBE")
+        assert destination is not None
+        sub_id = h.get("id") or destination  # 1.0 makes the id optional (RabbitMQ: the destination)
+        if sub_id in self.subscriptions:
+            raise StompError("Duplicated subscription identifier",
+                             f'A subscription identified by "{sub_id}" already exists.\n')
+        ack = h.get("ack", "auto")
+        if ack not in ("auto", "client", "client-individual"):
+            raise StompError("Bad ack header",
+                             f'"{ack}" is not a valid ack mode (auto, client or client-individual)\n')
+        prefetch = _int_header(h, "prefetch-count") or _int_header(h, "activemq.prefetchSize")
+        authz = self.authz
+        vhost = self.vhost
+        durable_queue = False
+        if kind in ("queue", "amq-queue", "reply-queue"):
+            if kind == "queue":
+                self._ensure_queue(name, h)
+            q = vhost.get_queue(name, self)
+        elif kind == "temp-queue":
+            q = self._temp_queue(name)
+        else:
+            exchange = "amq.topic" if kind == "topic" else name
+            vhost.get_exchange(exchange)
+            sub_name = h.get("activemq.subscriptionName")
+            durable = sub_name is not None or any(
+                h.get(k, "").lower() == "true" for k in ("durable", "persistent"))
+            if durable:
+                if sub_name is None and not h.get("id"):
+                    raise StompError("Missing Header",
+                                     "Header 'id' is required for durable subscriptions\n")
+                base = f"{self.client_id}-{sub_name}" if sub_name is not None else sub_id
+                q = self._declare("stomp-subscription-" + base, True,
+                                  h.get("auto-delete", "").lower() == "true", False,
+                                  _queue_arguments(h))
+                durable_queue = True
+            else:
+                q = self._declare("", False, True, True, _queue_arguments(h))
+            authz.check("exchange", exchange, "read")
+            if authz.topics:
+                authz.check_topic(exchange, key, "read")
+            authz.check("queue", q.name, "write")
+            vhost.bind(exchange, q, key, {})
+        authz.check("queue", q.name, "read")
+        args = {}
+        selector = h.get("selector")
+        if selector is not None:
+            args["x-filter"] = selector
+        self._add_subscription(sub_id, destination, ack, q, durable_queue, prefetch or 0,
+                               _selector(selector), args)
+
+    def _add_subscription(self, sub_id: str, destination: str, ack: str, q,
+                          durable_queue: bool, prefetch: int, selector,
+                          args: dict | None = None) -> None:
+        consumer = Consumer("T_" + sub_id, self, q, ack == "auto", False, 0, prefetch,
+                            args or {}, selector)
+        sub = Subscription(sub_id, destination, ack, q, consumer, durable_queue)
+        self.subscriptions[sub_id] = sub
+        self.consumers[consumer.tag] = consumer
+        q.add_consumer(consumer)
+
+    def _on_unsubscribe(self, h: dict) -> None:
+        sub_id = h.get("id") or h.get("destination")
+        sub = self.subscriptions.pop(sub_id, None) if sub_id is not None else None
+        if sub is None:
+            raise StompError("No subscription found",
+                             "UNSUBSCRIBE must refer to an existing subscription.\n"
+                             f"Subscription to \"id='{sub_id}'\" not found.\n")
+        self._cancel(sub)
+        if sub.durable_queue and any(h.get(k, "").lower() == "true"
+                                     for k in ("durable", "persistent")):
+            # a durable subscription ends for good only when asked to (RabbitMQ's rule)
+            self.authz.check("queue", sub.queue.name, "configure")
+            if not sub.queue.deleted:
+                self.vhost.delete_queue(sub.queue, reason="durable STOMP subscription removed")
+
+    def _cancel(self, sub: Subscription) -> None:
+        self.consumers.pop(sub.consumer.tag, None)
+        items = [(n, v) for n, v in self.unacked.items() if v[0] is sub]
+        for n, _ in items:
+            del self.unacked[n]
+        pending = [(entry, consumer) for _, (_, _, entry, consumer) in items]
+        if pending:
+            pending.sort(key=lambda pair: -pair[0].seq)
+            sub.queue.requeue(pending)
+        sub.queue.remove_consumer(sub.consumer)
+
+    # ---- ACK / NACK ----
+    def _on_ack(self, command: str, h: dict) -> None:
+        ack_id = h.get("id") if self.conn.version == "1.2" else h.get("message-id")
+        header = "id" if self.conn.version == "1.2" else "message-id"
+        n = _delivery_number(ack_id)
+        if n is None:
+            raise StompError("Invalid header",
+                             f'"{command}" must include a valid "{header}" header\n')
+        item = self.unacked.get(n)
+        if item is None:
+            raise StompError("Bad ACK" if command == "ACK" else "Bad NACK",
+                             f"unknown delivery '{ack_id}' (already acknowledged or not "
+                             "delivered on this connection)\n")
+        sub = item[0]
+        if sub.ack == "client":  # cumulative: every earlier delivery of the subscription
+            numbers = [k for k, v in self.unacked.items() if v[0] is sub and k <= n]
+        else:
+            numbers = [n]
+        taken = [self.unacked.pop(k) for k in numbers]
+        touched: dict = {}
+        if command == "ACK":
+            for _, q, entry, consumer in taken:
+                q.ack(entry, consumer)
+                touched[q] = None
+        elif h.get("requeue", "true").lower() == "false":
+            for _, q, entry, consumer in taken:
+                q.reject(entry, consumer)  # dead-lettered, if the queue says where
+                touched[q] = None
+        else:
+            by_queue: dict = {}
+            for _, q, entry, consumer in taken:
+                by_queue.setdefault(q, []).append((entry, consumer))
+            for q, items in by_queue.items():
+                items.sort(key=lambda pair: -pair[0].seq)
+                q.requeue(items)
+        for q in touched:
+            if q.consumers:
+                q.dispatch()
+
+    # ---- deliveries (the queue calls these, as on an AMQP channel) ----
+    @property
+    def can_deliver(self) -> bool:
+        if not self.delivering:
+            return False
+        if self.conn.pending_output > self.output_high_water:
+            self.delivery_stalled = True
+            return False
+        return True
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.unacked)
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        was_empty = not self.conn.pending_output
+        sub = self.subscriptions.get(consumer.tag[2:])
+        message = entry.message
+        self._delivery += 1
+        n = self._delivery
+        message_id = f"T_{consumer.tag[2:]}@@{self.conn.session_id}@@{n}"
+        headers = {"subscription": consumer.tag[2:],
+                   "destination": _destination_of(message),
+                   "message-id": message_id,
+                   "redelivered": "true" if entry.redelivered else "false"}
+        if not consumer.no_ack and sub is not None:
+            if self.conn.version == "1.2":
+                headers["ack"] = message_id
+            self.unacked[n] = (sub, queue, entry, consumer)
+        _message_headers(message.properties, headers)
+        self.conn.send(Frame("MESSAGE", headers, message.body))
+        if was_empty:
+            self.wake()
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away (deleted over AMQP or management): the subscription ends,
+        the client is told with an ERROR, as RabbitMQ's plugin tells it."""
+        sub = self.subscriptions.pop(consumer.tag[2:], None)
+        self.consumers.pop(consumer.tag, None)
+        if sub is not None and not self.ended:
+            self._error(StompError("Server cancelled subscription",
+                                   f'Subscription "{sub.id}" was cancelled by the broker\n'),
+                        None)
+
+    def output_drained(self) -> None:
+        if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:
+            self.delivery_stalled = False
+            for consumer in list(self.consumers.values()):
+                consumer.queue.dispatch()
+
+    # ---- flow ----
+    def _queue_over_threshold(self, q) -> None:
+        if q in self.flow_queues or self.ended:
+            return
+        if self.flow_queues is _NO_QUEUES:
+            self.flow_queues = set()
+        self.flow_queues.add(q)  # type: ignore[union-attr]
+        q.flow_wait(self, self.broker.config.flow_low)
+
+    def flow_released(self, queue) -> None:
+        if queue in self.flow_queues:
+            self.flow_queues.discard(queue)  # type: ignore[union-attr]
+            if not self.flow_queues:
+                self.flow_resumed()
+
+    # ---- as a connection in broker.sessions ----
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def session(self) -> StompSession:
+        return self
+
+    @property
+    def protocol(self) -> str:
+        return f"STOMP {self.conn.version}"
+
+    def connection_info(self) -> dict:
+        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
+                "frame_max": 0, "timeout": self.conn.heartbeat_receive // 1000,
+                "port": self.local_port, "ssl": self.tls,
+                "client_properties": {"client_id": self.client_id}}
+
+    def force_close(self, error: errors.AMQPError) -> None:
+        self._error(StompError("Connection closed", error.text + "\n"), None)
+        self.wake()
+
+    # ---- the end ----
+    def _error(self, exc: StompError, receipt: str | None) -> None:
+        log.warning("stomp connection %s: ERROR %s: %s", self.peer, exc.message,
+                    exc.detail.strip())
+        self.conn.error(exc.message, exc.detail, receipt)
+        self._finish()
+
+    def _finish(self, graceful: bool = False) -> None:
+        self.finished = True
+        self.connection_lost()
+
+    def close(self, reason: str) -> None:
+        """The server ends the connection (heart-beat missed, shutdown)."""
+        if self.ended:
+            return
+        log.info("stomp connection %s: closing: %s", self.peer, reason)
+        self.finished = True
+        self.connection_lost()
+        self.wake()
+
+    def connection_lost(self) -> None:
+        """Every way a connection ends comes here once: unacknowledged deliveries back to
+        their queues, consumers leave, the connection's exclusive queues go."""
+        if self.ended:
+            return
+        self.ended = True
+        self.delivering = False
+        self.transactions.clear()
+        by_queue: dict = {}
+        for _, q, entry, consumer in self.unacked.values():
+            by_queue.setdefault(q, []).append((entry, consumer))
+        self.unacked.clear()
+        for q, items in by_queue.items():
+            items.sort(key=lambda pair: -pair[0].seq)
+            q.requeue(items)
+        subs = list(self.subscriptions.values())
+        self.subscriptions.clear()
+        self.consumers.clear()
+        for sub in subs:
+            sub.queue.remove_consumer(sub.consumer)
+        for q in self.flow_queues:
+            q.flow_forget(self)
+        self.flow_queues = _NO_QUEUES
+        if self.vhost is not None:
+            self.vhost.drop_owner(self)
+            self.broker.session_closed(self)
+
+
+def _is_host_name(name: str) -> bool:
+    import ipaddress
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _int_header(h: dict, name: str) -> int | None:
+    value = h.get(name)
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise StompError("Invalid header", f"'{name}' must be an integer: '{value}'\n") from None
+    return n if n > 0 else None
+
+
+def _queue_arguments(h: dict) -> dict:
+    """``x-*`` headers of SEND/SUBSCRIBE as queue arguments (numbers as numbers)."""
+    args: dict[str, Any] = {}
+    for k, v in h.items():
+        if k.startswith("x-") and k not in ("x-delay",):
+            try:
+                args[k] = int(v)
+            except ValueError:
+                args[k] = v
+    return args
+
+
+def _delivery_number(ack_id: str | None) -> int | None:
+    if not ack_id:
+        return None
+    try:
+        return int(ack_id.rsplit("@@", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _destination_of(message: Message) -> str:
+    exchange = message.exchange
+    if exchange == "":
+        return "/queue/" + message.routing_key
+    if exchange == "amq.topic":
+        return "/topic/" + message.routing_key
+    return f"/exchange/{exchange}/{message.routing_key}"
+
+
+def _message_headers(props: dict, headers: dict) -> None:
+    """AMQP properties as MESSAGE headers, as RabbitMQ's plugin maps them."""
+    table = props.get("headers")
+    if table:
+        for k, v in table.items():
+            if k in headers:
+                continue
+            if isinstance(v, (bytes, bytearray)):
+                v = bytes(v).decode("utf-8", "replace")
+            elif isinstance(v, bool):
+                v = "true" if v else "false"
+            elif not isinstance(v, (str, int, float)):
+                continue  # tables and arrays have no STOMP form (RabbitMQ drops them too)
+            headers[str(k)] = str(v)
+    for header, prop in _STR_PROPS.items():
+        value = props.get(prop)
+        if value is not None:
+            headers[header] = str(value)
+    reply_to = headers.get("reply-to")
+    if reply_to is not None and not reply_to.startswith("/"):
+        headers["reply-to"] = "/reply-queue/" + reply_to  # an AMQP reply queue's name
+    for header, prop in _INT_PROPS.items():
+        value = props.get(prop)
+        if value is not None:
+            headers[header] = str(value)
+    if props.get("delivery_mode") == 2:
+        headers["persistent"] = "true"
