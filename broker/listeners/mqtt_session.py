@@ -34,6 +34,7 @@ and ``acked`` for its deliveries, the packet identifier standing for the deliver
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -97,6 +98,104 @@ def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
 # every such message (a Message's properties are never changed once routed: a header is
 # changed on a copy, Message.with_changes)
 _PROPS = {(q, d): _props(q, d) for q in (0, 1, 2) for d in (False, True)}
+
+
+# MQTT 5 PUBLISH properties that travel with the message (as AMQP properties and headers)
+_MAPPED = frozenset((P.PAYLOAD_FORMAT_INDICATOR, P.MESSAGE_EXPIRY_INTERVAL, P.CONTENT_TYPE,
+                     P.RESPONSE_TOPIC, P.CORRELATION_DATA, P.USER_PROPERTY))
+# headers carrying what has no AMQP property of its own (and the ones above, internal)
+CORRELATION_HEADER = "x-mqtt-correlation-data"  # correlation data that is not a shortstr
+FORMAT_HEADER = "x-mqtt-payload-format-indicator"
+
+
+def _v5_message_props(qos: int, dup: bool, v5: dict) -> tuple[dict, bytes]:
+    """The AMQP properties of a message published with MQTT 5 properties (docs/mqtt.md):
+    user properties -> headers (a name given twice: an array of its values), Content
+    Type -> content_type, Response Topic -> reply_to (as a routing key), Correlation Data
+    -> correlation_id when it is UTF-8 of at most 255 bytes, else the header
+    x-mqtt-correlation-data (bytes), Message Expiry Interval -> expiration (ms), Payload
+    Format Indicator 1 -> the header x-mqtt-payload-format-indicator."""
+    base = _PROPS[(qos, dup)][0]
+    headers: dict[str, Any] = {}
+    for name, value in v5.get(P.USER_PROPERTY, ()):
+        if name.startswith("x-mqtt-"):
+            continue  # the broker's own headers are not a client's to set
+        old = headers.get(name)
+        if old is None:
+            headers[name] = value
+        elif isinstance(old, list):
+            old.append(value)
+        else:
+            headers[name] = [old, value]
+    headers.update(base["headers"])
+    props: dict[str, Any] = {"delivery_mode": base["delivery_mode"], "headers": headers}
+    expiry = v5.get(P.MESSAGE_EXPIRY_INTERVAL)
+    if expiry is not None:
+        props["expiration"] = str(expiry * 1000)
+    content_type = v5.get(P.CONTENT_TYPE)
+    if content_type is not None and len(content_type.encode()) <= MAX_KEY:
+        props["content_type"] = content_type
+    response = v5.get(P.RESPONSE_TOPIC)
+    if response is not None:
+        key = to_routing_key(response)
+        if len(key.encode()) <= MAX_KEY:
+            props["reply_to"] = key
+    data = v5.get(P.CORRELATION_DATA)
+    if data is not None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and len(data) <= MAX_KEY:
+            props["correlation_id"] = text
+        else:
+            headers[CORRELATION_HEADER] = data
+    if v5.get(P.PAYLOAD_FORMAT_INDICATOR):
+        headers[FORMAT_HEADER] = 1
+    return props, encode_properties(props)
+
+
+def _v5_delivery_props(message, entry, now: float) -> bytes:
+    """A v5 PUBLISH's encoded properties from an AMQP message: the mapping back of
+    ``_v5_message_props`` (any AMQP header that is not the broker's becomes a user
+    property), and the Message Expiry Interval left (section 3.3.2.3.3)."""
+    mp = message.properties
+    out: dict[int, Any] = {}
+    headers = mp.get("headers")
+    if headers:
+        users = []
+        for name, value in headers.items():
+            if name.startswith("x-mqtt-"):
+                continue
+            for v in (value if isinstance(value, list) else (value,)):
+                if isinstance(v, bytes):
+                    v = v.decode("utf-8", "replace")
+                elif not isinstance(v, str):
+                    if isinstance(v, (dict, list)):
+                        continue  # a table or nested array has no string form worth sending
+                    v = str(v)
+                users.append((name, v))
+        if users:
+            out[P.USER_PROPERTY] = users
+        if headers.get(FORMAT_HEADER) == 1:
+            out[P.PAYLOAD_FORMAT_INDICATOR] = 1
+        data = headers.get(CORRELATION_HEADER)
+        if isinstance(data, bytes):
+            out[P.CORRELATION_DATA] = data
+    if "content_type" in mp:
+        out[P.CONTENT_TYPE] = mp["content_type"]
+    if "reply_to" in mp:
+        out[P.RESPONSE_TOPIC] = to_mqtt_topic(mp["reply_to"])
+    if "correlation_id" in mp and P.CORRELATION_DATA not in out:
+        out[P.CORRELATION_DATA] = mp["correlation_id"].encode("utf-8", "replace")
+    if "expiration" in mp and entry is not None and entry.expires_at is not None:
+        out[P.MESSAGE_EXPIRY_INTERVAL] = max(1, math.ceil(entry.expires_at - now))
+    if not out:
+        return b""
+    try:
+        return P.encode(out)
+    except ValueError:  # a value MQTT cannot carry (a string over 65535 bytes)
+        return b""
 
 
 def queue_names(client_id: str) -> tuple[str, str]:
@@ -540,7 +639,8 @@ class MQTTSession:
                 stored = False
             else:
                 try:
-                    stored = self._route(topic, key, p.payload, 2, p.retain, p.dup, p.packet_id)
+                    stored = self._route(topic, key, p.payload, 2, p.retain, p.dup, p.packet_id,
+                                         p.properties)
                 except errors.AMQPError as exc:
                     self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                     return
@@ -552,7 +652,8 @@ class MQTTSession:
                         stored = stored or self.service.qos2.durable
         else:
             try:
-                stored = self._route(topic, key, p.payload, qos, p.retain, p.dup, p.packet_id)
+                stored = self._route(topic, key, p.payload, qos, p.retain, p.dup, p.packet_id,
+                                     p.properties)
             except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
                 self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                 return
@@ -576,15 +677,19 @@ class MQTTSession:
                 self._decided[seq] = True
 
     def _route(self, topic: str, key: str, payload: bytes, qos: int, retain: bool,
-               dup: bool = False, packet_id: int | None = None) -> bool | None:
+               dup: bool = False, packet_id: int | None = None,
+               v5: dict | None = None) -> bool | None:
         """Route one message; None if a queue refused it, else whether a store write must
         be durable before it counts as taken. A publish hook may refuse it (raises
-        ``errors.AMQPError``) or take it over."""
+        ``errors.AMQPError``) or take it over. ``v5``: the PUBLISH's MQTT 5 properties."""
         if key[:1] == "$" and (key == "$SYS" or key.startswith("$SYS.")):
             # the broker's own status (mqtt_sys.py): dropped, as Mosquitto does (a QoS 1
             # publish is still acknowledged)
             return False
-        props, raw = _PROPS[(qos, dup)]
+        if v5 and not _MAPPED.isdisjoint(v5):
+            props, raw = _v5_message_props(qos, dup, v5)
+        else:
+            props, raw = _PROPS[(qos, dup)]
         message = Message(self.service.exchange, key, raw, props, payload)
         vhost = self.vhost
         broker = self.broker
@@ -835,8 +940,11 @@ class MQTTSession:
             topic = self._topics[message.routing_key] = topic_field(
                 to_mqtt_topic(message.routing_key))
         audit = self.audit
+        props = b""
+        if self.expiry is not None:  # v5: properties mapped back from the message's
+            props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
         if consumer.no_ack:
-            self.conn.publish(topic, message.body, 0)
+            self.conn.publish(topic, message.body, 0, props=props)
             if audit is not None:
                 audit.delivered(self, consumer.tag, None, queue, entry)
         else:
@@ -852,7 +960,7 @@ class MQTTSession:
                     if pub_qos is not None and pub_qos < qos:
                         qos = pub_qos
             if not qos:
-                self.conn.publish(topic, message.body, 0)
+                self.conn.publish(topic, message.body, 0, props=props)
                 if audit is not None:
                     audit.delivered(self, consumer.tag, None, queue, entry)
                 queue.ack(entry, consumer)
@@ -869,7 +977,8 @@ class MQTTSession:
                     if entry.redelivered and state is not None and state.resend:
                         want = state.resend.pop((queue.name, entry.seq), want)
                 token[3] = pid = self.conn.publish(topic, message.body, qos, token,
-                                                   dup=entry.redelivered, packet_id=want)
+                                                   dup=entry.redelivered, packet_id=want,
+                                                   props=props)
                 if pid < 0:  # over a v5 client's Maximum Packet Size: dropped, as if sent
                     queue.ack(entry, consumer)
                 elif audit is not None:
@@ -1052,6 +1161,7 @@ class MQTTSession:
             log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)
             return
         try:
-            self._route(will.topic, key, will.message, will.qos, will.retain)
+            self._route(will.topic, key, will.message, will.qos, will.retain,
+                        v5=will.properties)
         except errors.AMQPError as exc:  # a publish hook refused it
             log.warning("mqtt client %r: will not published: %s", self.client_id, exc.text)

@@ -186,3 +186,62 @@ def test_v311_and_v5_clients_together(service):
     got = [p for p in got5 + v5.output() if isinstance(p, m.Publish)]
     assert [p.payload for p in got] == [b"from5", b"from3"]
     assert got[0].properties is not None  # v5 PUBLISH format
+
+
+def test_publish_properties_map_to_amqp_and_back(broker, service, clock):
+    from broker.amqp.fields import encode_properties
+    from broker.message import Message
+
+    from ..support import bind, declare_queue
+    vhost = broker.vhosts["/"]
+    q = declare_queue(vhost, "amqp-side")
+    bind(vhost, "amq.topic", q, "req.#")
+    sub = Client5(service, "sub", props={})
+    sub.send(m.Subscribe(1, [("req/#", 1)], {}))
+    pub = Client5(service, "pub", props={})
+    v5 = {P.USER_PROPERTY: [("k", "1"), ("k", "2"), ("u", "v"), ("x-mqtt-dup", "no")],
+          P.CONTENT_TYPE: "application/json", P.RESPONSE_TOPIC: "resp/dev1",
+          P.CORRELATION_DATA: b"abc", P.MESSAGE_EXPIRY_INTERVAL: 30,
+          P.PAYLOAD_FORMAT_INDICATOR: 1}
+    pub.send(m.Publish("req/x", b"{}", 1, False, False, 1, v5),
+             m.Publish("req/y", b"bin", 1, False, False, 2, {P.CORRELATION_DATA: b"\xff\x00"}))
+    entry = q.ready.peek() if hasattr(q.ready, "peek") else next(iter(q.ready))
+    props = entry.message.properties
+    assert props["headers"]["k"] == ["1", "2"] and props["headers"]["u"] == "v"
+    assert props["headers"]["x-mqtt-dup"] is False
+    assert props["content_type"] == "application/json"
+    assert props["reply_to"] == "resp.dev1" and props["correlation_id"] == "abc"
+    assert props["expiration"] == "30000"
+    clock.advance(10)
+    got = [p for p in sub.output() if isinstance(p, m.Publish)]
+    first, second = got
+    fp = first.properties
+    assert fp[P.USER_PROPERTY] == [("k", "1"), ("k", "2"), ("u", "v")]
+    assert fp[P.CONTENT_TYPE] == "application/json" and fp[P.RESPONSE_TOPIC] == "resp/dev1"
+    assert fp[P.CORRELATION_DATA] == b"abc" and fp[P.PAYLOAD_FORMAT_INDICATOR] == 1
+    assert fp[P.MESSAGE_EXPIRY_INTERVAL] == 30
+    assert second.properties == {P.CORRELATION_DATA: b"\xff\x00"}
+    # an AMQP message with headers, reply_to and correlation_id reaches a v5 client
+    amqp = {"headers": {"trace": "t1", "n": 5}, "reply_to": "amq.a.b", "correlation_id": "r1",
+            "content_type": "text/plain"}
+    msg = Message("amq.topic", "req.z", encode_properties(amqp), amqp, b"hi")
+    for dest in vhost.route("amq.topic", "req.z", msg):
+        dest.enqueue(msg)
+    [p] = [p for p in sub.output() if isinstance(p, m.Publish)]
+    assert p.properties == {P.USER_PROPERTY: [("trace", "t1"), ("n", "5")],
+                            P.CONTENT_TYPE: "text/plain", P.RESPONSE_TOPIC: "amq/a/b",
+                            P.CORRELATION_DATA: b"r1"}
+
+
+def test_message_expiry_drops_what_waited_too_long(broker, service, clock):
+    sub = Client5(service, "sub", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
+    sub.send(m.Subscribe(1, [("t", 1)], {}))
+    sub.session.connection_lost()
+    pub = Client5(service, "pub", props={})
+    pub.send(m.Publish("t", b"short", 1, False, False, 1, {P.MESSAGE_EXPIRY_INTERVAL: 5}),
+             m.Publish("t", b"long", 1, False, False, 2, {P.MESSAGE_EXPIRY_INTERVAL: 100}))
+    clock.advance(20)
+    back = Client5(service, "sub", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
+    got = [p for p in back.output() + back.connack if isinstance(p, m.Publish)]
+    assert [p.payload for p in got] == [b"long"]
+    assert got[0].properties[P.MESSAGE_EXPIRY_INTERVAL] == 80
