@@ -315,6 +315,10 @@ class FileReader:
         self.records_read = 0
         self.meta: dict = {}
         self.ok = False
+        self.fast = None  # set by a readable header; rows_iter of a damaged file reads nothing
+        # (offset, record count, first bytes of the decoded data) of the block rows_iter
+        # handed out last, filtered or not: its first record's seq, ts_us and node
+        self.block: tuple[int, int, bytes] | None = None
         try:
             self.meta, self.sync, self.start = _header(data)
             version = int(self.meta.get(VERSION_KEY, b"1").decode() or 1)
@@ -440,6 +444,7 @@ class FileReader:
             rows: list = []
             try:
                 raw = self._inflate(data[p:p + size])
+                self.block = (block_at, count, raw[:320])
                 if decode is not None:
                     decode(raw, count, rows, lo_, hi_)
                 else:

@@ -4,7 +4,13 @@
 Exit status: 0 fine, 1 reconcile found unaccounted messages or sequence found gaps (so a
 cron or CI can gate on it; ``report`` runs both), 2 bad input (one line on stderr): an
 invalid ``--from``/``--to``, an input without audit files, a file of an unknown schema
-version.
+version, PySpark not installed; 3 the trail is incomplete: its own sequence numbers show
+events missing (a torn or unreadable file, a file missing between two others), one line
+on stderr per gap naming the node, the missing seq range and the file(s). 3 wins over 1:
+counts over an incomplete trail cannot be trusted.
+
+Progress goes to stderr (``spark.audit: ...`` lines, Spark's own log at ERROR only), the
+one-line result to stdout; ``--quiet`` keeps only warnings and errors.
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ from urllib.parse import urlparse
 
 JOBS = ("reconcile", "sequence", "latency", "deadletters", "track", "report")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+INSTALL_HINT = ("the audit jobs need PySpark, pyarrow and pandas: pip install -e '.[audit]' "
+                "(or pip install 'triomq[audit]'), and Java 17")
 
 
 class BadInput(Exception):
@@ -43,8 +52,12 @@ def parse_time(text: str, option: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark.audit",
-                                description="Batch audits of TrioMQ's audit trail on Spark")
+    p = argparse.ArgumentParser(
+        prog="python -m spark.audit", description="Batch audits of TrioMQ's audit trail on Spark",
+        epilog="exit status: 0 fine; 1 unaccounted messages (reconcile) or producer gaps "
+               "(sequence); 2 bad input (one line on stderr); 3 the trail is incomplete (its "
+               "sequence numbers show events missing: one line per gap naming the node, the "
+               "seq range and the file)")
     p.add_argument("job", choices=JOBS)
     p.add_argument("--input", required=True, help="the trail: a directory or any path Spark reads")
     p.add_argument("--output", required=True, help="where Parquet tables, summary.json and "
@@ -65,7 +78,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref-key", default=None, help="track: an x-ref-key header")
     p.add_argument("--msg", type=int, default=None, help="track: the broker's message id")
     p.add_argument("--consumer", default=None, help="track: a consumer tag")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
+
+
+class Progress:
+    """``spark.audit: <what> (<s> s)`` lines on stderr while a job runs."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.started = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        if not self.quiet:
+            print(f"spark.audit: {what} ({time.monotonic() - self.started:.1f} s)",
+                  file=sys.stderr, flush=True)
+
+
+def warn(what: str) -> None:
+    print(f"spark.audit: warning: {what}", file=sys.stderr, flush=True)
+
+
+def require_pyspark() -> None:
+    """BadInput with the extra to install when the jobs' libraries are missing."""
+    missing = []
+    for module in ("pyspark", "pyarrow", "pandas"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise BadInput(f"{', '.join(missing)} not installed; {INSTALL_HINT}")
 
 
 def _local_path(path: str) -> str | None:
@@ -101,6 +144,17 @@ def check_input(path: str) -> None:
                            f"reader's ({SCHEMA_VERSION}); upgrade the jobs")
 
 
+def _empty_files(path: str) -> list[tuple]:
+    """Problems for the local input's empty ``*.avro`` files, which Spark's listing leaves
+    out: a file the writer opened for a batch that never reached the disk."""
+    local = _local_path(path)
+    if local is None or not os.path.isdir(local):
+        return []
+    return [(os.path.join(d, f), 0, "bad header", "empty file (0 bytes)")
+            for d, _dirs, files in sorted(os.walk(local)) for f in sorted(files)
+            if f.endswith(".avro") and os.path.getsize(os.path.join(d, f)) == 0]
+
+
 def _package_zip() -> str:
     """spark/ and broker/audit/ zipped, for the executors of a cluster (--py-files)."""
     fd, path = tempfile.mkstemp(prefix="triomq-audit-", suffix=".zip")
@@ -121,8 +175,18 @@ def spark_session(master: str | None = None, app: str = "triomq-audit"):
     os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                        if os.environ.get("PYTHONPATH") else "")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not master or master.startswith("local"):
+        # the driver binds loopback (no "hostname resolves to a loopback address" warning)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-    builder = (SparkSession.builder.appName(app).master(master or "local[*]")
+    log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    builder = SparkSession.builder.appName(app).master(master or "local[*]")
+    if os.path.exists(log4j):
+        # Spark's own log at ERROR from the JVM's start (setLogLevel comes too late for the
+        # start-up warnings)
+        builder = builder.config("spark.driver.extraJavaOptions",
+                                 f"-Dlog4j2.configurationFile=file:{log4j}")
+    builder = (builder
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
@@ -139,11 +203,12 @@ def spark_session(master: str | None = None, app: str = "triomq-audit"):
     return spark
 
 
-def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
+def run_job(spark, job: str, args, out: str, progress=None) -> tuple[dict, int]:
     """Run ``job`` (or all of them for ``report``); write its outputs under ``out``.
     Returns (summary, exit status)."""
-    from . import jobs, report
+    from . import integrity, jobs, report
     from .source import COLUMNS, Trail
+    progress = progress or Progress(True)
     todo = ("reconcile", "sequence", "latency", "deadletters") if job == "report" else (job,)
     wanted: set = set()
     for name in todo:
@@ -153,17 +218,31 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
     ev = trail.df.cache()
     started = time.monotonic()
     from pyspark.sql import functions as F
-    n, last_ts = ev.agg(F.count(F.lit(1)), F.max("ts_us")).first()
+    progress("reading the trail")
+    n, first_ts, last_ts = ev.agg(F.count(F.lit(1)), F.min("ts_us"), F.max("ts_us")).first()
     trail.check_versions()
-    if n == 0 and not trail.problems() and trail.files.limit(1).count() == 0:
+    if n == 0 and not trail.problems() and not _empty_files(args.input) \
+            and trail.files.limit(1).count() == 0:
         raise BadInput(f"--input {args.input}: no audit files (*.avro) there")
+    blocks = trail.blocks()
+    empty = _empty_files(args.input)
+    gaps = integrity.gaps(blocks, trail.problems() + empty, args.from_us, args.to_us)
+    progress(f"read {n} events of {len(blocks)} blocks")
+    if n == 0:
+        span = (f"the trail's blocks start from {_iso(min(b[5] for b in blocks))} to "
+                f"{_iso(max(b[5] for b in blocks))}" if blocks else "no readable block")
+        warn(f"no events in the range [{_iso(args.from_us)}, {_iso(args.to_us)}) of "
+             f"{args.input}; {span}")
     summaries: dict = {}
     status = 0
     read_seconds = round(time.monotonic() - started, 3)
     copies = jobs.queue_copies(ev).cache() if job in ("report", "reconcile", "latency",
                                                         "deadletters") else None
+    window = (args.from_us if args.from_us is not None else first_ts,
+              args.to_us if args.to_us is not None else last_ts)
     for name in todo:
         t0 = time.monotonic()
+        progress(f"{name}")
         if name == "reconcile":
             tables, summary = jobs.reconcile(ev, args.window, args.grace,
                                              args.to_us or last_ts, copies, trail.seq_counts())
@@ -174,7 +253,7 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
             if summary["gaps"]:
                 status = 1
         elif name == "latency":
-            tables, summary = jobs.latency(ev, copies)
+            tables, summary = jobs.latency(ev, copies, window)
         elif name == "deadletters":
             tables, summary = jobs.deadletters(ev, copies)
         else:
@@ -184,13 +263,16 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
             df.coalesce(1).write.mode("overwrite").parquet(os.path.join(out, name, table))
         summary["seconds"] = round(time.monotonic() - t0, 3)
         summaries[name] = summary
-    problems = trail.problems()
+    problems = trail.problems() + empty
+    if gaps:
+        status = EXIT_INCOMPLETE
     result = {
         "job": job, "input": args.input, "events": n,
         "from": args.from_us, "to": args.to_us,
         "read_seconds": read_seconds, "seconds": round(time.monotonic() - started, 3),
         "problems": [{"file": p[0], "offset": p[1], "kind": p[2], "detail": p[3]}
                      for p in problems],
+        "incomplete": gaps,
         "exit_status": status, **summaries}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "summary.json" if job == "report" else f"{job}.json"), "w") as f:
@@ -201,33 +283,56 @@ def run_job(spark, job: str, args, out: str) -> tuple[dict, int]:
     return result, status
 
 
-def main(argv: list[str] | None = None) -> int:
+def _iso(us: int | None) -> str:
+    if us is None:
+        return "-"
+    t = datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def main(argv: list[str] | None = None, spark=None) -> int:
+    """The CLI; ``spark``: a session to use (and leave running) instead of starting one."""
     args = build_parser().parse_args(argv)
+    progress = Progress(args.quiet)
     try:
         args.from_us = parse_time(args.from_, "--from") if args.from_ else None
         args.to_us = parse_time(args.to, "--to") if args.to else None
         if args.from_us is not None and args.to_us is not None and args.from_us >= args.to_us:
             raise BadInput(f"--from {args.from_} is not before --to {args.to}")
+        require_pyspark()
         check_input(args.input)
-        spark = spark_session(args.master)
+        own = spark is None
+        if own:
+            progress(f"starting Spark ({args.master or 'local[*]'}; the JVM takes a while)")
+            spark = spark_session(args.master)
         try:
-            result, status = run_job(spark, args.job, args, args.output)
+            result, status = run_job(spark, args.job, args, args.output, progress)
         finally:
-            spark.stop()
+            if own:
+                spark.stop()
     except BadInput as exc:
         print(f"spark.audit: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except Exception as exc:
         from .source import SchemaVersionError
         if isinstance(exc, SchemaVersionError):
             print(f"spark.audit: error: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         raise
+    from .integrity import line as gap_line
+    for p in result["problems"]:
+        warn(f"damaged input skipped: {p['file']} @ {p['offset']}: {p['kind']} ({p['detail']})")
+    for gap in result["incomplete"]:
+        print(f"spark.audit: error: trail incomplete: {gap_line(gap)}", file=sys.stderr)
     line = f"{args.job}: {result['events']} events in {result['seconds']} s"
+    if result["incomplete"]:
+        line += (f"; TRAIL INCOMPLETE: {len(result['incomplete'])} gap(s) in the sequence "
+                 f"(exit status {EXIT_INCOMPLETE})")
     if result["problems"]:
         line += f"; {len(result['problems'])} damaged block(s)/file(s) skipped (see summary)"
     if "reconcile" in result:
-        line += f"; unaccounted: {result['reconcile']['unaccounted']}"
+        line += (f"; unaccounted: {result['reconcile']['unaccounted']}; still queued at the "
+                 f"end: {result['reconcile']['still_queued_at_end']}")
     if "sequence" in result:
         line += f"; missing x-seq: {result['sequence']['missing']}"
     print(line)

@@ -51,6 +51,27 @@ def _hour(col):
                          "yyyy-MM-dd'T'HH:00'Z'")
 
 
+# latency buckets, seconds: the narrowest giving at most MAX_BUCKETS over the range
+BUCKETS = (1, 10, 60, 300, 900, 3600, 6 * 3600, 86400)
+MAX_BUCKETS = 60
+
+
+def bucket_seconds(first_us: int | None, last_us: int | None) -> int:
+    """The bucket width for a range: a short run gets seconds, a day hours."""
+    if first_us is None or last_us is None:
+        return 3600
+    span = max(0, last_us - first_us) / 1e6
+    for width in BUCKETS:
+        if span / width <= MAX_BUCKETS:
+            return width
+    return BUCKETS[-1]
+
+
+def _bucket(col, width_s: int):
+    us = width_s * 1_000_000
+    return F.date_format(F.timestamp_micros(F.floor(col / us) * us), "yyyy-MM-dd'T'HH:mm:ss'Z'")
+
+
 def queue_copies(ev: DataFrame) -> DataFrame:
     """One row per queue copy with its enqueue, first delivery, ack and final state."""
     listed = (ev.filter(F.col("event") == "published")
@@ -144,6 +165,9 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         count(fin == "deleted").alias("deleted"),
         count(F.col("final_ts").isNull() | (F.col("final_ts") >= window_end))
         .alias("still_queued_at_window_end"),
+        # at the end of the range audited (--to, else the last event): no final state yet,
+        # unaccounted or not (within --grace)
+        count(fin.isNull()).alias("still_queued_at_end"),
         count(fin.isNull() & (F.col("start_ts") < cutoff)).alias("unaccounted"))
     by_queue = by_queue.withColumn("window", _iso("window_start")).transform(_sorted,
         "vhost", "queue", "window_start").cache()
@@ -180,6 +204,7 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
         "queues": {k: int(v or 0) for k, v in totals.items()},
         "publishes": {k: int(v or 0) for k, v in pub_totals.items()},
         "unaccounted": int(totals.get("unaccounted") or 0),
+        "still_queued_at_end": int(sum(r["still_queued_at_end"] or 0 for r in queue_rows)),
         "unaccounted_messages": unaccounted_rows,
         "trail": integrity_summary,
     }
@@ -266,29 +291,34 @@ def _percentiles(df: DataFrame, keys: list[str], value: str) -> DataFrame:
         F.max(value).alias("max_ms"))
 
 
-def latency(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, dict]:
-    """publish -> first delivery, publish -> ack per queue and hour; scheduler lateness."""
+def latency(ev: DataFrame, copies: DataFrame | None = None,
+            window: tuple[int | None, int | None] = (None, None)) -> tuple[dict, dict]:
+    """publish -> first delivery, publish -> ack per queue and time bucket; scheduler
+    lateness. The bucket's width follows the range (``window``: first and last µs):
+    ``bucket_seconds``."""
+    width = bucket_seconds(*window)
     copies = (queue_copies(ev) if copies is None else copies).filter(F.col("enq_ts").isNotNull()).withColumn(
-        "hour", _hour(F.col("enq_ts")))
+        "bucket", _bucket(F.col("enq_ts"), width))
     parts = []
     for metric, end in (("publish_to_first_delivery", "first_delivery_ts"),
                         ("publish_to_ack", "ack_ts")):
         parts.append(copies.filter(F.col(end).isNotNull()).select(
-            "vhost", "queue", "hour", F.lit(metric).alias("metric"),
+            "vhost", "queue", "bucket", F.lit(metric).alias("metric"),
             ((F.col(end) - F.col("enq_ts")) / 1000.0).alias("ms")))
     fired = (ev.filter(F.col("event") == "fired")
              .select("vhost", F.explode_outer("queues").alias("queue"), "ts_us", "due_us")
              .select("vhost", F.coalesce("queue", F.lit("(unroutable)")).alias("queue"),
-                     _hour(F.col("due_us")).alias("hour"),
+                     _bucket(F.col("due_us"), width).alias("bucket"),
                      F.lit("scheduled_due_to_fire").alias("metric"),
                      ((F.col("ts_us") - F.col("due_us")) / 1000.0).alias("ms")))
     parts.append(fired)
     samples = parts[0].unionByName(parts[1]).unionByName(parts[2])
-    by_hour = _percentiles(samples, ["metric", "vhost", "queue", "hour"], "ms").transform(_sorted,
-        "metric", "vhost", "queue", "hour").cache()
+    by_bucket = _percentiles(samples, ["metric", "vhost", "queue", "bucket"], "ms").transform(
+        _sorted, "metric", "vhost", "queue", "bucket").cache()
     overall = _percentiles(samples, ["metric"], "ms").transform(_sorted, "metric").cache()
-    summary = {"overall": _rows(overall), "by_queue_hour": _rows(by_hour, 2000)}
-    return {"by_queue_hour": by_hour, "overall": overall}, summary
+    summary = {"bucket_seconds": width, "overall": _rows(overall),
+               "by_queue_bucket": _rows(by_bucket, 2000)}
+    return {"by_queue_bucket": by_bucket, "overall": overall}, summary
 
 
 def deadletters(ev: DataFrame, copies: DataFrame | None = None) -> tuple[dict, dict]:

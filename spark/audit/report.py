@@ -45,26 +45,37 @@ def _fmt(v) -> str:
 
 def _latency_chart(lat: dict):
     def draw(ax):
-        rows = [r for r in lat.get("by_queue_hour", []) if r["metric"] == "publish_to_ack"]
+        buckets = lat.get("by_queue_bucket", [])
+        rows = [r for r in buckets if r["metric"] == "publish_to_ack"]
         if not rows:
-            rows = [r for r in lat.get("by_queue_hour", [])
-                    if r["metric"] == "publish_to_first_delivery"]
+            rows = [r for r in buckets if r["metric"] == "publish_to_first_delivery"]
         if not rows:
             return False
+        width = lat.get("bucket_seconds", 3600)
+        # labels: the bucket's start, as much of it as the width needs
+        cut = slice(11, 19) if width < 60 else slice(5, 16)
         by_queue: dict = {}
         for r in rows:
             by_queue.setdefault(f"{r['vhost']}{r['queue']}", []).append(r)
         for name, rs in sorted(by_queue.items())[:8]:
-            rs.sort(key=lambda r: r["hour"])
-            hours = [r["hour"][5:16] for r in rs]
+            rs.sort(key=lambda r: r["bucket"])
+            starts = [r["bucket"][cut] for r in rs]
             for q, style in (("p50_ms", "-"), ("p99_ms", "--")):
-                ax.plot(hours, [r[q] for r in rs], style, marker="o", label=f"{name} {q[:3]}")
+                ax.plot(starts, [r[q] for r in rs], style, marker="o", label=f"{name} {q[:3]}")
         ax.set_ylabel("ms (publish → ack)")
         ax.set_yscale("symlog")
         ax.legend(fontsize=7)
-        ax.set_title("Latency percentiles per hour")
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+        ax.set_title(f"Latency percentiles per {_width(width)}")
         return True
     return draw
+
+
+def _width(seconds: int) -> str:
+    for unit, n in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= n and seconds % n == 0:
+            return unit if seconds == n else f"{seconds // n} {unit}s"
+    return "second" if seconds == 1 else f"{seconds} seconds"
 
 
 def _deadletter_chart(dl: dict):
@@ -100,7 +111,8 @@ def write_html(result: dict, path: str) -> None:
     lat = result.get("latency", {})
     dl = result.get("deadletters", {})
     verdict = ("OK" if not result.get("exit_status") else
-               "ATTENTION: unaccounted messages or sequence gaps")
+               "THE TRAIL IS INCOMPLETE: the counts below miss events" if result.get("incomplete")
+               else "ATTENTION: unaccounted messages or sequence gaps")
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>TrioMQ audit report</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
@@ -111,6 +123,9 @@ def write_html(result: dict, path: str) -> None:
         f"<p>Input <code>{html.escape(str(result.get('input')))}</code>: "
         f"{result.get('events')} events; {result.get('seconds')} s. "
         f"<strong class='{'bad' if result.get('exit_status') else 'ok'}'>{verdict}</strong></p>",
+        "<h2 class='bad'>Missing from the trail</h2>" if result.get("incomplete") else "",
+        _table(result.get("incomplete", []), ["node", "from_seq", "to_seq", "missing", "file",
+                                              "why"]) if result.get("incomplete") else "",
         "<h2>Reconciliation</h2>", _chart(_reconcile_chart(rec)),
         "<h3>Publishes</h3>", _table([rec.get("publishes", {})]),
         "<h3>Queue copies</h3>", _table([rec.get("queues", {})]),
@@ -125,7 +140,7 @@ def write_html(result: dict, path: str) -> None:
         "<h3>Out of order</h3>", _table(seq.get("out_of_order", [])),
         "<h3>Acked more than once</h3>", _table(seq.get("acked_more_than_once", [])),
         "<h2>Latency</h2>", _chart(_latency_chart(lat)), _table(lat.get("overall", [])),
-        _table(lat.get("by_queue_hour", [])),
+        _table(lat.get("by_queue_bucket", [])),
         "<h2>Dead letters</h2>", _chart(_deadletter_chart(dl)),
         _table(dl.get("by_reason_queue_hour", [])),
         "<h3>Time before dead-lettering</h3>", _table(dl.get("time_before_dead_letter", [])),

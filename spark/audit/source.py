@@ -111,9 +111,12 @@ class Trail:
         # per decoded block: (path, offset, node, first seq, last seq), or None for the
         # node when the block's events are not one run of consecutive numbers of one node
         self._runs = spark.sparkContext.accumulator([], _Problems())
+        # per block read, whatever the time range: (path, offset, node, first seq, count,
+        # first ts_us), from which the trail's completeness is judged (``completeness``)
+        self._blocks = spark.sparkContext.accumulator([], _Problems())
         listing = (spark.read.format("binaryFile").option("pathGlobFilter", "*.avro")
                    .option("recursiveFileLookup", "true").load(path))
-        acc, runs = self._acc, self._runs
+        acc, runs, blocks = self._acc, self._runs, self._blocks
         cols = self.columns
         lo, hi = from_us, to_us
         schema = T.StructType([T.StructField(c, _TYPES[c], True) for c in cols])
@@ -130,7 +133,8 @@ class Trail:
                 rdd = sc.parallelize(shares, len(shares))
                 ranges = spark.createDataFrame(rdd, "path string, lo long, hi long")
                 self.df: DataFrame = ranges.mapInArrow(
-                    lambda batches: _decode_shares(batches, cols, lo, hi, acc, runs), schema)
+                    lambda batches: _decode_shares(batches, cols, lo, hi, acc, runs, blocks),
+                    schema)
                 return
         files = listing.select("path", "content")
         self.files = files
@@ -154,7 +158,7 @@ class Trail:
                         acc.add([(path, 0, UNKNOWN_VERSION, str(exc))])
                         continue
                     yield from _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty,
-                                             acc, runs)
+                                             acc, runs, blocks)
 
         self.df = files.mapInArrow(decode, schema)
 
@@ -172,6 +176,11 @@ class Trail:
         an action that read every file), from the blocks' runs; None when a block was not
         one run of consecutive numbers of one node (then they are counted in Spark)."""
         return seq_counts(self._runs.value)
+
+    def blocks(self) -> list[tuple]:
+        """Every block read so far (after an action), once: ``(path, offset, node, first
+        seq, count, first ts_us)``."""
+        return sorted({(b[0], b[1]): tuple(b) for b in self._blocks.value}.values())
 
     def check_versions(self) -> None:
         for path, _, kind, detail in self.problems():
@@ -237,14 +246,36 @@ def _share_reader():
     return Share
 
 
-def _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty: list, acc, runs):
-    """Arrow batches of one reader's events; its problems and its blocks' sequence runs
-    go to the accumulators."""
+def _block_head(head: bytes) -> tuple[int, int, str] | None:
+    """(seq, ts_us, node) of the first record of a block's decoded data: the schema's
+    first three fields (long, long, string), which every version keeps."""
+    from broker.audit.reader import _varint
+    try:
+        seq, p = _varint(head, 0)
+        ts, p = _varint(head, p)
+        n, p = _varint(head, p)
+        if n < 0 or p + n > len(head):
+            return None
+        return seq, ts, head[p:p + n].decode()
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty: list, acc, runs,
+                  blocks=None):
+    """Arrow batches of one reader's events; its problems, its blocks' sequence runs and
+    every block's place in the sequence go to the accumulators."""
     si = cols.index("seq") if "seq" in cols else None
     ni = cols.index("node") if "node" in cols else None
     found: list = []
+    placed: list = []
     rows: list = []
     for block in reader.rows_iter(cols, lo, hi):
+        if reader.block is not None:
+            offset, count, head = reader.block
+            first = _block_head(head)
+            if first is not None and count:
+                placed.append((reader.path, offset, first[2], first[0], count, first[1]))
         if block and si is not None and ni is not None:
             first = block[0][si]
             node = block[0][ni]
@@ -264,9 +295,11 @@ def _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty: list, acc, runs
         acc.add([tuple(p) for p in reader.problems])
     if found:
         runs.add(found)
+    if placed and blocks is not None:
+        blocks.add(placed)
 
 
-def _decode_shares(batches, cols: tuple, lo, hi, acc, runs):
+def _decode_shares(batches, cols: tuple, lo, hi, acc, runs, blocks=None):
     """mapInArrow over (path, lo, hi) rows: the events of the blocks starting in each range."""
     import pyarrow as pa
 
@@ -287,4 +320,5 @@ def _decode_shares(batches, cols: tuple, lo, hi, acc, runs):
             except UnknownSchemaVersion as exc:
                 acc.add([(uri, 0, UNKNOWN_VERSION, str(exc))])
                 continue
-            yield from _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty, acc, runs)
+            yield from _file_batches(pa, reader, cols, lo, hi, arrow_schema, empty, acc, runs,
+                                     blocks)
