@@ -211,9 +211,13 @@ class Sampler:
                     unacked += u
         wall = time.time()
         previous, changed = self.queues, self.queue_changed
-        # a queue's last change: when a sample first saw its counters as they are now
-        self.queue_changed = {q: changed.get(q, wall) if previous.get(q) == values else wall
-                              for q, values in latest.items()}
+        # a queue's last change: when a sample first saw its counters as they are now (updated
+        # in place for the few that moved; deleted queues pruned when they outnumber a tenth)
+        for q, values in latest.items():
+            if previous.get(q) != values:
+                changed[q] = wall
+        if len(changed) > len(latest) + len(latest) // 10 + 16:
+            self.queue_changed = {q: changed[q] for q in latest}
         self.queues_prev, self.queues = self.queues, latest
         channels: dict = {}
         for session in list(self.broker.sessions):
