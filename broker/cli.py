@@ -158,6 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--loopback-users", default="guest", metavar="NAMES",
                      help="comma-separated users who may only connect from localhost "
                           "(default guest; 'none' for nobody)")
+    run.add_argument("--oauth2-resource-server-id", default=None, metavar="ID",
+                     help="accept OAuth 2 JWT access tokens as passwords (AMQP, MQTT) and "
+                          "Bearer tokens (HTTP): the audience they must have and the default "
+                          "scope prefix ID. (docs/security.md)")
+    run.add_argument("--oauth2-scope-prefix", default=None, metavar="PREFIX",
+                     help="scope prefix (default: the resource server id and a dot)")
+    run.add_argument("--oauth2-signing-key", action="append", default=[], metavar="KID=FILE",
+                     help="a token signing key: PEM public key (RS256/ES256) or a file holding "
+                          "an HS256 secret; repeatable")
+    run.add_argument("--oauth2-default-key", default=None, metavar="KID",
+                     help="the key for tokens without a kid")
+    run.add_argument("--oauth2-jwks-url", default=None, metavar="URL",
+                     help="fetch signing keys from this JWKS URL (again on unknown kids)")
+    run.add_argument("--oauth2-preferred-username-claims", default="", metavar="CLAIMS",
+                     help="comma-separated claims naming the user (then sub, client_id)")
+    run.add_argument("--oauth2-extra-scopes-source", default=None, metavar="CLAIM",
+                     help="another claim holding scopes")
+    run.add_argument("--oauth2-no-verify-aud", action="store_true",
+                     help="do not require the resource server id in the token's aud")
     run.add_argument("--load-definitions", default=None, metavar="JSON",
                      help="import users, vhosts, permissions, topic permissions and limits "
                           "from a RabbitMQ definitions file at start")
@@ -339,6 +358,16 @@ def _run(args) -> int:
                     http_max_body=args.http_max_body, http_timeout=args.http_timeout,
                     http_tls=args.http_tls, metrics_auth=args.metrics_auth,
                     metrics_per_object=args.metrics_per_object,
+                    oauth2_resource_server_id=args.oauth2_resource_server_id,
+                    oauth2_scope_prefix=args.oauth2_scope_prefix,
+                    oauth2_signing_keys=tuple(tuple(k.split("=", 1))  # type: ignore[misc]
+                                              for k in args.oauth2_signing_key if "=" in k),
+                    oauth2_default_key=args.oauth2_default_key,
+                    oauth2_jwks_url=args.oauth2_jwks_url,
+                    oauth2_preferred_username_claims=tuple(
+                        c for c in args.oauth2_preferred_username_claims.split(",") if c),
+                    oauth2_extra_scopes_source=args.oauth2_extra_scopes_source,
+                    oauth2_verify_aud=not args.oauth2_no_verify_aud,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     mqtt_ws_port=args.mqtt_ws_port, mqtt_wss_port=args.mqtt_wss_port,

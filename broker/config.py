@@ -159,6 +159,16 @@ class Config:
     default_pass: str = "guest"
     loopback_users: tuple[str, ...] = ("guest",)
     auth_failure_delay: float = 1.0
+    # OAuth 2 / JWT tokens as passwords (rabbitmq_auth_backend_oauth2; docs/security.md):
+    # on when resource_server_id is set; signing keys as (kid, PEM file) pairs and/or a JWKS URL
+    oauth2_resource_server_id: str | None = None
+    oauth2_scope_prefix: str | None = None  # default "<resource_server_id>."
+    oauth2_signing_keys: tuple[tuple[str, str], ...] = ()
+    oauth2_default_key: str | None = None
+    oauth2_jwks_url: str | None = None
+    oauth2_preferred_username_claims: tuple[str, ...] = ()
+    oauth2_extra_scopes_source: str | None = None
+    oauth2_verify_aud: bool = True
     load_definitions: str | None = None  # users/vhosts/permissions JSON imported at start
     # amqps (broker/security/tls.py): None = no TLS listener; 0 picks a free port. Uses
     # tls_cert/tls_key/tls_ca; tls_verify "peer" | "none" (None: "peer" when tls_ca is set).

@@ -50,6 +50,7 @@ class Session:
             max_partial_bodies=broker.config.max_partial_bodies,
             server_properties={"version": __version__},
             mechanisms=b"AMQPLAIN PLAIN EXTERNAL" if tls else b"AMQPLAIN PLAIN")
+        self.conn.update_secret = self._update_secret
         self.output_high_water = broker.config.output_high_water
         self.flow_high = broker.config.flow_high or float("inf")
         self.flow_low = broker.config.flow_low
@@ -72,6 +73,25 @@ class Session:
         self.closed = False
 
     # ---- security (broker.access) ----
+    def _update_secret(self, secret: bytes, reason: str) -> None:
+        """connection.update-secret: a new secret (an OAuth 2 token) for the same user; its
+        permissions apply to every channel at once. Refused as RabbitMQ: 530."""
+        user = self.user
+        new, _why = self.broker.access.check_login(
+            user.name if user is not None else "", secret.decode("utf-8", "replace"),
+            self.peer_host)
+        if new is None or user is None or new.name != user.name:
+            log.warning("Secret update was refused for user '%s'",
+                        user.name if user is not None else "")
+            raise errors.not_allowed("New secret was refused by one of the backends")
+        self.user = new
+        if self.vhost is not None:
+            self.authz = self.broker.access.authz(new, self.vhost.name)
+            for ch in self.channels.values():
+                ch.authz = self.authz
+        log.info("connection %s: user '%s' updated secret, reason: %s", self.peer, new.name,
+                 reason)
+
     def _authenticate(self, mechanism: str, response: bytes) -> tuple[str | None, str]:
         user, refusal = self.broker.access.login(mechanism, response, self.peer_host,
                                                  self.peer_cert_user)

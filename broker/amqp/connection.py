@@ -204,6 +204,9 @@ class ServerConnection:
         self.state = State.AWAIT_HEADER
         self.mechanisms = mechanisms  # offered in connection.start (EXTERNAL on TLS)
         self._authenticate = authenticate
+        # connection.update-secret (RabbitMQ's extension): (new secret, reason), raising an
+        # AMQPError to refuse it; None: accepted as is
+        self.update_secret: Callable[[bytes, str], None] | None = None
         self._vhost_exists = vhost_exists
         props: FieldTable = {"product": "TrioMQ", "version": "", "platform": "Python/trio",
                  "copyright": "TrioMQ developers", "information": "AMQP 0-9-1 broker",
@@ -760,6 +763,8 @@ class ServerConnection:
         if isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
             return
         if isinstance(method, spec.Connection.UpdateSecret):
+            if self.update_secret is not None:  # raises (530) to refuse the new secret
+                self.update_secret(bytes(method.new_secret), method.reason)
             self.send_method(0, spec.Connection.UpdateSecretOk())
             return
         raise errors.command_invalid(f"unexpected {method.amqp_name} on an open connection", method=method)

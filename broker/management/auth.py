@@ -97,12 +97,23 @@ def credentials(request: Request) -> tuple[str, str] | None:
     return (username, password) if sep else None
 
 
+def bearer(request: Request) -> tuple[str, str] | None:
+    """``Authorization: Bearer <token>`` as RabbitMQ's OAuth 2 backend takes it (the token
+    is the password; its claims name the user)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return "", value.strip()
+
+
 async def authenticate(request: Request) -> ApiUser:
     """The caller, or ApiError 401 (RabbitMQ's "Login failed" after a short delay)."""
     cached = request.scope.get("triomq.user")
     if cached is not None:
         return cached
     creds = credentials(request)
+    if creds is None:
+        creds = bearer(request)
     if creds is None:
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
     peer = request.client.host if request.client else None

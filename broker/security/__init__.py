@@ -61,6 +61,20 @@ def install(broker) -> AccessControl:
                            loopback_users=tuple(getattr(config, "loopback_users", ("guest",))),
                            failure_delay=getattr(config, "auth_failure_delay", 1.0))
     broker.access = access
+    if getattr(config, "oauth2_resource_server_id", None):
+        from functools import partial
+
+        from .oauth2 import OAuth2, OAuth2Config
+        access.oauth2 = OAuth2(OAuth2Config(
+            resource_server_id=config.oauth2_resource_server_id,
+            scope_prefix=config.oauth2_scope_prefix,
+            signing_keys=dict(config.oauth2_signing_keys),
+            default_key=config.oauth2_default_key,
+            jwks_url=config.oauth2_jwks_url,
+            preferred_username_claims=tuple(config.oauth2_preferred_username_claims),
+            extra_scopes_source=config.oauth2_extra_scopes_source,
+            verify_aud=config.oauth2_verify_aud))
+        broker.background_tasks.append(partial(access.oauth2.run, broker))
     path = getattr(config, "load_definitions", None)
     if path:
         def load() -> None:

@@ -12,6 +12,7 @@ from .. import errors
 from . import model
 from .authz import Authz
 from .model import NotFound, Permission, TopicPermission, User
+from .oauth2 import OAuth2, TokenUser, looks_like_jwt
 from .passwords import SHA256, hash_password, verify_password
 
 log = logging.getLogger("broker.access")
@@ -80,6 +81,8 @@ class AccessControl:
         self.perms: dict[tuple[str, str], Permission] = {}  # (user, vhost)
         self.topic_perms: dict[tuple[str, str], dict[str, TopicPermission]] = {}
         self._authz: dict[tuple[str, str], Authz] = {}
+        #: OAuth 2 tokens as passwords (rabbitmq_auth_backend_oauth2), when configured
+        self.oauth2: OAuth2 | None = None
         #: callbacks(vhost name) after a vhost is created / deleted, and callbacks() after
         #: any user or permission change (features caching what the access allows)
         self.on_vhost_added: list = []
@@ -195,7 +198,11 @@ class AccessControl:
                     peer_host: str | None = None) -> tuple[User | None, str]:
         """``authenticate`` without logging: (user, "") or (None, ``INVALID_CREDENTIALS``
         for an unknown user or a wrong password, ``LOOPBACK_ONLY``), for callers that log
-        the refusal in their protocol's words."""
+        the refusal in their protocol's words. With OAuth 2 configured, a password that is
+        a JWT is verified as a token (any user name; the token's claims name the user)."""
+        if self.oauth2 is not None and looks_like_jwt(password):
+            token_user = self.oauth2.login(username, password, peer_host)
+            return (token_user, "") if token_user is not None else (None, INVALID_CREDENTIALS)
         user = self.users.get(username)
         if user is None:
             verify_password(password, _DUMMY_HASH, SHA256)
@@ -233,6 +240,13 @@ class AccessControl:
     # ------------------------------------------------------------------ checks
     def authz(self, user: User | str, vhost_name: str) -> Authz:
         """The cached checks of ``user`` in ``vhost_name`` (shared, reloaded in place)."""
+        if isinstance(user, TokenUser):  # permissions from the token's scopes
+            authz = user.authz_cache.get(vhost_name)
+            if authz is None:
+                authz = user.authz_cache[vhost_name] = Authz(user.name, vhost_name)
+                authz.reload(user, Permission(*(user.permission_regex(vhost_name, p)
+                                                for p in ("configure", "write", "read"))), None)
+            return authz
         name = user if isinstance(user, str) else user.name
         key = (name, vhost_name)
         authz = self._authz.get(key)
@@ -244,6 +258,11 @@ class AccessControl:
     def check_vhost(self, user: User | None, vhost_name: str) -> None:
         """530 NOT_ALLOWED unless ``user`` has a permission entry in ``vhost_name``."""
         name = user.name if user is not None else ""
+        if isinstance(user, TokenUser):
+            if not user.has_vhost(vhost_name):
+                raise errors.not_allowed("access to vhost '%s' refused for user '%s'",
+                                         vhost_name, name)
+            return
         if user is None or (name, vhost_name) not in self.perms:
             raise errors.not_allowed("access to vhost '%s' refused for user '%s'", vhost_name, name)
 

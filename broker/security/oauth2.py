@@ -1,0 +1,241 @@
+"""OAuth 2 / JWT authentication as RabbitMQ's rabbitmq_auth_backend_oauth2: a JWT access token
+given as the password (AMQP PLAIN/AMQPLAIN, MQTT CONNECT, HTTP ``Authorization: Bearer``) is
+verified against the configured keys and turned into a ``TokenUser`` whose permissions are
+the token's scopes:
+
+- ``<prefix>read:<vhost>/<name>``, ``write:``, ``configure:`` (``*`` wildcards in the vhost
+  and name patterns, each matched whole; a third ``/<routing key>`` part is ignored),
+- ``<prefix>tag:<tag>`` (administrator, monitoring, management, policymaker).
+
+``prefix`` is ``<resource_server_id>.`` unless set; scopes come from the ``scope`` claim
+(a space-separated string or a list) plus ``extra_scopes_source``. The user name is the first
+of ``preferred_username_claims`` present, else ``sub``, else ``client_id``.
+
+Keys: PEM files per ``kid`` (a file that is no PEM is an HS256 secret) and/or a JWKS URL,
+fetched with httpx at start and again (at most every ``JWKS_MIN_INTERVAL`` seconds) when a
+token names a kid not known yet. Logins are synchronous, so such a token is refused once and
+accepted as soon as the refreshed set has its key. ``run`` (a broker background task) does the
+fetching and closes connections whose token has expired (320 "credential expired"), unless
+``connection.update-secret`` gave them a new token first."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+import jwt
+import trio
+
+from .model import User
+
+log = logging.getLogger("broker.security.oauth2")
+
+PERMISSIONS = ("configure", "write", "read")
+ASYMMETRIC = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256")
+JWKS_MIN_INTERVAL = 1.0  # seconds between two fetches asked for by unknown kids
+EXPIRY_CHECK_INTERVAL = 0.5  # seconds between two sweeps for expired tokens
+
+
+@dataclass
+class OAuth2Config:
+    resource_server_id: str
+    scope_prefix: str | None = None
+    signing_keys: dict[str, str] = field(default_factory=dict)  # kid -> PEM file path
+    default_key: str | None = None  # the kid used for tokens without one
+    jwks_url: str | None = None
+    preferred_username_claims: tuple[str, ...] = ()
+    extra_scopes_source: str | None = None
+    verify_aud: bool = True
+
+    @property
+    def prefix(self) -> str:
+        return self.scope_prefix if self.scope_prefix is not None \
+            else self.resource_server_id + "."
+
+
+@dataclass
+class TokenUser(User):
+    """A user authenticated by a token: nothing stored, permissions from its scopes."""
+    scopes: tuple[tuple[str, re.Pattern, re.Pattern], ...] = ()  # (perm, vhost, name)
+    expires_at: float | None = None  # the token's exp (epoch seconds)
+    authz_cache: dict = field(default_factory=dict)  # vhost -> Authz
+
+    def has_vhost(self, vhost: str) -> bool:
+        return any(v.fullmatch(vhost) for _p, v, _n in self.scopes)
+
+    def permission_regex(self, vhost: str, perm: str) -> str:
+        """The name patterns granting ``perm`` in ``vhost`` as one anchored regex ("" for
+        none: nothing allowed)."""
+        names = [n.pattern for p, v, n in self.scopes if p == perm and v.fullmatch(vhost)]
+        return "^(?:" + "|".join(names) + ")$" if names else ""
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and time.time() >= self.expires_at
+
+
+class TokenError(Exception):
+    """Why a token was refused (logged, never told to the client)."""
+
+
+def wildcard(pattern: str) -> re.Pattern:
+    """RabbitMQ's scope pattern: ``*`` is any run of characters, the rest is literal."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
+
+
+def looks_like_jwt(secret: str) -> bool:
+    parts = secret.split(".")
+    return len(parts) == 3 and all(parts[:2]) and len(secret) > 20
+
+
+class OAuth2:
+    def __init__(self, config: OAuth2Config):
+        self.config = config
+        self.keys: dict[str, object] = {}  # kid -> key (PEM text, bytes secret or JWK key)
+        self.jwks: dict[str, object] = {}
+        self.missing_kid = trio.Event()  # a token named a kid we do not have
+        self.jwks_fetched = 0  # successful fetches (tests wait on it)
+        for kid, path in config.signing_keys.items():
+            self.keys[kid] = Path(path).read_bytes()
+
+    # ---------------------------------------------------------------- verification
+    def _key(self, kid: str | None):
+        kid = kid or self.config.default_key
+        if kid is None and len(self.keys) + len(self.jwks) == 1:
+            return next(iter({**self.keys, **self.jwks}.values()))
+        if kid is None:
+            raise TokenError("no kid in the token and no default key")
+        key = self.keys.get(kid) or self.jwks.get(kid)
+        if key is None:
+            if self.config.jwks_url:
+                self.missing_kid.set()
+            raise TokenError(f"unknown signing key '{kid}'")
+        return key
+
+    def decode(self, token: str) -> dict:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise TokenError(f"not a JWT: {exc}") from None
+        key = self._key(header.get("kid"))
+        if isinstance(key, bytes) and not key.lstrip().startswith(b"-----BEGIN"):
+            algorithms = ["HS256"]  # a file that is no PEM: a shared secret
+            key = key.strip()
+        else:
+            algorithms = list(ASYMMETRIC)
+        try:
+            return jwt.decode(token, key, algorithms=algorithms,  # type: ignore[arg-type]
+                              audience=self.config.resource_server_id
+                              if self.config.verify_aud else None,
+                              options={"verify_aud": self.config.verify_aud})
+        except jwt.ExpiredSignatureError:
+            raise TokenError("token expired") from None
+        except jwt.InvalidAudienceError:
+            raise TokenError("token audience does not include "
+                             f"'{self.config.resource_server_id}'") from None
+        except jwt.PyJWTError as exc:
+            raise TokenError(f"invalid token: {exc}") from None
+
+    def user(self, token: str) -> TokenUser:
+        """The user of a valid token, else TokenError."""
+        claims = self.decode(token)
+        name = None
+        for claim in (*self.config.preferred_username_claims, "sub", "client_id"):
+            if isinstance(claims.get(claim), str) and claims[claim]:
+                name = claims[claim]
+                break
+        if name is None:
+            raise TokenError("no user name claim (sub, client_id) in the token")
+        scopes = _scope_list(claims.get("scope"))
+        if self.config.extra_scopes_source:
+            scopes += _scope_list(claims.get(self.config.extra_scopes_source))
+        prefix = self.config.prefix
+        tags, perms = [], []
+        for scope in scopes:
+            if not scope.startswith(prefix):
+                continue
+            kind, sep, rest = scope[len(prefix):].partition(":")
+            if not sep:
+                continue
+            if kind == "tag":
+                tags.append(rest)
+            elif kind in PERMISSIONS:
+                vhost, sep, name_pattern = rest.partition("/")
+                if not sep:
+                    continue
+                name_pattern = name_pattern.split("/", 1)[0]  # routing-key part: not used
+                # the default vhost is written %2F in scopes, as RabbitMQ's docs do
+                perms.append((kind, wildcard(unquote(vhost)), wildcard(unquote(name_pattern))))
+        exp = claims.get("exp")
+        return TokenUser(name=name, tags=tuple(tags), scopes=tuple(perms),
+                         expires_at=float(exp) if isinstance(exp, (int, float)) else None)
+
+    def login(self, username: str, token: str, peer_host: str | None) -> TokenUser | None:
+        """The token's user, or None with RabbitMQ's log line naming the user."""
+        try:
+            return self.user(token)
+        except TokenError as exc:
+            log.warning("OAuth 2 login refused: user '%s' - %s (peer %s)",
+                        _shown(username), exc, peer_host)
+            return None
+
+    # ---------------------------------------------------------------- background
+    async def fetch_jwks(self) -> None:
+        import httpx
+        assert self.config.jwks_url is not None
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.get(self.config.jwks_url)
+            r.raise_for_status()
+            keys = {}
+            for jwk in r.json().get("keys", []):
+                kid = jwk.get("kid")
+                if kid:
+                    keys[kid] = jwt.PyJWK.from_json(json.dumps(jwk)).key
+        self.jwks = keys
+        self.jwks_fetched += 1
+        log.info("OAuth 2: %d signing keys from %s", len(keys), self.config.jwks_url)
+
+    async def _keep_jwks(self) -> None:
+        while True:
+            try:
+                await self.fetch_jwks()
+            except Exception as exc:
+                log.warning("OAuth 2: fetching %s failed: %s", self.config.jwks_url, exc)
+            await trio.sleep(JWKS_MIN_INTERVAL)
+            await self.missing_kid.wait()
+            self.missing_kid = trio.Event()
+
+    async def run(self, broker) -> None:
+        """Fetch the JWKS (again on unknown kids) and close connections whose token expired."""
+        from .. import errors
+        async with trio.open_nursery() as nursery:
+            if self.config.jwks_url:
+                nursery.start_soon(self._keep_jwks)
+            closed: set = set()  # sessions told already (they leave once their output is out)
+            while True:
+                await trio.sleep(EXPIRY_CHECK_INTERVAL)
+                closed &= set(map(id, broker.sessions))
+                for session in list(broker.sessions):
+                    user = getattr(session, "user", None)
+                    if isinstance(user, TokenUser) and user.expired and id(session) not in closed:
+                        closed.add(id(session))
+                        log.warning("closing connection of user '%s': credential expired",
+                                    user.name)
+                        session.force_close(errors.connection_forced("credential expired"))
+
+
+def _scope_list(value) -> list[str]:
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _shown(name: str) -> str:
+    from .access import shown
+    return shown(name)
