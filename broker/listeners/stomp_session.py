@@ -197,11 +197,8 @@ class StompSession:
         elif command in ("ACK", "NACK"):
             self._on_ack(command, headers)
         elif command == "BEGIN":
-            name = self._tx_name(command, headers)
-            if name in self.transactions:
-                raise StompError("Bad transaction",
-                                 f'Transaction "{name}" already started\n')
-            self.transactions[name] = []
+            # a BEGIN of a transaction already open starts it afresh (RabbitMQ's plugin does)
+            self.transactions[self._tx_name(command, headers)] = []
         elif command == "COMMIT":
             frames = self._take_tx(command, headers)
             waits = False
@@ -410,7 +407,7 @@ class StompSession:
         sub_id = h.get("id") or destination  # 1.0 makes the id optional (RabbitMQ: the destination)
         if sub_id in self.subscriptions:
             raise StompError("Duplicated subscription identifier",
-                             f'A subscription identified by "{sub_id}" already exists.\n')
+                             f"A subscription identified by 'T_{sub_id}' already exists.")
         ack = h.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
             raise StompError("Bad ack header",
@@ -434,7 +431,7 @@ class StompSession:
             if durable:
                 if sub_name is None and not h.get("id"):
                     raise StompError("Missing Header",
-                                     "Header 'id' is required for durable subscriptions\n")
+                                     "Header 'id' is required for durable subscriptions")
                 base = f"{self.client_id}-{sub_name}" if sub_name is not None else sub_id
                 q = self._declare("stomp-subscription-" + base, True,
                                   h.get("auto-delete", "").lower() == "true", False,
@@ -500,10 +497,9 @@ class StompSession:
             raise StompError("Invalid header",
                              f'"{command}" must include a valid "{header}" header\n')
         item = self.unacked.get(n)
-        if item is None:
-            raise StompError("Bad ACK" if command == "ACK" else "Bad NACK",
-                             f"unknown delivery '{ack_id}' (already acknowledged or not "
-                             "delivered on this connection)\n")
+        if item is None:  # (already acknowledged, or never delivered on this connection)
+            raise StompError("Subscription not found",
+                             f'Message with id "{ack_id}" has no subscription')
         sub = item[0]
         if sub.ack == "client":  # cumulative: every earlier delivery of the subscription
             numbers = [k for k, v in self.unacked.items() if v[0] is sub and k <= n]

@@ -1,0 +1,107 @@
+"""The STOMP session against a whole broker (memory store, fake clock), without sockets:
+login and vhosts, permissions, transactions, the AMQP side of the mapping."""
+from __future__ import annotations
+
+import pytest
+
+from broker.listeners.stomp_session import StompService, StompSession
+from broker.stomp.codec import Frame, FrameReader, encode
+
+from ..support import declare_queue
+
+
+@pytest.fixture
+def service(broker):
+    return StompService(broker)
+
+
+class Client:
+    def __init__(self, service, login="guest", passcode="guest", host="/", version="1.2"):
+        self.session = StompSession(service, "127.0.0.1:40000", "127.0.0.1")
+        self.reader = FrameReader(1 << 20)
+        self.reader.version = version
+        headers = {"accept-version": version, "login": login, "passcode": passcode}
+        if host is not None:
+            headers["host"] = host
+        self.connected = self.send("CONNECT", **headers)
+
+    def send(self, command, body=b"", h: dict | None = None, **headers) -> list[Frame]:
+        headers = {k.replace("_", "-"): v for k, v in headers.items()}
+        headers.update(h or {})
+        self.session.data_received(encode(Frame(command, headers, body)))
+        return self.reader.feed(self.session.conn.data_to_send())
+
+
+def test_login_vhost_and_permissions(broker, service):
+    access = broker.access
+    access.add_vhost("shop")
+    access.add_user("app", "pw")
+    access.set_permissions("app", "shop", "^app-", "^(amq\\.topic|app-.*)$", "^app-")
+    (err,) = Client(service, "app", "nope", "shop").connected
+    assert (err.command, err.headers["message"]) == ("ERROR", "Bad CONNECT")
+    assert err.body == b"Access refused for user 'app'\n"
+    (err,) = Client(service, "app", "pw", "/").connected  # no permissions in '/'
+    assert err.body == b"Virtual host '/' access denied"
+    c = Client(service, "app", "pw", "shop")
+    assert c.connected[0].command == "CONNECTED"
+    assert c.session.vhost.name == "shop"
+    assert c.send("SUBSCRIBE", destination="/queue/app-q", id="1", receipt="r")[0].command \
+        == "RECEIPT"
+    (err,) = c.send("SEND", b"x", destination="/queue/other", receipt="r2")
+    assert err.headers["message"] == "access_refused"
+    assert err.body.startswith(b"ACCESS_REFUSED - access to queue 'other' in vhost 'shop'")
+    assert c.session.finished
+
+
+def test_host_header_that_names_a_host_means_the_default_vhost(broker, service):
+    assert Client(service, host="127.0.0.1").connected[0].command == "CONNECTED"
+    assert Client(service, host="localhost").connected[0].command == "CONNECTED"
+    (err,) = Client(service, host="nope").connected
+    assert err.body == b"Virtual host 'nope' access denied"
+
+
+def test_begin_again_restarts_the_transaction(broker, service):
+    q = declare_queue(broker.vhosts["/"], "txq")
+    c = Client(service)
+    c.send("BEGIN", transaction="t")
+    c.send("SEND", b"one", destination="/amq/queue/txq", transaction="t")
+    c.send("BEGIN", transaction="t")  # as RabbitMQ's plugin: "one" is dropped
+    c.send("SEND", b"two", destination="/amq/queue/txq", transaction="t")
+    assert q.message_count == 0
+    assert c.send("COMMIT", transaction="t", receipt="c")[0].headers["receipt-id"] == "c"
+    assert [e.message.body for e in q.ready] == [b"two"]
+
+
+def test_disconnect_requeues_and_temp_queues_go(broker, service):
+    vhost = broker.vhosts["/"]
+    c = Client(service)
+    c.send("SEND", b"m", destination="/queue/work", reply_to="/temp-queue/r")
+    temp = c.session.temp_queues["r"]
+    (msg,) = c.send("SUBSCRIBE", destination="/queue/work", id="s", ack="client")
+    assert msg.headers["reply-to"] == "/reply-queue/" + temp.name
+    assert vhost.queues["work"].unacked_count == 1
+    c.send("DISCONNECT", receipt="bye")
+    assert temp.name not in vhost.queues
+    q = vhost.queues["work"]
+    assert [e.redelivered for e in q.ready] == [True] and not q.consumers
+    assert c.session not in broker.sessions
+
+
+def test_queue_deleted_under_a_subscription_is_an_error(broker, service):
+    c = Client(service)
+    c.send("SUBSCRIBE", destination="/queue/gone", id="s")
+    broker.vhosts["/"].delete_queue(broker.vhosts["/"].queues["gone"])
+    (err,) = c.reader.feed(c.session.conn.data_to_send())
+    assert err.headers["message"] == "Server cancelled subscription"
+    assert c.session.finished
+
+
+def test_activemq_numeric_scheduling_headers_reach_the_scheduler(broker, service):
+    c = Client(service)
+    c.send("SUBSCRIBE", destination="/queue/later", id="s")
+    assert c.send("SEND", b"x", destination="/queue/later",
+                  h={"AMQ_SCHEDULED_DELAY": "5000"}) == []
+    assert broker.vhosts["/"].queues["later"].message_count == 0  # held by the scheduler
+    (err,) = c.send("SEND", b"x", destination="/queue/later",
+                      h={"AMQ_SCHEDULED_DELAY": "soon"})
+    assert err.headers["message"] == "precondition_failed"
