@@ -104,6 +104,9 @@ class BrokerCollector:
                                    "Size in bytes of ready messages", labels=labels)
         qpub = CounterMetricFamily("rabbitmq_queue_messages_published",
                                    "Messages published into a queue", labels=labels)
+        head = GaugeMetricFamily("rabbitmq_queue_head_message_timestamp",
+                                 "Timestamp of the first message in the queue, if any",
+                                 labels=labels)
         queues = 0
         sums = [0, 0, 0, 0, 0]  # ready, unacked, consumers, ready bytes, published
         for vhost in list(broker.vhosts.values()):
@@ -127,12 +130,17 @@ class BrokerCollector:
                 qcons.add_metric(key, c)
                 qbytes.add_metric(key, q.ready_bytes)
                 qpub.add_metric(key, q.stats_published)
+                ts = head_timestamp(q)
+                if ts is not None:
+                    head.add_metric(key, ts)
         if not self.per_object:
             for family, value in ((ready, sums[0]), (unacked, sums[1]),
                                   (messages, sums[0] + sums[1]), (qcons, sums[2]),
                                   (qbytes, sums[3]), (qpub, sums[4])):
                 family.add_metric([], value)
         yield from (ready, unacked, messages, qcons, qbytes, qpub)
+        if self.per_object:  # as rabbitmq_prometheus: per object only
+            yield head
         yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
                                 value=len(sessions))
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
@@ -285,6 +293,15 @@ class BrokerCollector:
         yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
 
 
+def head_timestamp(q) -> int | None:
+    """The timestamp property of the queue's next message (None: empty, or no timestamp)."""
+    entry = q.ready.peek()
+    if entry is None:
+        return None
+    ts = entry.message.properties.get("timestamp")
+    return ts if isinstance(ts, int) else None
+
+
 def churn_families(broker, prefix: str) -> list:
     """connection_churn_metrics; closed counts are opened minus still open."""
     churn = broker.churn
@@ -355,6 +372,9 @@ class DetailedCollector:
                                           "Consumers on a queue", labels=labels)
             ready_bytes = GaugeMetricFamily("rabbitmq_detailed_queue_messages_ready_bytes",
                                             "Size in bytes of ready messages", labels=labels)
+            head = GaugeMetricFamily("rabbitmq_detailed_queue_head_message_timestamp",
+                                     "Timestamp of the first message in the queue, if any",
+                                     labels=labels)
             for vhost in list(broker.vhosts.values()):
                 if self.vhosts and vhost.name not in self.vhosts:
                     continue
@@ -367,12 +387,15 @@ class DetailedCollector:
                     messages.add_metric(key, q.message_count + q.unacked_count)
                     consumers.add_metric(key, len(q.consumers))
                     ready_bytes.add_metric(key, q.ready_bytes)
+                    ts = head_timestamp(q)
+                    if ts is not None:
+                        head.add_metric(key, ts)
             if "queue_coarse_metrics" in fam:
                 yield from (ready, unacked, messages)
             if "queue_consumer_count" in fam:
                 yield consumers
             if "queue_metrics" in fam:
-                yield ready_bytes
+                yield from (ready_bytes, head)
         if "channel_metrics" in fam:
             labels = ["channel"]
             cons = GaugeMetricFamily("rabbitmq_detailed_channel_consumers",

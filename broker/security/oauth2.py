@@ -179,8 +179,8 @@ class OAuth2:
         try:
             return self.user(token)
         except TokenError as exc:
-            log.warning("OAuth 2 login refused: user '%s' - %s (peer %s)",
-                        _shown(username), exc, peer_host)
+            log.warning("OAuth 2 login refused: user '%s' (token sub '%s') - %s (peer %s)",
+                        _shown(username), _shown(_unverified_sub(token)), exc, peer_host)
             return None
 
     # ---------------------------------------------------------------- background
@@ -226,6 +226,15 @@ class OAuth2:
                         log.warning("closing connection of user '%s': credential expired",
                                     user.name)
                         session.force_close(errors.connection_forced("credential expired"))
+
+
+def _unverified_sub(token: str) -> str:
+    """The sub a refused token claims (for the log only: it may be forged)."""
+    try:
+        sub = jwt.decode(token, options={"verify_signature": False}).get("sub")
+    except jwt.PyJWTError:
+        return ""
+    return sub if isinstance(sub, str) else ""
 
 
 def _scope_list(value) -> list[str]:

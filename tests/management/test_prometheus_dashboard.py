@@ -257,7 +257,8 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
     try:
         ch = conn.channel()
         ch.queue_declare("detailed-q")
-        ch.basic_publish("", "detailed-q", b"hello")
+        ch.basic_publish("", "detailed-q", b"hello",
+                         pika.BasicProperties(timestamp=1_700_000_000))
         # one message dead-lettered for maxlen (drop-head, at-most-once), one dropped
         # without a dead-letter exchange
         ch.queue_declare("dl-target")
@@ -285,6 +286,14 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
         churn = get("?family=connection_churn_metrics")
         assert "rabbitmq_detailed_connections_opened_total 1.0" in churn
         assert "rabbitmq_detailed_queue_messages_ready" not in churn
+        metrics = get("?family=queue_metrics")
+        assert ('rabbitmq_detailed_queue_head_message_timestamp{queue="detailed-q",vhost="/"} '
+                "1.7e+09") in metrics
+        assert 'rabbitmq_detailed_queue_messages_ready_bytes{queue="detailed-q",vhost="/"} 5.0' \
+            in metrics
+        per_object = httpx.get(base + "/metrics/per-object", timeout=10).text
+        assert ('rabbitmq_queue_head_message_timestamp{queue="detailed-q",vhost="/"} 1.7e+09'
+                in per_object)
         # the vhost filter
         other = get("?family=queue_coarse_metrics&vhost=other")
         assert "detailed-q" not in other
