@@ -81,6 +81,15 @@ _NO_DICT: dict = {}
 # the binding argument carrying a subscription's granted QoS (a binding without it is one
 # stored by an earlier version: QoS 1 in the ...qos1 queue, QoS 0 in the ...qos0 queue)
 QOS_ARG = "x-mqtt-qos"
+# MQTT 5 subscription options kept in the binding (so a stored session gets them back):
+# No Local (0x04) and Retain As Published (0x08) bits, and the Subscription Identifier
+OPTIONS_ARG = "x-mqtt-options"
+SUBSCRIPTION_ID_ARG = "x-mqtt-subscription-id"
+NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
+# headers on messages that need them: the v5 publisher's client id (No Local), and the
+# RETAIN flag of a PUBLISH (Retain As Published)
+PUBLISHER_HEADER = "x-mqtt-publisher"
+RETAIN_HEADER = "x-mqtt-retain"
 # MQTT 5.0: the inbound QoS 1/2 PUBLISHes a client may have without PUBACK/PUBCOMP, and the
 # topic aliases it may define, as the CONNACK states them (both enforced by the connection)
 RECEIVE_MAXIMUM = 1024
@@ -88,16 +97,19 @@ TOPIC_ALIAS_MAXIMUM = 64
 NEVER_EXPIRES = 0xFFFFFFFF  # Session Expiry Interval: the session does not expire
 
 
-def _props(qos: int, dup: bool) -> tuple[dict, bytes]:
-    props = {"delivery_mode": 2 if qos else 1,
-             "headers": {"x-mqtt-publish-qos": qos, "x-mqtt-dup": dup}}
+def _props(qos: int, dup: bool, retain: bool = False) -> tuple[dict, bytes]:
+    headers: dict[str, Any] = {"x-mqtt-publish-qos": qos, "x-mqtt-dup": dup}
+    if retain:
+        headers[RETAIN_HEADER] = True
+    props = {"delivery_mode": 2 if qos else 1, "headers": headers}
     return props, encode_properties(props)
 
 
-# the four property sets an MQTT publish can have, built and encoded once and shared by
-# every such message (a Message's properties are never changed once routed: a header is
-# changed on a copy, Message.with_changes)
+# the property sets an MQTT publish can have, built and encoded once and shared by every
+# such message (a Message's properties are never changed once routed: a header is changed
+# on a copy, Message.with_changes); retained publishes say so (Retain As Published)
 _PROPS = {(q, d): _props(q, d) for q in (0, 1, 2) for d in (False, True)}
+_PROPS_RETAINED = {(q, d): _props(q, d, True) for q in (0, 1, 2) for d in (False, True)}
 
 
 # MQTT 5 PUBLISH properties that travel with the message (as AMQP properties and headers)
@@ -108,14 +120,15 @@ CORRELATION_HEADER = "x-mqtt-correlation-data"  # correlation data that is not a
 FORMAT_HEADER = "x-mqtt-payload-format-indicator"
 
 
-def _v5_message_props(qos: int, dup: bool, v5: dict) -> tuple[dict, bytes]:
+def _v5_message_props(qos: int, dup: bool, v5: dict, retain: bool = False,
+                      publisher: str | None = None) -> tuple[dict, bytes]:
     """The AMQP properties of a message published with MQTT 5 properties (docs/mqtt.md):
     user properties -> headers (a name given twice: an array of its values), Content
     Type -> content_type, Response Topic -> reply_to (as a routing key), Correlation Data
     -> correlation_id when it is UTF-8 of at most 255 bytes, else the header
     x-mqtt-correlation-data (bytes), Message Expiry Interval -> expiration (ms), Payload
     Format Indicator 1 -> the header x-mqtt-payload-format-indicator."""
-    base = _PROPS[(qos, dup)][0]
+    base = (_PROPS_RETAINED if retain else _PROPS)[(qos, dup)][0]
     headers: dict[str, Any] = {}
     for name, value in v5.get(P.USER_PROPERTY, ()):
         if name.startswith("x-mqtt-"):
@@ -128,6 +141,8 @@ def _v5_message_props(qos: int, dup: bool, v5: dict) -> tuple[dict, bytes]:
         else:
             headers[name] = [old, value]
     headers.update(base["headers"])
+    if publisher is not None:
+        headers[PUBLISHER_HEADER] = publisher
     props: dict[str, Any] = {"delivery_mode": base["delivery_mode"], "headers": headers}
     expiry = v5.get(P.MESSAGE_EXPIRY_INTERVAL)
     if expiry is not None:
@@ -155,7 +170,7 @@ def _v5_message_props(qos: int, dup: bool, v5: dict) -> tuple[dict, bytes]:
     return props, encode_properties(props)
 
 
-def _v5_delivery_props(message, entry, now: float) -> bytes:
+def _v5_delivery_props(message, entry, now: float) -> dict[int, Any]:
     """A v5 PUBLISH's encoded properties from an AMQP message: the mapping back of
     ``_v5_message_props`` (any AMQP header that is not the broker's becomes a user
     property), and the Message Expiry Interval left (section 3.3.2.3.3)."""
@@ -190,10 +205,14 @@ def _v5_delivery_props(message, entry, now: float) -> bytes:
         out[P.CORRELATION_DATA] = mp["correlation_id"].encode("utf-8", "replace")
     if "expiration" in mp and entry is not None and entry.expires_at is not None:
         out[P.MESSAGE_EXPIRY_INTERVAL] = max(1, math.ceil(entry.expires_at - now))
-    if not out:
+    return out
+
+
+def _encode_props(props: dict[int, Any]) -> bytes:
+    if not props:
         return b""
     try:
-        return P.encode(out)
+        return P.encode(props)
     except ValueError:  # a value MQTT cannot carry (a string over 65535 bytes)
         return b""
 
@@ -240,7 +259,7 @@ class MQTTSession:
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
                  "expiry", "filters", "finished", "flow_queues", "flow_resumed", "is_publisher",
                  "local_port", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
-                 "receive_max", "service", "tls", "user",
+                 "receive_max", "service", "sub_opts", "tls", "user",
                  "username", "vhost", "wake", "will")
 
     global_prefetch = 0
@@ -278,6 +297,9 @@ class MQTTSession:
         self.expiry: int | None = None
         self.end_session = False
         self.receive_max = 65535
+        # v5 filters with No Local / Retain As Published / a Subscription Identifier:
+        # filter -> (option bits, identifier); deliveries take the slow path while any
+        self.sub_opts: dict[str, tuple[int, int]] = _NO_DICT
         self.will: codec.Will | None = None
         self.consumers: dict[int, Consumer] = {}  # 1 -> the subscription queue's consumer
         # the session's subscriptions: MQTT filter -> granted QoS, and what a delivery's QoS
@@ -473,7 +495,7 @@ class MQTTSession:
                     P.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
                     P.RETAIN_AVAILABLE: 1,
                     P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
-                    P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+                    P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
                     P.SHARED_SUBSCRIPTION_AVAILABLE: 0}
             if assigned:
                 caps[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
@@ -514,6 +536,9 @@ class MQTTSession:
             if self.filters is _NO_DICT:
                 self.filters = {}
             self.filters[topic_filter] = qos if qos in (0, 1, 2) else 1
+            bits, sub_id = args.get(OPTIONS_ARG, 0), args.get(SUBSCRIPTION_ID_ARG, 0)
+            if isinstance(bits, int) and isinstance(sub_id, int):
+                self._set_options(topic_filter, bits, sub_id)
         self._filters_changed()
 
     def _adopt_legacy_queue(self, q0, q1):
@@ -686,8 +711,10 @@ class MQTTSession:
             # the broker's own status (mqtt_sys.py): dropped, as Mosquitto does (a QoS 1
             # publish is still acknowledged)
             return False
-        if v5 and not _MAPPED.isdisjoint(v5):
-            props, raw = _v5_message_props(qos, dup, v5)
+        if self.expiry is not None:  # v5: the publisher's client id goes along (No Local)
+            props, raw = _v5_message_props(qos, dup, v5 or _NO_DICT, retain, self.client_id)
+        elif retain:
+            props, raw = _PROPS_RETAINED[(qos, dup)]
         else:
             props, raw = _PROPS[(qos, dup)]
         message = Message(self.service.exchange, key, raw, props, payload)
@@ -769,11 +796,7 @@ class MQTTSession:
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
     def _on_subscribe(self, packet_id: int, topics: list[tuple[str, int]],
                       properties: dict | None = None) -> None:
-        if properties and P.SUBSCRIPTION_IDENTIFIER in properties:
-            # the CONNACK said Subscription Identifiers Available 0 (section 3.8.2.1.2)
-            self.close("subscription identifiers are not supported",
-                       P.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
-            return
+        sub_id = properties.get(P.SUBSCRIPTION_IDENTIFIER, 0) if properties else 0
         codes = []
         vhost = self.vhost
         exchange = self.service.exchange
@@ -782,15 +805,12 @@ class MQTTSession:
         for topic_filter, options in topics:
             qos = options & 0x03
             send_retained = True
+            bits = 0
             if v5:
                 if topic_filter.startswith("$share/"):  # the CONNACK said 0 (section 4.8.2)
                     codes.append(P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
                     continue
-                if options & 0x0C:
-                    # No Local and Retain As Published are not implemented: refused rather
-                    # than granted and ignored
-                    codes.append(P.IMPLEMENTATION_SPECIFIC_ERROR)
-                    continue
+                bits = options & (NO_LOCAL | RETAIN_AS_PUBLISHED)
                 handling = (options >> 4) & 0x03  # section 3.8.3.1: Retain Handling
                 send_retained = handling == 0 or (handling == 1
                                                   and topic_filter not in self.filters)
@@ -802,15 +822,17 @@ class MQTTSession:
                 self._check("queue", q.name, "write")
                 self._check("exchange", exchange, "read")
                 self._check_topic(key, "read")
-                args = self._binding_args(topic_filter, qos)
+                args = self._binding_args(topic_filter, qos, bits, sub_id)
+                olds = self._old_binding_args(topic_filter, args)
                 vhost.bind(exchange, q, key, args)
-                # the same filter subscribed before with another QoS, or as bound by earlier
-                # versions (no QoS; no filter before the '$' rule existed)
-                for old in self._old_binding_args(topic_filter, qos):
+                # the same filter subscribed before with other options, or as bound by
+                # earlier versions (no QoS; no filter before the '$' rule existed)
+                for old in olds:
                     vhost.unbind(exchange, q, key, old)
                 if self.filters is _NO_DICT:
                     self.filters = {}
                 self.filters[topic_filter] = qos
+                self._set_options(topic_filter, bits, sub_id)
             except errors.AMQPError as exc:
                 log.warning("mqtt client %r: subscription to %r refused: %s", self.client_id,
                             topic_filter, exc.text)
@@ -823,20 +845,39 @@ class MQTTSession:
         self._filters_changed()
         self.conn.suback(packet_id, codes)
         retained = self.service.retained
+        # retained messages a v5 subscription gets carry its identifier (section 3.3.4)
+        sid_props = _encode_props({P.SUBSCRIPTION_IDENTIFIER: [sub_id]}) if sub_id else b""
         for topic_filter, qos in granted:  # after the SUBACK (section 3.3.1.3)
             for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
-                self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True)
+                self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True,
+                                  props=sid_props)
 
     @staticmethod
-    def _binding_args(topic_filter: str, qos: int) -> dict:
-        return {MQTT_SUBSCRIPTION_ARG: topic_filter, QOS_ARG: qos}
+    def _binding_args(topic_filter: str, qos: int, bits: int = 0, sub_id: int = 0) -> dict:
+        args: dict[str, Any] = {MQTT_SUBSCRIPTION_ARG: topic_filter, QOS_ARG: qos}
+        if bits:
+            args[OPTIONS_ARG] = bits
+        if sub_id:
+            args[SUBSCRIPTION_ID_ARG] = sub_id
+        return args
 
-    def _old_binding_args(self, topic_filter: str, qos: int) -> list[dict]:
+    def _old_binding_args(self, topic_filter: str, new: dict | None = None) -> list[dict]:
         olds: list[dict] = [{}, {MQTT_SUBSCRIPTION_ARG: topic_filter}]
         prev = self.filters.get(topic_filter)
-        if prev is not None and prev != qos:
-            olds.append(self._binding_args(topic_filter, prev))
+        if prev is not None:
+            bits, sub_id = self.sub_opts.get(topic_filter, (0, 0))
+            old = self._binding_args(topic_filter, prev, bits, sub_id)
+            if old != new:
+                olds.append(old)
         return olds
+
+    def _set_options(self, topic_filter: str, bits: int, sub_id: int) -> None:
+        if bits or sub_id:
+            if self.sub_opts is _NO_DICT:
+                self.sub_opts = {}
+            self.sub_opts[topic_filter] = (bits, sub_id)
+        elif topic_filter in self.sub_opts:
+            del self.sub_opts[topic_filter]
 
     def _filters_changed(self) -> None:
         values = set(self.filters.values())
@@ -902,12 +943,14 @@ class MQTTSession:
             key = to_routing_key(topic_filter)
             for consumer in self.consumers.values():
                 try:
-                    for args in self._old_binding_args(topic_filter, -1):
+                    for args in self._old_binding_args(topic_filter):
                         self.vhost.unbind(exchange, consumer.queue, key, args)
                 except errors.AMQPError as exc:  # pragma: no cover - not our exclusive queue
                     log.warning("mqtt client %r: unsubscribe %r: %s", self.client_id,
                                 topic_filter, exc.text)
             self.filters.pop(topic_filter, None)
+            if topic_filter in self.sub_opts:
+                del self.sub_opts[topic_filter]
         self._filters_changed()
         self.conn.unsuback(packet_id, codes)
 
@@ -942,7 +985,11 @@ class MQTTSession:
         audit = self.audit
         props = b""
         if self.expiry is not None:  # v5: properties mapped back from the message's
-            props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
+            v5props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
+            if self.sub_opts:
+                self._deliver_with_options(consumer, queue, entry, topic, v5props, was_empty)
+                return
+            props = _encode_props(v5props)
         if consumer.no_ack:
             self.conn.publish(topic, message.body, 0, props=props)
             if audit is not None:
@@ -983,6 +1030,71 @@ class MQTTSession:
                     queue.ack(entry, consumer)
                 elif audit is not None:
                     audit.delivered(self, consumer.tag, pid, queue, entry)
+        if was_empty:
+            self.wake()
+
+    def _deliver_with_options(self, consumer: Consumer, queue, entry, topic: bytes,
+                              v5props: dict[int, Any], was_empty: bool) -> None:
+        """A delivery to a v5 session with subscription options: the QoS of the matching
+        filters that take it (No Local: not those of a client's own messages), RETAIN as
+        published if one of them says so, and their Subscription Identifiers."""
+        message = entry.message
+        headers = message.properties.get("headers") or _NO_DICT
+        own = headers.get(PUBLISHER_HEADER) == self.client_id
+        mqtt_topic = to_mqtt_topic(message.routing_key)
+        qos = -1
+        matched = False
+        retain = False
+        ids = []
+        sub_opts = self.sub_opts
+        for f, fqos in self.filters.items():
+            if not matches(f, mqtt_topic):
+                continue
+            matched = True
+            bits, sub_id = sub_opts.get(f, (0, 0))
+            if own and bits & NO_LOCAL:
+                continue  # section 3.8.3.1
+            if fqos > qos:
+                qos = fqos
+            if bits & RETAIN_AS_PUBLISHED and headers.get(RETAIN_HEADER):
+                retain = True
+            if sub_id:
+                ids.append(sub_id)
+        if qos < 0:
+            if matched:  # only No Local filters match this client's own message: not sent
+                if not consumer.no_ack:
+                    queue.ack(entry, consumer)
+                return
+            qos = 1  # queued before an UNSUBSCRIBE, or bound over AMQP
+        pub_qos = headers.get("x-mqtt-publish-qos")
+        if pub_qos is not None and pub_qos < qos:
+            qos = pub_qos
+        if consumer.no_ack:
+            qos = 0
+        if ids:
+            v5props[P.SUBSCRIPTION_IDENTIFIER] = ids
+        props = _encode_props(v5props)
+        audit = self.audit
+        if not qos:
+            self.conn.publish(topic, message.body, 0, retain=retain, props=props)
+            if audit is not None:
+                audit.delivered(self, consumer.tag, None, queue, entry)
+            if not consumer.no_ack:
+                queue.ack(entry, consumer)
+        else:
+            token = [queue, entry, consumer, 0]
+            want = 0
+            if qos == 2:  # the packet id kept across a reconnect or restart, as ``deliver``
+                want = entry.seq % 65535 + 1
+                state = self.qos2
+                if entry.redelivered and state is not None and state.resend:
+                    want = state.resend.pop((queue.name, entry.seq), want)
+            token[3] = pid = self.conn.publish(topic, message.body, qos, token, retain,
+                                               entry.redelivered, want, props)
+            if pid < 0:
+                queue.ack(entry, consumer)
+            elif audit is not None:
+                audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
             self.wake()
 

@@ -426,8 +426,6 @@ def _decode_publish_v5(flags: int, b: _Body) -> Publish:
     props = b.props(_props.PUBLISH)
     if not topic and _props.TOPIC_ALIAS not in props:  # section 3.3.2.1
         raise _protocol_error("PUBLISH without a topic name or a topic alias")
-    if _props.SUBSCRIPTION_IDENTIFIER in props:  # section 3.3.4: server to client only
-        raise _protocol_error("PUBLISH from a client with a subscription identifier")
     return Publish(topic, b.rest(), qos, bool(flags & 0x01), dup, pid, props)
 
 

@@ -277,6 +277,8 @@ class ServerConnection:
         """A v5 PUBLISH: its topic alias resolved, the Receive Maximum counted."""
         props = p.properties
         if props:
+            if P.SUBSCRIPTION_IDENTIFIER in props:  # server to client only (section 3.3.4)
+                return self._violation("PUBLISH from a client with a subscription identifier")
             alias = props.get(P.TOPIC_ALIAS)
             if alias is not None:
                 if alias > self.topic_alias_max:  # (0 is refused by the codec)

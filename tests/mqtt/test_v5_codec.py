@@ -289,3 +289,10 @@ def test_v311_answers_are_unchanged():
     conn.suback(1, [1, P.NOT_AUTHORIZED])
     conn.close("x", P.KEEP_ALIVE_TIMEOUT)
     assert conn.data_to_send() == b"\x20\x02\x00\x00" + b"\x90\x04\x00\x01\x01\x80"
+
+
+def test_client_publish_with_subscription_identifier_is_a_protocol_error():
+    conn = connected()
+    conn.receive_data(encode(m.Publish("t", b"", 0,
+                                       properties={P.SUBSCRIPTION_IDENTIFIER: [1]})))
+    assert out(conn)[0].reason_code == P.PROTOCOL_ERROR and conn.closed

@@ -51,7 +51,7 @@ def test_connack_states_capabilities(service):
     assert props[P.RECEIVE_MAXIMUM] == RECEIVE_MAXIMUM
     assert props[P.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
     assert props[P.SHARED_SUBSCRIPTION_AVAILABLE] == 0
-    assert props[P.SUBSCRIPTION_IDENTIFIER_AVAILABLE] == 0
+    assert props[P.SUBSCRIPTION_IDENTIFIER_AVAILABLE] == 1
     assert props[P.WILDCARD_SUBSCRIPTION_AVAILABLE] == 1
     assert props[P.RETAIN_AVAILABLE] == 1
     assert P.MAXIMUM_QOS not in props  # absent: QoS 2 is supported
@@ -110,17 +110,46 @@ def test_suback_and_unsuback_reason_codes(service):
     c = Client5(service, "dev", props={})
     [ack] = c.send(m.Subscribe(1, [("a/+", 2), ("$share/g/a", 1), ("b", 0x04 | 1),
                                    ("c", 0x20 | 1)], {}))
-    assert ack.return_codes == [2, P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-                                P.IMPLEMENTATION_SPECIFIC_ERROR, 1]
+    assert ack.return_codes == [2, P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, 1, 1]
     [ack] = c.send(m.Unsubscribe(2, ["a/+", "zzz"], {}))
     assert ack == m.UnsubAck(2, [P.SUCCESS, P.NO_SUBSCRIPTION_EXISTED], {})
 
 
-def test_subscription_identifier_is_refused_as_stated(service):
+def test_subscription_identifiers_no_local_and_retain_as_published(broker, service):
     c = Client5(service, "dev", props={})
-    [d] = c.send(m.Subscribe(1, [("a", 1)], {P.SUBSCRIPTION_IDENTIFIER: 3}))
-    assert d.reason_code == P.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
-    assert c.session.finished
+    c.send(m.Subscribe(1, [("a/#", 1)], {P.SUBSCRIPTION_IDENTIFIER: 7}),
+           m.Subscribe(2, [("a/b", 0x04 | 0x08 | 1)], {P.SUBSCRIPTION_IDENTIFIER: 9}),
+           m.Subscribe(3, [("n/#", 0x04 | 1)], {}))
+    other = Client5(service, "other", props={})
+    got = other.send(m.Publish("a/b", b"r", 1, True, False, 1, {}))
+    got = [p for p in c.output() if isinstance(p, m.Publish)]
+    # both filters match: once, both identifiers, RETAIN as published (a/b says so)
+    [p] = got
+    assert p.properties[P.SUBSCRIPTION_IDENTIFIER] == [7, 9] and p.retain
+    c.send(m.PacketId(m.PUBACK, p.packet_id))
+    # its own message: the No Local filter a/b does not take it, a/# does (no RAP there)
+    got = [p for p in c.send(m.Publish("a/b", b"own", 1, True, False, 5, {}))
+           if isinstance(p, m.Publish)]
+    [p] = got
+    assert p.payload == b"own" and p.properties[P.SUBSCRIPTION_IDENTIFIER] == [7]
+    assert not p.retain
+    c.send(m.PacketId(m.PUBACK, p.packet_id))
+    # only No Local filters match: not delivered, and not left in the queue
+    got = c.send(m.Publish("n/x", b"mine", 1, False, False, 6, {}))
+    assert [p for p in got if isinstance(p, m.Publish)] == []
+    assert broker.vhosts["/"].queues[queue_names("dev")[1]].message_count == 0
+    other.send(m.Publish("n/x", b"theirs", 0, False, False, None, {}))
+    assert [p.payload for p in c.output() if isinstance(p, m.Publish)] == [b"theirs"]
+
+
+def test_subscription_options_survive_a_reconnect(service):
+    c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    c.send(m.Subscribe(1, [("x", 0x04 | 1)], {P.SUBSCRIPTION_IDENTIFIER: 3}))
+    c.session.connection_lost()
+    c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    assert c.session.sub_opts == {"x": (0x04, 3)}
+    assert [p for p in c.send(m.Publish("x", b"own", 1, False, False, 1, {}))
+            if isinstance(p, m.Publish)] == []
 
 
 def test_retain_handling(service):
