@@ -654,7 +654,9 @@ def _parameter_verbs() -> None:
         return ["component", "name", "value"], rows
 
     def list_global_parameters(api: Api, a):
-        return ["name", "value"], api.get("/global-parameters")
+        # values as JSON, as rabbitmqctl prints them ("name" quoted)
+        return ["name", "value"], [{"name": p["name"], "value": json.dumps(p["value"])}
+                                   for p in api.get("/global-parameters")]
 
     def list_vhost_limits(api: Api, a):
         if a.global_:

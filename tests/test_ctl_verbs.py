@@ -79,7 +79,7 @@ async def _checks(hb) -> None:
         assert (await ctl(hb, "clear_operator_policy", "op")).returncode == 0
         assert (await ctl(hb, "-s", "list_operator_policies")).stdout == ""
         p = await ctl(hb, "-s", "list_global_parameters")
-        assert p.stdout.splitlines() == ["cluster_name\ttriomq@localhost"]
+        assert p.stdout.splitlines() == ['cluster_name\t"triomq@localhost"']
         assert (await ctl(hb, "set_vhost_limits", '{"max-connections": 10}')).returncode == 0
         p = await ctl(hb, "-q", "list_vhost_limits")
         assert p.stdout.strip() == '{"max-connections":10}'
