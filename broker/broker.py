@@ -53,17 +53,18 @@ class Broker:
         self.timers = TimerQueue()
         self.store = store or MemoryStore()
         backing = self.store if DURABLE in self.store.capabilities else None
+        # amq.rabbitmq.reply-to consumers (a cluster names the node in their reply names)
+        self.direct_reply = DirectReply()
         self.vhosts: dict[str, VirtualHost] = {"/": VirtualHost("/", self.timers, backing)}
         self.churn = Churn()  # opened/created/deleted counters (Prometheus)
         for vhost in self.vhosts.values():
             vhost.churn = self.churn
+            vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
         self.users = UserDatabase()
         self.sessions: set = set()
         # Callables (channel, message, mandatory, seq) -> bool; True = taken over (e.g. delayed).
         self.publish_hooks: list = []
-        # amq.rabbitmq.reply-to consumers (a cluster names the node in their reply names)
-        self.direct_reply = DirectReply()
         # unacknowledged deliveries held too long close their channel (consumer_timeout)
         self.consumer_timeouts = ConsumerTimeouts(self.timers, self.config.consumer_timeout,
                                                   self.config.consumer_timeout_interval)
@@ -119,6 +120,7 @@ class Broker:
             backing = self.store if DURABLE in self.store.capabilities else None
             vhost = self.vhosts[name] = VirtualHost(name, self.timers, backing)
             vhost.churn = self.churn
+            vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
         return vhost
 

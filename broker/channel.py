@@ -537,10 +537,8 @@ class Channel:
     def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
         queues = self.vhost.route(message.exchange, message.routing_key, message)
         if not queues:
-            if not message.exchange and message.routing_key.startswith(REPLY_PREFIX):
-                # a direct reply (no queue can have its name: amq. is reserved): straight to
-                # its requester; a mandatory one is returned even when delivered, as on RabbitMQ
-                self.session.broker.direct_reply.route(self.vhost.name, message)
+            # a direct reply went straight to its requester in route(); a mandatory one is
+            # returned all the same, as on RabbitMQ
             if mandatory:
                 self.stats_return_unroutable += 1
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
@@ -550,7 +548,8 @@ class Channel:
                 self.confirm_decided(seq, True)
             if self.audit is not None:
                 self.audit.published(self, message, queues,
-                                     "returned" if mandatory else "unroutable", seq)
+                                     self.session.broker.direct_reply.unrouted_outcome(
+                                         message, mandatory), seq)
             return
         if seq and message.persistent and self.session.broker.refuses_persistent(queues):
             # the store cannot write: nacked before any queue (or consumer) sees it

@@ -102,29 +102,47 @@ class DirectReply:
         if rc is not None:
             deliver(rc, message)
 
-    def route(self, vhost: str, message: Message) -> None:
-        """A reply published to the default exchange with a reply name as routing key:
-        delivered to its consumer here, or forwarded to the requester's node."""
+    def reaches(self, name: str) -> bool:
+        """Whether a reply to ``name`` goes to its requester: a live consumer here, or a
+        well-formed name of another node's (the audit trail records it as replied)."""
+        if name in self.consumers:
+            return True
+        return self.forward is not None and not self.is_local(name) and node_of(name) is not None
+
+    def unrouted_outcome(self, message: Message, mandatory: bool) -> str:
+        """The audit outcome of a publish that reached no queue: ``replied`` for a direct
+        reply its requester got (returned too when mandatory, as on RabbitMQ)."""
+        if (not message.exchange and message.routing_key.startswith(REPLY_PREFIX)
+                and self.reaches(message.routing_key)):
+            return "replied"
+        return "returned" if mandatory else "unroutable"
+
+    def route(self, vhost: str, message: Message) -> bool:
+        """A reply published to the default exchange with a reply name as routing key
+        (``VirtualHost.route``, whatever the protocol): delivered to its consumer here, or
+        forwarded to the requester's node. False: dropped (the requester is gone)."""
         name = message.routing_key
         rc = self.consumers.get(name)
         if rc is not None:
-            deliver(rc, message)
-            return
+            return deliver(rc, message)
         forward = self.forward
         if forward is None or self.is_local(name):
-            return  # the requester is gone: dropped, as RabbitMQ does
+            return False  # the requester is gone: dropped, as RabbitMQ does
         node = node_of(name)
-        if node is not None:
-            forward(node, vhost, message)
+        if node is None:
+            return False
+        forward(node, vhost, message)
+        return True
 
 
-def deliver(rc: ReplyConsumer, message: Message) -> None:
+def deliver(rc: ReplyConsumer, message: Message) -> bool:
     ch = rc.channel
     if ch.closed:
-        return
+        return False
     # RabbitMQ sends the channel's next delivery tag without taking it (a no-ack delivery
     # that nothing will settle)
     ch.conn.deliver(ch.number, rc.tag_raw, ch.next_tag, False, message.exchange,
                     message.routing_key, message.props_raw, message.body)
     ch.stats_deliver_no_ack += 1
     ch.session.wake()
+    return True

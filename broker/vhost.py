@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from . import errors
 from .churn import Churn
+from .direct_reply import REPLY_PREFIX, DirectReply
 from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
@@ -65,6 +66,8 @@ class VirtualHost:
         # metadata default_queue_type (RabbitMQ 3.11+): the type of a new queue declared
         # without x-queue-type, where the type allows the declare (``with_default_type``)
         self.default_queue_type: str | None = None
+        # the broker's direct reply-to consumers (Broker.create_vhost sets it)
+        self.direct_reply: DirectReply | None = None
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
 
@@ -382,10 +385,14 @@ class VirtualHost:
             # the common case: one exchange, one key, no e2e bindings or alternate to follow
             dests = x.route(routing_key, headers, properties)
             if all(d.kind == "queue" for d in dests):
-                if not dests and not exchange_name and self.resolvers:
-                    found = self._route_resolved(routing_key, message)
-                    x.stats_publish_out += len(found)
-                    return found
+                if not dests and not exchange_name:
+                    if routing_key.startswith(REPLY_PREFIX):
+                        self._route_reply(message)
+                        return []
+                    if self.resolvers:
+                        found = self._route_resolved(routing_key, message)
+                        x.stats_publish_out += len(found)
+                        return found
                 if len(dests) > 1:
                     dests = list(dict.fromkeys(dests))
                 x.stats_publish_out += len(dests)
@@ -394,6 +401,14 @@ class VirtualHost:
         self._route_into(x, keys or [routing_key], headers, properties, queues, set())
         x.stats_publish_out += len(queues)
         return list(queues)
+
+    def _route_reply(self, message) -> None:
+        """A default-exchange key naming a direct reply-to requester (no queue can have
+        that name: amq. is reserved): the reply goes straight to its consumer, whichever
+        protocol published it (AMQP, the HTTP API, a transaction's check-back, STOMP,
+        MQTT); it reaches no queue, so the publisher sees it unroutable, as on RabbitMQ."""
+        if message is not None and self.direct_reply is not None:
+            self.direct_reply.route(self.name, message)
 
     # ---- destinations created on first use (routing/: virtual topics, composites) ----
     def resolve_exchange(self, name: str) -> Exchange | None:

@@ -288,7 +288,8 @@ def publish_message(vhost, exchange: str, routing_key: str, properties: dict,
                 routed = True
         if audit is not None:
             audit.published(origin, message, queues,
-                            ("routed" if routed else "nacked") if queues else "unroutable", 0)
+                            ("routed" if routed else "nacked") if queues
+                            else vhost.direct_reply.unrouted_outcome(message, False), 0)
     finally:
         if audit is not None:
             audit.clock_stop()
