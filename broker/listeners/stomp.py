@@ -60,7 +60,6 @@ class StompConnectionHandler:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, nursery)
-                nursery.start_soon(self._heartbeats)
                 await self._reader()
                 self._wake()  # the writer writes what is left, then ends the nursery
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
@@ -112,6 +111,7 @@ class StompConnectionHandler:
                 session.connection_lost()
                 return
             self._last_received = trio.current_time()
+            self.listener.service.bytes_received += len(data)
             session.data_received(data)
 
     def _deadline(self) -> float:
@@ -125,6 +125,7 @@ class StompConnectionHandler:
     async def _writer(self, nursery: trio.Nursery) -> None:
         session = self.session
         conn = session.conn
+        heartbeats = False
         while True:
             await self._output.wait()
             self._output = trio.Event()
@@ -142,17 +143,14 @@ class StompConnectionHandler:
             if session.finished and not conn.has_output:
                 nursery.cancel_scope.cancel()
                 return
+            if not heartbeats and conn.state is State.OPEN and conn.heartbeat_send:
+                heartbeats = True  # CONNECTED is written: the server's heart-beats start
+                nursery.start_soon(self._heartbeats)
 
     async def _heartbeats(self) -> None:
         """The server's heart-beats: an EOL whenever nothing else was written for the
         negotiated interval."""
         conn = self.session.conn
-        while conn.state is not State.OPEN:
-            if conn.state is State.CLOSED or self.session.finished:
-                return
-            await trio.sleep(0.05)  # until CONNECTED is sent (once per connection)
-        if not conn.heartbeat_send:
-            return
         interval = conn.heartbeat_send / 1000
         while not self.session.finished:
             due = self._last_sent + interval

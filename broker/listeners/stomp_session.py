@@ -81,6 +81,7 @@ class StompService:
         self.broker = broker
         self.max_body = broker.config.max_message_size
         self.stopping = False
+        self.bytes_received = 0  # counted by the edge
 
 
 class Subscription:

@@ -168,6 +168,9 @@ class ServerConnection:
         """STOMP cannot tell a client it is blocked (the broker then just stops reading)."""
         return False
 
+    def send_unblocked(self) -> bool:
+        return False
+
     def heartbeat(self) -> None:
         if self.state is State.OPEN:
             self._out.append(b"\n")
