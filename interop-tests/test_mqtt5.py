@@ -135,8 +135,8 @@ def test_connack_capabilities(triomq):
     present, rc, props = c.connack
     assert rc == 0 and not present
     assert props.ReceiveMaximum == 1024 and props.TopicAliasMaximum == 64
-    assert props.SharedSubscriptionAvailable == 0
-    assert props.SubscriptionIdentifierAvailable == 0
+    assert props.SharedSubscriptionAvailable == 1
+    assert props.SubscriptionIdentifierAvailable == 1
     assert props.WildcardSubscriptionAvailable == 1 and props.RetainAvailable == 1
     assert not hasattr(props, "MaximumQoS")  # absent: QoS 2
 
@@ -343,3 +343,51 @@ def test_31_311_and_5_on_one_listener(target):
     for c in clients:
         got = c.wait_for(3)
         assert sorted(msg.payload for msg in got) == [b"from 0", b"from 1", b"from 2"]
+
+
+def _subscribe_opts(client, topic, options, sub_id=None):
+    done = threading.Event()
+    codes: list = []
+
+    def on_subscribe(c, u, mid, rcs, props):
+        codes.extend(rcs)
+        done.set()
+    client.c.on_subscribe = on_subscribe
+    props = None
+    if sub_id is not None:
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = sub_id
+    client.c.subscribe(topic, options=options, properties=props)
+    assert done.wait(15), "no SUBACK"
+    return [c.value for c in codes]
+
+
+def test_shared_subscription_group(target):
+    _, port = target
+    topic = "shared/" + uid()
+    a, b = Paho5(port), Paho5(port)
+    for c in (a, b):
+        assert _subscribe_opts(c, f"$share/grp/{topic}/#", paho.SubscribeOptions(qos=1)) == [1]
+    pub = Paho5(port)
+    for i in range(20):
+        pub.publish(f"{topic}/{i}", b"%d" % i, 1)
+    deadline = time.monotonic() + 15
+    while len(a.got) + len(b.got) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # (nothing more may come: each message to one member only)
+    payloads = sorted(int(msg.payload) for msg in a.got + b.got)
+    assert payloads == list(range(20))
+
+
+def test_no_local_and_subscription_identifiers(target):
+    _, port = target
+    topic = "nl/" + uid()
+    c = Paho5(port)
+    assert _subscribe_opts(c, topic, paho.SubscribeOptions(qos=1, noLocal=True), 5) == [1]
+    c.publish(topic, b"own", 1)
+    other = Paho5(port)
+    other.publish(topic, b"theirs", 1)
+    [msg] = c.wait_for(1)
+    time.sleep(0.2)
+    assert [m.payload for m in c.got] == [b"theirs"]
+    assert msg.properties.SubscriptionIdentifier == [5]

@@ -89,6 +89,7 @@ NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
 # headers on messages that need them: the v5 publisher's client id (No Local), and the
 # RETAIN flag of a PUBLISH (Retain As Published)
 PUBLISHER_HEADER = "x-mqtt-publisher"
+SHARED_ARG = "x-mqtt-shared"  # the share name of a shared subscription's binding
 RETAIN_HEADER = "x-mqtt-retain"
 # MQTT 5.0: the inbound QoS 1/2 PUBLISHes a client may have without PUBACK/PUBCOMP, and the
 # topic aliases it may define, as the CONNACK states them (both enforced by the connection)
@@ -217,6 +218,21 @@ def _encode_props(props: dict[int, Any]) -> bytes:
         return b""
 
 
+def shared_queue_name(group: str, topic_filter: str) -> str:
+    """The queue of the shared subscription ``$share/<group>/<filter>``: one per group and
+    filter, its members' sessions its competing consumers."""
+    return f"mqtt-shared-{group}-{topic_filter}"
+
+
+def split_shared(topic_filter: str) -> tuple[str, str] | None:
+    """(share name, filter) of ``$share/<name>/<filter>`` (section 4.8.2), None if it is
+    not a valid one."""
+    parts = topic_filter.split("/", 2)
+    if len(parts) < 3 or not parts[1] or not parts[2] or "+" in parts[1] or "#" in parts[1]:
+        return None
+    return parts[1], parts[2]
+
+
 def queue_names(client_id: str) -> tuple[str, str]:
     """(the QoS 0 queue of sessions stored by earlier versions, the subscription queue)"""
     base = f"mqtt-subscription-{client_id}"
@@ -301,7 +317,10 @@ class MQTTSession:
         # filter -> (option bits, identifier); deliveries take the slow path while any
         self.sub_opts: dict[str, tuple[int, int]] = _NO_DICT
         self.will: codec.Will | None = None
-        self.consumers: dict[int, Consumer] = {}  # 1 -> the subscription queue's consumer
+        # 1 -> the subscription queue's consumer; a shared subscription's queue name -> this
+        # session's consumer of it (its arguments hold the granted QoS, and the
+        # subscription identifier)
+        self.consumers: dict[int | str, Consumer] = {}
         # the session's subscriptions: MQTT filter -> granted QoS, and what a delivery's QoS
         # needs from them: the one QoS they all share (None: they differ), else the highest
         # QoS matching each routing key seen (a bounded cache)
@@ -496,7 +515,7 @@ class MQTTSession:
                     P.RETAIN_AVAILABLE: 1,
                     P.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
                     P.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
-                    P.SHARED_SUBSCRIPTION_AVAILABLE: 0}
+                    P.SHARED_SUBSCRIPTION_AVAILABLE: 1}
             if assigned:
                 caps[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
             conn.accept(present, self.username, caps)
@@ -806,10 +825,10 @@ class MQTTSession:
             qos = options & 0x03
             send_retained = True
             bits = 0
+            if topic_filter.startswith("$share/"):  # section 4.8.2 (Mosquitto: in 3.1.1 too)
+                codes.append(self._subscribe_shared(topic_filter, qos, sub_id))
+                continue
             if v5:
-                if topic_filter.startswith("$share/"):  # the CONNACK said 0 (section 4.8.2)
-                    codes.append(P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
-                    continue
                 bits = options & (NO_LOCAL | RETAIN_AS_PUBLISHED)
                 handling = (options >> 4) & 0x03  # section 3.8.3.1: Retain Handling
                 send_retained = handling == 0 or (handling == 1
@@ -851,6 +870,62 @@ class MQTTSession:
             for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
                 self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True,
                                   props=sid_props)
+
+    def _subscribe_shared(self, full: str, qos: int, sub_id: int) -> int:
+        """A shared subscription: this session becomes a consumer of the group's queue
+        (bound once per group and filter); no retained messages (section 4.8.2). The
+        reason code for the SUBACK."""
+        parsed = split_shared(full)
+        if parsed is None:
+            return P.TOPIC_FILTER_INVALID
+        group, topic_filter = parsed
+        name = shared_queue_name(group, topic_filter)
+        key = to_routing_key(topic_filter)
+        if len(name.encode()) > MAX_KEY or len(key.encode()) > MAX_KEY:
+            return P.TOPIC_FILTER_INVALID
+        exchange = self.service.exchange
+        vhost = self.vhost
+        try:
+            self._check("queue", name, "configure")
+            self._check("queue", name, "read")
+            self._check("queue", name, "write")
+            self._check("exchange", exchange, "read")
+            self._check_topic(key, "read")
+            q = vhost.find_queue(name)
+            if q is None:
+                # lives while it has members: the last one leaving deletes it
+                m = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
+                q = vhost.declare_queue(m, None)
+            vhost.bind(exchange, q, key, {MQTT_SUBSCRIPTION_ARG: topic_filter, SHARED_ARG: group})
+        except errors.AMQPError as exc:
+            log.warning("mqtt client %r: shared subscription %r refused: %s", self.client_id,
+                        full, exc.text)
+            return P.NOT_AUTHORIZED if exc.code == 403 else codec.SUBACK_FAILURE
+        args = {QOS_ARG: qos}
+        if sub_id:
+            args[SUBSCRIPTION_ID_ARG] = sub_id
+        old = self.consumers.pop(name, None)
+        if old is not None:  # subscribed again: the new QoS and identifier
+            old.arguments = args
+            old.no_ack = qos == 0
+            self.consumers[name] = old
+            return qos
+        prefetch = min(self.service.prefetch, self.receive_max)
+        consumer = Consumer(f"mqtt-{self.client_id}-{name}", self, q, qos == 0, False, 0, prefetch,
+                            args)
+        self.consumers[name] = consumer
+        q.add_consumer(consumer)
+        return qos
+
+    def _unsubscribe_shared(self, full: str) -> int:
+        parsed = split_shared(full)
+        consumer = None
+        if parsed is not None:
+            consumer = self.consumers.pop(shared_queue_name(*parsed), None)
+        if consumer is None:
+            return P.NO_SUBSCRIPTION_EXISTED
+        consumer.queue.remove_consumer(consumer)  # the last member: the queue goes
+        return P.SUCCESS
 
     @staticmethod
     def _binding_args(topic_filter: str, qos: int, bits: int = 0, sub_id: int = 0) -> dict:
@@ -939,9 +1014,13 @@ class MQTTSession:
     def _on_unsubscribe(self, packet_id: int, topics: list[str]) -> None:
         exchange = self.service.exchange
         codes = [P.SUCCESS if f in self.filters else P.NO_SUBSCRIPTION_EXISTED for f in topics]
-        for topic_filter in topics:
+        for i, topic_filter in enumerate(topics):
+            if topic_filter.startswith("$share/"):
+                codes[i] = self._unsubscribe_shared(topic_filter)
+                continue
             key = to_routing_key(topic_filter)
-            for consumer in self.consumers.values():
+            main = self.consumers.get(1)
+            for consumer in (main,) if main is not None else ():
                 try:
                     for args in self._old_binding_args(topic_filter):
                         self.vhost.unbind(exchange, consumer.queue, key, args)
@@ -984,6 +1063,9 @@ class MQTTSession:
                 to_mqtt_topic(message.routing_key))
         audit = self.audit
         props = b""
+        if consumer.arguments:  # a shared subscription's consumer
+            self._deliver_shared(consumer, queue, entry, topic, was_empty)
+            return
         if self.expiry is not None:  # v5: properties mapped back from the message's
             v5props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
             if self.sub_opts:
@@ -1066,14 +1148,34 @@ class MQTTSession:
                     queue.ack(entry, consumer)
                 return
             qos = 1  # queued before an UNSUBSCRIBE, or bound over AMQP
+        if ids:
+            v5props[P.SUBSCRIPTION_IDENTIFIER] = ids
+        self._send(consumer, queue, entry, topic, qos, retain, _encode_props(v5props), was_empty)
+
+    def _deliver_shared(self, consumer: Consumer, queue, entry, topic: bytes,
+                        was_empty: bool) -> None:
+        """A delivery of a shared subscription's queue: at its granted QoS (lowered to the
+        publish's), with its identifier."""
+        args = consumer.arguments
+        props = b""
+        if self.expiry is not None:
+            v5props = _v5_delivery_props(entry.message, entry, queue.vhost.timers.now())
+            sub_id = args.get(SUBSCRIPTION_ID_ARG)
+            if sub_id:
+                v5props[P.SUBSCRIPTION_IDENTIFIER] = [sub_id]
+            props = _encode_props(v5props)
+        self._send(consumer, queue, entry, topic, args.get(QOS_ARG, 1), False, props, was_empty)
+
+    def _send(self, consumer: Consumer, queue, entry, topic: bytes, qos: int, retain: bool,
+              props: bytes, was_empty: bool) -> None:
+        """The slow paths' delivery: ``qos`` lowered to the publish's, then as ``deliver``."""
+        message = entry.message
+        headers = message.properties.get("headers") or _NO_DICT
         pub_qos = headers.get("x-mqtt-publish-qos")
         if pub_qos is not None and pub_qos < qos:
             qos = pub_qos
         if consumer.no_ack:
             qos = 0
-        if ids:
-            v5props[P.SUBSCRIPTION_IDENTIFIER] = ids
-        props = _encode_props(v5props)
         audit = self.audit
         if not qos:
             self.conn.publish(topic, message.body, 0, retain=retain, props=props)
@@ -1133,9 +1235,9 @@ class MQTTSession:
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The subscription queue was deleted (by AMQP or management): its subscriptions
         are gone; the client is not told (MQTT 3.1.1 has no way to)."""
-        for qos, c in list(self.consumers.items()):
+        for name, c in list(self.consumers.items()):
             if c is consumer:
-                del self.consumers[qos]
+                del self.consumers[name]
         # unacknowledged deliveries of that queue stay in flight: their PUBACKs settle them
         # with the deleted queue (which emits DELETE for them)
 

@@ -50,7 +50,7 @@ def test_connack_states_capabilities(service):
     assert props[P.ASSIGNED_CLIENT_IDENTIFIER] == c.session.client_id
     assert props[P.RECEIVE_MAXIMUM] == RECEIVE_MAXIMUM
     assert props[P.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
-    assert props[P.SHARED_SUBSCRIPTION_AVAILABLE] == 0
+    assert props[P.SHARED_SUBSCRIPTION_AVAILABLE] == 1
     assert props[P.SUBSCRIPTION_IDENTIFIER_AVAILABLE] == 1
     assert props[P.WILDCARD_SUBSCRIPTION_AVAILABLE] == 1
     assert props[P.RETAIN_AVAILABLE] == 1
@@ -110,7 +110,7 @@ def test_suback_and_unsuback_reason_codes(service):
     c = Client5(service, "dev", props={})
     [ack] = c.send(m.Subscribe(1, [("a/+", 2), ("$share/g/a", 1), ("b", 0x04 | 1),
                                    ("c", 0x20 | 1)], {}))
-    assert ack.return_codes == [2, P.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, 1, 1]
+    assert ack.return_codes == [2, 1, 1, 1]
     [ack] = c.send(m.Unsubscribe(2, ["a/+", "zzz"], {}))
     assert ack == m.UnsubAck(2, [P.SUCCESS, P.NO_SUBSCRIPTION_EXISTED], {})
 
@@ -274,3 +274,32 @@ def test_message_expiry_drops_what_waited_too_long(broker, service, clock):
     got = [p for p in back.output() + back.connack if isinstance(p, m.Publish)]
     assert [p.payload for p in got] == [b"long"]
     assert got[0].properties[P.MESSAGE_EXPIRY_INTERVAL] == 80
+
+
+def test_shared_subscriptions_are_competing_consumers(broker, service):
+    from broker.listeners.mqtt_session import shared_queue_name
+    vhost = broker.vhosts["/"]
+    pub = Client5(service, "pub", props={})
+    pub.send(m.Publish("jobs/1", b"retained", 1, True, False, 99, {}))
+    a = Client5(service, "a", props={})
+    b = Client5(service, "b", level=4)  # 3.1.1 members too, as Mosquitto
+    [ack] = a.send(m.Subscribe(1, [("$share/g/jobs/#", 2)], {P.SUBSCRIPTION_IDENTIFIER: 4}))
+    assert ack.return_codes == [2]
+    got_b = b.send(m.Subscribe(1, [("$share/g/jobs/#", 0)]))
+    assert got_b == [m.SubAck(1, [0])]  # no retained message for a shared subscription
+    for i in range(6):
+        pub.send(m.Publish(f"jobs/{i}", b"%d" % i, 1, False, False, i + 1, {}))
+    got_a = [p for p in a.output() if isinstance(p, m.Publish)]
+    got_b = [p for p in b.output() if isinstance(p, m.Publish)]
+    assert sorted(p.payload for p in got_a + got_b) == [b"%d" % i for i in range(6)]
+    assert got_a and got_b  # shared between them
+    assert all(p.qos == 1 and p.properties[P.SUBSCRIPTION_IDENTIFIER] == [4] for p in got_a)
+    assert all(p.qos == 0 for p in got_b)
+    name = shared_queue_name("g", "jobs/#")
+    assert vhost.queues[name].consumers
+    [ack] = a.send(m.Unsubscribe(2, ["$share/g/jobs/#", "$share/h/x"], {}))
+    assert ack.reason_codes == [P.SUCCESS, P.NO_SUBSCRIPTION_EXISTED]
+    b.session.connection_lost()  # the last member: the group's queue goes
+    assert name not in vhost.queues
+    [ack] = a.send(m.Subscribe(3, [("$share/+/x", 1), ("$share/g", 1)], {}))
+    assert ack.return_codes == [P.TOPIC_FILTER_INVALID, P.TOPIC_FILTER_INVALID]
