@@ -263,7 +263,7 @@ class StompSession:
             self._finish()
             return
         self.user = user
-        self.username = username
+        self.username = conn.username = username
         self.authz = access.authz(user, vhost_name)
         self.vhost = vhost
         self.client_id = h.get("client-id", "")

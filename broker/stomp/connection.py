@@ -77,6 +77,7 @@ class ServerConnection:
         self.version = "1.0"
         self.heartbeat_send = 0  # ms; 0: none
         self.heartbeat_receive = 0
+        self.username: str | None = None  # set by the broker at login (management, audit)
         self.session_id = "session-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         self._out: list[bytes] = []
         self.pending_output = 0

@@ -105,3 +105,13 @@ def test_activemq_numeric_scheduling_headers_reach_the_scheduler(broker, service
     (err,) = c.send("SEND", b"x", destination="/queue/later",
                       h={"AMQ_SCHEDULED_DELAY": "soon"})
     assert err.headers["message"] == "precondition_failed"
+
+
+def test_listed_with_the_other_connections(broker, service):
+    from broker.management.api_connections import connection_json
+    c = Client(service, version="1.1")
+    assert c.session in broker.sessions
+    info = connection_json(c.session)
+    assert (info["protocol"], info["user"], info["vhost"]) == ("STOMP 1.1", "guest", "/")
+    c.send("DISCONNECT")
+    assert c.session not in broker.sessions
