@@ -16,6 +16,7 @@ import platform
 import resource
 import shutil
 
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -432,13 +433,38 @@ def make_registry(broker, per_object: bool) -> CollectorRegistry:
     return registry
 
 
+class _Snapshot:
+    """Families already collected, for rendering away from the event loop."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def _render(families: list) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families))
+    return generate_latest(registry)
+
+
+async def render(collector) -> Response:
+    """Read the broker's state on the event loop (the collector touches live objects), then
+    format the text in a worker thread: with 10,000 queues per object, formatting is ~70 %
+    of a scrape's time (bench/oauth2_metrics.py)."""
+    families = list(collector.collect())
+    body = await trio.to_thread.run_sync(_render, families)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def routes(broker) -> list:
-    registries = {per_object: make_registry(broker, per_object) for per_object in (False, True)}
+    collectors = {per_object: BrokerCollector(broker, per_object) for per_object in (False, True)}
 
     async def scrape(request: Request, per_object: bool) -> Response:
         if broker.config.metrics_auth:
             await require(request, "monitoring")
-        return Response(generate_latest(registries[per_object]), media_type=CONTENT_TYPE_LATEST)
+        return await render(collectors[per_object])
 
     async def metrics(request: Request) -> Response:
         return await scrape(request, broker.config.metrics_per_object)
@@ -451,9 +477,7 @@ def routes(broker) -> list:
             await require(request, "monitoring")
         families = {f for f in request.query_params.getlist("family") if f in DETAILED_FAMILIES}
         vhosts = set(request.query_params.getlist("vhost"))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(DetailedCollector(broker, families, vhosts))
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return await render(DetailedCollector(broker, families, vhosts))
 
     return [Route("/metrics", metrics), Route("/metrics/per-object", per_object),
             Route("/metrics/detailed", detailed)]
