@@ -391,3 +391,20 @@ def test_no_local_and_subscription_identifiers(target):
     time.sleep(0.2)
     assert [m.payload for m in c.got] == [b"theirs"]
     assert msg.properties.SubscriptionIdentifier == [5]
+
+
+def test_shutdown_tells_v5_clients(tmp_path, external_broker):
+    if external_broker:
+        pytest.skip("the reference RabbitMQ here has no MQTT plugin")
+    proc = BrokerProc(tmp_path / "data", mqtt=True)
+    proc.start()
+    try:
+        s, reader = _connect5(proc.mqtt_port)
+        v3 = _raw(proc.mqtt_port)
+        v3.sendall(m.encode(m.Connect(uid(), True, 30)))
+        assert m.PacketReader().feed(v3.recv(4)) == [m.ConnAck(0, False)]
+    finally:
+        proc.stop()
+    [d] = _read(s, reader)
+    assert isinstance(d, m.Disconnect) and d.reason_code == P.SERVER_SHUTTING_DOWN
+    assert _closed(s) and _closed(v3)  # 3.1.1: closed without a word, as before

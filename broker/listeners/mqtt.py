@@ -19,7 +19,7 @@ import trio.lowlevel
 
 from ..mqtt.codec import MAX_UNAUTHENTICATED
 from ..mqtt.connection import State
-from ..mqtt.properties import KEEP_ALIVE_TIMEOUT
+from ..mqtt.properties import KEEP_ALIVE_TIMEOUT, SERVER_SHUTTING_DOWN
 from . import ListenError
 from .mqtt_session import MQTTService, MQTTSession
 from .mqtt_sys import SysTopics
@@ -136,14 +136,25 @@ class MQTTConnectionHandler:
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
             log.info("mqtt connection %s: dropped", self.peer)
         finally:
+            last = b""
             if trio.current_effective_deadline() == -math.inf:
                 # cancelled from outside: the broker is stopping, devices did nothing wrong
                 self.listener.service.stopping = True
+                if session.conn.v5 and not session.ended:
+                    # an MQTT 5 client is told (DISCONNECT 0x8B), no will published
+                    session.close("server shutting down", SERVER_SHUTTING_DOWN)
+                    last = self._leftover + session.conn.data_to_send()
             session.connection_lost()  # will, requeue, consumers leave (idempotent)
             self._fd = -1  # never written directly again: the number may be reused
             self.listener.dirty.pop(self, None)
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
+                    if last:
+                        try:
+                            await self.stream.send_all(last)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError,
+                                trio.BusyResourceError, OSError, ssl.SSLError):
+                            pass
                     await self.stream.aclose()
 
     async def _reader(self) -> None:
