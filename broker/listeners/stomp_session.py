@@ -479,14 +479,9 @@ class StompSession:
                 self.vhost.delete_queue(sub.queue, reason="durable STOMP subscription removed")
 
     def _cancel(self, sub: Subscription) -> None:
+        # as basic.cancel: its unacknowledged deliveries stay the client's to ACK or NACK
+        # (or go back to the queue with the connection)
         self.consumers.pop(sub.consumer.tag, None)
-        items = [(n, v) for n, v in self.unacked.items() if v[0] is sub]
-        for n, _ in items:
-            del self.unacked[n]
-        pending = [(entry, consumer) for _, (_, _, entry, consumer) in items]
-        if pending:
-            pending.sort(key=lambda pair: -pair[0].seq)
-            sub.queue.requeue(pending)
         sub.queue.remove_consumer(sub.consumer)
 
     # ---- ACK / NACK ----
@@ -562,14 +557,13 @@ class StompSession:
             self.wake()
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
-        """The queue went away (deleted over AMQP or management): the subscription ends,
-        the client is told with an ERROR, as RabbitMQ's plugin tells it."""
+        """The queue went away (deleted over AMQP or management): the subscription ends
+        and the client is told with RabbitMQ's ERROR frame, which leaves it connected."""
         sub = self.subscriptions.pop(consumer.tag[2:], None)
         self.consumers.pop(consumer.tag, None)
         if sub is not None and not self.ended:
-            self._error(StompError("Server cancelled subscription",
-                                   f'Subscription "{sub.id}" was cancelled by the broker\n'),
-                        None)
+            self.conn.subscription_cancelled(sub.id)
+            self.wake()
 
     def output_drained(self) -> None:
         if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:

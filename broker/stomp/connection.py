@@ -165,6 +165,16 @@ class ServerConnection:
         self.send(Frame("ERROR", headers, detail.encode("utf-8", "replace")))
         self.state = State.CLOSED
 
+    def subscription_cancelled(self, sub_id: str) -> None:
+        """RabbitMQ's notice that the broker ended a subscription (its queue was deleted):
+        an ERROR frame that does not end the connection."""
+        self.send(Frame("ERROR", {"message": "Server cancelled subscription",
+                                  "content-type": "text/plain",
+                                  "version": ",".join(VERSIONS), "subscription": sub_id},
+                        b"The server has canceled a subscription.\n"
+                        b"No more messages will be delivered for \"id='"
+                        + sub_id.encode() + b"'\".\n"))
+
     def send_blocked(self, reason: str) -> bool:
         """STOMP cannot tell a client it is blocked (the broker then just stops reading)."""
         return False
