@@ -408,3 +408,44 @@ def test_shutdown_tells_v5_clients(tmp_path, external_broker):
     [d] = _read(s, reader)
     assert isinstance(d, m.Disconnect) and d.reason_code == P.SERVER_SHUTTING_DOWN
     assert _closed(s) and _closed(v3)  # 3.1.1: closed without a word, as before
+
+
+def test_topic_aliases_both_ways_with_paho(target):
+    """A client's publishes with an alias reach subscribers under the full topic, and a
+    client stating a Topic Alias Maximum gets aliases (paho 2.2 hands them to the
+    application unresolved, so the test resolves them; Mosquitto 2.0.11 sends none)."""
+    _, port = target
+    topic = "alias/" + uid() + "/long/topic"
+    sub = paho.Client(CallbackAPIVersion.VERSION2, client_id=uid(), protocol=paho.MQTTv5)
+    got: list = []
+    aliases: dict = {}
+
+    def on_message(c, u, msg):
+        alias = getattr(msg.properties, "TopicAlias", None)
+        if alias is not None and msg.topic:
+            aliases[alias] = msg.topic
+        got.append(msg.topic or aliases.get(alias))
+    sub.on_message = on_message
+    props = Properties(PacketTypes.CONNECT)
+    props.TopicAliasMaximum = 10
+    connected = threading.Event()
+    sub.on_connect = lambda *a: connected.set()
+    sub.connect("127.0.0.1", port, properties=props)
+    sub.loop_start()
+    try:
+        assert connected.wait(15)
+        done = threading.Event()
+        sub.on_subscribe = lambda *a: done.set()
+        sub.subscribe(topic, 1)
+        assert done.wait(15)
+        pub = Paho5(port)
+        pub.publish(topic, b"1", 1, _props(TopicAlias=3))
+        pub.publish("", b"2", 1, _props(TopicAlias=3))
+        pub.publish(topic, b"3", 1)
+        deadline = time.monotonic() + 15
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert got == [topic] * 3
+    finally:
+        sub.disconnect()
+        sub.loop_stop()

@@ -179,9 +179,10 @@ def topic_field(topic: str) -> bytes:
 class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
-    __slots__ = ("_aliases", "_held", "_inbound", "_next_id", "_out", "close_reason", "inflight",
-                 "keep_alive", "max_out", "pending_output", "protocol_level", "qos2_out", "reader",
-                 "receive_max", "releasing", "state", "topic_alias_max", "username", "v5")
+    __slots__ = ("_aliases", "_aliases_out", "_held", "_inbound", "_next_id", "_out",
+                 "alias_max_out", "close_reason", "inflight", "keep_alive", "max_out",
+                 "pending_output", "protocol_level", "qos2_out", "reader", "receive_max",
+                 "releasing", "state", "topic_alias_max", "username", "v5")
 
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
@@ -207,6 +208,8 @@ class ServerConnection:
         self.receive_max = 65535  # inbound QoS 1/2 PUBLISHes not yet PUBACKed/PUBCOMPed
         self.topic_alias_max = 0  # inbound topic aliases accepted (0: none)
         self.max_out = 0  # the client's Maximum Packet Size (0: no limit)
+        self.alias_max_out = 0  # the client's Topic Alias Maximum (aliases this side sends)
+        self._aliases_out: dict[bytes, int] | None = None  # encoded topic -> its alias
         self._aliases: dict[int, str] | None = None
         self._inbound: set[int] | None = None  # v5: the inbound packet ids in flight
 
@@ -317,6 +320,7 @@ class ServerConnection:
                 self.v5 = True
                 props = packet.properties or {}
                 self.max_out = props.get(P.MAXIMUM_PACKET_SIZE, 0)
+                self.alias_max_out = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
             return ConnectRequested(packet)
         if isinstance(packet, Publish):
             if self.v5:
@@ -481,13 +485,29 @@ class ServerConnection:
         packet identifier (``packet_id`` if given and free: the id a QoS 2 delivery had
         before a reconnect), returned, and stay in ``inflight`` with ``token`` until the
         PUBACK (QoS 1) or PUBREC (QoS 2). ``props``: a v5 PUBLISH's encoded properties
-        (length first). -1: not sent, larger than the v5 client's Maximum Packet Size."""
+        (length first). -1: not sent, larger than the v5 client's Maximum Packet Size.
+        To a v5 client that accepts topic aliases, the first PUBLISH of a topic assigns one
+        (while any are left) and the next ones send the alias and an empty topic."""
         if self.v5:
             props = props or b"\x00"
+            new_alias = 0
+            if self.alias_max_out and len(topic_raw) > 4:  # shorter: an alias saves nothing
+                aliases = self._aliases_out
+                if aliases is None:
+                    aliases = self._aliases_out = {}
+                alias = aliases.get(topic_raw)
+                if alias is not None:
+                    props = _with_alias(props, alias)
+                    topic_raw = b"\x00\x00"
+                elif len(aliases) < self.alias_max_out:
+                    new_alias = len(aliases) + 1
+                    props = _with_alias(props, new_alias)
             if self.max_out:
                 n = len(topic_raw) + len(props) + len(payload) + (2 if qos else 0)
                 if n + len(codec._encode_length(n)) + 1 > self.max_out:
                     return -1  # section 3.1.2.25: discarded, as if sent
+            if new_alias:
+                self._aliases_out[topic_raw] = new_alias  # type: ignore[index]
         pid = 0
         if qos:
             inflight = self.inflight
@@ -552,6 +572,13 @@ _V5_REFUSALS = {codec.REFUSED_PROTOCOL_VERSION: P.UNSUPPORTED_PROTOCOL_VERSION,
                 codec.REFUSED_SERVER_UNAVAILABLE: P.SERVER_UNAVAILABLE,
                 codec.REFUSED_BAD_CREDENTIALS: P.BAD_USER_NAME_OR_PASSWORD,
                 codec.REFUSED_NOT_AUTHORIZED: P.NOT_AUTHORIZED}
+
+
+def _with_alias(props: bytes, alias: int) -> bytes:
+    """Encoded properties (length first) with a Topic Alias added."""
+    length, pos = P.read_varint(props, 0, len(props))
+    body = props[pos:pos + length] + bytes((P.TOPIC_ALIAS,)) + _H.pack(alias)
+    return P.varint(len(body)) + body
 
 
 def _reason_string(reason: str) -> dict[int, Any]:

@@ -296,3 +296,31 @@ def test_client_publish_with_subscription_identifier_is_a_protocol_error():
     conn.receive_data(encode(m.Publish("t", b"", 0,
                                        properties={P.SUBSCRIPTION_IDENTIFIER: [1]})))
     assert out(conn)[0].reason_code == P.PROTOCOL_ERROR and conn.closed
+
+
+def test_outbound_topic_aliases_up_to_the_clients_maximum():
+    conn = ServerConnection()
+    conn.receive_data(encode(m.Connect("c", protocol_level=5,
+                                       properties={P.TOPIC_ALIAS_MAXIMUM: 2})))
+    conn.accept(False, "guest", {})
+    out(conn)
+    reader = PacketReader()
+    reader.version, reader.started = 5, True
+    t = {name: m._string(name) for name in ("long/topic/a", "long/topic/b", "long/topic/c")}
+    conn.publish(t["long/topic/a"], b"1", 0, props=P.encode({P.CONTENT_TYPE: "x"}))
+    conn.publish(t["long/topic/a"], b"2", 1, "tok")
+    conn.publish(t["long/topic/b"], b"3", 0)
+    conn.publish(t["long/topic/c"], b"4", 0)  # no alias left: the full topic
+    conn.publish(t["long/topic/b"], b"5", 0)
+    got = reader.feed(conn.data_to_send())
+    assert [(p.topic, p.properties.get(P.TOPIC_ALIAS), p.payload) for p in got] == [
+        ("long/topic/a", 1, b"1"), ("", 1, b"2"), ("long/topic/b", 2, b"3"),
+        ("long/topic/c", None, b"4"), ("", 2, b"5")]
+    assert got[0].properties[P.CONTENT_TYPE] == "x"
+
+
+def test_no_topic_alias_to_a_client_that_accepts_none():
+    conn = connected()
+    conn.publish(m._string("long/topic/a"), b"1", 0)
+    conn.publish(m._string("long/topic/a"), b"2", 0)
+    assert [p.topic for p in out(conn)] == ["long/topic/a", "long/topic/a"]
