@@ -155,6 +155,13 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_channel_messages_unconfirmed",
                                 "Published but not yet confirmed",
                                 value=sum(len(getattr(ch, "_unconfirmed", ())) for ch in chans))
+        for name, doc, value in (
+                ("rabbitmq_global_publishers", "Current number of publishers",
+                 sum(1 for s in sessions if getattr(s, "is_publisher", False))),
+                ("rabbitmq_global_consumers", "Current number of consumers", consumers)):
+            g = GaugeMetricFamily(name, doc, labels=["protocol"])
+            g.add_metric([PROTOCOL], value)
+            yield g
         # the global counters (rabbitmq_global_*): every protocol is counted as amqp091
         # (MQTT publishes go through the same counters); no queue_type split
         for name, doc, value in (

@@ -199,10 +199,12 @@ class AccessControl:
         """``authenticate`` without logging: (user, "") or (None, ``INVALID_CREDENTIALS``
         for an unknown user or a wrong password, ``LOOPBACK_ONLY``), for callers that log
         the refusal in their protocol's words. With OAuth 2 configured, a password that is
-        a JWT is verified as a token (any user name; the token's claims name the user)."""
+        a JWT is verified as a token first (any user name; the token's claims name the user),
+        then as an internal user's password, as RabbitMQ's backend chain (oauth2, internal)."""
         if self.oauth2 is not None and looks_like_jwt(password):
             token_user = self.oauth2.login(username, password, peer_host)
-            return (token_user, "") if token_user is not None else (None, INVALID_CREDENTIALS)
+            if token_user is not None:
+                return token_user, ""
         user = self.users.get(username)
         if user is None:
             verify_password(password, _DUMMY_HASH, SHA256)

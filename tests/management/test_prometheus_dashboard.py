@@ -309,7 +309,9 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
                      '"at_most_once",queue_type="rabbit_classic_queue"} 1.0',
                      "rabbitmq_global_messages_dead_lettered_maxlen_total{dead_letter_strategy="
                      '"disabled",queue_type="rabbit_classic_queue"} 1.0',
-                     "rabbitmq_channel_consumers 0.0"):
+                     "rabbitmq_channel_consumers 0.0",
+                     'rabbitmq_global_publishers{protocol="amqp091"} 1.0',
+                     'rabbitmq_global_consumers{protocol="amqp091"} 0.0'):
             assert name in agg, name
         assert "rabbitmq_global_messages_delivered_get_total" not in agg  # not RabbitMQ's
     finally:

@@ -178,6 +178,24 @@ def test_bad_tokens_are_refused_and_logged(env, kind, claims):
           "the refusal's log line naming the user and the token's sub")
 
 
+def test_internal_users_after_tokens(env):
+    """A password that looks like a JWT but is no valid token is an internal user's password
+    (RabbitMQ's backend chain: oauth2, then internal)."""
+    dotted = "aaaaaaaaaa.bbbbbbbbbbbb.cccccccc"
+    base = f"http://127.0.0.1:{env.http}"
+    r = httpx.put(base + "/api/users/dotted", json={"password": dotted, "tags": ""},
+                  auth=("guest", "guest"))
+    assert r.status_code in (201, 204)
+    r = httpx.put(base + "/api/permissions/%2F/dotted",
+                  json={"configure": ".*", "write": ".*", "read": ".*"}, auth=("guest", "guest"))
+    assert r.status_code in (201, 204)
+    conn = env.connect(dotted, user="dotted")
+    conn.channel().queue_declare("dotted-q")
+    conn.close()
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        env.connect(dotted, user="someone-else")
+
+
 def test_bad_signature_is_refused(env):
     header, payload, _sig = env.token().split(".")
     forged = jwt.encode({"sub": "eve", "scope": ALL, "aud": AUD,
@@ -272,6 +290,25 @@ def test_token_as_password_on_mqtt(env):
 
     assert connect(env.token(sub="mqtt-user")) == 0
     assert connect(env.token(sub="mqtt-user", exp=-10)) != 0
+
+
+def test_mqtt_connection_closed_when_its_token_expires(env):
+    from paho.mqtt import client as mqtt
+    events: list = []
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"oauth-exp-{time.time_ns()}")
+    c.username_pw_set("anyone", env.token(sub="mqtt-expiring", exp=2))
+    c.on_connect = lambda cl, ud, flags, rc, props=None: events.append(("connect", rc))
+    c.on_disconnect = lambda cl, ud, flags, rc, props=None: events.append(("disconnect", rc))
+    c.reconnect_delay_set(60, 60)  # no reconnection within the test
+    c.connect("127.0.0.1", env.mqtt)
+    c.loop_start()
+    try:
+        _wait(lambda: any(e[0] == "connect" for e in events), 15, "CONNACK")
+        _wait(lambda: any(e[0] == "disconnect" for e in events), 30,
+              "the broker to close the connection")
+    finally:
+        c.loop_stop()
+    assert "closing connection of user 'mqtt-expiring': credential expired" in env.log()
 
 
 def test_expiry_closes_and_update_secret_renews(env):
