@@ -394,7 +394,9 @@ class MQTTSession:
             elif isinstance(ev, UnsubscribeRequested):
                 self._on_unsubscribe(ev.packet_id, ev.topics)
             elif isinstance(ev, Disconnected):
-                if ev.reason_code != P.DISCONNECT_WITH_WILL:
+                if ev.reason_code == P.SUCCESS:
+                    # only a normal DISCONNECT discards the will: 0x04 asks for it, and a
+                    # client's error code is no normal end (section 3.14.4)
                     self.will = None
                 if ev.properties and self.expiry is not None:
                     self._expiry_at_disconnect(ev.properties)

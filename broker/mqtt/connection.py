@@ -271,7 +271,7 @@ class ServerConnection:
 
     def _violation(self, reason: str, reason_code: int = P.PROTOCOL_ERROR) -> ProtocolViolation:
         if self.v5 and self.state is State.CONNECTED:
-            self._write(codec.encode(Disconnect(reason_code, _reason_string(reason))))
+            self._write(self._disconnect(reason_code, reason))
         self.state = State.CLOSED
         self.close_reason = reason
         return ProtocolViolation(reason)
@@ -473,9 +473,17 @@ class ServerConnection:
         a v5 client is told why first (DISCONNECT with ``reason_code``: section 3.14)."""
         if self.state is not State.CLOSED:
             if self.v5 and self.state is State.CONNECTED:
-                self._write(codec.encode(Disconnect(reason_code, _reason_string(reason))))
+                self._write(self._disconnect(reason_code, reason))
             self.state = State.CLOSED
             self.close_reason = reason
+
+    def _disconnect(self, reason_code: int, reason: str) -> bytes:
+        """A DISCONNECT with a Reason String, unless that would pass the client's Maximum
+        Packet Size (section 3.14.2.2.3)."""
+        data = codec.encode(Disconnect(reason_code, _reason_string(reason)))
+        if self.max_out and len(data) > self.max_out:
+            data = codec.encode(Disconnect(reason_code))
+        return data
 
     # ---- output ----
     def publish(self, topic_raw: bytes, payload: bytes, qos: int, token: Any = None,

@@ -324,3 +324,13 @@ def test_no_topic_alias_to_a_client_that_accepts_none():
     conn.publish(m._string("long/topic/a"), b"1", 0)
     conn.publish(m._string("long/topic/a"), b"2", 0)
     assert [p.topic for p in out(conn)] == ["long/topic/a", "long/topic/a"]
+
+
+def test_reason_string_left_out_above_the_clients_maximum_packet_size():
+    conn = ServerConnection()
+    conn.receive_data(encode(m.Connect("c", protocol_level=5,
+                                       properties={P.MAXIMUM_PACKET_SIZE: 10})))
+    conn.accept(False, "guest", {})
+    out(conn)
+    conn.close("a long explanation of why the connection ends", P.KEEP_ALIVE_TIMEOUT)
+    assert conn.data_to_send() == b"\xe0\x01\x8d"

@@ -201,6 +201,10 @@ def test_disconnect_with_will_publishes_the_will(service):
     c = Client5(service, "dev2", props={}, will=m.Will("will/t", b"gone2", 0, False, {}))
     c.send(m.Disconnect(0))
     assert watcher.output() == []
+    # a client's error code is no normal end: the will goes out
+    c = Client5(service, "dev3", props={}, will=m.Will("will/t", b"gone3", 0, False, {}))
+    c.send(m.Disconnect(P.UNSPECIFIED_ERROR))
+    assert [p.payload for p in watcher.output() if isinstance(p, m.Publish)] == [b"gone3"]
 
 
 def test_v311_and_v5_clients_together(service):
