@@ -487,6 +487,8 @@ class MQTTSession:
             # section 3.1.4-2: the existing connection of this client id is closed first
             log.info("mqtt client %r: connection %s takes over from %s", client_id, self.peer,
                      old.peer)
+            # the session carries on with this connection, whatever expiry the old one had
+            old.end_session = False
             old.close("another connection took the session over", P.SESSION_TAKEN_OVER)
         service.clients[key] = self
         q0_name, q1_name = queue_names(client_id)

@@ -90,6 +90,17 @@ def test_expiry_zero_without_clean_start_resumes_then_ends(broker, service):
     assert name not in vhost.queues
 
 
+def test_takeover_of_an_expiry_zero_session_keeps_it_for_the_new_connection(broker, service):
+    c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    c.send(m.Subscribe(1, [("a", 1)], {}))
+    c.session.connection_lost()
+    old = Client5(service, "dev", clean=False, props={})  # resumed, expiry 0
+    new = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
+    assert old.session.ended and new.connack[0].session_present
+    assert queue_names("dev")[1] in broker.vhosts["/"].queues
+    assert new.session.filters == {"a": 1}
+
+
 def test_clean_start_with_expiry_drops_the_old_session(broker, service):
     c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 60})
     c.send(m.Subscribe(1, [("a", 1)], {}))
