@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "without a port; default: no STOMP listener)")
     run.add_argument("--stomps-port", type=int, default=None, metavar="PORT",
                      help="STOMP over TLS listener port (needs --tls-cert and --tls-key)")
+    run.add_argument("--stomp-ws-port", type=int, default=None, metavar="PORT",
+                     help="STOMP over WebSockets listener port, path /ws (default: none)")
+    run.add_argument("--stomp-wss-port", type=int, default=None, metavar="PORT",
+                     help="STOMP over secure WebSockets (needs --tls-cert and --tls-key)")
     run.add_argument("--tls-cert", default=None, metavar="PEM",
                      help="server certificate (chain) for the TLS listeners")
     run.add_argument("--tls-key", default=None, metavar="PEM",
@@ -247,12 +251,14 @@ def _tls_problem(args) -> str | None:
         return "--mqtt-wss-port needs --tls-cert and --tls-key"
     if args.stomps_port is not None and not (args.tls_cert and args.tls_key):
         return "--stomps-port needs --tls-cert and --tls-key"
+    if args.stomp_wss_port is not None and not (args.tls_cert and args.tls_key):
+        return "--stomp-wss-port needs --tls-cert and --tls-key"
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
             return f"{option} {path}: no such file"
     if args.mqtts_port is not None or args.mqtt_wss_port is not None or \
-            args.stomps_port is not None:
+            args.stomps_port is not None or args.stomp_wss_port is not None:
         from .security.tls import TLSConfigError, server_context
         try:  # the same context as amqps (--tls-verify, --tls-fail-if-no-peer-cert)
             server_context(SimpleNamespace(
@@ -260,7 +266,8 @@ def _tls_problem(args) -> str | None:
                 tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
         except TLSConfigError as exc:
             option = ("--mqtts-port" if args.mqtts_port is not None else "--mqtt-wss-port"
-                      if args.mqtt_wss_port is not None else "--stomps-port")
+                      if args.mqtt_wss_port is not None else "--stomps-port"
+                      if args.stomps_port is not None else "--stomp-wss-port")
             return f"{option}: {exc}"
     return None
 
@@ -314,6 +321,8 @@ def _run(args) -> int:
                           ("--mqtt-ws-port", args.mqtt_ws_port),
                           ("--mqtt-wss-port", args.mqtt_wss_port),
                           ("--stomp-port", args.stomp_port), ("--stomps-port", args.stomps_port),
+                          ("--stomp-ws-port", args.stomp_ws_port),
+                          ("--stomp-wss-port", args.stomp_wss_port),
                           ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
@@ -373,6 +382,7 @@ def _run(args) -> int:
                     mqtt_ws_port=args.mqtt_ws_port, mqtt_wss_port=args.mqtt_wss_port,
                     mqtt_sys_interval=args.mqtt_sys_interval,
                     stomp_port=args.stomp_port, stomps_port=args.stomps_port,
+                    stomp_ws_port=args.stomp_ws_port, stomp_wss_port=args.stomp_wss_port,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,
                     tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,

@@ -148,6 +148,9 @@ class Config:
     # the tls_* options as amqps does.
     stomp_port: int | None = None
     stomps_port: int | None = None
+    # STOMP over WebSockets (listeners/stomp_ws.py): path /ws, as RabbitMQ's Web STOMP
+    stomp_ws_port: int | None = None
+    stomp_wss_port: int | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

@@ -39,9 +39,11 @@ def tls_files(tmp_path_factory):
 
 
 class Target:
-    def __init__(self, stomp_port: int, amqp_url: str, rabbit: bool, stomps_port: int = 0):
+    def __init__(self, stomp_port: int, amqp_url: str, rabbit: bool, stomps_port: int = 0,
+                 ws_port: int = 0):
         self.stomp_port = stomp_port
         self.stomps_port = stomps_port
+        self.ws_port = ws_port
         self.amqp_url = amqp_url
         self.rabbit = rabbit
 
@@ -59,14 +61,15 @@ def target(tmp_path_factory, external_broker, broker_url, tls_files):
         _cleanup(t)
         return
     cert, key = tls_files
-    port, tls_port = free_port(), free_port()
+    port, tls_port, ws_port = free_port(), free_port(), free_port()
     proc = BrokerProc(tmp_path_factory.mktemp("stomp") / "data", store="memory",
                       extra=["--stomp-port", str(port), "--stomps-port", str(tls_port),
+                             "--stomp-ws-port", str(ws_port),
                              "--tls-cert", str(cert), "--tls-key", str(key)],
-                      wait_ports=(port, tls_port))
+                      wait_ports=(port, tls_port, ws_port))
     proc.start()
     try:
-        yield Target(port, proc.url, False, tls_port)
+        yield Target(port, proc.url, False, tls_port, ws_port)
     finally:
         proc.stop()
 
@@ -468,3 +471,24 @@ def test_activemq_host_header_and_durable_subscription_name(connect, triomq, tar
         ok = ch.queue_declare("stomp-subscription-dev1-subA", passive=True)
         assert ok.method.message_count == 1
         ch.queue_delete("stomp-subscription-dev1-subA")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_web_stomp(triomq, binary):
+    """STOMP over WebSockets (path /ws), text or binary frames from the client, across to
+    a plain STOMP subscriber."""
+    conn = stomp.WSStompConnection([("127.0.0.1", triomq.ws_port)], ws_path="/ws",
+                                   reconnect_attempts_max=1, vhost="/", binary_mode=binary)
+    listener = Listener()
+    conn.set_listener("t", listener)
+    conn.connect("guest", "guest", wait=True)
+    try:
+        q = _name()
+        conn.subscribe(f"/queue/{q}", id="s", ack="client-individual")
+        conn.send(f"/queue/{q}", "over ws", headers={"k": "a:b"})
+        frame = listener.message()
+        assert (frame.body, frame.headers["k"]) == ("over ws", "a:b")
+        conn.ack(frame.headers["ack"])
+        _receipt(conn, listener)
+    finally:
+        conn.disconnect()

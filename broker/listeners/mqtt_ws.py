@@ -58,10 +58,12 @@ class WebSocketStream(trio.abc.Stream):
     """The MQTT byte stream inside an accepted WebSocket connection. One task receives,
     another may send: frames the receiver answers (pong, close) share the sender's lock."""
 
-    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, peer: str):
+    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, peer: str,
+                 text: bool = False):
         self.stream = stream
         self.ws = ws
         self.peer = peer
+        self.text = text  # text frames carry the protocol too (STOMP's; MQTT's never)
         self._send_lock = trio.Lock()
         self._eof = False
 
@@ -82,6 +84,9 @@ class WebSocketStream(trio.abc.Stream):
                 elif isinstance(event, CloseConnection):
                     await self._closed_by_peer(event)
                     break
+                elif isinstance(event, TextMessage) and self.text:
+                    if event.data:
+                        out.append(event.data.encode())
                 elif isinstance(event, TextMessage):
                     # MQTT-6.0.0-1: only binary frames carry MQTT
                     log.warning("mqtt websocket %s: text frame: closing", self.peer)
@@ -157,9 +162,11 @@ def _choose(request: Request) -> tuple[int, str | None]:
     return 400, None
 
 
-async def handshake(stream: trio.abc.Stream, peer: str) -> WebSocketStream | None:
+async def handshake(stream: trio.abc.Stream, peer: str, choose=_choose,
+                    text: bool = False) -> WebSocketStream | None:
     """The HTTP upgrade: a WebSocketStream, or None once a refusal is written (or the
-    client went away). The caller bounds its time."""
+    client went away). The caller bounds its time. ``choose(request)``: (HTTP status,
+    subprotocol); ``text``: text frames carry the protocol too."""
     ws = WSConnection(ConnectionType.SERVER)
     while True:
         data = await stream.receive_some(HANDSHAKE_READ)
@@ -170,7 +177,7 @@ async def handshake(stream: trio.abc.Stream, peer: str) -> WebSocketStream | Non
             for event in ws.events():
                 if not isinstance(event, Request):
                     continue
-                status, subprotocol = _choose(event)
+                status, subprotocol = choose(event)
                 if status != 101:
                     log.warning("mqtt websocket %s: refused %s %r (subprotocols %s)",
                                 peer, status, event.target, event.subprotocols)
@@ -179,7 +186,7 @@ async def handshake(stream: trio.abc.Stream, peer: str) -> WebSocketStream | Non
                     return None
                 await stream.send_all(ws.send(AcceptConnection(subprotocol=subprotocol)))
                 _take_trailing(ws)
-                return WebSocketStream(stream, ws, peer)
+                return WebSocketStream(stream, ws, peer, text)
         except RemoteProtocolError as exc:
             # not a WebSocket upgrade, or an HTTP request too large (h11's limit):
             # the status wsproto suggests (400; 426 for another WebSocket version)

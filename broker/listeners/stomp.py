@@ -18,6 +18,7 @@ import trio
 from ..stomp.connection import State
 from . import ListenError
 from .stomp_session import StompService, StompSession
+from .stomp_ws import WebStompListeners
 
 log = logging.getLogger("broker.stomp")
 
@@ -27,7 +28,8 @@ HEARTBEAT_TOLERANCE = 2.0
 
 
 class StompConnectionHandler:
-    def __init__(self, listener: StompListener, stream, sock, tls: bool):
+    def __init__(self, listener: StompListener, stream, sock, tls: bool,
+                 session_class: type[StompSession] = StompSession):
         self.listener = listener
         self.stream = stream
         try:
@@ -35,7 +37,7 @@ class StompConnectionHandler:
             self.peer = f"{host}:{port}"
         except OSError:
             host, self.peer = None, "?"
-        self.session = StompSession(listener.service, self.peer, host)
+        self.session = session_class(listener.service, self.peer, host)
         try:
             self.session.local_port = sock.getsockname()[1]
         except OSError:
@@ -171,13 +173,14 @@ class StompListener:
         self.service = StompService(broker)
         self.handlers: set[StompConnectionHandler] = set()
         self.ports: dict[str, int] = {}
+        self.websockets = WebStompListeners(self)
 
-    def ssl_context(self) -> ssl.SSLContext:
+    def ssl_context(self, option: str = "--stomps-port") -> ssl.SSLContext:
         from ..security.tls import TLSConfigError, server_context
         try:
             return server_context(self.broker.config)
         except TLSConfigError as exc:
-            raise ListenError(f"--stomps-port: {exc}") from None
+            raise ListenError(f"{option}: {exc}") from None
 
     async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
         try:
@@ -200,9 +203,14 @@ class StompListener:
             listeners += await self._open("stomp", config.stomp_port, host, False)
         if config.stomps_port is not None:
             listeners += await self._open("stomps", config.stomps_port, host, True)
+        ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
         try:
-            await trio.serve_listeners(self._handle, listeners)
+            async with trio.open_nursery() as nursery:
+                if ws_listeners:
+                    nursery.start_soon(trio.serve_listeners, self.websockets.handle, ws_listeners)
+                if listeners:
+                    await trio.serve_listeners(self._handle, listeners)
         finally:
             self.service.stopping = True
 
@@ -213,7 +221,12 @@ class StompListener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
             pass
-        handler = StompConnectionHandler(self, stream, sock, raw is not stream)
+        await self.serve_connection(stream, sock, raw is not stream)
+
+    async def serve_connection(self, stream, sock, tls: bool,
+                               session_class: type[StompSession] = StompSession) -> None:
+        """One STOMP connection on ``stream`` (TCP, TLS or a WebSocket's)."""
+        handler = StompConnectionHandler(self, stream, sock, tls, session_class)
         self.handlers.add(handler)
         try:
             await handler.run()
@@ -226,7 +239,8 @@ class StompListener:
 def install(broker) -> StompListener | None:
     """Start the STOMP listener(s) with the broker when configured (``broker.stomp``)."""
     config = broker.config
-    if config.stomp_port is None and config.stomps_port is None:
+    if all(port is None for port in (config.stomp_port, config.stomps_port,
+                                      config.stomp_ws_port, config.stomp_wss_port)):
         return None
     listener = StompListener(broker)
     broker.background_tasks.append(listener.run)
