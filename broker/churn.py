@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+# the per-queue delivery counters the global queue_type-labelled counters are summed from
+QUEUE_STATS = ("stats_delivered", "stats_deliver_no_ack", "stats_get", "stats_get_no_ack",
+               "stats_get_empty", "stats_redeliver", "stats_acked")
+
 
 @dataclass
 class Churn:
@@ -17,6 +21,14 @@ class Churn:
     queues_deleted: int = 0
     # (queue type module, dead-letter strategy, reason) -> messages dead-lettered
     dead_lettered: Counter = field(default_factory=Counter)
+    # queue type module -> the delivery counters of its deleted queues (QUEUE_STATS)
+    retired: dict = field(default_factory=dict)
+
+    def retire(self, queue) -> None:
+        """Keep a deleted queue's delivery counters in its type's totals."""
+        totals = self.retired.setdefault(queue.queue_type.module, Counter())
+        for name in QUEUE_STATS:
+            totals[name] += getattr(queue, name)
 
     def dead_letters(self, queue, strategy: str, reason: str, n: int) -> None:
         """``n`` messages dead-lettered by ``queue`` (strategy as RabbitMQ's label:

@@ -330,6 +330,7 @@ class VirtualHost:
         count = q.message_count
         del self.queues[q.name]
         self.churn.queues_deleted += 1
+        self.churn.retire(q)
         for source_name, key in list(q.bindings):
             source = self.exchanges.get(source_name)
             if source is not None:

@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import shutil
+from collections import Counter
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..broker import process_rss
+from ..churn import QUEUE_STATS
 from .auth import require
 from .common import NODE
 from .stats import connection_counts
@@ -163,7 +165,7 @@ class BrokerCollector:
             g.add_metric([PROTOCOL], value)
             yield g
         # the global counters (rabbitmq_global_*): every protocol is counted as amqp091
-        # (MQTT publishes go through the same counters); no queue_type split
+        # (MQTT publishes go through the same counters); the delivery ones by queue type
         for name, doc, value in (
                 ("received", "Total number of messages received from publishers",
                  totals["publish"]),
@@ -173,27 +175,11 @@ class BrokerCollector:
                  "an exchange and returned to the publisher as unroutable",
                  totals["return_unroutable"]),
                 ("unroutable_dropped", "Total number of messages published as non-mandatory "
-                 "into an exchange and dropped as unroutable", totals["drop_unroutable"]),
-                ("delivered", "Total number of messages delivered to consumers",
-                 totals["deliver"] + totals["deliver_no_ack"] + totals["get"]
-                 + totals["get_no_ack"]),
-                ("delivered_consume_manual_ack", "Total number of messages delivered to "
-                 "consumers using manual acknowledgement mode", totals["deliver"]),
-                ("delivered_consume_auto_ack", "Total number of messages delivered to "
-                 "consumers using automatic acknowledgement mode", totals["deliver_no_ack"]),
-                ("delivered_get_manual_ack", "Total number of messages delivered to "
-                 "consumers using basic.get with manual acknowledgment mode", totals["get"]),
-                ("delivered_get_auto_ack", "Total number of messages delivered to consumers "
-                 "using basic.get with automatic acknowledgment mode", totals["get_no_ack"]),
-                ("get_empty", "Total number of times basic.get operations fetched no message",
-                 totals["get_empty"]),
-                ("redelivered", "Total number of messages redelivered to consumers",
-                 totals["redeliver"]),
-                ("acknowledged", "Total number of messages acknowledged by consumers",
-                 totals["ack"])):
+                 "into an exchange and dropped as unroutable", totals["drop_unroutable"])):
             c = CounterMetricFamily("rabbitmq_global_messages_" + name, doc, labels=["protocol"])
             c.add_metric([PROTOCOL], value)
             yield c
+        yield from queue_type_families(broker)
         yield from dead_letter_families(broker)
         # rabbitmq_prometheus's channel counters (its "get" and "delivered" are the no-ack
         # ones, "get_ack" and "delivered_ack" the ack-mode ones); closed channels included
@@ -308,6 +294,48 @@ def head_timestamp(q) -> int | None:
         return None
     ts = entry.message.properties.get("timestamp")
     return ts if isinstance(ts, int) else None
+
+
+QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_queue")
+
+
+def queue_type_families(broker) -> list:
+    """The global delivery counters RabbitMQ labels {protocol, queue_type}: summed from the
+    queues' own counters (live ones, and deleted ones kept by ``Churn.retire``)."""
+    sums = {qt: Counter(counts) for qt, counts in broker.churn.retired.items()}
+    for vhost in list(broker.vhosts.values()):
+        for q in list(vhost.queues.values()):
+            if q.internal:
+                continue
+            c = sums.setdefault(q.queue_type.module, Counter())
+            for name in QUEUE_STATS:
+                c[name] += getattr(q, name)
+    out = []
+    for name, doc, value in (
+            ("delivered", "Total number of messages delivered to consumers",
+             lambda c: c["stats_delivered"]),
+            ("delivered_consume_manual_ack", "Total number of messages delivered to consumers "
+             "using manual acknowledgement mode",
+             lambda c: c["stats_delivered"] - c["stats_deliver_no_ack"] - c["stats_get"]
+             - c["stats_get_no_ack"]),
+            ("delivered_consume_auto_ack", "Total number of messages delivered to consumers "
+             "using automatic acknowledgement mode", lambda c: c["stats_deliver_no_ack"]),
+            ("delivered_get_manual_ack", "Total number of messages delivered to consumers "
+             "using basic.get with manual acknowledgment mode", lambda c: c["stats_get"]),
+            ("delivered_get_auto_ack", "Total number of messages delivered to consumers using "
+             "basic.get with automatic acknowledgment mode", lambda c: c["stats_get_no_ack"]),
+            ("get_empty", "Total number of times basic.get operations fetched no message",
+             lambda c: c["stats_get_empty"]),
+            ("redelivered", "Total number of messages redelivered to consumers",
+             lambda c: c["stats_redeliver"]),
+            ("acknowledged", "Total number of messages acknowledged by consumers",
+             lambda c: c["stats_acked"])):
+        family = CounterMetricFamily("rabbitmq_global_messages_" + name, doc,
+                                     labels=["protocol", "queue_type"])
+        for qt in sorted({*QUEUE_TYPES, *sums}):
+            family.add_metric([PROTOCOL, qt], max(0, value(sums.get(qt, Counter()))))
+        out.append(family)
+    return out
 
 
 def churn_families(broker, prefix: str) -> list:

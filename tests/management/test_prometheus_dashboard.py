@@ -298,10 +298,15 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
         assert "detailed-q" not in other
         both = get("?family=queue_coarse_metrics&family=queue_consumer_count&vhost=%2F")
         assert 'rabbitmq_detailed_queue_consumers{queue="detailed-q",vhost="/"} 0.0' in both
+        _wait(lambda: ch.basic_get("dl-target", auto_ack=True)[0] is not None, 10,
+              "the dead letter")
+        ch.basic_get("dl-target", auto_ack=True)  # empty now
+        ch.queue_delete("dl-target")  # its counters stay in the totals
         # the aggregated endpoint: identity, churn, fds and disk, labelled global counters
         agg = httpx.get(base + "/metrics", timeout=10).text
         for name in ("rabbitmq_identity_info{", "rabbitmq_build_info{",
                      "rabbitmq_queues_declared_total 4.0", "rabbitmq_queues_created_total 4.0",
+                     "rabbitmq_queues_deleted_total 1.0",
                      "rabbitmq_channels_opened_total 1.0", "rabbitmq_process_open_fds ",
                      "rabbitmq_process_max_fds ", "rabbitmq_disk_space_available_bytes ",
                      'rabbitmq_global_messages_received_total{protocol="amqp091"} 5.0',
@@ -311,7 +316,13 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
                      '"disabled",queue_type="rabbit_classic_queue"} 1.0',
                      "rabbitmq_channel_consumers 0.0",
                      'rabbitmq_global_publishers{protocol="amqp091"} 1.0',
-                     'rabbitmq_global_consumers{protocol="amqp091"} 0.0'):
+                     'rabbitmq_global_consumers{protocol="amqp091"} 0.0',
+                     'rabbitmq_global_messages_delivered_get_auto_ack_total{protocol="amqp091",'
+                     'queue_type="rabbit_classic_queue"} 1.0',
+                     'rabbitmq_global_messages_get_empty_total{protocol="amqp091",'
+                     'queue_type="rabbit_classic_queue"} 1.0',
+                     'rabbitmq_global_messages_delivered_total{protocol="amqp091",'
+                     'queue_type="rabbit_quorum_queue"} 0.0'):
             assert name in agg, name
         assert "rabbitmq_global_messages_delivered_get_total" not in agg  # not RabbitMQ's
     finally:
