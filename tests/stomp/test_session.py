@@ -3,6 +3,8 @@ login and vhosts, permissions, transactions, the AMQP side of the mapping."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.listeners.stomp_session import StompService, StompSession
 from broker.stomp.codec import Frame, FrameReader, encode
@@ -129,3 +131,40 @@ def test_listed_with_the_other_connections(broker, service):
     assert (info["protocol"], info["user"], info["vhost"]) == ("STOMP 1.1", "guest", "/")
     c.send("DISCONNECT")
     assert c.session not in broker.sessions
+
+
+_commands = st.sampled_from(["SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN",
+                             "COMMIT", "ABORT", "DISCONNECT", "CONNECT", "FOO"])
+_keys = st.sampled_from(["destination", "id", "ack", "transaction", "receipt", "reply-to",
+                         "persistent", "durable", "selector", "prefetch-count", "requeue",
+                         "priority", "x-max-length", "AMQ_SCHEDULED_DELAY", "message-id",
+                         "activemq.subscriptionName", "user-id", "expiration"])
+_values = st.sampled_from(["/queue/a", "/topic/a.*", "/exchange/amq.direct/k", "/temp-queue/t",
+                           "/amq/queue/a", "/reply-queue/a", "/bad", "", "t", "client",
+                           "client-individual", "auto", "true", "false", "1", "-1", "x = 1",
+                           "(", "T_t@@session-x@@1", "T_a@@s@@2", "guest", "nobody", "1000"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_commands, st.dictionaries(_keys, _values, max_size=5),
+                          st.binary(max_size=10)), max_size=12))
+def test_fuzz_frames_never_break_the_session(tmp_path_factory, frames):
+    """Any sequence of frames ends in frames to the client (or silence), never an
+    exception, and the session lets go of everything when the connection ends."""
+    from broker.broker import Broker
+    from broker.config import Config
+    from broker.persistence import MemoryStore
+    tmp = tmp_path_factory.mktemp("fuzz")
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(tmp / "data"),
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0),
+                    MemoryStore())
+    service = StompService(broker)
+    a, b = Client(service), Client(service)
+    for i, (command, headers, body) in enumerate(frames):
+        c = a if i % 2 else b
+        c.send(command, body, h=headers)
+    for c in (a, b):
+        c.session.connection_lost()
+        assert c.session not in broker.sessions
+    for q in broker.vhosts["/"].queues.values():
+        assert not q.consumers and q.unacked_count == 0
