@@ -5,6 +5,8 @@ subscription queue), reason codes on SUBACK/UNSUBACK, server DISCONNECT reasons
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.listeners.mqtt_session import (
     RECEIVE_MAXIMUM,
@@ -318,3 +320,77 @@ def test_shared_subscriptions_are_competing_consumers(broker, service):
     assert name not in vhost.queues
     [ack] = a.send(m.Subscribe(3, [("$share/+/x", 1), ("$share/g", 1)], {}))
     assert ack.return_codes == [P.TOPIC_FILTER_INVALID, P.TOPIC_FILTER_INVALID]
+
+
+_topics5 = st.sampled_from(["a", "a/b", "b/c", "$share/g/a", "$share/g/#", "#", "+/b"])
+_props5 = st.fixed_dictionaries({}, optional={
+    P.USER_PROPERTY: st.lists(st.tuples(st.sampled_from(["k", "x-mqtt-dup"]), st.just("v")),
+                              min_size=1, max_size=2),
+    P.MESSAGE_EXPIRY_INTERVAL: st.integers(1, 5),
+    P.CORRELATION_DATA: st.binary(max_size=4),
+    P.RESPONSE_TOPIC: st.just("r/t")})
+_packets5 = st.one_of(
+    st.builds(lambda t, q, r, pid, props: m.Publish(t, b"x", q, r, False, pid if q else None,
+                                                     props),
+              st.sampled_from(["a", "a/b", "b/c"]), st.integers(0, 2), st.booleans(),
+              st.integers(1, 4), _props5),
+    st.builds(lambda pid, ts, sid: m.Subscribe(pid, ts, {P.SUBSCRIPTION_IDENTIFIER: sid}
+                                               if sid else {}),
+              st.integers(1, 4),
+              st.lists(st.tuples(_topics5, st.sampled_from([0, 1, 2, 0x05, 0x09, 0x1a, 0x2c])),
+                       min_size=1, max_size=2),
+              st.integers(0, 3)),
+    st.builds(lambda pid, ts: m.Unsubscribe(pid, ts, {}), st.integers(1, 4),
+              st.lists(_topics5, min_size=1, max_size=2)),
+    st.builds(lambda t, pid: m.PacketId(t, pid), st.sampled_from([m.PUBACK, m.PUBREC, m.PUBREL,
+                                                                  m.PUBCOMP]),
+              st.integers(1, 6)),
+    st.builds(lambda code: m.Disconnect(code, {P.SESSION_EXPIRY_INTERVAL: 0} if code else None),
+              st.sampled_from([0, 4, 0x80])),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), _packets5, st.booleans()), max_size=40))
+def test_random_v5_traffic_keeps_every_message_accounted(tmp_path_factory, script):
+    """Three v5 clients (expiry 60, expiry 0 resumed, clean) and random v5 packets with
+    properties, options, identifiers and shared subscriptions: nothing raises, nothing
+    leaves a queue twice, and once all are gone only the expiring session's queue is left."""
+    from collections import Counter
+
+    from broker.broker import Broker
+    from broker.config import Config
+    from broker.persistence import MemoryStore
+    from broker.queues.ops import LEAVING, OpRecorder
+
+    broker = Broker(Config(data_dir=str(tmp_path_factory.mktemp("d")), mqtt_port=0,
+                           memory_limit_bytes=1 << 50), MemoryStore())
+    service = broker.mqtt.service
+
+    def connect(who):
+        return Client5(service, f"c{who}", clean=who == 2,
+                       props={P.SESSION_EXPIRY_INTERVAL: 60} if who == 0 else {})
+    clients = [connect(i) for i in range(3)]
+    recorders: dict = {}
+    for who, packet, reconnect in script:
+        c = clients[who]
+        if c.session.finished:
+            if not reconnect:
+                continue
+            c.session.connection_lost()
+            c = clients[who] = connect(who)
+        c.send(packet)
+        for q in broker.vhosts["/"].queues.values():
+            if q not in recorders:
+                recorders[q] = OpRecorder()
+                q.observers.append(recorders[q])
+            assert q.unacked_count >= 0
+    for c in clients:
+        c.session.connection_lost()
+    live = broker.vhosts["/"].queues
+    assert set(live) <= {queue_names("c0")[1]}
+    for q in live.values():
+        assert q.unacked_count == 0 and not q.consumers
+    for _q, rec in recorders.items():
+        gone = Counter(seq for op, seq in rec.ops if op in LEAVING)
+        assert all(n == 1 for n in gone.values())
