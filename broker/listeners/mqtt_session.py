@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -253,6 +253,9 @@ class MQTTService:
         self.retained = RetainedStore(broker)
         self.qos2 = QoS2Sessions(broker)
         self.stopping = False  # broker shutdown: no will messages
+        # MQTT 5 wills waiting out their Will Delay Interval:
+        # (vhost, client id) -> (timer, the publish to do then)
+        self.delayed_wills: dict[tuple[str, str], tuple[Any, Callable[[], None]]] = {}
         # $SYS counters (mqtt_sys.py): plain increments where the data passes
         self.bytes_received = self.bytes_sent = 0  # MQTT bytes (counted by the edge)
         self.publish_received = self.publish_sent = 0  # PUBLISH packets
@@ -491,6 +494,11 @@ class MQTTSession:
             old.end_session = False
             old.close("another connection took the session over", P.SESSION_TAKEN_OVER)
         service.clients[key] = self
+        pending = service.delayed_wills.pop(key, None)
+        if pending is not None:  # a will waiting out its delay: this connection resumes
+            pending[0].cancel()  # the session (not sent), or starts a new one (the old
+            if start_clean:  # session has ended: sent now)
+                pending[1]()
         q0_name, q1_name = queue_names(client_id)
         vhost = self.vhost
         legacy_q0 = vhost.find_queue(q0_name)
@@ -1334,7 +1342,14 @@ class MQTTSession:
         service = self.service
         will, self.will = self.will, None
         if will is not None and self.vhost is not None and not service.stopping:
-            self._publish_will(will)
+            delay = (will.properties or _NO_DICT).get(P.WILL_DELAY_INTERVAL, 0)
+            if delay and not self.clean and not self.end_session and self.expiry:
+                # section 3.1.3.2.2: after the delay or when the session ends, whichever
+                # comes first; a new connection to the session before then cancels it
+                self._delay_will((self.vhost.name, self.client_id), will,
+                                 min(delay, self.expiry))
+            else:
+                self._publish_will(will)
         by_queue: dict = {}
         qos2_out = self.conn.qos2_out
         resend = None if self.clean or self.qos2 is None else self.qos2.resend
@@ -1367,6 +1382,23 @@ class MQTTSession:
             elif not self.clean:
                 service.qos2.release(self.vhost.name, self.client_id)
         self.broker.session_closed(self)
+
+    def _delay_will(self, key: tuple[str, str], will: codec.Will, delay: int) -> None:
+        service = self.service
+
+        def publish() -> None:
+            if not service.stopping:
+                self._publish_will(will)
+
+        def fire() -> None:
+            if service.delayed_wills.get(key) is entry:
+                del service.delayed_wills[key]
+                publish()
+        entry = (self.vhost.timers.call_later(delay, fire), publish)
+        old = service.delayed_wills.get(key)
+        if old is not None:
+            old[0].cancel()
+        service.delayed_wills[key] = entry
 
     def _publish_will(self, will: codec.Will) -> None:
         key = to_routing_key(will.topic)

@@ -394,3 +394,36 @@ def test_random_v5_traffic_keeps_every_message_accounted(tmp_path_factory, scrip
     for _q, rec in recorders.items():
         gone = Counter(seq for op, seq in rec.ops if op in LEAVING)
         assert all(n == 1 for n in gone.values())
+
+
+def test_will_delay_interval(broker, service, clock):
+    watcher = Client5(service, "w", props={})
+    watcher.send(m.Subscribe(1, [("will/#", 0)], {}))
+
+    def device(clean, payload, delay=10):
+        return Client5(service, "dev", clean=clean, props={P.SESSION_EXPIRY_INTERVAL: 100},
+                       will=m.Will("will/dev", payload, 0, False,
+                                   {P.WILL_DELAY_INTERVAL: delay}))
+
+    def wills():
+        return [p.payload for p in watcher.output() if isinstance(p, m.Publish)]
+    d = device(True, b"1")
+    d.session.connection_lost()  # abnormal end: the will waits 10 s
+    clock.advance(5)
+    assert wills() == []
+    d = device(False, b"2")  # the session resumed in time: will 1 never goes
+    clock.advance(20)
+    assert wills() == []
+    d.session.connection_lost()
+    clock.advance(11)
+    assert wills() == [b"2"]  # after its delay
+    d = device(False, b"3")
+    d.session.connection_lost()
+    device(True, b"4")  # a new session (Clean Start): the old one ended, its will goes now
+    assert wills() == [b"3"]
+    # the delay is bounded by the session expiry
+    d = Client5(service, "dev5", props={P.SESSION_EXPIRY_INTERVAL: 3},
+                will=m.Will("will/dev5", b"5", 0, False, {P.WILL_DELAY_INTERVAL: 60}))
+    d.session.connection_lost()
+    clock.advance(4)
+    assert wills() == [b"5"]
