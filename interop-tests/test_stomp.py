@@ -492,3 +492,37 @@ def test_web_stomp(triomq, binary):
         _receipt(conn, listener)
     finally:
         conn.disconnect()
+
+
+def test_stompman_client(target):
+    """A second client (stompman, asyncio, STOMP 1.2): publish, subscribe with
+    client-individual acks, a transaction, heart-beats negotiated."""
+    import asyncio
+
+    import stompman
+
+    q = _name()
+
+    async def main():
+        got: asyncio.Queue = asyncio.Queue()
+
+        async def handler(frame) -> None:
+            await got.put(frame)
+
+        params = stompman.ConnectionParameters(
+            "127.0.0.1", target.stomp_port, "guest", "guest", connect_headers={"host": "/"})
+        async with stompman.Client([params], heartbeat=stompman.Heartbeat(1000, 1000)) as client:
+            sub = await client.subscribe(f"/queue/{q}", handler, ack="client-individual",
+                                         on_suppressed_exception=lambda exc, frame: None,
+                                         receipt_timeout=WAIT)
+            await client.send(b"one", f"/queue/{q}", headers={"k": "v"})
+            async with client.begin() as tx:
+                await tx.send(b"two", f"/queue/{q}")
+            first = await asyncio.wait_for(got.get(), WAIT)
+            second = await asyncio.wait_for(got.get(), WAIT)
+            await sub.unsubscribe()
+            return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.body, first.headers["k"]) == (b"one", "v")
+    assert second.body == b"two"
