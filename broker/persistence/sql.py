@@ -3,8 +3,10 @@
 The core calls the hooks synchronously on the trio thread; they only buffer.
 ``run`` hands the buffer to a worker thread (``trio.to_thread.run_sync``) which
 writes it in ONE transaction (group commit) and, back on the trio thread, the
-``when_durable`` callbacks of that batch run (or their ``on_failure`` if the
-batch could not be committed). See docs/sql-store.md.
+``when_durable`` callbacks of that batch run. A batch whose commit failed is in
+doubt (it may be committed): its callbacks, and those that came while it was
+being written, wait for the retry; only what comes once the failure is known
+gets ``on_failure`` (nacked, taken back from its queues). See docs/sql-store.md.
 
 flush="sync"  : a batch starts as soon as the previous one is committed; a
                 publisher confirm is sent after the commit that holds it.
@@ -872,7 +874,9 @@ class SQLStore(Store):
                 reconnected = await self._reconnect()
                 self._lease_checked.set()  # it renewed the lease, or found it taken over
                 if not reconnected:
-                    self._fail_waiting()
+                    # What waits in the batch came before the failure was known: enqueued,
+                    # maybe delivered already, so in doubt -- never nacked; it waits for
+                    # the retry (what comes while down is nacked at once: when_durable).
                     continue
                 self._down = False
                 backoff = 0.1
@@ -887,7 +891,7 @@ class SQLStore(Store):
             self._wake = trio.Event()
             if self._batch.empty() and not self._batch.callbacks and not self._retry:
                 if not self._down and not self._lock.valid():
-                    self._go_down(self._lease_error(), [])
+                    self._go_down(self._lease_error())
                 continue
             await self._commit_once()
 
@@ -953,8 +957,11 @@ class SQLStore(Store):
         # the database and the lease are back, and its callbacks run then.
         if not batch.empty():
             batch.callbacks = callbacks
-            callbacks = []
-        self._go_down(error, callbacks)
+        else:
+            # only callbacks (their entries went in earlier batches, or were acked and
+            # cancelled): as much in doubt, they wait ahead of the current batch's
+            self._batch.callbacks[:0] = callbacks
+        self._go_down(error)
         return False
 
     def _refused(self, batch: _Batch, callbacks: list) -> list:
@@ -984,7 +991,7 @@ class SQLStore(Store):
         self._fail(nack)
         return keep
 
-    def _go_down(self, error: str, callbacks: list) -> None:
+    def _go_down(self, error: str) -> None:
         if not self._down:
             log.error("store %s: database lost (%s); publishes in flight are in doubt (their "
                       "connections are closed), new ones are nacked and never stored until "
@@ -992,11 +999,6 @@ class SQLStore(Store):
         self._down = True
         if self.broker is not None:
             self.broker.on_store_failure(self, error)
-        self._fail(callbacks)
-
-    def _fail_waiting(self) -> None:
-        callbacks, self._batch.callbacks = self._batch.callbacks, []
-        self._fail(callbacks)
 
     def _fail(self, callbacks: list) -> None:
         """Nack what waited (on_failure) after taking its entries back from the queues
