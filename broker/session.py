@@ -24,6 +24,7 @@ from .amqp.connection import (
     State,
 )
 from .channel import Channel
+from .security.oauth2 import TokenUser
 
 log = logging.getLogger("broker.connection")
 
@@ -75,8 +76,11 @@ class Session:
     # ---- security (broker.access) ----
     def _update_secret(self, secret: bytes, reason: str) -> None:
         """connection.update-secret: a new secret (an OAuth 2 token) for the same user; its
-        permissions apply to every channel at once. Refused as RabbitMQ: 530."""
+        permissions apply to every channel at once. Refused as RabbitMQ: 530. A password
+        user keeps its login, whatever the secret (RabbitMQ's internal backend does too)."""
         user = self.user
+        if not isinstance(user, TokenUser):
+            return
         new, _why = self.broker.access.check_login(
             user.name if user is not None else "", secret.decode("utf-8", "replace"),
             self.peer_host)
