@@ -96,14 +96,36 @@ class Binding:
         self.key = (destination.kind, destination.name, routing_key, _freeze(self.arguments))
 
 
-def _freeze(value):
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, bytearray):
-        return bytes(value)
-    return value
+# markers of a frozen table/array's bounds: equal to nothing a client can send
+_TABLE, _ARRAY, _END = object(), object(), object()
+
+
+def _freeze(value) -> Any:
+    """Binding arguments as a hashable key: tables and arrays flattened into one tuple of
+    tokens (a table's keys sorted), walked with an explicit stack. Nested tuples would
+    need recursion to build and to compare, and arguments may be nested as deep as a
+    frame holds (18,000 levels)."""
+    if not isinstance(value, (dict, list)):
+        return bytes(value) if isinstance(value, bytearray) else value
+    if not value:
+        return ()  # no arguments: the common case
+    out: list = []
+    stack: list = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.append(_TABLE)
+            stack.append(_END)
+            for k, v in sorted(item.items(), key=lambda kv: kv[0], reverse=True):
+                stack.append(v)
+                stack.append(k)
+        elif isinstance(item, list):
+            out.append(_ARRAY)
+            stack.append(_END)
+            stack.extend(reversed(item))
+        else:
+            out.append(bytes(item) if isinstance(item, bytearray) else item)
+    return tuple(out)
 
 
 def _b(flag: bool) -> str:
