@@ -296,7 +296,7 @@ def test_mqtt_connection_closed_when_its_token_expires(env):
     from paho.mqtt import client as mqtt
     events: list = []
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"oauth-exp-{time.time_ns()}")
-    c.username_pw_set("anyone", env.token(sub="mqtt-expiring", exp=2))
+    c.username_pw_set("anyone", env.token(sub="mqtt-expiring", exp=5))
     c.on_connect = lambda cl, ud, flags, rc, props=None: events.append(("connect", rc))
     c.on_disconnect = lambda cl, ud, flags, rc, props=None: events.append(("disconnect", rc))
     c.reconnect_delay_set(60, 60)  # no reconnection within the test
@@ -312,11 +312,12 @@ def test_mqtt_connection_closed_when_its_token_expires(env):
 
 
 def test_expiry_closes_and_update_secret_renews(env):
-    # renewed before its first token expires: open past that time
-    conn = env.connect(env.token(exp=3))
+    # renewed before its first token expires: open past that time (the first token lives
+    # long enough for a connect on a loaded machine)
+    first_exp = time.time() + 8
+    conn = env.connect(env.token(exp=8))
     conn.update_secret(env.token(exp=300), "refresh")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    while time.time() < first_exp + 1.5:  # past the first exp and a sweep of expiries
         conn.process_data_events(time_limit=0.2)
     assert conn.is_open
     conn.channel().queue_declare("still-open")
@@ -326,7 +327,7 @@ def test_expiry_closes_and_update_secret_renews(env):
     assert info.value.reply_code == 530
     assert "New secret was refused" in info.value.reply_text
     # not renewed: closed by the broker once the token expires
-    conn = env.connect(env.token(exp=2))
+    conn = env.connect(env.token(exp=5))
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
