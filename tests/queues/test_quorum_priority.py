@@ -104,3 +104,25 @@ def test_partly_drained_levels_survive_restart(tmp_path):
     expect = [b"m%02d" % survivors[int(b[1:])][0]
               for b in model([p for _i, p in survivors])]
     assert run_life(tmp_path, second, budget=0) == expect
+
+
+def test_a_checkpoint_without_levels_is_read_back_with_the_two_level_rule(tmp_path):
+    """A checkpoint without the levels column (format 1): recovery reads the messages back
+    for their priorities and maps them as a quorum queue does (priority 3 is normal; the
+    classic cap would have made it high)."""
+    import os
+
+    from broker.persistence import journal_format as jf
+
+    run_life(tmp_path, lambda broker, store: publish(queue_of(broker, Q), PRIOS), budget=0)
+    path = os.path.join(tmp_path, "journal", "checkpoint")
+    with open(path, "rb") as f:
+        data = f.read()
+    recs: list = []
+    jf.scan(data, path, records=recs)
+    assert jf.T_CKPT_PRIO in [rtype for _off, rtype, _p in recs]
+    with open(path, "wb") as f:
+        f.write(b"".join(jf.pack_record(rtype, bytes(p)) for _off, rtype, p in recs
+                         if rtype != jf.T_CKPT_PRIO))
+    assert run_life(tmp_path, lambda broker, store: drain(queue_of(broker)),
+                    budget=0) == model(PRIOS)
