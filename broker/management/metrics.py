@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from ..broker import process_rss
 from ..churn import QUEUE_STATS
+from .api_connections import connection_name
 from .auth import require
 from .common import NODE
 from .stats import connection_counts
@@ -442,7 +443,7 @@ class DetailedCollector:
                 if s.vhost is None or (self.vhosts and s.vhost.name not in self.vhosts):
                     continue
                 for number, ch in list(s.channels.items()):
-                    name = f"{getattr(s, 'name', id(s))} ({number})"
+                    name = f"{connection_name(s)} ({number})"  # RabbitMQ's channel name
                     cons.add_metric([name], len(getattr(ch, "consumers", ())))
                     unconfirmed.add_metric([name], len(getattr(ch, "_unconfirmed", ())))
             yield from (cons, unconfirmed)

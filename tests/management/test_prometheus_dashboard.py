@@ -293,6 +293,9 @@ def test_metrics_detailed_families_and_vhost_filter(triomq):
         per_object = httpx.get(base + "/metrics/per-object", timeout=10).text
         assert ('rabbitmq_queue_head_message_timestamp{queue="detailed-q",vhost="/"} 1.7e+09'
                 in per_object)
+        channels = get("?family=channel_metrics")
+        assert "rabbitmq_detailed_channel_consumers{channel=" in channels
+        assert " -> 127.0.0.1:" in channels and " (1)" in channels
         # the vhost filter
         other = get("?family=queue_coarse_metrics&vhost=other")
         assert "detailed-q" not in other
