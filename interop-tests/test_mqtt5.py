@@ -449,3 +449,37 @@ def test_topic_aliases_both_ways_with_paho(target):
     finally:
         sub.disconnect()
         sub.loop_stop()
+
+
+def test_v5_over_websockets(tmp_path, external_broker):
+    """MQTT 5 over the WebSocket listener (the same session code): properties both ways."""
+    if external_broker:
+        pytest.skip("the reference RabbitMQ here has no MQTT plugin")
+    from brokerproc import free_port
+    ws_port = free_port()
+    proc = BrokerProc(tmp_path / "data", mqtt=True, extra=["--mqtt-ws-port", str(ws_port)],
+                      wait_ports=[ws_port])
+    proc.start()
+    ws = paho.Client(CallbackAPIVersion.VERSION2, client_id=uid(), transport="websockets",
+                     protocol=paho.MQTTv5)
+    ws.ws_set_options(path="/ws")
+    got: list = []
+    ws.on_message = lambda c, u, msg: got.append(msg)
+    ready = threading.Event()
+    ws.on_subscribe = lambda *a: ready.set()
+    ws.on_connect = lambda c, *a: c.subscribe("ws5/#", 1)
+    try:
+        ws.connect("127.0.0.1", ws_port)
+        ws.loop_start()
+        assert ready.wait(15)
+        tcp = Paho5(proc.mqtt_port)
+        tcp.publish("ws5/a", b"hi", 1, _props(UserProperty=[("via", "tcp")]))
+        deadline = time.monotonic() + 15
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [msg] = got
+        assert msg.payload == b"hi" and msg.properties.UserProperty == [("via", "tcp")]
+    finally:
+        ws.disconnect()
+        ws.loop_stop()
+        proc.stop()
