@@ -109,20 +109,24 @@ class FrameReader:
                 if i:
                     self.heartbeats += i
                     del buf[:i]
-                end = buf.find(b"\n\n")
-                end_crlf = buf.find(b"\r\n\r\n")
-                if end < 0 and end_crlf < 0:
+                # the blank line ending the headers, found line by line: a search for it
+                # over the whole buffer would cost the buffer's length per frame
+                end = skip = -1
+                pos = 0
+                while True:
+                    nl = buf.find(b"\n", pos)
+                    if nl < 0 or nl > MAX_HEADER_BYTES:
+                        break
+                    if nl == pos or (nl == pos + 1 and buf[pos] == 13):
+                        end, skip = pos, nl + 1
+                        break
+                    pos = nl + 1
+                if end < 0:
                     if len(buf) > MAX_HEADER_BYTES:
                         raise FrameError("Frame too large",
                                          f"headers longer than {MAX_HEADER_BYTES} bytes")
                     return frames
-                if end < 0 or (0 <= end_crlf < end):
-                    head_bytes, skip = bytes(buf[:end_crlf]), end_crlf + 4
-                else:
-                    head_bytes, skip = bytes(buf[:end]), end + 2
-                if len(head_bytes) > MAX_HEADER_BYTES:
-                    raise FrameError("Frame too large",
-                                     f"headers longer than {MAX_HEADER_BYTES} bytes")
+                head_bytes = bytes(buf[:end])
                 del buf[:skip]
                 self._head = self._parse_head(head_bytes)
             command, headers, length = self._head

@@ -134,3 +134,15 @@ def test_connection_state_machine():
     out = conn.data_to_send()
     assert b"message:Bad command\n" in out and b"receipt-id:r\n" in out
     assert conn.receive_data(b"SEND\n\n\x00") == []  # nothing after an ERROR
+
+
+def test_many_frames_in_one_chunk_cost_linear_time():
+    """The end of each frame's headers is found within that frame: a search over the
+    whole buffer per frame made a 2 MB chunk of 40,000 SENDs take seconds."""
+    import time
+    one = encode(Frame("SEND", {"destination": "/queue/a"}, b"x" * 20), "1.2")
+    data = one * 40_000
+    reader = FrameReader(1000)
+    started = time.perf_counter()
+    assert len(reader.feed(data)) == 40_000
+    assert time.perf_counter() - started < 4.0
