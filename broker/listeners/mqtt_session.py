@@ -65,6 +65,7 @@ from ..mqtt.connection import (
 )
 from ..mqtt.topics import matches, to_mqtt_topic, to_routing_key
 from ..persistence import DURABLE
+from ..queues.args import MAX_EXPIRY_MS
 from ..queues.queue import Consumer
 from .mqtt_qos2 import INBOUND, OUTBOUND, QoS2Sessions, SessionState
 from .mqtt_retained import RetainedStore
@@ -96,6 +97,10 @@ RETAIN_HEADER = "x-mqtt-retain"
 RECEIVE_MAXIMUM = 1024
 TOPIC_ALIAS_MAXIMUM = 64
 NEVER_EXPIRES = 0xFFFFFFFF  # Session Expiry Interval: the session does not expire
+# the longest x-expires / expiration the queues take (RabbitMQ's ten years), in seconds:
+# a longer Session Expiry Interval is lowered to it (and the CONNACK says so), a longer
+# Message Expiry Interval too
+MAX_EXPIRY = MAX_EXPIRY_MS // 1000
 
 
 def _props(qos: int, dup: bool, retain: bool = False) -> tuple[dict, bytes]:
@@ -147,7 +152,7 @@ def _v5_message_props(qos: int, dup: bool, v5: dict, retain: bool = False,
     props: dict[str, Any] = {"delivery_mode": base["delivery_mode"], "headers": headers}
     expiry = v5.get(P.MESSAGE_EXPIRY_INTERVAL)
     if expiry is not None:
-        props["expiration"] = str(expiry * 1000)
+        props["expiration"] = str(min(expiry, MAX_EXPIRY) * 1000)
     content_type = v5.get(P.CONTENT_TYPE)
     if content_type is not None and len(content_type.encode()) <= MAX_KEY:
         props["content_type"] = content_type
@@ -453,7 +458,7 @@ class MQTTSession:
             self.finished = True
             return
         client_id = c.client_id
-        assigned = False
+        assigned = capped = False
         if not client_id:
             if not c.clean_session and not v5:  # section 3.1.3-8 (v5 assigns one: 3.1.3-6)
                 conn.refuse(codec.REFUSED_IDENTIFIER, "empty client id without clean session")
@@ -478,6 +483,9 @@ class MQTTSession:
             # the session lives as long as its expiry interval says, not as Clean Start
             # says (section 3.1.2.11): expiry 0 is a session ending with the connection
             self.expiry = props.get(P.SESSION_EXPIRY_INTERVAL, 0)
+            capped = self.expiry != NEVER_EXPIRES and self.expiry > MAX_EXPIRY
+            if capped:
+                self.expiry = MAX_EXPIRY
             self.receive_max = props.get(P.RECEIVE_MAXIMUM, 65535)
             self.clean = start_clean and not self.expiry
             self.end_session = not self.clean and not self.expiry
@@ -530,6 +538,8 @@ class MQTTSession:
                     P.SHARED_SUBSCRIPTION_AVAILABLE: 1}
             if assigned:
                 caps[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+            if capped:  # section 3.2.2.3.2: the interval the server uses instead
+                caps[P.SESSION_EXPIRY_INTERVAL] = MAX_EXPIRY
             conn.accept(present, self.username, caps)
         else:
             conn.accept(present, self.username)

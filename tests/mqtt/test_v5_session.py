@@ -427,3 +427,20 @@ def test_will_delay_interval(broker, service, clock):
     d.session.connection_lost()
     clock.advance(4)
     assert wills() == [b"5"]
+
+
+def test_expiry_intervals_above_what_queues_take_are_lowered(broker, service):
+    """RabbitMQ's queues take x-expires and expiration up to ten years: a longer Session
+    Expiry Interval is lowered and the CONNACK says so (section 3.2.2.3.2); a longer
+    Message Expiry Interval is lowered too (the publish used to fail in the queue)."""
+    c = Client5(service, "dev", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 0xFFFFFFFE})
+    assert c.connack[0].properties[P.SESSION_EXPIRY_INTERVAL] == 315_360_000
+    [ack] = c.send(m.Subscribe(1, [("a", 1)], {}))
+    assert ack.return_codes == [1]
+    assert broker.vhosts["/"].queues[queue_names("dev")[1]].opts.expires == 315_360_000_000
+    never = Client5(service, "dev2", props={P.SESSION_EXPIRY_INTERVAL: 0xFFFFFFFF})
+    assert P.SESSION_EXPIRY_INTERVAL not in never.connack[0].properties
+    got = c.send(m.Publish("a", b"x", 1, False, False, 1,
+                           {P.MESSAGE_EXPIRY_INTERVAL: 0xFFFFFFFF}))
+    [p] = [p for p in got if isinstance(p, m.Publish)]
+    assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 315_360_000
