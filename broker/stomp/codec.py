@@ -56,6 +56,8 @@ def unescape(value: str) -> str:
 
 
 def escape(value: str, version: str) -> str:
+    if "\\" not in value and "\n" not in value and ":" not in value and "\r" not in value:
+        return value  # the common case: nothing to escape
     if version == "1.0":
         return value.replace("\n", " ")  # 1.0 has no escapes: a value cannot hold an EOL
     value = value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
