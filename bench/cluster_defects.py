@@ -13,6 +13,9 @@
   were answered.
 * ``no-link``: 2 nodes, a queue on a, a killed; a publisher on b, which never linked to a:
   how long its first publish waits for an answer (cut at 30 s).
+* ``catch-up``: 2 nodes, ha-mode all, 20,001 messages of 1 KiB; the mirror b is killed,
+  1,000 consumed and 501 published meanwhile, b restarted: messages sent to it and the time
+  from its start to its return to the in-sync set.
 
 Each probe starts its own etcd and nodes on free ports (data under a temporary directory)
 and stops them. Figures are printed as one JSON line per probe.
@@ -265,6 +268,51 @@ def probe_no_link(base: Path, etcd: EtcdProc, secret: Path) -> dict:
         a.stop()
 
 
+def probe_catch_up(base: Path, etcd: EtcdProc, secret: Path) -> dict:
+    a, b = (_node(base, etcd, n, secret, "5").start() for n in ("a", "b"))
+    try:
+        _policy(a, {"ha-mode": "all"})
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("q", durable=True)
+        body = b"x" * 1024
+        for _ in range(20000):
+            ch.basic_publish("", "q", body, pika.BasicProperties(delivery_mode=2))
+        ch.confirm_delivery()
+        ch.basic_publish("", "q", body, pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 60)
+        b.kill()
+        _wait(lambda: _isr(etcd, "q").get("in_sync") == [], 60)
+        conn = a.connect()
+        ch = conn.channel()
+        for _ in range(1000):
+            method, _, _ = ch.basic_get("q")
+            ch.basic_ack(method.delivery_tag)
+        conn.close()
+        _publish(a, 500)
+        watch = _Watch(etcd, "b")
+        watch.start()
+        t0 = time.monotonic()
+        b.start()
+        _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 120)
+        back = time.monotonic() - t0
+        time.sleep(0.5)
+        watch.stop.set()
+        watch.join()
+        import re
+        caught = re.findall(r"catches up from its own copy \((\d+) messages kept, (\d+) to "
+                            r"send\)", a.log())
+        return {"probe": "catch-up", "queue": 19501,
+                "sync_total_seen": watch.synced_max,
+                "catch_up": ({"kept": int(caught[-1][0]), "sent": int(caught[-1][1])}
+                             if caught else None),
+                "start_to_in_sync_s": round(back, 2)}
+    finally:
+        b.stop()
+        a.stop()
+
+
 def _master_gone(etcd: EtcdProc) -> bool:
     import base64
 
@@ -276,7 +324,7 @@ def _master_gone(etcd: EtcdProc) -> bool:
 
 
 PROBES = {"ack-multiple": probe_ack_multiple, "placement": probe_placement,
-          "failover": probe_failover, "no-link": probe_no_link}
+          "failover": probe_failover, "no-link": probe_no_link, "catch-up": probe_catch_up}
 
 
 def main(argv: list[str] | None = None) -> int:

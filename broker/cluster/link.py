@@ -18,7 +18,8 @@ in ``forward.py`` that restores a forwarded message's exchange and routing key:
 
 Bounded: at most ``max_inflight`` unconfirmed publishes and ``max_buffered`` bytes waiting
 to be written; past either, ``on_pressure(True)`` (the broker blocks its publishers, as a
-resource alarm) until both are back under half.
+resource alarm) until both are back under half. The peer's connection.blocked alone does
+not raise it (see ``_check_pressure``).
 """
 from __future__ import annotations
 
@@ -250,10 +251,13 @@ class Link:
 
     # ---- pressure ----
     def _check_pressure(self) -> None:
-        over = (len(self._pending) >= self.max_inflight or self._out_bytes >= self.max_buffered
-                or self.blocked)
+        # The peer blocking this link (its own alarm) is not pressure by itself: our alarm
+        # would block the peer's link into this node, whose mirror ops the peer waits on to
+        # clear its alarm (two nodes linked both ways then blocked each other for good).
+        # What the peer does not take piles up here and raises the alarm at the bounds.
+        over = len(self._pending) >= self.max_inflight or self._out_bytes >= self.max_buffered
         under = (len(self._pending) <= self.max_inflight // 2
-                 and self._out_bytes <= self.max_buffered // 2 and not self.blocked)
+                 and self._out_bytes <= self.max_buffered // 2)
         if over and not self.pressure:
             self.pressure = True
             self.on_pressure(True)

@@ -5,7 +5,9 @@ Built on the queue operation stream (``broker/queues/ops.py``): the master's ``M
 is an observer of its queue, as the store is, and sends what the store gets -- each
 ENQUEUE (with the message) and each leaving op -- to every mirror node over the link
 (``link.py``), each op carrying the master's **epoch**. A mirror node keeps a
-``MirrorCopy`` per queue (in memory) and applies the same stream.
+``MirrorCopy`` per queue (in memory, and on disk: ``copylog.py``) and applies the same
+stream; a mirror that comes back with a complete copy of the master's epoch catches up
+from it (``Mirroring.start_sync``: only what it lacks is sent).
 
 * **Confirms.** An ENQUEUE sent to an in-sync mirror takes a token of the cluster store's
   forwarded writes, so the publisher's confirm waits until every in-sync mirror confirmed
@@ -33,6 +35,7 @@ ENQUEUE (with the message) and each leaving op -- to every mirror node over the 
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,7 @@ import trio
 
 from ..message import Message
 from ..queues.ops import Op
+from .copylog import CopyLog, copy_path, replay
 from .etcd import CoordinationError, CoordinationUnavailable
 
 if TYPE_CHECKING:
@@ -53,6 +57,9 @@ SYNCED = 99  # op code: the snapshot is complete
 LEAVES = 50  # op code: the entries of these seqs left the queue (the seqs: the route key)
 ENQUEUES = 51  # op code: these messages entered the queue (body: ``pack_entries``)
 LEFT = 52  # op code: the entries of these seqs left the queue (body: ``pack_seqs``)
+# op code: a catch-up from the mirror's own copy starts (body: the highest seq the mirror
+# has, then the seqs up to it the queue still holds: the others left while it was away)
+KEEP = 53
 _REC = struct.Struct(">QHHII")
 _SEQ = struct.Struct(">Q")
 # An op is one message on the link: its body is cut in frames of the negotiated size, but
@@ -71,6 +78,17 @@ def unpack_seqs(data: bytes) -> list[int]:
     if len(data) % _SEQ.size:
         raise struct.error("truncated seqs")
     return [s for (s,) in _SEQ.iter_unpack(data)]
+
+
+def pack_copy(entries: dict) -> bytes:
+    """A copy's entries (seq -> (exchange, routing key, raw properties, body)) packed as
+    ``pack_entries`` packs queue entries."""
+    parts = []
+    for seq, (exchange, key, props, body) in entries.items():
+        ex = exchange.encode("utf-8", "surrogateescape")
+        rk = key.encode("utf-8", "surrogateescape")
+        parts += [_REC.pack(seq, len(ex), len(rk), len(props), len(body)), ex, rk, props, body]
+    return b"".join(parts)
 
 
 def seq_chunks(seqs: list[int]) -> list[bytes]:
@@ -128,7 +146,7 @@ _SYNC_BATCH = 512  # messages per op while a new mirror synchronises
 
 # which mirrors keep their slot under ha-mode exactly: in sync first, then those on their
 # way, then the failed (they resync anyway), then new nodes
-_KEEP = {"in_sync": 0, "syncing": 1, "manual": 1, "failed": 2}
+_KEEP = {"in_sync": 0, "syncing": 1, "probing": 1, "manual": 1, "failed": 2}
 
 
 def wanted_mirrors(definition: dict, master: str, live: list[str],
@@ -190,7 +208,8 @@ _register_check()
 class MirrorCopy:
     """A mirror node's copy of a queue: the messages in the queue, by seq."""
 
-    __slots__ = ("entries", "epoch", "master", "synced")
+    __slots__ = ("entries", "epoch", "keep", "keep_max", "loaded", "log", "master", "synced",
+                 "was_synced")
 
     def __init__(self, epoch: int, master: str):
         self.epoch = epoch
@@ -198,6 +217,13 @@ class MirrorCopy:
         # seq -> (exchange, routing key, raw properties, body), in the queue's order
         self.entries: dict[int, tuple[str, str, bytes, bytes]] = {}
         self.synced = False
+        self.log: CopyLog | None = None  # on disk (copylog.py), when the store has a directory
+        # read from disk at start: never promoted until caught up again (it may lack what
+        # the master confirmed while this node was away)
+        self.loaded = False
+        self.was_synced = False  # a loaded copy was complete when written: it may catch up
+        self.keep_max: int | None = None  # a catch-up runs: seqs up to this not kept leave
+        self.keep: set[int] = set()
 
 
 class Mirroring:
@@ -268,6 +294,8 @@ class Mirroring:
                 self._park(mine)
                 self._park(leave_tokens.get(node, []))
                 continue
+            if state == "probing":
+                continue  # its catch-up starts from a snapshot taken once it answered
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if packed:
                 self._send_all(node, ENQUEUES, packed, self._batch_done(node, mine))
@@ -399,11 +427,57 @@ class Mirroring:
         self._send(node, RESET, b"", self._done_for(node))
 
     def start_sync(self, node: str) -> None:
+        """Ask the mirror what copy of this queue it has (``probing``: it gets no op
+        meanwhile); a complete copy of this epoch catches up from itself
+        (``_catch_up``), anything else syncs from nothing (``_full_sync``)."""
+        generation = self.generation[node] = self.generation.get(node, 0) + 1
+        self._syncs.pop(node, None)
+        self.sync_counts.pop(node, None)
+        if not self.owner.probe(self, node, generation):
+            self._full_sync(node, generation)
+            return
+        self.nodes[node] = "probing"
+
+    def probed(self, node: str, generation: int, answer: dict | None) -> None:
+        """The mirror's answer: its copy's epoch, highest seq and whether it was complete."""
+        if self.generation.get(node) != generation or self.nodes.get(node) != "probing":
+            return
+        try:
+            usable = (answer is not None and int(answer["epoch"]) == self.epoch
+                      and answer.get("complete") is True)
+            top = int(answer["max_seq"]) if usable and answer is not None else 0
+        except (KeyError, TypeError, ValueError):
+            usable, top = False, 0
+        if usable:
+            self._catch_up(node, generation, top)
+        else:
+            self._full_sync(node, generation)
+
+    def _catch_up(self, node: str, generation: int, top: int) -> None:
+        """KEEP (the seqs up to ``top`` the queue still holds: the mirror drops the others,
+        they left while it was away), then the messages after ``top`` in batches, then
+        SYNCED. Sound because the copy is the queue as it was at one moment (ops apply in
+        order, a copy on disk is complete) and seqs only grow: what the queue holds up to
+        ``top`` was in the queue then, so the copy has it."""
+        self.nodes[node] = "syncing"
+        entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
+        keep = [e.seq for e in entries if e.seq <= top]
+        head = _SEQ.pack(top)
+        bodies = [head + chunk for chunk in seq_chunks(keep)] or [head]
+        self._send_all(node, KEEP, bodies, self._done_for(node))
+        missing = [e for e in entries if e.seq > top]
+        self._syncs[node] = [generation, missing, 0, 0]
+        self.sync_counts[node] = [0, len(missing)]
+        self.progress_dirty = True
+        log.info("queue %r: mirror %r catches up from its own copy (%d messages kept, %d to "
+                 "send)", self.queue.name, node, len(keep), len(missing))
+        self._sync_next(node)
+
+    def _full_sync(self, node: str, generation: int) -> None:
         """RESET, then the queue's messages in batches of ``ha-sync-batch-size`` (at most
         two batches unconfirmed, so the queue and the link keep serving meanwhile), then
         SYNCED: once that is confirmed the mirror joins the in-sync set. The live ops go
         to it meanwhile; a message that leaves before its batch is sent is skipped."""
-        generation = self.generation[node] = self.generation.get(node, 0) + 1
         self.nodes[node] = "syncing"
         self._send(node, RESET, b"", self._done_for(node))
         entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
@@ -547,6 +621,135 @@ class Mirrors:
         self.promotions = 0
         self._to_flush: list[Mirroring] = []
         self._flush_wake = trio.Event()
+        self._directory: str | None = None  # where copies are kept on disk (copylog.py)
+        self.caught_up = 0  # syncs that started from the mirror's own copy (tests, status)
+
+    # ---- copies on disk ----
+    def directory(self) -> str | None:
+        if self._directory is None:
+            path = self.store.sidecar_path("mirror-copies")
+            if path is None:
+                return None
+            os.makedirs(path, exist_ok=True)
+            self._directory = path
+        return self._directory
+
+    def _new_log(self, vhost: str, queue: str, copy: MirrorCopy) -> None:
+        directory = self.directory()
+        if directory is None:
+            return
+        try:
+            copy.log = CopyLog.create(copy_path(directory, vhost, queue), {
+                "vhost": vhost, "queue": queue, "epoch": copy.epoch, "master": copy.master})
+        except OSError as exc:
+            log.warning("copy of queue %r not kept on disk: %s", queue, exc)
+            copy.log = None
+
+    def _write(self, vhost: str, queue: str, copy: MirrorCopy, kind: bytes,
+               payload: bytes) -> None:
+        if copy.log is None:
+            return
+        try:
+            copy.log.append(kind, payload)
+            if copy.log.wants_compaction():
+                self._rewrite(vhost, queue, copy)
+        except OSError as exc:  # the copy stays good in memory; a restart resyncs it
+            log.warning("copy of queue %r not kept on disk: %s", queue, exc)
+            copy.log.remove()
+            copy.log = None
+
+    def _rewrite(self, vhost: str, queue: str, copy: MirrorCopy) -> None:
+        """The file rewritten from the copy (compaction, and the end of a catch-up)."""
+        if copy.log is None:
+            return
+        path = copy.log.path
+        copy.log.close()
+        tmp = CopyLog.create(path + ".tmp", {"vhost": vhost, "queue": queue,
+                                             "epoch": copy.epoch, "master": copy.master})
+        body = pack_copy(copy.entries)
+        tmp.append(b"E", body)
+        if copy.synced:
+            tmp.append(b"S", b"")
+        size = tmp.size
+        tmp.close()
+        os.replace(path + ".tmp", path)
+        copy.log = CopyLog(path, size)
+        copy.log.live = len(body)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        copy = self.copies.pop(key, None)
+        if copy is not None and copy.log is not None:
+            copy.log.remove()
+            copy.log = None
+
+    def load(self) -> None:
+        """The copies kept on disk (``ClusterStore.recover``, after the proxies exist): a
+        copy of a queue that is a proxy here is kept to catch up from; any other is
+        dropped (the queue is gone, or mastered here now)."""
+        directory = self.directory()
+        broker = self.store.broker
+        if directory is None or broker is None:
+            return
+        from .forward import ProxyQueue
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if not name.endswith(".copy"):
+                if name.endswith(".tmp"):
+                    os.unlink(path)
+                continue
+            got = replay(path)
+            header = got[0] if got is not None else {}
+            vhost = broker.vhosts.get(header.get("vhost"))
+            queue = header.get("queue")
+            if got is None or vhost is None or not isinstance(vhost.queues.get(queue),
+                                                               ProxyQueue):
+                os.unlink(path)
+                continue
+            _header, records, size = got
+            copy = MirrorCopy(int(header.get("epoch", 0)), str(header.get("master", "")))
+            try:
+                for kind, payload in records:
+                    if kind == b"E":
+                        copy.entries.update(unpack_entries(payload))
+                    elif kind == b"L":
+                        for seq in unpack_seqs(payload):
+                            copy.entries.pop(seq, None)
+                    elif kind == b"S":
+                        copy.was_synced = True
+                    elif kind == b"U":
+                        copy.was_synced = False
+            except (struct.error, UnicodeError):
+                os.unlink(path)
+                continue
+            copy.loaded = True
+            copy.log = CopyLog(path, size)
+            copy.log.live = sum(len(e[2]) + len(e[3]) for e in copy.entries.values())
+            self.copies[(vhost.name, str(queue))] = copy
+            log.info("queue %r in vhost %r: copy of epoch %d read from disk (%d messages, %s)",
+                     queue, vhost.name, copy.epoch, len(copy.entries),
+                     "complete" if copy.was_synced else "incomplete")
+
+    def copy_info(self, vhost: str, queue: str) -> dict | None:
+        """What a master's probe is told of this node's copy of a queue."""
+        copy = self.copies.get((vhost, queue))
+        if copy is None:
+            return None
+        return {"epoch": copy.epoch, "max_seq": max(copy.entries, default=0),
+                "complete": (copy.synced or copy.was_synced) and copy.keep_max is None}
+
+    def probe(self, mirroring: Mirroring, node: str, generation: int) -> bool:
+        """Ask ``node`` (in the background) about its copy of the queue; False when it
+        cannot be asked (then the sync starts from nothing)."""
+        nursery = self.store.nursery
+        if nursery is None:
+            return False
+        queue = mirroring.queue
+
+        async def ask() -> None:
+            answer = await self.store.views.ask_copy(node, queue.vhost.name, queue.name)
+            mirroring.probed(node, generation, answer)
+        nursery.start_soon(ask)
+        return True
 
     def wake(self) -> None:
         self._wake.set()
@@ -585,31 +788,73 @@ class Mirrors:
         if op == RESET:
             if copy is not None and copy.epoch > epoch:
                 return False  # a deposed master
-            self.copies[key] = MirrorCopy(epoch, str(master))
+            if copy is not None and copy.log is not None:
+                copy.log.remove()
+            copy = self.copies[key] = MirrorCopy(epoch, str(master))
+            self._new_log(vhost, queue, copy)
             return True
         if copy is None or copy.epoch != epoch:
             return False
         if op == LEFT:
             entries = copy.entries
             try:
-                for seq in unpack_seqs(body):
-                    entries.pop(seq, None)
+                seqs = unpack_seqs(body)
             except struct.error:
                 return False
+            gone = 0
+            for seq in seqs:
+                e = entries.pop(seq, None)
+                if e is not None:
+                    gone += len(e[2]) + len(e[3])
+            if copy.log is not None:
+                copy.log.live -= gone
+            self._write(vhost, queue, copy, b"L", body)
         elif op == LEAVES:  # from a node of an earlier version: the seqs in the route key
             entries = copy.entries
             try:
-                for text in routing_key.split(","):
-                    entries.pop(int(text), None)
+                seqs = [int(text) for text in routing_key.split(",")]
             except ValueError:
                 return False
+            for seq in seqs:
+                entries.pop(seq, None)
+            self._write(vhost, queue, copy, b"L", pack_seqs(seqs))
         elif op == SYNCED:
             copy.synced = True
+            if copy.keep_max is not None:  # the end of a catch-up: what left meanwhile goes
+                top, keep = copy.keep_max, copy.keep
+                for seq in [s for s in copy.entries if s <= top and s not in keep]:
+                    del copy.entries[seq]
+                copy.keep_max, copy.keep = None, set()
+                copy.loaded = False
+                try:
+                    self._rewrite(vhost, queue, copy)
+                except OSError as exc:
+                    log.warning("copy of queue %r not kept on disk: %s", queue, exc)
+                    if copy.log is not None:
+                        copy.log.remove()
+                    copy.log = None
+            else:
+                copy.loaded = False
+                self._write(vhost, queue, copy, b"S", b"")
+        elif op == KEEP:
+            try:
+                top = _SEQ.unpack_from(body)[0]
+                seqs = unpack_seqs(body[_SEQ.size:])
+            except struct.error:
+                return False
+            if copy.keep_max is None:
+                copy.keep_max = top
+                copy.synced = False
+                self._write(vhost, queue, copy, b"U", b"")  # not complete until SYNCED
+            copy.keep.update(seqs)
         elif op == ENQUEUES:
             try:
                 copy.entries.update(unpack_entries(body))
             except (struct.error, UnicodeError):
                 return False
+            if copy.log is not None:
+                copy.log.live += len(body)
+            self._write(vhost, queue, copy, b"E", body)
         else:
             return False
         return True
@@ -623,7 +868,7 @@ class Mirrors:
                      "sync" if action == "sync" else "cancel-sync", n)
 
     def drop_copy(self, vhost: str, queue: str) -> None:
-        self.copies.pop((vhost, queue), None)
+        self._forget((vhost, queue))
 
     # ---- both roles, in the background ----
     async def run(self) -> None:
@@ -700,8 +945,10 @@ class Mirrors:
             proxy = vhost.queues.get(queue) if vhost is not None else None
             from .forward import ProxyQueue
             if not isinstance(proxy, ProxyQueue):
-                self.copies.pop(key, None)  # deleted meanwhile
+                self._forget(key)  # deleted meanwhile
                 continue
+            if copy.loaded:
+                continue  # read from disk, not caught up: it may lack what was confirmed
             kv = await store.coord.get(store.node.isr_key(vhost_name, queue))
             record = kv.json() if kv is not None else {}
             # a master that stopped cleanly said so in the record of its epoch
@@ -718,7 +965,7 @@ class Mirrors:
             m = await store.node.claim_if_free(vhost_name, queue)
             if m is None:
                 continue
-            self.copies.pop(key, None)
+            self._forget(key)
             if not eligible:
                 log.warning("queue %r in vhost %r: promoting a mirror that is not in sync "
                             "(ha-promote-on-%s always): what it lacks is lost", queue,

@@ -243,6 +243,11 @@ class ClusterStore(Store):
         # a link's deliveries wait on the other node's consumer, which has its own timeout
         broker.consumer_timeouts.exempt_users.add(LINK_USER)
         self._publish_local()
+        # mirror copies kept on disk, to catch up from (the proxies exist now)
+        try:
+            self.mirrors.load()
+        except OSError as exc:
+            log.warning("mirror copies on disk not read: %s", exc)
 
     def _meta_values(self, kind: str) -> list[dict]:
         head = self._defs("meta", _q(kind), "")
@@ -425,6 +430,11 @@ class ClusterStore(Store):
                 await trio.sleep(0.5)
                 link.address = self._addresses.get(link.node, "")
             await link.run()
+
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        """The cluster's nursery (background work of the mirrors), once running."""
+        return self._nursery
 
     def known_members(self) -> set[str] | None:
         """The cluster's members (ha-mode nodes checks its names), or None while applying

@@ -74,8 +74,10 @@ class QueueViews:
         except (TypeError, ValueError, IndexError):
             return
         vhost = self.store.broker.vhosts.get(vhost_name) if self.store.broker else None
-        out: dict[str, dict] = {}
-        if vhost is not None and isinstance(names, list):
+        out: dict[str, Any] = {}
+        if isinstance(names, dict):  # a master asks about this node's copy (mirror.py)
+            out = {"copy": self.store.mirrors.copy_info(vhost_name, str(names.get("copy")))}
+        elif vhost is not None and isinstance(names, list):
             from .forward import ProxyQueue
             for name in names:
                 q = vhost.queues.get(name) if isinstance(name, str) else None
@@ -105,7 +107,14 @@ class QueueViews:
             waiting[1].append(data)
             waiting[0].set()
 
-    async def _ask(self, master: str, vhost_name: str, names: list[str]) -> dict | None:
+    async def ask_copy(self, node: str, vhost_name: str, queue: str) -> dict | None:
+        """``node``'s copy of a queue: {epoch, max_seq, complete}; None when it has none
+        or did not answer."""
+        answer = await self._ask(node, vhost_name, {"copy": queue})
+        copy = answer.get("copy") if answer is not None else None
+        return copy if isinstance(copy, dict) else None
+
+    async def _ask(self, master: str, vhost_name: str, names: Any) -> dict | None:
         request_id = next(self._ids)
         event = trio.Event()
         result: list = []
