@@ -137,8 +137,10 @@ def _v5_message_props(qos: int, dup: bool, v5: dict, retain: bool = False,
     base = (_PROPS_RETAINED if retain else _PROPS)[(qos, dup)][0]
     headers: dict[str, Any] = {}
     for name, value in v5.get(P.USER_PROPERTY, ()):
-        if name.startswith("x-mqtt-"):
-            continue  # the broker's own headers are not a client's to set
+        if name.startswith("x-mqtt-") or len(name.encode()) > MAX_KEY:
+            # the broker's own headers are not a client's to set; an AMQP table key is a
+            # shortstr (a longer name cannot travel as a header)
+            continue
         old = headers.get(name)
         if old is None:
             headers[name] = value

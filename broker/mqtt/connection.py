@@ -282,6 +282,9 @@ class ServerConnection:
         if props:
             if P.SUBSCRIPTION_IDENTIFIER in props:  # server to client only (section 3.3.4)
                 return self._violation("PUBLISH from a client with a subscription identifier")
+            response = props.get(P.RESPONSE_TOPIC)
+            if response is not None and not codec.valid_topic_name(response):  # 3.3.2-14
+                return self._violation(f"invalid response topic {response!r}")
             alias = props.get(P.TOPIC_ALIAS)
             if alias is not None:
                 if alias > self.topic_alias_max:  # (0 is refused by the codec)

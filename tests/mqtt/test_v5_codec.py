@@ -334,3 +334,9 @@ def test_reason_string_left_out_above_the_clients_maximum_packet_size():
     out(conn)
     conn.close("a long explanation of why the connection ends", P.KEEP_ALIVE_TIMEOUT)
     assert conn.data_to_send() == b"\xe0\x01\x8d"
+
+
+def test_response_topic_with_wildcards_is_a_protocol_error():
+    conn = connected()
+    conn.receive_data(encode(m.Publish("t", b"", 0, properties={P.RESPONSE_TOPIC: "r/#"})))
+    assert out(conn)[0].reason_code == P.PROTOCOL_ERROR and conn.closed

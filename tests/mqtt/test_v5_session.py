@@ -444,3 +444,13 @@ def test_expiry_intervals_above_what_queues_take_are_lowered(broker, service):
                            {P.MESSAGE_EXPIRY_INTERVAL: 0xFFFFFFFF}))
     [p] = [p for p in got if isinstance(p, m.Publish)]
     assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 315_360_000
+
+
+def test_user_property_names_too_long_for_an_amqp_header_are_left_out(broker, service):
+    sub = Client5(service, "sub", props={})
+    sub.send(m.Subscribe(1, [("t", 0)], {}))
+    pub = Client5(service, "pub", props={})
+    pub.send(m.Publish("t", b"x", 0, False, False, None,
+                       {P.USER_PROPERTY: [("k" * 300, "v"), ("ok", "v")]}))
+    [p] = [p for p in sub.output() if isinstance(p, m.Publish)]
+    assert p.properties[P.USER_PROPERTY] == [("ok", "v")] and not pub.session.finished
