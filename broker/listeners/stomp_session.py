@@ -433,7 +433,10 @@ class StompSession:
                 if sub_name is None and not h.get("id"):
                     raise StompError("Missing Header",
                                      "Header 'id' is required for durable subscriptions")
-                base = f"{self.client_id}-{sub_name}" if sub_name is not None else sub_id
+                # the client id (ActiveMQ's client-id header) keeps clients' ids apart
+                base = sub_name if sub_name is not None else sub_id
+                if self.client_id:
+                    base = f"{self.client_id}-{base}"
                 q = self._declare("stomp-subscription-" + base, True,
                                   h.get("auto-delete", "").lower() == "true", False,
                                   _queue_arguments(h))

@@ -18,13 +18,15 @@ def service(broker):
 
 
 class Client:
-    def __init__(self, service, login="guest", passcode="guest", host="/", version="1.2"):
+    def __init__(self, service, login="guest", passcode="guest", host="/", version="1.2",
+                 connect: dict | None = None):
         self.session = StompSession(service, "127.0.0.1:40000", "127.0.0.1")
         self.reader = FrameReader(1 << 20)
         self.reader.version = version
         headers = {"accept-version": version, "login": login, "passcode": passcode}
         if host is not None:
             headers["host"] = host
+        headers.update(connect or {})
         self.connected = self.send("CONNECT", **headers)
 
     def send(self, command, body=b"", h: dict | None = None, **headers) -> list[Frame]:
@@ -168,3 +170,13 @@ def test_fuzz_frames_never_break_the_session(tmp_path_factory, frames):
         assert c.session not in broker.sessions
     for q in broker.vhosts["/"].queues.values():
         assert not q.consumers and q.unacked_count == 0
+
+
+def test_durable_subscriptions_of_clients_with_ids_are_apart(broker, service):
+    queues = broker.vhosts["/"].queues
+    for client_id, topic in (("a", "/topic/x"), ("b", "/topic/y")):
+        c = Client(service, connect={"client-id": client_id})
+        c.send("SUBSCRIBE", destination=topic, id="1", durable="true")
+        c.send("DISCONNECT")
+    assert {"stomp-subscription-a-1", "stomp-subscription-b-1"} <= set(queues)
+    assert [k[2] for _, k in queues["stomp-subscription-a-1"].bindings] == ["x"]
