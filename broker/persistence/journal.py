@@ -25,7 +25,8 @@ See docs/durability.md. In short:
   ``base.Store``). The unwritten buffer is bounded (``max_unwritten``: a resource alarm).
 * Compaction rewrites an old segment only if at least ``compact_dead_fraction`` of it
   is dead, and only if the disk has room for it.
-* Deliveries left unacked keep their message by location only (``StoredMessage``).
+* Deliveries left unacked keep their message by location only (``StoredMessage``);
+  the heap their bodies leave is handed back to the system (``malloc_trim``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import os
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -82,6 +84,26 @@ DELIVERED_MAX = jf.HDR_SIZE + jf.DELIVERED_N.size  # one T_DELIVERED record at m
 
 
 UNACKED_PAGE_AFTER = 1.0  # seconds a delivery stays unacked before its message is paged out
+# Bodies paged out of unacked deliveries are freed in the middle of the C heap, between
+# records that stay, so glibc keeps their pages (about 600 B per 1 KiB delivery) until
+# malloc_trim hands free pages back; done once this much was released, off the hot path.
+TRIM_AFTER = 8 << 20
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
+    try:
+        import ctypes
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+
+    def release() -> None:
+        trim(0)
+    return release
+
+
 # Message's slot descriptors, which StoredMessage's properties shadow
 _SLOTS: dict[str, Any] = {name: Message.__dict__[name] for name in ("body", "properties", "props_raw")}
 
@@ -485,6 +507,8 @@ class JournalStore(Store):
         # (dicts as ordered sets: a settled entry leaves them at once, never kept alive)
         self._fresh_out: dict = {}
         self._aging_out: dict = {}
+        self._paged_freed = 0  # body bytes paged out since the last trim (TRIM_AFTER)
+        self._trim = _malloc_trim()
         # definitions (for checkpoints)
         self._exchanges: dict = {}
         self._queues: dict = {}    # qid -> QueueDef
@@ -607,9 +631,16 @@ class JournalStore(Store):
         while True:
             await trio.sleep(UNACKED_PAGE_AFTER)
             due, self._aging_out, self._fresh_out = self._aging_out, self._fresh_out, {}
+            freed = 0
             for e in due:
-                if e.loc and type(e.message) is Message:
-                    e.message = StoredMessage.of(e.message, self, e.loc)
+                m = e.message
+                if e.loc and type(m) is Message:
+                    e.message = StoredMessage.of(m, self, e.loc)
+                    freed += len(m.body)
+            self._paged_freed += freed
+            if self._paged_freed >= TRIM_AFTER and self._trim is not None:
+                self._paged_freed = 0
+                self._trim()
 
     async def _run_writer(self) -> None:
         dirty = self._dirty = trio.Event()
