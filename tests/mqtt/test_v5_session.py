@@ -323,12 +323,16 @@ def test_shared_subscriptions_are_competing_consumers(broker, service):
 
 
 _topics5 = st.sampled_from(["a", "a/b", "b/c", "$share/g/a", "$share/g/#", "#", "+/b"])
+_text5 = st.one_of(st.sampled_from(["k", "x-mqtt-dup", "r/t", "a.b/*", "k" * 300]),
+                  st.text(st.characters(blacklist_characters="\x00",
+                                        blacklist_categories=("Cs",)), max_size=8))
 _props5 = st.fixed_dictionaries({}, optional={
-    P.USER_PROPERTY: st.lists(st.tuples(st.sampled_from(["k", "x-mqtt-dup"]), st.just("v")),
-                              min_size=1, max_size=2),
-    P.MESSAGE_EXPIRY_INTERVAL: st.integers(1, 5),
-    P.CORRELATION_DATA: st.binary(max_size=4),
-    P.RESPONSE_TOPIC: st.just("r/t")})
+    P.USER_PROPERTY: st.lists(st.tuples(_text5, _text5), min_size=1, max_size=3),
+    P.MESSAGE_EXPIRY_INTERVAL: st.sampled_from([1, 5, 0xFFFFFFFF]),
+    P.CONTENT_TYPE: _text5,
+    P.PAYLOAD_FORMAT_INDICATOR: st.integers(0, 1),
+    P.CORRELATION_DATA: st.one_of(st.binary(max_size=4), st.just(b"c" * 300)),
+    P.RESPONSE_TOPIC: _text5})
 _packets5 = st.one_of(
     st.builds(lambda t, q, r, pid, props: m.Publish(t, b"x", q, r, False, pid if q else None,
                                                      props),
@@ -350,7 +354,7 @@ _packets5 = st.one_of(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), _packets5, st.booleans()), max_size=40))
 def test_random_v5_traffic_keeps_every_message_accounted(tmp_path_factory, script):
     """Three v5 clients (expiry 60, expiry 0 resumed, clean) and random v5 packets with
