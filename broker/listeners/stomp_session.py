@@ -31,7 +31,7 @@ from typing import Any
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..channel import _selector
+from ..channel import Unacked, _selector
 from ..message import Message
 from ..queues.queue import Consumer
 from ..stomp.codec import Frame
@@ -114,6 +114,8 @@ class StompSession:
         self.tls = False
         self.conn = ServerConnection(service.max_body)
         self.output_high_water = self.broker.config.output_high_water
+        self.audit = self.broker.audit  # the audit trail, or None
+        self.audit_ctx: tuple | None = None  # (vhost, user, peer, channel) of its events
         self.output_delay = 0.0
         self.wake = lambda: None
         self.flow_resumed = lambda: None
@@ -126,7 +128,7 @@ class StompSession:
         self.subscriptions: dict[str, Subscription] = {}
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
         # delivery number -> (subscription, queue, entry, consumer), in delivery order
-        self.unacked: dict[int, tuple[Subscription, Any, Any, Consumer]] = {}
+        self.unacked: dict[int, tuple[Subscription, Unacked]] = {}
         self._delivery = 0
         self.transactions: dict[str, list[Frame]] = {}
         self.temp_queues: dict[str, Any] = {}  # /temp-queue/<name> -> its queue
@@ -140,6 +142,17 @@ class StompSession:
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
+        audit = self.audit
+        if audit is None:
+            self._handle(data)
+            return
+        audit.clock_start()  # the batch's events share one time
+        try:
+            self._handle(data)
+        finally:
+            audit.clock_stop()
+
+    def _handle(self, data: bytes) -> None:
         for ev in self.conn.receive_data(data):
             if self.finished:
                 break
@@ -267,6 +280,7 @@ class StompSession:
         self.authz = access.authz(user, vhost_name)
         self.vhost = vhost
         self.client_id = h.get("client-id", "")
+        self.audit_ctx = (vhost_name, username, self.peer, None)
         conn.accept()
         broker.session_opened(self)
         self.delivering = True
@@ -387,17 +401,27 @@ class StompSession:
 
     def _route(self, message: Message) -> bool:
         broker = self.broker
+        audit = self.audit
+        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
         for hook in broker.publish_hooks:
             if hook(self, message, False, 0):
+                if audit is not None:
+                    audit.published(self, message, [], "taken", 0)
                 return False
         needs_store = False
+        accepted = True
         flow_high = broker.config.flow_high or float("inf")
         queues = self.vhost.route(message.exchange, message.routing_key, message)
         for q in queues:
-            if q.enqueue(message) and q.store is not None and message.persistent:
+            if not q.enqueue(message, reported=True):  # published() below reports it
+                accepted = False
+            elif q.store is not None and message.persistent:
                 needs_store = True
             if len(q.ready) > flow_high and q.consumers and not self.consumers:
                 self._queue_over_threshold(q)
+        if audit is not None:
+            audit.published(self, message, queues,
+                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
         return needs_store
 
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
@@ -495,29 +519,39 @@ class StompSession:
         if n is None:
             raise StompError("Invalid header",
                              f'"{command}" must include a valid "{header}" header\n')
-        item = self.unacked.get(n)
-        if item is None:  # (already acknowledged, or never delivered on this connection)
+        found = self.unacked.get(n)
+        if found is None:  # (already acknowledged, or never delivered on this connection)
             raise StompError("Subscription not found",
                              f'Message with id "{ack_id}" has no subscription')
-        sub = item[0]
+        sub = found[0]
         if sub.ack == "client":  # cumulative: every earlier delivery of the subscription
             numbers = [k for k, v in self.unacked.items() if v[0] is sub and k <= n]
         else:
             numbers = [n]
-        taken = [self.unacked.pop(k) for k in numbers]
+        taken = [self.unacked.pop(k)[1] for k in numbers]
         touched: dict = {}
+        audit = self.audit
         if command == "ACK":
-            for _, q, entry, consumer in taken:
-                q.ack(entry, consumer)
-                touched[q] = None
-        elif h.get("requeue", "true").lower() == "false":
-            for _, q, entry, consumer in taken:
-                q.reject(entry, consumer)  # dead-lettered, if the queue says where
-                touched[q] = None
+            for item in taken:
+                if audit is not None:
+                    audit.acked(self, item)  # the queue's SETTLE, as the client's ack
+                item.queue.ack(item.entry, item.consumer, reported=True)
+                touched[item.queue] = None
+            for q in touched:
+                if q.consumers:
+                    q.dispatch()
+            return
+        requeue = h.get("requeue", "true").lower() != "false"
+        if audit is not None:
+            audit.rejected(self, taken, requeue, "nacked")
+        if not requeue:
+            for item in taken:
+                item.queue.reject(item.entry, item.consumer)  # dead-lettered, if so set
+                touched[item.queue] = None
         else:
             by_queue: dict = {}
-            for _, q, entry, consumer in taken:
-                by_queue.setdefault(q, []).append((entry, consumer))
+            for item in taken:
+                by_queue.setdefault(item.queue, []).append((item.entry, item.consumer))
             for q, items in by_queue.items():
                 items.sort(key=lambda pair: -pair[0].seq)
                 q.requeue(items)
@@ -550,12 +584,19 @@ class StompSession:
                    "destination": _destination_of(message),
                    "message-id": message_id,
                    "redelivered": "true" if entry.redelivered else "false"}
+        item = None
         if not consumer.no_ack and sub is not None:
             if self.conn.version == "1.2":
                 headers["ack"] = message_id
-            self.unacked[n] = (sub, queue, entry, consumer)
+            item = Unacked(n, entry, queue, consumer)
+            self.unacked[n] = (sub, item)
         _message_headers(message.properties, headers)
         self.conn.send(Frame("MESSAGE", headers, message.body))
+        audit = self.audit
+        if audit is not None:
+            pos = audit.delivered(self, consumer.tag, n, queue, entry)
+            if item is not None:
+                item.audit_pos = pos
         if was_empty:
             self.wake()
 
@@ -641,8 +682,8 @@ class StompSession:
         self.delivering = False
         self.transactions.clear()
         by_queue: dict = {}
-        for _, q, entry, consumer in self.unacked.values():
-            by_queue.setdefault(q, []).append((entry, consumer))
+        for _, item in self.unacked.values():
+            by_queue.setdefault(item.queue, []).append((item.entry, item.consumer))
         self.unacked.clear()
         for q, items in by_queue.items():
             items.sort(key=lambda pair: -pair[0].seq)
