@@ -3,11 +3,13 @@
 ``PyHooks`` is the reference; ``_hooks.c`` is the same class in C (a publish's hook costs half
 as much, and its records marshal faster), used when it was built and agrees with
 ``events.py`` on the record layout.
-``Hooks`` is the one in use: ``recorder.AuditTrail`` derives from it. ``TRIOMQ_AUDIT_PYTHON=1``
-chooses the Python one. Both append to the flat buffer ``buf`` (``events.WIDTH`` slots per
-event) and call ``self._full()`` past ``limit`` and ``self._channel_ctx(channel)`` for a
-channel's first event; both read and write only these attributes: ``buf``, ``base``,
-``limit``, ``now``, ``_scope_all``, ``_vhosts_on``, ``dropped_total``.
+``CHooks`` is the C class when it is built and current, else ``PyHooks``; a trail takes
+``chosen()`` when it is made (``recorder.install``): ``TRIOMQ_AUDIT_PYTHON=1`` in the
+environment then picks the Python one. Both append to the flat buffer ``buf``
+(``events.WIDTH`` slots per event) and call ``self._full()`` past ``limit`` and
+``self._channel_ctx(channel)`` for a channel's first event; both read and write only these
+attributes: ``buf``, ``base``, ``limit``, ``now``, ``_scope_all``, ``_vhosts_on``,
+``dropped_total``.
 """
 from __future__ import annotations
 
@@ -130,9 +132,7 @@ class PyHooks:
             self._full()
 
 
-def _choose() -> type:
-    if os.environ.get("TRIOMQ_AUDIT_PYTHON"):
-        return PyHooks
+def _c_hooks() -> type:
     try:
         from ._hooks import LAYOUT
         from ._hooks import Hooks as CHooks
@@ -146,4 +146,13 @@ def _choose() -> type:
     return CHooks
 
 
-Hooks: Any = _choose()
+CHooks: Any = _c_hooks()
+
+
+def chosen() -> type:
+    """The hooks a trail made now uses: read at each start, so one process (the tests) can
+    run brokers on either."""
+    return PyHooks if os.environ.get("TRIOMQ_AUDIT_PYTHON") else CHooks
+
+
+Hooks: Any = chosen()

@@ -29,7 +29,7 @@ from ..message import set_message_id_floor
 from ..queues.ops import Op
 from . import events
 from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, TRAIL, WIDTH
-from .hooks import Hooks
+from .hooks import CHooks, PyHooks, chosen
 from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 
 log = logging.getLogger("broker.audit")
@@ -48,7 +48,7 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class AuditTrail(Hooks):
+class AuditTrail:
     """Records lifecycle events of audited queues and vhosts; owns the writer process.
 
     Selection: a queue is audited when its effective policy (``broker.policies``) has the
@@ -447,7 +447,7 @@ def install(broker) -> AuditTrail | None:
         return None
     if not settings.node:
         settings.node = socket.gethostname()
-    trail = AuditTrail(broker, settings)
+    trail = (CTrail if chosen() is CHooks else PyTrail)(broker, settings)
     # Message ids restart at 1 in a broker without stored messages: continue above the
     # trail's, so (node, vhost, queue, msg) names one message copy across restarts.
     set_message_id_floor(last_msg_id(settings.dir, settings.node))
@@ -457,4 +457,14 @@ def install(broker) -> AuditTrail | None:
     return trail
 
 
-__all__ = ["ALARM", "AuditTrail", "events", "install"]
+# The trail on each set of hooks (``hooks.py``): the C ones when built, and their Python
+# reference; ``install`` takes the one ``hooks.chosen()`` names when the broker starts.
+class CTrail(AuditTrail, CHooks):
+    pass
+
+
+class PyTrail(AuditTrail, PyHooks):
+    pass
+
+
+__all__ = ["ALARM", "AuditTrail", "CTrail", "PyTrail", "events", "install"]
