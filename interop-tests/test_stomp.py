@@ -501,6 +501,11 @@ def test_stompman_client(target):
 
     import stompman
 
+    if target.rabbit:
+        # stompman sends 'host:<the server's address>' whatever connect_headers say, and
+        # RabbitMQ 3.10 takes the host header as the vhost ("Virtual host '127.0.0.1'
+        # access denied"); TrioMQ takes a host name or address there as '/'
+        pytest.skip("RabbitMQ refuses stompman's host header")
     q = _name()
 
     async def main():
