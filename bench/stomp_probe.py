@@ -37,6 +37,8 @@ def main(argv=None) -> None:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--ack", choices=["auto", "client-individual"], default="auto")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--amqp-url", default=None,
+                    help="delete the probe's queue afterwards over AMQP (pika), e.g. on RabbitMQ")
     args = ap.parse_args(argv)
     q = "stomp-probe-" + uuid.uuid4().hex[:8]
     body = b"x" * args.size
@@ -76,6 +78,10 @@ def main(argv=None) -> None:
     print(f"consume  ack {args.ack}: {n / t_sub:,.0f} msg/s ({t_sub:.2f} s)")
     pub.close()
     sub.close()
+    if args.amqp_url:
+        import pika
+        with pika.BlockingConnection(pika.URLParameters(args.amqp_url)) as conn:
+            conn.channel().queue_delete(q)
 
 
 if __name__ == "__main__":
