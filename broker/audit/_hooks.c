@@ -1,9 +1,10 @@
-/* The audit trail's hot hooks in C: the base class of recorder.AuditTrail.
+/* The audit trail's hot hooks in C: a base class of recorder.CTrail.
  *
  * ``hooks.PyHooks`` is the same class in Python, the reference: both append the same
- * records to the same flat list (events.py), and tests/audit/test_hooks_accel.py checks
- * that they do. This one exists because the hooks run two or three times per message on
- * the event loop; in C a publish's hook costs half of what it does in Python (146 against 302 ns)
+ * records to the same flat list (events.py); tests/audit/test_hooks_accel.py and
+ * test_hooks_equal.py (random call sequences, on both builds below) check that they do.
+ * This one exists because the hooks run two or three times per message on the event
+ * loop; in C a publish's hook costs half of what it does in Python (146 against 302 ns)
  * and its records are quicker to marshal (docs/performance-audit.md).
  *
  * The fields are the Python class's attributes (member descriptors), so recorder.py
@@ -15,6 +16,19 @@
 #include <Python.h>
 #include <structmember.h>
 #include <time.h>
+
+/* Two fast paths use CPython's internals: reading a __slots__ member through the type's
+ * cache (_PyType_Lookup, PyMemberDescrObject) and writing into a list's spare room
+ * (PyListObject.ob_item and .allocated). Both are kept to the versions whose headers were
+ * read for them (3.11 to 3.13) and to builds with a GIL; elsewhere the hooks take the
+ * public API (PyObject_GetAttr, PyList_Append): the same records, a little slower. */
+#ifndef HOOKS_FAST_PATHS  /* -DHOOKS_FAST_PATHS=0: the public API only (a test builds it) */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define HOOKS_FAST_PATHS 1
+#else
+#define HOOKS_FAST_PATHS 0
+#endif
+#endif
 
 /* record kinds and width: events.py (checked at import by hooks.py) */
 #define PUBC 11
@@ -81,6 +95,7 @@ own_int(PyObject *v)
 static PyObject *
 attr(PyObject *obj, PyObject *name)
 {
+#if HOOKS_FAST_PATHS
     PyObject *descr = _PyType_Lookup(Py_TYPE(obj), name);  /* the type's cache */
     if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
         PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
@@ -90,6 +105,7 @@ attr(PyObject *obj, PyObject *name)
                 return Py_NewRef(v);
         }
     }
+#endif
     return PyObject_GetAttr(obj, name);
 }
 
@@ -128,7 +144,9 @@ append(Hooks *self, PyObject **items)
     if (buf == NULL || !PyList_CheckExact(buf)) {
         PyErr_SetString(PyExc_TypeError, "audit buffer is not a list");
         rc = -1;
-    } else {
+    }
+#if HOOKS_FAST_PATHS
+    else {
         PyListObject *list = (PyListObject *)buf;
         Py_ssize_t n = Py_SIZE(list);
         if (list->allocated - n >= WIDTH) {
@@ -138,6 +156,7 @@ append(Hooks *self, PyObject **items)
             return 0;
         }
     }
+#endif
     for (int i = 0; i < WIDTH; i++) {
         PyObject *v = items[i] ? items[i] : Py_NewRef(Py_None);
         if (rc == 0 && PyList_Append(buf, v) < 0)
