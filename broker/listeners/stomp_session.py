@@ -23,6 +23,7 @@ publish without confirms or mandatory.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -702,7 +703,6 @@ class StompSession:
 
 
 def _is_host_name(name: str) -> bool:
-    import ipaddress
     if name == "localhost":
         return True
     try:
