@@ -5,6 +5,12 @@
     python -m bench.scheduler --store sqlite:////tmp/b.db --persistent
     python -m bench.scheduler --persistent --store journal --restart   # + recovery time / RSS
     python -m bench.scheduler --persistent --store journal --kill      # the same after kill -9
+    python -m bench.scheduler --fresh                  # a fresh broker's first delayed messages
+
+--fresh measures what a freshly started broker does with its very first delayed
+messages: 2,000 published at once (--fresh-count) with a random x-delay of 0.5-2.5 s
+(--fresh-min-delay/--fresh-max-delay), lateness = receive - (send time + x-delay),
+no phase 1 and no warm-up publish before them.
 
 Phase 1 fills the broker with --pending delayed messages due in an hour (they
 stay pending: the heap's size) and reports the broker's RSS before and after.
@@ -161,6 +167,53 @@ def precision_phase(a, url: str, pub, data_dir: str) -> dict:
     return result
 
 
+def fresh_phase(a, url: str, pub) -> dict:
+    """The very first delayed messages a fresh broker sees: random delays, sent in one burst."""
+    import random
+
+    rnd = random.Random(a.seed)
+    n = a.fresh_count
+    consumer = Consumer(url, "bench.due", n, timeout=a.fresh_max_delay + 120)
+    consumer.start()
+    frames = []
+    t_first = time.time()
+    for _ in range(n):
+        delay_ms = rnd.randint(int(a.fresh_min_delay * 1000), int(a.fresh_max_delay * 1000))
+        t_pub = time.time()
+        frames.append(publish_frames(EXCHANGE, DUE_KEY, b"%.6f" % (t_pub + delay_ms / 1000.0),
+                                     delay_ms, a.persistent))
+        if len(frames) == 100:
+            pub.send(b"".join(frames))
+            frames.clear()
+    if frames:
+        pub.send(b"".join(frames))
+    send_s = time.time() - t_first
+    consumer.join()
+    late = consumer.lateness
+    return {
+        "send_s": round(send_s, 3),
+        "due_messages": n,
+        "received": len(late),
+        "early": sum(1 for x in late if x < 0),
+        "lateness_ms": {k: round(v * 1000, 2) for k, v in (
+            ("min", min(late) if late else float("nan")), ("p50", pct(late, 50)),
+            ("p90", pct(late, 90)), ("p99", pct(late, 99)), ("p999", pct(late, 99.9)),
+            ("max", max(late) if late else float("nan")))},
+    }
+
+
+def report(result: dict, p99_limit_ms: float, as_json: bool = False) -> int:
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    ok = result["early"] == 0 and result["received"] == result["due_messages"] \
+        and result["lateness_ms"]["p99"] <= p99_limit_ms
+    print("RESULT:", "PASS" if ok else "FAIL", f"(none early, all received, p99 <= {p99_limit_ms:g} ms)")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pending", type=int, default=1_000_000, help="messages kept pending (phase 1)")
@@ -178,6 +231,13 @@ def main(argv=None) -> int:
                          "then run the precision phase again")
     ap.add_argument("--kill", action="store_true",
                     help="as --restart, but stop the broker with kill -9")
+    ap.add_argument("--fresh", action="store_true",
+                    help="only the first delayed messages of a freshly started broker "
+                         "(random delays; lateness must hold from the first message)")
+    ap.add_argument("--fresh-count", type=int, default=2000)
+    ap.add_argument("--fresh-min-delay", type=float, default=0.5, help="seconds")
+    ap.add_argument("--fresh-max-delay", type=float, default=2.5, help="seconds")
+    ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args(argv)
 
     data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
@@ -203,6 +263,16 @@ def main(argv=None) -> int:
         else:
             raise SystemExit("broker did not start")
         declare(pub)
+        if a.fresh:
+            result = {"command": result["command"], "broker": result["broker"],
+                      "mode": "fresh", "fresh_count": a.fresh_count,
+                      "delay_s": [a.fresh_min_delay, a.fresh_max_delay],
+                      "persistent": a.persistent, "store": a.store,
+                      "loadavg": os.getloadavg()[0]}
+            result.update(fresh_phase(a, url, pub))
+            result["broker_max_lateness_ms"] = control(data_dir)["stats"]["max_lateness_ms"]
+            pub.close()
+            return report(result, 10.0, a.json)
         time.sleep(0.5)
         rss0 = rss_kb(proc.pid)
         result["rss_start_mb"] = round(rss0 / 1024, 1)
