@@ -8,18 +8,26 @@ QoS 1 publish waits for ``store.when_durable`` like a persistent message does.
 
 A subscription gets the retained messages whose topics match its filter (wildcards
 included, as the MQTT spec says); the lookup scans the vhost's retained topics.
+
+An MQTT 5 retained PUBLISH keeps its properties (``extra``: those a subscriber receives,
+and the wall-clock time its Message Expiry Interval ends, after which it is not sent:
+section 3.3.2.3.3), in the same record.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import logging
+import time
+from typing import Any
 
+from ..mqtt import properties as P
 from ..mqtt.topics import matches
 
 log = logging.getLogger("broker.mqtt")
 
 KIND = "mqtt_retained"
+_clock = time.time  # wall clock: an expiry time is stored and outlives a restart
 
 
 def _key(vhost: str, topic: str) -> str:
@@ -34,6 +42,8 @@ class RetainedStore:
     def __init__(self, broker):
         self.store = broker.store
         self.by_vhost: dict[str, dict[str, tuple[bytes, int]]] = {}
+        # (vhost, topic) -> (v5 properties kept, wall-clock expiry or None): MQTT 5 only
+        self.extra: dict[tuple[str, str], tuple[dict[int, Any], float | None]] = {}
         restorers = getattr(broker, "meta_restorers", None)
         if restorers is not None:
             restorers[KIND] = self._restore
@@ -43,19 +53,52 @@ class RetainedStore:
             payload = base64.b64decode(value["payload"])
             self.by_vhost.setdefault(value["vhost"], {})[value["topic"]] = (payload,
                                                                             int(value["qos"]))
+            if "props" in value or value.get("expires") is not None:
+                raw = base64.b64decode(value.get("props", ""))
+                props = P.decode(raw, 0, len(raw), P.PUBLISH)[0] if raw else {}
+                self.extra[(value["vhost"], value["topic"])] = (props, value.get("expires"))
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring an unreadable retained message record %s", key)
 
-    def set(self, vhost: str, topic: str, payload: bytes, qos: int) -> None:
+    def set(self, vhost: str, topic: str, payload: bytes, qos: int,
+            v5: dict[int, Any] | None = None) -> None:
+        """``v5``: the PUBLISH's MQTT 5 properties (those a subscriber gets are kept)."""
         topics = self.by_vhost.setdefault(vhost, {})
+        self.extra.pop((vhost, topic), None)
         if not payload:
             if topics.pop(topic, None) is not None:
                 self.store.delete_meta(KIND, _key(vhost, topic))
             return
         topics[topic] = (payload, qos)
-        self.store.save_meta(KIND, _key(vhost, topic), {
-            "vhost": vhost, "topic": topic, "qos": qos,
-            "payload": base64.b64encode(payload).decode("ascii")})
+        record: dict[str, Any] = {"vhost": vhost, "topic": topic, "qos": qos,
+                                  "payload": base64.b64encode(payload).decode("ascii")}
+        if v5:
+            kept = {k: v for k, v in v5.items() if k in _KEPT}
+            interval = v5.get(P.MESSAGE_EXPIRY_INTERVAL)
+            expires = _clock() + interval if interval is not None else None
+            if kept or expires is not None:
+                self.extra[(vhost, topic)] = (kept, expires)
+                record["props"] = base64.b64encode(P.encode(kept)).decode("ascii")
+                record["expires"] = expires
+        self.store.save_meta(KIND, _key(vhost, topic), record)
+
+    def properties(self, vhost: str, topic: str) -> tuple[dict[int, Any], int | None] | None:
+        """The v5 properties of a retained message and the seconds left of its Message
+        Expiry Interval (None: none); None when it has none, or has expired (then it is
+        dropped)."""
+        extra = self.extra.get((vhost, topic))
+        if extra is None:
+            return None
+        props, expires = extra
+        if expires is None:
+            return props, None
+        left = expires - _clock()
+        if left <= 0:
+            self.set(vhost, topic, b"", 0)
+            return None
+        return props, max(1, int(left + 0.999))
+
+
 
     def set_volatile(self, vhost: str, topic: str, payload: bytes, qos: int) -> None:
         """Retained in memory only (the broker's own ``$SYS`` status: rewritten every few
@@ -78,4 +121,10 @@ class RetainedStore:
     def forget_vhost(self, vhost: str) -> None:
         for topic in list(self.by_vhost.get(vhost, {})):
             self.store.delete_meta(KIND, _key(vhost, topic))
+            self.extra.pop((vhost, topic), None)
         self.by_vhost.pop(vhost, None)
+
+
+# the properties of a retained PUBLISH its subscribers get (the expiry is kept as a time)
+_KEPT = frozenset((P.PAYLOAD_FORMAT_INDICATOR, P.CONTENT_TYPE, P.RESPONSE_TOPIC,
+                   P.CORRELATION_DATA, P.USER_PROPERTY))

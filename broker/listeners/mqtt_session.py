@@ -772,7 +772,7 @@ class MQTTSession:
                 break
         needs_store = False
         if retain:
-            self.service.retained.set(vhost.name, topic, payload, qos)
+            self.service.retained.set(vhost.name, topic, payload, qos, v5)
             needs_store = DURABLE in broker.store.capabilities
         if taken:
             if audit is not None:
@@ -888,12 +888,25 @@ class MQTTSession:
         self._filters_changed()
         self.conn.suback(packet_id, codes)
         retained = self.service.retained
-        # retained messages a v5 subscription gets carry its identifier (section 3.3.4)
-        sid_props = _encode_props({P.SUBSCRIPTION_IDENTIFIER: [sub_id]}) if sub_id else b""
         for topic_filter, qos in granted:  # after the SUBACK (section 3.3.1.3)
             for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
+                extra = None
+                if retained.extra:
+                    extra = retained.properties(vhost.name, topic)
+                    if extra is None and retained.get(vhost.name, topic) is None:
+                        continue  # its Message Expiry Interval has passed: dropped
+                props = b""
+                if v5:  # its properties, the expiry left, the subscription's identifier
+                    v5props: dict[int, Any] = {}
+                    if extra is not None:
+                        v5props.update(extra[0])
+                        if extra[1] is not None:
+                            v5props[P.MESSAGE_EXPIRY_INTERVAL] = extra[1]
+                    if sub_id:
+                        v5props[P.SUBSCRIPTION_IDENTIFIER] = [sub_id]
+                    props = _encode_props(v5props)
                 self.conn.publish(topic_field(topic), payload, min(qos, rqos), None, retain=True,
-                                  props=sid_props)
+                                  props=props)
 
     def _subscribe_shared(self, full: str, qos: int, sub_id: int) -> int:
         """A shared subscription: this session becomes a consumer of the group's queue

@@ -458,3 +458,38 @@ def test_user_property_names_too_long_for_an_amqp_header_are_left_out(broker, se
                        {P.USER_PROPERTY: [("k" * 300, "v"), ("ok", "v")]}))
     [p] = [p for p in sub.output() if isinstance(p, m.Publish)]
     assert p.properties[P.USER_PROPERTY] == [("ok", "v")] and not pub.session.finished
+
+
+def test_retained_messages_keep_their_v5_properties_and_expire(broker, service, monkeypatch):
+    from broker.listeners import mqtt_retained
+    now = [1000.0]
+    monkeypatch.setattr(mqtt_retained, "_clock", lambda: now[0])
+    records = {}
+    monkeypatch.setattr(broker.store, "save_meta",
+                        lambda kind, key, value: records.__setitem__(key, value))
+    pub = Client5(service, "pub", props={})
+    v5 = {P.CONTENT_TYPE: "text/plain", P.USER_PROPERTY: [("k", "v")],
+          P.MESSAGE_EXPIRY_INTERVAL: 30, P.TOPIC_ALIAS: 1}
+    pub.send(m.Publish("r/a", b"kept", 1, True, False, 1, v5))
+    now[0] += 10
+
+    def retained(client_id, level=5):
+        c = Client5(service, client_id, level=level, props={} if level == 5 else None)
+        sub = m.Subscribe(1, [("r/#", 1)], {P.SUBSCRIPTION_IDENTIFIER: 2} if level == 5 else None)
+        return [p for p in c.send(sub) if isinstance(p, m.Publish)]
+    [p] = retained("s1")
+    assert p.retain and p.properties == {P.CONTENT_TYPE: "text/plain",
+                                         P.USER_PROPERTY: [("k", "v")],
+                                         P.MESSAGE_EXPIRY_INTERVAL: 20,
+                                         P.SUBSCRIPTION_IDENTIFIER: [2]}
+    [p] = retained("s2", level=4)
+    assert p.payload == b"kept"
+    # the record brings them back after a restart
+    [record] = records.values()
+    again = mqtt_retained.RetainedStore(broker)
+    again._restore("k", record)
+    assert again.properties("/", "r/a") == ({P.CONTENT_TYPE: "text/plain",
+                                              P.USER_PROPERTY: [("k", "v")]}, 20)
+    now[0] += 21  # past its Message Expiry Interval: not sent, and gone
+    assert retained("s3") == [] and retained("s4", level=4) == []
+    assert service.retained.get("/", "r/a") is None
