@@ -6,7 +6,7 @@
 one), adds the publish hook, a recovery hook so the scheduler arms its timer
 right after recovery (before the listeners open), and the local control socket
 task to ``broker.background_tasks`` (started by the server). Module map:
-``core`` (docs/seams-scheduler.md).
+``core`` (docs/scheduler.md, "The scheduler's modules").
 """
 from __future__ import annotations
 

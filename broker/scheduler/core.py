@@ -2,7 +2,7 @@
 
 Pending messages live, per vhost, in the slot table of an internal durable queue
 (``ScheduledQueue``, ``amq.triomq.scheduled``; see scheduled_queue.py). The
-pieces, one module each (docs/seams-scheduler.md):
+pieces, one module each (docs/scheduler.md, module map):
 
 * ``slots``: ``SlotTable``, the per-vhost parallel arrays (the queue's ready store);
 * ``ids``: ``SidIndex`` / ``SidMap``, id -> slot;
