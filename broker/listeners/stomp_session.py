@@ -140,6 +140,7 @@ class StompSession:
         self.finished = False
         self.ended = False
         self._receipts_waiting = 0  # receipts held for the store: later ones queue behind
+        self.disconnecting = False  # DISCONNECT seen, its receipt waits behind others
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
@@ -155,8 +156,8 @@ class StompSession:
 
     def _handle(self, data: bytes) -> None:
         for ev in self.conn.receive_data(data):
-            if self.finished:
-                break
+            if self.finished or self.disconnecting:
+                break  # (nothing after a DISCONNECT is handled)
             if isinstance(ev, FrameReceived):
                 self._on_frame(ev.frame)
             elif isinstance(ev, ConnectRequested):
@@ -177,7 +178,8 @@ class StompSession:
         except StompError as exc:
             self._error(exc, receipt)
             return
-        if receipt is not None and not in_tx and not self.finished:
+        if receipt is not None and not in_tx and not self.finished \
+                and frame.command != "DISCONNECT":  # (its receipt is its own business)
             self._receipt(receipt, waits)
 
     def _receipt(self, receipt: str, waits: bool) -> None:
@@ -224,8 +226,21 @@ class StompSession:
             self._take_tx(command, headers)
         elif command == "DISCONNECT":
             receipt = headers.get("receipt")
+            if receipt is not None and self._receipts_waiting:
+                # receipts held for the store leave first, then this one, then the end
+                self.disconnecting = True
+                self._receipts_waiting += 1
+
+                def send() -> None:
+                    self._receipts_waiting -= 1
+                    if not self.ended:
+                        self.conn.receipt(receipt)
+                        self._finish(graceful=True)
+                        self.wake()
+                self.broker.store.when_durable(send)
+                return False
             if receipt is not None:
-                self._receipt(receipt, False)
+                self.conn.receipt(receipt)
             self._finish(graceful=True)
         return False
 

@@ -115,3 +115,30 @@ async def test_frames_pipelined_behind_connect(stomp_broker):
     assert connected.command == "CONNECTED"
     assert (msg.command, msg.body) == ("MESSAGE", b"hi")
     await stream.aclose()
+
+
+async def test_disconnect_receipt_waits_for_the_receipts_held_for_the_store(nursery, tmp_path):
+    """On the journal (sync flush) a persistent SEND's receipt waits for the fsync; the
+    DISCONNECT's receipt right behind it used to be dropped as the connection ended."""
+    from broker.persistence import open_store
+    data_dir = tmp_path / "data"
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(data_dir),
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0,
+                           stomp_port=0), open_store(None, str(data_dir), "sync"))
+    server = Server(broker)
+    await nursery.start(server.serve, "127.0.0.1", 0)
+    try:
+        with trio.fail_after(10):
+            while "stomp" not in broker.stomp.ports:  # noqa: ASYNC110 - binds after AMQP
+                await trio.sleep(0.01)
+        stream, reader = await _connect(broker)
+        await stream.send_all(
+            b"SEND\ndestination:/queue/kept\npersistent:true\nreceipt:r1\n\nx\x00"
+            b"DISCONNECT\nreceipt:bye\n\n\x00")
+        frames = await _frames(stream, reader, 2)
+        assert [f.headers.get("receipt-id") for f in frames] == ["r1", "bye"]
+        with trio.fail_after(10):
+            assert await stream.receive_some(100) == b""  # then the server closes
+        await stream.aclose()
+    finally:
+        await server.shutdown()
