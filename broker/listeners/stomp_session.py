@@ -191,9 +191,20 @@ class StompSession:
                 if not self.ended:
                     self.conn.receipt(receipt)
                     self.wake()
-            self.broker.store.when_durable(send)
+            self.broker.store.when_durable(send, on_failure=self._store_failed)
         else:
             self.conn.receipt(receipt)
+
+    def _store_failed(self) -> None:
+        """The store could not write what a held receipt waits for: the message is in
+        doubt, so neither RECEIPT nor silence is true; the connection ends with an ERROR
+        (as an AMQP publisher waiting for confirms is closed)."""
+        self._receipts_waiting -= 1
+        if not self.ended:
+            self._error(StompError("Message not stored",
+                                   "The store could not write the message: it is in doubt\n"),
+                        None)
+            self.wake()
 
     def _dispatch(self, frame: Frame, in_tx: bool) -> bool:
         """Handles one frame; True when its receipt must wait for the store."""
@@ -237,7 +248,7 @@ class StompSession:
                         self.conn.receipt(receipt)
                         self._finish(graceful=True)
                         self.wake()
-                self.broker.store.when_durable(send)
+                self.broker.store.when_durable(send, on_failure=self._store_failed)
                 return False
             if receipt is not None:
                 self.conn.receipt(receipt)
@@ -374,7 +385,14 @@ class StompSession:
                 props["user_id"], self.username)
         self.is_publisher = True
         message = Message(exchange, key, encode_properties(props), props, frame.body)
-        return self._route(message)
+        needs_store = self._route(message)
+        if needs_store is None and "receipt" in h:
+            # a receipt would say the message is the broker's; RabbitMQ 3.10's plugin drops
+            # the connection without a word here
+            raise StompError("Message rejected",
+                             "A queue refused the message (x-overflow reject-publish, or "
+                             "its store is failing): it was not stored\n")
+        return bool(needs_store)
 
     def _ensure_queue(self, name: str, headers: dict) -> None:
         if self.vhost.find_queue(name) is None:
@@ -415,7 +433,9 @@ class StompSession:
             props["headers"] = headers
         return props
 
-    def _route(self, message: Message) -> bool:
+    def _route(self, message: Message) -> bool | None:
+        """Whether a store write must be durable before the receipt; None: a queue
+        refused it."""
         broker = self.broker
         audit = self.audit
         # as a publish without confirms or mandatory: a hook neither confirms nor returns it
@@ -438,7 +458,7 @@ class StompSession:
         if audit is not None:
             audit.published(self, message, queues,
                             ("routed" if accepted else "nacked") if queues else "unroutable", 0)
-        return needs_store
+        return needs_store if accepted else None
 
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
     def _on_subscribe(self, h: dict) -> None:

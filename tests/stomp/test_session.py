@@ -180,3 +180,13 @@ def test_durable_subscriptions_of_clients_with_ids_are_apart(broker, service):
         c.send("DISCONNECT")
     assert {"stomp-subscription-a-1", "stomp-subscription-b-1"} <= set(queues)
     assert [k[2] for _, k in queues["stomp-subscription-a-1"].bindings] == ["x"]
+
+
+def test_a_refused_message_gets_an_error_not_a_receipt(broker, service):
+    declare_queue(broker.vhosts["/"], "full",
+                  arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    c = Client(service)
+    assert c.send("SEND", b"x", destination="/amq/queue/full") == []  # no receipt asked
+    (err,) = c.send("SEND", b"y", destination="/amq/queue/full", receipt="r")
+    assert (err.headers["message"], err.headers["receipt-id"]) == ("Message rejected", "r")
+    assert c.session.finished
