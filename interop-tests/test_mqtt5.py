@@ -483,3 +483,16 @@ def test_v5_over_websockets(tmp_path, external_broker):
         ws.disconnect()
         ws.loop_stop()
         proc.stop()
+
+
+def test_puback_reason_no_matching_subscribers(target):
+    _, port = target
+    s, reader = _connect5(port)
+    try:
+        topic = "nobody/" + uid()
+        s.sendall(m.encode(m.Publish(topic, b"x", 1, False, False, 1, {})))
+        [ack] = _read(s, reader)
+        assert (ack.type, ack.packet_id, ack.reason_code) == (m.PUBACK, 1,
+                                                               P.NO_MATCHING_SUBSCRIBERS)
+    finally:
+        s.close()

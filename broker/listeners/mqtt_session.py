@@ -49,6 +49,7 @@ from ..message import Message
 from ..mqtt import codec
 from ..mqtt import properties as P
 from ..mqtt.connection import (
+    NO_MATCH_BIT,
     PUBREC_BIT,
     ConnectRequested,
     DeliveryAcked,
@@ -285,7 +286,7 @@ class MQTTSession:
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
                  "expiry", "filters", "finished", "flow_queues", "flow_resumed", "is_publisher",
                  "local_port", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
-                 "receive_max", "service", "sub_opts", "tls", "user",
+                 "receive_max", "service", "sub_opts", "tls", "unroutable", "user",
                  "username", "vhost", "wake", "will")
 
     global_prefetch = 0
@@ -326,6 +327,8 @@ class MQTTSession:
         # v5 filters with No Local / Retain As Published / a Subscription Identifier:
         # filter -> (option bits, identifier); deliveries take the slow path while any
         self.sub_opts: dict[str, tuple[int, int]] = _NO_DICT
+        # the QoS 1/2 publish just routed reached no queue (a v5 PUBACK says 0x10)
+        self.unroutable = False
         self.will: codec.Will | None = None
         # 1 -> the subscription queue's consumer; a shared subscription's queue name -> this
         # session's consumer of it (its arguments hold the granted QoS, and the
@@ -726,6 +729,9 @@ class MQTTSession:
                 self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                 return
         if qos:
+            if self.unroutable and self.expiry is not None:
+                self.unroutable = False
+                ack_id |= NO_MATCH_BIT  # section 3.4.2.1 (the server knows: 0x10)
             if stored is False and not self._pubacks:
                 # the common case: routed, no store write to wait for, none before it waits
                 self._ack_now.append(ack_id)
@@ -792,6 +798,8 @@ class MQTTSession:
             audit.published(self, message, queues,
                             ("routed" if accepted else "nacked") if queues else "unroutable",
                             packet_id)
+        if qos and not queues:
+            self.unroutable = True  # read (and cleared) by the PUBACK decision right after
         return needs_store if accepted else None
 
     def _stored(self, seqs: list[int], ok: bool) -> None:
@@ -814,7 +822,7 @@ class MQTTSession:
             if ok:
                 acks.append(pid)
             elif pid & PUBREC_BIT:  # not taken after all: the client's resend is routed
-                self._forget_received(pid ^ PUBREC_BIT)
+                self._forget_received(pid & 0xFFFF)
         if n:
             del pubacks[:n]
         if acks:

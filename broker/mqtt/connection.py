@@ -151,6 +151,9 @@ Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequest
 
 # in the list ``pubacks`` takes, a packet id with this bit set gets PUBREC instead of PUBACK
 PUBREC_BIT = 0x10000
+# and (v5) one with this bit set is acknowledged with 0x10 No matching subscribers
+NO_MATCH_BIT = 0x20000
+_PUBACK_CODE = struct.Struct(">BBHB")
 
 
 def encode_publish(topic_raw: bytes, payload: bytes, qos: int, packet_id: int,
@@ -439,14 +442,29 @@ class ServerConnection:
     def pubacks(self, packet_ids: list[int]) -> None:
         """PUBACK for each of ``packet_ids``, in that order; PUBREC for an id carrying
         ``PUBREC_BIT`` (the answer to a QoS 2 PUBLISH)."""
+        if self.v5:
+            self._pubacks_v5(packet_ids)
+            return
         pack = _PUBACK.pack
         self._write(b"".join([pack(0x40, 2, pid) if pid < PUBREC_BIT
                               else pack(0x50, 2, pid ^ PUBREC_BIT) for pid in packet_ids]))
+
+    def _pubacks_v5(self, packet_ids: list[int]) -> None:
+        """As ``pubacks``, with 0x10 No matching subscribers for an id carrying
+        ``NO_MATCH_BIT``; a QoS 1 PUBLISH leaves the Receive Maximum's count here."""
+        out = []
         inbound = self._inbound
-        if inbound:  # v5: a QoS 1 PUBLISH leaves the Receive Maximum's count at its PUBACK
-            for pid in packet_ids:
-                if pid < PUBREC_BIT:
-                    inbound.discard(pid)
+        for pid in packet_ids:
+            first = 0x50 if pid & PUBREC_BIT else 0x40
+            no_match = pid & NO_MATCH_BIT
+            pid &= 0xFFFF
+            if no_match:
+                out.append(_PUBACK_CODE.pack(first, 3, pid, P.NO_MATCHING_SUBSCRIBERS))
+            else:
+                out.append(_PUBACK.pack(first, 2, pid))
+            if first == 0x40 and inbound:
+                inbound.discard(pid)
+        self._write(b"".join(out))
 
     def pubcomp(self, packet_id: int) -> None:
         self._write(_PUBACK.pack(0x70, 2, packet_id))

@@ -493,3 +493,24 @@ def test_retained_messages_keep_their_v5_properties_and_expire(broker, service, 
     now[0] += 21  # past its Message Expiry Interval: not sent, and gone
     assert retained("s3") == [] and retained("s4", level=4) == []
     assert service.retained.get("/", "r/a") is None
+
+
+def test_puback_says_no_matching_subscribers(service):
+    pub = Client5(service, "pub", props={})
+    got = pub.send(m.Publish("nobody", b"x", 1, False, False, 1, {}),
+                   m.Publish("nobody", b"x", 2, False, False, 2, {}),
+                   m.Publish("nobody", b"x", 0, False, False, None, {}))
+    assert [(p.type, p.packet_id, p.reason_code) for p in got] == [
+        (m.PUBACK, 1, P.NO_MATCHING_SUBSCRIBERS), (m.PUBREC, 2, P.NO_MATCHING_SUBSCRIBERS)]
+    sub = Client5(service, "sub", props={})
+    sub.send(m.Subscribe(1, [("t", 0)], {}))
+    [ack] = pub.send(m.Publish("t", b"x", 1, False, False, 3, {}))
+    assert ack.reason_code == 0
+    # the acknowledged ids left the Receive Maximum's count (PUBCOMP for the QoS 2 one)
+    pub.send(m.PacketId(m.PUBREL, 2))
+    assert not pub.session.conn._inbound
+    # 3.1.1: no reason codes
+    v3 = Client5(service, "v3", level=4)
+    assert v3.session.conn.data_to_send() == b""
+    v3.session.data_received(encode(m.Publish("nobody", b"x", 1, False, False, 1)))
+    assert v3.session.conn.data_to_send() == b"\x40\x02\x00\x01"
