@@ -167,20 +167,77 @@ def precision_phase(a, url: str, pub, data_dir: str) -> dict:
     return result
 
 
+class StampedConsumer(Consumer):
+    """Keeps (receive time, body) for bodies of the form ``b"<due> <index>"``."""
+
+    def run(self) -> None:
+        conn = self.conn
+        deadline = time.monotonic() + self.timeout
+        got = self.got = []
+        try:
+            while len(got) < self.expected:
+                ftype, _ch, payload = conn._next_frame(deadline)
+                if ftype == ra.FRAME_BODY:
+                    got.append((time.time(), payload))
+        except (TimeoutError, ConnectionError):
+            pass
+
+
+class ConfirmReader(threading.Thread):
+    """The publisher's Basic.Ack times by delivery tag: the broker has taken the message in
+    (scheduled it) by then, so confirm time + x-delay bounds the broker's due time."""
+
+    def __init__(self, conn, expected: int, timeout: float):
+        super().__init__(daemon=True)
+        self.conn = conn
+        self.expected = expected
+        self.timeout = timeout
+        self.acked: list[float] = []  # index = delivery tag - 1
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        acked = self.acked
+        try:
+            while len(acked) < self.expected:
+                ftype, _ch, payload = self.conn._next_frame(deadline)
+                if ftype != ra.FRAME_METHOD or payload[:4] != b"\x00\x3c\x00\x50":
+                    continue
+                tag, flags = struct.unpack_from(">QB", payload, 4)
+                now = time.time()
+                upto = tag if flags & 1 else max(tag, len(acked) + 1)
+                acked.extend([now] * (upto - len(acked)))
+        except (TimeoutError, ConnectionError):
+            pass
+
+
+def _ms(values: list[float]) -> dict:
+    return {k: round(v * 1000, 2) for k, v in (
+        ("min", min(values) if values else float("nan")), ("p50", pct(values, 50)),
+        ("p90", pct(values, 90)), ("p99", pct(values, 99)), ("p999", pct(values, 99.9)),
+        ("max", max(values) if values else float("nan")))}
+
+
 def fresh_phase(a, url: str, pub) -> dict:
     """The very first delayed messages a fresh broker sees: random delays, sent in one burst."""
     import random
 
     rnd = random.Random(a.seed)
     n = a.fresh_count
-    consumer = Consumer(url, "bench.due", n, timeout=a.fresh_max_delay + 120)
+    consumer = StampedConsumer(url, "bench.due", n, timeout=a.fresh_max_delay + 120)
     consumer.start()
+    confirms = None
+    if a.confirms:
+        pub.confirm_select(1)
+        confirms = ConfirmReader(pub, n, timeout=a.fresh_max_delay + 120)
+        confirms.start()
     frames = []
+    sent: list[tuple[float, float]] = []  # (send time, x-delay s)
     t_first = time.time()
-    for _ in range(n):
+    for i in range(n):
         delay_ms = rnd.randint(int(a.fresh_min_delay * 1000), int(a.fresh_max_delay * 1000))
         t_pub = time.time()
-        frames.append(publish_frames(EXCHANGE, DUE_KEY, b"%.6f" % (t_pub + delay_ms / 1000.0),
+        sent.append((t_pub, delay_ms / 1000.0))
+        frames.append(publish_frames(EXCHANGE, DUE_KEY, b"%.6f %d" % (t_pub + delay_ms / 1000.0, i),
                                      delay_ms, a.persistent))
         if len(frames) == 100:
             pub.send(b"".join(frames))
@@ -189,17 +246,31 @@ def fresh_phase(a, url: str, pub) -> dict:
         pub.send(b"".join(frames))
     send_s = time.time() - t_first
     consumer.join()
-    late = consumer.lateness
-    return {
+    late = []
+    idx = []
+    for t_recv, body in consumer.got:
+        due, i = body.split()
+        late.append(t_recv - float(due))
+        idx.append(int(i))
+    result = {
         "send_s": round(send_s, 3),
         "due_messages": n,
         "received": len(late),
         "early": sum(1 for x in late if x < 0),
-        "lateness_ms": {k: round(v * 1000, 2) for k, v in (
-            ("min", min(late) if late else float("nan")), ("p50", pct(late, 50)),
-            ("p90", pct(late, 90)), ("p99", pct(late, 99)), ("p999", pct(late, 99.9)),
-            ("max", max(late) if late else float("nan")))},
+        "lateness_ms": _ms(late),
+        # lateness by the message's place in the burst: growth = the broker's intake of it
+        "p50_by_send_quarter_ms": [round(pct([x for x, i in zip(late, idx, strict=True)
+                                              if q * n // 4 <= i < (q + 1) * n // 4], 50) * 1000, 2)
+                                   for q in range(4)],
     }
+    if confirms is not None:
+        confirms.join()
+        acked = confirms.acked
+        result["intake_ms"] = _ms([acked[i] - sent[i][0] for i in range(min(len(acked), n))])
+        result["after_confirm_ms"] = _ms([t_recv - (acked[i] + sent[i][1])
+                                          for (t_recv, _b), i in zip(consumer.got, idx, strict=True)
+                                          if i < len(acked)])
+    return result
 
 
 def report(result: dict, p99_limit_ms: float, as_json: bool = False) -> int:
@@ -238,6 +309,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-min-delay", type=float, default=0.5, help="seconds")
     ap.add_argument("--fresh-max-delay", type=float, default=2.5, help="seconds")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--confirms", action="store_true",
+                    help="with --fresh: publisher confirms, to split the lateness into the "
+                         "broker's intake (send -> confirm) and what follows the confirm")
     a = ap.parse_args(argv)
 
     data_dir = tempfile.mkdtemp(prefix="triomq-bench-sched-")
