@@ -125,3 +125,19 @@ def test_the_environment_chooses_the_hooks_when_a_trail_starts(monkeypatch):
     assert issubclass(recorder.PyTrail, hooks.PyHooks)
     monkeypatch.delenv("TRIOMQ_AUDIT_PYTHON")
     assert hooks.chosen() is C_HOOKS and issubclass(recorder.CTrail, C_HOOKS)
+
+
+def test_a_broker_started_under_each_setting_records_on_those_hooks(tmp_path):
+    """The conftest's setting reaches a broker made in the test: its trail is built on the
+    hooks the setting names (so the parametrised audit tests do test both)."""
+    from broker.broker import Broker
+    from broker.config import AuditSettings, Config
+    for kind, want in (("python", hooks.PyHooks), ("c", C_HOOKS)):
+        with pytest.MonkeyPatch.context() as mp:
+            if kind == "python":
+                mp.setenv("TRIOMQ_AUDIT_PYTHON", "1")
+            else:
+                mp.delenv("TRIOMQ_AUDIT_PYTHON", raising=False)
+            broker = Broker(Config(data_dir=str(tmp_path / kind),
+                                   audit=AuditSettings(dir=str(tmp_path / kind / "trail"))))
+            assert isinstance(broker.audit, want), kind
