@@ -747,7 +747,11 @@ class Mirrors:
 
         async def ask() -> None:
             answer = await self.store.views.ask_copy(node, queue.vhost.name, queue.name)
-            mirroring.probed(node, generation, answer)
+            try:
+                mirroring.probed(node, generation, answer)
+            except Exception:  # a bug must not take the broker down: the mirror fails
+                log.exception("sync of queue %r to mirror %r failed", queue.name, node)
+                mirroring.mirror_failed(node)
         nursery.start_soon(ask)
         return True
 
