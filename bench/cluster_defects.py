@@ -65,11 +65,11 @@ def _policy(broker: BrokerProc, definition: dict) -> None:
     r.raise_for_status()
 
 
-def _wait(check, timeout: float) -> None:
+def _wait(check, timeout: float, what: str = "a condition") -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise SystemExit("probe: a condition was not reached in time")
+            raise SystemExit(f"probe: {what} not reached in {timeout:.0f} s")
         time.sleep(0.05)
 
 
@@ -281,9 +281,9 @@ def probe_catch_up(base: Path, etcd: EtcdProc, secret: Path) -> dict:
         ch.confirm_delivery()
         ch.basic_publish("", "q", body, pika.BasicProperties(delivery_mode=2))
         conn.close()
-        _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 60)
+        _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 60, "b in sync")
         b.kill()
-        _wait(lambda: _isr(etcd, "q").get("in_sync") == [], 60)
+        _wait(lambda: _isr(etcd, "q").get("in_sync") == [], 60, "b out of sync")
         conn = a.connect()
         ch = conn.channel()
         for _ in range(1000):
@@ -295,7 +295,15 @@ def probe_catch_up(base: Path, etcd: EtcdProc, secret: Path) -> dict:
         watch.start()
         t0 = time.monotonic()
         b.start()
-        _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 120)
+        try:
+            _wait(lambda: _isr(etcd, "q").get("in_sync") == ["b"], 120, "b back in sync")
+        except SystemExit:
+            print(_isr(etcd, "q"), file=sys.stderr)
+            print("\n".join(x for x in a.log().splitlines()[-400:]
+                            if "broker.connection" not in x)[-3000:], file=sys.stderr)
+            print("\n".join(x for x in b.log().splitlines()[-400:]
+                            if "broker.connection" not in x)[-3000:], file=sys.stderr)
+            raise
         back = time.monotonic() - t0
         time.sleep(0.5)
         watch.stop.set()

@@ -99,7 +99,10 @@ class PagedFifo:
     def __iter__(self):
         yield from list(self._head)
         for i in range(self._pi, len(self._seq)):
-            yield self._materialize(i, time.time() - self._timers.now())
+            if self._loc[i] == 0:  # held in memory: looking at it must leave it there
+                yield self._pinned[self._seq[i]]
+            else:
+                yield self._materialize(i, time.time() - self._timers.now())
 
     # ---- writing ----
     def append(self, entry) -> None:
