@@ -1106,19 +1106,15 @@ class MQTTSession:
                 self._topics.clear()
             topic = self._topics[message.routing_key] = topic_field(
                 to_mqtt_topic(message.routing_key))
-        audit = self.audit
-        props = b""
         if consumer.arguments:  # a shared subscription's consumer
             self._deliver_shared(consumer, queue, entry, topic, was_empty)
             return
-        if self.expiry is not None:  # v5: properties mapped back from the message's
-            v5props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
-            if self.sub_opts:
-                self._deliver_with_options(consumer, queue, entry, topic, v5props, was_empty)
-                return
-            props = _encode_props(v5props)
+        if self.expiry is not None:  # v5: properties, options (3.1.1 stays on this path)
+            self._deliver_v5(consumer, queue, entry, topic, was_empty)
+            return
+        audit = self.audit
         if consumer.no_ack:
-            self.conn.publish(topic, message.body, 0, props=props)
+            self.conn.publish(topic, message.body, 0)
             if audit is not None:
                 audit.delivered(self, consumer.tag, None, queue, entry)
         else:
@@ -1134,7 +1130,7 @@ class MQTTSession:
                     if pub_qos is not None and pub_qos < qos:
                         qos = pub_qos
             if not qos:
-                self.conn.publish(topic, message.body, 0, props=props)
+                self.conn.publish(topic, message.body, 0)
                 if audit is not None:
                     audit.delivered(self, consumer.tag, None, queue, entry)
                 queue.ack(entry, consumer)
@@ -1151,14 +1147,26 @@ class MQTTSession:
                     if entry.redelivered and state is not None and state.resend:
                         want = state.resend.pop((queue.name, entry.seq), want)
                 token[3] = pid = self.conn.publish(topic, message.body, qos, token,
-                                                   dup=entry.redelivered, packet_id=want,
-                                                   props=props)
-                if pid < 0:  # over a v5 client's Maximum Packet Size: dropped, as if sent
-                    queue.ack(entry, consumer)
-                elif audit is not None:
+                                                   dup=entry.redelivered, packet_id=want)
+                if audit is not None:
                     audit.delivered(self, consumer.tag, pid, queue, entry)
         if was_empty:
             self.wake()
+
+    def _deliver_v5(self, consumer: Consumer, queue, entry, topic: bytes,
+                    was_empty: bool) -> None:
+        """A delivery to a v5 session: the message's properties mapped back, then as
+        ``deliver`` (through ``_deliver_with_options`` when filters have options)."""
+        message = entry.message
+        v5props = _v5_delivery_props(message, entry, queue.vhost.timers.now())
+        if self.sub_opts:
+            self._deliver_with_options(consumer, queue, entry, topic, v5props, was_empty)
+            return
+        qos = 0
+        if not consumer.no_ack:
+            one = self._one_qos
+            qos = self._subscription_qos(message.routing_key) if one is None else one
+        self._send(consumer, queue, entry, topic, qos, False, _encode_props(v5props), was_empty)
 
     def _deliver_with_options(self, consumer: Consumer, queue, entry, topic: bytes,
                               v5props: dict[int, Any], was_empty: bool) -> None:

@@ -518,25 +518,8 @@ class ServerConnection:
         To a v5 client that accepts topic aliases, the first PUBLISH of a topic assigns one
         (while any are left) and the next ones send the alias and an empty topic."""
         if self.v5:
-            props = props or b"\x00"
-            new_alias = 0
-            if self.alias_max_out and len(topic_raw) > 4:  # shorter: an alias saves nothing
-                aliases = self._aliases_out
-                if aliases is None:
-                    aliases = self._aliases_out = {}
-                alias = aliases.get(topic_raw)
-                if alias is not None:
-                    props = _with_alias(props, alias)
-                    topic_raw = b"\x00\x00"
-                elif len(aliases) < self.alias_max_out:
-                    new_alias = len(aliases) + 1
-                    props = _with_alias(props, new_alias)
-            if self.max_out:
-                n = len(topic_raw) + len(props) + len(payload) + (2 if qos else 0)
-                if n + len(codec._encode_length(n)) + 1 > self.max_out:
-                    return -1  # section 3.1.2.25: discarded, as if sent
-            if new_alias:
-                self._aliases_out[topic_raw] = new_alias  # type: ignore[index]
+            return self._publish_v5_out(topic_raw, payload, qos, token, retain, dup, packet_id,
+                                        props)
         pid = 0
         if qos:
             inflight = self.inflight
@@ -555,12 +538,59 @@ class ServerConnection:
                 if self.qos2_out is _EMPTY:
                     self.qos2_out = set()
                 self.qos2_out.add(pid)  # type: ignore[union-attr]
-        if props:
-            data = encode_publish(topic_raw, props + payload, qos, pid, retain, dup)
-        else:
-            data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
+        data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
+        return pid
+
+    def _publish_v5_out(self, topic_raw: bytes, payload: bytes, qos: int, token: Any,
+                        retain: bool, dup: bool, packet_id: int, props: bytes) -> int:
+        """``publish`` to a v5 client: properties, topic aliases, its Maximum Packet Size."""
+        props = props or b"\x00"
+        new_alias = 0
+        if self.alias_max_out and len(topic_raw) > 4:  # shorter: an alias saves nothing
+            aliases = self._aliases_out
+            if aliases is None:
+                aliases = self._aliases_out = {}
+            alias = aliases.get(topic_raw)
+            if alias is not None:
+                props = _with_alias(props, alias)
+                topic_raw = b"\x00\x00"
+            elif len(aliases) < self.alias_max_out:
+                new_alias = len(aliases) + 1
+                props = _with_alias(props, new_alias)
+        if self.max_out:
+            n = len(topic_raw) + len(props) + len(payload) + (2 if qos else 0)
+            if n + len(codec._encode_length(n)) + 1 > self.max_out:
+                return -1  # section 3.1.2.25: discarded, as if sent
+        if new_alias:
+            self._aliases_out[topic_raw] = new_alias  # type: ignore[index]
+        # the packet id as a 3.1.1 delivery gets it (``publish`` without properties)
+        pid = self.publish_id(qos, token, packet_id) if qos else 0
+        data = encode_publish(topic_raw, props + payload, qos, pid, retain, dup)
+        self._out.append(data)
+        self.pending_output += len(data)
+        return pid
+
+    def publish_id(self, qos: int, token: Any, packet_id: int) -> int:
+        """A free packet id for a QoS 1/2 delivery (``packet_id`` if free), now in flight
+        (the same choice as ``publish`` makes inline for 3.1.1)."""
+        inflight = self.inflight
+        releasing = self.releasing
+        if len(inflight) + len(releasing) >= 65535:
+            raise RuntimeError("no free packet identifier")
+        if packet_id and packet_id not in inflight and packet_id not in releasing:
+            pid = packet_id
+        else:
+            pid = self._next_id
+            while pid in inflight or (releasing and pid in releasing):
+                pid = pid % 65535 + 1
+            self._next_id = pid % 65535 + 1
+        inflight[pid] = token
+        if qos == 2:
+            if self.qos2_out is _EMPTY:
+                self.qos2_out = set()
+            self.qos2_out.add(pid)  # type: ignore[union-attr]
         return pid
 
     def take_inflight(self) -> list[Any]:
