@@ -66,7 +66,9 @@ def test_connect_and_subscribe_declares_queue_and_binding(broker, service):
     persistent = Client(service, "c2", clean=False)
     persistent.subscribe(("x", 1))
     assert broker.vhosts["/"].queues[queue_names("c2")[1]].durable
-    assert {(key[2], dict(key[3]).get("x-mqtt-qos")) for _, key in q1.bindings} == {
+    exchanges = broker.vhosts["/"].exchanges
+    bindings = [exchanges[x].bindings[key] for x, key in q1.bindings]
+    assert {(b.routing_key, b.arguments.get("x-mqtt-qos")) for b in bindings} == {
         ("a.*.c", 1), ("d.#", 0), ("e", 2)}
     assert len(q1.consumers) == 1
 
