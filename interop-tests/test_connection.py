@@ -279,7 +279,7 @@ def test_connection_blocked(external_broker, tmp_path):
                 c.process_data_events(time_limit=0.1)
             assert blocked == ["low on memory"]
         finally:
-            try:
-                c.close()
-            except Exception:
-                pass
+            # the alarm never clears here (--memory-limit 1) and a publisher blocked by an
+            # alarm is not read, as on RabbitMQ: a connection.close would wait for a
+            # close-ok that cannot come, so the socket is dropped instead
+            c._impl._transport.abort()
