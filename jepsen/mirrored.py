@@ -338,13 +338,17 @@ def _round(kind: str, qs: dict, names: list[str], members: list[ClusterNode], et
         assert topo is not None
         topo.heal()
     elif kind == "restart-etcd":
+        # etcd may serve (and the nodes renew their leases) before start() returns: it is
+        # down only until it is being started
+        t_starting = t_heal
         etcd.start()
         t_heal = time.monotonic()
         fault["etcd_down_s"] = round(t_heal - t_fault, 3)
         fault["nacked_while_down"] = len(history.nacked) - nacked_before
         # a confirm already on its way when the lease view ended may arrive a little later
-        fault["confirmed_while_down"] = _confirmed_between(history, t_fault + ttl + 0.5, t_heal)
-        last = _last_confirm_before(history, t_heal)
+        fault["confirmed_while_down"] = _confirmed_between(history, t_fault + ttl + 0.5,
+                                                           t_starting)
+        last = _last_confirm_before(history, t_starting)
         fault["last_confirm_after_stop_s"] = round(last - t_fault, 3) if last else None
     # confirms must flow again by themselves
     after = t_promoted if t_promoted is not None else t_heal
