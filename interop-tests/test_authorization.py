@@ -8,7 +8,6 @@ rules (rabbit_channel's check_* functions), asserted on both brokers."""
 from __future__ import annotations
 
 import secrets
-import socket
 import time
 from urllib.parse import quote
 
@@ -16,6 +15,7 @@ import pika
 import pytest
 from brokerproc import BrokerProc
 from pika.exceptions import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
+from reference import require_rabbitmq_api
 
 from broker.security.passwords import hash_password
 
@@ -61,10 +61,7 @@ class Target:
 @pytest.fixture(scope="module")
 def target(external_broker, amqp_params, tmp_path_factory):
     if external_broker:
-        try:
-            socket.create_connection((amqp_params.host, 15672), timeout=2).close()
-        except OSError:
-            pytest.skip("the reference broker's management API (15672) is not reachable")
+        require_rabbitmq_api(f"http://{amqp_params.host}:15672", host=amqp_params.host).close()
         import httpx
         api = httpx.Client(base_url=f"http://{amqp_params.host}:15672/api",
                            auth=(amqp_params.username, amqp_params.password), timeout=30)

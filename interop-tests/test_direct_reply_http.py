@@ -14,6 +14,7 @@ import pika
 import pytest
 from brokerproc import BrokerProc
 from helpers import get_one
+from reference import require_rabbitmq_api
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 
@@ -32,12 +33,7 @@ def _wait(pred, timeout: float, what: str, poll=None) -> None:
 def brokers(request, tmp_path_factory):
     """(AMQP port, management client) of either broker."""
     if request.param == "rabbitmq":
-        client = httpx.Client(base_url="http://127.0.0.1:15672", auth=("guest", "guest"),
-                              timeout=30)
-        try:
-            client.get("/api/overview").raise_for_status()
-        except httpx.HTTPError:
-            pytest.skip("RabbitMQ's management API is not reachable on 127.0.0.1:15672")
+        client = require_rabbitmq_api()
         yield 5672, client
         client.close()
         return

@@ -13,6 +13,7 @@ import httpx
 import pika
 import pytest
 from brokerproc import BrokerProc
+from reference import require_rabbitmq_api
 
 from tests.management.authz_matrix import EXPECTED, NOT_MGMT, PATHS, REQUESTS
 
@@ -39,11 +40,7 @@ def _triomq_only(external_broker):
 
 @pytest.fixture(scope="module")
 def rabbit():
-    client = httpx.Client(base_url=RABBIT, auth=("guest", "guest"), timeout=30)
-    try:
-        client.get("/api/overview").raise_for_status()
-    except httpx.HTTPError:
-        pytest.skip("RabbitMQ's management API is not reachable on 127.0.0.1:15672")
+    client = require_rabbitmq_api(RABBIT)
     client.put(f"/api/vhosts/{VHOST}", json={})
     client.put(f"/api/permissions/{VHOST}/guest",
                json={"configure": ".*", "write": ".*", "read": ".*"})

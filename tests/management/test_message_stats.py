@@ -3,13 +3,13 @@ in-process broker, read with httpx; and their shape next to RabbitMQ's own API o
 (skipped where RabbitMQ does not answer on 5672/15672)."""
 from __future__ import annotations
 
-import socket
 import uuid
 
 import httpx
 import pika
 import pytest
 import trio
+from reference import rabbitmq_api
 
 RABBIT_API = "http://127.0.0.1:15672"
 
@@ -118,14 +118,6 @@ async def test_counters_move_as_rabbitmqs(api, http_broker):
         await trio.to_thread.run_sync(conn.close)
 
 
-def _reachable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
 def _keys(stats: dict | None) -> set:
     return {k for k in (stats or {}) if not k.endswith("_details")}
 
@@ -162,7 +154,7 @@ def _rabbit_shapes() -> dict:
         conn.close()
 
 
-@pytest.mark.skipif(not (_reachable(5672) and _reachable(15672)), reason="no RabbitMQ here")
+@pytest.mark.skipif(rabbitmq_api() is None, reason="no RabbitMQ here")
 async def test_new_keys_shaped_as_rabbitmqs(api, http_broker):
     rabbit = await trio.to_thread.run_sync(_rabbit_shapes)
     conn, ch = await trio.to_thread.run_sync(_setup, http_broker.amqp_port)

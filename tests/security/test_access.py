@@ -5,11 +5,11 @@ RabbitMQ (temporary user and vhost, removed after)."""
 from __future__ import annotations
 
 import secrets
-import socket
 import struct
 
 import pytest
 import trio
+from reference import require_rabbitmq_api
 
 from broker import errors
 from broker.amqp.fields import encode_table
@@ -226,10 +226,7 @@ def test_import_is_all_or_nothing_and_round_trips():
 
 
 def _rabbitmq():
-    try:
-        socket.create_connection(("127.0.0.1", 15672), timeout=1).close()
-    except OSError:
-        pytest.skip("RabbitMQ's management API is not reachable on 127.0.0.1:15672")
+    require_rabbitmq_api().close()
     import httpx
     return httpx.Client(auth=("guest", "guest"), timeout=15,
                         base_url="http://127.0.0.1:15672/api")

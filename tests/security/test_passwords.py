@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-import socket
 
 import pytest
+from reference import require_rabbitmq_api
 
 from broker.security.passwords import (
     MD5,
@@ -22,10 +22,7 @@ API = "http://127.0.0.1:15672/api"
 
 
 def _rabbitmq_api():
-    try:
-        socket.create_connection(("127.0.0.1", 15672), timeout=1).close()
-    except OSError:
-        pytest.skip("RabbitMQ's management API is not reachable on 127.0.0.1:15672")
+    require_rabbitmq_api().close()
     import httpx
     return httpx.Client(auth=("guest", "guest"), timeout=10)
 
