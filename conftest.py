@@ -25,3 +25,41 @@ def pytest_addoption(parser):
         help="AMQP URL of an already running broker for interop-tests (default: start TrioMQ "
         "from this repo). Also read from $BROKER_URL.",
     )
+
+
+# The machine's RabbitMQ (the reference on 127.0.0.1:5672) must never be disturbed by a test;
+# it once vanished mid-run. Watch it: the test during which it stops answering is named in
+# the summary, so the next run says which one to look at.
+_RABBITMQ_WATCH: dict = {"up": None, "lost_during": []}
+
+
+def _rabbitmq_answers() -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def pytest_sessionstart(session):
+    _RABBITMQ_WATCH["up"] = _rabbitmq_answers()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _RABBITMQ_WATCH["up"] and not _rabbitmq_answers():
+        _RABBITMQ_WATCH["up"] = False
+        _RABBITMQ_WATCH["lost_during"].append(nodeid)
+    elif _RABBITMQ_WATCH["up"] is False and _RABBITMQ_WATCH["lost_during"] and _rabbitmq_answers():
+        _RABBITMQ_WATCH["up"] = True
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid in _RABBITMQ_WATCH["lost_during"]:
+        terminalreporter.write_line(
+            f"WARNING: the machine's RabbitMQ (127.0.0.1:5672) stopped answering during {nodeid}",
+            red=True)
+    if _RABBITMQ_WATCH["up"] is False and not _RABBITMQ_WATCH["lost_during"]:
+        terminalreporter.write_line("note: the machine's RabbitMQ (127.0.0.1:5672) was not "
+                                    "answering when the run started")
