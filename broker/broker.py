@@ -17,6 +17,7 @@ from .listeners import stomp as stomp_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
+from .recovery_progress import RecoveryProgress
 from .timers import TimerQueue
 from .vhost import VirtualHost
 
@@ -51,6 +52,8 @@ class Broker:
     def __init__(self, config: Config | None = None, store: Store | None = None):
         self.config = config or Config()
         self.timers = TimerQueue()
+        # what recovery is still reading back (API overview, /metrics, the log)
+        self.recovery = RecoveryProgress()
         self.store = store or MemoryStore()
         backing = self.store if DURABLE in self.store.capabilities else None
         # amq.rabbitmq.reply-to consumers (a cluster names the node in their reply names)
