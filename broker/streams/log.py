@@ -1,0 +1,809 @@
+"""The stream log: an append-only, segmented, chunked log on disk.
+
+One ``StreamLog`` per stream, in its own directory (``<data-dir>/streams/<vhost>/<name>/``,
+see ``stream_dir``). Nothing here knows AMQP; records are opaque bytes.
+
+On disk (loosely RabbitMQ's osiris layout, so a Stream-protocol ``Deliver`` can send a
+chunk's bytes as they are):
+
+* ``<first offset, 20 digits>.segment``: an 8-byte file header, then chunks. A chunk is a
+  48-byte header (``CHUNK_HEADER``: magic/version 0x50, chunk type 0, entries (u16),
+  records (u32), timestamp (ms, i64), epoch (u64), first offset (u64), CRC32 of the data
+  (u32), data length (u32), trailer length (u32, 0), filter size (u8), 3 reserved bytes),
+  then ``filter size`` bytes of Bloom filter, then the data: the entries, each either a
+  *simple* entry (u32 size, top bit 0, then the record) or a *sub-batch* (osiris's: a byte
+  ``1ccc0000`` (c: compression, 0 none, 1 gzip), u16 records, u32 uncompressed length,
+  u32 length, then the records, each u32 size + bytes). Offsets count records: a chunk
+  holds ``first offset .. first offset + records - 1``.
+* ``<first offset>.index``: an 8-byte header, then one 28-byte entry per chunk
+  (``INDEX_ENTRY``: first offset u64, timestamp i64, file position u64, records u32), so
+  attaching at an offset or a timestamp is a binary search with ``pread``, not a scan.
+* ``offsets``: the offsets stored by named consumers (``store_offset``), JSON, replaced
+  atomically on each commit that changed it.
+
+Segments roll when the next chunk would take the segment past ``max_segment_size``.
+Retention (``max_bytes``, ``max_age`` seconds) deletes whole segments, oldest first,
+never the one being written, when a segment rolls, at open and on ``apply_retention``.
+
+Durability: ``append`` writes to the OS at once; ``commit`` fsyncs (segment, index,
+offsets) and only then moves ``committed_offset``, runs the ``when_durable`` callbacks
+and wakes readers. Readers only ever see committed chunks. ``StreamStore`` runs the
+group commit: one trio task that commits every log appended to since the last one, the
+fsyncs in a worker thread. A log can also be committed synchronously (``commit()``),
+for tools and tests without trio.
+
+At open the tail is checked: chunks past the last index entry are re-indexed if whole
+and their CRC matches; a torn or corrupt tail chunk is cut off (truncated) and logged.
+
+Memory does not grow with the stream's length: the log keeps one small record per
+segment (its first offset), readers keep a file descriptor and a position.
+
+API (for the AMQP stream queue and the Stream protocol):
+
+* ``StreamLog(directory, max_segment_size=500_000_000, max_bytes=None, max_age=None)``;
+  ``close()``.
+* ``append(records, timestamp=None, filter_values=()) -> (first, last)``: one chunk of
+  simple entries; ``filter_values``: the filter value of each record (None: none), for
+  the chunk's Bloom filter.
+* ``append_encoded(data, num_entries, num_records, timestamp=None, filter_values=())``
+  ``-> (first, last)``: one chunk of already-encoded entries (simple or sub-batch).
+* ``when_durable(offset, callback)``: ``callback()`` once ``offset`` is committed.
+* ``first_offset``, ``next_offset`` (offset the next record gets), ``committed_offset``
+  (-1: none), ``last_chunk_offset`` (first offset of the last committed chunk, -1: none),
+  ``committed_chunk_id`` (the same), ``size_bytes``, ``segment_count``,
+  ``message_count`` (committed records still stored).
+* ``reader(start) -> Reader``; start: ``"first"``, ``"last"``, ``"next"``, an ``int``
+  offset, or ``Timestamp(ms)``. ``Reader.next_chunk() -> Chunk | None`` (None: nothing
+  committed past it yet), ``Reader.next_offset``, ``Reader.close()``.
+  ``await log.wait_committed(offset)`` returns once a chunk containing ``offset`` or
+  later is committed (or the log closes: ``log.closed``).
+* ``Chunk``: ``first_offset``, ``num_entries``, ``num_records``, ``timestamp``,
+  ``header`` (48 bytes, filter size zeroed: the Stream protocol's chunk header), ``data``
+  (the entries), ``bloom``; ``wire()`` = header + data; ``records()`` yields
+  ``(offset, record bytes)``; ``may_contain(values, match_unfiltered)`` asks the filter.
+* ``store_offset(reference, offset)``, ``query_offset(reference) -> int | None``:
+  persisted with the next commit.
+* ``listeners``: callables run (on the loop) after each commit that moved
+  ``committed_offset``: how a stream queue learns there is more to deliver.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger("triomq.streams")
+
+DEFAULT_MAX_SEGMENT_SIZE = 500_000_000
+SEGMENT_MAGIC = b"TMQSEG\x00\x01"
+INDEX_MAGIC = b"TMQIDX\x00\x01"
+FILE_HEADER = 8
+CHUNK_HEADER = struct.Struct(">BBHIqQQIIIB3x")
+INDEX_ENTRY = struct.Struct(">QqQI")
+MAGIC_VERSION = 0x50  # osiris: magic 5, version 0
+CHUNK_USER = 0
+EPOCH = 1
+BLOOM_SIZE = 16  # bytes of Bloom filter per chunk that has filter values (osiris' default)
+MAX_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
+
+
+@dataclass(frozen=True)
+class Timestamp:
+    """Attach at the first chunk published at or after this time (ms since the epoch)."""
+    ms: int
+
+
+def stream_dir(data_dir: str, vhost: str, name: str) -> str:
+    """The directory of a stream: names are hex-encoded, so any vhost or queue name maps
+    to one safe directory name."""
+    return os.path.join(data_dir, "streams", vhost.encode("utf-8", "surrogateescape").hex(),
+                        name.encode("utf-8", "surrogateescape").hex())
+
+
+# ---- Bloom filter (per chunk, over the records' filter values) ----
+
+def _bloom_bits(value: bytes) -> tuple[int, int]:
+    nbits = BLOOM_SIZE * 8
+    return zlib.crc32(value) % nbits, zlib.crc32(value, 0x9E3779B9) % nbits
+
+
+def make_bloom(values: Iterable[str | bytes | None]) -> bytes:
+    """The chunk's filter; an unfiltered record (None) adds the empty value, so that
+    ``match_unfiltered`` readers know the chunk has some."""
+    bits = bytearray(BLOOM_SIZE)
+    for value in values:
+        raw = b"" if value is None else value.encode() if isinstance(value, str) else value
+        for bit in _bloom_bits(raw):
+            bits[bit >> 3] |= 1 << (bit & 7)
+    return bytes(bits)
+
+
+def bloom_may_contain(bloom: bytes, value: bytes) -> bool:
+    return all(bloom[b >> 3] & (1 << (b & 7)) for b in _bloom_bits(value))
+
+
+# ---- entries ----
+
+def encode_entries(records: Iterable[bytes]) -> bytes:
+    """Records as simple entries (u32 size + bytes)."""
+    parts = []
+    for record in records:
+        if len(record) >= 0x80000000:
+            raise ValueError("record too large")
+        parts.append(struct.pack(">I", len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def iter_entries(data: bytes | memoryview) -> Iterator[bytes]:
+    """The records of a chunk's data, sub-batches expanded (uncompressed or gzip)."""
+    view = memoryview(data)
+    pos, end = 0, len(view)
+    while pos + 4 <= end:
+        head = view[pos]
+        if not head & 0x80:
+            (size,) = struct.unpack_from(">I", view, pos)
+            pos += 4
+            yield bytes(view[pos:pos + size])
+            pos += size
+            continue
+        if pos + 11 > end:
+            return
+        compression = (head >> 4) & 0x7
+        n, _ulen, length = struct.unpack_from(">HII", view, pos + 1)
+        pos += 11
+        body = bytes(view[pos:pos + length])
+        pos += length
+        if compression == 1:
+            body = zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        elif compression != 0:
+            # a codec this broker lacks: the records are skipped (counted, never delivered)
+            for _ in range(n):
+                yield b""
+            continue
+        bpos = 0
+        for _ in range(n):
+            (size,) = struct.unpack_from(">I", body, bpos)
+            yield body[bpos + 4:bpos + 4 + size]
+            bpos += 4 + size
+
+
+class Chunk:
+    __slots__ = ("bloom", "data", "first_offset", "header", "num_entries", "num_records",
+                 "timestamp")
+
+    def __init__(self, header: bytes, bloom: bytes, data: bytes):
+        (_mv, _t, self.num_entries, self.num_records, self.timestamp, _e, self.first_offset,
+         _crc, _dl, _tl, _fs) = CHUNK_HEADER.unpack(header)
+        # the Stream protocol's chunk header has no filter: its filter size byte is zero
+        self.header = header[:44] + b"\x00" + header[45:] if bloom else header
+        self.bloom = bloom
+        self.data = data
+
+    def wire(self) -> bytes:
+        """The chunk as a Stream-protocol Deliver carries it (header + entries)."""
+        return self.header + self.data
+
+    def records(self) -> Iterator[tuple[int, bytes]]:
+        offset = self.first_offset
+        for record in iter_entries(self.data):
+            yield offset, record
+            offset += 1
+
+    def may_contain(self, values: Iterable[str | bytes], match_unfiltered: bool = False) -> bool:
+        """Whether a record with one of ``values`` (or, with ``match_unfiltered``, without
+        a filter value) may be in the chunk. A chunk without a filter holds only
+        unfiltered records."""
+        if not self.bloom:
+            return match_unfiltered
+        if match_unfiltered and bloom_may_contain(self.bloom, b""):
+            return True
+        return any(bloom_may_contain(self.bloom, v.encode() if isinstance(v, str) else v)
+                   for v in values)
+
+
+def encode_chunk(data: bytes, num_entries: int, num_records: int, first_offset: int,
+                 timestamp: int, bloom: bytes = b"") -> bytes:
+    header = CHUNK_HEADER.pack(MAGIC_VERSION, CHUNK_USER, num_entries, num_records, timestamp,
+                               EPOCH, first_offset, zlib.crc32(data), len(data), 0, len(bloom))
+    return header + bloom + data
+
+
+class _Segment:
+    __slots__ = ("first_offset", "path")
+
+    def __init__(self, path: str, first_offset: int):
+        self.path = path
+        self.first_offset = first_offset
+
+    @property
+    def index_path(self) -> str:
+        return self.path[:-len(".segment")] + ".index"
+
+
+def _name(first_offset: int) -> str:
+    return f"{first_offset:020d}"
+
+
+class StreamLog:
+    def __init__(self, directory: str, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
+                 max_bytes: int | None = None, max_age: float | None = None):
+        self.directory = directory
+        self.max_segment_size = max_segment_size
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.closed = False
+        self.listeners: list[Callable[[], None]] = []
+        self._durable: list[tuple[int, Callable[[], None]]] = []  # (offset, callback), in order
+        self._waiters: list = []  # trio Events of readers waiting for a commit
+        self._retired: list[int] = []  # fds of rolled segments, closed after the next commit
+        self._store = None  # StreamStore that commits it
+        self._offsets_dirty = False
+        self.committed_offset = -1
+        self.last_chunk_offset = -1
+        self._pending_last_chunk = -1
+        os.makedirs(directory, exist_ok=True)
+        self._segments: list[_Segment] = []
+        self._firsts: list[int] = []
+        self._open()
+
+    # ---- open / recovery ----
+    def _open(self) -> None:
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(".segment"))
+        for n in names:
+            self._segments.append(_Segment(os.path.join(self.directory, n), int(n[:-8])))
+        path = os.path.join(self.directory, "offsets")
+        try:
+            with open(path) as f:
+                self._offsets: dict[str, int] = json.load(f)
+        except FileNotFoundError:
+            self._offsets = {}
+        except ValueError:
+            log.error("stream %s: unreadable offsets file, named consumers' offsets lost",
+                      self.directory)
+            self._offsets = {}
+        if not self._segments:
+            self._new_segment(0)
+        else:
+            self._seg_fd = os.open(self._segments[-1].path, os.O_RDWR)
+            self._idx_fd = os.open(self._segments[-1].index_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._recover_tail()
+        self._firsts = [s.first_offset for s in self._segments]
+        self.committed_offset = self.next_offset - 1
+        self.last_chunk_offset = self._pending_last_chunk
+        self.apply_retention()
+
+    def _new_segment(self, first_offset: int) -> None:
+        seg = _Segment(os.path.join(self.directory, _name(first_offset) + ".segment"),
+                       first_offset)
+        self._seg_fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(self._seg_fd, SEGMENT_MAGIC)
+        self._idx_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(self._idx_fd, INDEX_MAGIC)
+        self._segments.append(seg)
+        self._firsts.append(first_offset)
+        self._seg_size = FILE_HEADER
+        self._idx_size = FILE_HEADER
+        self.next_offset = first_offset
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _recover_tail(self) -> None:
+        """Check the last segment: cut a torn index entry, re-index whole chunks written
+        after the last index entry, truncate whatever follows the last whole chunk."""
+        seg = self._segments[-1]
+        seg_size = os.fstat(self._seg_fd).st_size
+        idx_size = os.fstat(self._idx_fd).st_size
+        if idx_size < FILE_HEADER:
+            os.ftruncate(self._idx_fd, 0)
+            os.pwrite(self._idx_fd, INDEX_MAGIC, 0)
+            idx_size = FILE_HEADER
+        n = (idx_size - FILE_HEADER) // INDEX_ENTRY.size
+        pos, offset = FILE_HEADER, seg.first_offset
+        # walk back over index entries pointing past the segment or at a bad chunk
+        while n:
+            first, ts, cpos, nrec = INDEX_ENTRY.unpack(
+                os.pread(self._idx_fd, INDEX_ENTRY.size, FILE_HEADER + (n - 1) * INDEX_ENTRY.size))
+            end = self._chunk_end(cpos, seg_size, check_crc=True)
+            if end is not None:
+                pos, offset = end, first + nrec
+                self._pending_last_chunk = first
+                break
+            n -= 1
+        idx_end = FILE_HEADER + n * INDEX_ENTRY.size
+        if idx_end != idx_size:
+            os.ftruncate(self._idx_fd, idx_end)
+        # chunks after the last indexed one (a crash between the two writes)
+        while pos < seg_size:
+            end = self._chunk_end(pos, seg_size, check_crc=True)
+            if end is None:
+                break
+            header = CHUNK_HEADER.unpack(os.pread(self._seg_fd, CHUNK_HEADER.size, pos))
+            first, nrec, ts = header[6], header[3], header[4]
+            if first != offset:
+                break
+            os.pwrite(self._idx_fd, INDEX_ENTRY.pack(first, ts, pos, nrec), idx_end)
+            idx_end += INDEX_ENTRY.size
+            self._pending_last_chunk = first
+            pos, offset = end, first + nrec
+        if pos < seg_size:
+            log.warning("stream %s: torn tail of %d bytes after offset %d truncated (%s)",
+                        self.directory, seg_size - pos, offset - 1, os.path.basename(seg.path))
+            os.ftruncate(self._seg_fd, pos)
+            os.fsync(self._seg_fd)
+        os.fsync(self._idx_fd)
+        self._seg_size = pos
+        self._idx_size = idx_end
+        self.next_offset = offset
+        if self._pending_last_chunk < 0 and len(self._segments) > 1:
+            # an empty last segment: the last chunk is the previous segment's last
+            prev = self._segments[-2]
+            fd = os.open(prev.index_path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                if size >= FILE_HEADER + INDEX_ENTRY.size:
+                    self._pending_last_chunk = INDEX_ENTRY.unpack(os.pread(
+                        fd, INDEX_ENTRY.size, size - INDEX_ENTRY.size))[0]
+            finally:
+                os.close(fd)
+
+    def _chunk_end(self, pos: int, seg_size: int, check_crc: bool) -> int | None:
+        """The end position of the chunk at ``pos`` if it is whole (and its CRC matches)."""
+        if pos < FILE_HEADER or pos + CHUNK_HEADER.size > seg_size:
+            return None
+        header = CHUNK_HEADER.unpack(os.pread(self._seg_fd, CHUNK_HEADER.size, pos))
+        if header[0] != MAGIC_VERSION:
+            return None
+        dlen, tlen, flen = header[8], header[9], header[10]
+        end = pos + CHUNK_HEADER.size + flen + dlen + tlen
+        if end > seg_size:
+            return None
+        if check_crc:
+            data = os.pread(self._seg_fd, dlen, pos + CHUNK_HEADER.size + flen)
+            if zlib.crc32(data) != header[7]:
+                log.warning("stream %s: chunk at offset %d fails its CRC", self.directory,
+                            header[6])
+                return None
+        return end
+
+    # ---- info ----
+    @property
+    def first_offset(self) -> int:
+        return self._segments[0].first_offset
+
+    @property
+    def committed_chunk_id(self) -> int:
+        return self.last_chunk_offset
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def message_count(self) -> int:
+        return max(0, self.committed_offset + 1 - self.first_offset)
+
+    @property
+    def size_bytes(self) -> int:
+        total = 0
+        for seg in self._segments[:-1]:
+            try:
+                total += os.path.getsize(seg.path)
+            except OSError:
+                pass
+        return total + self._seg_size
+
+    # ---- appending ----
+    def append(self, records: list[bytes], timestamp: int | None = None,
+               filter_values: Iterable[str | bytes | None] = ()) -> tuple[int, int]:
+        return self.append_encoded(encode_entries(records), len(records), len(records),
+                                   timestamp, filter_values)
+
+    def append_encoded(self, data: bytes, num_entries: int, num_records: int,
+                       timestamp: int | None = None,
+                       filter_values: Iterable[str | bytes | None] = ()) -> tuple[int, int]:
+        """One chunk of encoded entries; returns its first and last offsets."""
+        if self.closed:
+            raise RuntimeError("stream log closed")
+        if not 0 < num_entries <= MAX_ENTRIES or num_records < num_entries:
+            raise ValueError("bad chunk entry/record counts")
+        values = list(filter_values)
+        bloom = make_bloom(values) if any(v is not None for v in values) else b""
+        ts = int(time.time() * 1000) if timestamp is None else timestamp
+        first = self.next_offset
+        chunk = encode_chunk(data, num_entries, num_records, first, ts, bloom)
+        if self._seg_size > FILE_HEADER and self._seg_size + len(chunk) > self.max_segment_size:
+            self._roll()
+        pos = self._seg_size
+        os.pwrite(self._seg_fd, chunk, pos)
+        os.pwrite(self._idx_fd, INDEX_ENTRY.pack(first, ts, pos, num_records), self._idx_size)
+        self._seg_size += len(chunk)
+        self._idx_size += INDEX_ENTRY.size
+        self.next_offset = first + num_records
+        self._pending_last_chunk = first
+        if self._store is not None:
+            self._store.dirty(self)
+        return first, first + num_records - 1
+
+    def _roll(self) -> None:
+        os.fsync(self._seg_fd)
+        os.fsync(self._idx_fd)
+        # a commit in a worker thread may still fsync them: closed after the next commit
+        self._retired += (self._seg_fd, self._idx_fd)
+        self._new_segment(self.next_offset)
+        self.apply_retention()
+
+    # ---- durability ----
+    def when_durable(self, offset: int, callback: Callable[[], None]) -> None:
+        if offset <= self.committed_offset:
+            callback()
+        else:
+            self._durable.append((offset, callback))
+
+    def begin_commit(self) -> tuple:
+        """What the next fsync covers (on the loop): the offsets up to which, the files."""
+        offsets = None
+        if self._offsets_dirty:
+            offsets = json.dumps(self._offsets).encode()
+            self._offsets_dirty = False
+        retired, self._retired = self._retired, []
+        return (self.next_offset - 1, self._pending_last_chunk, self._seg_fd, self._idx_fd,
+                offsets, retired)
+
+    def sync_files(self, state: tuple) -> None:
+        """The fsyncs (any thread)."""
+        _upto, _last, seg_fd, idx_fd, offsets, retired = state
+        os.fsync(seg_fd)
+        os.fsync(idx_fd)
+        for fd in retired:
+            os.close(fd)
+        if offsets is not None:
+            path = os.path.join(self.directory, "offsets")
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(offsets)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dfd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def end_commit(self, state: tuple) -> None:
+        """After the fsyncs (on the loop): confirm, wake readers and listeners."""
+        upto, last_chunk = state[0], state[1]
+        if upto <= self.committed_offset:
+            return
+        self.committed_offset = upto
+        self.last_chunk_offset = last_chunk
+        durable = self._durable
+        i = 0
+        while i < len(durable) and durable[i][0] <= upto:
+            i += 1
+        if i:
+            done, self._durable = durable[:i], durable[i:]
+            for _offset, callback in done:
+                callback()
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.set()
+        for listener in list(self.listeners):
+            listener()
+
+    def commit(self) -> None:
+        """Make everything appended durable now (synchronously)."""
+        if self.closed:
+            return
+        state = self.begin_commit()
+        self.sync_files(state)
+        self.end_commit(state)
+
+    @property
+    def needs_commit(self) -> bool:
+        return (self.next_offset - 1 > self.committed_offset or self._offsets_dirty
+                or bool(self._retired))
+
+    async def wait_committed(self, offset: int) -> None:
+        """Return once ``offset`` (or a later one) is committed, or the log closed."""
+        import trio
+        while not self.closed and self.committed_offset < offset:
+            event = trio.Event()
+            self._waiters.append(event)
+            await event.wait()
+
+    # ---- named consumers' offsets ----
+    def store_offset(self, reference: str, offset: int) -> None:
+        if self._offsets.get(reference) != offset:
+            self._offsets[reference] = offset
+            self._offsets_dirty = True
+            if self._store is not None:
+                self._store.dirty(self)
+
+    def query_offset(self, reference: str) -> int | None:
+        return self._offsets.get(reference)
+
+    # ---- retention ----
+    def apply_retention(self, now: float | None = None) -> int:
+        """Delete whole segments (never the one being written) while the stream is over
+        ``max_bytes`` or their newest chunk is older than ``max_age``; returns how many."""
+        removed = 0
+        if self.max_bytes is None and self.max_age is None:
+            return 0
+        now = time.time() if now is None else now
+        total = self.size_bytes if self.max_bytes is not None else 0
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            size = os.path.getsize(seg.path)
+            drop = self.max_bytes is not None and total > self.max_bytes
+            if not drop and self.max_age is not None:
+                newest = self._newest_timestamp(seg)
+                drop = newest is not None and newest / 1000.0 < now - self.max_age
+            if not drop:
+                break
+            os.unlink(seg.path)
+            try:
+                os.unlink(seg.index_path)
+            except FileNotFoundError:
+                pass
+            del self._segments[0]
+            del self._firsts[0]
+            total -= size
+            removed += 1
+        if removed:
+            log.info("stream %s: retention removed %d segment(s), first offset now %d",
+                     self.directory, removed, self.first_offset)
+        return removed
+
+    def _newest_timestamp(self, seg: _Segment) -> int | None:
+        fd = os.open(seg.index_path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size < FILE_HEADER + INDEX_ENTRY.size:
+                return None
+            return INDEX_ENTRY.unpack(os.pread(fd, INDEX_ENTRY.size,
+                                               size - INDEX_ENTRY.size))[1]
+        finally:
+            os.close(fd)
+
+    # ---- reading ----
+    def reader(self, start: str | int | Timestamp = "next") -> Reader:
+        return Reader(self, self._resolve(start))
+
+    def _resolve(self, start) -> int:
+        """The offset a reader attached at ``start`` reads from (the first offset of a
+        chunk for a timestamp and for "last"). The reader returns the whole chunk holding
+        it, records before it included: skipping them is the caller's (as RabbitMQ sends
+        a Stream-protocol client the whole chunk)."""
+        if start == "first":
+            return self.first_offset
+        if start == "last":
+            return self.last_chunk_offset if self.last_chunk_offset >= self.first_offset \
+                else self.committed_offset + 1
+        if start == "next":
+            return self.committed_offset + 1
+        if isinstance(start, Timestamp):
+            for seg in self._segments:
+                found = self._index_search(seg, lambda e: e[1] >= start.ms)
+                if found is not None:
+                    return found[0]
+            return self.committed_offset + 1
+        offset = int(start)
+        if offset < self.first_offset:
+            return self.first_offset
+        return min(offset, self.committed_offset + 1)
+
+    def _index_entry(self, seg: _Segment, i: int):
+        try:
+            fd = os.open(seg.index_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            raw = os.pread(fd, INDEX_ENTRY.size, FILE_HEADER + i * INDEX_ENTRY.size)
+            return INDEX_ENTRY.unpack(raw) if len(raw) == INDEX_ENTRY.size else None
+        finally:
+            os.close(fd)
+
+    def _index_search(self, seg: _Segment, pred):
+        """The first committed index entry of ``seg`` for which ``pred`` is true (entries
+        are sorted for it), by binary search with pread."""
+        try:
+            fd = os.open(seg.index_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            n = (os.fstat(fd).st_size - FILE_HEADER) // INDEX_ENTRY.size
+            lo, hi, found = 0, n, None
+            while lo < hi:
+                mid = (lo + hi) // 2
+                e = INDEX_ENTRY.unpack(os.pread(fd, INDEX_ENTRY.size,
+                                                FILE_HEADER + mid * INDEX_ENTRY.size))
+                if pred(e):
+                    found, hi = e, mid
+                else:
+                    lo = mid + 1
+            if found is not None and found[0] > self.committed_offset:
+                return None
+            return found
+        finally:
+            os.close(fd)
+
+    def _locate(self, offset: int) -> tuple[_Segment, int, int] | None:
+        """The segment, file position and first offset of the chunk holding ``offset``."""
+        i = bisect.bisect_right(self._firsts, offset) - 1
+        if i < 0:
+            i = 0
+        seg = self._segments[i]
+        e = self._index_search(seg, lambda e: e[0] + e[3] > offset)
+        if e is None:
+            return None
+        return seg, e[2], e[0]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self._seg_fd, self._idx_fd, *self._retired):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._retired = []
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.set()
+
+    def delete(self) -> None:
+        """Close and remove the stream's files (the queue was deleted)."""
+        self.close()
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)
+
+
+class Reader:
+    """A cursor over committed chunks; holds one open segment file at a time."""
+
+    def __init__(self, stream: StreamLog, offset: int):
+        self.log = stream
+        self.next_offset = offset  # the first offset not yet returned
+        self._seg: _Segment | None = None
+        self._fd: int | None = None
+        self._pos = 0
+
+    def _seek(self) -> bool:
+        found = self.log._locate(self.next_offset)
+        if found is None:
+            return False
+        seg, pos, _first = found
+        if seg is not self._seg:
+            self._close_fd()
+            try:
+                self._fd = os.open(seg.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            self._seg = seg
+        self._pos = pos
+        return True
+
+    def next_chunk(self) -> Chunk | None:
+        """The next committed chunk holding ``next_offset`` or later, or None (caught up).
+        A reader left behind by retention continues at the first offset still stored."""
+        lg = self.log
+        if lg.closed or self.next_offset > lg.committed_offset:
+            return None
+        if self.next_offset < lg.first_offset:
+            self.next_offset = lg.first_offset
+            self._seg = None
+        for _attempt in range(len(lg._segments) + 2):  # at most one segment switch each
+            if (self._fd is None or self._seg is None or self._seg not in lg._segments) \
+                    and not self._seek():
+                return None
+            raw = os.pread(self._fd, CHUNK_HEADER.size, self._pos)
+            if len(raw) < CHUNK_HEADER.size:
+                # end of this segment: the next one starts at next_offset
+                self._seg = None
+                continue
+            header = CHUNK_HEADER.unpack(raw)
+            first, nrec, flen, dlen, tlen = header[6], header[3], header[10], header[8], header[9]
+            if first > lg.committed_offset:
+                return None
+            if first + nrec <= self.next_offset:
+                self._pos += CHUNK_HEADER.size + flen + dlen + tlen
+                continue
+            body = os.pread(self._fd, flen + dlen, self._pos + CHUNK_HEADER.size)
+            self._pos += CHUNK_HEADER.size + flen + dlen + tlen
+            self.next_offset = first + nrec
+            return Chunk(raw, body[:flen], body[flen:])
+        return None
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        self._close_fd()
+        self._seg = None
+
+
+class StreamStore:
+    """The group commit of every stream log of a broker: ``run`` (a task of the broker's
+    nursery) commits the logs appended to since its last round, fsyncs in a worker
+    thread, then confirms on the loop. Also the registry of open logs by directory."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.logs: dict[str, StreamLog] = {}
+        self._dirty: dict[int, StreamLog] = {}
+        self._wake = None
+        self.running = False
+
+    def open(self, vhost: str, name: str, **settings) -> StreamLog:
+        path = stream_dir(self.data_dir, vhost, name)
+        lg = self.logs.get(path)
+        if lg is None or lg.closed:
+            lg = StreamLog(path, **settings)
+            lg._store = self
+            self.logs[path] = lg
+        return lg
+
+    def forget(self, lg: StreamLog) -> None:
+        self.logs.pop(lg.directory, None)
+        self._dirty.pop(id(lg), None)
+        lg._store = None
+
+    def dirty(self, lg: StreamLog) -> None:
+        self._dirty[id(lg)] = lg
+        if self._wake is not None:
+            self._wake.set()
+        elif not self.running:
+            lg.commit()  # no commit task (tools, tests): commit at once
+
+    def commit_all(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for lg in dirty.values():
+            lg.commit()
+
+    async def run(self, task_status=None) -> None:
+        import trio
+        self.running = True
+        self._wake = trio.Event()
+        if task_status is not None:
+            task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                dirty, self._dirty = self._dirty, {}
+                states = [(lg, lg.begin_commit()) for lg in dirty.values() if not lg.closed]
+
+                def sync(states=states):
+                    done = []
+                    for lg, state in states:
+                        try:
+                            lg.sync_files(state)
+                        except OSError:
+                            if not lg.closed:  # closed meanwhile (deleted): nothing to confirm
+                                log.exception("stream %s: commit failed; its publishes stay "
+                                              "unconfirmed", lg.directory)
+                            continue
+                        done.append((lg, state))
+                    return done
+                for lg, state in await trio.to_thread.run_sync(sync):
+                    if not lg.closed:
+                        lg.end_commit(state)
+        finally:
+            self._wake = None
+            self.running = False
+            self.commit_all()

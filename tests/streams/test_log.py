@@ -1,0 +1,296 @@
+"""The stream log on disk: append, read, seek by offset and timestamp, retention, torn
+tails and CRC, named offsets, the group commit, and a kill -9 in a subprocess."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import trio
+
+from broker.streams.log import (
+    CHUNK_HEADER,
+    FILE_HEADER,
+    INDEX_ENTRY,
+    StreamLog,
+    StreamStore,
+    Timestamp,
+    encode_entries,
+    iter_entries,
+)
+
+
+def _all(lg: StreamLog, start="first") -> list[tuple[int, bytes]]:
+    reader = lg.reader(start)
+    out = []
+    while (chunk := reader.next_chunk()) is not None:
+        out.extend(chunk.records())
+    reader.close()
+    return out
+
+
+def test_append_commit_read(tmp_path):
+    lg = StreamLog(str(tmp_path))
+    assert lg.append([b"a", b"b"]) == (0, 1)
+    assert lg.append([b"c"]) == (2, 2)
+    # nothing is visible before the commit
+    assert lg.committed_offset == -1 and _all(lg) == []
+    confirmed = []
+    lg.when_durable(2, lambda: confirmed.append(2))
+    lg.commit()
+    assert confirmed == [2]
+    assert _all(lg) == [(0, b"a"), (1, b"b"), (2, b"c")]
+    # offset 1 is inside the first chunk: the whole chunk is read (callers skip)
+    assert _all(lg, 1) == [(0, b"a"), (1, b"b"), (2, b"c")]
+    assert _all(lg, "last") == [(2, b"c")]
+    assert _all(lg, "next") == []
+    assert lg.message_count == 3
+    lg.close()
+    lg = StreamLog(str(tmp_path))
+    assert lg.next_offset == 3 and lg.committed_offset == 2 and lg.last_chunk_offset == 2
+    assert [r for _o, r in _all(lg)] == [b"a", b"b", b"c"]
+    lg.close()
+
+
+def test_chunk_wire_layout(tmp_path):
+    lg = StreamLog(str(tmp_path))
+    lg.append([b"xyz"], timestamp=1234, filter_values=["f"])
+    lg.commit()
+    chunk = lg.reader("first").next_chunk()
+    fields = CHUNK_HEADER.unpack(chunk.header)
+    assert fields[0] == 0x50 and fields[2] == 1 and fields[3] == 1 and fields[4] == 1234
+    assert fields[10] == 0  # the wire header carries no filter
+    assert chunk.bloom and chunk.wire() == chunk.header + encode_entries([b"xyz"])
+    assert chunk.may_contain(["f"]) and not chunk.may_contain([], match_unfiltered=True)
+    lg.close()
+
+
+def test_sub_batch_entries(tmp_path):
+    import gzip
+    import struct
+    inner = encode_entries([b"one", b"two"])
+    plain = bytes([0x80]) + struct.pack(">HII", 2, len(inner), len(inner)) + inner
+    packed = gzip.compress(inner)
+    gz = bytes([0x90]) + struct.pack(">HII", 2, len(inner), len(packed)) + packed
+    lg = StreamLog(str(tmp_path))
+    assert lg.append_encoded(plain + gz + encode_entries([b"three"]), 3, 5) == (0, 4)
+    lg.commit()
+    assert _all(lg) == [(0, b"one"), (1, b"two"), (2, b"one"), (3, b"two"), (4, b"three")]
+    assert list(iter_entries(encode_entries([b""]))) == [b""]
+    lg.close()
+
+
+def test_segments_roll_and_seek(tmp_path):
+    lg = StreamLog(str(tmp_path), max_segment_size=4096)
+    for i in range(300):
+        lg.append([b"%05d" % i + b"x" * 100], timestamp=1000 + i)
+    lg.commit()
+    assert lg.segment_count > 5
+    assert [int(r[:5]) for _o, r in _all(lg)] == list(range(300))
+    assert _all(lg, 250)[0] == (250, b"%05d" % 250 + b"x" * 100)
+    assert _all(lg, Timestamp(1000 + 123))[0][0] == 123
+    assert _all(lg, Timestamp(0))[0][0] == 0
+    assert _all(lg, Timestamp(10**12)) == []
+    assert _all(lg, 10**9) == []  # past the end: attaches at the next offset
+    lg.close()
+    lg = StreamLog(str(tmp_path), max_segment_size=4096)
+    assert lg.next_offset == 300 and _all(lg, 299) == [(299, b"%05d" % 299 + b"x" * 100)]
+    lg.close()
+
+
+def test_index_seek_reads_little(tmp_path):
+    """Attaching at an offset reads the index by binary search, not the segment."""
+    lg = StreamLog(str(tmp_path))
+    for i in range(2000):
+        lg.append([b"m%d" % i])
+    lg.commit()
+    calls = []
+    real = os.pread
+
+    def counting(fd, n, pos):
+        calls.append(n)
+        return real(fd, n, pos)
+    os.pread = counting
+    try:
+        reader = lg.reader(1500)
+        chunk = reader.next_chunk()
+    finally:
+        os.pread = real
+    assert chunk.first_offset == 1500
+    assert len(calls) < 20
+    reader.close()
+    lg.close()
+
+
+def test_retention_by_bytes_and_age(tmp_path):
+    lg = StreamLog(str(tmp_path / "b"), max_segment_size=2048, max_bytes=6000)
+    for i in range(200):
+        lg.append([b"y" * 100], timestamp=1000 + i)
+    lg.commit()
+    assert lg.size_bytes <= 6000 + 2048
+    assert lg.first_offset > 0
+    records = _all(lg)
+    assert records[0][0] == lg.first_offset and records[-1][0] == 199
+    lg.close()
+
+    lg = StreamLog(str(tmp_path / "a"), max_segment_size=2048)
+    for i in range(100):
+        lg.append([b"z" * 100], timestamp=1000 * i)  # 1 s apart, in 1970
+    lg.commit()
+    lg.max_age = 3600.0
+    removed = lg.apply_retention(now=50.0 + 3600)  # everything older than 50 s goes
+    assert removed > 0
+    assert 0 < lg.first_offset <= 51
+    assert lg.segment_count >= 1 and _all(lg)[-1][0] == 99
+    lg.close()
+
+
+def test_reader_behind_retention_continues(tmp_path):
+    lg = StreamLog(str(tmp_path), max_segment_size=2048, max_bytes=4000)
+    lg.append([b"q" * 100])
+    lg.commit()
+    reader = lg.reader("first")
+    for _ in range(100):
+        lg.append([b"q" * 100])
+    lg.commit()
+    chunk = reader.next_chunk()
+    assert chunk.first_offset == lg.first_offset > 0
+    reader.close()
+    lg.close()
+
+
+def _last_segment(path):
+    return sorted(p for p in os.listdir(path) if p.endswith(".segment"))[-1]
+
+
+def test_torn_tail_truncated(tmp_path, caplog):
+    lg = StreamLog(str(tmp_path))
+    lg.append([b"keep"])
+    lg.append([b"torn" * 50])
+    lg.commit()
+    lg.close()
+    seg = tmp_path / _last_segment(tmp_path)
+    size = seg.stat().st_size
+    with open(seg, "r+b") as f:
+        f.truncate(size - 30)
+    lg = StreamLog(str(tmp_path))
+    assert "torn tail" in caplog.text
+    assert _all(lg) == [(0, b"keep")] and lg.next_offset == 1
+    assert seg.stat().st_size == FILE_HEADER + CHUNK_HEADER.size + 8
+    lg.append([b"after"])
+    lg.commit()
+    assert _all(lg) == [(0, b"keep"), (1, b"after")]
+    lg.close()
+
+
+def test_crc_mismatch_truncates_tail(tmp_path, caplog):
+    lg = StreamLog(str(tmp_path))
+    lg.append([b"good"])
+    lg.append([b"bad!"])
+    lg.commit()
+    lg.close()
+    seg = tmp_path / _last_segment(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[-1] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    lg = StreamLog(str(tmp_path))
+    assert "fails its CRC" in caplog.text
+    assert _all(lg) == [(0, b"good")]
+    lg.close()
+
+
+def test_unindexed_chunk_is_reindexed(tmp_path):
+    """A crash between the segment write and the index write: the whole chunk stays."""
+    lg = StreamLog(str(tmp_path))
+    lg.append([b"a"])
+    lg.append([b"b"])
+    lg.commit()
+    lg.close()
+    idx = tmp_path / _last_segment(tmp_path).replace(".segment", ".index")
+    with open(idx, "r+b") as f:
+        f.truncate(FILE_HEADER + INDEX_ENTRY.size + 5)  # second entry torn
+    lg = StreamLog(str(tmp_path))
+    assert _all(lg) == [(0, b"a"), (1, b"b")]
+    assert idx.stat().st_size == FILE_HEADER + 2 * INDEX_ENTRY.size
+    lg.close()
+
+
+def test_offsets_persisted(tmp_path):
+    lg = StreamLog(str(tmp_path))
+    assert lg.query_offset("app") is None
+    lg.store_offset("app", 41)
+    lg.commit()
+    lg.close()
+    lg = StreamLog(str(tmp_path))
+    assert lg.query_offset("app") == 41
+    lg.close()
+
+
+def test_group_commit_task(tmp_path):
+    async def main():
+        store = StreamStore(str(tmp_path))
+        lg = store.open("/", "s")
+        confirmed = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            lg.append([b"1"])
+            lg.when_durable(0, lambda: confirmed.append(0))
+            assert confirmed == []  # appended, not yet durable
+            with trio.fail_after(30):
+                await lg.wait_committed(0)
+            assert confirmed == [0]
+            reader = lg.reader("next")
+            assert reader.next_chunk() is None
+
+            async def later():
+                lg.append([b"2"])
+            nursery.start_soon(later)
+            with trio.fail_after(30):
+                await lg.wait_committed(1)
+            assert [r for _o, r in reader.next_chunk().records()] == [b"2"]
+            reader.close()
+            nursery.cancel_scope.cancel()
+        lg.close()
+    trio.run(main)
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_keeps_committed(tmp_path):
+    """A writer killed mid-append: every chunk it reported durable is there after
+    reopening, in order, and the log takes appends again."""
+    script = textwrap.dedent(f"""
+        import sys
+        from broker.streams.log import StreamLog
+        lg = StreamLog({str(tmp_path)!r}, max_segment_size=100000)
+        i = 0
+        while True:
+            lg.append([b"%08d" % i + b"p" * 200, b"%08d" % (i + 1) + b"p" * 200])
+            i += 2
+            if i % 20 == 0:
+                lg.commit()
+                print(i - 1, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            cwd=os.getcwd(), text=True)
+    try:
+        durable = -1
+        while durable < 3000:
+            line = proc.stdout.readline()
+            assert line, "writer died"
+            durable = int(line)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    lg = StreamLog(str(tmp_path), max_segment_size=100000)
+    records = _all(lg)
+    assert len(records) >= durable + 1
+    assert [int(r[:8]) for _o, r in records] == list(range(len(records)))
+    assert [o for o, _r in records] == list(range(len(records)))
+    first, _ = lg.append([b"again"])
+    assert first == len(records)
+    lg.close()
