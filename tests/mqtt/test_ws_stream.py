@@ -157,7 +157,7 @@ async def test_writes_leave_as_binary_frames_and_close_sends_1000():
     (bytes((0x82, 3)) + b"abc", 1002),  # unmasked
     (frame(0x9, b"p" * 126), 1002),  # a control frame over 125 bytes
     (frame(0x9, b"p", fin=False), 1002),  # a fragmented control frame
-])
+], ids=["text", "unmasked", "long-control", "fragmented-control"])  # ids: the masks are random
 async def test_bad_frames_close_with_a_code(bad, code):
     ws, client, client_stream, _, _ = await _upgrade()
     await client_stream.send_all(frame(0x2, b"ok") + bad)
