@@ -8,6 +8,7 @@ their own modules; this class wires them in.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 
 from .. import errors
@@ -86,6 +87,19 @@ class Consumer:
                     and self.global_qos)
 
 
+
+_NAN_BYTES = array("d", [math.nan]).tobytes()
+
+
+def _some_expiry(exps) -> bool:
+    """Whether recovered wall-clock expiries (NaN = none) hold one; a recovered index of
+    millions of entries without TTL is told by one comparison of its bytes."""
+    if isinstance(exps, array) and exps.typecode == "d" \
+            and exps.tobytes() == _NAN_BYTES * len(exps):
+        return False
+    return any(e == e for e in exps)
+
+
 class Queue:
     kind = "queue"
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
@@ -94,6 +108,9 @@ class Queue:
     # A queue whose publisher confirms wait for another node (the cluster's proxy of a
     # queue mastered elsewhere), persistent message or not.
     confirms_later = False
+    # A queue with its own durability (a stream's log): an object whose
+    # ``when_durable(callback, on_failure)`` publisher confirms wait for instead of the store's.
+    durability = None
 
     def __init__(self, vhost, name: str, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None,
@@ -411,6 +428,9 @@ class Queue:
         self._unacked_done(consumer)
         self.settled(entry, reported)
 
+    def refuse_negative(self) -> None:
+        """basic.nack / basic.reject of one of its deliveries: a type may refuse them."""
+
     def reject(self, entry: QueueEntry, consumer: Consumer | None) -> None:
         """Rejected without requeue: dead-letter (reason 'rejected') or drop."""
         self._unacked_done(consumer)
@@ -520,9 +540,10 @@ class Queue:
             self.discard(expired, "expired")
 
     # ---- consumers ----
-    def admit_consumer(self, channel) -> None:
+    def admit_consumer(self, channel, no_ack: bool = False, arguments: dict | None = None) -> None:
         """basic.consume, before anything changes: a queue type without global QoS refuses
-        a channel that has a global prefetch (RabbitMQ: 540, the connection closes)."""
+        a channel that has a global prefetch (RabbitMQ: 540, the connection closes); a
+        queue type may refuse no_ack or the consumer's arguments (streams)."""
         if channel.global_prefetch and not self.queue_type.global_qos:
             raise errors.not_implemented("%s does not support global qos",
                                          self.vhost.queue_resource(self.name))
@@ -732,8 +753,7 @@ class Queue:
             self._next_seq = max(self._next_seq, max(seqs) + 1)
             self.stats_published += len(seqs)
             n += len(seqs)
-            exps = paged[2]
-            if any(e == e for e in exps):  # some expiry (not NaN)
+            if _some_expiry(paged[2]):
                 self._expiry.arm()
         return n
 
