@@ -20,6 +20,7 @@ from ..queues.ops import Op
 if TYPE_CHECKING:
     from ..queues.entry import QueueEntry
     from ..queues.queue import Queue
+    from ..recovery_progress import RecoveryProgress
 
 # ---- optional capabilities a store declares in ``Store.capabilities`` ----
 #: State survives a restart (every store but ``memory``). The vhost only hands
@@ -102,6 +103,8 @@ class Store:
     #: Longest queue or exchange name (UTF-8 bytes) it stores; None = any. A durable
     #: declare past it is refused before ok (``records.unstorable``).
     name_max: ClassVar[int | None] = None
+    #: The broker's recovery progress, set before ``open``: long reads advance its phases.
+    progress: RecoveryProgress | None = None
 
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:

@@ -135,6 +135,13 @@ class PagedFifo:
 
     def restore_paged(self, seqs, locs, exps, blens, flags) -> None:
         """Recovery: append index-only entries (arrays; expiry wall-clock or NaN)."""
+        if not self._seq and all(type(a) is array for a in (seqs, locs, exps, blens, flags)):
+            # nothing paged yet: take the recovered arrays as they are (no copy of a
+            # ten-million-entry index); copied if some are not of the index's typecodes
+            taken = [a if a.typecode == code else array(code, a)
+                     for a, code in zip((seqs, locs, exps, blens, flags), "qqdIB", strict=True)]
+            self._seq, self._loc, self._exp, self._blen, self._flags = taken
+            return
         self.extend_paged(seqs, locs, exps, blens, flags)
 
     def extend_paged(self, seqs, locs, exps, blens, flags) -> None:

@@ -94,9 +94,12 @@ _NAN_BYTES = array("d", [math.nan]).tobytes()
 def _some_expiry(exps) -> bool:
     """Whether recovered wall-clock expiries (NaN = none) hold one; a recovered index of
     millions of entries without TTL is told by one comparison of its bytes."""
-    if isinstance(exps, array) and exps.typecode == "d" \
-            and exps.tobytes() == _NAN_BYTES * len(exps):
-        return False
+    if isinstance(exps, array) and exps.typecode == "d":
+        raw = memoryview(exps).cast("B")
+        block = _NAN_BYTES * 8192
+        step = len(block)
+        if all(raw[i:i + step] == block[:len(raw) - i] for i in range(0, len(raw), step)):
+            return False
     return any(e == e for e in exps)
 
 
