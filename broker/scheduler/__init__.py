@@ -100,11 +100,14 @@ def install(broker) -> Scheduler:
 
 
 INDEX_POLL = 1.0  # seconds between checks of whether the timer index is due
+LOG_POLL = 0.1  # seconds between writes of the index log when no group commit writes it
 
 
 async def write_index(scheduler: Scheduler) -> None:
     """Keep the timer index on disk (checkpoint.py) current: after enough changes, and
-    once more at a clean stop. A failed write costs the next start time, nothing else."""
+    once more at a clean stop; and write what the index log (indexlog.py) buffered that
+    no group commit wrote (flush="async", recovery's read-backs). A failed write costs
+    the next start time, nothing else."""
     import trio
 
     from . import checkpoint
@@ -119,15 +122,22 @@ async def write_index(scheduler: Scheduler) -> None:
             await trio.to_thread.run_sync(checkpoint.write, path, snap)
         except OSError as exc:
             log.warning("scheduler: cannot write the timer index %s: %s", path, exc.strerror)
+            return
+        scheduler.index_written(snap)
 
     last = trio.current_time()
     try:
         while True:
-            await trio.sleep(INDEX_POLL)
-            if scheduler.index_due(trio.current_time(), last):
-                last = trio.current_time()
+            await trio.sleep(LOG_POLL)
+            if scheduler.index_log is not None:
+                scheduler.index_log.flush()
+            now = trio.current_time()
+            if now - last >= INDEX_POLL and scheduler.index_due(now, last):
+                last = now
                 await write_now()
     finally:
-        if scheduler.changes:
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            if scheduler.changes:
                 await write_now()
+            if scheduler.index_log is not None:
+                scheduler.index_log.close()

@@ -5,10 +5,11 @@ new entry (new seq, new journal location). A snapshot of the slot tables therefo
 maps ``(seq, location, body length)`` to a schedule state that stays true for as long
 as that entry lives. At start-up the journal hands the internal queue its paged index
 (``ScheduledQueue.restore(paged=...)``); every entry found in the snapshot with the
-same seq, location and body length is rebuilt from it in bulk, without a read. The
-rest -- written after the snapshot, or moved by segment compaction -- is read back one
-message at a time as before (``recovery.adopt``). So the snapshot is a cache: missing,
-torn, stale or foreign, it costs time, never correctness.
+same seq, location and body length is rebuilt from it in bulk, without a read. What
+was stored after the snapshot (or moved by segment compaction) is in the index log
+(``indexlog``), merged in (``merge``) before the join; only what neither describes is
+read back one message at a time (``recovery.adopt``). So snapshot and log are caches:
+missing, torn, stale or foreign, they cost time, never correctness.
 
 The file lives in the store's own directory (``Store.sidecar_path``: it goes wherever
 the journal goes). It is written atomically (temporary file, fsync, rename) by the
@@ -74,6 +75,7 @@ class TableIndex:
 class Snapshot:
     prefixes: list[str]
     tables: dict[str, TableIndex]
+    log_gen: int = 0  # the index log's generations it covers (indexlog.py): <= log_gen
 
 
 def take(tables: list[SlotTable], prefixes: list[str]) -> Snapshot:
@@ -122,6 +124,7 @@ def write(path: str, snap: Snapshot) -> None:
         _stored_in_seq_order(ti)
     header = json.dumps({
         "version": VERSION, "byteorder": byteorder, "prefixes": snap.prefixes,
+        "log_gen": snap.log_gen,
         "tables": [{"vhost": ti.vhost, "n": len(ti),
                     "complex": [[s, *v] for s, v in ti.complex.items()]}
                    for ti in snap.tables.values()],
@@ -199,29 +202,90 @@ def _parse(data: memoryview) -> Snapshot:
         tables[th["vhost"]] = TableIndex(th["vhost"], complex=complex_, **cols)
     if pos != len(data) - _LEN.size:
         raise ValueError("trailing bytes")
-    return Snapshot(list(header["prefixes"]), tables)
+    return Snapshot(list(header["prefixes"]), tables, int(header.get("log_gen", 0)))
 
 
-def join(ti: TableIndex, seqs, locs, blens) -> tuple[list[int] | None, list[int]]:
+def merge(ti: TableIndex | None, prefixes: list[str], vhost: str, fixed, rows: list) \
+        -> TableIndex | None:
+    """``ti`` (the snapshot's table of ``vhost``, or None) plus the index log's records of
+    that vhost (``indexlog.read``), sorted by seq; a seq logged more than once keeps its
+    last record (compaction moved it). Id prefixes met in the log are added to
+    ``prefixes``. Vectorized: the cost is a few numpy passes, whatever the count."""
+    import numpy as np
+
+    from .indexlog import vhost_key
+
+    vh = vhost_key(vhost)
+    recs = fixed[fixed["vh"] == np.uint64(vh)] if len(fixed) else fixed
+    mine = [r for r in rows if r[0] == vh]
+    if not len(recs) and not mine:
+        return ti
+    index = {p: i for i, p in enumerate(prefixes)}
+
+    def prefix_no(p: str) -> int:
+        i = index.get(p)
+        if i is None:
+            i = index[p] = len(prefixes)
+            prefixes.append(p)
+        return i
+
+    cols: dict[str, list] = {name: [] for name, _code in _COLUMNS}
+    complex_: dict[int, list] = {}
+    if ti is not None:
+        for name, code in _COLUMNS:
+            cols[name].append(np.frombuffer(getattr(ti, name), dtype=_DTYPES[code]))
+        complex_.update(ti.complex)
+    if len(recs):
+        uniq, inverse = np.unique(recs["prefix"], return_inverse=True)
+        numbers = np.array([prefix_no(u.decode("ascii")) for u in uniq], dtype=np.uint16)
+        for name in ("seq", "loc", "due", "delay", "sidn", "blen", "kind"):
+            cols[name].append(recs[name].astype(_DTYPES[dict(_COLUMNS)[name]]))
+        cols["sidp"].append(numbers[inverse].astype(np.uint16))
+    if mine:
+        extra: dict[str, list] = {name: [] for name, _code in _COLUMNS}
+        for _vh, seq, loc, blen, due, delay, prefix, sidn, kind, cx in mine:
+            for name, value in (("seq", seq), ("loc", loc), ("blen", blen), ("due", due),
+                                ("delay", delay), ("sidp", prefix_no(prefix)),
+                                ("sidn", sidn), ("kind", kind)):
+                extra[name].append(value)
+            if cx is not None:
+                complex_[seq] = list(cx)
+        for name, code in _COLUMNS:
+            cols[name].append(np.array(extra[name], dtype=_DTYPES[code]))
+    joined = {name: np.concatenate(parts) for name, parts in cols.items()}
+    seq = joined["seq"]
+    order = np.argsort(seq, kind="stable")
+    s = seq[order]
+    last = np.ones(len(s), dtype=bool)  # the last record of each seq (stable: log order)
+    last[:-1] = s[1:] != s[:-1]
+    order = order[last]
+    out = {}
+    for name, code in _COLUMNS:
+        a = array(code)
+        a.frombytes(joined[name][order].astype(_DTYPES[code]).tobytes())
+        out[name] = a
+    return TableIndex(vhost, complex=complex_, **out)
+
+
+def join(ti: TableIndex, seqs, locs, blens):
     """Match the journal's paged index (sorted by seq) against ``ti``.
 
-    Returns ``(hits, misses)``: ``hits[i]`` is the snapshot position of the i-th
-    matched journal entry (None when the journal's index *is* the snapshot, the
+    Returns ``(hits, misses)``: ``hits`` the snapshot positions of the matched journal
+    entries in journal order (None when the journal's index *is* the snapshot, the
     clean-stop case: every position matches in order), ``misses`` the journal
-    positions to read back."""
+    positions to read back (numpy arrays: vectorized, a million entries in
+    milliseconds)."""
     if ti.seq == seqs and ti.loc == locs and ti.blen == blens:
         return None, []
-    hits: list[int] = []
-    misses: list[int] = []
-    sseq, sloc, sblen = ti.seq, ti.loc, ti.blen
-    m = len(sseq)
-    j = 0
-    for i, s in enumerate(seqs):
-        while j < m and sseq[j] < s:
-            j += 1
-        if j < m and sseq[j] == s and sloc[j] == locs[i] and sblen[j] == blens[i]:
-            hits.append(j)
-        else:
-            misses.append(i)
-    return hits, misses
+    import numpy as np
 
+    js = np.asarray(seqs, dtype=np.int64)
+    m = len(ti.seq)
+    if not m:
+        return np.zeros(0, dtype=np.int64), np.arange(len(js))
+    sseq = np.frombuffer(ti.seq, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sseq, js), m - 1)
+    ok = ((sseq[pos] == js)
+          & (np.frombuffer(ti.loc, dtype=np.int64)[pos] == np.asarray(locs, dtype=np.int64))
+          & (np.frombuffer(ti.blen, dtype=np.uint32)[pos] == np.asarray(blens, dtype=np.uint32)))
+    return pos[ok], np.flatnonzero(~ok)

@@ -19,11 +19,12 @@ occurrence *before* removing the old one -- at-least-once across a crash.
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 from ..persistence.base import READS_BACK
 from ..queues.entry import QueueEntry
-from . import checkpoint, recovery, views
+from . import checkpoint, indexlog, recovery, views
 from .engine import TimerEngine
 from .ids import SidIndex
 from .packing import blob_delivery, pack_blob, stored_delivery, with_state
@@ -64,6 +65,12 @@ class Scheduler:
         self.changes = 0
         self.recovery_reads = 0  # stored entries read back at start-up (not in the index)
         self._index: dict = {}  # sidecar path -> Snapshot | None, during recovery only
+        # the index log (indexlog.py): journal-paged occurrences stored since the snapshot
+        self.index_log: indexlog.IndexLog | None = None
+        self._log_store = None  # the store whose group commits flush the log
+        self._log_waiting = False  # a flush callback is registered with that store
+        self._vh_keys: dict[str, int] = {}
+        self.index_log_records = 0  # index log records read at start-up
 
     @property
     def clock(self):
@@ -124,6 +131,49 @@ class Scheduler:
             self._held_since_freeze += 1
             if self._held_since_freeze >= GC_FREEZE_STEP:
                 self._gc_freeze()
+        else:
+            self.log_slot(t, slot)
+
+    def log_slot(self, t: SlotTable, slot: int) -> None:
+        """Append a journal-paged slot's state to the index log (stored or moved)."""
+        seq, loc = t.stored_at(slot)
+        if not loc:
+            return
+        ilog = self.index_log
+        if ilog is None:
+            ilog = self._open_index_log(t.queue)
+            if ilog is None:
+                return
+        vh = self._vh_keys.get(t.vhost_name)
+        if vh is None:
+            vh = self._vh_keys[t.vhost_name] = indexlog.vhost_key(t.vhost_name)
+        p, n = t.sid_pair(slot)
+        k = t.kind[slot]
+        cx = None
+        if k == K_COMPLEX:
+            sched, left, run = t.cx[slot]
+            cx = [sched.kind, sched.delay, sched.period, sched.repeat, sched.cron, left, run]
+        ilog.add(vh, seq, loc, t.blen_column()[slot], t.due[slot], t.delay[slot],
+                 self.sids.prefixes[p], n, k, cx)
+        if not self._log_waiting and self._log_store is not None:
+            # written right after the group commit that makes the entry durable, before
+            # its confirm (flush="async" confirms at once: the index task writes it)
+            self._log_waiting = True
+            self._log_store.when_durable(self._flush_index_log)
+
+    def _open_index_log(self, q: ScheduledQueue) -> indexlog.IndexLog | None:
+        path = q.sidecar_path(checkpoint.FILE_NAME) if q.reads_back else None
+        if path is None:
+            return None
+        self.index_log = indexlog.IndexLog(os.path.dirname(path) or ".")
+        store = q.store
+        self._log_store = store if getattr(store, "flush", "sync") != "async" else None
+        return self.index_log
+
+    def _flush_index_log(self) -> None:
+        self._log_waiting = False
+        if self.index_log is not None:
+            self.index_log.flush()
 
     def drop_stored(self, t: SlotTable, slot: int) -> None:
         """Forget the stored copy of a slot (journal location or held entry)."""
@@ -212,8 +262,10 @@ class Scheduler:
             msg = with_state(stored_msg, self.sid_of(t, slot), sched, ndue, nleft, nrun)
             entry = q.write(msg)  # new occurrence first ...
             self.drop_stored(t, slot)  # ... then forget the fired one
-            self.keep_stored(t, slot, entry)
-        t.set_state(slot, sched, ndue, nleft, nrun)
+            t.set_state(slot, sched, ndue, nleft, nrun)
+            self.keep_stored(t, slot, entry)  # (logs the new state: set first)
+        else:
+            t.set_state(slot, sched, ndue, nleft, nrun)
         self.engine.push(t, slot, ndue)
 
     def _forget(self, t: SlotTable, slot: int) -> None:
@@ -286,6 +338,35 @@ class Scheduler:
             return store.sidecar_path(checkpoint.FILE_NAME)
         return None
 
+    def recovery_phase(self, name: str, total: int):
+        """A phase of the broker's recovery progress (None without one: tests' stubs)."""
+        progress = getattr(self.broker, "recovery", None)
+        return progress.phase(name, total, "messages") if progress is not None else None
+
+    def merged_index(self, q: ScheduledQueue, ti: checkpoint.TableIndex | None):
+        """The snapshot's table of ``q``'s vhost plus the index log's records of it since
+        the snapshot; and the id prefixes they use."""
+        path = q.sidecar_path(checkpoint.FILE_NAME)
+        snap = self._index.get(path)
+        prefixes = list(snap.prefixes) if snap is not None else []
+        if path is None:
+            return ti, prefixes
+        key = ("log", path)
+        if key not in self._index:
+            directory = os.path.dirname(path) or "."
+            self._index[key] = indexlog.read(directory, snap.log_gen if snap else 0)
+            if self.index_log is None:  # the next snapshot covers what was just read
+                self._open_index_log(q)
+            self.index_log_records += self._index[key][2]
+            self.changes += self._index[key][2]  # not in a snapshot yet: one is due
+            # generations the snapshot covers are leftovers of a crash while it was written
+            if snap is not None:
+                indexlog.drop_upto(directory, snap.log_gen)
+        fixed, rows, count = self._index[key]
+        if not count:
+            return ti, prefixes
+        return checkpoint.merge(ti, prefixes, q.ready.vhost_name, fixed, rows), prefixes
+
     def loaded_index(self, q: ScheduledQueue) -> checkpoint.Snapshot | None:
         """The snapshot on disk beside ``q``'s store, read once per start."""
         path = q.sidecar_path(checkpoint.FILE_NAME)
@@ -306,6 +387,15 @@ class Scheduler:
                 >= max(checkpoint.CHANGES, checkpoint.CHANGES_SHARE * self.pending))
 
     def take_index(self) -> checkpoint.Snapshot:
-        """A snapshot of the journal-paged slots (synchronous, C-level copies)."""
+        """A snapshot of the journal-paged slots (synchronous, C-level copies); the index
+        log moves on to a new generation (the snapshot covers the ones before)."""
         self.changes = 0
-        return checkpoint.take(self.tables, self.sids.prefixes)
+        snap = checkpoint.take(self.tables, self.sids.prefixes)
+        if self.index_log is not None:
+            snap.log_gen = self.index_log.rotate()
+        return snap
+
+    def index_written(self, snap: checkpoint.Snapshot) -> None:
+        """``snap`` is on disk: the log generations it covers can go."""
+        if self.index_log is not None and snap.log_gen:
+            self.index_log.drop_upto(snap.log_gen)

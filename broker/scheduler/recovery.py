@@ -9,8 +9,10 @@ once, here, and dropped again). The recovery hook (``finish``) then arms the
 timer: overdue entries fire at once, in batches.
 
 A journal hands back the paged index instead (``restore_paged``): the entries the
-timer index on disk describes (``checkpoint``) are rebuilt from it in bulk, without
-reading a message; only the others are read back and adopted one by one.
+timer index on disk describes (the snapshot, ``checkpoint``, plus the log of what was
+stored since, ``indexlog``) are rebuilt from it in bulk, without reading a message;
+only the others (none after a kill -9, unless the log could not be written) are read
+back and adopted one by one.
 
 A crash between "write the next occurrence" and "remove the fired one" leaves
 both stored: the newer (higher seq) wins, so a schedule is never multiplied.
@@ -61,31 +63,46 @@ def adopt(scheduler, q: ScheduledQueue, entry: QueueEntry) -> bool:
 def restore_paged(scheduler, q: ScheduledQueue, seqs, locs, blens) -> int:
     """Adopt a journal's paged index of ``q`` (sorted by seq); returns how many."""
     t = q.ready
-    misses: range | list[int] = range(len(seqs))
+    misses = range(len(seqs))
     loaded = 0
+    phase = scheduler.recovery_phase(f"scheduler index of {t.vhost_name}", len(seqs))
     snap = scheduler.loaded_index(q)
     ti = snap.tables.get(t.vhost_name) if snap is not None else None
+    ti, prefixes = scheduler.merged_index(q, ti)
     if ti is not None and not len(t.kind):
         hits, misses = checkpoint.join(ti, seqs, locs, blens)
-        loaded = _load(scheduler, t, ti, hits, snap.prefixes)
+        loaded = _load(scheduler, t, ti, hits, prefixes)
         if loaded < 0:  # an inconsistent index: read everything back
             loaded, misses = 0, range(len(seqs))
     n = loaded
-    for i in misses:
+    if phase is not None:
+        phase.advance(loaded)
+    for k, i in enumerate(misses):
         n += q.read_back(seqs[i], locs[i])
+        if phase is not None and k % 1000 == 999:
+            phase.advance(1000)
+    if phase is not None:
+        phase.finish()
     scheduler.note_recovery_reads(len(misses))
     return n
 
 
-def _load(scheduler, t, ti: checkpoint.TableIndex, hits: list[int] | None,
-          prefixes: list[str]) -> int:
+def _load(scheduler, t, ti: checkpoint.TableIndex, hits, prefixes: list[str]) -> int:
     """Fill the empty table ``t`` with the snapshot rows ``hits`` (all of them in order
     when None); -1 if the rows do not describe valid slots."""
+    names = ("seq", "loc", "blen", "due", "kind", "delay", "sidp", "sidn")
     if hits is None:
-        cols = [ti.seq, ti.loc, ti.blen, ti.due, ti.kind, ti.delay, ti.sidp, ti.sidn]
+        cols = [getattr(ti, name) for name in names]
     else:
-        cols = [array(c.typecode, map(c.__getitem__, hits))
-                for c in (ti.seq, ti.loc, ti.blen, ti.due, ti.kind, ti.delay, ti.sidp, ti.sidn)]
+        import numpy as np
+
+        cols = []
+        for name in names:
+            c = getattr(ti, name)
+            a = array(c.typecode)
+            a.frombytes(np.frombuffer(c, dtype=c.typecode)[hits].tobytes()
+                        if len(c) else b"")
+            cols.append(a)
     seq, kind, sidp = cols[0], cols[4], cols[6]
     n = len(seq)
     if not n:
@@ -94,11 +111,12 @@ def _load(scheduler, t, ti: checkpoint.TableIndex, hits: list[int] | None,
     if kind.count(K_DELAY) + kind.count(K_AMQ) + n_complex != n or max(sidp) >= len(prefixes):
         return -1
     complex_: list[tuple[int, Schedule, int, float]] = []
-    for s, (kname, delay, period, repeat, cron, left, run) in ti.complex.items():
-        slot = bisect_left(seq, s)
-        if slot < n and seq[slot] == s:
-            complex_.append((slot, Schedule(kname, delay=delay, period=period, repeat=repeat,
-                                            cron=cron), left, run))
+    if n_complex:
+        for s, (kname, delay, period, repeat, cron, left, run) in ti.complex.items():
+            slot = bisect_left(seq, s)
+            if slot < n and seq[slot] == s and kind[slot] == K_COMPLEX:
+                complex_.append((slot, Schedule(kname, delay=delay, period=period,
+                                                repeat=repeat, cron=cron), left, run))
     if len(complex_) != n_complex:
         return -1
     own = scheduler.sids.own_prefixes(prefixes)
@@ -128,5 +146,6 @@ def finish(scheduler) -> int:
     scheduler.engine.arm()
     if restored:
         log.info("scheduler: recovered %d pending scheduled messages (%d read back, the rest "
-                 "from the timer index)", restored, scheduler.recovery_reads)
+                 "from the timer index; %d index log records read)", restored,
+                 scheduler.recovery_reads, scheduler.index_log_records)
     return restored

@@ -54,7 +54,10 @@ class ScheduledQueue(InternalQueue):
         n = 0
         for entry in entries:
             n += self.enqueue(entry.message, entry=entry)
-        if paged is not None:
+        if paged is not None and len(paged[0]):
+            # entries rebuilt from the index bypass ``enqueue``: the next stored seq must
+            # still pass them (a reused seq makes the journal's replay drop the older entry)
+            self._stored_seq = max(self._stored_seq, max(paged[0]) + 1)
             n += self.scheduler.restore_paged(self, paged[0], paged[1], paged[3])
         return n
 

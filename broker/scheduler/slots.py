@@ -275,6 +275,25 @@ class SlotTable(PagedFifo):
     def head_entries(self) -> list:
         return []
 
+    def relocate_paged(self, segments, move) -> int:
+        """Segment compaction (``PagedFifo.relocate_paged``); each moved slot's new
+        location also goes to the timer index log, so a crash right after a compaction
+        reads nothing back."""
+        locs = self._loc
+        seqs, blens = self._seq, self._blen
+        log_slot = self.queue.scheduler.log_slot if self.queue is not None else None
+        moved = 0
+        for i in range(len(locs)):
+            loc = locs[i]
+            if loc and (loc >> 32) in segments:
+                new = move(loc, seqs[i], None, blens[i], 0)
+                moved += 1
+                if new != loc:
+                    locs[i] = new
+                    if log_slot is not None:
+                        log_slot(self, i)
+        return moved
+
     def snapshot_paged(self):
         """(seqs, locs, exps, blens, flags) of the journal-paged slots, built in C-level
         loops (no per-entry Python list: a checkpoint of a million stays cheap)."""
