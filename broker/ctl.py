@@ -754,11 +754,19 @@ def _quorum_verbs() -> None:
         return ["Node Name", "Raft State", "Log Index", "Commit Index", "Snapshot Index",
                 "Term", "Machine Version"], rows
 
+    def _members(api: Api, a, method: str) -> None:
+        # a cluster's node (its queue view has a term) takes the change to the leader
+        api.call(method, f"/queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}",
+                 not_found=(f"Error:\n{a.node} is not a node of this cluster",
+                            EX_UNAVAILABLE))
+
     def add_member(api: Api, a):
         queue = _quorum_queue(api, a)
-        if a.node not in queue.get("members", []):
+        if a.node in queue.get("members", []):
+            return  # already a member: nothing to do, success as RabbitMQ
+        if "term" not in queue:
             raise CtlError(f"Error:\n{a.node} is not a node of this cluster", EX_UNAVAILABLE)
-        # already a member: nothing to do, success as RabbitMQ
+        _members(api, a, "PUT")
 
     def delete_member(api: Api, a):
         queue = _quorum_queue(api, a)
@@ -767,6 +775,7 @@ def _quorum_verbs() -> None:
             raise CtlError("Error:\nnot_found", EX_UNAVAILABLE)
         if len(members) == 1:
             raise CtlError("Error:\nlast_node", EX_UNAVAILABLE)
+        _members(api, a, "DELETE")
 
     def _quorum_queues(api: Api, a) -> list[dict]:
         return [x for x in api.get("/queues") if x.get("type") == "quorum"]

@@ -4,7 +4,9 @@ then sends only what it lacks).
 
 One append-only file per copy, beside the node's store (``Store.sidecar_path``): records
 ``[kind: 1 byte][length: 4 bytes][payload]``, written and flushed before the op is
-confirmed to the master (so a kill -9 of the mirror keeps them: the OS has them).
+confirmed to the master (so a kill -9 of the mirror keeps them: the OS has them); a quorum
+queue member's copy (``durable``) is fsynced too, since its confirm counts towards the
+majority that makes a publish confirmed (a power loss must not take it back).
 
 * ``R`` a new copy: JSON {vhost, queue, epoch, master}; the file starts with it
 * ``E`` messages that entered (``mirror.pack_entries``)
@@ -36,18 +38,19 @@ def copy_path(directory: str, vhost: str, queue: str) -> str:
 class CopyLog:
     """The file of one copy; ``size`` bytes written, ``live`` an estimate of the copy."""
 
-    def __init__(self, path: str, size: int = 0):
+    def __init__(self, path: str, size: int = 0, durable: bool = False):
         self.path = path
         self.size = size
         self.live = 0
+        self.durable = durable
         self._f = open(path, "r+b" if size else "wb")  # noqa: SIM115  (kept open)
         if size:
             self._f.seek(size)
             self._f.truncate()
 
     @classmethod
-    def create(cls, path: str, header: dict) -> CopyLog:
-        log_ = cls(path)
+    def create(cls, path: str, header: dict, durable: bool = False) -> CopyLog:
+        log_ = cls(path, durable=durable)
         log_.append(b"R", json.dumps(header).encode())
         return log_
 
@@ -55,6 +58,8 @@ class CopyLog:
         self._f.write(_HEAD.pack(kind, len(payload)))
         self._f.write(payload)
         self._f.flush()
+        if self.durable:
+            os.fsync(self._f.fileno())
         self.size += _HEAD.size + len(payload)
 
     def wants_compaction(self) -> bool:

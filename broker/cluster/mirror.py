@@ -205,14 +205,30 @@ def _register_check() -> None:
 _register_check()
 
 
+def replica_group(queue) -> bool:
+    """A queue the cluster replicates on a member group with majority confirms (its
+    type's ``initial_group_size`` argument: quorum queues), not by ha-* policies."""
+    return queue.queue_type.name == "quorum"
+
+
+def _sync_dir(path: str) -> None:
+    """fsync the directory of ``path`` (a rename into it is durable after this)."""
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class MirrorCopy:
     """A mirror node's copy of a queue: the messages in the queue, by seq."""
 
-    __slots__ = ("entries", "epoch", "keep", "keep_max", "loaded", "log", "master", "synced",
-                 "was_synced")
+    __slots__ = ("durable", "entries", "epoch", "keep", "keep_max", "loaded", "log", "master",
+                 "synced", "was_synced")
 
-    def __init__(self, epoch: int, master: str):
+    def __init__(self, epoch: int, master: str, durable: bool = False):
         self.epoch = epoch
+        self.durable = durable  # a quorum member's copy: fsynced before each confirm
         self.master = master
         # seq -> (exchange, routing key, raw properties, body), in the queue's order
         self.entries: dict[int, tuple[str, str, bytes, bytes]] = {}
@@ -252,6 +268,22 @@ class Mirroring:
         # the node lost this queue's mastership (fenced, or another node holds it now):
         # every publish into it is nacked until it is master again or the copy is dropped
         self.deposed = False
+        # a quorum queue (``replica_group``): replicated on its member group (this
+        # node among them; None until read from its in-sync record or chosen), a confirm
+        # needs a majority of the group in sync, and ha-* policies do not apply
+        self.quorum = replica_group(queue)
+        self.members: list[str] | None = None
+
+    def majority(self) -> bool:
+        """A majority of the member group (this node and its in-sync mirrors) has every
+        message the in-sync mirrors confirmed; always true for a classic mirrored queue."""
+        if not self.quorum:
+            return True
+        if self.members is None:
+            return False
+        me = self.owner.store.node.name
+        have = 1 + sum(1 for n in self.members if n != me and self.nodes.get(n) == "in_sync")
+        return have >= len(self.members) // 2 + 1
 
     # ---- the operation stream ----
     def queue_op(self, queue, op: Op, entry) -> None:
@@ -263,6 +295,12 @@ class Mirroring:
             self.outside.pop(entry.seq, None)
             if self._syncs and op.leaves:
                 self._gone.add(entry.seq)
+        if op is Op.ENQUEUE and self.quorum and not self.majority():
+            # fewer than a majority of the group in sync: confirmed only once a majority is
+            # (``record``), never on fewer copies
+            self._isr_waiters.append(self.owner.store.forward_started())
+            self.isr_dirty = True
+            self.owner.wake()
         if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
             return
         # the ops of one pass of the event loop go to each mirror as one message
@@ -411,7 +449,7 @@ class Mirroring:
                     self.start_sync(node)
         # the publisher's confirm of a transient message waits for the mirrors too (seam of
         # channel.route_message), as RabbitMQ's mirrored queues do
-        self.queue.confirms_later = bool(self.nodes)
+        self.queue.confirms_later = bool(self.nodes) or self.quorum
         # a manual mirror gets nothing until ``cluster sync-queue``
         self._manual = manual
         if self.isr_dirty or self.recorded != self.record_key():
@@ -547,7 +585,11 @@ class Mirroring:
 
     def sync_request(self, action: str) -> int:
         """``cluster sync-queue`` ("sync": every mirror not in sync starts its sync) or
-        ``cancel-sync-queue`` ("cancel": syncing mirrors stop, unsynchronised); how many."""
+        ``cancel-sync-queue`` ("cancel": syncing mirrors stop, unsynchronised); how many.
+        A quorum queue's ``add:NODE`` / ``delete:NODE`` change its member group."""
+        verb, _, name = action.partition(":")
+        if verb in ("add", "delete"):
+            return self.change_member(verb, name)
         count = 0
         for node, state in list(self.nodes.items()):
             if action == "sync" and state in ("manual", "failed"):
@@ -560,6 +602,28 @@ class Mirroring:
                 count += 1
         self.owner.wake()
         return count
+
+    def change_member(self, verb: str, name: str) -> int:
+        """rabbitmq-queues add_member / delete_member: a new member syncs (from its own copy
+        if it has one of this epoch) and counts for the majority once in sync; a removed one
+        leaves the in-sync record before anything is confirmed without it. The leader
+        itself is not removed (1 if the group changed, else 0)."""
+        if not self.quorum or self.members is None:
+            return 0
+        me = self.owner.store.node.name
+        if verb == "add" and name and name not in self.members:
+            self.members.append(name)
+        elif verb == "delete" and name in self.members and name != me:
+            self.members.remove(name)
+        else:
+            return 0
+        log.info("queue %r in vhost %r: member %r %s (members: %s)", self.queue.name,
+                 self.queue.vhost.name, name, "added" if verb == "add" else "removed",
+                 ", ".join(self.members))
+        self.isr_dirty = True
+        self.owner.reconcile()
+        self.owner.wake()
+        return 1
 
     def in_sync(self) -> list[str]:
         return sorted(n for n, s in self.nodes.items() if s == "in_sync")
@@ -577,12 +641,19 @@ class Mirroring:
         waiters, self._isr_waiters = self._isr_waiters, []
         self.isr_dirty = False
         self.progress_dirty = False
+        if not self.majority():
+            # a quorum queue's in-sync record never shrinks below a majority of its group:
+            # whoever it names has every confirmed message, as nothing is confirmed until a
+            # majority is in sync again (the confirms keep waiting)
+            self._isr_waiters[:0] = waiters
+            self.recorded = key
+            return True
         try:
             ok = await self.owner.store.node.set_in_sync(
                 self.queue.vhost.name, self.queue.name, sorted(self.nodes), self.in_sync(),
                 {n: s for n, s in self.nodes.items() if s != "in_sync"},
                 sync={n: {"synced": c[0], "total": c[1]} for n, c in self.sync_counts.items()},
-                shutdown=shutdown)
+                shutdown=shutdown, members=self.members if self.quorum else None)
         except (CoordinationUnavailable, CoordinationError) as exc:
             log.warning("in-sync set of queue %r not recorded: %s", self.queue.name, exc)
             self._isr_waiters[:0] = waiters
@@ -640,7 +711,8 @@ class Mirrors:
             return
         try:
             copy.log = CopyLog.create(copy_path(directory, vhost, queue), {
-                "vhost": vhost, "queue": queue, "epoch": copy.epoch, "master": copy.master})
+                "vhost": vhost, "queue": queue, "epoch": copy.epoch, "master": copy.master},
+                durable=copy.durable)
         except OSError as exc:
             log.warning("copy of queue %r not kept on disk: %s", queue, exc)
             copy.log = None
@@ -668,12 +740,17 @@ class Mirrors:
                                              "epoch": copy.epoch, "master": copy.master})
         body = pack_copy(copy.entries)
         tmp.append(b"E", body)
+        tmp.durable = copy.durable  # one fsync, after the last record
         if copy.synced:
             tmp.append(b"S", b"")
+        elif copy.durable:
+            tmp.append(b"U", b"")
         size = tmp.size
         tmp.close()
         os.replace(path + ".tmp", path)
-        copy.log = CopyLog(path, size)
+        if copy.durable:
+            _sync_dir(path)
+        copy.log = CopyLog(path, size, durable=copy.durable)
         copy.log.live = len(body)
 
     def _forget(self, key: tuple[str, str]) -> None:
@@ -706,7 +783,8 @@ class Mirrors:
                 os.unlink(path)
                 continue
             _header, records, size = got
-            copy = MirrorCopy(int(header.get("epoch", 0)), str(header.get("master", "")))
+            copy = MirrorCopy(int(header.get("epoch", 0)), str(header.get("master", "")),
+                              durable=self._quorum(vhost.name, str(queue)))
             try:
                 for kind, payload in records:
                     if kind == b"E":
@@ -722,12 +800,18 @@ class Mirrors:
                 os.unlink(path)
                 continue
             copy.loaded = True
-            copy.log = CopyLog(path, size)
+            copy.log = CopyLog(path, size, durable=copy.durable)
             copy.log.live = sum(len(e[2]) + len(e[3]) for e in copy.entries.values())
             self.copies[(vhost.name, str(queue))] = copy
             log.info("queue %r in vhost %r: copy of epoch %d read from disk (%d messages, %s)",
                      queue, vhost.name, copy.epoch, len(copy.entries),
                      "complete" if copy.was_synced else "incomplete")
+
+    def _quorum(self, vhost: str, queue: str) -> bool:
+        broker = self.store.broker
+        v = broker.vhosts.get(vhost) if broker is not None else None
+        q = v.queues.get(queue) if v is not None else None
+        return q is not None and replica_group(q)
 
     def copy_info(self, vhost: str, queue: str) -> dict | None:
         """What a master's probe is told of this node's copy of a queue."""
@@ -794,7 +878,8 @@ class Mirrors:
                 return False  # a deposed master
             if copy is not None and copy.log is not None:
                 copy.log.remove()
-            copy = self.copies[key] = MirrorCopy(epoch, str(master))
+            copy = self.copies[key] = MirrorCopy(epoch, str(master),
+                                                 durable=self._quorum(vhost, queue))
             self._new_log(vhost, queue, copy)
             return True
         if copy is None or copy.epoch != epoch:
@@ -886,6 +971,9 @@ class Mirrors:
             self._wake = trio.Event()
             try:
                 self.reconcile()
+                for mirroring in list(self.masters.values()):
+                    if mirroring.quorum and mirroring.members is None:
+                        await self.load_members(mirroring)
                 backoff = False
                 for mirroring in list(self.masters.values()):
                     if mirroring.isr_dirty or mirroring.recorded != mirroring.record_key() \
@@ -932,11 +1020,42 @@ class Mirrors:
                     mirroring = self.masters[key] = Mirroring(self, q, m.epoch)
                     q.observers.append(mirroring)
                 mirroring.deposed = False
+                if mirroring.quorum:  # its member group, not ha-* policies
+                    if mirroring.members is None:
+                        q.confirms_later = True
+                        continue  # read or chosen first (``load_members``)
+                    mirroring.set_nodes([n for n in mirroring.members
+                                         if n != node.name and n in live], False)
+                    continue
                 definition = q.effective_policy_definition or {}
                 wanted = wanted_mirrors(definition, node.name, live, mirroring.nodes)
                 mirroring.set_nodes(wanted, definition.get("ha-sync-mode") == "manual")
         for key in [k for k in self.masters if k not in seen]:
             self.masters.pop(key).detach()
+
+    async def load_members(self, mirroring: Mirroring) -> None:
+        """A quorum queue mastered here: its member group from its in-sync record (a
+        promoted or restarted leader keeps the group), else a new group of
+        ``x-quorum-initial-group-size`` (3 unless set) live nodes: this one and the next
+        ones by name (so followers spread over the cluster)."""
+        store = self.store
+        q = mirroring.queue
+        me = store.node.name
+        kv = await store.coord.get(store.node.isr_key(q.vhost.name, q.name))
+        if self.masters.get((q.vhost.name, q.name)) is not mirroring:
+            return
+        members = (kv.json() if kv is not None else {}).get("members")
+        if isinstance(members, list) and me in members:
+            mirroring.members = [str(n) for n in members]
+        else:
+            size = q.queue_type.initial_group_size(q.arguments) or 3
+            others = sorted(n for n in store.live_nodes() if n != me)
+            others = [n for n in others if n > me] + [n for n in others if n < me]
+            mirroring.members = [me, *others[:max(0, size - 1)]]
+            log.info("queue %r in vhost %r: quorum members %s", q.name, q.vhost.name,
+                     ", ".join(mirroring.members))
+        mirroring.isr_dirty = True
+        self.reconcile()
 
     async def promote_orphans(self) -> None:
         """Copies whose master is gone: promote this node if it may (module docstring)."""
@@ -958,8 +1077,10 @@ class Mirrors:
             # a master that stopped cleanly said so in the record of its epoch
             how = "shutdown" if record.get("shutdown") and record.get("epoch") == copy.epoch \
                 else "failure"
+            # a quorum queue's leader is always one of the in-sync record's members (they
+            # have every confirmed message): ha-* policies do not apply to it
             always = (proxy.effective_policy_definition or {}).get(f"ha-promote-on-{how}") \
-                == "always"
+                == "always" and not replica_group(proxy)
             eligible = (record.get("epoch") == copy.epoch
                         and store.node.name in record.get("in_sync", []) and copy.synced)
             if not eligible and not always:

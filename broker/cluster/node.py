@@ -320,11 +320,13 @@ class ClusterNode:
 
     async def set_in_sync(self, vhost: str, queue: str, mirrors: list[str],
                           in_sync: list[str], progress: dict | None = None,
-                          sync: dict | None = None, shutdown: bool = False) -> bool:
+                          sync: dict | None = None, shutdown: bool = False,
+                          members: list[str] | None = None) -> bool:
         """Record the queue's mirrors and in-sync set, fenced by this node's epoch: False
         (nothing written) when this node is no longer the master of that epoch.
         ``progress``: each other mirror's state; ``sync``: messages synced / total per
-        syncing mirror; ``shutdown``: the master is stopping cleanly."""
+        syncing mirror; ``shutdown``: the master is stopping cleanly; ``members``: a
+        quorum queue's member group (the master among them)."""
         m = self.masters.get((vhost, queue))
         if m is None:
             return False
@@ -332,6 +334,8 @@ class ClusterNode:
                   "in_sync": in_sync, "progress": progress or {}, "sync": sync or {}}
         if shutdown:
             record["shutdown"] = True
+        if members is not None:
+            record["members"] = members
         return await self.coord.fenced_put(self.isr_key(vhost, queue), json.dumps(record).encode(),
                                            self.master_key(vhost, queue), m.epoch)
 
@@ -377,6 +381,8 @@ async def cluster_view(coord: Coordinator, prefix: str) -> dict:
                        "home": homes.get((vhost, queue)),
                        "mirrors": r.get("mirrors", []) if current else [],
                        "in_sync": r.get("in_sync", []) if current else [],
+                       # a quorum queue's member group (kept across leaders)
+                       "members": r.get("members", []),
                        "progress": r.get("progress", {}) if current else {},
                        "sync": r.get("sync", {}) if current else {},
                        "stopped_cleanly": bool(r.get("shutdown")) if current else False})

@@ -7,7 +7,8 @@ one stats request per master node and vhost, published on the link with the head
 ``STATS_REQUEST`` (the queue names in the body), answered by the master over its own link
 back with ``STATS_ANSWER`` (``forward.forwarded_publish`` takes both). The answer carries
 the counts and the cluster fields, all from the master: ``node`` and ``leader`` (the
-master), ``members`` (master and mirrors), ``online`` (those of them up), ``slave_nodes``
+master), ``members`` (master and mirrors; a quorum queue's member group), ``online`` (those
+of them up), ``slave_nodes``
 and ``synchronised_slave_nodes`` (RabbitMQ's classic mirrored queue fields) and ``term``
 (the master's epoch). A master that does not answer within ``ANSWER_TIMEOUT``: the
 queue's ``state`` is ``"unreachable"`` (counts unknown, left as this node has them: 0);
@@ -58,8 +59,11 @@ class QueueViews:
         nodes = dict(mirroring.nodes) if mirroring is not None else {}
         live = store.live_nodes()
         mirrors = sorted(nodes)
-        return {"node": me, "leader": me, "members": [me, *mirrors],
-                "online": [me, *(n for n in mirrors if n in live)],
+        # a quorum queue's members are its group, down ones included (as RabbitMQ lists them)
+        members = list(mirroring.members) if mirroring is not None and mirroring.members \
+            else [me, *mirrors]
+        return {"node": me, "leader": me, "members": members,
+                "online": [n for n in members if n == me or n in live],
                 "slave_nodes": mirrors,
                 "synchronised_slave_nodes": sorted(n for n, s in nodes.items()
                                                    if s == "in_sync"),

@@ -19,4 +19,6 @@ def add_routes(broker) -> None:
                    api_parameters, definitions):
         routes.extend(module.routes())
     routes.extend(metrics.routes(broker))
+    from ..cluster.members import routes as member_routes  # quorum members (cluster only)
+    routes.extend(member_routes())
     broker.http_routes.extend(routes)
