@@ -81,6 +81,9 @@ class Broker:
         self.fenced = False  # the store's lease ran out: serve nobody (on_store_fenced)
         # Async callables run for the broker's lifetime in the server's nursery.
         self.background_tasks: list = []
+        # Async callables started before the store is read back (the HTTP API, which
+        # reports recovery progress); they must not need the recovered state.
+        self.early_tasks: list = []
         # Called after the store has recreated durable state, before listeners open.
         self.recovery_hooks: list = []
         # kind -> callable(key, value): the feature owning a kind of stored metadata

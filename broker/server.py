@@ -325,6 +325,8 @@ class Server:
         self.fatal: BaseException | None = None  # why the server stopped by itself
         self.tls_port: int | None = None  # the amqps port once open (config.tls_port)
         self.tls_context: ssl.SSLContext | None = None
+        # set once the store is read back: accepted connections wait for it (serve)
+        self._recovered = trio.Event()
 
     def _alarms_changed(self) -> None:
         if not self.broker.blocked:
@@ -344,6 +346,7 @@ class Server:
         return self._unblocked
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        await self._recovered.wait()
         if self.broker.fenced:
             # a standby may own the store by now: refuse before the handshake
             await stream.aclose()
@@ -365,6 +368,7 @@ class Server:
         except OSError:
             pass
         assert self.tls_context is not None  # built by _open_tls before accepting
+        await self._recovered.wait()
         tls_stream = trio.SSLStream(stream, self.tls_context, server_side=True)
         try:
             with trio.fail_after(self.broker.config.handshake_timeout):
@@ -423,11 +427,9 @@ class Server:
         broker = self.broker
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            await nursery.start(self._run_store)
-            nursery.start_soon(self._run_timers)
-            for task in broker.background_tasks:
-                nursery.start_soon(task)
-            nursery.start_soon(self._monitor_resources)
+            # Listen before recovery: a client connecting while the store is read back is
+            # accepted and waits (nothing read from it) until recovery ends, and the HTTP
+            # API (an early task) reports the progress meanwhile (docs/durability.md).
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
@@ -435,14 +437,25 @@ class Server:
             listening = getattr(broker, "on_amqp_listening", None)
             if listening is not None:
                 listening(self.port)  # management: its HTTP listener binds after AMQP's
-            log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port, broker.store.name)
-            task_status.started(self.port)
+            for task in broker.early_tasks:
+                nursery.start_soon(task)
             with trio.CancelScope() as self._accept_scope:
                 async with trio.open_nursery() as accepting:
                     if tls_listeners:
                         accepting.start_soon(partial(trio.serve_listeners, self._handle_tls,
                                                      tls_listeners, handler_nursery=nursery))
-                    await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+                    accepting.start_soon(partial(trio.serve_listeners, self._handle, listeners,
+                                                 handler_nursery=nursery))
+                    await nursery.start(self._run_store)
+                    nursery.start_soon(self._run_timers)
+                    for task in broker.background_tasks:
+                        nursery.start_soon(task)
+                    nursery.start_soon(self._monitor_resources)
+                    broker.recovery.listening()
+                    self._recovered.set()
+                    log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port,
+                             broker.store.name)
+                    task_status.started(self.port)
             for listener in listeners + tls_listeners:
                 await listener.aclose()
 
@@ -464,6 +477,7 @@ class Server:
 
     async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         store = self.broker.store
+        store.progress = self.broker.recovery
         await store.open()
         self.broker.recover()
         task_status.started()

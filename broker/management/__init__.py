@@ -31,6 +31,6 @@ def install(broker) -> HttpServer:
     broker.stats_sampler = Sampler(broker)
     api.add_routes(broker)
     if broker.config.http_port is not None:
-        broker.background_tasks.append(server.run)
+        broker.early_tasks.append(server.run)  # answers during recovery (progress)
         broker.background_tasks.append(broker.stats_sampler.run)
     return server

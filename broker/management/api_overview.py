@@ -106,6 +106,8 @@ async def overview(request: Request) -> JSONResponse:
                                     sampler.churn_rates()),
         "object_totals": objects, "statistics_db_event_queue": 0, "node": NODE,
         "listeners": _listeners(broker), "contexts": [],  # RabbitMQ's overview has none
+        # TrioMQ: what the last start read back, and whether it still does
+        "recovery": broker.recovery.as_dict(),
     }
     if "samples" in request.query_params or request.query_params.get("msg_rates_age"):
         # the console's graphs: the ring of overview samples (time ms, counters)

@@ -243,6 +243,34 @@ class BodyBudget:
         return f"request bodies being received exceed {self.limit} bytes; retry later"
 
 
+class RecoveryGate:
+    """While the broker reads its stores back (the listener opens first), only reads of
+    its state are served -- the overview with the ``recovery`` progress, /metrics, the
+    health checks; anything else answers 503 with the progress (a declare or a
+    publish now would race the definitions and messages being restored)."""
+
+    READS = ("/api/overview", "/metrics", "/api/health", "/api/whoami")
+
+    def __init__(self, app, recovery):
+        self.app = app
+        self.recovery = recovery
+
+    async def __call__(self, scope, receive, send):
+        recovery = self.recovery
+        if scope["type"] != "http" or recovery.ready or (
+                scope["method"] in ("GET", "HEAD") and scope["path"].startswith(self.READS)):
+            return await self.app(scope, receive, send)
+        running = "; ".join(p.describe() for p in recovery.running_phases())
+        body = json.dumps({"error": "service_unavailable",
+                           "reason": f"broker is recovering ({running or 'starting'}); "
+                                     f"retry later"}).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", b"1")]})
+        await send({"type": "http.response.body", "body": body})
+
+
 class LimitsMiddleware:
     """Request bodies: at most ``max_body`` bytes, all of it within ``timeout`` seconds, and
     within the broker's ``BodyBudget`` (503 past it)."""
@@ -448,8 +476,9 @@ class HttpServer:
         hyper.keep_alive_timeout = 5
         hyper.graceful_timeout = 1
         hyper.h11_max_incomplete_size = 16 * 1024
-        app = LimitsMiddleware(build_app(self.broker), config.http_max_body,
-                               config.http_timeout, self.bodies)
+        app = RecoveryGate(LimitsMiddleware(build_app(self.broker), config.http_max_body,
+                                            config.http_timeout, self.bodies),
+                           self.broker.recovery)
         log.info("management HTTP API listening on %s:%s", host, self.port)
         started = self.started
 

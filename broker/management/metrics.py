@@ -182,6 +182,7 @@ class BrokerCollector:
             yield c
         yield from queue_type_families(broker)
         yield from dead_letter_families(broker)
+        yield from recovery_families(broker.recovery)
         # rabbitmq_prometheus's channel counters (its "get" and "delivered" are the no-ack
         # ones, "get_ack" and "delivered_ack" the ack-mode ones); closed channels included
         for name, doc, value in (
@@ -357,6 +358,28 @@ def churn_families(broker, prefix: str) -> list:
             ("queues_deleted", "Total number of queues deleted", churn.queues_deleted)):
         out.append(CounterMetricFamily(prefix + name, doc, value=value))
     return out
+
+
+def recovery_families(recovery) -> list:
+    """The broker's recovery (``Broker.recovery``): 1 while it runs, and each phase of
+    the last start (units done, known total, seconds)."""
+    active = GaugeMetricFamily("triomq_recovery_active",
+                               "1 while the broker reads back its stores after a start")
+    active.add_metric([], 1 if recovery.active or not recovery.ready else 0)
+    done = GaugeMetricFamily("triomq_recovery_phase_done", "Units a recovery phase has read",
+                             labels=["phase", "unit"])
+    total = GaugeMetricFamily("triomq_recovery_phase_total",
+                              "Units a recovery phase has to read (0: not known)",
+                              labels=["phase", "unit"])
+    seconds = GaugeMetricFamily("triomq_recovery_phase_seconds",
+                                "Seconds a recovery phase has taken so far",
+                                labels=["phase", "unit"])
+    for phase in list(recovery.phases):
+        labels = [phase.name, phase.unit]
+        done.add_metric(labels, phase.done)
+        total.add_metric(labels, phase.total or 0)
+        seconds.add_metric(labels, round(phase.elapsed(), 3))
+    return [active, done, total, seconds]
 
 
 def dead_letter_families(broker) -> list:
