@@ -76,8 +76,16 @@ class RecoveryProgress:
         self.phases: list[Phase] = []
         self.next_log = time.monotonic() + LOG_INTERVAL
         self.started = time.monotonic()
-        # the broker listens while phases still run (queues page in lazily)
+        # when the broker started serving (None while recovering)
         self.listening_at: float | None = None
+
+    def listening(self) -> None:
+        """Recovery is over: the broker serves (connections waiting are let in)."""
+        self.listening_at = time.monotonic()
+
+    @property
+    def ready(self) -> bool:
+        return self.listening_at is not None
 
     def phase(self, name: str, total: int | None = None, unit: str = "records") -> Phase:
         """A new running phase (the caller advances and finishes it)."""
@@ -114,7 +122,8 @@ class RecoveryProgress:
 
     def as_dict(self) -> dict:
         """The ``recovery`` key of ``/api/overview``."""
-        return {"active": self.active,
+        return {"active": self.active or not self.ready,
+                "ready": self.ready,
                 "phases": [p.as_dict() for p in self.phases]}
 
     def gauges(self) -> tuple[int, int, int]:

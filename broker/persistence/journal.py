@@ -522,6 +522,9 @@ def _replay(state: JournalState, recs: list, seg_base: int) -> None:
     state.max_msg_id = max_id
 
 
+REPLAY_SLICE = 50_000  # records replayed between two progress updates
+
+
 def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
                scan_old: bool = False, progress: RecoveryProgress | None = None) -> JournalState:
     """Read checkpoint + segments. Raises StoreUnavailable on corruption (unless salvage).
@@ -562,10 +565,13 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
         res = jf.scan(buf, path, start=start if replay else 0, records=recs, salvage=salvage)
         counts = dict(Counter(map(itemgetter(1), recs)))
         if replay:
-            _replay(state, recs, seg << 32)
+            # in slices, so that progress (and its log line each second) moves within a segment
+            for i in range(0, len(recs), REPLAY_SLICE):
+                part = recs[i:i + REPLAY_SLICE]
+                _replay(state, part, seg << 32)
+                if replaying is not None:
+                    replaying.advance(len(part))
             state.records += len(recs)
-            if replaying is not None:
-                replaying.advance(len(recs))
         del recs
         for off, n, why in getattr(res, "skipped", []):
             state.skipped.append((path, off, n, why))
