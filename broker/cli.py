@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="STOMP over WebSockets listener port, path /ws (default: none)")
     run.add_argument("--stomp-wss-port", type=int, default=None, metavar="PORT",
                      help="STOMP over secure WebSockets (needs --tls-cert and --tls-key)")
+    run.add_argument("--stream-port", type=int, default=None, metavar="PORT",
+                     help="RabbitMQ Stream protocol listener port (default 5552, skipped with "
+                          "a warning when taken; 0: none)")
+    run.add_argument("--stream-tls-port", type=int, default=None, metavar="PORT",
+                     help="Stream protocol over TLS, e.g. 5551 (needs --tls-cert and --tls-key)")
+    run.add_argument("--stream-advertised-host", default=None, metavar="HOST",
+                     help="host Stream clients are told to connect to (default: the address "
+                          "they connected to)")
     run.add_argument("--tls-cert", default=None, metavar="PEM",
                      help="server certificate (chain) for the TLS listeners")
     run.add_argument("--tls-key", default=None, metavar="PEM",
@@ -253,6 +261,8 @@ def _tls_problem(args) -> str | None:
         return "--stomps-port needs --tls-cert and --tls-key"
     if args.stomp_wss_port is not None and not (args.tls_cert and args.tls_key):
         return "--stomp-wss-port needs --tls-cert and --tls-key"
+    if args.stream_tls_port is not None and not (args.tls_cert and args.tls_key):
+        return "--stream-tls-port needs --tls-cert and --tls-key"
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
@@ -323,6 +333,8 @@ def _run(args) -> int:
                           ("--stomp-port", args.stomp_port), ("--stomps-port", args.stomps_port),
                           ("--stomp-ws-port", args.stomp_ws_port),
                           ("--stomp-wss-port", args.stomp_wss_port),
+                          ("--stream-port", args.stream_port),
+                          ("--stream-tls-port", args.stream_tls_port),
                           ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
@@ -383,6 +395,11 @@ def _run(args) -> int:
                     mqtt_sys_interval=args.mqtt_sys_interval,
                     stomp_port=args.stomp_port, stomps_port=args.stomps_port,
                     stomp_ws_port=args.stomp_ws_port, stomp_wss_port=args.stomp_wss_port,
+                    # the default Stream port is optional (RabbitMQ may hold 5552 here)
+                    stream_port=(5552 if args.stream_port is None else args.stream_port or None),
+                    stream_optional=args.stream_port is None,
+                    stream_tls_port=args.stream_tls_port,
+                    stream_advertised_host=args.stream_advertised_host,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,
                     tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,

@@ -151,6 +151,15 @@ class Config:
     # STOMP over WebSockets (listeners/stomp_ws.py): path /ws, as RabbitMQ's Web STOMP
     stomp_ws_port: int | None = None
     stomp_wss_port: int | None = None
+    # RabbitMQ Stream protocol (docs/streams.md): None disables it; 0 picks a free port.
+    # ``stream_optional``: a port already taken only logs a warning (the CLI's default 5552,
+    # which a RabbitMQ on the same machine may hold). stream_tls_port uses the tls_* options.
+    stream_port: int | None = None
+    stream_tls_port: int | None = None
+    stream_optional: bool = False
+    stream_frame_max: int = 1_048_576  # offered in Tune (RabbitMQ's default)
+    stream_heartbeat: int = 60  # seconds, offered in Tune
+    stream_advertised_host: str | None = None  # in Open and Metadata; None: the local address
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

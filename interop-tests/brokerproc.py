@@ -30,11 +30,13 @@ class BrokerProc:
     Each start gets a free port and a log file of its own (``log()`` reads the latest)."""
 
     def __init__(self, data_dir: Path, store: str | None = None, extra=(), env=None,
-                 http: bool = False, mqtt: bool = False, wait_ports=()):
+                 http: bool = False, mqtt: bool = False, wait_ports=(), stream: bool = False):
         self.env = dict(os.environ, **(env or {}))
         self.wait_ports = tuple(wait_ports)  # fixed ports set in ``extra`` (e.g. TLS listeners)
         self.mqtt = mqtt  # also listen for MQTT on a free port (mqtt_port)
         self.mqtt_port = 0
+        self.stream = stream  # also listen for the Stream protocol on a free port
+        self.stream_port = 0
         self.http = http  # serve the management HTTP API on a free port (http_port)
         self.http_port = 0
         self.data_dir = Path(data_dir)
@@ -63,7 +65,8 @@ class BrokerProc:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
                 str(self.port), "--data-dir", str(self.data_dir), *self.store_args,
-                "--http-port", str(self.http_port), *self.mqtt_args, *self.extra]
+                "--http-port", str(self.http_port), "--stream-port", str(self.stream_port),
+                *self.mqtt_args, *self.extra]
 
     @property
     def mqtt_args(self) -> list[str]:
@@ -74,6 +77,7 @@ class BrokerProc:
         self.port = free_port()
         self.http_port = free_port() if self.http else 0  # 0: no HTTP listener
         self.mqtt_port = free_port() if self.mqtt else 0
+        self.stream_port = free_port() if self.stream else 0  # 0: none (never 5552)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), cwd=str(REPO_ROOT), stdout=log,
@@ -85,7 +89,7 @@ class BrokerProc:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     pass
-                for port in (self.mqtt_port, *self.wait_ports):
+                for port in (self.mqtt_port, self.stream_port, *self.wait_ports):
                     if port:
                         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 return self

@@ -1,0 +1,703 @@
+"""The broker side of one Stream-protocol connection: logins through ``broker.access``,
+streams as the vhost's stream queues (``queues/stream.py``) and their logs
+(``streams/log.py``).
+
+* **Publishing.** A publisher is declared on a stream (write permission). Each message
+  of a Publish frame goes into the stream queue's log with the operation the AMQP 0-9-1
+  path's ``StreamQueue.enqueue`` uses (``StreamLog.append_record``: batched into one chunk
+  per group commit); the record is the client's AMQP 1.0 message as it came. A sub-entry
+  batch is checked (a compression this broker can open, sizes that add up, decompressed
+  within ``max_message_size``) and written as one entry, compressed as received
+  (``append_encoded``), so a Stream consumer gets it back untouched. PublishConfirm
+  follows the log's commit (``when_durable``) for the ids of one frame at once.
+* **Deduplication.** A publisher with a reference skips publishing ids at or below the
+  last one it published on that stream (confirmed, not written), as RabbitMQ does. The
+  last id is kept in the log's named-offsets table under ``PUBLISHER_KEY + reference``,
+  persisted by the same commit as the messages; QueryPublisherSequence reads it.
+* **Consuming.** A subscription is a log reader; each Deliver sends one committed chunk
+  as the log holds it (header and entries, never decoded) and costs one credit. The log's
+  commit listener feeds subscriptions waiting for more; a connection whose output is
+  above ``output_high_water`` stops being fed until its writer drains it. Filters
+  (``filter.N`` properties, ``match-unfiltered``) skip chunks whose Bloom filter cannot
+  match; the client filters inside a chunk, as with RabbitMQ. Single active consumer
+  (``single-active-consumer`` + ``name``): one consumer of a group on a stream is fed,
+  the others wait; the active one is told with ConsumerUpdate and answers with where to
+  start.
+* **Offsets.** StoreOffset/QueryOffset use the log's named offsets (persisted with the
+  next commit).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .. import errors
+from ..amqp import spec
+from ..queues.stream import StreamQueue
+from ..streamproto import codec
+from ..streamproto.codec import Command
+from ..streamproto.connection import (
+    AuthenticateRequested,
+    ClosedByPeer,
+    CommandReceived,
+    ConnectionClosed,
+    OpenRequested,
+    ServerConnection,
+    State,
+)
+from ..streams.log import Timestamp
+
+log = logging.getLogger("broker.stream")
+
+# the log's named-offsets table holds publishers' sequences under this prefix (a name no
+# consumer reference is expected to start with)
+PUBLISHER_KEY = "\x00publisher:"
+MAX_REFERENCE = 256
+# Create's arguments as RabbitMQ maps them onto queue arguments
+_CREATE_ARGS = {"max-length-bytes": "x-max-length-bytes", "max-age": "x-max-age",
+                "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
+                "queue-leader-locator": "x-queue-leader-locator",
+                "initial-cluster-size": "x-initial-cluster-size"}
+
+
+class StreamService:
+    """The listener's broker-wide state: sessions and single-active-consumer groups."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.stopping = False
+        self.bytes_received = 0  # counted by the edge
+        self.sessions: set[StreamSession] = set()
+        # (vhost, stream, name) -> the group's (session, subscription), the active first
+        self.sac_groups: dict[tuple, list[tuple[StreamSession, Subscription]]] = {}
+
+    def stream_deleted(self, vhost: str, name: str) -> None:
+        """Every publisher and subscription on it is told (MetadataUpdate) and dropped."""
+        for session in list(self.sessions):
+            session.stream_gone(vhost, name)
+
+
+class Publisher:
+    __slots__ = ("id", "queue", "reference", "sequence", "stream")
+
+    def __init__(self, pub_id: int, stream: str, queue: StreamQueue, reference: str | None,
+                 sequence: int):
+        self.id = pub_id
+        self.stream = stream
+        self.queue = queue
+        self.reference = reference
+        self.sequence = sequence  # the last publishing id written (dedup), -1: none
+
+
+class Subscription:
+    __slots__ = ("active", "credit", "filter", "group", "id", "listener", "queue", "reader",
+                 "stream", "update_id")
+
+    def __init__(self, sub_id: int, stream: str, queue: StreamQueue, credit: int, flt):
+        self.id = sub_id
+        self.stream = stream
+        self.queue = queue
+        self.credit = credit
+        self.filter = flt  # (values, match_unfiltered) or None
+        self.reader: Any = None  # the log's Reader (None while waiting to be active)
+        self.active = True
+        self.group: tuple | None = None  # single active consumer group
+        self.update_id = 0  # correlation id of the ConsumerUpdate awaiting its answer
+        self.listener: Any = None
+
+
+def _offset_start(offset_spec: tuple[int, int]):
+    kind, value = offset_spec
+    return {codec.OFFSET_FIRST: "first", codec.OFFSET_LAST: "last",
+            codec.OFFSET_NEXT: "next"}.get(kind) or (
+        value if kind == codec.OFFSET_OFFSET else Timestamp(value))
+
+
+class StreamSession:
+    """One connection (and an entry of ``broker.sessions``)."""
+
+    channels: Mapping = MappingProxyType({})
+    global_prefetch = 0
+
+    def __init__(self, service: StreamService, peer: str, peer_host: str | None,
+                 local_host: str, local_port: int, tls: bool = False):
+        self.service = service
+        self.broker = broker = service.broker
+        config = broker.config
+        self.peer = peer
+        self.peer_host = peer_host
+        self.local_host = local_host
+        self.local_port = local_port
+        self.tls = tls
+        self.conn = ServerConnection(
+            frame_max=config.stream_frame_max, heartbeat=config.stream_heartbeat,
+            server_properties={"product": "TrioMQ", "version": _version(),
+                               "platform": "Python", "cluster_name": socket.gethostname()})
+        self.output_high_water = config.output_high_water
+        self.wake = lambda: None
+        self.output_delay = 0.0
+        self.vhost: Any = None
+        self.user: Any = None
+        self.authz: Any = None
+        self.username: str | None = None
+        self.publishers: dict[int, Publisher] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.delivery_stalled = False
+        self.is_publisher = False
+        self.blocked_sent = False
+        self.flow_queues: frozenset = frozenset()
+        self.finished = False
+        self.ended = False
+        self._corr = 0
+        self.messages_published = 0
+        self.chunks_delivered = 0
+
+    # ---- input ----
+    def data_received(self, data) -> None:
+        for ev in self.conn.receive_data(data):
+            if self.ended:
+                return
+            try:
+                if isinstance(ev, CommandReceived):
+                    self._command(ev.command)
+                elif isinstance(ev, AuthenticateRequested):
+                    self._authenticate(ev)
+                elif isinstance(ev, OpenRequested):
+                    self._open(ev)
+                elif isinstance(ev, ClosedByPeer):
+                    self.conn.accept_close(ev.correlation_id)
+                    self._finish()
+                elif isinstance(ev, ConnectionClosed):
+                    if ev.code != codec.OK:
+                        log.warning("stream connection %s: closed: %s", self.peer, ev.reason)
+                    self._finish()
+            except Exception:
+                log.exception("stream connection %s: internal error", self.peer)
+                self.conn.close(codec.INTERNAL_ERROR, "internal error")
+        if self.conn.state is State.CLOSED:
+            self._finish()
+        self.wake()
+
+    def _authenticate(self, ev: AuthenticateRequested) -> None:
+        broker = self.broker
+        if broker.fenced or self.service.stopping:
+            self.conn.refuse_login(ev.correlation_id, codec.AUTHENTICATION_FAILURE)
+            return
+        access = broker.access
+        user = access.authenticate(ev.username, ev.password, self.peer_host)
+        if user is None:
+            self.output_delay = access.failure_delay
+            log.warning("stream connection %s: login refused for user %r", self.peer,
+                        ev.username)
+            code = codec.AUTHENTICATION_FAILURE
+            self.conn.refuse_login(ev.correlation_id, code)
+            return
+        self.user = user
+        self.username = ev.username
+        self.conn.authenticated(ev.correlation_id, ev.username)
+
+    def _open(self, ev: OpenRequested) -> None:
+        broker = self.broker
+        access = broker.access
+        name = ev.virtual_host
+        vhost = broker.vhosts.get(name)
+        try:
+            if vhost is None:
+                raise errors.access_refused("vhost not found")
+            access.check_vhost(self.user, name)
+            access.check_connection_limits(self.user, name, broker.sessions)
+        except errors.AMQPError as exc:
+            log.warning("stream connection %s: vhost %r refused: %s", self.peer, name, exc)
+            self.conn.refuse_open(ev.correlation_id, codec.VIRTUAL_HOST_ACCESS_FAILURE)
+            return
+        self.vhost = vhost
+        self.authz = access.authz(self.user, name)
+        self.conn.open_ok(ev.correlation_id, name, {
+            "advertised_host": self.local_host, "advertised_port": str(self.local_port)})
+        broker.session_opened(self)
+        self.service.sessions.add(self)
+        log.info("stream connection %s: user %r vhost %r", self.peer, self.username, name)
+
+    # ---- commands ----
+    def _command(self, cmd: Command) -> None:
+        if self.vhost is None:  # pipelined behind a refused Open
+            return
+        handler = _HANDLERS.get(type(cmd))
+        if handler is None:
+            self.conn.close(codec.UNKNOWN_FRAME, "unknown frame")
+            return
+        handler(self, cmd)
+
+    def _respond(self, cmd, code: int, *extra) -> None:
+        self.conn.send(codec.encode_response(cmd.KEY, cmd.correlation_id, code, *extra))
+
+    def _stream(self, name: str) -> StreamQueue | None:
+        q = self.vhost.queues.get(name)
+        if isinstance(q, StreamQueue) and not q.deleted:
+            return q
+        return None
+
+    def _allowed(self, name: str, perm: str) -> bool:
+        try:
+            self.authz.check("queue", name, perm)
+        except errors.AMQPError:
+            return False
+        return True
+
+    # -- streams --
+    def _create(self, cmd: codec.Create) -> None:
+        name = cmd.stream
+        if not self._allowed(name, "configure"):
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        if name in self.vhost.queues:
+            self._respond(cmd, codec.STREAM_ALREADY_EXISTS)
+            return
+        arguments: dict[str, Any] = {"x-queue-type": "stream"}
+        for key, value in cmd.arguments.items():
+            if key in _CREATE_ARGS:
+                target = _CREATE_ARGS[key]
+                arguments[target] = int(value) if value.isdigit() and key != "max-age" \
+                    else value
+        if not _valid_name(name):
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        m = spec.Queue.Declare(queue=name, durable=True, auto_delete=False, exclusive=False,
+                               arguments=arguments)
+        try:
+            self.vhost.declare_queue(m, None)
+        except errors.AMQPError as exc:
+            log.info("stream connection %s: create %r refused: %s", self.peer, name, exc.text)
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        self._respond(cmd, codec.OK)
+
+    def _delete(self, cmd: codec.Delete) -> None:
+        name = cmd.stream
+        if not self._allowed(name, "configure"):
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        q = self._stream(name)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        self.vhost.delete_queue(q)
+        self._respond(cmd, codec.OK)
+        self.service.stream_deleted(self.vhost.name, name)
+
+    def _metadata(self, cmd: codec.Metadata) -> None:
+        streams = []
+        for name in cmd.streams:
+            if self._stream(name) is not None:
+                streams.append((name, codec.OK, 0, []))
+            else:
+                streams.append((name, codec.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+        brokers = [(0, self.local_host, self.local_port)] \
+            if any(s[1] == codec.OK for s in streams) else []
+        self.conn.send(codec.encode_metadata(cmd.correlation_id, brokers, streams))
+
+    def _stream_stats(self, cmd: codec.StreamStats) -> None:
+        q = self._stream(cmd.stream)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        if not self._allowed(cmd.stream, "read"):
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        lg = q.log
+        committed = lg.committed_chunk_id
+        self._respond(cmd, codec.OK, {
+            "first_chunk_id": lg.first_offset if committed >= 0 else -1,
+            "committed_chunk_id": committed})
+
+    # -- super streams: a direct exchange whose bindings name the partitions --
+    def _partitions_of(self, super_stream: str) -> list[tuple[str, str, int]] | None:
+        ex = self.vhost.exchanges.get(super_stream)
+        if ex is None:
+            return None
+        out = []
+        for b in ex.bindings.values():
+            dest = b.destination
+            if isinstance(dest, StreamQueue) and not dest.deleted:
+                order = (b.arguments or {}).get("x-stream-partition-order")
+                out.append((dest.name, b.routing_key, order if isinstance(order, int) else 0))
+        out.sort(key=lambda t: (t[2], t[0]))
+        return out
+
+    def _route(self, cmd: codec.Route) -> None:
+        parts = self._partitions_of(cmd.super_stream)
+        if parts is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        names = [name for name, key, _ in parts if key == cmd.routing_key]
+        self._respond(cmd, codec.OK if names else codec.STREAM_DOES_NOT_EXIST, names)
+
+    def _partitions(self, cmd: codec.Partitions) -> None:
+        parts = self._partitions_of(cmd.super_stream)
+        if parts is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        self._respond(cmd, codec.OK, [name for name, _k, _o in parts])
+
+    # -- publishing --
+    def _declare_publisher(self, cmd: codec.DeclarePublisher) -> None:
+        q = self._stream(cmd.stream)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        if not self._allowed(cmd.stream, "write"):
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        ref = cmd.reference or None
+        if cmd.publisher_id in self.publishers or (ref is not None and len(ref) > MAX_REFERENCE):
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        sequence = -1
+        if ref is not None:
+            stored = q.log.query_offset(PUBLISHER_KEY + ref)
+            sequence = -1 if stored is None else stored
+        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, q, ref,
+                                                      sequence)
+        self.is_publisher = True
+        self._respond(cmd, codec.OK)
+
+    def _delete_publisher(self, cmd: codec.DeletePublisher) -> None:
+        if self.publishers.pop(cmd.publisher_id, None) is None:
+            self._respond(cmd, codec.PUBLISHER_DOES_NOT_EXIST)
+        else:
+            self._respond(cmd, codec.OK)
+
+    def _query_publisher_sequence(self, cmd: codec.QueryPublisherSequence) -> None:
+        q = self._stream(cmd.stream)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST, 0)
+            return
+        if not self._allowed(cmd.stream, "read"):
+            self._respond(cmd, codec.ACCESS_REFUSED, 0)
+            return
+        seq = None
+        if cmd.reference:
+            for pub in self.publishers.values():  # ahead of the log's table until commit
+                if pub.reference == cmd.reference and pub.queue is q:
+                    seq = pub.sequence
+            if seq is None:
+                seq = q.log.query_offset(PUBLISHER_KEY + cmd.reference)
+        self._respond(cmd, codec.OK, max(seq or 0, 0))
+
+    def _publish(self, cmd: codec.Publish) -> None:
+        pub = self.publishers.get(cmd.publisher_id)
+        if pub is None or pub.queue.deleted:
+            code = codec.PUBLISHER_DOES_NOT_EXIST if pub is None else codec.STREAM_DOES_NOT_EXIST
+            self.conn.send(codec.encode_publish_error(
+                cmd.publisher_id, [(m.publishing_id, code) for m in cmd.messages]))
+            return
+        lg = pub.queue.log
+        confirms: list[int] = []
+        refused: list[tuple[int, int]] = []
+        limit = self.broker.config.max_message_size
+        dedup = pub.reference is not None
+        sequence = pub.sequence
+        written = 0
+        for m in cmd.messages:
+            pid = m.publishing_id
+            if dedup and pid <= sequence:
+                confirms.append(pid)  # a duplicate: confirmed, not written again
+                continue
+            data = m.data
+            if isinstance(data, codec.SubEntry):
+                try:
+                    codec.subentry_records(data, limit)
+                except codec.CompressionError as exc:
+                    log.info("stream connection %s: sub-entry batch refused: %s", self.peer,
+                             exc.reason)
+                    refused.append((pid, exc.code))
+                    continue
+                lg.append_encoded(codec.subentry_entry(data), 1, data.count)
+                written += data.count
+            else:
+                if len(data) > limit:
+                    refused.append((pid, codec.PRECONDITION_FAILED))
+                    continue
+                lg.append_record(bytes(data), m.filter_value)
+                written += 1
+            if pid > sequence:
+                sequence = pid
+            confirms.append(pid)
+        if dedup and sequence != pub.sequence:
+            pub.sequence = sequence
+            lg.store_offset(PUBLISHER_KEY + pub.reference, sequence)  # type: ignore[operator]
+        q = pub.queue
+        q.stats_published += written
+        self.messages_published += written
+        if refused:
+            self.conn.send(codec.encode_publish_error(pub.id, refused))
+        if confirms:
+            pub_id = pub.id
+            lg.when_durable(lg.next_offset - 1, lambda: self._confirm(pub_id, confirms))
+
+    def _confirm(self, pub_id: int, ids: list[int]) -> None:
+        if self.ended:
+            return
+        self.conn.send(codec.encode_publish_confirm(pub_id, ids))
+        self.wake()
+
+    # -- offsets --
+    def _store_offset(self, cmd: codec.StoreOffset) -> None:
+        q = self._stream(cmd.stream)
+        if q is None or not self._allowed(cmd.stream, "read") or not cmd.reference \
+                or len(cmd.reference) > MAX_REFERENCE:
+            return  # no answer to StoreOffset, as RabbitMQ
+        q.log.store_offset(cmd.reference, cmd.offset)
+
+    def _query_offset(self, cmd: codec.QueryOffset) -> None:
+        q = self._stream(cmd.stream)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST, 0)
+            return
+        if not self._allowed(cmd.stream, "read"):
+            self._respond(cmd, codec.ACCESS_REFUSED, 0)
+            return
+        offset = q.log.query_offset(cmd.reference) if cmd.reference else None
+        if offset is None:
+            self._respond(cmd, codec.NO_OFFSET, 0)
+        else:
+            self._respond(cmd, codec.OK, offset)
+
+    # -- consuming --
+    def _subscribe(self, cmd: codec.Subscribe) -> None:
+        q = self._stream(cmd.stream)
+        if q is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        if not self._allowed(cmd.stream, "read"):
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        if cmd.subscription_id in self.subscriptions:
+            self._respond(cmd, codec.SUBSCRIPTION_ID_ALREADY_EXISTS)
+            return
+        props = cmd.properties
+        values = [v for k, v in props.items() if k.startswith("filter.") and v is not None]
+        flt = (values, props.get("match-unfiltered") == "true") if values else None
+        sub = Subscription(cmd.subscription_id, cmd.stream, q, cmd.credit, flt)
+        sac = props.get("single-active-consumer") == "true"
+        if sac and not props.get("name"):
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        self.subscriptions[sub.id] = sub
+        self._respond(cmd, codec.OK)
+        if sac:
+            group = (self.vhost.name, cmd.stream, props["name"])
+            sub.group = group
+            members = self.service.sac_groups.setdefault(group, [])
+            members.append((self, sub))
+            sub.active = len(members) == 1
+            if sub.active:
+                self._consumer_update(sub, True)
+            return
+        self._attach(sub, _offset_start(cmd.offset_spec))
+
+    def _attach(self, sub: Subscription, start) -> None:
+        lg = sub.queue.log
+        sub.reader = lg.reader(start)
+        sub.listener = lambda: self._feed(sub)
+        lg.listeners.append(sub.listener)
+        self._feed(sub)
+
+    def _detach(self, sub: Subscription) -> None:
+        if sub.listener is not None:
+            try:
+                sub.queue.log.listeners.remove(sub.listener)
+            except ValueError:
+                pass
+            sub.listener = None
+        if sub.reader is not None:
+            sub.reader.close()
+            sub.reader = None
+
+    def _consumer_update(self, sub: Subscription, active: bool) -> None:
+        self._corr += 1
+        sub.update_id = self._corr
+        self.conn.send(codec.encode_consumer_update(self._corr, sub.id, active))
+        self.wake()
+
+    def _consumer_update_response(self, cmd: codec.ConsumerUpdateResponse) -> None:
+        for sub in self.subscriptions.values():
+            if sub.update_id == cmd.correlation_id:
+                sub.update_id = 0
+                if sub.active and sub.reader is None:
+                    spec_ = cmd.offset_spec if cmd.code == codec.OK else (codec.OFFSET_NEXT, 0)
+                    self._attach(sub, _offset_start(spec_))
+                return
+
+    def _leave_group(self, sub: Subscription) -> None:
+        members = self.service.sac_groups.get(sub.group)  # type: ignore[arg-type]
+        if not members:
+            return
+        was_active = members[0][1] is sub
+        members[:] = [m for m in members if m[1] is not sub]
+        if not members:
+            del self.service.sac_groups[sub.group]  # type: ignore[arg-type]
+        elif was_active:
+            session, nxt = members[0]
+            nxt.active = True
+            session._consumer_update(nxt, True)
+
+    def _credit(self, cmd: codec.Credit) -> None:
+        sub = self.subscriptions.get(cmd.subscription_id)
+        if sub is None:
+            self.conn.send(codec.encode_credit_error(codec.SUBSCRIPTION_ID_DOES_NOT_EXIST,
+                                                     cmd.subscription_id))
+            return
+        sub.credit = min(sub.credit + cmd.credit, 0xFFFF * 16)
+        self._feed(sub)
+
+    def _unsubscribe(self, cmd: codec.Unsubscribe) -> None:
+        sub = self.subscriptions.pop(cmd.subscription_id, None)
+        if sub is None:
+            self._respond(cmd, codec.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+            return
+        self._drop_subscription(sub)
+        self._respond(cmd, codec.OK)
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        self._detach(sub)
+        if sub.group is not None:
+            self._leave_group(sub)
+
+    def _feed(self, sub: Subscription) -> None:
+        """Deliver committed chunks while the subscription has credit and the connection's
+        output is under its high-water mark."""
+        if self.ended or sub.reader is None or not sub.active:
+            return
+        conn = self.conn
+        high = self.output_high_water
+        flt = sub.filter
+        version = conn.deliver_version
+        sent = False
+        while sub.credit > 0:
+            if conn.pending_output > high:
+                self.delivery_stalled = True
+                break
+            chunk = sub.reader.next_chunk()
+            if chunk is None:
+                break
+            if flt is not None and not chunk.may_contain(flt[0], flt[1]):
+                continue
+            size = len(chunk.header) + len(chunk.data)
+            conn.send_buffers([codec.encode_deliver_header(
+                sub.id, size, version, sub.queue.log.committed_chunk_id),
+                chunk.header, chunk.data])
+            sub.credit -= 1
+            self.chunks_delivered += 1
+            sent = True
+        if sent:
+            self.wake()
+
+    def output_drained(self) -> None:
+        if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:
+            self.delivery_stalled = False
+            for sub in list(self.subscriptions.values()):
+                self._feed(sub)
+
+    def stream_gone(self, vhost: str, name: str) -> None:
+        if self.vhost is None or self.vhost.name != vhost or self.ended:
+            return
+        told = False
+        for sub_id, sub in list(self.subscriptions.items()):
+            if sub.stream == name:
+                del self.subscriptions[sub_id]
+                self._drop_subscription(sub)
+                told = True
+        for pub_id, pub in list(self.publishers.items()):
+            if pub.stream == name:
+                del self.publishers[pub_id]
+                told = True
+        if told:
+            self.conn.send(codec.encode_metadata_update(codec.STREAM_NOT_AVAILABLE, name))
+            self.wake()
+
+    # ---- as a connection in broker.sessions ----
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def session(self) -> StreamSession:
+        return self
+
+    @property
+    def protocol(self) -> str:
+        return "RabbitMQ Stream"
+
+    def connection_info(self) -> dict:
+        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
+                "frame_max": self.conn.frame_max, "timeout": self.conn.heartbeat,
+                "port": self.local_port, "ssl": self.tls,
+                "client_properties": dict(self.conn.client_properties)}
+
+    def force_close(self, error: errors.AMQPError) -> None:
+        self.close(error.text)
+
+    def close(self, reason: str) -> None:
+        """The server ends the connection (heartbeats missed, shutdown, management)."""
+        if self.ended:
+            return
+        log.info("stream connection %s: closing: %s", self.peer, reason)
+        if self.conn.state is State.OPEN:
+            self.conn.close(codec.OK, reason[:200])
+        self.finished = True
+        self.connection_lost()
+        self.wake()
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.connection_lost()
+
+    def connection_lost(self) -> None:
+        """Every way a connection ends comes here once."""
+        if self.ended:
+            return
+        self.ended = True
+        subs = list(self.subscriptions.values())
+        self.subscriptions.clear()
+        for sub in subs:
+            self._drop_subscription(sub)
+        self.publishers.clear()
+        self.service.sessions.discard(self)
+        if self.vhost is not None:
+            self.broker.session_closed(self)
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and len(name.encode()) <= 255 and not name.startswith("amq.")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("triomq")
+    except Exception:
+        return "0"
+
+
+_HANDLERS: dict[type, Any] = {
+    codec.Create: StreamSession._create,
+    codec.Delete: StreamSession._delete,
+    codec.Metadata: StreamSession._metadata,
+    codec.StreamStats: StreamSession._stream_stats,
+    codec.Route: StreamSession._route,
+    codec.Partitions: StreamSession._partitions,
+    codec.DeclarePublisher: StreamSession._declare_publisher,
+    codec.DeletePublisher: StreamSession._delete_publisher,
+    codec.QueryPublisherSequence: StreamSession._query_publisher_sequence,
+    codec.Publish: StreamSession._publish,
+    codec.StoreOffset: StreamSession._store_offset,
+    codec.QueryOffset: StreamSession._query_offset,
+    codec.Subscribe: StreamSession._subscribe,
+    codec.Credit: StreamSession._credit,
+    codec.Unsubscribe: StreamSession._unsubscribe,
+    codec.ConsumerUpdateResponse: StreamSession._consumer_update_response,
+}
