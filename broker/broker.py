@@ -18,6 +18,7 @@ from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
 from .recovery_progress import RecoveryProgress
+from .streams.log import StreamStore
 from .timers import TimerQueue
 from .vhost import VirtualHost
 
@@ -60,7 +61,11 @@ class Broker:
         self.direct_reply = DirectReply()
         self.vhosts: dict[str, VirtualHost] = {"/": VirtualHost("/", self.timers, backing)}
         self.churn = Churn()  # opened/created/deleted counters (Prometheus)
+        # the logs of stream queues, under the data dir whatever the store (their group
+        # commit is a background task)
+        self.streams = StreamStore(self.config.data_dir)
         for vhost in self.vhosts.values():
+            vhost.streams = self.streams
             vhost.churn = self.churn
             vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
@@ -80,7 +85,7 @@ class Broker:
         self.alarms_changed: list[Callable[[], None]] = []
         self.fenced = False  # the store's lease ran out: serve nobody (on_store_fenced)
         # Async callables run for the broker's lifetime in the server's nursery.
-        self.background_tasks: list = []
+        self.background_tasks: list = [self.streams.run]
         # Async callables started before the store is read back (the HTTP API, which
         # reports recovery progress); they must not need the recovered state.
         self.early_tasks: list = []
@@ -126,6 +131,7 @@ class Broker:
             backing = self.store if DURABLE in self.store.capabilities else None
             vhost = self.vhosts[name] = VirtualHost(name, self.timers, backing)
             vhost.churn = self.churn
+            vhost.streams = self.streams
             vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
         return vhost

@@ -295,7 +295,8 @@ class Channel:
         if self.authz is not None:
             self.authz.check("queue", self._queue_name(m.queue), "read")
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
-        q.admit_consumer(self)  # the queue's type may refuse a channel's global QoS
+        # the queue's type may refuse: a channel's global QoS, no_ack, arguments (streams)
+        q.admit_consumer(self, m.no_ack, m.arguments or {})
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers:
             raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
@@ -413,6 +414,7 @@ class Channel:
 
     def on_basic_nack(self, m) -> None:
         taken = self._take_unacked(m.delivery_tag, m.multiple, m)
+        self._refuse_negative(taken)
         if self.audit is not None:
             self.audit.rejected(self, taken, m.requeue, "nacked")
         if self.tx is not None:
@@ -422,12 +424,19 @@ class Channel:
 
     def on_basic_reject(self, m) -> None:
         taken = self._take_unacked(m.delivery_tag, False, m)
+        self._refuse_negative(taken)
         if self.audit is not None:
             self.audit.rejected(self, taken, m.requeue, "rejected")
         if self.tx is not None:
             self.tx.append(("requeue" if m.requeue else "reject", taken))
             return
         self._settle(taken, ack=False, requeue=m.requeue)
+
+    @staticmethod
+    def _refuse_negative(taken: list[Unacked]) -> None:
+        """A queue type without nack/reject (streams) refuses them (RabbitMQ: 540)."""
+        for item in taken:
+            item.queue.refuse_negative()
 
     def _settle(self, taken: list[Unacked], ack: bool, requeue: bool = False) -> None:
         queues: dict[Queue, None] = {}  # the queues touched, in order
@@ -561,9 +570,12 @@ class Channel:
         durable = False
         flow_high = self.session.flow_high
         flow_high_bytes = self.session.flow_high_bytes
+        own = None  # a queue durable on its own (a stream): the confirm waits for it
         for q in queues:
             if not q.enqueue(message, reported=True):  # published() below reports it
                 accepted = False
+            elif q.durability is not None:
+                own = q.durability
             elif q.store is not None and (message.persistent or q.confirms_later):
                 durable = True
             # Flow control: a queue with consumers that keeps growing slows its publishers.
@@ -572,7 +584,14 @@ class Channel:
         if self.audit is not None:
             self.audit.published(self, message, queues, "routed" if accepted else "nacked", seq)
         if seq:
-            if durable and accepted:
+            if own is not None and accepted:
+                ok = lambda s=seq: self.confirm_decided(s, True, external=True)  # noqa: E731
+                fail = lambda s=seq: self.confirm_decided(s, False, external=True)  # noqa: E731
+                if durable:
+                    self.vhost.store.when_durable(lambda: own.when_durable(ok, fail), fail)
+                else:
+                    own.when_durable(ok, fail)
+            elif durable and accepted:
                 q_store = self.vhost.store
                 q_store.when_durable(
                     lambda s=seq: self.confirm_decided(s, True, external=True),

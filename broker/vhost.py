@@ -25,7 +25,7 @@ from .queues.args import (
     parse_queue_arguments,
 )
 from .queues.queue import Consumer, Queue
-from .queues.types import CLASSIC, QUEUE_TYPES, queue_type_of
+from .queues.types import CLASSIC, QUEUE_TYPES, make_queue, queue_type_of
 from .routing import RESOLVERS
 from .schemas import exchange as avro_exchange
 
@@ -70,6 +70,8 @@ class VirtualHost:
         self.direct_reply: DirectReply | None = None
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
+        # where stream queues keep their logs (``streams.log.StreamStore``; the broker's)
+        self.streams = None
 
     # ---- naming helpers ----
     def exchange_resource(self, name: str) -> Resource:
@@ -275,8 +277,9 @@ class VirtualHost:
                 placed = placement(self, name, m)
                 if placed is not None:
                     return placed
-        q = Queue(self, name, durable=m.durable, exclusive_owner=owner if m.exclusive else None,
-                  auto_delete=m.auto_delete, arguments=args, opts=opts)
+        q = make_queue(self, name, fresh=True, durable=m.durable,
+                       exclusive_owner=owner if m.exclusive else None,
+                       auto_delete=m.auto_delete, arguments=args, opts=opts)
         self.add_queue(q)
         self.churn.queues_created += 1
         for resolver in self.resolvers:
@@ -307,8 +310,8 @@ class VirtualHost:
         entities an exchange owns); an existing one is returned as it is."""
         q = self.queues.get(name)
         if q is None:
-            q = Queue(self, name, durable=durable, arguments=arguments,
-                      opts=parse_queue_arguments(arguments))
+            q = make_queue(self, name, fresh=True, durable=durable, arguments=arguments,
+                           opts=parse_queue_arguments(arguments))
             self.add_queue(q)
         return q
 
@@ -327,7 +330,7 @@ class VirtualHost:
     def delete_queue(self, q: Queue, reason: str = "deleted") -> int:
         if self.queues.get(q.name) is not q:
             return 0
-        count = q.message_count
+        count = q.message_count if q.queue_type.counts_on_delete else 0
         del self.queues[q.name]
         self.churn.queues_deleted += 1
         self.churn.retire(q)

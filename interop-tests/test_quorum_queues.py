@@ -115,17 +115,6 @@ def test_stream_refusals(conn, uid, kw, args, text):
     assert (code, reply) == (406, "PRECONDITION_FAILED - " + text.format(q=uid))
 
 
-def test_stream_declare_refused_until_streams_exist(connect, uid, cleanup, external_broker):
-    if external_broker:
-        pytest.skip("RabbitMQ has streams; this broker refuses them as a disabled queue type")
-    c = connect()
-    code, reply = connection_error(_declare, c.channel(), uid, arguments={"x-queue-type": "stream"})
-    assert code == 541
-    assert reply == (f"INTERNAL_ERROR - Cannot declare a queue 'queue '{uid}' in vhost '/'' of "
-                     f"type 'rabbit_stream_queue' on node 'rabbit@localhost': the corresponding "
-                     f"feature flag is disabled")
-
-
 def test_redeclare_equivalence(connect, uid, cleanup, rabbit3):
     ch = connect().channel()
     q = cleanup.queue(uid)

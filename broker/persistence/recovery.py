@@ -11,6 +11,7 @@ from ..queues.args import ArgumentError, parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
 from ..queues.retry import restore_delivery_count
+from ..queues.types import make_queue
 from .records import BindingDef, EntryDef, ExchangeDef, QueueDef
 
 log = logging.getLogger("broker.recovery")
@@ -150,5 +151,5 @@ def new_queue(broker, vhost, name: str, **kwargs) -> Queue:
     """The queue to recreate for a stored definition: a registered variant, else a Queue."""
     factory = QUEUE_VARIANTS.get(name)
     if factory is None:
-        return Queue(vhost, name, **kwargs)
+        return make_queue(vhost, name, **kwargs)
     return factory(broker, vhost, name, **kwargs)

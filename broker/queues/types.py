@@ -15,8 +15,13 @@ API, definitions import, recovery, cluster placement) asks ``queue_type_of`` /
   ``dead_letter.dead_letter_confirmed``), no global QoS for its consumers.
   Replication is the cluster's (``initial_group_size``); on one node it is a durable
   queue like any other, crash-safe through the same store.
-* ``stream``: recognised -- its arguments and property checks answer with RabbitMQ's
-  texts -- and refused as RabbitMQ refuses a queue type whose feature is disabled.
+* ``stream``: a replayable log (``queues/stream.py``, a ``StreamQueue`` over
+  ``broker/streams/log.py``): durable only, never exclusive or auto-delete, no global
+  QoS; its arguments (``stream_args.py``) are x-max-age, x-max-length-bytes and
+  x-stream-max-segment-size-bytes.
+
+``make_queue`` builds the queue object of a declaration: the type's own class where it
+has one (``queue_class``), else ``Queue``.
 
 Texts are RabbitMQ 3.10's (checked against a running 3.10 with pika).
 """
@@ -26,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from .. import errors
 from ..errors import Resource
+from . import stream_args  # noqa: F401 - registers the stream arguments' validators
 from .args import (
     ArgumentError,
     QueueOptions,
@@ -78,6 +84,10 @@ class QueueType:
     locator_argument: str = "x-queue-master-locator"
     # RabbitMQ 4's quorum priorities: two levels served 2:1 (``priority.py``)
     two_level_priority: bool = False
+    # "module:Class" of a type with its own message storage (``make_queue``); "" = Queue
+    queue_class: str = ""
+    # queue.delete-ok counts the messages deleted (a stream answers 0, as RabbitMQ)
+    counts_on_delete: bool = True
 
     # ---- declare ----
     def check_declare(self, resource: Resource, durable: bool, exclusive: bool,
@@ -191,7 +201,8 @@ QUORUM = QueueType("quorum", "rabbit_quorum_queue", _QUORUM_ARGS, "quorum_queues
                    overflow=("drop-head", "reject-publish"))
 STREAM = QueueType("stream", "rabbit_stream_queue", _STREAM_ARGS, "streams",
                    exclusive=False, transient=False, auto_delete=False, global_qos=False,
-                   mirrored=False, available=False, locator_argument="x-queue-leader-locator")
+                   mirrored=False, locator_argument="x-queue-leader-locator",
+                   queue_class="broker.queues.stream:StreamQueue", counts_on_delete=False)
 
 QUEUE_TYPES: dict[str, QueueType] = {t.name: t for t in (CLASSIC, QUORUM, STREAM)}
 # policy apply-to values that select queues, by type (None: every queue)
@@ -204,3 +215,16 @@ def queue_type_of(arguments: dict | None) -> QueueType:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return QUEUE_TYPES.get(value, CLASSIC) if isinstance(value, str) else CLASSIC
+
+
+def make_queue(vhost, name: str, *, fresh: bool = False, **kwargs):
+    """The queue for a declaration (``Queue`` keyword arguments): the type's own class
+    where it has one. ``fresh``: a new queue (not recovered), whose type may drop what an
+    earlier queue of the same name left in its own storage."""
+    import importlib
+    qtype = queue_type_of(kwargs.get("arguments"))
+    if qtype.queue_class:
+        module, cls = qtype.queue_class.split(":")
+        return getattr(importlib.import_module(module), cls)(vhost, name, fresh=fresh, **kwargs)
+    from .queue import Queue
+    return Queue(vhost, name, **kwargs)

@@ -42,13 +42,15 @@ API (for the AMQP stream queue and the Stream protocol):
 
 * ``StreamLog(directory, max_segment_size=500_000_000, max_bytes=None, max_age=None)``;
   ``close()``.
+* ``append_record(record, filter_value=None) -> offset``: into the batch that becomes
+  the next chunk at the next commit (AMQP publishes: many publishes, one chunk).
 * ``append(records, timestamp=None, filter_values=()) -> (first, last)``: one chunk of
   simple entries; ``filter_values``: the filter value of each record (None: none), for
   the chunk's Bloom filter.
 * ``append_encoded(data, num_entries, num_records, timestamp=None, filter_values=())``
   ``-> (first, last)``: one chunk of already-encoded entries (simple or sub-batch).
 * ``when_durable(offset, callback)``: ``callback()`` once ``offset`` is committed.
-* ``first_offset``, ``next_offset`` (offset the next record gets), ``committed_offset``
+* ``first_offset``, ``next_offset`` (offset the next record gets, batched ones counted), ``committed_offset``
   (-1: none), ``last_chunk_offset`` (first offset of the last committed chunk, -1: none),
   ``committed_chunk_id`` (the same), ``size_bytes``, ``segment_count``,
   ``message_count`` (committed records still stored).
@@ -91,6 +93,8 @@ CHUNK_USER = 0
 EPOCH = 1
 BLOOM_SIZE = 16  # bytes of Bloom filter per chunk that has filter values (osiris' default)
 MAX_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
+BATCH_RECORDS = 4096  # append_record: records per chunk at most
+BATCH_BYTES = 1 << 20  # ... and bytes (a chunk is read whole by readers)
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,11 @@ class StreamLog:
         self.committed_offset = -1
         self.last_chunk_offset = -1
         self._pending_last_chunk = -1
+        self._batch: list[bytes] = []
+        self._batch_filters: list = []
+        self._batch_filtered = False
+        self._batch_bytes = 0
+        self._batch_ts = 0
         os.makedirs(directory, exist_ok=True)
         self._segments: list[_Segment] = []
         self._firsts: list[int] = []
@@ -275,7 +284,7 @@ class StreamLog:
             self._idx_fd = os.open(self._segments[-1].index_path, os.O_RDWR | os.O_CREAT, 0o644)
             self._recover_tail()
         self._firsts = [s.first_offset for s in self._segments]
-        self.committed_offset = self.next_offset - 1
+        self.committed_offset = self._next - 1
         self.last_chunk_offset = self._pending_last_chunk
         self.apply_retention()
 
@@ -290,7 +299,7 @@ class StreamLog:
         self._firsts.append(first_offset)
         self._seg_size = FILE_HEADER
         self._idx_size = FILE_HEADER
-        self.next_offset = first_offset
+        self._next = first_offset
         dfd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -343,7 +352,7 @@ class StreamLog:
         os.fsync(self._idx_fd)
         self._seg_size = pos
         self._idx_size = idx_end
-        self.next_offset = offset
+        self._next = offset
         if self._pending_last_chunk < 0 and len(self._segments) > 1:
             # an empty last segment: the last chunk is the previous segment's last
             prev = self._segments[-2]
@@ -403,6 +412,42 @@ class StreamLog:
         return total + self._seg_size
 
     # ---- appending ----
+    @property
+    def next_offset(self) -> int:
+        return self._next + len(self._batch)
+
+    def append_record(self, record: bytes, filter_value: str | bytes | None = None) -> int:
+        """Add one record to the batch that becomes the next chunk (written at the next
+        commit, or once it holds ``BATCH_RECORDS`` records / ``BATCH_BYTES``); returns its
+        offset. Many publishes, one chunk: one header, one index entry, one write."""
+        if self.closed:
+            raise RuntimeError("stream log closed")
+        batch = self._batch
+        first = not batch
+        if first:
+            self._batch_ts = int(time.time() * 1000)
+        batch.append(record)
+        self._batch_filters.append(filter_value)
+        if filter_value is not None:
+            self._batch_filtered = True
+        self._batch_bytes += len(record) + 4
+        offset = self._next + len(batch) - 1
+        if len(batch) >= BATCH_RECORDS or self._batch_bytes >= BATCH_BYTES:
+            self.flush_batch()
+        elif first and self._store is not None:
+            self._store.dirty(self)
+        return offset
+
+    def flush_batch(self) -> None:
+        """Write the batch as one chunk (to the OS, not yet durable)."""
+        batch = self._batch
+        if not batch:
+            return
+        filters = self._batch_filters if self._batch_filtered else ()
+        self._batch, self._batch_filters, self._batch_bytes = [], [], 0
+        self._batch_filtered = False
+        self._append_chunk(encode_entries(batch), len(batch), len(batch), self._batch_ts, filters)
+
     def append(self, records: list[bytes], timestamp: int | None = None,
                filter_values: Iterable[str | bytes | None] = ()) -> tuple[int, int]:
         return self.append_encoded(encode_entries(records), len(records), len(records),
@@ -414,12 +459,17 @@ class StreamLog:
         """One chunk of encoded entries; returns its first and last offsets."""
         if self.closed:
             raise RuntimeError("stream log closed")
+        self.flush_batch()  # batched records come first
+        return self._append_chunk(data, num_entries, num_records, timestamp, filter_values)
+
+    def _append_chunk(self, data: bytes, num_entries: int, num_records: int,
+                      timestamp: int | None, filter_values: Iterable) -> tuple[int, int]:
         if not 0 < num_entries <= MAX_ENTRIES or num_records < num_entries:
             raise ValueError("bad chunk entry/record counts")
         values = list(filter_values)
         bloom = make_bloom(values) if any(v is not None for v in values) else b""
         ts = int(time.time() * 1000) if timestamp is None else timestamp
-        first = self.next_offset
+        first = self._next
         chunk = encode_chunk(data, num_entries, num_records, first, ts, bloom)
         if self._seg_size > FILE_HEADER and self._seg_size + len(chunk) > self.max_segment_size:
             self._roll()
@@ -428,7 +478,7 @@ class StreamLog:
         os.pwrite(self._idx_fd, INDEX_ENTRY.pack(first, ts, pos, num_records), self._idx_size)
         self._seg_size += len(chunk)
         self._idx_size += INDEX_ENTRY.size
-        self.next_offset = first + num_records
+        self._next = first + num_records
         self._pending_last_chunk = first
         if self._store is not None:
             self._store.dirty(self)
@@ -439,7 +489,7 @@ class StreamLog:
         os.fsync(self._idx_fd)
         # a commit in a worker thread may still fsync them: closed after the next commit
         self._retired += (self._seg_fd, self._idx_fd)
-        self._new_segment(self.next_offset)
+        self._new_segment(self._next)
         self.apply_retention()
 
     # ---- durability ----
@@ -451,12 +501,13 @@ class StreamLog:
 
     def begin_commit(self) -> tuple:
         """What the next fsync covers (on the loop): the offsets up to which, the files."""
+        self.flush_batch()
         offsets = None
         if self._offsets_dirty:
             offsets = json.dumps(self._offsets).encode()
             self._offsets_dirty = False
         retired, self._retired = self._retired, []
-        return (self.next_offset - 1, self._pending_last_chunk, self._seg_fd, self._idx_fd,
+        return (self._next - 1, self._pending_last_chunk, self._seg_fd, self._idx_fd,
                 offsets, retired)
 
     def sync_files(self, state: tuple) -> None:
@@ -649,9 +700,12 @@ class StreamLog:
             return None
         return seg, e[2], e[0]
 
-    def close(self) -> None:
+    def close(self, commit: bool = True) -> None:
+        """Close the files; with ``commit``, what was appended is made durable first."""
         if self.closed:
             return
+        if commit and self.needs_commit:
+            self.commit()
         self.closed = True
         for fd in (self._seg_fd, self._idx_fd, *self._retired):
             try:
@@ -665,7 +719,7 @@ class StreamLog:
 
     def delete(self) -> None:
         """Close and remove the stream's files (the queue was deleted)."""
-        self.close()
+        self.close(commit=False)
         for name in os.listdir(self.directory):
             os.unlink(os.path.join(self.directory, name))
         os.rmdir(self.directory)

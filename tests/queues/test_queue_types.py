@@ -102,11 +102,15 @@ def test_quorum_refusals(vhost, fields, text):
     assert "q" not in vhost.queues
 
 
-def test_stream_recognised_then_refused(vhost):
+def test_stream_declare_makes_a_stream_queue(vhost, tmp_path):
+    from broker.queues.stream import StreamQueue
+    from broker.streams.log import StreamStore
     with amqp_error(406, "invalid property 'non-durable' for queue 's'"):
         declare_queue(vhost, "s", arguments={"x-queue-type": "stream"})
-    with amqp_error(541, "of type 'rabbit_stream_queue'"):
-        declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream"})
+    vhost.streams = StreamStore(str(tmp_path))
+    q = declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream"})
+    assert isinstance(q, StreamQueue) and q.queue_type is STREAM
+    q.log.close()
 
 
 def test_redeclare_without_type_is_equivalent(vhost):
