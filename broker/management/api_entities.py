@@ -106,6 +106,7 @@ def queue_json(broker, vhost, q) -> dict:
         "state": "running",
         "type": q.queue_type.name,
         "vhost": vhost.name,
+        **q.type_info(),  # a stream's segments and offsets
         # a replicated type's members, as RabbitMQ lists them (this node alone)
         **({} if q.queue_type.mirrored else {"leader": NODE, "members": [NODE],
                                              "online": [NODE]}),

@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..queues.stream_args import age_seconds
 from ..queues.types import QUEUE_APPLY_TO
 
 
@@ -99,6 +100,15 @@ def _any(value: Any) -> str | None:
     return None  # checked with the other ha-* keys, as a whole (see _ha_problem)
 
 
+def _max_age(value: Any) -> str | None:
+    ok = isinstance(value, str) and age_seconds(value) is not None
+    return None if ok else f"{erl(value)} is not a valid max age"
+
+
+def _segment_size(value: Any) -> str | None:
+    return None if _is_int(value) and value >= 0 else f"{erl(value)} is not a valid segment size"
+
+
 # key -> check(value) -> RabbitMQ's text or None
 POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "message-ttl": _non_neg_int("message TTL"),
@@ -119,6 +129,8 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "queue-master-locator": _choice(("min-masters", "client-local", "random"),
                                     "%s invalid queue-master-locator value"),
     "audit": _audit,
+    "max-age": _max_age,  # streams
+    "stream-max-segment-size-bytes": _segment_size,
     "ha-mode": _any,
     "ha-params": _any,
     "ha-sync-mode": _any,

@@ -216,6 +216,10 @@ class Queue:
         ready = self.ready
         return len(ready) + ready.stored_behind
 
+    def type_info(self) -> dict:
+        """What the management API lists beside the common queue fields (a type's own)."""
+        return {}
+
     @property
     def consumer_count(self) -> int:
         return len(self.consumers)

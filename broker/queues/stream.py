@@ -32,6 +32,7 @@ from ..streams.log import DEFAULT_MAX_SEGMENT_SIZE, Reader
 from .entry import QueueEntry
 from .queue import Consumer, Queue
 from .stream_args import OffsetSpecError, age_seconds, offset_spec, stream_filter
+from .types import NODE_NAME
 
 
 class _Cursor:
@@ -80,6 +81,12 @@ class StreamQueue(Queue):
     @property
     def message_count(self) -> int:
         return self.log.message_count
+
+    def type_info(self) -> dict:
+        log = self.log
+        return {"segments": log.segment_count, "first_offset": log.first_offset,
+                "committed_offset": log.committed_offset, "stream_bytes": log.size_bytes,
+                "readers": {NODE_NAME: len(self.consumers)}}
 
     def attach_store(self, store) -> None:
         # the store keeps the definition only: messages are the log's, not its

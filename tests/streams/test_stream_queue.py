@@ -189,3 +189,31 @@ def test_stream_store_without_task_commits_at_once(tmp_path):
     lg.append_record(b"r")
     assert lg.committed_offset == 0
     lg.close()
+
+
+def test_policy_sets_retention(session_client, broker):
+    """apply-to streams: max-age, max-length-bytes, stream-max-segment-size-bytes reach the
+    log; a lower max-length-bytes drops whole old segments at once."""
+    c = session_client()
+    _stream(c, "ps")
+    q = broker.vhosts["/"].queues["ps"]
+    broker.policies.set_policy("/", "sp", "^ps$", {"stream-max-segment-size-bytes": 2000},
+                               apply_to="streams")
+    assert q.policy == "sp" and q.log.max_segment_size == 2000
+    for i in range(100):
+        c.publish(1, b"%03d" % i + b"x" * 100, routing_key="ps")
+    assert q.log.segment_count > 3 and q.log.first_offset == 0
+    broker.policies.set_policy("/", "sp", "^ps$", {"stream-max-segment-size-bytes": 2000,
+                                                   "max-length-bytes": 5000, "max-age": "1h"},
+                               apply_to="streams")
+    assert q.log.max_age == 3600 and q.log.max_bytes == 5000
+    assert q.log.first_offset > 0 and q.log.size_bytes < 5000 + 2000
+
+
+def test_policy_keys_validated():
+    from broker.policies.validate import PolicyError, validate_definition
+    with pytest.raises(PolicyError, match="is not a valid max age"):
+        validate_definition({"max-age": "10X"})
+    with pytest.raises(PolicyError, match="-1 is not a valid segment size"):
+        validate_definition({"stream-max-segment-size-bytes": -1})
+    validate_definition({"max-age": "7D", "stream-max-segment-size-bytes": 1000})
