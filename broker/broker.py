@@ -14,6 +14,7 @@ from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
 from .listeners import mqtt as mqtt_listener
 from .listeners import stomp as stomp_listener
+from .listeners import stream as stream_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
@@ -107,6 +108,7 @@ class Broker:
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
         self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
+        self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""

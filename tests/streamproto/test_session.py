@@ -1,0 +1,210 @@
+"""The Stream-protocol listener in process, with raw frames (what no client library sends
+on purpose): permissions, single active consumer, sub-entry compressions, a deleted
+stream, a missed heartbeat."""
+from __future__ import annotations
+
+import gzip
+import struct
+
+import pytest
+import trio
+import zstandard
+
+from broker.broker import Broker
+from broker.config import Config
+from broker.persistence import MemoryStore
+from broker.server import Server
+from broker.streamproto import codec as c
+
+
+@pytest.fixture
+async def broker(nursery, tmp_path):
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(tmp_path / "data"),
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0,
+                           stream_port=0), MemoryStore())
+    server = Server(broker)
+    await nursery.start(server.serve, "127.0.0.1", 0)
+    assert broker.stream is not None
+    with trio.fail_after(10):
+        while "stream" not in broker.stream.ports:  # noqa: ASYNC110 - binds after AMQP
+            await trio.sleep(0.01)
+    broker.access.add_user("reader", "pw")
+    broker.access.set_permissions("reader", "/", "^$", "^$", ".*")
+    yield broker
+    await server.shutdown()
+
+
+class Client:
+    def __init__(self, stream):
+        self.stream = stream
+        self.reader = c.FrameReader(0)
+        self.frames: list = []
+        self.corr = 100
+
+    async def send(self, *cmds) -> None:
+        await self.stream.send_all(b"".join(x if isinstance(x, bytes) else c.encode(x)
+                                            for x in cmds))
+
+    async def next(self, key: int | None = None, timeout: float = 10):
+        with trio.fail_after(timeout):
+            while True:
+                while self.frames:
+                    frame = self.frames.pop(0)
+                    if key is None or frame[0] == key:
+                        return frame
+                data = await self.stream.receive_some(1 << 20)
+                if not data:
+                    return None
+                self.frames += self.reader.feed(data)
+
+    async def request(self, cmd) -> tuple[int, bytes]:
+        await self.send(cmd)
+        _k, _v, payload = await self.next(0x8000 | cmd.KEY)
+        corr, code = struct.unpack_from(">IH", payload)
+        assert corr == cmd.correlation_id
+        return code, bytes(payload[6:])
+
+    def cid(self) -> int:
+        self.corr += 1
+        return self.corr
+
+
+async def login(broker, user="guest", password="guest", heartbeat=0) -> Client:
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.stream.ports["stream"])
+    cl = Client(stream)
+    await cl.send(c.PeerProperties(1, {}), c.SaslHandshake(2),
+                  c.SaslAuthenticate(3, "PLAIN", f"\0{user}\0{password}".encode()))
+    _k, _v, p = await cl.next(0x8013)
+    assert struct.unpack(">IH", p) == (3, c.OK)
+    await cl.next(c.TUNE)
+    await cl.send(c.Tune(1 << 20, heartbeat), c.Open(4, "/"))
+    _k, _v, p = await cl.next(0x8015)
+    assert struct.unpack_from(">IH", p) == (4, c.OK)
+    return cl
+
+
+async def test_permissions_as_rabbitmq_checks_them(broker):
+    admin = await login(broker)
+    assert (await admin.request(c.Create(admin.cid(), "perm", {})))[0] == c.OK
+    cl = await login(broker, "reader", "pw")
+    assert (await cl.request(c.Create(cl.cid(), "other", {})))[0] == c.ACCESS_REFUSED
+    assert (await cl.request(c.Delete(cl.cid(), "perm")))[0] == c.ACCESS_REFUSED
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "perm")))[0] == \
+        c.ACCESS_REFUSED
+    assert (await cl.request(c.Subscribe(cl.cid(), 1, "perm", (c.OFFSET_FIRST, 0), 1,
+                                         {})))[0] == c.OK
+    assert (await admin.request(c.Create(admin.cid(), "perm", {})))[0] == \
+        c.STREAM_ALREADY_EXISTS
+    assert (await admin.request(c.Create(admin.cid(), "bad", {"max-age": "zz"})))[0] == \
+        c.PRECONDITION_FAILED
+
+
+async def test_wrong_password_and_unknown_vhost(broker):
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.stream.ports["stream"])
+    cl = Client(stream)
+    await cl.send(c.PeerProperties(1, {}), c.SaslHandshake(2),
+                  c.SaslAuthenticate(3, "PLAIN", b"\0guest\0nope"))
+    _k, _v, p = await cl.next(0x8013)
+    assert struct.unpack(">IH", p) == (3, c.AUTHENTICATION_FAILURE)
+    assert await cl.next() is None  # closed
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.stream.ports["stream"])
+    cl = Client(stream)
+    await cl.send(c.PeerProperties(1, {}), c.SaslHandshake(2),
+                  c.SaslAuthenticate(3, "PLAIN", b"\0guest\0guest"))
+    await cl.next(c.TUNE)
+    await cl.send(c.Tune(0, 0), c.Open(4, "nosuch"))
+    _k, _v, p = await cl.next(0x8015)
+    assert struct.unpack(">IH", p) == (4, c.VIRTUAL_HOST_ACCESS_FAILURE)
+
+
+def _deliver_messages(frame) -> list[bytes]:
+    _k, version, payload = frame
+    return c.decode_chunk(payload[1 if version == 1 else 9:])[1]
+
+
+async def test_sub_entries_stored_as_sent_and_unsupported_ones_refused(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "sub", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "sub")))[0] == c.OK
+    raw = b"".join(c.simple_entry(m) for m in (b"z1", b"z2"))
+    zstd = c.SubEntry(c.COMPRESSION_ZSTD, 2, len(raw), zstandard.ZstdCompressor().compress(raw))
+    snappy = c.SubEntry(c.COMPRESSION_SNAPPY, 1, 5, b"xxxxx")
+    bomb = c.SubEntry(c.COMPRESSION_GZIP, 1, 10, gzip.compress(b"\0" * 10_000_000))
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, zstd), c.PublishedMessage(2, snappy),
+                                c.PublishedMessage(3, bomb), c.PublishedMessage(4, b"plain")]))
+    _k, _v, p = await cl.next(c.PUBLISH_ERROR)
+    assert p == struct.pack(">BiQHQH", 1, 2, 2, c.PRECONDITION_FAILED, 3, c.PRECONDITION_FAILED)
+    _k, _v, p = await cl.next(c.PUBLISH_CONFIRM)
+    assert p == struct.pack(">BiQQ", 1, 2, 1, 4)
+    assert (await cl.request(c.Subscribe(cl.cid(), 5, "sub", (c.OFFSET_FIRST, 0), 10,
+                                         {})))[0] == c.OK
+    frames = [await cl.next(c.DELIVER)]
+    got = _deliver_messages(frames[0])
+    while len(got) < 3:
+        frames.append(await cl.next(c.DELIVER))
+        got += _deliver_messages(frames[-1])
+    assert got == [b"z1", b"z2", b"plain"]
+    # the zstd batch went out as it came in, compressed
+    assert c.subentry_entry(zstd) in bytes(frames[0][2])
+
+
+async def test_single_active_consumer(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "sac", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "sac")))[0] == c.OK
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, b"m1")]))
+    await cl.next(c.PUBLISH_CONFIRM)
+    props = {"single-active-consumer": "true", "name": "app"}
+    one, two = await login(broker), await login(broker)
+    assert (await one.request(c.Subscribe(one.cid(), 1, "sac", (c.OFFSET_FIRST, 0), 10,
+                                          props)))[0] == c.OK
+    _k, _v, p = await one.next(c.CONSUMER_UPDATE)
+    corr, sub_id, active = struct.unpack(">IBB", p)
+    assert (sub_id, active) == (1, 1)
+    await one.send(c.ConsumerUpdateResponse(corr, c.OK, (c.OFFSET_FIRST, 0)))
+    assert _deliver_messages(await one.next(c.DELIVER)) == [b"m1"]
+    assert (await two.request(c.Subscribe(two.cid(), 9, "sac", (c.OFFSET_FIRST, 0), 10,
+                                          props)))[0] == c.OK
+    assert (await one.request(c.Unsubscribe(one.cid(), 1)))[0] == c.OK
+    _k, _v, p = await two.next(c.CONSUMER_UPDATE)
+    corr, sub_id, active = struct.unpack(">IBB", p)
+    assert (sub_id, active) == (9, 1)
+    await two.send(c.ConsumerUpdateResponse(corr, c.OK, (c.OFFSET_OFFSET, 0)))
+    assert _deliver_messages(await two.next(c.DELIVER)) == [b"m1"]
+    # without a name: refused
+    assert (await two.request(c.Subscribe(two.cid(), 10, "sac", (c.OFFSET_FIRST, 0), 10,
+                                          {"single-active-consumer": "true"})))[0] == \
+        c.PRECONDITION_FAILED
+
+
+async def test_credit_deleted_stream_and_unknown_subscription(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "gone", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, "ref", "gone")))[0] == c.OK
+    for i in range(3):  # three frames, three commits at most: at least one chunk each time
+        await cl.send(c.Publish(1, [c.PublishedMessage(i + 1, b"c%d" % i)]))
+        await cl.next(c.PUBLISH_CONFIRM)
+    assert (await cl.request(c.Subscribe(cl.cid(), 2, "gone", (c.OFFSET_FIRST, 0), 0,
+                                         {})))[0] == c.OK
+    await cl.send(c.Credit(7, 1))
+    _k, _v, p = await cl.next(0x8009)
+    assert p == struct.pack(">HB", c.SUBSCRIPTION_ID_DOES_NOT_EXIST, 7)
+    await cl.send(c.Credit(2, 1))  # one credit: one chunk
+    first = _deliver_messages(await cl.next(c.DELIVER))
+    assert first[0] == b"c0"
+    other = await login(broker)
+    assert (await other.request(c.Delete(other.cid(), "gone")))[0] == c.OK
+    _k, _v, p = await cl.next(c.METADATA_UPDATE)
+    assert p == struct.pack(">Hh", c.STREAM_NOT_AVAILABLE, 4) + b"gone"
+    await cl.send(c.Publish(1, [c.PublishedMessage(9, b"late")]))
+    _k, _v, p = await cl.next(c.PUBLISH_ERROR)
+    assert p == struct.pack(">BiQH", 1, 1, 9, c.PUBLISHER_DOES_NOT_EXIST)
+
+
+async def test_missed_heartbeats_close_the_connection(broker, autojump_clock):
+    cl = await login(broker, heartbeat=1)
+    # nothing sent: the server's heartbeat comes, then the connection ends after 2 s
+    assert (await cl.next(c.HEARTBEAT, timeout=30))[0] == c.HEARTBEAT
+    while (frame := await cl.next(timeout=30)) is not None:
+        if frame[0] == c.CLOSE:
+            assert c.decode(*frame).reason == "missed heartbeats"
