@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--journal-checkpoint-bytes", type=_positive, metavar="BYTES",
                      default=journal.checkpoint_bytes,
                      help="journal bytes between checkpoints (default 64 MiB)")
+    run.add_argument("--journal-checkpoint-records", type=_positive, metavar="N",
+                     default=journal.checkpoint_records,
+                     help="journal records between checkpoints (default 250000): bounds "
+                          "the log a restart after a crash replays")
     run.add_argument("--queue-memory-budget", type=_positive, metavar="BYTES",
                      default=journal.queue_memory_budget,
                      help="bytes of ready messages a durable queue keeps in memory before "
@@ -369,6 +373,7 @@ def _run(args) -> int:
                     consumer_timeout=args.consumer_timeout,
                     journal=JournalSettings(segment_size=args.journal_segment_size,
                                             checkpoint_bytes=args.journal_checkpoint_bytes,
+                                            checkpoint_records=args.journal_checkpoint_records,
                                             queue_memory_budget=args.queue_memory_budget),
                     sql=SQLSettings(lease=args.sql_lease, renew=args.sql_renew,
                                     timeout=args.sql_timeout, standby=args.sql_standby,

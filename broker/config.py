@@ -11,6 +11,9 @@ class JournalSettings:
     """Tuning of the journal store (``--journal-*`` and ``--queue-memory-budget``)."""
     segment_size: int = 32 * MiB  # bytes per segment file (tests use small segments)
     checkpoint_bytes: int = 64 * MiB  # journal bytes written between checkpoints
+    # ... or records, whichever comes first: what a kill -9 leaves to replay is bounded by
+    # records (about 5 us each), not bytes (a 64 MiB log of acks is 3 million records)
+    checkpoint_records: int = 250_000
     # A segment older than the checkpoint with at least this fraction of dead bytes has its
     # live messages rewritten forward, so a few old messages never pin a whole file and
     # compaction writes at most (1 - fraction) of the bytes it frees.
