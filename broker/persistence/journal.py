@@ -9,7 +9,8 @@ See docs/durability.md. In short:
   (group commit) and then runs the ``when_durable`` callbacks of everything the
   write covered. flush="async" writes every 100 ms and confirms at once.
 * A checkpoint (definitions + live entries of every durable queue + the log
-  position) is written every ``checkpoint_bytes`` of log and at shutdown; recovery
+  position) is written every ``checkpoint_bytes`` or ``checkpoint_records`` of log
+  (whichever comes first) and at shutdown; recovery
   loads it and replays only the records after it. Segments before the
   checkpoint whose messages are all gone are deleted.
 * Durable FIFO queues use ``paged.PagedFifo`` (priority queues ``paged.PagedPriority``,
@@ -644,6 +645,7 @@ class JournalStore(Store):
         self._prev_seg_bytes: dict = {}  # _seg_bytes at the previous compaction pass
         self._max_msg_id = 0
         self._bytes_since_ckpt = 0
+        self._records_since_ckpt = 0
         self._ckpt_wanted = False
         self._unwritten = 0        # bytes in _pending and _inflight
         self._backlog_full = False  # over settings.max_unwritten: publishers are blocked
@@ -816,7 +818,9 @@ class JournalStore(Store):
                 await dirty.wait()
                 dirty = self._dirty = trio.Event()
             await self._flush_once()
-            due = self._ckpt_wanted or self._bytes_since_ckpt >= self.settings.checkpoint_bytes
+            settings = self.settings
+            due = (self._ckpt_wanted or self._bytes_since_ckpt >= settings.checkpoint_bytes
+                   or self._records_since_ckpt >= settings.checkpoint_records)
             if self._failed is None and due:
                 await self.checkpoint()
 
@@ -872,6 +876,7 @@ class JournalStore(Store):
             pending.append([seg, off, bytearray(rec)])
         self._off = off + n
         self._bytes_since_ckpt += n
+        self._records_since_ckpt += 1
         self._unwritten += n
         if self._unwritten > self.settings.max_unwritten and not self._backlog_full:
             self._set_backlog(True)
@@ -1388,6 +1393,7 @@ class JournalStore(Store):
         self._ckpt_wanted = False
         self._compact()
         self._bytes_since_ckpt = 0
+        self._records_since_ckpt = 0
         recs = self._snapshot()
         ck_seg = self._seg
         await self._flush_once()  # everything the checkpoint covers is on disk first
