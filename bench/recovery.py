@@ -202,7 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--burst", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=16)
-    ap.add_argument("--store", default=None, help="--store for the broker (default: the journal)")
+    ap.add_argument("--store", default=None, help="--store for the broker (default: the journal); "
+                                                  "'pg': a scratch PostgreSQL database on "
+                                                  "127.0.0.1:5432, dropped afterwards")
     ap.add_argument("--keep", default=None, help="data dir to use and keep (default: a temp dir)")
     ap.add_argument("--broker-arg", action="append", default=[], help="extra broker argument")
     args = ap.parse_args(argv)
@@ -211,6 +213,10 @@ def main(argv=None) -> int:
     data_dir = args.keep or tempfile.mkdtemp(prefix="triomq-recovery-")
     extra = args.broker_arg
     rows = []
+    drop = None
+    if args.store == "pg":
+        from .store_names import _scratch_pg
+        args.store, drop = _scratch_pg("127.0.0.1", 5432)
     try:
         t = time.monotonic()
         if args.store is None:
@@ -254,6 +260,8 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
+        if drop is not None:
+            drop()
     print("\n| moment | restart to listening | to first delivery | count | RSS |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -599,7 +599,11 @@ class SQLStore(Store):
         speed: a million entries cost their arrays (~30 bytes each), not row objects."""
         index: dict[int, _QueueIndex] = {}
         orphans: set[int] = set()
+        progress = self.progress
+        phase = progress.phase("sql index", unit="entries") if progress is not None else None
         for rows in self._stream(c, self._INDEX_SQL):
+            if phase is not None:
+                phase.advance(len(rows))
             cols = list(zip(*rows, strict=True))
             qids = cols[0]
             start = 0
@@ -626,6 +630,8 @@ class SQLStore(Store):
                     for mid, message in self._read_messages(c, part).items():
                         ix.blens[at[mid]] = len(message.body)
                 ix.unsized = []
+        if phase is not None:
+            phase.finish()
         return index, orphans
 
     def _stream(self, c, sql: str, size: int = 20_000):
