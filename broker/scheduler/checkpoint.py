@@ -168,6 +168,22 @@ def read(path: str) -> Snapshot | None:
         return None
 
 
+def covered_log_gen(path: str) -> int:
+    """The index log generations the snapshot at ``path`` covers (its header only; 0
+    when there is none): a new log generation must come after them, or the next
+    recovery would take its records for leftovers of that snapshot."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC) + _LEN.size)
+            if len(head) < len(MAGIC) + _LEN.size or head[:len(MAGIC)] != MAGIC:
+                return 0
+            (hlen,) = _LEN.unpack_from(head, len(MAGIC))
+            header = json.loads(f.read(hlen))
+        return int(header.get("log_gen", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
 def _parse(data: memoryview) -> Snapshot:
     if bytes(data[:len(MAGIC)]) != MAGIC:
         raise ValueError("not a timer index")

@@ -165,7 +165,9 @@ class Scheduler:
         path = q.sidecar_path(checkpoint.FILE_NAME) if q.reads_back else None
         if path is None:
             return None
-        self.index_log = indexlog.IndexLog(os.path.dirname(path) or ".")
+        snap = self._index.get(path)
+        covered = snap.log_gen if snap is not None else checkpoint.covered_log_gen(path)
+        self.index_log = indexlog.IndexLog(os.path.dirname(path) or ".", covered + 1)
         store = q.store
         self._log_store = store if getattr(store, "flush", "sync") != "async" else None
         return self.index_log
@@ -206,7 +208,7 @@ class Scheduler:
         else:
             t.held[slot] = pack_blob(message)
         self.engine.push(t, slot, due)
-        if getattr(self.broker, "audit", None) is not None:
+        if self.broker.audit is not None:
             self.broker.audit.scheduled(vhost, message, due)
         self.scheduled += 1
         self.changes += 1
@@ -243,7 +245,7 @@ class Scheduler:
             else:
                 out = stored_delivery(stored_msg, t.delivered_as_delayed(slot), t.delay[slot])
             targets = vhost.route(out.exchange, out.routing_key, out)
-            if getattr(self.broker, "audit", None) is not None:
+            if self.broker.audit is not None:
                 self.broker.audit.fired(vhost.name, out, due, targets)
             for target in targets:
                 target.enqueue(out)
@@ -287,7 +289,7 @@ class Scheduler:
         if found is None:
             return False
         t, slot = found
-        if getattr(self.broker, "audit", None) is not None:
+        if self.broker.audit is not None:
             self.broker.audit.cancelled(t.vhost_name, sid)
         self._forget(t, slot)
         self.removed += 1

@@ -8,12 +8,16 @@ of them was (``read back`` = the number scheduled since the last snapshot). The 
 come from the broker's own log line; nothing here depends on timing."""
 from __future__ import annotations
 
+import json
 import re
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pika
+
+from broker.scheduler.control import socket_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "interop-tests"))
@@ -35,7 +39,25 @@ def _recovered(broker: BrokerProc) -> tuple[int, int]:
         time.sleep(0.1)
     assert found, "no scheduler recovery line in the log:\n" + text[-3000:]
     pending, read_back = found[-1]
+    _control_answers(broker)  # serving: a SIGTERM from now on is a clean stop
     return int(pending), int(read_back)
+
+
+def _control_answers(broker: BrokerProc) -> None:
+    path = socket_path(str(broker.data_dir))
+    deadline = time.monotonic() + 60  # a hang guard only
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(path)
+                s.sendall(json.dumps({"op": "stats"}).encode() + b"\n")
+                if s.recv(65536):
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the scheduler's control socket never answered"
+        time.sleep(0.05)
 
 
 def _publish(broker: BrokerProc, n: int, tag: str, delay_ms: int | None = None,
@@ -70,6 +92,10 @@ def test_kill9_right_after_a_burst_and_again_reads_nothing_back(tmp_path):
         broker.restart()  # a clean stop writes the snapshot; the log it covers goes
         assert _recovered(broker) == (1500, 0)
         assert not list((tmp_path / "data" / "journal").glob("scheduler-index.log.*"))[1:]
+        # a burst after a clean restart (a snapshot on disk): its log comes after it
+        _publish(broker, 400, "r2-")
+        broker.restart(hard=True)
+        assert _recovered(broker) == (1900, 0)
     finally:
         broker.stop()
 
