@@ -21,8 +21,8 @@ RabbitMQ node here, so it replicates to nobody: it is the one-node reference, no
 another node publishes one message at a time; the time from the kill to the first
 confirm after it (the leader's lease TTL is ``--ttl``), then the old leader is restarted
 and waits to be in sync again. ``--catch-up``: a follower stopped, ``--missed``
-messages published while it is away on top of a queue of ``-n``, the follower restarted;
-what the leader sent it and the time from its start to in sync.
+messages published while it is away on top of a queue of ``-n`` (then of 5 x ``-n``), the
+follower restarted; what the leader sent it and the time from its start to in sync.
 """
 from __future__ import annotations
 
@@ -141,13 +141,13 @@ def _restart(procs: Procs, nodes: dict, name: str, cluster: str) -> None:
     nodes[name].update(proc=proc, url=f"amqp://guest:guest@127.0.0.1:{port}/", pid=proc.pid)
 
 
-def catch_up(args, cluster: str, nodes: dict, procs: Procs, work: Path) -> dict:
-    queue = "bench-catchup"
+def catch_up(args, cluster: str, nodes: dict, procs: Procs, work: Path, size: int) -> dict:
+    queue = f"bench-catchup-{size}"
     _declare(nodes["node1"]["url"], queue, {"x-queue-type": "quorum"})
     leader = _wait(cluster, queue, lambda v: len(v["in_sync"]) == 2)["master"]
     follower = sorted(n for n in nodes if n != leader)[0]
     url = nodes[leader]["url"]
-    _publish(url, queue, args.n, args.window, b"x" * args.size)
+    _publish(url, queue, size, args.window, b"x" * args.size)
     _wait(cluster, queue, lambda v: len(v["in_sync"]) == 2)
     nodes[follower]["proc"].kill()
     nodes[follower]["proc"].wait()
@@ -158,8 +158,12 @@ def catch_up(args, cluster: str, nodes: dict, procs: Procs, work: Path) -> dict:
     _wait(cluster, queue, lambda v: follower in v["in_sync"])
     seconds = time.monotonic() - t0
     log = (work / f"{leader}.log").read_text(errors="replace")
-    line = [x for x in log.splitlines() if f"mirror '{follower}' catches up" in x]
-    return {"queue_messages": args.n + args.missed, "missed": args.missed,
+    line = [x.split("INFO ")[-1] for x in log.splitlines()
+            if f"queue '{queue}': mirror '{follower}' catches up" in x]
+    purge = pika.BlockingConnection(pika.URLParameters(url))
+    purge.channel().queue_delete(queue)
+    purge.close()
+    return {"queue_messages": size + args.missed, "missed": args.missed,
             "start_to_in_sync_s": seconds, "leader_log": line[-1] if line else None}
 
 
@@ -213,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             times = failover(args, cluster, nodes, procs, "bench-q3")
             out["failover_s"] = {"rounds": len(times), "p50": statistics.median(times),
                                  "max": max(times), "all": times}
-        if args.catch_up:
-            out["catch_up"] = catch_up(args, cluster, nodes, procs, work)
+        if args.catch_up:  # the same missed messages behind a queue 5 times larger
+            out["catch_up"] = [catch_up(args, cluster, nodes, procs, work, size)
+                               for size in (args.n, 5 * args.n)]
     finally:
         procs.stop()
     print(f"{args.n} persistent messages of {args.size} B, confirm window {args.window}, "
@@ -238,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f = out["failover_s"]
         print(f"failover (kill -9 of the leader -> first confirm on another node), TTL "
               f"{args.ttl:g} s, {f['rounds']} rounds: p50 {f['p50']:.2f} s, max {f['max']:.2f} s")
-    if "catch_up" in out:
-        c = out["catch_up"]
+    for c in out.get("catch_up", []):
         print(f"catch-up: {c['missed']} missed of {c['queue_messages']}: in sync "
               f"{c['start_to_in_sync_s']:.2f} s after the restart; {c['leader_log']}")
     if args.json:

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="shared-store: brokers on one PostgreSQL store (--sql-standby); "
                         "mirrored: etcd and --nodes nodes with a ha-mode all policy")
     p.add_argument("--ttl", type=float, default=2.0, help="--cluster-ttl (mirrored)")
+    p.add_argument("--queue-type", choices=("classic", "quorum"), default="classic",
+                   help="mirrored topology: classic queues under ha-mode all, or quorum queues "
+                        "(replicated on 3 members, majority confirms)")
     p.add_argument("--netns", action="store_true",
                    help="mirrored: etcd and each node in a network namespace on a bridge "
                         "(root, iproute2); needed by the network nemeses")
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_mirrored(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,
                               producers=args.producers, consumers=args.consumers,
                               queues=args.queues, pause=args.pause, ttl=args.ttl,
-                              workdir=args.workdir, netns=args.netns, prefix=args.prefix)
+                              workdir=args.workdir, netns=args.netns, prefix=args.prefix,
+                              queue_type=args.queue_type)
         print(json.dumps(result, indent=2))
         return 0 if result["ok"] else 1
     result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,

@@ -143,7 +143,9 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
                  nodes: int = 3, producers: int = 3, consumers: int = 2, queues: int = 2,
                  pause: float = 5.0, ttl: float = 2.0, warmup: float = 1.5,
                  workdir: Path | None = None, netns: bool = False,
-                 prefix: str = "jm") -> dict:
+                 prefix: str = "jm", queue_type: str = "classic") -> dict:
+    """``queue_type`` quorum: the workload's queues are quorum queues (replicated on
+    their member group, majority confirms) instead of classic ones under ha-mode all."""
     needs_net = [k for k in nemeses if k in NETWORK_NEMESES]
     if needs_net and not netns:
         raise ValueError(f"{', '.join(needs_net)} need the network namespaces (netns=True)")
@@ -183,8 +185,13 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
         r.raise_for_status()
         time.sleep(1.0)  # the policy reaches every node through etcd
         addresses = [(m.addr, m.port) for m in members]
-        clients = ([Producer(i, addresses, names, history) for i in range(producers)]
-                   + [Consumer(i, addresses, names, history) for i in range(consumers)])
+        arguments = {"x-queue-type": "quorum"} if queue_type == "quorum" else None
+        # a quorum queue's group: 3 members (its default), not every node
+        replicas = min(nodes, 3) if queue_type == "quorum" else nodes
+        clients = ([Producer(i, addresses, names, history, arguments=arguments)
+                    for i in range(producers)]
+                   + [Consumer(i, addresses, names, history, arguments=arguments)
+                      for i in range(consumers)])
         for c in clients:
             c.start()
 
@@ -193,7 +200,7 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
             live = {n["name"] for n in view["nodes"] if n["health"] == "up"}
             qs = {q["name"]: q for q in view["queues"]}
             ok = len(live) == nodes and all(
-                n in qs and qs[n]["master"] and len(qs[n]["in_sync"]) == nodes - 1
+                n in qs and qs[n]["master"] and len(qs[n]["in_sync"]) == replicas - 1
                 for n in names)
             return qs if ok else None
 
@@ -246,7 +253,9 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
     failovers = [f["failover_s"] for f in faults if f.get("failover_s") is not None]
     resumed = [f["confirms_resumed_s"] for f in faults if f["confirms_resumed_s"] is not None]
     result.update({
-        "topology": f"etcd, {nodes} nodes, ha-mode all, TTL {ttl} s"
+        "topology": f"etcd, {nodes} nodes, "
+                    + ("quorum queues" if queue_type == "quorum" else "ha-mode all")
+                    + f", TTL {ttl} s"
                     + (f", network namespaces on {topo.subnet}" if topo else ", loopback"),
         "rounds": len(faults), "faults": faults, "workdir": str(work), "nemeses": per,
         "failover_p50_s": percentile(failovers, 50), "failover_p99_s": percentile(failovers, 99),

@@ -60,9 +60,11 @@ class History:
 
 
 class Producer(threading.Thread):
-    def __init__(self, index: int, addresses, queues: list[str], history: History):
+    def __init__(self, index: int, addresses, queues: list[str], history: History,
+                 arguments: dict | None = None):
         super().__init__(daemon=True, name=f"producer-{index}")
         self.index = index
+        self.arguments = arguments  # the queues' declare arguments (x-queue-type)
         self.params = parameters(addresses)
         self.queues = queues
         self.history = history
@@ -83,7 +85,7 @@ class Producer(threading.Thread):
                 ch = conn.channel()
                 ch.confirm_delivery()
                 for q in self.queues:
-                    ch.queue_declare(q, durable=True)
+                    ch.queue_declare(q, durable=True, arguments=self.arguments)
                 while not self.stop_event.is_set():
                     n = next(self.counter)
                     ident = f"p{self.index}-{n}"
@@ -114,8 +116,9 @@ class Producer(threading.Thread):
 
 class Consumer(threading.Thread):
     def __init__(self, index: int, addresses, queues: list[str], history: History,
-                 prefetch: int = 50):
+                 prefetch: int = 50, arguments: dict | None = None):
         super().__init__(daemon=True, name=f"consumer-{index}")
+        self.arguments = arguments
         self.params = parameters(addresses)
         self.queues = queues
         self.history = history
@@ -143,7 +146,7 @@ class Consumer(threading.Thread):
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=self.prefetch)
                 for q in self.queues:
-                    ch.queue_declare(q, durable=True)
+                    ch.queue_declare(q, durable=True, arguments=self.arguments)
                     ch.basic_consume(q, self._on_message)
                 while not self.stop_event.is_set():
                     conn.process_data_events(time_limit=0.2)
