@@ -36,7 +36,7 @@ from broker.persistence import journal_format as jf
 from broker.persistence.records import _MSG_HEAD, QueueDef
 
 from .backlog import publish
-from .procinfo import TrioMQProcess, rss_kb
+from .procinfo import TrioMQProcess, free_port, rss_kb
 
 QUEUE = "backlog"
 
@@ -105,8 +105,10 @@ def build_journal(data_dir: str, n: int, size: int, checkpoint: bool = True) -> 
 
 def start(data_dir: str, store: str | None, extra: list[str]) -> tuple[TrioMQProcess, float]:
     """Start the broker; seconds until an AMQP handshake completes (polled every 20 ms)."""
+    hport = free_port()
     p = TrioMQProcess(store=store, data_dir=data_dir, startup_timeout=600,
-                      extra_args=["--http-port", "0", *extra])
+                      extra_args=["--http-port", str(hport), *extra])
+    p.http_port = hport  # type: ignore[attr-defined]
     p.log_path = os.path.join(data_dir, f"broker-{p.port}.log")
     p._log = open(p.log_path, "wb")  # noqa: SIM115
     env = dict(os.environ)
@@ -128,6 +130,20 @@ def start(data_dir: str, store: str | None, extra: list[str]) -> tuple[TrioMQPro
         return p, took
     kill(p)
     raise RuntimeError("broker did not listen within 600 s")
+
+
+def phases(p: TrioMQProcess) -> str:
+    """The broker's recovery phases (``/api/overview``): name, units done, seconds."""
+    import base64
+    import json
+    import urllib.request
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{p.http_port}/api/overview",  # type: ignore[attr-defined]
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        rec = json.load(r)["recovery"]
+    return ", ".join(f"{ph['name']} {ph['done']:,} {ph['unit']} {ph['elapsed']:.2f} s"
+                     for ph in rec["phases"])
 
 
 def first_delivery(p: TrioMQProcess, t0: float) -> tuple[float, int]:
@@ -177,23 +193,28 @@ _LOG = re.compile(r"(journal:|recover|postgres|sql)", re.I)
 
 
 def restart(data_dir: str, store: str | None, extra: list[str], moment: str,
-            expected: int) -> dict:
+            expected: int, rss_before: int) -> dict:
     t0 = time.monotonic()
     p, listening = start(data_dir, store, extra)
     try:
         delivery, count = first_delivery(p, t0)
         rss = rss_kb(p.proc.pid) or 0
+        done = phases(p)
     finally:
         kill(p)
     with open(p.log_path, errors="replace") as f:
         lines = [ln.strip() for ln in f if _LOG.search(ln)]
     row = {"moment": moment, "listening": listening, "first_delivery": delivery,
-           "count": count, "expected": expected, "rss_mb": rss // 1024}
+           "count": count, "expected": expected, "rss_mb": rss // 1024,
+           "rss_before_mb": rss_before // 1024}
     print(f"  {moment}: listening after {listening:.2f} s, first delivery after "
-          f"{delivery:.2f} s, count {count:,} (expected {expected:,}), RSS {rss // 1024} MB",
+          f"{delivery:.2f} s, count {count:,} (expected {expected:,}), RSS {rss // 1024} MB "
+          f"(before the kill: {rss_before // 1024} MB)",
           flush=True)
+    print(f"    phases: {done}", flush=True)
     for ln in lines[-6:]:
         print("    log:", ln[:220], flush=True)
+    row["phases"] = done
     return row
 
 
@@ -218,6 +239,15 @@ def main(argv=None) -> int:
         from .store_names import _scratch_pg
         args.store, drop = _scratch_pg("127.0.0.1", 5432)
     try:
+        # the same start on an empty data dir: what a restart costs besides recovery
+        empty = tempfile.mkdtemp(prefix="triomq-recovery-empty-")
+        try:
+            p, empty_start = start(empty, None, [])
+            kill(p)
+        finally:
+            shutil.rmtree(empty, ignore_errors=True)
+        print(f"empty journal broker: listening after {empty_start:.2f} s "
+              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
         t = time.monotonic()
         if args.store is None:
             build_journal(data_dir, args.messages, args.size)
@@ -237,37 +267,44 @@ def main(argv=None) -> int:
         expected = args.messages
         # moment 1: killed right after starting from a checkpoint / clean state
         p, _ = start(data_dir, args.store, extra)
+        first_delivery(p, time.monotonic())
+        before = rss_kb(p.proc.pid) or 0
         kill(p)
-        rows.append(restart(data_dir, args.store, extra, "after a clean checkpoint", expected))
+        rows.append(restart(data_dir, args.store, extra, "after a clean checkpoint", expected,
+                            before))
         # moment 2: killed right after a burst of confirmed publishes
         p, _ = start(data_dir, args.store, extra)
         try:
             publish(p.url, QUEUE, args.burst, args.size)
+            before = rss_kb(p.proc.pid) or 0
         finally:
             kill(p)
         expected += args.burst
         rows.append(restart(data_dir, args.store, extra, f"after a burst of {args.burst:,}",
-                            expected))
+                            expected, before))
         # moment 3: killed right after draining (acks: removals; compaction may run)
         p, _ = start(data_dir, args.store, extra)
         try:
             drain(p, args.burst)
+            before = rss_kb(p.proc.pid) or 0
         finally:
             kill(p)
         expected -= args.burst
         rows.append(restart(data_dir, args.store, extra, f"after draining {args.burst:,}",
-                            expected))
+                            expected, before))
     finally:
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
         if drop is not None:
             drop()
-    print("\n| moment | restart to listening | to first delivery | count | RSS |")
-    print("|---|---|---|---|---|")
+    print(f"\nempty broker start: {empty_start:.2f} s")
+    print("| moment | restart to listening | to first delivery | count | RSS before kill / "
+          "after restart | recovery phases |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['moment']} | {r['listening']:.2f} s | {r['first_delivery']:.2f} s | "
               f"{r['count']:,}{'' if r['count'] == r['expected'] else ' (LOST/EXTRA!)'} | "
-              f"{r['rss_mb']} MB |")
+              f"{r['rss_before_mb']} / {r['rss_mb']} MB | {r['phases']} |")
     return 0 if all(r["count"] == r["expected"] for r in rows) else 1
 
 
