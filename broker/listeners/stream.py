@@ -201,6 +201,7 @@ class StreamListener:
             listeners += await self._open("stream", config.stream_port, host, False)
         if config.stream_tls_port is not None:
             listeners += await self._open("stream-tls", config.stream_tls_port, host, True)
+        self.service.watch_vhosts()
         task_status.started(self.ports)
         try:
             if listeners:

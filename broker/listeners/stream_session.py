@@ -56,6 +56,7 @@ log = logging.getLogger("broker.stream")
 # consumer reference is expected to start with)
 PUBLISHER_KEY = "\x00publisher:"
 MAX_REFERENCE = 256
+MAX_CHUNK_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
 # Create's arguments as RabbitMQ maps them onto queue arguments
 _CREATE_ARGS = {"max-length-bytes": "x-max-length-bytes", "max-age": "x-max-age",
                 "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
@@ -73,6 +74,18 @@ class StreamService:
         self.sessions: set[StreamSession] = set()
         # (vhost, stream, name) -> the group's (session, subscription), the active first
         self.sac_groups: dict[tuple, list[tuple[StreamSession, Subscription]]] = {}
+
+    def queue_deleted(self, queue, _consumers) -> None:
+        """A vhost's ``on_queue_deleted`` (a stream deleted over AMQP or the HTTP API)."""
+        if isinstance(queue, StreamQueue):
+            self.stream_deleted(queue.vhost.name, queue.name)
+
+    def watch_vhosts(self) -> None:
+        """Follow the deletions of the vhosts there are (a vhost made later is followed
+        lazily: a subscription notices its stream is gone when it is next fed)."""
+        for vhost in self.broker.vhosts.values():
+            if self.queue_deleted not in vhost.on_queue_deleted:
+                vhost.on_queue_deleted.append(self.queue_deleted)
 
     def stream_deleted(self, vhost: str, name: str) -> None:
         """Every publisher and subscription on it is told (MetadataUpdate) and dropped."""
@@ -284,12 +297,12 @@ class StreamSession:
         if q is None:
             self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
             return
-        self.vhost.delete_queue(q)
         self._respond(cmd, codec.OK)
-        self.service.stream_deleted(self.vhost.name, name)
+        self.vhost.delete_queue(q)
+        self.service.stream_deleted(self.vhost.name, name)  # (told once: dropped on the first)
 
     def _metadata(self, cmd: codec.Metadata) -> None:
-        streams = []
+        streams: list[tuple[str, int, int, list[int]]] = []
         for name in cmd.streams:
             if self._stream(name) is not None:
                 streams.append((name, codec.OK, 0, []))
@@ -401,6 +414,8 @@ class StreamSession:
         dedup = pub.reference is not None
         sequence = pub.sequence
         written = 0
+        run: list[bytes] = []  # a frame's consecutive sub-entries: one chunk
+        run_records = 0
         for m in cmd.messages:
             pid = m.publishing_id
             if dedup and pid <= sequence:
@@ -415,17 +430,26 @@ class StreamSession:
                              exc.reason)
                     refused.append((pid, exc.code))
                     continue
-                lg.append_encoded(codec.subentry_entry(data), 1, data.count)
+                if len(run) == MAX_CHUNK_ENTRIES:
+                    lg.append_encoded(b"".join(run), len(run), run_records)
+                    run, run_records = [], 0
+                run.append(codec.subentry_entry(data))
+                run_records += data.count
                 written += data.count
             else:
                 if len(data) > limit:
                     refused.append((pid, codec.PRECONDITION_FAILED))
                     continue
+                if run:
+                    lg.append_encoded(b"".join(run), len(run), run_records)
+                    run, run_records = [], 0
                 lg.append_record(bytes(data), m.filter_value)
                 written += 1
             if pid > sequence:
                 sequence = pid
             confirms.append(pid)
+        if run:
+            lg.append_encoded(b"".join(run), len(run), run_records)
         if dedup and sequence != pub.sequence:
             pub.sequence = sequence
             lg.store_offset(PUBLISHER_KEY + pub.reference, sequence)  # type: ignore[operator]
@@ -571,6 +595,9 @@ class StreamSession:
         """Deliver committed chunks while the subscription has credit and the connection's
         output is under its high-water mark."""
         if self.ended or sub.reader is None or not sub.active:
+            return
+        if sub.queue.deleted:
+            self.stream_gone(self.vhost.name, sub.stream)
             return
         conn = self.conn
         high = self.output_high_water

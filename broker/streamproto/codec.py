@@ -543,7 +543,7 @@ def _decode_publish(cur: Cursor, version: int) -> Publish:
             if length < 0:
                 raise _unknown("frame too short")
             cur.pos += _SUBENTRY.size
-            data = SubEntry((kind & 0x70) >> 4, count, size, cur.raw(length))
+            data: Any = SubEntry((kind & 0x70) >> 4, count, size, cur.raw(length))
         else:
             n = cur.i32()
             data = cur.raw(n)
@@ -810,7 +810,7 @@ def _codec(kind: int):
         return unzstd
     if kind == COMPRESSION_LZ4:
         try:
-            import lz4.frame
+            import lz4.frame  # type: ignore[import-untyped]
         except ImportError:
             return None
 

@@ -45,8 +45,8 @@ class Client:
         await self.stream.send_all(b"".join(x if isinstance(x, bytes) else c.encode(x)
                                             for x in cmds))
 
-    async def next(self, key: int | None = None, timeout: float = 10):
-        with trio.fail_after(timeout):
+    async def next(self, key: int | None = None, wait: float = 10):
+        with trio.fail_after(wait):
             while True:
                 while self.frames:
                     frame = self.frames.pop(0)
@@ -204,7 +204,18 @@ async def test_credit_deleted_stream_and_unknown_subscription(broker):
 async def test_missed_heartbeats_close_the_connection(broker, autojump_clock):
     cl = await login(broker, heartbeat=1)
     # nothing sent: the server's heartbeat comes, then the connection ends after 2 s
-    assert (await cl.next(c.HEARTBEAT, timeout=30))[0] == c.HEARTBEAT
-    while (frame := await cl.next(timeout=30)) is not None:
+    assert (await cl.next(c.HEARTBEAT, wait=30))[0] == c.HEARTBEAT
+    while (frame := await cl.next(wait=30)) is not None:
         if frame[0] == c.CLOSE:
             assert c.decode(*frame).reason == "missed heartbeats"
+
+
+async def test_a_stream_deleted_over_amqp_is_announced(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "viaamqp", {})))[0] == c.OK
+    assert (await cl.request(c.Subscribe(cl.cid(), 1, "viaamqp", (c.OFFSET_FIRST, 0), 1,
+                                         {})))[0] == c.OK
+    vhost = broker.vhosts["/"]
+    vhost.delete_queue(vhost.queues["viaamqp"])
+    _k, _v, p = await cl.next(c.METADATA_UPDATE)
+    assert p == struct.pack(">Hh", c.STREAM_NOT_AVAILABLE, 7) + b"viaamqp"
