@@ -64,7 +64,7 @@ class StreamQueue(Queue):
         self._streams = streams
         self._cursors: dict[Consumer, _Cursor] = {}
         self._last_appended = -1
-        self.durability = self  # publisher confirms wait for the log (when_durable)
+        self.durability = self  # type: ignore[assignment]  # confirms wait for the log
 
     def _log_settings(self) -> dict:
         arguments, policy = self.arguments, self.effective_policy_definition

@@ -79,6 +79,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("triomq.streams")
 
@@ -247,7 +248,7 @@ class StreamLog:
         self._durable: list[tuple[int, Callable[[], None]]] = []  # (offset, callback), in order
         self._waiters: list = []  # trio Events of readers waiting for a commit
         self._retired: list[int] = []  # fds of rolled segments, closed after the next commit
-        self._store = None  # StreamStore that commits it
+        self._store: StreamStore | None = None  # the store whose task commits it
         self._offsets_dirty = False
         self.committed_offset = -1
         self.last_chunk_offset = -1
@@ -763,7 +764,9 @@ class Reader:
             if (self._fd is None or self._seg is None or self._seg not in lg._segments) \
                     and not self._seek():
                 return None
-            raw = os.pread(self._fd, CHUNK_HEADER.size, self._pos)
+            fd = self._fd
+            assert fd is not None  # _seek opened it
+            raw = os.pread(fd, CHUNK_HEADER.size, self._pos)
             if len(raw) < CHUNK_HEADER.size:
                 # end of this segment: the next one starts at next_offset
                 self._seg = None
@@ -775,7 +778,7 @@ class Reader:
             if first + nrec <= self.next_offset:
                 self._pos += CHUNK_HEADER.size + flen + dlen + tlen
                 continue
-            body = os.pread(self._fd, flen + dlen, self._pos + CHUNK_HEADER.size)
+            body = os.pread(fd, flen + dlen, self._pos + CHUNK_HEADER.size)
             self._pos += CHUNK_HEADER.size + flen + dlen + tlen
             self.next_offset = first + nrec
             return Chunk(raw, body[:flen], body[flen:])
@@ -800,7 +803,7 @@ class StreamStore:
         self.data_dir = data_dir
         self.logs: dict[str, StreamLog] = {}
         self._dirty: dict[int, StreamLog] = {}
-        self._wake = None
+        self._wake: Any = None  # trio.Event while run() runs
         self.running = False
 
     def open(self, vhost: str, name: str, **settings) -> StreamLog:

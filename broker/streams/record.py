@@ -67,7 +67,7 @@ def encode(message) -> bytes:
                                      _sym("x-basic-properties"), _bin(message.props_raw)])]
     headers = message.properties.get("headers")
     if isinstance(headers, dict) and headers:
-        items = []
+        items: list[bytes] = []
         for key, value in headers.items():
             enc = _value(value)
             if enc is not None:
