@@ -71,7 +71,7 @@ class Broker:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self.cmd = [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port",
                     str(self.port), "--data-dir", data_dir, "--store", store_url,
-                    "--http-port", "0", "--memory-limit", str(1 << 40)]
+                    "--http-port", "0", "--stream-port", "0", "--memory-limit", str(1 << 40)]
         self.proc: subprocess.Popen | None = None
         self.n = 0
         self.started = 0.0
