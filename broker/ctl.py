@@ -747,9 +747,12 @@ def _quorum_verbs() -> None:
     node is every quorum queue's only member, so it cannot be added again nor removed."""
     def quorum_status(api: Api, a):
         queue = _quorum_queue(api, a)
+        online = queue.get("online", queue.get("members", []))
+        # in a cluster: the queue's term and its members down ("noproc", as RabbitMQ)
         rows = [{"Node Name": m, "Raft State": "leader" if m == queue.get("leader")
-                 else "follower", "Log Index": "undefined", "Commit Index": "undefined",
-                 "Snapshot Index": "undefined", "Term": 1, "Machine Version": "undefined"}
+                 else "follower" if m in online else "noproc", "Log Index": "undefined",
+                 "Commit Index": "undefined", "Snapshot Index": "undefined",
+                 "Term": queue.get("term") or 1, "Machine Version": "undefined"}
                 for m in queue.get("members", [])]
         return ["Node Name", "Raft State", "Log Index", "Commit Index", "Snapshot Index",
                 "Term", "Machine Version"], rows

@@ -266,6 +266,9 @@ def test_add_member_and_delete_member(tmp_path, etcd, secret):
         assert view["in_sync"] == ["c"], view
         q = eventually(lambda: _members_are(api_queue(b, "qq"), ["a", "c"]), timeout=10)
         assert q["online"] == ["a", "c"], q
+        p = ctl(b, "-q", "quorum_status", "qq")
+        rows = [line.split("\t")[:2] for line in p.stdout.splitlines()[1:]]
+        assert p.returncode == 0 and rows == [["a", "leader"], ["c", "follower"]], p.stdout
         p = ctl(b, "delete_member", "qq", "zz")
         assert p.returncode != 0 and "not_found" in p.stdout + p.stderr, p.stdout + p.stderr
         p = ctl(b, "add_member", "qq", "zz")
