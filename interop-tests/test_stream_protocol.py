@@ -10,6 +10,7 @@ import struct
 import time
 import uuid
 
+import mmh3
 import pika
 import pytest
 import rbfly.streams as rbs
@@ -537,3 +538,47 @@ def test_tls_listener(tmp_path):
         assert run(both()) == [b"secret"]
     finally:
         proc.stop()
+
+
+def test_super_stream_create_route_publish_delete(triomq):
+    """CreateSuperStream, Partitions, Route, rstream's SuperStreamProducer routing by key,
+    DeleteSuperStream (RabbitMQ 3.10 has no CreateSuperStream: TrioMQ only)."""
+    from rstream import RouteType, SuperStreamProducer
+
+    name = _name("super")
+    parts = [f"{name}-{i}" for i in range(3)]
+
+    async def key_of(message):
+        return message.application_properties["k"]
+
+    async def go():
+        async with triomq.producer() as p:
+            client = await p.default_client
+            await client.create_super_stream(name, parts, ["0", "1", "2"], {"max-age": "1h"})
+            with pytest.raises(Exception) as exc:
+                await client.create_super_stream(name, parts, ["0", "1", "2"])
+            assert "StreamAlreadyExists" in type(exc.value).__name__
+            assert await client.partitions(name) == parts
+            assert await client.route("1", name) == [parts[1]]
+        # hash routing (rstream's key routing caches the first key's route for all keys)
+        producer = SuperStreamProducer(
+            "127.0.0.1", port=triomq.port, username="guest", password="guest",
+            super_stream=name, routing=RouteType.Hash, routing_extractor=key_of)
+        async with producer:
+            for i in range(6):
+                await producer.send(AMQPMessage(body=b"s%d" % i,
+                                                application_properties={"k": str(i)}))
+        want: dict = {part: [] for part in parts}
+        for i in range(6):  # the client's murmur3 rule, as the Java client's
+            h = mmh3.hash_bytes(bytes(str(i), "UTF-16"), 104729)
+            want[parts[int.from_bytes(h, "little") % 3]].append(b"s%d" % i)
+        got = {part: [b for _, b in await _consume(triomq, part, len(want[part]))]
+               if want[part] else [] for part in parts}
+        assert got == want
+        async with triomq.producer() as p:
+            client = await p.default_client
+            await client.delete_super_stream(name)
+            for part in parts:
+                assert not await p.stream_exists(part)
+
+    run(go())

@@ -269,24 +269,84 @@ class StreamSession:
         if name in self.vhost.queues:
             self._respond(cmd, codec.STREAM_ALREADY_EXISTS)
             return
-        arguments: dict[str, Any] = {"x-queue-type": "stream"}
-        for key, value in cmd.arguments.items():
-            if key in _CREATE_ARGS:
-                target = _CREATE_ARGS[key]
-                arguments[target] = int(value) if value.isdigit() and key != "max-age" \
-                    else value
         if not _valid_name(name):
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
-        m = spec.Queue.Declare(queue=name, durable=True, auto_delete=False, exclusive=False,
-                               arguments=arguments)
         try:
-            self.vhost.declare_queue(m, None)
+            self._declare_stream(name, cmd.arguments)
         except errors.AMQPError as exc:
             log.info("stream connection %s: create %r refused: %s", self.peer, name, exc.text)
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
         self._respond(cmd, codec.OK)
+
+    def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
+        arguments: dict[str, Any] = {"x-queue-type": "stream"}
+        for key, value in create_args.items():
+            if key in _CREATE_ARGS and value is not None:
+                arguments[_CREATE_ARGS[key]] = int(value) \
+                    if value.isdigit() and key != "max-age" else value
+        m = spec.Queue.Declare(queue=name, durable=True, auto_delete=False, exclusive=False,
+                               arguments=arguments)
+        return self.vhost.declare_queue(m, None)  # type: ignore[return-value]
+
+    def _create_super_stream(self, cmd: codec.CreateSuperStream) -> None:
+        """A direct exchange named after the super stream, a stream per partition, bound
+        with its binding key and ``x-stream-partition-order`` (RabbitMQ 3.13's layout)."""
+        name, parts, keys = cmd.name, cmd.partitions, cmd.binding_keys
+        if not parts or len(parts) != len(keys) or len(set(parts)) != len(parts) \
+                or not all(_valid_name(n) for n in [name, *parts]) or None in keys:
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        try:
+            self.authz.check("exchange", name, "configure")
+            for part in parts:
+                self.authz.check("queue", part, "configure")
+        except errors.AMQPError:
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        vhost = self.vhost
+        if name in vhost.exchanges or any(part in vhost.queues for part in parts):
+            self._respond(cmd, codec.STREAM_ALREADY_EXISTS)
+            return
+        made: list = []
+        try:
+            vhost.declare_exchange(spec.Exchange.Declare(
+                exchange=name, type="direct", durable=True,
+                arguments={"x-super-stream": True}))
+            for order, (part, key) in enumerate(zip(parts, keys, strict=True)):
+                made.append(self._declare_stream(part, cmd.arguments))
+                vhost.bind(name, made[-1], key, {"x-stream-partition-order": order})
+        except errors.AMQPError as exc:
+            log.info("stream connection %s: super stream %r refused: %s", self.peer, name,
+                     exc.text)
+            for q in made:
+                vhost.delete_queue(q)
+            vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
+            self._respond(cmd, codec.PRECONDITION_FAILED)
+            return
+        self._respond(cmd, codec.OK)
+
+    def _delete_super_stream(self, cmd: codec.DeleteSuperStream) -> None:
+        name = cmd.name
+        parts = self._partitions_of(name)
+        if parts is None:
+            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
+            return
+        try:
+            self.authz.check("exchange", name, "configure")
+            for part, _k, _o in parts:
+                self.authz.check("queue", part, "configure")
+        except errors.AMQPError:
+            self._respond(cmd, codec.ACCESS_REFUSED)
+            return
+        self._respond(cmd, codec.OK)
+        self.vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
+        for part, _k, _o in parts:
+            q = self._stream(part)
+            if q is not None:
+                self.vhost.delete_queue(q)
+                self.service.stream_deleted(self.vhost.name, part)
 
     def _delete(self, cmd: codec.Delete) -> None:
         name = cmd.stream
@@ -717,6 +777,8 @@ _HANDLERS: dict[type, Any] = {
     codec.StreamStats: StreamSession._stream_stats,
     codec.Route: StreamSession._route,
     codec.Partitions: StreamSession._partitions,
+    codec.CreateSuperStream: StreamSession._create_super_stream,
+    codec.DeleteSuperStream: StreamSession._delete_super_stream,
     codec.DeclarePublisher: StreamSession._declare_publisher,
     codec.DeletePublisher: StreamSession._delete_publisher,
     codec.QueryPublisherSequence: StreamSession._query_publisher_sequence,
