@@ -314,6 +314,38 @@ def test_routed_through_an_exchange(open_conn, stream, uid):
         ch.exchange_delete(x)
 
 
+def test_one_publish_to_a_stream_and_a_durable_queue(open_conn, stream, uid):
+    """The confirm waits for both the log and the classic store; both hold the message."""
+    c = open_conn()
+    ch = c.channel()
+    x, q = uid + "-fx", uid + "-cq"
+    ch.exchange_declare(x, "fanout")
+    ch.queue_declare(q, durable=True)
+    try:
+        ch.queue_bind(stream, x)
+        ch.queue_bind(q, x)
+        ch.confirm_delivery()
+        for i in range(20):
+            ch.basic_publish(x, "", b"both%d" % i, pika.BasicProperties(delivery_mode=2))
+        assert ch.queue_declare(q, passive=True).method.message_count == 20
+        got = _consume(c, ch, stream, 20, "first")
+        assert _bodies(got) == [b"both%d" % i for i in range(20)]
+    finally:
+        ch.exchange_delete(x)
+        ch.queue_delete(q)
+
+
+def test_transaction_publishes(open_conn, stream):
+    c = open_conn()
+    ch = c.channel()
+    ch.tx_select()
+    ch.basic_publish("", stream, b"t1")
+    ch.basic_publish("", stream, b"t2")
+    ch.tx_commit()
+    c2 = open_conn()
+    assert _bodies(_consume(c2, c2.channel(), stream, 2, "first")) == [b"t1", b"t2"]
+
+
 def test_aio_pika_consume(target, stream):
     aio_pika = pytest.importorskip("aio_pika")
     import asyncio

@@ -54,3 +54,17 @@ def _message(body: bytes):
     from broker.amqp.fields import encode_properties
     from broker.message import Message
     return Message("", "events", encode_properties({}), {}, body)
+
+
+async def test_ctl_list_queues_shows_the_type(api, http_broker):
+    import subprocess
+    import sys
+    from pathlib import Path
+    r = await api.put("/api/queues/%2F/ctl-st", json={"durable": True, "type": "stream"})
+    assert r.status_code == 201, r.text
+    cmd = [sys.executable, "-m", "broker", "ctl", "--url", http_broker.url, "list_queues",
+           "-s", "name", "type"]
+    p = await trio.to_thread.run_sync(lambda: subprocess.run(
+        cmd, cwd=str(Path(__file__).resolve().parents[2]), capture_output=True, text=True,
+        timeout=120))
+    assert p.returncode == 0 and "ctl-st\tstream" in p.stdout.splitlines(), p.stdout + p.stderr

@@ -217,3 +217,20 @@ def test_policy_keys_validated():
     with pytest.raises(PolicyError, match="-1 is not a valid segment size"):
         validate_definition({"stream-max-segment-size-bytes": -1})
     validate_definition({"max-age": "7D", "stream-max-segment-size-bytes": 1000})
+
+
+def test_confirm_waits_for_the_log_commit(session_client, broker):
+    c = session_client()
+    _stream(c)
+    c.ok(1, spec.Confirm.Select(), spec.Confirm.SelectOk)
+    broker.streams.running = True  # commits wait for commit_all (the group commit task's)
+    written = c.publish(1, b"x", routing_key="s", delivery_mode=2)
+    written += c.publish(1, b"y", routing_key="s")  # transient: waits all the same
+    assert not [w for w in written if isinstance(w.method, spec.Basic.Ack)]
+    q = broker.vhosts["/"].queues["s"]
+    assert q.log.committed_offset == -1
+    broker.streams.commit_all()
+    acks = [w.method for w in c.output() if isinstance(w.method, spec.Basic.Ack)]
+    assert acks and acks[-1].delivery_tag == 2
+    assert q.log.committed_offset == 1
+    broker.streams.running = False
