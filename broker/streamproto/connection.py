@@ -105,11 +105,16 @@ class ServerConnection:
         self._out: list = []
         self.pending_output = 0
         self._close_id = 0
+        # octets and reads / writes (the management API's recv_oct, recv_cnt, send_oct,
+        # send_cnt): once per read or write, not per frame
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
 
     # ---- input ----
     def receive_data(self, data) -> list:
         if self.state is State.CLOSED:
             return []
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         events: list = []
         try:
             frames = self.reader.feed(data)
@@ -276,6 +281,9 @@ class ServerConnection:
 
     def buffers_to_send(self) -> list:
         out, self._out = self._out, []
+        if out:
+            self.send_oct += self.pending_output
+            self.send_cnt += 1
         self.pending_output = 0
         return out
 

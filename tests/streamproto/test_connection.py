@@ -128,3 +128,12 @@ def test_commands_pipelined_behind_open_keep_their_order():
                            + c.encode(c.Delete(5, "s")))
     assert ev == [OpenRequested(4, "/"), CommandReceived(c.Delete(5, "s"))]
     assert conn.frame_max == 1048576  # 0: no limit of the client's, the server's holds
+
+
+def test_octets_counted_for_the_management_api():
+    conn = ServerConnection()
+    data = c.encode(c.PeerProperties(1, {}))
+    conn.receive_data(data)
+    out = conn.data_to_send()
+    assert (conn.recv_oct, conn.recv_cnt, conn.send_oct, conn.send_cnt) == \
+        (len(data), 1, len(out), 1)
