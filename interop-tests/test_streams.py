@@ -335,6 +335,18 @@ def test_one_publish_to_a_stream_and_a_durable_queue(open_conn, stream, uid):
         ch.queue_delete(q)
 
 
+def test_large_prefetch_past_the_output_buffer(open_conn, stream):
+    """6 MB of deliveries for a prefetch of 10,000: delivery pauses at the connection's
+    output high-water mark and resumes as the client reads, until every message came."""
+    c = open_conn()
+    ch = c.channel()
+    body = b"z" * 2000
+    for i in range(3000):
+        ch.basic_publish("", stream, b"%05d" % i + body)
+    got = _consume(c, ch, stream, 3000, "first", prefetch=10000)
+    assert [b[:5] for b in _bodies(got)] == [b"%05d" % i for i in range(3000)]
+
+
 def test_transaction_publishes(open_conn, stream):
     c = open_conn()
     ch = c.channel()

@@ -2,10 +2,13 @@
 
 A record is an AMQP 1.0 message (what RabbitMQ stores and Stream-protocol clients read):
 
+* a header section (durable, priority) when the message has them;
 * message-annotations ``{x-exchange, x-routing-key, x-basic-properties}``: the
   exchange, the routing key and the 0-9-1 content header's property bytes as received
   (so a 0-9-1 consumer gets them back without re-encoding; ``x-basic-properties`` is
   this broker's own annotation);
+* properties: message-id, user-id, reply-to, correlation-id, content-type,
+  content-encoding, creation-time (the 0-9-1 timestamp, in ms);
 * application-properties: the 0-9-1 headers whose values are strings, integers or
   booleans (so a Stream-protocol client sees them, and the filter value);
 * a data section: the body.
@@ -60,11 +63,56 @@ def _map(items: list[bytes]) -> bytes:
     return b"\xd1" + struct.pack(">II", len(body) + 4, len(items)) + body
 
 
+def _list(items: list[bytes]) -> bytes:
+    body = b"".join(items)
+    return b"\xd0" + struct.pack(">II", len(body) + 4, len(items)) + body
+
+
+def _text_or_null(value, symbol: bool = False) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return b"\x40"
+    return _sym(value) if symbol else _str(value)
+
+
+def _properties_section(props: dict) -> bytes | None:
+    """The AMQP 1.0 properties of a 0-9-1 message, for Stream-protocol readers."""
+    timestamp = props.get("timestamp")
+    user_id = props.get("user_id")
+    fields = [
+        _text_or_null(props.get("message_id")),
+        _bin(user_id.encode() if isinstance(user_id, str) else user_id)
+        if isinstance(user_id, (str, bytes)) else b"\x40",
+        b"\x40", b"\x40",  # to, subject
+        _text_or_null(props.get("reply_to")),
+        _text_or_null(props.get("correlation_id")),
+        _text_or_null(props.get("content_type"), symbol=True),
+        _text_or_null(props.get("content_encoding"), symbol=True),
+        b"\x40",  # absolute-expiry-time
+        b"\x83" + struct.pack(">q", int(timestamp) * 1000)
+        if isinstance(timestamp, int) else b"\x40",
+    ]
+    while fields and fields[-1] == b"\x40":
+        fields.pop()
+    return b"\x00\x53\x73" + _list(fields) if fields else None
+
+
 def encode(message) -> bytes:
     """The record of an AMQP 0-9-1 message."""
-    parts = [b"\x00\x53\x72", _map([_sym("x-exchange"), _str(message.exchange),
-                                     _sym("x-routing-key"), _str(message.routing_key),
-                                     _sym("x-basic-properties"), _bin(message.props_raw)])]
+    props = message.properties
+    parts = []
+    durable, priority = props.get("delivery_mode") == 2, props.get("priority")
+    if durable or isinstance(priority, int):
+        parts += (b"\x00\x53\x70", _list([b"\x41" if durable else b"\x42",
+                                             b"\x50" + bytes((priority & 0xFF,))
+                                             if isinstance(priority, int) else b"\x40"]))
+    parts += (b"\x00\x53\x72", _map([_sym("x-exchange"), _str(message.exchange),
+                                      _sym("x-routing-key"), _str(message.routing_key),
+                                      _sym("x-basic-properties"), _bin(message.props_raw)]))
+    section = _properties_section(props)
+    if section is not None:
+        parts.append(section)
     headers = message.properties.get("headers")
     if isinstance(headers, dict) and headers:
         items: list[bytes] = []

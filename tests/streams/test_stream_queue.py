@@ -234,3 +234,21 @@ def test_confirm_waits_for_the_log_commit(session_client, broker):
     assert acks and acks[-1].delivery_tag == 2
     assert q.log.committed_offset == 1
     broker.streams.running = False
+
+
+def test_record_carries_amqp10_sections_for_stream_clients():
+    """What a Stream-protocol client decodes from a 0-9-1 publish: header, properties,
+    application-properties and data, as RabbitMQ converts them."""
+    from broker.amqp.fields import decode_properties, encode_properties
+    raw = encode_properties({"content_type": "text/plain", "message_id": "m1",
+                             "correlation_id": "c", "reply_to": "r", "timestamp": 12345,
+                             "priority": 3, "delivery_mode": 2, "headers": {"a": b"x"}})
+    r = record.encode(Message("ex", "rk", raw, decode_properties(raw), b"body"))
+    sections, pos = {}, 0
+    while pos < len(r):
+        code, pos = record._read(r, pos + 1)
+        sections[code], pos = record._read(r, pos)
+    assert sections[0x70] == [True, 3]
+    assert sections[0x73] == ["m1", None, None, None, "r", "c", "text/plain", None, None,
+                              12345000]
+    assert sections[0x74] == {"a": "x"} and sections[0x75] == b"body"
