@@ -101,7 +101,7 @@ def _properties_section(props: dict) -> bytes | None:
 def encode(message) -> bytes:
     """The record of an AMQP 0-9-1 message."""
     props = message.properties
-    parts = []
+    parts: list[bytes] = []
     durable, priority = props.get("delivery_mode") == 2, props.get("priority")
     if durable or isinstance(priority, int):
         parts += (b"\x00\x53\x70", _list([b"\x41" if durable else b"\x42",
