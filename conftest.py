@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import tempfile
 
+# brokers started by tests serve the Stream protocol only on a port they are given: never
+# on the CLI's default 5552, which belongs to the machine's RabbitMQ
+os.environ.setdefault("TRIOMQ_STREAM_PORT", "0")
+
 try:  # keep hypothesis' example database out of the repository
     from hypothesis.configuration import set_hypothesis_home_dir
 

@@ -145,9 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="STOMP over WebSockets listener port, path /ws (default: none)")
     run.add_argument("--stomp-wss-port", type=int, default=None, metavar="PORT",
                      help="STOMP over secure WebSockets (needs --tls-cert and --tls-key)")
-    run.add_argument("--stream-port", type=int, default=None, metavar="PORT",
+    run.add_argument("--stream-port", type=int, metavar="PORT",
+                     default=(int(os.environ["TRIOMQ_STREAM_PORT"])
+                              if os.environ.get("TRIOMQ_STREAM_PORT") else None),
                      help="RabbitMQ Stream protocol listener port (default 5552, skipped with "
-                          "a warning when taken; 0: none)")
+                          "a warning when taken; 0: none; default from $TRIOMQ_STREAM_PORT "
+                          "when set, which the test suites set to 0)")
     run.add_argument("--stream-tls-port", type=int, default=None, metavar="PORT",
                      help="Stream protocol over TLS, e.g. 5551 (needs --tls-cert and --tls-key)")
     run.add_argument("--stream-advertised-host", default=None, metavar="HOST",
