@@ -12,6 +12,7 @@ from .churn import Churn
 from .config import Config
 from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
+from .listeners import amqp10 as amqp10_listener
 from .listeners import mqtt as mqtt_listener
 from .listeners import stomp as stomp_listener
 from .listeners import stream as stream_listener
@@ -108,6 +109,8 @@ class Broker:
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
         self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
+        # AMQP 1.0: on the AMQP port by protocol header, and --amqp10-port; or None
+        self.amqp10 = amqp10_listener.install(self)
         self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None
 
     def recover(self) -> None:

@@ -156,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stream-advertised-host", default=None, metavar="HOST",
                      help="host Stream clients are told to connect to (default: the address "
                           "they connected to)")
+    run.add_argument("--no-amqp10", action="store_true",
+                     help="do not serve AMQP 1.0 clients on the AMQP port (by default an AMQP "
+                          "1.0 protocol header there is served as AMQP 1.0, as RabbitMQ 4 does)")
+    run.add_argument("--amqp10-port", type=int, default=None, metavar="PORT",
+                     help="an AMQP 1.0 listener port of its own (default: none)")
+    run.add_argument("--amqps10-port", type=int, default=None, metavar="PORT",
+                     help="AMQP 1.0 over TLS listener port (needs --tls-cert and --tls-key)")
+    run.add_argument("--amqp10-anonymous-user", default=None, metavar="USER",
+                     help="accept SASL ANONYMOUS AMQP 1.0 logins as USER (default: refused)")
     run.add_argument("--tls-cert", default=None, metavar="PEM",
                      help="server certificate (chain) for the TLS listeners")
     run.add_argument("--tls-key", default=None, metavar="PEM",
@@ -270,6 +279,8 @@ def _tls_problem(args) -> str | None:
         return "--stomp-wss-port needs --tls-cert and --tls-key"
     if args.stream_tls_port is not None and not (args.tls_cert and args.tls_key):
         return "--stream-tls-port needs --tls-cert and --tls-key"
+    if args.amqps10_port is not None and not (args.tls_cert and args.tls_key):
+        return "--amqps10-port needs --tls-cert and --tls-key"
     for option, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
                          ("--tls-ca", args.tls_ca)):
         if path and not os.path.isfile(path):
@@ -342,6 +353,8 @@ def _run(args) -> int:
                           ("--stomp-wss-port", args.stomp_wss_port),
                           ("--stream-port", args.stream_port),
                           ("--stream-tls-port", args.stream_tls_port),
+                          ("--amqp10-port", args.amqp10_port),
+                          ("--amqps10-port", args.amqps10_port),
                           ("--hermes-port", args.hermes_port)):
         if value is not None and not 0 <= value <= 65535:
             print(f"triomq: error: invalid {option} {value}", file=sys.stderr)
@@ -408,6 +421,9 @@ def _run(args) -> int:
                     stream_optional=args.stream_port is None,
                     stream_tls_port=args.stream_tls_port,
                     stream_advertised_host=args.stream_advertised_host,
+                    amqp10=not args.no_amqp10, amqp10_port=args.amqp10_port,
+                    amqps10_port=args.amqps10_port,
+                    amqp10_anonymous_user=args.amqp10_anonymous_user,
                     tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                     tls_port=args.tls_port, tls_verify=args.tls_verify,
                     tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert,

@@ -163,6 +163,13 @@ class Config:
     stream_frame_max: int = 1_048_576  # offered in Tune (RabbitMQ's default)
     stream_heartbeat: int = 60  # seconds, offered in Tune
     stream_advertised_host: str | None = None  # in Open and Metadata; None: the local address
+    # AMQP 1.0 (docs/amqp10.md): on the AMQP port by protocol header (as RabbitMQ 4) unless
+    # amqp10 is false, and on ports of its own when set (amqps10: the tls_* options).
+    # amqp10_anonymous_user: the user of SASL ANONYMOUS logins (None: refused).
+    amqp10: bool = True
+    amqp10_port: int | None = None
+    amqps10_port: int | None = None
+    amqp10_anonymous_user: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

@@ -24,6 +24,7 @@ import trio.lowlevel
 from . import errors
 from .amqp.connection import State
 from .broker import Broker
+from .listeners import amqp10 as amqp10_listener
 from .persistence import StoreUnavailable
 from .security import tls
 from .session import Session
@@ -51,8 +52,9 @@ SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 
 class ConnectionHandler:
     def __init__(self, server: Server, stream: trio.SocketStream | trio.SSLStream,
-                 peer_cert_user: str | None = None):
+                 peer_cert_user: str | None = None, prefix: bytes = b""):
         self.server = server
+        self.prefix = prefix  # what the protocol sniffing read already
         # Any: an SSLStream is typed to receive bytearray; both give bytes here
         self.stream: Any = stream
         # plain TCP: read with recv_into and write with sendmsg on the socket itself
@@ -139,6 +141,8 @@ class ConnectionHandler:
         # message's body frames cost no extra round trip.
         conn.input_budget = broker.config.flow_read_slice
         ready = False  # the last read filled its buffer: more is probably waiting
+        if self.prefix:
+            session.data_received(self.prefix)
         while not session.finished:
             # Back-pressure: do not read while our own output piles up
             # (a client that does not read) or publishers are blocked by an alarm.
@@ -388,7 +392,22 @@ class Server:
         await self._serve_connection(tls_stream, tls.peer_cert_user(tls_stream))
 
     async def _serve_connection(self, stream, peer_cert_user: str | None = None) -> None:
-        handler = ConnectionHandler(self, stream, peer_cert_user)
+        prefix = b""
+        amqp10 = self.broker.amqp10
+        if amqp10 is not None and self.broker.config.amqp10:
+            # RabbitMQ 4 serves AMQP 1.0 on the AMQP port: its protocol header says which
+            prefix = await self._sniff(stream)
+            if prefix is None:  # nothing within the handshake timeout
+                with trio.move_on_after(1) as cleanup:
+                    cleanup.shield = True
+                    await stream.aclose()
+                return
+            if amqp10_listener.is_amqp10(prefix):
+                tls_stream = isinstance(stream, trio.SSLStream)
+                raw = stream.transport_stream if tls_stream else stream
+                await amqp10.serve_connection(stream, raw.socket, tls_stream, prefix)
+                return
+        handler = ConnectionHandler(self, stream, peer_cert_user, prefix)
         self.handlers.add(handler)
         try:
             await handler.run()
@@ -396,6 +415,26 @@ class Server:
             log.exception("connection %s: internal error", handler.peer)
         finally:
             self.handlers.discard(handler)
+
+    async def _sniff(self, stream) -> bytes | None:
+        """The first octets of a connection, up to the six that tell AMQP 1.0's headers
+        from 0-9-1's (fewer when they cannot be an AMQP header, the peer ends, or the
+        handshake timeout passes: the 0-9-1 handler answers those); None when nothing
+        came within the handshake timeout."""
+        buf = b""
+        with trio.move_on_after(self.broker.config.handshake_timeout) as scope:
+            while len(buf) < 6 and b"AMQP".startswith(buf[:4]):
+                try:
+                    data = await stream.receive_some(6 - len(buf))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    break
+                if not data:
+                    break
+                buf += data
+        if scope.cancelled_caught and not buf:
+            log.warning("connection: handshake timeout (nothing received)")
+            return None
+        return buf
 
     async def _run_timers(self) -> None:
         timers = self.broker.timers

@@ -33,7 +33,6 @@ EXPECTED_CAPABILITIES = [
 @pytest.mark.parametrize("header", [
     b"AMQP\x00\x00\x09\x02",       # wrong revision
     b"AMQP\x01\x01\x00\x0a",       # AMQP 0-10 style header
-    b"AMQP\x03\x01\x00\x00",       # AMQP 1.0 SASL-ish header... protocol id 3
     b"XMQP\x00\x00\x09\x01",       # wrong magic
 ])
 def test_wrong_protocol_header_gets_supported_header_and_close(raw_socket, header):
@@ -41,6 +40,18 @@ def test_wrong_protocol_header_gets_supported_header_and_close(raw_socket, heade
     r.send(header)
     data = r.read_until_closed(timeout=5)
     assert data == b"AMQP\x00\x00\x09\x01"
+
+
+def test_amqp10_sasl_header_on_the_amqp_port(raw_socket, external_broker):
+    """AMQP 1.0's SASL header: served as AMQP 1.0 (SASL header and sasl-mechanisms back) by
+    TrioMQ, as RabbitMQ 4 and RabbitMQ 3.10 with rabbitmq_amqp1_0 do; RabbitMQ 3.10
+    without the plugin answers with its 0-9-1 header and closes."""
+    r = raw_socket()
+    r.send(b"AMQP\x03\x01\x00\x00")
+    data = r.recv_exact(8, timeout=5)
+    if external_broker and data == b"AMQP\x00\x00\x09\x01":
+        return  # the machine's RabbitMQ without its AMQP 1.0 plugin
+    assert data == b"AMQP\x03\x01\x00\x00"
 
 
 def test_connection_start_fields(raw_socket):

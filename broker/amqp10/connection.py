@@ -1,0 +1,461 @@
+"""One AMQP 1.0 server connection, sans-IO: bytes in (``receive_data``), events out,
+bytes out (``data_to_send``).
+
+The frames, the type system, sessions, links, credit and transfers are python-qpid-proton's
+engine (``Transport``/``Connection``/``Collector``), which is itself driven by bytes and
+has no I/O. In front of it this module runs the protocol header and the SASL exchange
+(``sasl.py``); behind it, it turns proton's events into the few the broker acts on and
+assembles transfers into whole messages under a size bound. Links and deliveries are
+handed out as proton's objects, as opaque handles the broker passes back to the methods
+here (``attach_*``, ``send``, ``settle_incoming``, ``grant``, ``detach``, ``close``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from proton import Collector, Condition, Connection, Delivery, Disposition, Event, Link, Transport
+
+from . import sasl
+
+# Frames the broker accepts (proton refuses larger ones with amqp:connection:framing-error)
+MAX_FRAME = 128 * 1024
+# octets one session's peer may have in flight towards the broker (its incoming window)
+SESSION_CAPACITY = 1024 * 1024
+CHANNEL_MAX = 255  # sessions per connection
+IDLE_TIMEOUT = 60.0  # seconds; a peer that sends nothing for this long is closed
+OUTPUT_BATCH = 1024 * 1024  # octets data_to_send hands out at most per call
+
+
+class State(Enum):
+    AWAIT_HEADER = "await_header"
+    SASL = "sasl"  # mechanisms sent, waiting for sasl-init
+    SASL_DECIDING = "sasl_deciding"  # the broker checks the credentials
+    AMQP = "amqp"  # proton's engine has the stream
+    CLOSED = "closed"
+
+
+@dataclass
+class SaslInit:
+    mechanism: str
+    response: bytes
+    hostname: str | None
+
+
+@dataclass
+class NoSasl:
+    """The client sent the AMQP header without SASL: anonymous, if the broker allows it."""
+
+
+@dataclass
+class ConnectionOpened:
+    hostname: str | None
+    container: str | None
+
+
+@dataclass
+class LinkAttached:
+    """The peer attached a link. ``link.is_receiver`` on the broker's side: the client
+    sends (publishes) to ``address``; else the client receives from ``address``."""
+    link: Link
+    address: str | None
+    dynamic: bool
+
+
+@dataclass
+class MessageReceived:
+    """A whole message on a receiving link (its transfers assembled)."""
+    link: Link
+    delivery: Delivery
+    data: bytes
+    settled: bool
+
+
+@dataclass
+class OutcomeReceived:
+    """The client's disposition of a delivery the broker sent."""
+    link: Link
+    delivery: Delivery
+    outcome: int  # Disposition.ACCEPTED/RELEASED/REJECTED/MODIFIED, 0: settled without one
+    delivery_failed: bool
+    undeliverable_here: bool
+
+
+@dataclass
+class CreditGiven:
+    link: Link
+
+
+@dataclass
+class LinkDetached:
+    link: Link
+    closed: bool
+
+
+@dataclass
+class SessionEnded:
+    key: int  # the ``key`` of its links' ``session_key``
+
+
+@dataclass
+class ConnectionClosed:
+    pass
+
+
+@dataclass
+class ProtocolError:
+    description: str
+
+
+Event10 = (SaslInit | NoSasl | ConnectionOpened | LinkAttached | MessageReceived
+           | OutcomeReceived | CreditGiven | LinkDetached | SessionEnded | ConnectionClosed
+           | ProtocolError)
+
+
+class ServerConnection:
+    def __init__(self, max_message_size: int, mechanisms: list[str]):
+        self.max_message_size = max_message_size
+        self.mechanisms = mechanisms
+        self.state = State.AWAIT_HEADER
+        self._inbuf = bytearray()  # before proton: header and SASL frames only
+        self._out: list[bytes] = []
+        self.transport = Transport(Transport.SERVER)
+        self.transport.max_frame_size = MAX_FRAME
+        self.transport.channel_max = CHANNEL_MAX
+        self.transport.idle_timeout = IDLE_TIMEOUT
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        self.opened = False
+        self.sasl_used = False
+        self.finished = False  # nothing more will be read; write what is left and end
+        # a receiving link's partial message: link -> octets so far (bounded, see _read)
+        self._partial: dict[int, bytearray] = {}
+        # proton hands out a new wrapper object per event: sessions and links get a ``key``
+        # attribute (kept in proton's record) to be told apart
+        self._keys = 0
+        self.error: str | None = None
+
+    # ---- input ----
+    def receive_data(self, data: bytes) -> list[Event10]:
+        events: list[Event10] = []
+        if self.finished:
+            return events
+        if self.state is State.AMQP:
+            self._push(data, events)
+            return events
+        self._inbuf += data
+        self._pre_amqp(events)
+        return events
+
+    def _pre_amqp(self, events: list[Event10]) -> None:
+        buf = self._inbuf
+        if self.state is State.AWAIT_HEADER:
+            if len(buf) < 8:
+                if not (sasl.SASL_HEADER.startswith(buf) or sasl.AMQP_HEADER.startswith(buf)):
+                    self._bad_header()
+                return
+            header = bytes(buf[:8])
+            if header == sasl.SASL_HEADER:
+                del buf[:8]
+                self.sasl_used = True
+                self._out.append(sasl.SASL_HEADER + sasl.mechanisms_frame(self.mechanisms))
+                self.state = State.SASL
+            elif header == sasl.AMQP_HEADER:
+                self.state = State.SASL_DECIDING  # the header stays for proton
+                events.append(NoSasl())
+                return
+            else:
+                self._bad_header()
+                return
+        if self.state is State.SASL:
+            try:
+                parsed = sasl.parse_frame(buf)
+                if parsed is None:
+                    return
+                size, value = parsed
+                mechanism, response, hostname = sasl.parse_init(value)
+            except sasl.SaslError as exc:
+                self._fail(str(exc))
+                return
+            del buf[:size]
+            self.state = State.SASL_DECIDING
+            events.append(SaslInit(mechanism, response, hostname))
+
+    def _bad_header(self) -> None:
+        # spec 2.2: answer with the header the server supports, then close
+        self._out.append(sasl.SASL_HEADER)
+        self._fail(f"bad protocol header {bytes(self._inbuf[:8])!r}")
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self.finished = True
+        self.state = State.CLOSED
+        self._inbuf = bytearray()
+
+    def sasl_outcome(self, ok: bool) -> list[Event10]:
+        """The broker's decision on the SASL login (or on a connection without SASL)."""
+        events: list[Event10] = []
+        without_sasl = not self.sasl_used
+        if not without_sasl:
+            self._out.append(sasl.outcome_frame(sasl.OK if ok else sasl.AUTH))
+        if not ok:
+            if without_sasl:
+                self._out.append(sasl.SASL_HEADER)  # the header it should have sent
+            self._fail("authentication failed")
+            return events
+        self.state = State.AMQP
+        rest, self._inbuf = bytes(self._inbuf), bytearray()
+        if rest:
+            self._push(rest, events)
+        return events
+
+    def _push(self, data: bytes, events: list[Event10]) -> None:
+        t = self.transport
+        view = memoryview(data)
+        while view:
+            cap = t.capacity()
+            if cap <= 0:
+                break  # the input side is closed: the rest is discarded
+            n = min(cap, len(view))
+            try:
+                t.push(bytes(view[:n]))
+            except Exception as exc:  # proton's TransportException
+                self.error = str(exc)
+                break
+            view = view[n:]
+            self._process(events)
+        self._process(events)
+
+    # ---- proton's events ----
+    def _process(self, events: list[Event10]) -> None:
+        col = self.collector
+        while True:
+            ev = col.peek()
+            if ev is None:
+                break
+            etype = ev.type
+            if etype == Event.CONNECTION_REMOTE_OPEN:
+                c = ev.connection
+                events.append(ConnectionOpened(c.remote_hostname, c.remote_container))
+            elif etype == Event.SESSION_REMOTE_OPEN:
+                s = ev.session
+                if s.state & s.LOCAL_UNINIT:
+                    self._keys += 1
+                    s.key = self._keys
+                    s.incoming_capacity = SESSION_CAPACITY
+                    s.open()
+            elif etype == Event.LINK_REMOTE_OPEN:
+                link = ev.link
+                if link.state & link.LOCAL_UNINIT:
+                    self._keys += 1
+                    link.key = self._keys
+                    link.session_key = link.session.key
+                    term = link.remote_target if link.is_receiver else link.remote_source
+                    events.append(LinkAttached(link, term.address, bool(term.dynamic)))
+            elif etype == Event.DELIVERY:
+                self._delivery(ev.delivery, events)
+            elif etype == Event.LINK_FLOW:
+                link = ev.link
+                if link.is_sender and link.state & link.LOCAL_ACTIVE:
+                    events.append(CreditGiven(link))
+            elif etype in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+                link = ev.link
+                self._partial.pop(link.key, None)
+                if link.state & link.LOCAL_ACTIVE:
+                    events.append(LinkDetached(link, etype == Event.LINK_REMOTE_CLOSE))
+                    if etype == Event.LINK_REMOTE_CLOSE:
+                        link.close()
+                    else:
+                        link.detach()
+            elif etype == Event.SESSION_REMOTE_CLOSE:
+                s = ev.session
+                if s.state & s.LOCAL_ACTIVE:
+                    events.append(SessionEnded(s.key))
+                    s.close()
+            elif etype == Event.CONNECTION_REMOTE_CLOSE:
+                if not self.connection.state & Connection.LOCAL_CLOSED:
+                    events.append(ConnectionClosed())
+                    self.connection.close()
+                self.finished = True
+            elif etype == Event.TRANSPORT_ERROR:
+                cond = self.transport.condition
+                desc = f"{cond.name}: {cond.description}" if cond else "transport error"
+                self.error = desc
+                self.finished = True
+                events.append(ProtocolError(desc))
+            elif etype in (Event.TRANSPORT_TAIL_CLOSED, Event.TRANSPORT_CLOSED):
+                self.finished = True
+            col.pop()
+
+    def _delivery(self, d: Delivery, events: list[Event10]) -> None:
+        link = d.link
+        if link.is_receiver:
+            if not d.readable and not d.partial:
+                return
+            if not link.state & link.LOCAL_ACTIVE:
+                return
+            if d.aborted:
+                self._partial.pop(link.key, None)
+                d.settle()
+                return
+            key = link.key
+            buf = self._partial.get(key)
+            chunk = link.recv(d.pending) or b""
+            if buf is None and not d.partial:
+                data = chunk
+            else:
+                if buf is None:
+                    buf = self._partial[key] = bytearray()
+                if len(buf) + len(chunk) > self.max_message_size:
+                    self._partial.pop(key, None)
+                    self.detach(link, "amqp:link:message-size-exceeded",
+                                f"message size exceeds the maximum of {self.max_message_size} "
+                                "bytes")
+                    return
+                buf += chunk
+                if d.partial:
+                    return
+                data = bytes(self._partial.pop(key))
+            if len(data) > self.max_message_size:
+                self.detach(link, "amqp:link:message-size-exceeded",
+                            f"message size ({len(data)} bytes) exceeds the maximum of "
+                            f"{self.max_message_size} bytes")
+                return
+            link.advance()
+            events.append(MessageReceived(link, d, data, d.settled))
+        elif d.updated or d.settled:
+            state = d.remote
+            outcome = d.remote_state or 0
+            events.append(OutcomeReceived(link, d, outcome,
+                                          bool(state.failed) if state else False,
+                                          bool(state.undeliverable) if state else False))
+
+    # ---- the broker's answers ----
+    def accept_open(self, properties: dict | None = None) -> None:
+        c = self.connection
+        c.container = "triomq"
+        if properties:
+            c.properties = properties
+        c.open()
+        self.opened = True
+
+    def attach_receiver(self, link: Link, address: str | None, credit: int) -> None:
+        """Accept a link the client publishes on; ``credit`` transfers may come."""
+        link.target.copy(link.remote_target)
+        link.source.copy(link.remote_source)
+        link.max_message_size = self.max_message_size
+        link.open()
+        if credit:
+            link.flow(credit)
+
+    def attach_sender(self, link: Link, address: str | None) -> None:
+        """Accept a link the client consumes from, with ``address`` as its source."""
+        link.source.copy(link.remote_source)
+        if address is not None:
+            link.source.address = address
+        link.target.copy(link.remote_target)
+        if link.remote_snd_settle_mode == Link.SND_SETTLED:
+            link.snd_settle_mode = Link.SND_SETTLED
+        link.open()
+
+    def refuse_link(self, link: Link, condition: str, description: str) -> None:
+        """Refuse an attach (spec 2.6.3: attach with a null terminus, then detach)."""
+        link.condition = Condition(condition, description)
+        link.open()
+        link.close()
+
+    def detach(self, link: Link, condition: str | None = None, description: str = "") -> None:
+        if condition is not None:
+            link.condition = Condition(condition, description)
+        if not link.state & link.LOCAL_CLOSED:
+            link.close()
+
+    def grant(self, link: Link, credit: int) -> None:
+        """Bring a receiving link's credit up to ``credit``."""
+        if link.state & link.LOCAL_ACTIVE and credit > link.credit:
+            link.flow(credit - link.credit)
+
+    def send(self, link: Link, tag: bytes, payload: bytes, settled: bool) -> Delivery:
+        d = link.delivery(tag)
+        link.send(payload)
+        link.advance()
+        if settled:
+            d.settle()
+        return d
+
+    def settle_incoming(self, d: Delivery, outcome: int, condition: tuple[str, str] | None = None,
+                        undeliverable: bool = False) -> None:
+        """The broker's outcome for a message it received (nothing for a presettled one)."""
+        if not d.settled:
+            if condition is not None:
+                d.local.condition = Condition(*condition)
+            if outcome == Disposition.MODIFIED:
+                d.local.undeliverable = undeliverable
+            d.update(outcome)
+        d.settle()
+
+    def close(self, condition: str | None = None, description: str = "") -> None:
+        """Close the connection (with an error condition if given)."""
+        c = self.connection
+        if self.state is not State.AMQP:
+            self._fail(description or "closed")
+            return
+        if condition is not None:
+            c.condition = Condition(condition, description)
+        if not c.state & Connection.LOCAL_ACTIVE:
+            c.open()  # an open frame must precede the close
+        if not c.state & Connection.LOCAL_CLOSED:
+            c.close()
+        self.finished = True
+
+    # ---- output ----
+    def tick(self, now: float) -> float:
+        """Idle timeouts (both ways): the time of the next call needed, 0 for none."""
+        if self.state is not State.AMQP:
+            return 0.0
+        deadline = self.transport.tick(now)
+        self._process([])  # an expired idle timeout closes the transport
+        return deadline
+
+    @property
+    def has_output(self) -> bool:
+        if self._out:
+            return True
+        if self.state is State.AMQP:
+            return self.transport.pending() > 0
+        return False
+
+    @property
+    def done(self) -> bool:
+        """Everything was written and nothing more will be: the socket can be closed."""
+        if self._out:
+            return False
+        if self.state is State.AMQP:
+            return self.transport.pending() < 0 or (self.finished
+                                                     and self.transport.pending() == 0)
+        return self.finished
+
+    def data_to_send(self) -> bytes:
+        out = b"".join(self._out)
+        self._out.clear()
+        if self.state is State.AMQP:
+            # proton encodes frames into a buffer of its own as it is emptied: take what a
+            # few rounds give (a large delivery's frames), the caller comes back for more
+            t = self.transport
+            parts = [out]
+            size = 0
+            while size < OUTPUT_BATCH:
+                n = t.pending()
+                if n <= 0:
+                    break
+                parts.append(t.peek(n))
+                t.pop(n)
+                size += n
+            out = b"".join(parts)
+        return out
+
+    def release(self) -> None:
+        self._partial.clear()
+        self._inbuf = bytearray()

@@ -1,0 +1,368 @@
+"""AMQP 1.0 addresses and messages as the broker's exchanges, queues and AMQP 0-9-1
+properties (docs/amqp10.md).
+
+Addresses: RabbitMQ 4's v2 scheme (``/exchanges/X/KEY``, ``/exchanges/X``, ``/queues/Q``,
+percent-encoded) and the v1 forms ActiveMQ and RabbitMQ 3 clients use (``/exchange/X/KEY``,
+``/topic/T``, ``/queue/Q``, ``/amq/queue/Q``, ``queue://Q``, ``topic://T`` and a plain
+queue name). Messages: the bare message's sections to and from basic properties and
+headers, so that a message keeps its fields whichever protocol publishes and consumes it.
+"""
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from proton import Data, Message, symbol, timestamp, ulong
+
+from ..amqp.fields import Long, Timestamp
+
+
+class AddressError(Exception):
+    """An address the broker does not understand (amqp:invalid-field)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a publish goes: ``exchange`` with ``key`` (None: the message's subject);
+    ``queue`` set when the address names a queue (``declare``: create it if missing)."""
+    exchange: str
+    key: str | None
+    queue: str | None = None
+    declare: bool = False
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a consumer reads: ``queue`` (``declare``: create it if missing), or a queue of
+    its own bound to ``exchange`` with ``key``."""
+    queue: str | None
+    declare: bool = False
+    exchange: str | None = None
+    key: str = ""
+
+
+def _v2_name(part: str) -> str:
+    name = unquote(part, errors="strict")
+    return name
+
+
+def parse_target(address: str) -> Target:
+    if address.startswith("/exchanges/"):
+        rest = address[len("/exchanges/"):]
+        exchange, slash, key = rest.partition("/")
+        if not exchange or (slash and "/" in key):
+            raise AddressError(f"bad address '{address}'")
+        exchange = _v2_name(exchange)
+        if exchange == "amq.default":
+            exchange = ""
+        return Target(exchange, _v2_name(key) if slash else None)
+    if address.startswith("/queues/"):
+        name = address[len("/queues/"):]
+        if not name or "/" in name:
+            raise AddressError(f"bad address '{address}'")
+        q = _v2_name(name)
+        return Target("", q, q)
+    if address.startswith("/exchange/"):
+        exchange, slash, key = address[len("/exchange/"):].partition("/")
+        if not exchange:
+            raise AddressError(f"bad address '{address}'")
+        return Target(exchange, key if slash else None)
+    if address.startswith("/topic/"):
+        return Target("amq.topic", address[len("/topic/"):])
+    if address.startswith("topic://"):
+        return Target("amq.topic", address[len("topic://"):])
+    for prefix, declare in (("/amq/queue/", False), ("/queue/", True), ("queue://", True)):
+        if address.startswith(prefix):
+            name = address[len(prefix):]
+            if not name:
+                raise AddressError(f"bad address '{address}'")
+            return Target("", name, name, declare)
+    if address.startswith("/"):
+        raise AddressError(f"bad address '{address}'")
+    return Target("", address, address, True)  # ActiveMQ: a plain queue name
+
+
+def parse_source(address: str) -> Source:
+    if address.startswith("/queues/"):
+        name = address[len("/queues/"):]
+        if not name or "/" in name:
+            raise AddressError(f"bad address '{address}'")
+        return Source(_v2_name(name))
+    if address.startswith("/exchanges/"):
+        # RabbitMQ 4 consumes from queues only
+        raise AddressError(f"address '{address}': consume from a queue (/queues/:queue)")
+    t = parse_target(address)
+    if t.queue is not None:
+        return Source(t.queue, t.declare)
+    return Source(None, False, t.exchange, t.key or "#" if t.exchange == "amq.topic" else t.key or "")
+
+
+def queue_address(name: str) -> str:
+    return "/queues/" + quote(name, safe="")
+
+
+# ---- messages ----
+
+# 0-9-1 header <-> AMQP 1.0 properties field (ActiveMQ's JMS message groups)
+_GROUP_ID = "JMSXGroupID"
+_GROUP_SEQ = "JMSXGroupSeq"
+_ID_TYPE = "x-message-id-type"
+_CORR_TYPE = "x-correlation-id-type"
+_BASIC_TYPE = "x-basic-type"
+_BASIC_APP_ID = "x-basic-app-id"
+# annotations the broker sets on delivery, never copied into headers
+_ROUTING_ANNOTATIONS = frozenset({"x-exchange", "x-routing-key"})
+
+
+def _id_to_091(value: Any) -> tuple[str | None, str | None]:
+    """A message-id or correlation-id as a shortstr and its type tag (None for a string)."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, uuid.UUID):
+        return str(value), "uuid"
+    if isinstance(value, int):
+        return str(int(value)), "ulong"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8"), "binary"
+        except UnicodeDecodeError:
+            return None, None
+    return None, None
+
+
+def _id_from_091(value: str, kind: str | None) -> Any:
+    try:
+        if kind == "uuid":
+            return uuid.UUID(value)
+        if kind == "ulong":
+            return ulong(int(value))
+        if kind == "binary":
+            return value.encode("utf-8")
+    except ValueError:
+        pass
+    return value
+
+
+def _value_to_091(v: Any) -> Any:
+    """An application property or annotation as a field-table value (None: none)."""
+    if v is None or isinstance(v, (bool, str, float)):
+        return v
+    if isinstance(v, timestamp):
+        return Timestamp(int(v) // 1000)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytearray(v)  # a byte array ('x'), not a long string
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            x = _value_to_091(x)
+            if x is not None:
+                out[str(k)] = x
+        return out
+    if isinstance(v, (list, tuple)):
+        return [x for x in (_value_to_091(x) for x in v) if x is not None]
+    return None
+
+
+def _value_from_091(v: Any, simple: bool) -> Any:
+    """A field-table value for AMQP 1.0 (``simple``: application properties hold no maps
+    or lists); None when it has no such form."""
+    if v is None or isinstance(v, (bool, float, str)):
+        return v
+    if isinstance(v, Timestamp):
+        return timestamp(int(v) * 1000)
+    if isinstance(v, Long):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, bytes):  # a long string: text when it is UTF-8 (RabbitMQ 4's rule)
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return v
+    if isinstance(v, bytearray):
+        return bytes(v)
+    if isinstance(v, datetime.datetime):
+        return timestamp(int(v.timestamp() * 1000))
+    if simple:
+        return None
+    if isinstance(v, dict):
+        return {str(k): x for k, x in ((k, _value_from_091(x, False)) for k, x in v.items())
+                if x is not None}
+    if isinstance(v, (list, tuple)):
+        return [x for x in (_value_from_091(x, False) for x in v) if x is not None]
+    try:
+        return float(v)  # decimal
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class Incoming:
+    """A message received over AMQP 1.0, in the broker's terms."""
+    properties: dict
+    body: bytes
+    to: str | None
+    subject: str | None
+
+
+def decode(data: bytes) -> Incoming:
+    """The bare (or annotated) message ``data`` as basic properties and a body. Raises
+    ``ValueError`` when it does not decode."""
+    m = Message()
+    try:
+        m.decode(data)
+    except Exception as exc:  # proton's MessageException / DataException
+        raise ValueError(str(exc)) from None
+    props: dict[str, Any] = {}
+    headers: dict[str, Any] = {}
+    if m.durable:
+        props["delivery_mode"] = 2
+    if m.priority != 4:  # the header's default (proton cannot tell it from an absent one)
+        props["priority"] = min(int(m.priority), 255)
+    if m.ttl:
+        props["expiration"] = str(round(m.ttl * 1000))
+    mid, kind = _id_to_091(m.id)
+    if mid is not None:
+        props["message_id"] = mid
+        if kind:
+            headers[_ID_TYPE] = kind
+    cid, kind = _id_to_091(m.correlation_id)
+    if cid is not None:
+        props["correlation_id"] = cid
+        if kind:
+            headers[_CORR_TYPE] = kind
+    if m.user_id:
+        props["user_id"] = bytes(m.user_id).decode("utf-8", "replace")
+    if m.reply_to:
+        r = m.reply_to
+        props["reply_to"] = unquote(r[len("/queues/"):]) if r.startswith("/queues/") else r
+    if m.content_type:
+        props["content_type"] = str(m.content_type)
+    if m.content_encoding:
+        props["content_encoding"] = str(m.content_encoding)
+    if m.creation_time:
+        props["timestamp"] = int(m.creation_time)
+    if m.group_id:
+        headers[_GROUP_ID] = m.group_id
+        if m.group_sequence:
+            headers[_GROUP_SEQ] = int(m.group_sequence)
+    annotations = m.annotations or {}
+    for k, v in annotations.items():
+        k = str(k)
+        if k == _BASIC_TYPE and isinstance(v, str):
+            props["type"] = v
+        elif k == _BASIC_APP_ID and isinstance(v, str):
+            props["app_id"] = v
+        elif k.startswith("x-") and k not in _ROUTING_ANNOTATIONS:
+            x = _value_to_091(v)
+            if x is not None:
+                headers[k] = x
+    if m.subject and "type" not in props:
+        props["type"] = m.subject
+    for k, v in (m.properties or {}).items():
+        x = _value_to_091(v)
+        if x is not None:
+            headers[str(k)] = x
+    if headers:
+        props["headers"] = headers
+    body = m.body
+    if body is None:
+        raw = b""
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        raw = bytes(body)
+    elif isinstance(body, str):
+        raw = body.encode("utf-8")
+    else:  # a map, list or number in an amqp-value: its AMQP encoding
+        d = Data()
+        d.put_py(body)
+        raw = d.encode()
+    return Incoming(props, raw, m.address, m.subject)
+
+
+def encode(properties: dict, body: bytes, exchange: str, routing_key: str,
+           redelivered: bool) -> bytes:
+    """A message from the broker's terms as an AMQP 1.0 annotated message."""
+    p = properties
+    m = Message(inferred=True)  # bytes body -> a data section
+    headers = p.get("headers") or {}
+    m.durable = p.get("delivery_mode") == 2
+    if p.get("priority") is not None:
+        m.priority = p["priority"]
+    expiration = p.get("expiration")
+    if expiration:
+        try:
+            m.ttl = int(expiration) / 1000
+        except ValueError:
+            pass
+    if redelivered:
+        m.delivery_count = 1
+        m.first_acquirer = False
+    if p.get("message_id") is not None:
+        m.id = _id_from_091(str(p["message_id"]), _text(headers.get(_ID_TYPE)))
+    if p.get("correlation_id") is not None:
+        m.correlation_id = _id_from_091(str(p["correlation_id"]), _text(headers.get(_CORR_TYPE)))
+    if p.get("user_id"):
+        m.user_id = str(p["user_id"]).encode("utf-8")
+    reply_to = p.get("reply_to")
+    if reply_to:
+        m.reply_to = reply_to if reply_to.startswith("/") else queue_address(reply_to)
+    if p.get("content_type"):
+        m.content_type = symbol(p["content_type"])
+    if p.get("content_encoding"):
+        m.content_encoding = symbol(p["content_encoding"])
+    if p.get("timestamp") is not None:
+        m.creation_time = int(p["timestamp"])
+    if p.get("type"):
+        m.subject = p["type"]
+    annotations: dict = {symbol("x-exchange"): exchange, symbol("x-routing-key"): routing_key}
+    if p.get("app_id"):
+        annotations[symbol(_BASIC_APP_ID)] = p["app_id"]
+    app: dict[str, Any] = {}
+    for k, v in headers.items():
+        k = str(k)
+        if k in (_ID_TYPE, _CORR_TYPE):
+            continue
+        if k == _GROUP_ID:
+            m.group_id = _text(v)
+            continue
+        if k == _GROUP_SEQ and isinstance(v, int):
+            m.group_sequence = v
+            continue
+        if k.startswith("x-"):
+            x = _value_from_091(v, False)
+            if x is not None:
+                annotations[symbol(k)] = x
+        else:
+            x = _value_from_091(v, True)
+            if x is not None:
+                app[k] = x
+    m.annotations = annotations
+    if app:
+        m.properties = app
+    m.body = bytes(body)
+    return m.encode()
+
+
+def redelivered(data: bytes) -> bytes:
+    """An AMQP 1.0 message as it goes out again: its header's delivery-count counts the
+    earlier delivery, first-acquirer is false (spec 3.2.1)."""
+    m = Message()
+    m.decode(data)
+    m.delivery_count = int(m.delivery_count) + 1
+    m.first_acquirer = False
+    return m.encode()
+
+
+def _text(v: Any) -> str | None:
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", "replace")
+    return v if isinstance(v, str) else None

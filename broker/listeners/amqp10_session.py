@@ -1,0 +1,673 @@
+"""One AMQP 1.0 client as the broker sees it: SASL login, links onto exchanges and queues,
+transfers into the routing core, deliveries out with link credit, dispositions as acks.
+Synchronous (no trio): the edge (``amqp10.py``) feeds bytes and writes whatever the sans-IO
+connection (``broker.amqp10.connection``) has queued whenever ``wake`` is called.
+
+- A link the client **sends** on publishes to its target address (``mapping.parse_target``;
+  a null target: each message's ``to``) through the same stages as every other protocol
+  (publish hooks, ``VirtualHost.route``, ``Queue.enqueue``, audit). Its credit is the
+  publisher's window: granted again while the connection is not in flow. An unsettled
+  transfer is settled with RabbitMQ 4's outcomes: accepted once routed (and stored, for a
+  persistent message in a durable queue), released when it routed nowhere, rejected when
+  a queue refused it.
+- A link the client **receives** on is a consumer of its source queue; each link is the
+  ``channel`` of its ``Consumer`` (``OutLink``), so the queue delivers while the link has
+  credit. accepted = ack, released = requeue, rejected = reject (dead-letter or drop),
+  modified = requeue, or reject when ``undeliverable-here``.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from proton import Disposition
+
+from .. import errors
+from ..amqp import spec
+from ..amqp.fields import encode_properties
+from ..amqp10 import mapping
+from ..amqp10.connection import (
+    ConnectionClosed,
+    ConnectionOpened,
+    CreditGiven,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    NoSasl,
+    OutcomeReceived,
+    ProtocolError,
+    SaslInit,
+    ServerConnection,
+    SessionEnded,
+)
+from ..amqp10.sasl import plain_credentials
+from ..channel import Unacked
+from ..message import Message
+from ..queues.queue import Consumer
+
+log = logging.getLogger("broker.amqp10")
+
+_NO_QUEUES: frozenset = frozenset()
+MAX_KEY = 255
+PUBLISH_CREDIT = 256  # transfers a publishing link may have in flight
+MAX_LINKS = 1024  # links per connection (each holds a little state)
+# The encoded AMQP 1.0 form of messages published over AMQP 1.0, for AMQP 1.0 consumers:
+# what the 0-9-1 properties cannot hold (an amqp-value body, footers) is kept. A message
+# rebuilt by the broker (dead-lettered, recovered from the store) is converted instead.
+_ORIGINAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# AMQP 0-9-1 reply codes as AMQP 1.0 error conditions
+_CONDITIONS = {404: "amqp:not-found", 403: "amqp:unauthorized-access",
+               405: "amqp:resource-locked", 406: "amqp:precondition-failed",
+               530: "amqp:unauthorized-access", 501: "amqp:decode-error",
+               541: "amqp:internal-error"}
+
+
+def condition_of(exc: errors.AMQPError) -> str:
+    return _CONDITIONS.get(exc.code, "amqp:internal-error")
+
+
+def description_of(exc: errors.AMQPError) -> str:
+    # RabbitMQ 4's texts are the 0-9-1 ones without the "NOT_FOUND - " prefix
+    return exc.text.partition(" - ")[2] or exc.text
+
+
+class Amqp10Service:
+    """The listener's broker-wide settings."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.max_message_size = broker.config.max_message_size
+        self.anonymous_user: str | None = getattr(broker.config, "amqp10_anonymous_user", None)
+        self.stopping = False
+        self.bytes_received = 0
+
+
+class InLink:
+    """A link the client publishes on."""
+    __slots__ = ("link", "target")
+
+    def __init__(self, link, target: mapping.Target | None):
+        self.link = link
+        self.target = target  # None: each message's ``to``
+
+
+class OutLink:
+    """A link the client consumes on; the ``channel`` of its consumer."""
+    global_prefetch = 0
+    prefetch = 0
+    number = 0
+
+    def __init__(self, session: Amqp10Session, link, queue, settled: bool):
+        self.session = session
+        self.link = link
+        self.queue = queue
+        self.settled = settled
+        self.consumer: Consumer | None = None
+        self.unacked: dict[Any, Unacked] = {}  # by delivery tag
+        self._tag = 0
+        self.vhost = session.vhost
+
+    @property
+    def audit_ctx(self):
+        return self.session.audit_ctx
+
+    @property
+    def can_deliver(self) -> bool:
+        return self.link.credit > 0 and self.session.can_deliver
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.unacked)
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        session = self.session
+        message = entry.message
+        payload = _ORIGINAL.get(message)
+        if payload is not None and entry.redelivered:
+            payload = mapping.redelivered(payload)
+        if payload is None:
+            payload = mapping.encode(message.properties, message.body, message.exchange,
+                                     message.routing_key, entry.redelivered)
+        self._tag += 1
+        n = self._tag
+        delivery = session.conn.send(self.link, str(n).encode(), payload, consumer.no_ack)
+        session.pending_output += len(payload)
+        item = None
+        if not consumer.no_ack:
+            item = self.unacked[delivery.tag] = Unacked(n, entry, queue, consumer)
+        audit = session.audit
+        if audit is not None:
+            pos = audit.delivered(self, consumer.tag, n, queue, entry)
+            if item is not None:
+                item.audit_pos = pos
+        session.wake()
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: RabbitMQ 4 detaches the link with amqp:resource-deleted."""
+        session = self.session
+        session.out_links.pop(self.link.key, None)
+        if not session.ended:
+            session.conn.detach(self.link, "amqp:resource-deleted",
+                                f"queue '{self.queue.name}' in vhost '{self.vhost.name}' deleted")
+            session.wake()
+
+
+class Amqp10Session:
+    """One connection (a member of ``broker.sessions``)."""
+
+    global_prefetch = 0
+    prefetch = 0
+    number = 0
+    channels: Mapping = MappingProxyType({})
+
+    def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None):
+        self.service = service
+        self.broker = service.broker
+        self.peer = peer
+        self.peer_host = peer_host
+        self.local_port = 0
+        self.tls = False
+        mechanisms = ["PLAIN"] + (["ANONYMOUS"] if service.anonymous_user else [])
+        self.conn = ServerConnection(service.max_message_size, mechanisms)
+        self.output_high_water = self.broker.config.output_high_water
+        self.pending_output = 0  # octets of deliveries handed to proton since the last write
+        self.audit = self.broker.audit
+        self.audit_ctx: tuple | None = None
+        self.output_delay = 0.0
+        self.wake = lambda: None
+        self.flow_resumed = lambda: None
+        self.flow_queues: set | frozenset = _NO_QUEUES
+        self.vhost: Any = None
+        self.user: Any = None
+        self.authz: Any = None
+        self.username: str | None = None
+        self.container = ""
+        self.in_links: dict[Any, InLink] = {}
+        self.out_links: dict[Any, OutLink] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self._ctag = 0
+        self.delivering = False
+        self.delivery_stalled = False
+        self.is_publisher = False
+        self.blocked_sent = False
+        self.finished = False
+        self.ended = False
+
+    # ---- input ----
+    def data_received(self, data: bytes) -> None:
+        audit = self.audit
+        if audit is not None:
+            audit.clock_start()
+        try:
+            self._handle(self.conn.receive_data(data))
+        finally:
+            if audit is not None:
+                audit.clock_stop()
+        if self.conn.finished:
+            self.finished = True
+            self.connection_lost()
+        self.wake()
+
+    def _handle(self, events: list) -> None:
+        for ev in events:
+            if self.ended:
+                break
+            t = type(ev)
+            if t is MessageReceived:
+                self._on_message(ev)
+            elif t is OutcomeReceived:
+                self._on_outcome(ev)
+            elif t is CreditGiven:
+                self._on_credit(ev.link)
+            elif t is LinkAttached:
+                self._on_attach(ev)
+            elif t is LinkDetached:
+                self._on_detach(ev.link)
+            elif t is SessionEnded:
+                for lk in [x.link for x in (*self.in_links.values(), *self.out_links.values())
+                           if x.link.session_key == ev.key]:
+                    self._on_detach(lk)
+            elif t is SaslInit:
+                self._on_sasl(ev)
+            elif t is NoSasl:
+                self._on_no_sasl()
+            elif t is ConnectionOpened:
+                self._on_open(ev)
+            elif t is ConnectionClosed:
+                self.finished = True
+            elif t is ProtocolError:
+                log.warning("amqp 1.0 connection %s: %s", self.peer, ev.description)
+                self.finished = True
+
+    # ---- login ----
+    def _login_failed(self, why: str) -> None:
+        log.warning("amqp 1.0 connection %s: %s", self.peer, why)
+        self.output_delay = self.broker.access.failure_delay
+        self._handle(self.conn.sasl_outcome(False))
+        self.finished = True
+
+    def _on_sasl(self, ev: SaslInit) -> None:
+        access = self.broker.access
+        if self.broker.fenced or self.service.stopping:
+            self._handle(self.conn.sasl_outcome(False))
+            self.finished = True
+            return
+        if ev.mechanism == "PLAIN":
+            creds = plain_credentials(ev.response)
+            if creds is None:
+                self._login_failed("malformed PLAIN response")
+                return
+            user = access.authenticate(creds[0], creds[1], self.peer_host)
+            if user is None:
+                self._login_failed(f"login refused for user '{creds[0]}'")
+                return
+        elif ev.mechanism == "ANONYMOUS" and self.service.anonymous_user:
+            user = access.user(self.service.anonymous_user)
+            if user is None:
+                self._login_failed("the anonymous login user does not exist")
+                return
+        else:
+            self._login_failed(f"unsupported SASL mechanism '{ev.mechanism}'")
+            return
+        self.user = user
+        self.username = user.name
+        self._handle(self.conn.sasl_outcome(True))
+
+    def _on_no_sasl(self) -> None:
+        name = self.service.anonymous_user
+        user = self.broker.access.user(name) if name else None
+        if user is None:
+            # RabbitMQ 4 requires SASL unless an anonymous login user is configured
+            self._login_failed("AMQP header without SASL (no anonymous login user)")
+            return
+        self.user = user
+        self.username = user.name
+        self._handle(self.conn.sasl_outcome(True))
+
+    def _on_open(self, ev: ConnectionOpened) -> None:
+        broker = self.broker
+        access = broker.access
+        hostname = ev.hostname or ""
+        # RabbitMQ 4: "vhost:NAME" selects the vhost; any other host name is the default one
+        vhost_name = hostname[len("vhost:"):] if hostname.startswith("vhost:") else "/"
+        self.container = ev.container or ""
+        conn = self.conn
+        vhost = broker.vhosts.get(vhost_name)
+        if vhost is None:
+            conn.close("amqp:not-found", f"vhost '{vhost_name}' does not exist")
+            self.finished = True
+            return
+        try:
+            access.check_vhost(self.user, vhost_name)
+            access.check_connection_limits(self.user, vhost_name, broker.sessions)
+        except errors.AMQPError as exc:
+            conn.close("amqp:unauthorized-access", exc.text)
+            self.finished = True
+            return
+        self.vhost = vhost
+        self.authz = access.authz(self.user, vhost_name)
+        self.audit_ctx = (vhost_name, self.username, self.peer, None)
+        conn.username = self.username  # type: ignore[attr-defined]
+        conn.accept_open()
+        broker.session_opened(self)
+        self.delivering = True
+        log.info("amqp 1.0 connection %s: user %r vhost %r", self.peer, self.username,
+                 vhost_name)
+
+    # ---- links ----
+    def _on_attach(self, ev: LinkAttached) -> None:
+        link = ev.link
+        conn = self.conn
+        if self.vhost is None:
+            conn.refuse_link(link, "amqp:not-allowed", "connection not open")
+            return
+        if len(self.in_links) + len(self.out_links) >= MAX_LINKS:
+            conn.refuse_link(link, "amqp:resource-limit-exceeded",
+                             f"more than {MAX_LINKS} links on one connection")
+            return
+        try:
+            if link.is_receiver:
+                self._attach_publisher(link, ev.address)
+            else:
+                self._attach_consumer(link, ev.address, ev.dynamic)
+        except errors.AMQPError as exc:
+            conn.refuse_link(link, condition_of(exc), description_of(exc))
+        except mapping.AddressError as exc:
+            conn.refuse_link(link, "amqp:invalid-field", str(exc))
+
+    def _attach_publisher(self, link, address: str | None) -> None:
+        target = None
+        if address is not None:
+            target = mapping.parse_target(address)
+            self._check_target(target)
+        self.in_links[link.key] = InLink(link, target)
+        self.conn.attach_receiver(link, address, 0 if self.flow_queues else PUBLISH_CREDIT)
+
+    def _check_target(self, target: mapping.Target) -> None:
+        vhost = self.vhost
+        if target.queue is not None:
+            if target.declare:
+                self._ensure_queue(target.queue)
+            elif vhost.find_queue(target.queue) is None:
+                raise errors.not_found(vhost.queue_resource(target.queue))
+        elif vhost.exchanges.get(target.exchange) is None:
+            raise errors.not_found(vhost.exchange_resource(target.exchange))
+        authz = self.authz
+        if target.exchange not in authz.write_ok:
+            authz.check("exchange", target.exchange, "write")
+
+    def _declare(self, name: str, durable: bool, auto_delete: bool, exclusive: bool):
+        authz = self.authz
+
+        def authorize(qname: str) -> None:
+            authz.check("queue", qname, "configure")
+
+        m = spec.Queue.Declare(queue=name, durable=durable, auto_delete=auto_delete,
+                               exclusive=exclusive, arguments={})
+        return self.vhost.declare_queue(m, self if exclusive else None, authorize)
+
+    def _ensure_queue(self, name: str) -> None:
+        if self.vhost.find_queue(name) is None:
+            self._declare(name, True, False, False)  # as ActiveMQ creates a queue on use
+
+    def _attach_consumer(self, link, address: str | None, dynamic: bool) -> None:
+        vhost = self.vhost
+        authz = self.authz
+        if dynamic:
+            q = self._declare("", False, True, True)
+            address = mapping.queue_address(q.name)
+        else:
+            if address is None:
+                raise mapping.AddressError("a receiving link needs a source address")
+            source = mapping.parse_source(address)
+            if source.queue is not None:
+                if source.declare:
+                    self._ensure_queue(source.queue)
+                q = vhost.get_queue(source.queue, self)
+            else:
+                assert source.exchange is not None
+                vhost.get_exchange(source.exchange)
+                q = self._declare("", False, True, True)
+                authz.check("exchange", source.exchange, "read")
+                if authz.topics:
+                    authz.check_topic(source.exchange, source.key, "read")
+                authz.check("queue", q.name, "write")
+                vhost.bind(source.exchange, q, source.key, {})
+        authz.check("queue", q.name, "read")
+        self.conn.attach_sender(link, address)
+        settled = link.snd_settle_mode == link.SND_SETTLED
+        out = OutLink(self, link, q, settled)
+        self._ctag += 1
+        tag = f"amq.ctag-amqp10-{self._ctag}"
+        out.consumer = Consumer(tag, out, q, settled, False, 0, 0, {}, None)
+        self.out_links[link.key] = out
+        self.consumers[tag] = out.consumer
+        q.add_consumer(out.consumer)
+
+    def _on_detach(self, link) -> None:
+        self.in_links.pop(link.key, None)
+        out = self.out_links.pop(link.key, None)
+        if out is not None:
+            self._drop_out_link(out)
+
+    def _drop_out_link(self, out: OutLink) -> None:
+        # a detached link's unsettled deliveries go back to their queue (spec: they may
+        # be resumed; RabbitMQ 4 requeues them)
+        consumer = out.consumer
+        if consumer is not None:
+            self.consumers.pop(consumer.tag, None)
+            out.queue.remove_consumer(consumer)
+        items = [(item.entry, item.consumer) for item in out.unacked.values()]
+        out.unacked.clear()
+        if items:
+            items.sort(key=lambda pair: -pair[0].seq)
+            out.queue.requeue(items)
+
+    # ---- publishing ----
+    def _on_message(self, ev: MessageReceived) -> None:
+        inlink = self.in_links.get(ev.link.key)
+        if inlink is None:
+            return
+        conn = self.conn
+        try:
+            outcome = self._publish(inlink, ev)
+        except mapping.AddressError as exc:
+            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
+                                 ("amqp:invalid-field", str(exc)))
+            outcome = None
+        except errors.AMQPError as exc:
+            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
+                                 (condition_of(exc), description_of(exc)))
+            outcome = None
+        except ValueError as exc:
+            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
+                                 ("amqp:decode-error", str(exc)))
+            outcome = None
+        if outcome is not None:
+            self._settle(ev, outcome)
+        if ev.link.credit < PUBLISH_CREDIT // 2 and not self.flow_queues:
+            conn.grant(ev.link, PUBLISH_CREDIT)
+
+    def _settle(self, ev: MessageReceived, outcome: tuple) -> None:
+        conn = self.conn
+        kind, cond = outcome
+        if kind == "store" and not ev.settled:
+            def stored() -> None:
+                if not self.ended:
+                    conn.settle_incoming(ev.delivery, Disposition.ACCEPTED)
+                    self.wake()
+
+            def failed() -> None:
+                if not self.ended:
+                    conn.settle_incoming(ev.delivery, Disposition.REJECTED,
+                                         ("amqp:internal-error",
+                                          "the store could not write the message"))
+                    self.wake()
+            self.vhost.store.when_durable(stored, on_failure=failed)
+            return
+        state = {"store": Disposition.ACCEPTED, "accepted": Disposition.ACCEPTED,
+                 "released": Disposition.RELEASED, "rejected": Disposition.REJECTED}[kind]
+        conn.settle_incoming(ev.delivery, state, cond)
+
+    def _publish(self, inlink: InLink, ev: MessageReceived) -> tuple:
+        incoming = mapping.decode(ev.data)
+        target = inlink.target
+        if target is None:
+            if not incoming.to:
+                raise mapping.AddressError("message without 'to' on a link without target")
+            target = mapping.parse_target(incoming.to)
+            self._check_target(target)
+        exchange = target.exchange
+        key = target.key if target.key is not None else (incoming.subject or "")
+        if len(key.encode()) > MAX_KEY:
+            raise errors.precondition_failed("routing key longer than %d bytes", MAX_KEY)
+        authz = self.authz
+        if authz.topics:
+            authz.check_topic(exchange, key, "write")
+        props = incoming.properties
+        if "user_id" in props and props["user_id"] != self.username:
+            raise errors.precondition_failed(
+                "user_id property set to '%s' but authenticated user was '%s'",
+                props["user_id"], self.username)
+        self.is_publisher = True
+        message = Message(exchange, key, encode_properties(props), props, incoming.body)
+        _ORIGINAL[message] = ev.data
+        return self._route(message)
+
+    def _route(self, message: Message) -> tuple:
+        """("accepted" | "store" | "released" | "rejected", condition), as RabbitMQ 4
+        settles: released when no queue took it. The publish stages as STOMP's: hooks,
+        route, enqueue, flow, audit."""
+        broker = self.broker
+        audit = self.audit
+        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
+        for hook in broker.publish_hooks:
+            if hook(self, message, False, 0):
+                if audit is not None:
+                    audit.published(self, message, [], "taken", 0)
+                return "accepted", None
+        needs_store = False
+        accepted = True
+        flow_high = broker.config.flow_high or float("inf")
+        queues = self.vhost.route(message.exchange, message.routing_key, message)
+        for q in queues:
+            if not q.enqueue(message, reported=True):  # published() below reports it
+                accepted = False
+            elif q.store is not None and message.persistent:
+                needs_store = True
+            if len(q.ready) > flow_high and q.consumers:
+                self.queue_over_threshold(q)
+        if audit is not None:
+            audit.published(self, message, queues,
+                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
+        if not queues:
+            return "released", None
+        if not accepted:
+            return "rejected", ("amqp:resource-limit-exceeded",
+                                "a queue refused the message (x-overflow reject-publish, or "
+                                "its store is failing)")
+        return ("store" if needs_store else "accepted"), None
+
+    # the publish path's calls back (no confirms or returns on AMQP 1.0: dispositions)
+    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
+        pass
+
+    def send_return(self, message: Message, code: int, text: str) -> None:
+        pass
+
+    # ---- consuming ----
+    def _on_credit(self, link) -> None:
+        out = self.out_links.get(link.key)
+        if out is None:
+            return
+        out.queue.dispatch()
+        if link.drain_mode and link.credit > 0:
+            link.drained()  # nothing more to send: the credit is used up (spec 2.6.7)
+
+    def _on_outcome(self, ev: OutcomeReceived) -> None:
+        out = self.out_links.get(ev.link.key)
+        d = ev.delivery
+        if out is None:
+            d.settle()
+            return
+        item = out.unacked.pop(d.tag, None)
+        d.settle()
+        if item is None:
+            return
+        q = item.queue
+        outcome = ev.outcome
+        audit = self.audit
+        if outcome in (0, Disposition.ACCEPTED, Disposition.RECEIVED):
+            if audit is not None:
+                audit.acked(out, item)
+            q.ack(item.entry, item.consumer, reported=True)
+        elif outcome == Disposition.REJECTED or (outcome == Disposition.MODIFIED
+                                                 and ev.undeliverable_here):
+            if audit is not None:
+                audit.rejected(out, [item], False, "rejected")
+            q.reject(item.entry, item.consumer)
+        else:  # released, modified
+            if audit is not None:
+                audit.rejected(out, [item], True, "released")
+            q.requeue([(item.entry, item.consumer)])
+        if q.consumers:
+            q.dispatch()
+
+    # ---- deliveries ----
+    @property
+    def can_deliver(self) -> bool:
+        if not self.delivering:
+            return False
+        if self.pending_output > self.output_high_water:
+            self.delivery_stalled = True
+            return False
+        return True
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(len(o.unacked) for o in self.out_links.values())
+
+    def output_written(self) -> None:
+        """The edge wrote what was queued."""
+        self.pending_output = 0
+        if self.delivery_stalled:
+            self.delivery_stalled = False
+            for out in list(self.out_links.values()):
+                out.queue.dispatch()
+
+    # ---- flow ----
+    def queue_over_threshold(self, q) -> None:
+        """Flow control (the publish path): a connection that consumes is never stopped
+        (its acks may be what the queue waits for); else its links get no more credit."""
+        if q in self.flow_queues or self.ended or self.consumers:
+            return
+        if self.flow_queues is _NO_QUEUES:
+            self.flow_queues = set()
+        self.flow_queues.add(q)  # type: ignore[union-attr]
+        q.flow_wait(self, self.broker.config.flow_low)
+
+    def flow_released(self, queue) -> None:
+        if queue in self.flow_queues:
+            self.flow_queues.discard(queue)  # type: ignore[union-attr]
+            if not self.flow_queues:
+                for inlink in self.in_links.values():
+                    self.conn.grant(inlink.link, PUBLISH_CREDIT)
+                self.wake()
+                self.flow_resumed()
+
+    # ---- as a connection in broker.sessions ----
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def session(self) -> Amqp10Session:
+        return self
+
+    @property
+    def protocol(self) -> str:
+        return "AMQP 1-0"
+
+    def connection_info(self) -> dict:
+        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
+                "frame_max": 0, "timeout": 0, "port": self.local_port, "ssl": self.tls,
+                "client_properties": {"container_id": self.container}}
+
+    def force_close(self, error: errors.AMQPError) -> None:
+        self.conn.close("amqp:connection:forced", error.text)
+        self.finished = True
+        self.connection_lost()
+        self.wake()
+
+    def close(self, reason: str) -> None:
+        if self.ended:
+            return
+        log.info("amqp 1.0 connection %s: closing: %s", self.peer, reason)
+        self.conn.close("amqp:connection:forced", reason)
+        self.finished = True
+        self.connection_lost()
+        self.wake()
+
+    def connection_lost(self) -> None:
+        """Every way a connection ends comes here once: unsettled deliveries back to their
+        queues, consumers leave, the connection's exclusive queues go."""
+        if self.ended:
+            return
+        self.ended = True
+        self.delivering = False
+        outs = list(self.out_links.values())
+        self.out_links.clear()
+        self.in_links.clear()
+        for out in outs:
+            self._drop_out_link(out)
+        self.consumers.clear()
+        for q in self.flow_queues:
+            q.flow_forget(self)
+        self.flow_queues = _NO_QUEUES
+        if self.vhost is not None:
+            self.vhost.drop_owner(self)
+            self.broker.session_closed(self)

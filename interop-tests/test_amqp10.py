@@ -1,0 +1,365 @@
+"""AMQP 1.0 with python-qpid-proton's client (BlockingConnection) against TrioMQ, served on
+its AMQP port by protocol header as RabbitMQ 4 does, and across protocols with pika.
+
+Where the machine's RabbitMQ answers AMQP 1.0 on 5672 (its ``rabbitmq_amqp1_0`` plugin;
+off on this machine, so those runs skip) the tests that use addresses RabbitMQ 3.10
+knows (v1: ``/queue/Q``, ``/exchange/X/KEY``) run against it too; RabbitMQ 4's v2
+addresses (``/queues/Q``, ``/exchanges/X/KEY``) are TrioMQ's only."""
+from __future__ import annotations
+
+import socket
+import uuid
+
+import pika
+import pytest
+from brokerproc import BrokerProc
+from proton import Delivery, Message, symbol
+from proton.utils import BlockingConnection, LinkDetached, SendException
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT = 20.0  # seconds a message may take on a loaded machine (a hang guard)
+RABBIT_PORT = 5672
+
+
+def _speaks_amqp10(port: int) -> bool:
+    """True when the broker on ``port`` answers an AMQP 1.0 SASL header with its own."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            s.settimeout(5)
+            s.sendall(b"AMQP\x03\x01\x00\x00")
+            return s.recv(8) == b"AMQP\x03\x01\x00\x00"
+    except OSError:
+        return False
+
+
+class Target:
+    def __init__(self, port: int, rabbit: bool):
+        self.port = port
+        self.rabbit = rabbit
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+
+    def connect(self, user: str = "guest", password: str = "guest", **kw) -> BlockingConnection:
+        return BlockingConnection(f"amqp://{user}:{password}@127.0.0.1:{self.port}",
+                                  timeout=WAIT, allowed_mechs="PLAIN", **kw)
+
+    def pika(self, user: str = "guest", password: str = "guest") -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.port, credentials=pika.PlainCredentials(user, password)))
+
+    def v2(self) -> None:
+        if self.rabbit:
+            pytest.skip("RabbitMQ 3.10's AMQP 1.0 plugin has no v2 addresses (RabbitMQ 4's)")
+
+
+@pytest.fixture(scope="module", params=["triomq", "rabbitmq"])
+def target(request, tmp_path_factory):
+    if request.param == "rabbitmq":
+        if not _speaks_amqp10(RABBIT_PORT):
+            pytest.skip("the machine's RabbitMQ does not serve AMQP 1.0 (rabbitmq_amqp1_0 off)")
+        yield Target(RABBIT_PORT, True)
+        return
+    proc = BrokerProc(tmp_path_factory.mktemp("amqp10") / "data")
+    proc.start()
+    try:
+        yield Target(proc.port, False)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def qname(target):
+    name = "amqp10-" + uuid.uuid4().hex[:10]
+    c = target.pika()
+    c.channel().queue_declare(name, durable=True)
+    c.close()
+    yield name
+    c = target.pika()
+    c.channel().queue_delete(name)
+    c.close()
+
+
+def test_publish_and_consume_v2_queue_address(target, qname):
+    target.v2()
+    c = target.connect()
+    try:
+        snd = c.create_sender(f"/queues/{qname}")
+        d = snd.send(Message(body="hello", properties={"a": 1}, durable=True, id=7))
+        assert d.remote_state == Delivery.ACCEPTED
+        rcv = c.create_receiver(f"/queues/{qname}", credit=10)
+        m = rcv.receive(timeout=WAIT)
+        assert m.body == "hello"  # an amqp-value string stays one, 1.0 to 1.0
+        assert m.properties == {"a": 1}
+        assert m.id == 7 and m.durable
+        rcv.accept()
+    finally:
+        c.close()
+
+
+def test_v1_queue_address_declares_and_round_trips(target):
+    name = "amqp10-v1-" + uuid.uuid4().hex[:8]
+    c = target.connect()
+    try:
+        snd = c.create_sender(f"/queue/{name}")
+        snd.send(Message(body=b"raw", inferred=True))
+        rcv = c.create_receiver(f"/queue/{name}", credit=10)
+        m = rcv.receive(timeout=WAIT)
+        assert bytes(m.body) == b"raw"
+        rcv.accept()
+    finally:
+        c.close()
+        p = target.pika()
+        p.channel().queue_delete(name)
+        p.close()
+
+
+def test_missing_queue_is_amqp_not_found(target):
+    target.v2()
+    c = target.connect()
+    try:
+        with pytest.raises(LinkDetached) as info:
+            c.create_sender("/queues/no-such-queue-" + uuid.uuid4().hex[:6])
+        assert info.value.condition == "amqp:not-found"
+        assert "no queue" in str(info.value)
+    finally:
+        c.close()
+
+
+def test_unroutable_is_released(target):
+    target.v2()
+    c = target.connect()
+    try:
+        snd = c.create_sender("/exchanges/amq.direct/nobody-" + uuid.uuid4().hex[:6])
+        with pytest.raises(SendException) as info:
+            snd.send(Message(body="lost"))
+        assert info.value.state == Delivery.RELEASED
+    finally:
+        c.close()
+
+
+def test_exchange_address_routes_with_key_and_subject(target, qname):
+    target.v2()
+    p = target.pika()
+    p.channel().queue_bind(qname, "amq.direct", routing_key=qname)
+    c = target.connect()
+    try:
+        c.create_sender(f"/exchanges/amq.direct/{qname}").send(Message(body="by key"))
+        # /exchanges/X alone: the routing key is the message's subject
+        c.create_sender("/exchanges/amq.direct").send(Message(body="by subject",
+                                                               subject=qname))
+        # a null target: the message's "to" names it
+        c.create_sender(None).send(Message(body="by to", address=f"/queues/{qname}"))
+        rcv = c.create_receiver(f"/queues/{qname}", credit=10)
+        bodies = []
+        for _ in range(3):
+            bodies.append(rcv.receive(timeout=WAIT).body)
+            rcv.accept()
+        assert bodies == ["by key", "by subject", "by to"]
+    finally:
+        c.close()
+        p.close()
+
+
+def test_amqp10_to_pika_keeps_properties(target, qname):
+    c = target.connect()
+    try:
+        snd = c.create_sender(f"/queue/{qname}")
+        snd.send(Message(body=b"payload", inferred=True, durable=True,
+                         properties={"k": "v", "n": 5}, content_type="text/plain",
+                         correlation_id="corr-1", id="mid-1", reply_to=f"/queues/{qname}",
+                         priority=7, ttl=60, group_id="g1",
+                         annotations={symbol("x-opt-origin"): "qpid"}))
+    finally:
+        c.close()
+    p = target.pika()
+    try:
+        ch = p.channel()
+        method, props, body = ch.basic_get(qname, auto_ack=True)
+        assert body == b"payload"
+        assert props.delivery_mode == 2
+        assert props.content_type == "text/plain"
+        assert props.correlation_id == "corr-1"
+        assert props.message_id == "mid-1"
+        assert props.priority == 7
+        assert props.expiration == "60000"
+        if not target.rabbit:
+            assert props.reply_to == qname
+            assert props.headers["JMSXGroupID"] in (b"g1", "g1")
+            assert props.headers["x-opt-origin"] in (b"qpid", "qpid")
+        assert props.headers["k"] in (b"v", "v")
+        assert props.headers["n"] == 5
+    finally:
+        p.close()
+
+
+def test_pika_to_amqp10_keeps_properties(target, qname):
+    p = target.pika()
+    try:
+        p.channel().basic_publish("", qname, b"from pika", pika.BasicProperties(
+            headers={"h": "x", "n": 3}, message_id="m1", correlation_id="c1",
+            delivery_mode=2, content_type="application/json", priority=3, timestamp=1700000000,
+            reply_to="replies"))
+    finally:
+        p.close()
+    c = target.connect()
+    try:
+        rcv = c.create_receiver(f"/queue/{qname}", credit=10)
+        m = rcv.receive(timeout=WAIT)
+        assert bytes(m.body) == b"from pika"
+        assert m.id == "m1" and m.correlation_id == "c1"
+        assert m.durable and m.priority == 3
+        assert m.content_type == "application/json"
+        assert m.properties["h"] == "x" and m.properties["n"] == 3
+        assert int(m.creation_time) == 1700000000
+        if not target.rabbit:
+            assert m.reply_to == "/queues/replies"
+            assert m.annotations[symbol("x-routing-key")] == qname
+        rcv.accept()
+    finally:
+        c.close()
+
+
+def test_uuid_and_ulong_ids_survive_a_pika_hop(target, qname):
+    """A message-id's AMQP 1.0 type is kept in x-message-id-type (RabbitMQ's rule) when the
+    message passes through AMQP 0-9-1 properties."""
+    if target.rabbit:
+        pytest.skip("RabbitMQ 3.10 keeps ids its own way")
+    mid = uuid.uuid4()
+    c = target.connect()
+    try:
+        c.create_sender(f"/queues/{qname}").send(Message(body=b"x", inferred=True, id=mid,
+                                                         correlation_id=12345))
+    finally:
+        c.close()
+    p = target.pika()
+    try:
+        ch = p.channel()
+        _m, props, body = ch.basic_get(qname, auto_ack=True)
+        assert props.message_id == str(mid)
+        assert props.headers["x-message-id-type"] in (b"uuid", "uuid")
+        assert props.correlation_id == "12345"
+        ch.basic_publish("", qname, body, props)  # back in, then out over AMQP 1.0
+    finally:
+        p.close()
+    c = target.connect()
+    try:
+        rcv = c.create_receiver(f"/queues/{qname}", credit=1)
+        m = rcv.receive(timeout=WAIT)
+        assert m.id == mid
+        assert m.correlation_id == 12345
+        rcv.accept()
+    finally:
+        c.close()
+
+
+def test_released_requeues_and_rejected_dead_letters(target):
+    target.v2()
+    name = "amqp10-dl-" + uuid.uuid4().hex[:8]
+    p = target.pika()
+    ch = p.channel()
+    ch.queue_declare(name + "-dlq")
+    ch.queue_declare(name, arguments={"x-dead-letter-exchange": "",
+                                      "x-dead-letter-routing-key": name + "-dlq"})
+    c = target.connect()
+    try:
+        c.create_sender(f"/queues/{name}").send(Message(body="m"))
+        rcv = c.create_receiver(f"/queues/{name}", credit=1)
+        assert rcv.receive(timeout=WAIT).body == "m"
+        rcv.release()  # back to the queue, redelivered
+        m = rcv.receive(timeout=WAIT)
+        assert m.body == "m" and m.delivery_count >= 1
+        rcv.reject()  # dead-lettered
+        dl = c.create_receiver(f"/queues/{name}-dlq", credit=1)
+        # dead-lettering rebuilds the message from its 0-9-1 form: the body is bytes now
+        assert bytes(dl.receive(timeout=WAIT).body) == b"m"
+        dl.accept()
+    finally:
+        c.close()
+        ch.queue_delete(name)
+        ch.queue_delete(name + "-dlq")
+        p.close()
+
+
+def test_large_message_across_transfer_frames(target, qname):
+    body = bytes(range(256)) * 8192  # 2 MiB: many transfer frames each way
+    c = target.connect()
+    try:
+        c.create_sender(f"/queue/{qname}").send(Message(body=body, inferred=True))
+        rcv = c.create_receiver(f"/queue/{qname}", credit=1)
+        m = rcv.receive(timeout=WAIT)
+        assert bytes(m.body) == body
+        rcv.accept()
+    finally:
+        c.close()
+
+
+def test_over_max_message_size_detaches_the_link(tmp_path):
+    proc = BrokerProc(tmp_path / "data", store="memory", extra=["--max-message-size", "100000"])
+    proc.start()
+    try:
+        c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="PLAIN")
+        try:
+            snd = c.create_sender("/queue/big")
+            with pytest.raises((LinkDetached, SendException)) as info:
+                snd.send(Message(body=b"x" * 300000, inferred=True))
+            if isinstance(info.value, LinkDetached):
+                assert info.value.condition == "amqp:link:message-size-exceeded"
+            # the connection is still usable
+            c.create_sender("/queue/big", name="another").send(Message(body="small"))
+        finally:
+            c.close()
+    finally:
+        proc.stop()
+
+
+def test_wrong_password_is_refused(target):
+    with pytest.raises(Exception) as info:
+        target.connect(password="wrong").close()
+    assert "auth" in str(info.value).lower() or "unauthorized" in str(info.value).lower()
+
+
+def test_permissions_as_for_amqp091(tmp_path):
+    """A user allowed to read but not to write: the publishing link is refused with
+    amqp:unauthorized-access, the consuming link works."""
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True)
+    proc.start()
+    try:
+        import httpx
+        api = httpx.Client(base_url=proc.http_url + "/api", auth=("guest", "guest"),
+                           timeout=WAIT)
+        api.put("/users/reader", json={"password": "pw", "tags": ""}).raise_for_status()
+        api.put("/permissions/%2F/reader", json={"configure": "", "write": "",
+                                                 "read": ".*"}).raise_for_status()
+        p = pika.BlockingConnection(pika.URLParameters(proc.url))
+        p.channel().queue_declare("guarded")
+        p.close()
+        c = BlockingConnection(f"amqp://reader:pw@127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="PLAIN")
+        try:
+            with pytest.raises(LinkDetached) as info:
+                c.create_sender("/queues/guarded")
+            assert info.value.condition == "amqp:unauthorized-access"
+            c.create_receiver("/queues/guarded", credit=1)
+        finally:
+            c.close()
+    finally:
+        proc.stop()
+
+
+def test_own_port_and_no_amqp10_on_amqp_port(tmp_path):
+    from brokerproc import free_port
+    port = free_port()
+    proc = BrokerProc(tmp_path / "data", store="memory",
+                      extra=["--amqp10-port", str(port), "--no-amqp10"], wait_ports=(port,))
+    proc.start()
+    try:
+        assert not _speaks_amqp10(proc.port)  # 0-9-1 only there
+        c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=WAIT,
+                               allowed_mechs="PLAIN")
+        try:
+            c.create_sender("/queue/own-port").send(Message(body="x"))
+        finally:
+            c.close()
+    finally:
+        proc.stop()
