@@ -22,6 +22,7 @@ publish path's flow control reads it: a stream never throttles its publishers).
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from .. import errors
@@ -33,6 +34,8 @@ from .entry import QueueEntry
 from .queue import Consumer, Queue
 from .stream_args import OffsetSpecError, age_seconds, offset_spec, stream_filter
 from .types import NODE_NAME
+
+logger = logging.getLogger("triomq.streams")
 
 
 class _Cursor:
@@ -95,8 +98,12 @@ class StreamQueue(Queue):
     # ---- publishing ----
     def enqueue(self, message, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
-        self._last_appended = self.log.append_record(records.encode(message),
-                                                     records.filter_value(message))
+        try:
+            self._last_appended = self.log.append_record(records.encode(message),
+                                                         records.filter_value(message))
+        except OSError:
+            logger.exception("stream %r: append failed; the publish is refused", self.name)
+            return False  # nacked, as a queue refusing a publish
         self.stats_published += 1
         return True
 

@@ -434,7 +434,14 @@ class StreamLog:
         self._batch_bytes += len(record) + 4
         offset = self._next + len(batch) - 1
         if len(batch) >= BATCH_RECORDS or self._batch_bytes >= BATCH_BYTES:
-            self.flush_batch()
+            try:
+                self.flush_batch()
+            except OSError:
+                # this record is refused (its publisher is nacked); the rest stays batched
+                batch.pop()
+                self._batch_filters.pop()
+                self._batch_bytes -= len(record) + 4
+                raise
         elif first and self._store is not None:
             self._store.dirty(self)
         return offset
@@ -444,10 +451,18 @@ class StreamLog:
         batch = self._batch
         if not batch:
             return
+        kept = (batch, self._batch_filters, self._batch_bytes, self._batch_filtered)
         filters = self._batch_filters if self._batch_filtered else ()
         self._batch, self._batch_filters, self._batch_bytes = [], [], 0
         self._batch_filtered = False
-        self._append_chunk(encode_entries(batch), len(batch), len(batch), self._batch_ts, filters)
+        try:
+            self._append_chunk(encode_entries(batch), len(batch), len(batch), self._batch_ts,
+                               filters)
+        except OSError:
+            # a failed write (disk full) leaves the batch for the next attempt, which
+            # writes the chunk again at the same place
+            self._batch, self._batch_filters, self._batch_bytes, self._batch_filtered = kept
+            raise
 
     def append(self, records: list[bytes], timestamp: int | None = None,
                filter_values: Iterable[str | bytes | None] = ()) -> tuple[int, int]:
@@ -843,24 +858,44 @@ class StreamStore:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 dirty, self._dirty = self._dirty, {}
-                states = [(lg, lg.begin_commit()) for lg in dirty.values() if not lg.closed]
+                states = []
+                failed: list[StreamLog] = []
+                for lg in dirty.values():
+                    if lg.closed:
+                        continue
+                    try:
+                        states.append((lg, lg.begin_commit()))
+                    except OSError:
+                        log.exception("stream %s: write failed; retrying in 1 s, its "
+                                      "publishes stay unconfirmed meanwhile", lg.directory)
+                        failed.append(lg)
 
-                def sync(states=states):
+                def sync(states=states, failed=failed):
                     done = []
                     for lg, state in states:
                         try:
                             lg.sync_files(state)
                         except OSError:
                             if not lg.closed:  # closed meanwhile (deleted): nothing to confirm
-                                log.exception("stream %s: commit failed; its publishes stay "
-                                              "unconfirmed", lg.directory)
+                                log.exception("stream %s: fsync failed; retrying in 1 s, its "
+                                              "publishes stay unconfirmed meanwhile",
+                                              lg.directory)
+                                failed.append(lg)
                             continue
                         done.append((lg, state))
                     return done
                 for lg, state in await trio.to_thread.run_sync(sync):
                     if not lg.closed:
                         lg.end_commit(state)
+                if failed:
+                    await trio.sleep(1)
+                    for lg in failed:
+                        if not lg.closed:
+                            self.dirty(lg)
         finally:
             self._wake = None
             self.running = False
-            self.commit_all()
+            try:
+                self.commit_all()
+            except OSError:
+                log.exception("streams: the last commit at shutdown failed")

@@ -294,3 +294,60 @@ def test_kill_9_keeps_committed(tmp_path):
     first, _ = lg.append([b"again"])
     assert first == len(records)
     lg.close()
+
+
+def test_failed_write_is_retried_in_place(tmp_path, monkeypatch):
+    """A write that fails (disk full) leaves the batch; the retry writes the chunk at the
+    same place, and a confirm comes only for what was written."""
+    import errno
+
+    import broker.streams.log as logmod
+    lg = StreamLog(str(tmp_path))
+    lg.append_record(b"a")
+    confirmed = []
+    lg.when_durable(0, lambda: confirmed.append(0))
+    real = os.pwrite
+
+    def full(fd, data, pos):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(logmod.os, "pwrite", full)
+    with pytest.raises(OSError):
+        lg.commit()
+    assert confirmed == [] and lg.committed_offset == -1 and lg.next_offset == 1
+    monkeypatch.setattr(logmod.os, "pwrite", real)
+    lg.append_record(b"b")
+    lg.commit()
+    assert confirmed == [0]
+    assert _all(lg) == [(0, b"a"), (1, b"b")]
+    lg.close()
+    lg = StreamLog(str(tmp_path))
+    assert _all(lg) == [(0, b"a"), (1, b"b")]
+    lg.close()
+
+
+def test_store_task_survives_a_failed_write(tmp_path, monkeypatch):
+    import errno
+
+    import broker.streams.log as logmod
+
+    async def main():
+        store = StreamStore(str(tmp_path))
+        lg = store.open("/", "s")
+        real = os.pwrite
+        calls = []
+
+        def flaky(fd, data, pos):
+            if not calls:
+                calls.append(1)
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, pos)
+        monkeypatch.setattr(logmod.os, "pwrite", flaky)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            lg.append_record(b"x")
+            with trio.fail_after(60):
+                await lg.wait_committed(0)  # after the retry
+            nursery.cancel_scope.cancel()
+        assert _all(lg) == [(0, b"x")]
+        lg.close()
+    trio.run(main)
