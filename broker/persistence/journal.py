@@ -293,50 +293,75 @@ class QueueState:
         return tuple(out)
 
     def _columns_unchanged(self, by_level: bool) -> tuple | None:
-        """``columns()`` done in place on the checkpoint's arrays, when they are in seq
-        order, what was removed since is a prefix of them (a FIFO consumed from its
-        head) and what came after only extends them; None otherwise. A drained or
-        grown ten-million-entry index then costs a memmove, not a copy per column."""
+        """``columns()`` done in place on the checkpoint's arrays, or None when it cannot.
+
+        A checkpoint lists a FIFO queue's entries as one run in seq order, followed by
+        the few delivered but unsettled then (``_out``). Since it, a prefix of the run
+        may have been consumed and some entries requeued or rewritten (their newer rows
+        win) and new ones appended. When everything outside the run sorts before what
+        is left of it or after its end, the run is cut and extended in place (a memmove,
+        not a copy per column), and only those few rows go through Python."""
         if self.base is None or by_level:
             return None
         import numpy as np
         seqs, locs, exps, blens, flags = self.base
-        if not seqs or (self.new and min(self.new) <= seqs[-1]):
+        n = len(seqs)
+        if not n:
             return None
         ordered = np.frombuffer(seqs, np.int64)
-        if not bool(np.all(ordered[1:] > ordered[:-1])):  # unacked ones are listed last
+        descents = np.flatnonzero(ordered[1:] <= ordered[:-1])
+        d = int(descents[0]) + 1 if len(descents) else n  # the run: [0, d)
+        del descents
+        if n - d > max(100_000, n // 100):
             return None
-        k = 0
-        if self.removed:
-            gone = np.sort(np.fromiter(self.removed, np.int64, len(self.removed)))
-            gone = gone[(gone >= seqs[0]) & (gone <= seqs[-1])]
-            k = len(gone)
-            if k and not np.array_equal(ordered[:k], gone):
-                return None
-        if self.delivered:
-            d_seqs = np.fromiter(self.delivered, np.int64, len(self.delivered))
-            d_flags = np.fromiter(self.delivered.values(), np.uint8, len(self.delivered))
-            at = np.minimum(np.searchsorted(ordered, d_seqs), len(seqs) - 1)
-            hit = ordered[at] == d_seqs
+        removed, delivered = self.removed, self.delivered
+        extra: dict = {}  # seq -> (loc, exp, prio, blen, flags), rows outside the run
+        for i in range(d, n):
+            seq = seqs[i]
+            if seq not in removed:
+                fl = max(flags[i], delivered.get(seq, 0))
+                extra[seq] = (locs[i], exps[i], 0, blens[i], fl)
+        for seq, (loc, exp, prio, blen, fl) in self.new.items():
+            extra[seq] = (loc, NAN if exp is None else exp, prio, blen, fl)
+        first, last = seqs[0], seqs[d - 1]
+        gone = np.array(sorted({s for s in removed if first <= s <= last}
+                               | {s for s in extra if first <= s <= last}), np.int64)
+        k = len(gone)
+        if k and not np.array_equal(ordered[:k], gone):
+            return None  # not a consumed prefix
+        head = seqs[k] if k < d else None
+        low = sorted(s for s in extra if (s <= last if head is None else s < head))
+        high = sorted(s for s in extra if s > last)
+        if len(low) + len(high) != len(extra):
+            return None  # something falls inside what is left of the run
+        if delivered:  # entries of the run delivered since: their flags, in place
+            run = ordered[:d]
+            d_seqs = np.fromiter(delivered, np.int64, len(delivered))
+            d_flags = np.fromiter(delivered.values(), np.uint8, len(delivered))
+            at = np.minimum(np.searchsorted(run, d_seqs), d - 1)
+            hit = run[at] == d_seqs
             in_place = np.frombuffer(flags, np.uint8)
             np.maximum.at(in_place, at[hit], d_flags[hit])
-            del in_place
+            del in_place, run
         del ordered  # (views: the arrays cannot change size while one is exported)
-        prios = self.base_prio if self.base_prio is not None else array("B", bytes(len(seqs)))
-        if k:
-            for a in (seqs, locs, exps, blens, flags, prios):
-                del a[:k]
-        if self.new:
-            rows = list(self.new.values())
-            seqs.extend(self.new)
-            locs.extend(map(itemgetter(0), rows))
-            exps.extend(NAN if r[1] is None else r[1] for r in rows)
-            blens.extend(map(itemgetter(3), rows))
-            flags.extend(map(itemgetter(4), rows))
-            prios.extend(map(itemgetter(2), rows))
+        cols = (seqs, locs, exps, blens, flags)
+        for a in cols:
+            del a[d:]
+            del a[:k]
+        for rows, front in ((low, True), (high, False)):
+            if not rows:
+                continue
+            picked = [extra[s] for s in rows]
+            parts = (rows, [r[0] for r in picked], [r[1] for r in picked],
+                     [r[3] for r in picked], [r[4] for r in picked])
+            for a, part in zip(cols, parts, strict=True):
+                if front:
+                    a[0:0] = array(a.typecode, part)
+                else:
+                    a.extend(part)
         self.base = None  # handed over
         self.new = {}
-        return seqs, locs, exps, blens, flags, prios
+        return seqs, locs, exps, blens, flags, array("B", bytes(len(seqs)))
 
     def entries(self):
         """Sorted (seq, loc, exp, prio, blen, flags)."""
@@ -618,7 +643,7 @@ class JournalStore(Store):
         if segment_size is None:
             segment_size = settings.segment_size
         self.settings = settings
-        self.flush_stats = FlushStats()  # /metrics: fsync latency, group-commit size, errors
+        self.flush_stats: FlushStats = FlushStats()  # /metrics: fsync latency, group-commit size, errors
         self.data_dir = data_dir
         self.jdir = jdir or os.path.join(data_dir, "journal")
         self.flush = flush
