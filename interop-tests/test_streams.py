@@ -431,3 +431,60 @@ def test_survives_restart(tmp_path, hard):
         c.close()
     finally:
         b.stop()
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_while_publishing_keeps_every_confirmed_message(tmp_path):
+    """A publisher with 500 unconfirmed in flight; the broker is killed (SIGKILL) from the
+    confirm callback once 3,000 are confirmed. After the restart the stream holds at least
+    every confirmed message, in publish order, and takes publishes at the next offset."""
+    import os
+    import signal
+    b = BrokerProc(tmp_path / "data").start()
+    try:
+        c = b.connect()
+        c.channel().queue_declare("kst", durable=True, arguments=S)
+        c.close()
+        conn = pika.SelectConnection(pika.ConnectionParameters("127.0.0.1", b.port))
+        state = {"sent": 0, "acked": 0, "ch": None, "killed": False}
+
+        def pump():
+            ch = state["ch"]
+            while not state["killed"] and state["sent"] - state["acked"] < 500:
+                ch.basic_publish("", "kst", b"%08d" % state["sent"])
+                state["sent"] += 1
+
+        def on_confirm(frame):
+            m = frame.method
+            assert isinstance(m, pika.spec.Basic.Ack)
+            state["acked"] = m.delivery_tag if m.multiple else state["acked"] + 1
+            if state["acked"] >= 3000 and not state["killed"]:
+                state["killed"] = True
+                os.kill(b.proc.pid, signal.SIGKILL)
+            elif not state["killed"]:
+                pump()
+
+        def on_channel(ch):
+            state["ch"] = ch
+            ch.confirm_delivery(on_confirm, callback=lambda _f: pump())
+
+        conn.add_on_open_callback(lambda c_: c_.channel(on_open_callback=on_channel))
+        conn.add_on_close_callback(lambda *_a: conn.ioloop.stop())
+        conn.add_on_open_error_callback(lambda *_a: conn.ioloop.stop())
+        conn.ioloop.start()
+        assert state["killed"]
+        confirmed = state["acked"]
+        b.proc.wait(30)
+        b.start()
+        c = b.connect()
+        ch = c.channel()
+        got = _consume(c, ch, "kst", confirmed, "first")
+        assert len(got) >= confirmed
+        assert [int(body) for body in _bodies(got)] == list(range(len(got)))
+        stored = ch.queue_declare("kst", passive=True).method.message_count
+        _publish(ch, "kst", [b"after"])
+        (_m, p, body), = _consume(c, ch, "kst", 1, "last")
+        assert (body, p.headers["x-stream-offset"]) == (b"after", stored)
+        c.close()
+    finally:
+        b.stop()
