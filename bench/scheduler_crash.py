@@ -53,7 +53,9 @@ PROBE_MS = 1500
 HOUR_MS = 3_600_000
 BASIC_ACK = (60, 80)
 RECOVERED = re.compile(r"scheduler: recovered (\d+) pending scheduled messages \((\d+) read back"
-                       r"[^;]*(?:; (\d+) index log records read)?")
+                       r"[^;)]*(?:; (\d+) index log records read)?\)(?: in ([0-9.]+) s)?")
+JOURNAL = re.compile(r"journal: loaded \d+ segments, replayed (\d+) records after checkpoint "
+                     r".* in ([0-9.]+)s")
 
 
 def publish_frames(ch: int, key: str, body: bytes, delay_ms: int) -> bytes:
@@ -113,12 +115,19 @@ class Broker:
 
     def recovery_line(self) -> dict:
         with open(self.log_path, errors="replace") as f:
-            found = RECOVERED.findall(f.read())
+            text = f.read()
+        found = RECOVERED.findall(text)
         if not found:
             return {}
-        pending, read_back, logged = found[-1]
-        return {"recovered": int(pending), "read_back": int(read_back),
-                "index_log_records": int(logged) if logged else None}
+        pending, read_back, logged, secs = found[-1]
+        out = {"recovered": int(pending), "read_back": int(read_back),
+               "index_log_records": int(logged) if logged else None,
+               "scheduler_rebuild_s": float(secs) if secs else None}
+        journal = JOURNAL.findall(text)
+        if journal:  # the journal's own share (its log replay), for comparison
+            out["journal_replayed_records"] = int(journal[-1][0])
+            out["journal_load_s"] = float(journal[-1][1])
+        return out
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

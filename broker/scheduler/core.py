@@ -71,6 +71,7 @@ class Scheduler:
         self._log_waiting = False  # a flush callback is registered with that store
         self._vh_keys: dict[str, int] = {}
         self.index_log_records = 0  # index log records read at start-up
+        self.recovery_seconds = 0.0  # spent rebuilding from the index and reading back
 
     @property
     def clock(self):
