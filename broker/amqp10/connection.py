@@ -285,7 +285,19 @@ class ServerConnection:
                 self.error = desc
                 self.finished = True
                 events.append(ProtocolError(desc))
-            elif etype in (Event.TRANSPORT_TAIL_CLOSED, Event.TRANSPORT_CLOSED):
+            elif etype == Event.TRANSPORT_TAIL_CLOSED:
+                # proton stops reading input it cannot use (an unknown performative, an
+                # undecodable frame) without a condition: the close says why
+                c = self.connection
+                if not c.state & Connection.LOCAL_CLOSED and self.transport.condition is None:
+                    self.error = "input proton could not use (framing or decode error)"
+                    c.condition = Condition("amqp:decode-error", self.error)
+                    if c.state & Connection.LOCAL_UNINIT:
+                        c.open()
+                    c.close()
+                    events.append(ProtocolError(self.error))
+                self.finished = True
+            elif etype == Event.TRANSPORT_CLOSED:
                 self.finished = True
             col.pop()
 

@@ -217,11 +217,20 @@ class Incoming:
 def decode(data: bytes) -> Incoming:
     """The bare (or annotated) message ``data`` as basic properties and a body. Raises
     ``ValueError`` when it does not decode."""
-    m = Message()
+    # proton's message decoder takes garbage for an empty message: its sections are
+    # decoded one by one first (a DataException names what does not decode)
+    d = Data()
+    offset = 0
     try:
+        while offset < len(data):
+            n = d.decode(data[offset:] if offset else data)
+            if n <= 0:
+                raise ValueError("empty section")
+            offset += n
+        m = Message()
         m.decode(data)
     except Exception as exc:  # proton's MessageException / DataException
-        raise ValueError(str(exc)) from None
+        raise ValueError(f"the message does not decode: {exc}") from None
     props: dict[str, Any] = {}
     headers: dict[str, Any] = {}
     if m.durable:
@@ -254,7 +263,9 @@ def decode(data: bytes) -> Incoming:
     if m.group_id:
         headers[_GROUP_ID] = m.group_id
         if m.group_sequence:
-            headers[_GROUP_SEQ] = int(m.group_sequence)
+            seq = int(m.group_sequence)
+            # a uint on the wire; JMS's int: 0xFFFFFFFF is -1, the end of the group
+            headers[_GROUP_SEQ] = seq - (1 << 32) if seq >= 1 << 31 else seq
     annotations = m.annotations or {}
     for k, v in annotations.items():
         k = str(k)
@@ -283,7 +294,7 @@ def decode(data: bytes) -> Incoming:
         raw = body.encode("utf-8")
     else:  # a map, list or number in an amqp-value: its AMQP encoding
         d = Data()
-        d.put_py(body)
+        d.put_object(body)
         raw = d.encode()
     return Incoming(props, raw, m.address, m.subject)
 
@@ -335,7 +346,7 @@ def encode(properties: dict, body: bytes, exchange: str, routing_key: str,
             m.group_id = _text(v)
             continue
         if k == _GROUP_SEQ and isinstance(v, int):
-            m.group_sequence = v
+            m.group_sequence = v & 0xFFFFFFFF
             continue
         if k.startswith("x-"):
             x = _value_from_091(v, False)
