@@ -473,8 +473,7 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
     path = os.path.join(jdir, "checkpoint")
     if not os.path.exists(path):
         return False
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read_file(path)  # mapped: the arrays are copied once, straight from the file
     recs: list = []
     res = jf.scan(data, path, records=recs)
     if res.corrupt_at is not None or res.torn_at is not None or not recs \
