@@ -80,12 +80,14 @@ class StreamConnectionHandler:
                 drained = self._drained = trio.Event()
                 await drained.wait()
                 self._drained = None
-            if broker.blocked and session.is_publisher and broker.stops_publishers:
-                # a resource alarm: not read at all until it clears, as for AMQP
-                while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                    await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                self._last_received = trio.current_time()
-                continue
+            if broker.blocked and session.is_publisher:
+                broker.notify_blocked(session)
+                if broker.stops_publishers:
+                    # a resource alarm: not read at all until it clears, as for AMQP
+                    while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
+                        await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
+                    self._last_received = trio.current_time()
+                    continue
             try:
                 with trio.move_on_at(self._deadline()) as scope:
                     data = await self.stream.receive_some(config.receive_size)

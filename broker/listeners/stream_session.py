@@ -484,7 +484,7 @@ class StreamSession:
             data = m.data
             if isinstance(data, codec.SubEntry):
                 try:
-                    codec.subentry_records(data, limit)
+                    codec.check_subentry(data, limit)
                 except codec.CompressionError as exc:
                     log.info("stream connection %s: sub-entry batch refused: %s", self.peer,
                              exc.reason)

@@ -825,26 +825,59 @@ def compression_supported(kind: int) -> bool:
     return _codec(kind) is not None
 
 
-def subentry_records(s: SubEntry, limit: int) -> list[bytes]:
-    """The messages of a sub-entry batch. ``limit`` bounds the decompressed size (the
-    caller's, e.g. max_message_size times the count, never the declared size alone); a
-    batch that decompresses to other than its declared size, or whose records do not
-    add up, raises ``CompressionError``."""
-    codec = _codec(s.compression)
-    if codec is None:
-        raise CompressionError(PRECONDITION_FAILED,
-                               f"compression type {s.compression} not supported")
-    if s.uncompressed_size > limit:
-        raise CompressionError(PRECONDITION_FAILED, "sub-entry batch too large")
-    try:
-        raw = codec(s.data, s.uncompressed_size)
-    except CompressionError:
-        raise
-    except Exception as exc:  # each library has its own errors for corrupt input
-        raise CompressionError(PRECONDITION_FAILED, f"corrupt sub-entry batch: {exc}") from None
+def _open_subentry(s: SubEntry, limit: int):
+    """A batch's records area, decompressed within ``limit`` and of its declared size."""
+    if s.compression == COMPRESSION_NONE:
+        raw = s.data  # as received: no copy
+        if s.uncompressed_size > limit:
+            raise CompressionError(PRECONDITION_FAILED, "sub-entry batch too large")
+    else:
+        try:
+            codec = _CODECS[s.compression]
+        except KeyError:
+            codec = _CODECS[s.compression] = _codec(s.compression)
+        if codec is None:
+            raise CompressionError(PRECONDITION_FAILED,
+                                   f"compression type {s.compression} not supported")
+        if s.uncompressed_size > limit:
+            raise CompressionError(PRECONDITION_FAILED, "sub-entry batch too large")
+        try:
+            raw = codec(s.data, s.uncompressed_size)
+        except CompressionError:
+            raise
+        except Exception as exc:  # each library has its own errors for corrupt input
+            raise CompressionError(PRECONDITION_FAILED,
+                                   f"corrupt sub-entry batch: {exc}") from None
     if len(raw) != s.uncompressed_size:
         raise CompressionError(PRECONDITION_FAILED, "sub-entry size mismatch")
-    cur = Cursor(raw)
+    return raw
+
+
+_CODECS: dict[int, Any] = {}
+
+
+def check_subentry(s: SubEntry, limit: int) -> None:
+    """What ``subentry_records`` checks, without copying the records out (the publish
+    path: the batch is stored as it came)."""
+    raw = _open_subentry(s, limit)
+    unpack = _U32.unpack_from
+    pos, end = 0, len(raw)
+    for _ in range(s.count):
+        if pos + 4 > end:
+            break
+        pos += 4 + unpack(raw, pos)[0]
+    else:
+        if pos == end:
+            return
+    raise CompressionError(PRECONDITION_FAILED, "sub-entry records do not add up")
+
+
+def subentry_records(s: SubEntry, limit: int) -> list[bytes]:
+    """The messages of a sub-entry batch. ``limit`` bounds the decompressed size (the
+    caller's, e.g. max_message_size, never the declared size alone); a batch that
+    decompresses to other than its declared size, or whose records do not add up, raises
+    ``CompressionError``."""
+    cur = Cursor(_open_subentry(s, limit))
     out = []
     try:
         for _ in range(s.count):

@@ -271,6 +271,14 @@ class ServerConnection:
             self._out.append(b)
             self.pending_output += len(b)
 
+    def send_blocked(self, reason: str) -> bool:
+        """The Stream protocol cannot tell a client it is blocked (the broker just stops
+        reading it)."""
+        return False
+
+    def send_unblocked(self) -> bool:
+        return False
+
     def heartbeat_frame(self) -> None:
         if self.state is State.OPEN:
             self.send(codec.encode_heartbeat())

@@ -190,13 +190,20 @@ def test_subentry_records(kind, compress):
     raw = _raw(records)
     s = c.SubEntry(kind, 3, len(raw), compress(raw))
     assert c.subentry_records(s, 10_000) == records
+    c.check_subentry(s, 10_000)
     with pytest.raises(c.CompressionError, match="too large"):
         c.subentry_records(s, 100)
+    with pytest.raises(c.CompressionError, match="too large"):
+        c.check_subentry(s, 100)
     wrong = c.SubEntry(kind, 3, len(raw) - 1, compress(raw))
     with pytest.raises(c.CompressionError):
         c.subentry_records(wrong, 10_000)
-    with pytest.raises(c.CompressionError, match="do not add up"):
-        c.subentry_records(c.SubEntry(kind, 4, len(raw), compress(raw)), 10_000)
+    for count in (2, 4):
+        bad = c.SubEntry(kind, count, len(raw), compress(raw))
+        with pytest.raises(c.CompressionError, match="do not add up"):
+            c.subentry_records(bad, 10_000)
+        with pytest.raises(c.CompressionError, match="do not add up"):
+            c.check_subentry(bad, 10_000)
 
 
 def test_decompression_bomb_stops_at_the_bound():
@@ -278,3 +285,20 @@ def test_oversized_frame_is_skipped_as_it_arrives():
     hb = c.encode(c.Heartbeat())
     assert reader.feed(big[50:700]) == [] and reader.buffered == 0
     assert [f[0] for f in reader.feed(big[700:] + hb)] == [c.HEARTBEAT]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60), st.integers(0, 6))
+def test_fuzz_check_subentry_agrees_with_splitting(data, count):
+    s = c.SubEntry(c.COMPRESSION_NONE, count, len(data), data)
+    try:
+        c.subentry_records(s, 1000)
+        split_ok = True
+    except c.CompressionError:
+        split_ok = False
+    try:
+        c.check_subentry(s, 1000)
+        check_ok = True
+    except c.CompressionError:
+        check_ok = False
+    assert split_ok == check_ok

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import struct
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.streamproto import codec as c
 from broker.streamproto.connection import (
     MAX_UNAUTHENTICATED,
@@ -14,6 +17,8 @@ from broker.streamproto.connection import (
     ServerConnection,
     State,
 )
+
+from .test_codec import SAMPLES
 
 
 def _frames(conn):
@@ -137,3 +142,26 @@ def test_octets_counted_for_the_management_api():
     out = conn.data_to_send()
     assert (conn.recv_oct, conn.recv_cnt, conn.send_oct, conn.send_cnt) == \
         (len(data), 1, len(out), 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(SAMPLES).map(c.encode), st.binary(max_size=40)),
+                max_size=12), st.booleans())
+def test_fuzz_the_state_machine_never_raises(chunks, accept):
+    conn = ServerConnection()
+    for data in chunks:
+        for ev in conn.receive_data(data):
+            # the broker's answers, as the session gives them
+            if isinstance(ev, AuthenticateRequested):
+                if accept:
+                    conn.authenticated(ev.correlation_id, ev.username)
+                else:
+                    conn.refuse_login(ev.correlation_id)
+            elif isinstance(ev, OpenRequested):
+                conn.open_ok(ev.correlation_id, ev.virtual_host, {})
+            elif isinstance(ev, ClosedByPeer):
+                conn.accept_close(ev.correlation_id)
+        conn.data_to_send()
+        assert conn.reader.buffered <= sum(map(len, chunks))
+    if conn.state is State.CLOSED:
+        assert conn.receive_data(b"anything") == [] and conn.data_to_send() == b""

@@ -219,3 +219,55 @@ async def test_a_stream_deleted_over_amqp_is_announced(broker):
     vhost.delete_queue(vhost.queues["viaamqp"])
     _k, _v, p = await cl.next(c.METADATA_UPDATE)
     assert p == struct.pack(">Hh", c.STREAM_NOT_AVAILABLE, 7) + b"viaamqp"
+
+
+async def test_a_stream_publisher_is_not_read_while_an_alarm_holds(broker, nursery):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "alarmed", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "alarmed")))[0] == c.OK
+    service = broker.stream.service
+    broker.set_alarm("test alarm", True)
+    frame = c.encode(c.Publish(1, [c.PublishedMessage(1, b"x" * 1000)]))
+    before = service.bytes_received
+    await cl.send(frame)  # the read waiting when the alarm rose takes this one
+    with trio.fail_after(10):
+        while service.bytes_received < before + len(frame):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    read = service.bytes_received
+
+    async def send_more():
+        for i in range(100):
+            await cl.send(c.Publish(1, [c.PublishedMessage(2 + i, b"y" * 1000)]))
+
+    nursery.start_soon(send_more)
+    await trio.sleep(1.0)  # a negative: nothing more is read while the alarm holds
+    assert service.bytes_received == read
+    broker.set_alarm("test alarm", False)
+    confirmed: set = set()
+    with trio.fail_after(20):
+        while len(confirmed) < 101:
+            _k, _v, p = await cl.next(c.PUBLISH_CONFIRM)
+            n = struct.unpack_from(">i", p, 1)[0]
+            confirmed.update(struct.unpack_from(f">{n}Q", p, 5))
+    assert broker.vhosts["/"].queues["alarmed"].log.next_offset == 101
+
+
+async def test_deliver_v2_and_filtered_chunks(broker):
+    cl = await login(broker)
+    await cl.send(c.ExchangeCommandVersions(cl.cid(), [(c.DELIVER, 1, 2), (c.PUBLISH, 1, 2)]))
+    await cl.next(0x8000 | c.EXCHANGE_COMMAND_VERSIONS)
+    assert (await cl.request(c.Create(cl.cid(), "flt", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "flt")))[0] == c.OK
+    # two frames, each confirmed (committed) before the next: two chunks
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, b"b1", "b"),
+                                c.PublishedMessage(2, b"b2", "b")], version=2))
+    await cl.next(c.PUBLISH_CONFIRM)
+    await cl.send(c.Publish(1, [c.PublishedMessage(3, b"a1", "a")], version=2))
+    await cl.next(c.PUBLISH_CONFIRM)
+    assert (await cl.request(c.Subscribe(cl.cid(), 4, "flt", (c.OFFSET_FIRST, 0), 10,
+                                         {"filter.0": "a"})))[0] == c.OK
+    key, version, payload = await cl.next(c.DELIVER)
+    assert version == 2 and payload[0] == 4
+    committed = struct.unpack_from(">Q", payload, 1)[0]
+    header, messages = c.decode_chunk(payload[9:])
+    assert messages == [b"a1"] and header["first_offset"] == 2 == committed
