@@ -183,11 +183,11 @@ def _count_live(live: dict, live_bytes: dict, locs, blens) -> None:
     counts ``live`` and live-byte lower bounds ``live_bytes``."""
     if len(locs) > 100_000:  # recovery of a long queue: vector operations
         import numpy as np
-        segs = np.frombuffer(locs, np.int64) >> 32
-        first = int(segs.min())
-        segs -= first  # segment numbers are few and close together: count by bins
-        counts = np.bincount(segs)
-        nbytes = np.bincount(segs, weights=np.frombuffer(blens, np.uint32).astype(np.float64))
+        bins = np.frombuffer(locs, np.int64) >> 32
+        first = int(bins.min())
+        bins -= first  # segment numbers are few and close together: count by bins
+        counts = np.bincount(bins)
+        nbytes = np.bincount(bins, weights=np.frombuffer(blens, np.uint32).astype(np.float64))
         for i in np.flatnonzero(counts).tolist():
             n = int(counts[i])
             live[first + i] = live.get(first + i, 0) + n
@@ -273,7 +273,7 @@ class QueueState:
             # rows [loc, exp, prio, blen, flags]; exp None -> NaN
             rows = np.array([(loc, NAN if exp is None else exp, prio, blen, fl)
                              for loc, exp, prio, blen, fl in self.new.values()], np.float64)
-            newer = [np.fromiter(self.new, np.int64, k),
+            newer: list[Any] = [np.fromiter(self.new, np.int64, k),
                      np.fromiter(map(itemgetter(0), self.new.values()), np.int64, k),
                      rows[:, 1], rows[:, 3].astype(np.uint32), rows[:, 4].astype(np.uint8),
                      rows[:, 2].astype(np.uint8)]
@@ -288,7 +288,7 @@ class QueueState:
         out = []
         for code, c in zip("qqdIBB", cols, strict=True):
             a = array(code)
-            a.frombytes(memoryview(np.ascontiguousarray(c)).cast("B"))
+            a.frombytes(np.ascontiguousarray(c).tobytes())
             out.append(a)
         return tuple(out)
 
