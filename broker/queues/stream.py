@@ -23,6 +23,7 @@ publish path's flow control reads it: a stream never throttles its publishers).
 from __future__ import annotations
 
 import logging
+import struct
 from collections import deque
 
 from .. import errors
@@ -189,7 +190,7 @@ class StreamQueue(Queue):
     def _message(offset: int, raw: bytes, flt) -> Message | None:
         try:
             exchange, routing_key, _raw, properties, body = records.decode(raw)
-        except (records.DecodeError, ValueError, IndexError):
+        except (ValueError, IndexError, RecursionError, struct.error):
             return None  # not a message this broker can read: skipped
         headers = properties.get("headers")
         headers = dict(headers) if isinstance(headers, dict) else {}

@@ -196,9 +196,66 @@ def _read(buf: bytes, pos: int):
             value, p = _read(buf, p)
             items.append(value)
         if code in (0xc1, 0xd1):
-            return dict(zip(items[0::2], items[1::2], strict=False)), end
+            try:
+                return dict(zip(items[0::2], items[1::2], strict=False)), end
+            except TypeError:  # a list or map as a key
+                raise DecodeError("unhashable map key") from None
         return items, end
     raise DecodeError(f"unknown AMQP 1.0 type 0x{code:02x}")
+
+
+def _skip(buf: bytes, pos: int) -> int:
+    """The position after the AMQP 1.0 value at ``pos``, read from sizes alone."""
+    code = buf[pos]
+    pos += 1
+    if code == 0x00:
+        return _skip(buf, _skip(buf, pos))
+    if 0x40 <= code <= 0x45:
+        return pos
+    width = {0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}.get(code >> 4)
+    if width is not None:
+        return pos + width
+    high = code >> 4
+    if high in (0xa, 0xc, 0xe):
+        return pos + 1 + buf[pos]
+    if high in (0xb, 0xd, 0xf):
+        return pos + 4 + struct.unpack_from(">I", buf, pos)[0]
+    raise DecodeError(f"unknown AMQP 1.0 type 0x{code:02x}")
+
+
+def _read_map32(buf: bytes, pos: int) -> tuple[dict, int]:
+    """A map32 of symbols to strings/binaries (message annotations as written here), read
+    without the generic reader; other values fall back to it."""
+    size, count = struct.unpack_from(">II", buf, pos + 1)
+    end = pos + 5 + size
+    if end > len(buf):
+        raise DecodeError("truncated compound")
+    p = pos + 9
+    out = {}
+    unpack = struct.unpack_from
+    for _ in range(count // 2):
+        items = []
+        for _k in range(2):
+            code = buf[p]
+            if code in (0xa0, 0xa1, 0xa3):
+                n = buf[p + 1]
+                raw = buf[p + 2:p + 2 + n]
+                p += 2 + n
+            elif code in (0xb0, 0xb1, 0xb3):
+                n = unpack(">I", buf, p + 1)[0]
+                raw = buf[p + 5:p + 5 + n]
+                p += 5 + n
+            else:
+                value, p = _read(buf, p)
+                items.append(value)
+                continue
+            items.append(bytes(raw) if code & 0x0F == 0 else
+                         bytes(raw).decode("utf-8", "surrogateescape"))
+        try:
+            out[items[0]] = items[1]
+        except TypeError:
+            raise DecodeError("unhashable map key") from None
+    return out, end
 
 
 def decode(record: bytes):
@@ -211,7 +268,16 @@ def decode(record: bytes):
     while pos < end:
         if record[pos] != 0x00:
             raise DecodeError("not a section")
-        desc, pos = _read(record, pos + 1)
+        if record[pos + 1] == 0x53:  # smallulong descriptor: the usual form
+            desc, pos = record[pos + 2], pos + 3
+        else:
+            desc, pos = _read(record, pos + 1)
+        if desc == _MA and record[pos] == 0xd1:
+            annotations, pos = _read_map32(record, pos)
+            continue
+        if desc == 0x70 or (desc in (_PROPS, _APP) and "x-basic-properties" in annotations):
+            pos = _skip(record, pos)  # not needed: the 0-9-1 properties come as they were
+            continue
         start = pos
         value, pos = _read(record, pos)
         if desc == _MA and isinstance(value, dict):

@@ -252,3 +252,21 @@ def test_record_carries_amqp10_sections_for_stream_clients():
     assert sections[0x73] == ["m1", None, None, None, "r", "c", "text/plain", None, None,
                               12345000]
     assert sections[0x74] == {"a": "x"} and sections[0x75] == b"body"
+
+
+def test_garbage_records_are_skipped_never_raise():
+    """A record nobody can read (another client's bytes, a fuzzed one) is skipped."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from broker.amqp.fields import decode_properties, encode_properties
+    raw = encode_properties({"content_type": "a", "headers": {"h": 1}, "timestamp": 5})
+    good = record.encode(Message("x", "k", raw, decode_properties(raw), b"body"))
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.binary(max_size=300), st.integers(0, len(good)), st.integers(0, 255))
+    def check(blob, cut, flip):
+        for data in (blob, good[:cut], good[:cut] + bytes([flip]) + good[cut + 1:]):
+            m = StreamQueue._message(0, data, None)
+            assert m is None or isinstance(m, Message)
+    check()
