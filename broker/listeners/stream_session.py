@@ -57,6 +57,7 @@ log = logging.getLogger("broker.stream")
 PUBLISHER_KEY = "\x00publisher:"
 MAX_REFERENCE = 256
 MAX_CHUNK_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
+RUN_BYTES = 1 << 20  # sub-entries joined into one chunk up to this size
 # Create's arguments as RabbitMQ maps them onto queue arguments
 _CREATE_ARGS = {"max-length-bytes": "x-max-length-bytes", "max-age": "x-max-age",
                 "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
@@ -165,6 +166,10 @@ class StreamSession:
         self.finished = False
         self.ended = False
         self._corr = 0
+        # a received batch's sub-entries by log ([entries, records, bytes]) and the
+        # confirms waiting for them: written and registered at the batch's end
+        self._runs: dict[Any, list] = {}
+        self._confirms: list[tuple[Any, int, list[int]]] = []
         self.messages_published = 0
         self.chunks_delivered = 0
 
@@ -172,7 +177,7 @@ class StreamSession:
     def data_received(self, data) -> None:
         for ev in self.conn.receive_data(data):
             if self.ended:
-                return
+                break
             try:
                 if isinstance(ev, CommandReceived):
                     self._command(ev.command)
@@ -190,6 +195,8 @@ class StreamSession:
             except Exception:
                 log.exception("stream connection %s: internal error", self.peer)
                 self.conn.close(codec.INTERNAL_ERROR, "internal error")
+        if self._runs or self._confirms:
+            self._flush_publishes()
         if self.conn.state is State.CLOSED:
             self._finish()
         self.wake()
@@ -474,8 +481,6 @@ class StreamSession:
         dedup = pub.reference is not None
         sequence = pub.sequence
         written = 0
-        run: list[bytes] = []  # a frame's consecutive sub-entries: one chunk
-        run_records = 0
         for m in cmd.messages:
             pid = m.publishing_id
             if dedup and pid <= sequence:
@@ -490,26 +495,19 @@ class StreamSession:
                              exc.reason)
                     refused.append((pid, exc.code))
                     continue
-                if len(run) == MAX_CHUNK_ENTRIES:
-                    lg.append_encoded(b"".join(run), len(run), run_records)
-                    run, run_records = [], 0
-                run.append(codec.subentry_entry(data))
-                run_records += data.count
+                self._add_subentry(lg, codec.subentry_entry(data), data.count)
                 written += data.count
             else:
                 if len(data) > limit:
                     refused.append((pid, codec.PRECONDITION_FAILED))
                     continue
-                if run:
-                    lg.append_encoded(b"".join(run), len(run), run_records)
-                    run, run_records = [], 0
+                if lg in self._runs:
+                    self._flush_run(lg)  # in the order published
                 lg.append_record(bytes(data), m.filter_value)
                 written += 1
             if pid > sequence:
                 sequence = pid
             confirms.append(pid)
-        if run:
-            lg.append_encoded(b"".join(run), len(run), run_records)
         if dedup and sequence != pub.sequence:
             pub.sequence = sequence
             lg.store_offset(PUBLISHER_KEY + pub.reference, sequence)  # type: ignore[operator]
@@ -519,8 +517,37 @@ class StreamSession:
         if refused:
             self.conn.send(codec.encode_publish_error(pub.id, refused))
         if confirms:
-            pub_id = pub.id
-            lg.when_durable(lg.next_offset - 1, lambda: self._confirm(pub_id, confirms))
+            self._confirms.append((lg, pub.id, confirms))
+
+    def _add_subentry(self, lg, entry: bytes, records: int) -> None:
+        """Sub-entries wait for the end of the received batch to be one chunk (as osiris
+        writes what its mailbox holds at once): a client that sends one Publish frame per
+        sub-entry (rstream) does not make a chunk, a Deliver and a credit of each."""
+        run = self._runs.get(lg)
+        if run is None:
+            run = self._runs[lg] = [[], 0, 0]
+        elif len(run[0]) == MAX_CHUNK_ENTRIES or run[2] + len(entry) > RUN_BYTES:
+            self._flush_run(lg)
+            run = self._runs[lg] = [[], 0, 0]
+        run[0].append(entry)
+        run[1] += records
+        run[2] += len(entry)
+
+    def _flush_run(self, lg) -> None:
+        run = self._runs.pop(lg, None)
+        if run is not None and not lg.closed:
+            lg.append_encoded(b"".join(run[0]), len(run[0]), run[1])
+
+    def _flush_publishes(self) -> None:
+        """The end of a received batch: its sub-entries written, its confirms registered
+        with the log (each once everything it appended is durable)."""
+        for lg in list(self._runs):
+            self._flush_run(lg)
+        confirms, self._confirms = self._confirms, []
+        for lg, pub_id, ids in confirms:
+            if not lg.closed:
+                lg.when_durable(lg.next_offset - 1,
+                                lambda pub_id=pub_id, ids=ids: self._confirm(pub_id, ids))
 
     def _confirm(self, pub_id: int, ids: list[int]) -> None:
         if self.ended:

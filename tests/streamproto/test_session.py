@@ -271,3 +271,30 @@ async def test_deliver_v2_and_filtered_chunks(broker):
     committed = struct.unpack_from(">Q", payload, 1)[0]
     header, messages = c.decode_chunk(payload[9:])
     assert messages == [b"a1"] and header["first_offset"] == 2 == committed
+
+
+async def test_sub_entries_of_one_read_make_one_chunk(broker):
+    """rstream sends one Publish frame per sub-entry: those read together are one chunk
+    (one Deliver, one credit), as osiris writes a mailbox's worth at once."""
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "joined", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "joined")))[0] == c.OK
+    frames = [c.Publish(1, [c.PublishedMessage(i, c.make_subentry([b"j%d" % i, b"k%d" % i]))])
+              for i in range(1, 6)]
+    frames.append(c.Publish(1, [c.PublishedMessage(6, b"plain")]))
+    await cl.send(*frames)
+    confirmed: list = []
+    while len(confirmed) < 6:
+        _k, _v, p = await cl.next(c.PUBLISH_CONFIRM)
+        n = struct.unpack_from(">i", p, 1)[0]
+        confirmed += struct.unpack_from(f">{n}Q", p, 5)
+    assert sorted(confirmed) == [1, 2, 3, 4, 5, 6]
+    assert (await cl.request(c.Subscribe(cl.cid(), 2, "joined", (c.OFFSET_FIRST, 0), 10,
+                                         {})))[0] == c.OK
+    chunks: list = []
+    while sum(len(m) for _h, m in chunks) < 11:
+        chunks.append(c.decode_chunk((await cl.next(c.DELIVER))[2][1:]))
+    assert [m for _h, ms in chunks for m in ms] == \
+        [m for i in range(1, 6) for m in (b"j%d" % i, b"k%d" % i)] + [b"plain"]
+    # one small write is one read on loopback: one chunk; fewer than one per frame at least
+    assert len(chunks) < 6 and chunks[0][0]["num_entries"] > 1
