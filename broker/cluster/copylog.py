@@ -5,7 +5,8 @@ then sends only what it lacks).
 One append-only file per copy, beside the node's store (``Store.sidecar_path``): records
 ``[kind: 1 byte][length: 4 bytes][payload]``, written and flushed before the op is
 confirmed to the master (so a kill -9 of the mirror keeps them: the OS has them); a quorum
-queue member's copy (``durable``) is fsynced too, since its confirm counts towards the
+queue member's copy (``durable``) is fsynced too before the confirm (``mirror.Mirrors.syncer``:
+one fsync for every op that arrived meanwhile), since its confirm counts towards the
 majority that makes a publish confirmed (a power loss must not take it back).
 
 * ``R`` a new copy: JSON {vhost, queue, epoch, master}; the file starts with it
@@ -58,9 +59,18 @@ class CopyLog:
         self._f.write(_HEAD.pack(kind, len(payload)))
         self._f.write(payload)
         self._f.flush()
-        if self.durable:
-            os.fsync(self._f.fileno())
         self.size += _HEAD.size + len(payload)
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def dup(self) -> int:
+        """A descriptor of the file for an fsync elsewhere (the caller closes it)."""
+        return os.dup(self._f.fileno())
+
+    def sync(self) -> None:
+        os.fsync(self._f.fileno())
 
     def wants_compaction(self) -> bool:
         return self.size > _COMPACT_MIN and self.size > 4 * self.live

@@ -299,7 +299,9 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
         seqs = route[1].decode() if isinstance(route[1], bytes) else str(route[1])
         ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
             vhost.name, message.routing_key, mirror_op, seqs, message.body)
-        if seq:
+        if seq and mirrors is not None:
+            mirrors.decided(channel, seq, bool(ok))  # a quorum copy: after its fsync
+        elif seq:
             channel.confirm_decided(seq, bool(ok))
         return True
     props = dict(message.properties)

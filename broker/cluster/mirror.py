@@ -211,6 +211,11 @@ def replica_group(queue) -> bool:
     return queue.queue_type.name == "quorum"
 
 
+def _fsync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fsync(fd)
+
+
 def _sync_dir(path: str) -> None:
     """fsync the directory of ``path`` (a rename into it is durable after this)."""
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
@@ -693,6 +698,12 @@ class Mirrors:
         self._to_flush: list[Mirroring] = []
         self._flush_wake = trio.Event()
         self._directory: str | None = None  # where copies are kept on disk (copylog.py)
+        # quorum member copies written since their last fsync, and the link confirms that
+        # wait for it: one fsync per file for every op that arrived meanwhile (group
+        # commit), in a thread, then the confirms (``decided``, ``syncer``)
+        self._unsynced: dict[str, CopyLog] = {}
+        self._sync_waiting: list = []
+        self._sync_wake = trio.Event()
         self.caught_up = 0  # syncs that started from the mirror's own copy (tests, status)
 
     # ---- copies on disk ----
@@ -723,6 +734,8 @@ class Mirrors:
             return
         try:
             copy.log.append(kind, payload)
+            if copy.durable:
+                self._unsynced[copy.log.path] = copy.log
             if copy.log.wants_compaction():
                 self._rewrite(vhost, queue, copy)
         except OSError as exc:  # the copy stays good in memory; a restart resyncs it
@@ -740,11 +753,10 @@ class Mirrors:
                                              "epoch": copy.epoch, "master": copy.master})
         body = pack_copy(copy.entries)
         tmp.append(b"E", body)
-        tmp.durable = copy.durable  # one fsync, after the last record
         if copy.synced:
             tmp.append(b"S", b"")
-        elif copy.durable:
-            tmp.append(b"U", b"")
+        if copy.durable:
+            tmp.sync()
         size = tmp.size
         tmp.close()
         os.replace(path + ".tmp", path)
@@ -960,7 +972,44 @@ class Mirrors:
         self._forget((vhost, queue))
 
     # ---- both roles, in the background ----
+    def decided(self, channel, seq: int, ok: bool) -> None:
+        """The link's confirm of an applied op: at once, unless a quorum member's copy
+        was written since its last fsync (then once the syncer fsynced it)."""
+        if ok and self._unsynced:
+            self._sync_waiting.append((channel, seq))
+            self._sync_wake.set()
+            return
+        channel.confirm_decided(seq, ok)
+
+    async def syncer(self) -> None:
+        """fsync the quorum copies written meanwhile (duplicated descriptors: a copy
+        replaced or dropped during the fsync keeps its file open until it is done), then
+        confirm what waited for them; a failed fsync nacks them."""
+        while True:
+            await self._sync_wake.wait()
+            self._sync_wake = trio.Event()
+            logs, self._unsynced = list(self._unsynced.values()), {}
+            waiting, self._sync_waiting = self._sync_waiting, []
+            ok = True
+            fds = []
+            try:
+                fds = [log_.dup() for log_ in logs if not log_.closed]
+                await trio.to_thread.run_sync(_fsync_all, fds)
+            except OSError as exc:
+                log.warning("quorum copies not synced to disk: %s", exc)
+                ok = False
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            for channel, seq in waiting:
+                channel.confirm_decided(seq, ok, external=True)
+
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.syncer)
+            await self._run()
+
+    async def _run(self) -> None:
         while True:
             # woken by what matters (a master key gone, a node up or down, a mirror that
             # failed or synced); the timeout catches policy changes
