@@ -298,3 +298,25 @@ async def test_sub_entries_of_one_read_make_one_chunk(broker):
         [m for i in range(1, 6) for m in (b"j%d" % i, b"k%d" % i)] + [b"plain"]
     # one small write is one read on loopback: one chunk; fewer than one per frame at least
     assert len(chunks) < 6 and chunks[0][0]["num_entries"] > 1
+
+
+async def test_stream_stats_and_metadata(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "stats", {})))[0] == c.OK
+    code, rest = await cl.request(c.StreamStats(cl.cid(), "stats"))
+    assert code == c.OK
+    assert rest == struct.pack(">i", 2) + b"\x00\x0efirst_chunk_id" + struct.pack(">q", -1) \
+        + b"\x00\x12committed_chunk_id" + struct.pack(">q", -1)
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, None, "stats")))[0] == c.OK
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, b"a"), c.PublishedMessage(2, b"b")]))
+    await cl.next(c.PUBLISH_CONFIRM)
+    code, rest = await cl.request(c.StreamStats(cl.cid(), "stats"))
+    assert rest.endswith(b"committed_chunk_id" + struct.pack(">q", 0))
+    assert (await cl.request(c.StreamStats(cl.cid(), "nosuch")))[0] == c.STREAM_DOES_NOT_EXIST
+    corr = cl.cid()
+    await cl.send(c.Metadata(corr, ["stats", "nosuch"]))
+    _k, _v, p = await cl.next(0x8000 | c.METADATA)
+    port = broker.stream.ports["stream"]
+    assert p == c.encode_metadata(corr, [(0, "127.0.0.1", port)],
+                                  [("stats", c.OK, 0, []),
+                                   ("nosuch", c.STREAM_DOES_NOT_EXIST, 0xFFFF, [])])[8:]
