@@ -787,6 +787,11 @@ class JournalStore(Store):
         if state.records > 10000:
             self._ckpt_wanted = True
         self._state = None
+        del state
+        if self._trim is not None:
+            # the replay's rows were freed among what stays: hand their pages back, so a
+            # restart after a burst ends with the memory it had before the crash
+            self._trim()
 
     def _entries_of(self, q, entries, now_wall: float):
         """QueueEntry objects (messages read back) for recovered index rows."""
@@ -1255,8 +1260,9 @@ class JournalStore(Store):
         for qid, cols in per_q.items():
             if qid not in self._queues or not len(cols[0]):
                 continue
-            recs.append(jf.pack_record(jf.T_CKPT_QUEUE, b"".join(
-                [jf.QSEQ.pack(qid, len(cols[0]))] + [c.tobytes() for c in cols[:5]])))
+            # the columns are this snapshot's own copies: written as they are
+            recs.extend(jf.pack_record_parts(jf.T_CKPT_QUEUE,
+                                             [jf.QSEQ.pack(qid, len(cols[0])), *cols[:5]]))
             if len(cols) > 5:
                 recs.append(jf.pack_record(jf.T_CKPT_PRIO,
                                            jf.QSEQ.pack(qid, len(cols[5])) + cols[5].tobytes()))

@@ -91,6 +91,18 @@ def pack_record(rtype: int, payload: bytes) -> bytes:
     return HDR.pack(len(payload), crc, rtype) + payload
 
 
+def pack_record_parts(rtype: int, parts: list) -> list:
+    """``pack_record`` of the concatenated ``parts`` (bytes-like: a checkpoint's arrays),
+    as the header followed by the parts themselves: written one after the other, no
+    joined copy of a ten-million-entry index is made."""
+    crc = zlib.crc32(bytes((rtype,)))
+    n = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+        n += memoryview(part).nbytes
+    return [HDR.pack(n, crc, rtype), *parts]
+
+
 # ---- definitions: json for the scalars + the AMQP table of arguments ----
 def _pack_def(d, kind: str, extra: dict | None = None) -> bytes:
     fields = asdict(d)
