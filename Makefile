@@ -54,6 +54,7 @@ test: setup system-deps
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m tools.check_docs
 
 # One pytest session: unit and component tests (tests/) and the interop suite against a

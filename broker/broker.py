@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
@@ -19,13 +19,22 @@ from .listeners import stream as stream_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
+from .publishing import Publishing
 from .recovery_progress import RecoveryProgress
 from .streams.log import StreamStore
 from .timers import TimerQueue
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
-    from .management.stats import MessageTotals
+    import trio
+
+    from .audit.recorder import AuditTrail
+    from .hermes import Hermes
+    from .management.http import HttpServer
+    from .management.stats import MessageTotals, Sampler
+    from .scheduler import Scheduler
+    from .security import AccessControl
+    from .transactions import Transactions
 
 log = logging.getLogger("broker")
 
@@ -50,7 +59,19 @@ def process_rss() -> int:
 
 
 class Broker:
-    message_totals: MessageTotals  # set by management.install: counters outliving channels
+    """The composition root: ``__init__`` builds every service and hands the broker to
+    each feature's ``install``. A service is a typed attribute, never looked up with
+    ``getattr``; the ones an ``install`` sets are declared here."""
+
+    access: AccessControl  # security.install: users, vhosts, permissions, limits
+    scheduler: Scheduler  # scheduler.install: delayed and scheduled messages
+    transactions: Transactions  # transactions.install: half messages
+    http_server: HttpServer  # management.install: the HTTP listener (API, /metrics, Hermes)
+    amqp_listening: trio.Event  # management.install: set once AMQP listens
+    on_amqp_listening: Callable[[int], None]  # management.install; called by Server.serve
+    message_totals: MessageTotals  # management.install: counters outliving channels
+    stats_sampler: Sampler  # management.install: message rates
+    hermes: Hermes  # hermes.install
 
     def __init__(self, config: Config | None = None, store: Store | None = None):
         self.config = config or Config()
@@ -73,8 +94,10 @@ class Broker:
             vhost.on_queue_deleted.append(self._queue_deleted)
         self.users = UserDatabase()
         self.sessions: set = set()
-        # Callables (channel, message, mandatory, seq) -> bool; True = taken over (e.g. delayed).
-        self.publish_hooks: list = []
+        # the one publish path (publishing.py); its hooks, (origin, message, mandatory, seq)
+        # -> bool, True = taken over (e.g. delayed), are appended by the features' install
+        self.publishing = Publishing(self.config, self.direct_reply, self.refuses_persistent)
+        self.publish_hooks = self.publishing.hooks
         # unacknowledged deliveries held too long close their channel (consumer_timeout)
         self.consumer_timeouts = ConsumerTimeouts(self.timers, self.config.consumer_timeout,
                                                   self.config.consumer_timeout_interval)
@@ -100,6 +123,12 @@ class Broker:
         self._failing_stores: set = set()  # stores whose writes fail (on_store_failure)
         # starlette Route/Mount objects served on the HTTP port; features append at install
         self.http_routes: list = []
+        # awaited by the server's shutdown before the store closes (Hermes' push
+        # subscribers, the cluster's hand-over)
+        self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
+        # definitions export/import sections of features (management/definitions.py)
+        self.definition_sections: list = []
+        self.audit: AuditTrail | None = None  # set below, once the features it follows exist
         security.install(self)  # broker.access: users, vhosts, permissions, limits
         scheduler.install(self)  # delayed/scheduled delivery and its control socket
         transactions.install(self)  # half messages: prepare, commit/rollback, check-back
@@ -107,11 +136,12 @@ class Broker:
         management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
         hermes.install(self)  # Hermes-style HTTP publishing and push subscriptions (broker.hermes)
         self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
+        self.publishing.audit = self.audit
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
         self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
+        self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None
         # AMQP 1.0: on the AMQP port by protocol header, and --amqp10-port; or None
         self.amqp10 = amqp10_listener.install(self)
-        self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None
 
     def recover(self) -> None:
         """Recreate durable state from the store, then let features (scheduler) adopt it."""

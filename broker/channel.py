@@ -15,6 +15,7 @@ from .amqp.fields import encode_properties
 from .consumer_timeout import Period
 from .direct_reply import REPLY_PREFIX, REPLY_QUEUE, ReplyConsumer
 from .message import Message
+from .publishing import STORING, UNROUTABLE
 from .queues.queue import Consumer, Queue
 from .queues.selector import SelectorError, compile_selector
 from .queues.ttl import ExpirationError, parse_expiration
@@ -79,7 +80,8 @@ class Channel:
         self.reply_consumer: ReplyConsumer | None = None  # of amq.rabbitmq.reply-to
         self.timeouts = session.broker.consumer_timeouts
         self.timeouts.watch(self)
-        self.audit = getattr(session.broker, "audit", None)  # broker/audit trail, or None
+        self.audit = session.broker.audit  # the audit trail, or None
+        self.publishing = session.broker.publishing  # the one publish path
         # message counters read by management's sampler (rates) and /metrics
         self.stats_publish = self.stats_deliver = self.stats_get = self.stats_ack = 0
         # (deliver and get count ack-mode ones; the no_ack ones have their own, as RabbitMQ)
@@ -534,18 +536,14 @@ class Channel:
             return
         self.publish(message, ev.mandatory, seq)
 
-    def publish(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        """Route and enqueue; hooks (scheduler) may take the message over first."""
-        for hook in self.session.broker.publish_hooks:
-            if hook(self, message, mandatory, seq):
-                if self.audit is not None:
-                    self.audit.published(self, message, [], "taken", seq)
-                return
-        self.route_message(message, mandatory, seq)
-
-    def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        queues = self.vhost.route(message.exchange, message.routing_key, message)
-        if not queues:
+    def publish(self, message: Message, mandatory: bool, seq: int = 0,
+                hooks: bool = True) -> None:
+        """Through the broker's one publish path (``publishing.py``: hooks, route, enqueue,
+        flow, audit, confirm); this channel answers a mandatory miss and a transaction's
+        commit. ``hooks=False``: a message a hook took over earlier (a half message's
+        commit)."""
+        outcome = self.publishing.publish(self, message, mandatory, seq, hooks=hooks)
+        if outcome is UNROUTABLE:
             # a direct reply went straight to its requester in route(); a mandatory one is
             # returned all the same, as on RabbitMQ
             if mandatory:
@@ -553,53 +551,16 @@ class Channel:
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
             else:
                 self.stats_drop_unroutable += 1
-            if seq:
-                self.confirm_decided(seq, True)
-            if self.audit is not None:
-                self.audit.published(self, message, queues,
-                                     self.session.broker.direct_reply.unrouted_outcome(
-                                         message, mandatory), seq)
-            return
-        if seq and message.persistent and self.session.broker.refuses_persistent(queues):
-            # the store cannot write: nacked before any queue (or consumer) sees it
-            self.confirm_decided(seq, False)
-            if self.audit is not None:
-                self.audit.published(self, message, queues, "nacked", seq)
-            return
-        accepted = True
-        durable = False
-        flow_high = self.session.flow_high
-        flow_high_bytes = self.session.flow_high_bytes
-        own = None  # a queue durable on its own (a stream): the confirm waits for it
-        for q in queues:
-            if not q.enqueue(message, reported=True):  # published() below reports it
-                accepted = False
-            elif q.durability is not None:
-                own = q.durability
-            elif q.store is not None and (message.persistent or q.confirms_later):
-                durable = True
-            # Flow control: a queue with consumers that keeps growing slows its publishers.
-            if (len(q.ready) > flow_high or q.ready_bytes > flow_high_bytes) and q.consumers:
-                self.session.queue_over_threshold(q)
-        if self.audit is not None:
-            self.audit.published(self, message, queues, "routed" if accepted else "nacked", seq)
-        if seq:
-            if own is not None and accepted:
-                ok = lambda s=seq: self.confirm_decided(s, True, external=True)  # noqa: E731
-                fail = lambda s=seq: self.confirm_decided(s, False, external=True)  # noqa: E731
-                if durable:
-                    self.vhost.store.when_durable(lambda: own.when_durable(ok, fail), fail)
-                else:
-                    own.when_durable(ok, fail)
-            elif durable and accepted:
-                q_store = self.vhost.store
-                q_store.when_durable(
-                    lambda s=seq: self.confirm_decided(s, True, external=True),
-                    on_failure=lambda s=seq: self.confirm_decided(s, False, external=True))
-            else:
-                self.confirm_decided(seq, accepted)
-        elif durable and self.tx is not None:
+        elif outcome is STORING and not seq and self.tx is not None:
             self.tx_durable = True  # tx.commit-ok waits for the store (and mirrors)
+
+    def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
+        """A message a publish hook took over, routed now without the hooks."""
+        self.publish(message, mandatory, seq, hooks=False)
+
+    def queue_over_threshold(self, queue: Queue) -> None:
+        """Flow control: the connection decides (``Session.queue_over_threshold``)."""
+        self.session.queue_over_threshold(queue)
 
     def send_return(self, message: Message, code: int, text: str) -> None:
         self.conn.basic_return(self.number, code, text, message.exchange, message.routing_key,
@@ -673,9 +634,8 @@ class Channel:
                 self._settle(data, ack=False, requeue=True)
             settled_later = settled_later or any(item.queue.confirms_later for item in data)
         store = self.vhost.store
-        barrier = getattr(store, "settle_barrier", None) if settled_later else None
-        if barrier is not None:  # the cluster store: commit-ok once the mirrors have it
-            barrier(self)
+        if settled_later and store is not None:  # commit-ok once the mirrors have it too
+            store.settle_barrier(self)
             self.tx_durable = True
         if not self.tx_durable or store is None:
             self.reply(spec.Tx.CommitOk())

@@ -473,9 +473,7 @@ class Server:
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
             tls_listeners = await self._open_tls(host)
-            listening = getattr(broker, "on_amqp_listening", None)
-            if listening is not None:
-                listening(self.port)  # management: its HTTP listener binds after AMQP's
+            broker.on_amqp_listening(self.port)  # management: its HTTP port binds after AMQP's
             for task in broker.early_tasks:
                 nursery.start_soon(task)
             with trio.CancelScope() as self._accept_scope:
@@ -541,7 +539,7 @@ class Server:
         with trio.move_on_after(2):
             while self.handlers:  # noqa: ASYNC110 - a short poll, once, at shutdown
                 await trio.sleep(0.05)
-        for drain in getattr(self.broker, "drain_hooks", ()):
+        for drain in self.broker.drain_hooks:
             await drain()  # work that must settle while the store is still open
         self.nursery.cancel_scope.cancel()
 

@@ -35,7 +35,7 @@ class Session:
     def __init__(self, broker, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None, tls: bool = False):
         self.broker = broker
-        self.audit = getattr(broker, "audit", None)  # broker/audit trail, or None
+        self.audit = broker.audit  # the audit trail, or None
         self.peer = peer
         self.peer_host = peer_host
         # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified

@@ -17,7 +17,6 @@ from .direct_reply import REPLY_PREFIX, DirectReply
 from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
-from .persistence.records import unstorable
 from .queues.args import (
     ArgumentError,
     TypeArgumentError,
@@ -121,7 +120,7 @@ class VirtualHost:
             raise errors.command_invalid(f"unknown exchange type '{m.type}'")
         args = m.arguments or {}
         if m.durable and self.store is not None and (
-                why := unstorable(name, args, self.store.name_max)) is not None:
+                why := self.store.unstorable(name, args)) is not None:
             raise errors.precondition_failed(f"{why}: {self.exchange_resource(name)}")
         xtype.validate(args, self.exchange_resource(name))
         if avro_exchange.ARG in args:
@@ -179,7 +178,7 @@ class VirtualHost:
         source = self.get_exchange(source_name)
         source.validate_binding(routing_key, arguments)
         if persist and self.store is not None and source.durable and _stored(destination) and (
-                why := unstorable(routing_key, arguments, None)) is not None:
+                why := self.store.unstorable(routing_key, arguments, key=True)) is not None:
             raise errors.precondition_failed(
                 f"routing key: {why}: binding from {self.exchange_resource(source_name)}")
         binding = Binding(source_name, destination, routing_key, arguments)
@@ -242,7 +241,7 @@ class VirtualHost:
         args = self.with_default_type(m.arguments or {}, m, existing)
         resource = self.queue_resource(name)
         if m.durable and self.store is not None and (
-                why := unstorable(name, args, self.store.name_max)) is not None:
+                why := self.store.unstorable(name, args)) is not None:
             raise errors.precondition_failed(f"{why}: {resource}")
         try:
             opts = parse_queue_arguments(args)
@@ -272,11 +271,9 @@ class VirtualHost:
         if m.durable and not m.exclusive and self.store is not None:
             # a cluster's store places the queue's master (404 while its home node is
             # down); another node's master: the proxy that forwards to it
-            placement = getattr(self.store, "check_placement", None)
-            if placement is not None:
-                placed = placement(self, name, m)
-                if placed is not None:
-                    return placed
+            placed = self.store.check_placement(self, name, m)
+            if placed is not None:
+                return placed
         q = make_queue(self, name, fresh=True, durable=m.durable,
                        exclusive_owner=owner if m.exclusive else None,
                        auto_delete=m.auto_delete, arguments=args, opts=opts)
@@ -321,7 +318,7 @@ class VirtualHost:
             self.policies.queue_added(self, q)
         if self.store is not None and q.keeps_definition:
             # a store wrapper (the cluster's) names the store messages go to
-            q.attach_store(getattr(self.store, "message_store", self.store))
+            q.attach_store(self.store.message_store)
             if persist:
                 self.store.save_queue(self, q)
         for callback in self.on_queue_added:

@@ -89,9 +89,7 @@ class AuditTrail:
 
     # ---- selection ----
     def _policy_audit(self, q):
-        policies = getattr(self.broker, "policies", None)
-        if policies is None:
-            return None
+        policies = self.broker.policies
         try:
             definition = policies.effective(q.vhost.name, "queue", q.name)[2]
         except Exception:  # a policy store that is not ready must not break declares
@@ -115,8 +113,8 @@ class AuditTrail:
 
     def hook_vhosts(self) -> None:
         """Follow every vhost's queues (new vhosts are picked up by the drain task)."""
-        policies = getattr(self.broker, "policies", None)
-        if policies is not None and not self._policies_hooked:
+        policies = self.broker.policies
+        if not self._policies_hooked:
             self._policies_hooked = True
             policies.on_change.append(self.policies_changed)
         for vhost in list(self.broker.vhosts.values()):

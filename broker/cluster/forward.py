@@ -100,8 +100,11 @@ class _Proxied:
 class ProxyQueue(Queue):
     """A queue whose master is the node ``master``: see the module docstring."""
 
-    #: the publisher's confirm waits for the master's (channel.route_message)
+    #: the publisher's confirm waits for the master's (publishing.py's confirm stage)
     confirms_later = True
+    #: callable(node) -> bool, the cluster store's ``node_down``; None during
+    #: ``Queue.__init__``, whose ``touch()`` does not ask it
+    master_down: Any = None
 
     def __init__(self, vhost, name: str, durable: bool, auto_delete: bool, arguments: dict,
                  master: str, links: Any, store: Any):
@@ -116,7 +119,7 @@ class ProxyQueue(Queue):
         self._links = links  # callable (node, vhost) -> Link
         self.store = store  # the cluster store: confirms go through its when_durable
         self.forwarding = True  # False once the master deleted it (no delete sent back)
-        self.master_down = getattr(store, "node_down", None)  # callable(node) -> bool
+        self.master_down = store.node_down
         self._proxied: dict[Consumer, _Proxied] = {}
 
     @property
@@ -130,7 +133,7 @@ class ProxyQueue(Queue):
     def touch(self) -> None:
         """A declare or passive declare: 404 while the master's node is down, as RabbitMQ
         answers for a durable queue whose home node is down (x-expires is the master's)."""
-        down = getattr(self, "master_down", None)
+        down = self.master_down
         if down is not None and down(self.master):
             raise errors.AMQPError(
                 "not_found", f"home node '{self.master}' of durable "
@@ -295,7 +298,7 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
         return True
     mirror_op = headers.get(MIRROR_HEADER)  # type: ignore[union-attr]
     if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
-        mirrors = getattr(session.broker.store, "mirrors", None)
+        mirrors = session.broker.store.mirrors  # the cluster's store installed this hook
         seqs = route[1].decode() if isinstance(route[1], bytes) else str(route[1])
         ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
             vhost.name, message.routing_key, mirror_op, seqs, message.body)

@@ -181,10 +181,9 @@ def check_ha_nodes(policies, index: int, policy) -> None:
     does (it never checks them: names of no node are ignored when mirrors are placed)."""
     from ..policies.validate import PolicyError
     definition = policy.definition
-    members_of = getattr(policies.broker.store, "known_members", None)
-    if definition.get("ha-mode") != "nodes" or members_of is None:
+    if definition.get("ha-mode") != "nodes":
         return
-    members = members_of()
+    members = policies.broker.store.known_members()
     params = definition.get("ha-params")
     if members is None or not isinstance(params, list):
         return

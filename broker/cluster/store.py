@@ -129,7 +129,7 @@ class ClusterStore(Store):
 
     def __init__(self, inner: Store, coord: Coordinator, node: ClusterNode):
         self.inner = inner
-        self.message_store = inner  # what queues attach (vhost.add_queue)
+        self.flush_stats = inner.flush_stats  # the inner store's figures (/metrics)
         self.coord = coord
         self.node = node
         self.name = inner.name
@@ -231,8 +231,6 @@ class ClusterStore(Store):
         else:
             broker.recovery_hooks.append(self._publish_local_meta)
         broker.recovery_hooks.append(self._ensure_link_user)
-        if not hasattr(broker, "drain_hooks"):
-            broker.drain_hooks = []
         broker.drain_hooks.append(self.mirrors.shutdown)  # ha-promote-on-shutdown
         self._drop_superseded()
         # before the other hooks: a forwarded publish is the queue's, nobody else's
@@ -259,8 +257,8 @@ class ClusterStore(Store):
         permissions, policies, durable exchanges; a vhost is only reported, never dropped
         with its queues here)."""
         broker = self.broker
-        access = getattr(broker, "access", None)
-        policies = getattr(broker, "policies", None)
+        access = broker.access
+        policies = broker.policies
         dropped: list[str] = []
         self._applying = True
         try:
@@ -316,8 +314,8 @@ class ClusterStore(Store):
         """The first node of a new cluster: its users, vhosts, permissions and policies
         become the cluster's (written to etcd; the local store has them already)."""
         broker = self.broker
-        access = getattr(broker, "access", None)
-        policies = getattr(broker, "policies", None)
+        access = broker.access
+        policies = broker.policies
         if access is not None:
             for user in access.users.values():
                 self._queue_write(self._defs("meta", "user", _q(user.name)), user.record())
@@ -394,7 +392,7 @@ class ClusterStore(Store):
     def _ensure_link_user(self, vhost_name: str | None = None) -> None:
         """The user other nodes' links log in as, with every permission on each vhost
         (or on ``vhost_name``); its password comes from the cluster secret."""
-        access = getattr(self.broker, "access", None)
+        access = self.broker.access
         if access is None:
             return
         if access.authenticate(LINK_USER, self.link_password, "127.0.0.1") is None:
@@ -471,6 +469,10 @@ class ClusterStore(Store):
         if self._forwards is None:
             self.publishing = channel
         self.mirrors.settle_barrier()
+
+    @property
+    def message_store(self) -> Store:
+        return self.inner  # what queues attach (vhost.add_queue): messages skip the wrapper
 
     def forward_abandoned(self, done) -> None:
         """The publish ``done`` was for could not be sent: nothing will call it."""
@@ -642,7 +644,7 @@ class ClusterStore(Store):
             qtype = queue_type_of(arguments)  # quorum: x-queue-leader-locator
             locator = qtype.placement_locator(arguments)
             source = f"arg '{qtype.locator_argument}'"
-            if locator is None and getattr(self.broker, "policies", None) is not None:
+            if locator is None and self.broker.policies is not None:
                 locator = self.broker.policies.effective(vhost.name, "queue", name, qtype)[
                     2].get("queue-master-locator")
                 source = "policy key 'queue-master-locator'"
@@ -766,8 +768,8 @@ class ClusterStore(Store):
     def _apply_meta_live(self, kind: str, key: str, v: dict) -> bool:
         """Apply another node's metadata change through its owner's API; False if the
         kind has none (then ``restore_meta`` takes it)."""
-        access = getattr(self.broker, "access", None)
-        policies = getattr(self.broker, "policies", None)
+        access = self.broker.access
+        policies = self.broker.policies
         if kind == "access":
             # another node's marker that its defaults exist (nodes booting together on a
             # fresh cluster each write one): restored, it would wipe this running node's
@@ -801,8 +803,8 @@ class ClusterStore(Store):
         section = self._section(key)
         if section == "meta":
             kind, mkey = (unquote(p) for p in key[len(self._defs("meta", "")):].split("/", 1))
-            access = getattr(broker, "access", None)
-            policies = getattr(broker, "policies", None)
+            access = broker.access
+            policies = broker.policies
             if kind == "user" and access is not None and mkey in access.users:
                 access.delete_user(mkey)
             elif kind == "vhost" and access is not None and mkey in broker.vhosts:

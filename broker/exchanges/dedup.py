@@ -174,7 +174,7 @@ class MessageDeduplicationExchange(Exchange):
         self.persistent_cache = _text(self.arguments.get("x-cache-persistence")) == "disk"
         self._cache_queue: CacheQueue | None = None
         if self.persistent_cache:
-            from ..persistence.recovery import register_queue_variant  # imports exchanges
+            from ..queues.types import register_queue_variant
 
             _CACHE_QUEUES[cache_queue_name(self.name)] = self.name
             register_queue_variant(cache_queue_name(self.name), _recovered_cache_queue)

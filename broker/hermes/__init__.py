@@ -23,23 +23,15 @@ __all__ = ["Hermes", "HermesError", "SubscriptionDef", "TopicDef", "install"]
 def install(broker) -> Hermes:
     hermes = Hermes(broker)
     broker.hermes = hermes
-    if not hasattr(broker, "http_routes"):
-        broker.http_routes = []
     broker.http_routes.extend(http.routes(hermes))
     broker.background_tasks.append(hermes.run)
-    if not hasattr(broker, "drain_hooks"):
-        broker.drain_hooks = []
     broker.drain_hooks.append(hermes.drain)
     config = broker.config
     if config.hermes_port is not None:
         host = config.hermes_host if config.hermes_host is not None else config.host
-        server = getattr(broker, "http_server", None)  # absent when built without management
-        hermes.frontend = Frontend(hermes, host, config.hermes_port,
-                                   server.bodies if server is not None else None)
+        hermes.frontend = Frontend(hermes, host, config.hermes_port, broker.http_server.bodies)
         broker.background_tasks.append(hermes.frontend.run)
-    restorers = getattr(broker, "meta_restorers", None)
-    if restorers is not None:
-        restorers[TOPIC_KIND] = hermes.restore_topic
-        restorers[SUBSCRIPTION_KIND] = hermes.restore_subscription
+    broker.meta_restorers[TOPIC_KIND] = hermes.restore_topic
+    broker.meta_restorers[SUBSCRIPTION_KIND] = hermes.restore_subscription
     broker.publish_hooks.append(hermes.publish_hook)
     return hermes

@@ -27,7 +27,7 @@ from urllib.parse import unquote
 
 import trio
 
-from ..management.auth import FAILED_LOGIN_DELAY, login
+from ..management.auth import login
 from ..management.http import BodyBudget
 from .http import check
 from .model import HermesError
@@ -137,8 +137,7 @@ class Frontend:
             if sep:
                 user = login(self.hermes.broker, name, password, peer)
         if user is None:
-            access = getattr(self.hermes.broker, "access", None)
-            await trio.sleep(getattr(access, "failure_delay", FAILED_LOGIN_DELAY))
+            await trio.sleep(self.hermes.broker.access.failure_delay)
             return None
         cache.clear()
         cache[header] = user

@@ -59,11 +59,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def check(broker, user, kind: str, name: str, perm: str) -> None:
     """HermesError 403 unless ``user`` (management's ApiUser) has ``perm`` on ``name``."""
-    access = getattr(broker, "access", None)
-    if access is None or user.user is None:
+    if user.user is None:
         return
     try:
-        access.check(user.user, "/", kind, name, perm)
+        broker.access.check(user.user, "/", kind, name, perm)
     except errors.AMQPError as exc:
         raise HermesError(403, exc.text, "FORBIDDEN") from None
 

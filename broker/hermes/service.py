@@ -34,9 +34,9 @@ import trio
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..audit import Origin
 from ..message import Message
 from ..persistence import DURABLE
+from ..publishing import NACKED, REFUSED, STORING, TAKEN, Source
 from ..queues.args import with_policy
 from ..schemas import ValidationFailed, compiled
 from . import bodies, model
@@ -107,14 +107,10 @@ class Hermes:
 
     # ---- stored definitions ----
     def _save(self, kind: str, key: str, value: dict) -> None:
-        save = getattr(self.broker.store, "save_meta", None)
-        if save is not None:
-            save(kind, key, value)
+        self.broker.store.save_meta(kind, key, value)
 
     def _forget(self, kind: str, key: str) -> None:
-        delete = getattr(self.broker.store, "delete_meta", None)
-        if delete is not None:
-            delete(kind, key)
+        self.broker.store.delete_meta(kind, key)
 
     def restore_topic(self, key: str, value: dict) -> None:
         topic = model.topic_from_record(value)
@@ -384,28 +380,23 @@ class Hermes:
         message = Message(topic.name, topic.name, encode_properties(props), props, body)
         if topic.name not in self.vhost.exchanges:
             self._heal(topic)
-        audit = getattr(self.broker, "audit", None)
+        audit = self.broker.audit
         if audit is not None:
             audit.clock_start()
         try:
-            accepted = True
-            durable = False
-            queues = self.vhost.route(topic.name, topic.name, message)
-            if self.broker.refuses_persistent(queues):
-                # the store cannot write: refused before any subscription could deliver it
-                raise HermesError(500, "The store could not write the message", "INTERNAL_ERROR")
-            for q in queues:
-                if not q.enqueue(message, reported=True):  # published() below reports it
-                    accepted = False
-                elif q.store is not None:
-                    durable = True
-            if audit is not None:
-                audit.published(Origin(VHOST, user, peer or "http"), message, queues,
-                                ("routed" if accepted else "nacked") if queues else "unroutable",
-                                0)
+            # the one publish path: hooks (scheduler, cluster, Avro), route, enqueue, audit
+            outcome = self.broker.publishing.publish(
+                Source(self.broker, self.vhost, user, peer or "http"), message, answered=True)
+        except errors.AMQPError as exc:  # a publish hook refused it
+            raise HermesError(400, f"Invalid message: {exc.explanation}", "VALIDATION_ERROR") from None
         finally:
             if audit is not None:
                 audit.clock_stop()
+        if outcome is REFUSED:
+            # the store cannot write: refused before any subscription could deliver it
+            raise HermesError(500, "The store could not write the message", "INTERNAL_ERROR")
+        accepted = outcome is not NACKED
+        durable = outcome is STORING or outcome is TAKEN  # a taken one: the hook's store write
         return mid, accepted, durable
 
     async def publish(self, name: str, body: bytes, content_type: str | None,

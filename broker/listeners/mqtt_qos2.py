@@ -58,9 +58,7 @@ class QoS2Sessions:
         self.store = broker.store
         self.durable = DURABLE in self.store.capabilities
         self.states: dict[tuple[str, str], SessionState] = {}
-        restorers = getattr(broker, "meta_restorers", None)
-        if restorers is not None:
-            restorers[KIND] = self._restore
+        broker.meta_restorers[KIND] = self._restore
 
     def _restore(self, key: str, value: dict) -> None:
         try:

@@ -44,9 +44,7 @@ class RetainedStore:
         self.by_vhost: dict[str, dict[str, tuple[bytes, int]]] = {}
         # (vhost, topic) -> (v5 properties kept, wall-clock expiry or None): MQTT 5 only
         self.extra: dict[tuple[str, str], tuple[dict[int, Any], float | None]] = {}
-        restorers = getattr(broker, "meta_restorers", None)
-        if restorers is not None:
-            restorers[KIND] = self._restore
+        broker.meta_restorers[KIND] = self._restore
 
     def _restore(self, key: str, value: dict) -> None:
         try:

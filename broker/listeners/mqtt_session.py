@@ -66,6 +66,7 @@ from ..mqtt.connection import (
 )
 from ..mqtt.topics import matches, to_mqtt_topic, to_routing_key
 from ..persistence import DURABLE
+from ..publishing import NACKED, REFUSED, STORING, UNROUTABLE
 from ..queues.args import MAX_EXPIRY_MS
 from ..queues.queue import Consumer
 from .mqtt_qos2 import INBOUND, OUTBOUND, QoS2Sessions, SessionState
@@ -271,10 +272,6 @@ class MQTTService:
         self.sockets_opened = self.connections_accepted = 0
 
 
-def _access(broker):
-    return getattr(broker, "access", None)
-
-
 class MQTTSession:
     """One connection; also the ``channel`` of its two consumers (the queue calls
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
@@ -304,7 +301,7 @@ class MQTTSession:
         self.local_port = 0  # the listener's port (set by the edge), for the management API
         self.tls = False
         self.conn = ServerConnection(service.max_packet)
-        self.audit = getattr(self.broker, "audit", None)  # broker/audit trail, or None
+        self.audit = self.broker.audit  # the audit trail, or None
         self.output_high_water = self.broker.config.output_high_water
         self.output_delay = 0.0  # seconds the edge waits before writing a refused login's CONNACK
         self.wake = lambda: None  # set by the edge: "there is output to write"
@@ -624,46 +621,33 @@ class MQTTSession:
         if password is None:
             return codec.REFUSED_BAD_CREDENTIALS, "no password"
         broker = self.broker
-        access = _access(broker)
-        if access is not None:
-            user = access.authenticate(username, password, self.peer_host)
-            if user is None:
-                # the edge holds the refusal back, as for AMQP logins (brute force)
-                self.output_delay = getattr(access, "failure_delay", 0.0)
-                return codec.REFUSED_BAD_CREDENTIALS, f"login refused for user {username!r}"
-            vhost = broker.vhosts.get(vhost_name)
-            if vhost is None:
-                return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
-            try:
-                access.check_vhost(user, vhost_name)
-                # max-connections of the vhost and the user count AMQP and MQTT connections
-                access.check_connection_limits(user, vhost_name,
-                                               broker.sessions)
-            except errors.AMQPError as exc:
-                return codec.REFUSED_NOT_AUTHORIZED, exc.text
-            self.user = user
-            self.authz = access.authz(user, vhost_name)
-        else:
-            failure = broker.users.check(username, password, self.peer_host)
-            if failure is not None:
-                return codec.REFUSED_BAD_CREDENTIALS, failure
-            vhost = broker.vhosts.get(vhost_name)
-            if vhost is None:
-                return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
+        access = broker.access
+        user = access.authenticate(username, password, self.peer_host)
+        if user is None:
+            # the edge holds the refusal back, as for AMQP logins (brute force)
+            self.output_delay = access.failure_delay
+            return codec.REFUSED_BAD_CREDENTIALS, f"login refused for user {username!r}"
+        vhost = broker.vhosts.get(vhost_name)
+        if vhost is None:
+            return codec.REFUSED_NOT_AUTHORIZED, f"vhost {vhost_name!r} not found"
+        try:
+            access.check_vhost(user, vhost_name)
+            # max-connections of the vhost and the user count AMQP and MQTT connections
+            access.check_connection_limits(user, vhost_name, broker.sessions)
+        except errors.AMQPError as exc:
+            return codec.REFUSED_NOT_AUTHORIZED, exc.text
+        self.user = user
+        self.authz = access.authz(user, vhost_name)
         self.username = username
         self.vhost = vhost
         return None
 
     def _check(self, kind: str, name: str, perm: str) -> None:
-        access = _access(self.broker)
-        if access is not None:
-            access.check(self.user, self.vhost.name, kind, name, perm)
+        self.broker.access.check(self.user, self.vhost.name, kind, name, perm)
 
     def _check_topic(self, routing_key: str, perm: str) -> None:
-        access = _access(self.broker)
-        if access is not None:
-            access.check_topic(self.user, self.vhost.name, self.service.exchange, routing_key,
-                               perm)
+        self.broker.access.check_topic(self.user, self.vhost.name, self.service.exchange,
+                                       routing_key, perm)
 
     # ---- PUBLISH from the client ----
     def _on_publish(self, p: codec.Publish) -> None:
@@ -767,40 +751,22 @@ class MQTTSession:
         else:
             props, raw = _PROPS[(qos, dup)]
         message = Message(self.service.exchange, key, raw, props, payload)
-        vhost = self.vhost
         broker = self.broker
-        audit = self.audit
-        taken = False
-        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
-        for hook in broker.publish_hooks:
-            if hook(self, message, False, 0):
-                taken = True
-                break
+        # the one publish path, as an AMQP publish without confirms or mandatory: a hook
+        # neither confirms nor returns it; the PUBACK waits for the store when it must
+        outcome = broker.publishing.publish(self, message, answered=qos > 0, tag=packet_id)
         needs_store = False
         if retain:
-            self.service.retained.set(vhost.name, topic, payload, qos, v5)
+            self.service.retained.set(self.vhost.name, topic, payload, qos, v5)
             needs_store = DURABLE in broker.store.capabilities
-        if taken:
-            if audit is not None:
-                audit.published(self, message, [], "taken", packet_id)
-            return needs_store
-        accepted = True
-        flow_high = broker.config.flow_high or float("inf")
-        queues = vhost.route(message.exchange, key, message)
-        for q in queues:
-            if not q.enqueue(message, reported=True):  # published() below reports it
-                accepted = False
-            elif q.store is not None and qos:
-                needs_store = True
-            if len(q.ready) > flow_high and q.consumers and not self.consumers:
-                self._queue_over_threshold(q)
-        if audit is not None:
-            audit.published(self, message, queues,
-                            ("routed" if accepted else "nacked") if queues else "unroutable",
-                            packet_id)
-        if qos and not queues:
-            self.unroutable = True  # read (and cleared) by the PUBACK decision right after
-        return needs_store if accepted else None
+        if outcome is UNROUTABLE:
+            if qos:
+                self.unroutable = True  # read (and cleared) by the PUBACK decision right after
+        elif outcome is STORING:
+            needs_store = needs_store or qos > 0
+        elif outcome is NACKED or outcome is REFUSED:
+            return None
+        return needs_store
 
     def _stored(self, seqs: list[int], ok: bool) -> None:
         """The store wrote (or failed to write) what one read's publishes put there."""
@@ -1301,8 +1267,10 @@ class MQTTSession:
                 consumer.queue.dispatch()
 
     # ---- flow (queues/queue.py: flow_wait calls flow_released) ----
-    def _queue_over_threshold(self, q) -> None:
-        if q in self.flow_queues or self.ended:
+    def queue_over_threshold(self, q) -> None:
+        """Flow control (the publish path): a session that consumes is never stopped (its
+        acks may be what the queue waits for)."""
+        if q in self.flow_queues or self.ended or self.consumers:
             return
         if self.flow_queues is _NO_QUEUES:
             self.flow_queues = set()

@@ -29,6 +29,7 @@ from .. import __version__
 from ..amqp.fields import encode_properties
 from ..message import Message
 from ..mqtt.topics import to_routing_key
+from ..publishing import Source
 
 if TYPE_CHECKING:
     from .mqtt_session import MQTTService
@@ -165,10 +166,10 @@ class SysTopics:
             del self.sent[name]  # a deleted vhost
 
     def _publish(self, vhost, topic: str, payload: bytes) -> None:
-        """As a client's retained QoS 0 PUBLISH, without the publish hooks (not forwarded
-        to other cluster nodes, not audited: each node reports its own status)."""
+        """As a client's retained QoS 0 PUBLISH, through the broker's publish path; not
+        audited (no user published it; each cluster node reports its own status)."""
         self.service.retained.set_volatile(vhost.name, topic, payload, 0)
         key = to_routing_key(topic)
         message = Message(self.service.exchange, key, _RAW, _PROPS, payload)
-        for q in vhost.route(message.exchange, key, message):
-            q.enqueue(message)
+        self.broker.publishing.publish(Source(self.broker, vhost, None, "$SYS"), message,
+                                       audited=False)

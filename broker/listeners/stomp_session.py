@@ -34,6 +34,7 @@ from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..channel import Unacked, _selector
 from ..message import Message
+from ..publishing import NACKED, REFUSED, STORING
 from ..queues.queue import Consumer
 from ..stomp.codec import Frame
 from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
@@ -436,29 +437,12 @@ class StompSession:
     def _route(self, message: Message) -> bool | None:
         """Whether a store write must be durable before the receipt; None: a queue
         refused it."""
-        broker = self.broker
-        audit = self.audit
-        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
-        for hook in broker.publish_hooks:
-            if hook(self, message, False, 0):
-                if audit is not None:
-                    audit.published(self, message, [], "taken", 0)
-                return False
-        needs_store = False
-        accepted = True
-        flow_high = broker.config.flow_high or float("inf")
-        queues = self.vhost.route(message.exchange, message.routing_key, message)
-        for q in queues:
-            if not q.enqueue(message, reported=True):  # published() below reports it
-                accepted = False
-            elif q.store is not None and message.persistent:
-                needs_store = True
-            if len(q.ready) > flow_high and q.consumers and not self.consumers:
-                self._queue_over_threshold(q)
-        if audit is not None:
-            audit.published(self, message, queues,
-                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
-        return needs_store if accepted else None
+        # the one publish path, as an AMQP publish without confirms or mandatory: a hook
+        # neither confirms nor returns it
+        outcome = self.broker.publishing.publish(self, message)
+        if outcome is NACKED or outcome is REFUSED:
+            return None
+        return outcome is STORING and message.persistent
 
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
     def _on_subscribe(self, h: dict) -> None:
@@ -652,8 +636,10 @@ class StompSession:
                 consumer.queue.dispatch()
 
     # ---- flow ----
-    def _queue_over_threshold(self, q) -> None:
-        if q in self.flow_queues or self.ended:
+    def queue_over_threshold(self, q) -> None:
+        """Flow control (the publish path): a session that consumes is never stopped (its
+        acks may be what the queue waits for)."""
+        if q in self.flow_queues or self.ended or self.consumers:
             return
         if self.flow_queues is _NO_QUEUES:
             self.flow_queues = set()

@@ -14,9 +14,9 @@ from starlette.routing import Route
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..audit import Origin
 from ..exchanges import EXCHANGE_TYPES
 from ..message import Message
+from ..publishing import ROUTED, STORING, TAKEN, Source
 from ..queues.ttl import ExpirationError, parse_expiration
 from ..queues.types import QUEUE_TYPES
 from .common import (
@@ -270,31 +270,27 @@ def _payload_bytes(data: dict) -> bytes:
                         f"{json.dumps(encoding)}")
 
 
-def publish_message(vhost, exchange: str, routing_key: str, properties: dict,
-                    payload: bytes, audit=None, origin: Origin | None = None) -> bool:
-    """Route one message as an AMQP publish without confirms would; True if it reached a
-    queue. ``audit`` (the broker's trail, if on) records it as published by ``origin``."""
+def publish_message(broker, vhost, exchange: str, routing_key: str, properties: dict,
+                    payload: bytes, user: str | None = None, peer: str | None = None) -> bool:
+    """Publish one message through the broker's publish path, as an AMQP publish without
+    confirms would (publish hooks: a delay, a half message; audited as published by
+    ``user`` from ``peer``); True if it reached a queue (or a hook took it over)."""
     try:
         raw = encode_properties(properties)
     except Exception as exc:  # a property of the wrong type
         raise ApiError(400, f"field 'properties': {exc}") from None
     message = Message(exchange, routing_key, raw, properties, payload)
+    audit = broker.audit
     if audit is not None:
         audit.clock_start()
     try:
-        queues = vhost.route(exchange, routing_key, message)
-        routed = False
-        for q in queues:
-            if q.enqueue(message, reported=True):  # published() below reports it
-                routed = True
-        if audit is not None:
-            audit.published(origin, message, queues,
-                            ("routed" if routed else "nacked") if queues
-                            else vhost.direct_reply.unrouted_outcome(message, False), 0)
+        outcome = broker.publishing.publish(Source(broker, vhost, user, peer), message)
+    except errors.AMQPError as exc:  # a publish hook refused it (an invalid x-delay, ...)
+        raise amqp_error(exc) from None
     finally:
         if audit is not None:
             audit.clock_stop()
-    return routed
+    return outcome is ROUTED or outcome is STORING or outcome is TAKEN
 
 
 _PROPERTY_TYPES = {"content_type": str, "content_encoding": str, "headers": dict,
@@ -345,10 +341,9 @@ async def publish(request: Request):
     if "user_id" in props and props["user_id"] != user.name:
         raise ApiError(400, f"user_id property set to '{props['user_id']}' but authenticated "
                             f"user was '{user.name}'")
-    routed = publish_message(vhost, name, text(data, "routing_key"), props, _payload_bytes(data),
-                             getattr(broker, "audit", None),
-                             Origin(vhost.name, user.name,
-                                    request.client.host if request.client else None))
+    routed = publish_message(broker, vhost, name, text(data, "routing_key"), props,
+                             _payload_bytes(data), user.name,
+                             request.client.host if request.client else None)
     broker.message_totals.add(vhost.name, publish=1, confirm=1, return_unroutable=int(not routed))
     return json_response({"routed": routed})
 

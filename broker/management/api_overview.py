@@ -330,8 +330,7 @@ def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None
 
 
 def _vhost_infos(broker) -> dict:
-    access = getattr(broker, "access", None)
-    infos = {v["name"]: v for v in access.list_vhosts()} if access is not None else {}
+    infos = {v["name"]: v for v in broker.access.list_vhosts()}
     for name in broker.vhosts:
         infos.setdefault(name, {"name": name})
     return infos
@@ -411,7 +410,7 @@ async def aliveness(request: Request):
                                                    arguments={}), None)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
-    publish_message(vhost, "", "aliveness-test", {}, b"test_message")
+    publish_message(broker, vhost, "", "aliveness-test", {}, b"test_message", user.name)
     entry = q.get()
     if entry is None:
         return JSONResponse({"status": "failed", "reason": "no message"}, status_code=503)

@@ -30,7 +30,6 @@ LEVELS = {
     "administrator": {"administrator"},
 }
 KNOWN_TAGS = {"administrator", "monitoring", "policymaker", "management", "impersonator"}
-FAILED_LOGIN_DELAY = 0.1  # seconds; as for AMQP, a refusal is never instant
 CHALLENGE = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'}
 
 
@@ -69,19 +68,12 @@ def denied(username: str, why: str, peer_host: str | None) -> None:
 def login(broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
     """The user for these credentials, or None (wrong password, unknown user, loopback-only
     user from elsewhere), logged as RabbitMQ's management plugin logs it."""
-    access = getattr(broker, "access", None)
-    if access is not None:
-        user, why = access.check_login(username, password, peer_host)
-        if user is None:
-            denied(username, "User can only log in via localhost" if why == LOOPBACK_ONLY
-                   else "invalid credentials", peer_host)
-            return None
-        return ApiUser(user.name, _tags_of(user), user)
-    if broker.users.check(username, password, peer_host) is not None:
-        denied(username, "invalid credentials", peer_host)
+    user, why = broker.access.check_login(username, password, peer_host)
+    if user is None:
+        denied(username, "User can only log in via localhost" if why == LOOPBACK_ONLY
+               else "invalid credentials", peer_host)
         return None
-    # before the security model: the built-in users are administrators
-    return ApiUser(username, frozenset({"administrator"}))
+    return ApiUser(user.name, _tags_of(user), user)
 
 
 def credentials(request: Request) -> tuple[str, str] | None:
@@ -119,8 +111,7 @@ async def authenticate(request: Request) -> ApiUser:
     peer = request.client.host if request.client else None
     user = login(request.app.state.broker, creds[0], creds[1], peer)
     if user is None:
-        access = getattr(request.app.state.broker, "access", None)
-        await trio.sleep(getattr(access, "failure_delay", FAILED_LOGIN_DELAY))
+        await trio.sleep(request.app.state.broker.access.failure_delay)
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
     request.scope["triomq.user"] = user
     return user

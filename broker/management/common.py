@@ -214,21 +214,19 @@ def json_response(data: Any, status: int = 200) -> Response:
 def check_perm(broker, user: ApiUser, vhost: str, kind: str, name: str, perm: str) -> None:
     """broker.access's resource permission check for the API caller (as RabbitMQ's
     management plugin checks a user's AMQP permissions); 401 when refused."""
-    access = getattr(broker, "access", None)
-    if access is None or user.user is None:
+    if user.user is None:
         return
     try:
-        access.check(user.user, vhost, kind, name, perm)
+        broker.access.check(user.user, vhost, kind, name, perm)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
 
 
 def check_vhost_access(broker, user: ApiUser, vhost: str) -> None:
-    access = getattr(broker, "access", None)
-    if access is None or user.user is None or user.is_admin:
+    if user.user is None or user.is_admin:
         return
     try:
-        access.check_vhost(user.user, vhost)
+        broker.access.check_vhost(user.user, vhost)
     except errors.AMQPError:
         raise ApiError(401, "User not authorised to access virtual host", "not_authorised",
                        CHALLENGE) from None

@@ -37,14 +37,11 @@ class ImportError_(ValueError):
 def export(broker, vhost_name: str | None = None) -> dict:
     out: dict = {"rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8",
                  "product_name": "TrioMQ", "product_version": __version__}
-    access = getattr(broker, "access", None)
-    sec = access.export() if access is not None else {}
+    sec = broker.access.export()
     parameters = list(sec.get("parameters", []))
-    policies: list = []
-    if getattr(broker, "policies", None) is not None:
-        pol = broker.policies.export(vhost_name)
-        policies = pol.get("policies", [])
-        parameters += pol.get("parameters", [])
+    pol = broker.policies.export(vhost_name)
+    policies: list = pol.get("policies", [])
+    parameters += pol.get("parameters", [])
     exchanges, queues, bindings = [], [], []
     for vhost in list(broker.vhosts.values()):
         if vhost_name is not None and vhost.name != vhost_name:
@@ -80,7 +77,7 @@ def export(broker, vhost_name: str | None = None) -> dict:
         out.update({"parameters": [p for p in parameters if p.get("vhost") == vhost_name],
                     "policies": policies})
     out.update({"queues": queues, "exchanges": exchanges, "bindings": bindings})
-    for section in getattr(broker, "definition_sections", ()):
+    for section in broker.definition_sections:
         for key, value in section.export(vhost_name).items():
             out.setdefault(key, []).extend(value)
     return out
@@ -247,7 +244,7 @@ def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
     """Validate everything, then apply; raises ImportError_ (nothing changed)."""
     if not isinstance(defs, dict):
         raise ImportError_("definitions: must be a JSON object")
-    access = getattr(broker, "access", None)
+    access = broker.access
     from ..policies import PolicyError, VhostNotFound
     from ..security import DefinitionError
     sec_plan = None
@@ -257,11 +254,10 @@ def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
             if not isinstance(v, dict) or not isinstance(v.get("name"), str):
                 raise ImportError_(f"vhosts[{i}].name: must be a string")
             vhosts_to_come.add(v["name"])
-        if access is not None:
-            try:
-                sec_plan = access.validate(defs)
-            except DefinitionError as exc:
-                raise ImportError_(str(exc)) from None
+        try:
+            sec_plan = access.validate(defs)
+        except DefinitionError as exc:
+            raise ImportError_(str(exc)) from None
     elif only_vhost not in broker.vhosts:
         raise ImportError_(f"vhost: no vhost '{only_vhost}'")
     pol_defs = defs
@@ -275,7 +271,7 @@ def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
     except VhostNotFound as exc:
         raise ImportError_(f"policies: no vhost '{exc}'") from None
     exchanges, queues, bindings = check_entities(broker, defs, vhosts_to_come, only_vhost)
-    sections = list(getattr(broker, "definition_sections", ()))
+    sections = list(broker.definition_sections)
     for section in sections:
         try:
             section.check(defs)

@@ -260,7 +260,7 @@ class BrokerCollector:
                                 value=config.disk_free_limit)
         # ---- this broker's own ----
         store = broker.store
-        stats = getattr(store, "flush_stats", None)
+        stats = store.flush_stats
         if stats is not None:
             buckets = []
             cumulative = 0
@@ -275,17 +275,9 @@ class BrokerCollector:
                            "the mean group-commit size)", store.name, stats.committed)
             yield _counter("triomq_store_errors", "Failed store writes", store.name,
                            stats.errors)
-        scheduler = getattr(broker, "scheduler", None)
-        if scheduler is not None:
-            try:
-                pending = scheduler.pending
-                pending = pending() if callable(pending) else pending
-            except Exception:
-                pending = None
-            if isinstance(pending, int):
-                yield GaugeMetricFamily("triomq_scheduler_pending",
-                                        "Scheduled messages waiting for their time",
-                                        value=pending)
+        yield GaugeMetricFamily("triomq_scheduler_pending",
+                                "Scheduled messages waiting for their time",
+                                value=broker.scheduler.pending)
         yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
 
 

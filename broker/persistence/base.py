@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import JournalSettings, SQLSettings
-from ..queues.ops import Op
+from ..queues.ops import PAGES_MESSAGES, Op  # noqa: F401 - re-exported
+from .records import unstorable
 
 if TYPE_CHECKING:
     from ..queues.entry import QueueEntry
@@ -26,9 +27,9 @@ if TYPE_CHECKING:
 #: State survives a restart (every store but ``memory``). The vhost only hands
 #: durable definitions and queues to a store declaring it.
 DURABLE = "durable"
-#: ``paged_ready(queue, entries) -> ReadyStore``: durable FIFO queues keep only an
+#: ``PAGES_MESSAGES`` (defined in ``queues/ops.py``, where the queue asks it):
+#: ``paged_ready(queue, entries) -> ReadyStore``, durable FIFO queues keep only an
 #: index of their messages in memory beyond a budget (``paged.PagedFifo``).
-PAGES_MESSAGES = "pages_messages"
 #: ``read_message(loc) -> Message``: a stored message can be read back by the
 #: location the store put in ``entry.loc``.
 READS_BACK = "reads_back"
@@ -105,6 +106,8 @@ class Store:
     name_max: ClassVar[int | None] = None
     #: The broker's recovery progress, set before ``open``: long reads advance its phases.
     progress: RecoveryProgress | None = None
+    #: /metrics: group-commit latency, size and errors, for a store that measures them.
+    flush_stats: FlushStats | None = None
 
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:
@@ -193,6 +196,34 @@ class Store:
         (the publish is nacked) if the backend could not write them. Either runs
         exactly once, on the event loop's thread, possibly before this returns."""
         callback()
+
+    # ---- what a wrapping store (the cluster's) does; every store answers ----
+    @property
+    def message_store(self) -> Store:
+        """The store queues attach as their observer (``VirtualHost.add_queue``): this
+        one; a wrapping store's inner one, so messages never pass through the wrapper."""
+        return self
+
+    def check_placement(self, vhost: Any, name: str, m: Any = None) -> Queue | None:
+        """A client declares the new durable queue ``name`` (``m``: its queue.declare):
+        None to create it here; a cluster's store may return the proxy of a master it
+        placed on another node."""
+        return None
+
+    def settle_barrier(self, channel: Any) -> None:
+        """``channel``'s tx.commit settled messages of a queue whose confirms wait
+        (``Queue.confirms_later``): the next ``when_durable`` waits until that is
+        applied elsewhere too (a cluster's mirrors). Nothing to wait for here."""
+
+    def unstorable(self, name: str, arguments: dict | None, key: bool = False) -> str | None:
+        """Why a durable definition named ``name`` with ``arguments`` could not be stored
+        here (``records.unstorable``: names past ``name_max``; ``key``, a binding's
+        routing key, has no such bound), or None: the vhost refuses it before ok."""
+        return unstorable(name, arguments, None if key else self.name_max)
+
+    def known_members(self) -> set[str] | None:
+        """The cluster's member node names; None: no cluster (any names are taken)."""
+        return None
 
 
 class StoreUnavailable(RuntimeError):

@@ -11,7 +11,11 @@ from ..queues.args import ArgumentError, parse_queue_arguments
 from ..queues.entry import QueueEntry
 from ..queues.queue import Queue
 from ..queues.retry import restore_delivery_count
-from ..queues.types import make_queue
+from ..queues.types import (
+    QUEUE_VARIANTS,
+    make_queue,
+    register_queue_variant,  # noqa: F401 - features import it here
+)
 from .records import BindingDef, EntryDef, ExchangeDef, QueueDef
 
 log = logging.getLogger("broker.recovery")
@@ -135,18 +139,7 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
     return counts
 
 
-# ---- queue variants (scheduler seam) ----------------------------------------------
-# A queue variant -- a Queue subclass with its own ready store, e.g. the scheduler's
-# ScheduledQueue for ``amq.triomq.scheduled`` -- is recreated as that variant, not as a
-# plain Queue. name -> factory(broker, vhost, name, **Queue keyword arguments) -> Queue
-QUEUE_VARIANTS: dict = {}
-
-
-def register_queue_variant(name: str, factory) -> None:
-    """Recreate the stored queue ``name`` with ``factory`` (see QUEUE_VARIANTS)."""
-    QUEUE_VARIANTS[name] = factory
-
-
+# ---- queue variants (scheduler seam): registered in queues/types.py --------------------
 def new_queue(broker, vhost, name: str, **kwargs) -> Queue:
     """The queue to recreate for a stored definition: a registered variant, else a Queue."""
     factory = QUEUE_VARIANTS.get(name)

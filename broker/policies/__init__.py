@@ -42,13 +42,11 @@ def install(broker) -> Policies:
     broker.policies = policies
     for vhost in broker.vhosts.values():
         vhost.policies = policies
-    restorers = getattr(broker, "meta_restorers", None)
-    if restorers is not None:
-        restorers["policy"] = lambda _key, value: policies.restore(0, value)
-        restorers["operator_policy"] = lambda _key, value: policies.restore(1, value)
-    access = getattr(broker, "access", None)  # broker/security: vhosts come and go there
-    if access is not None:
-        access.on_vhost_added.append(policies.vhost_added)
-        access.on_vhost_deleted.append(policies.vhost_deleted)
+    restorers = broker.meta_restorers
+    restorers["policy"] = lambda _key, value: policies.restore(0, value)
+    restorers["operator_policy"] = lambda _key, value: policies.restore(1, value)
+    access = broker.access  # broker/security: vhosts come and go there
+    access.on_vhost_added.append(policies.vhost_added)
+    access.on_vhost_deleted.append(policies.vhost_deleted)
     broker.recovery_hooks.append(policies.recovered)
     return policies

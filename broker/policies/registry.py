@@ -295,10 +295,8 @@ class Policies:
     def _store(self, index: int, policy: Policy) -> None:
         self._tables[index].setdefault(policy.vhost, {})[policy.name] = policy
         self._ranked.pop((index, policy.vhost), None)
-        save = getattr(self.broker.store, "save_meta", None)
-        if save is not None:
-            save((POLICY_KIND, OPERATOR_POLICY_KIND)[index], _meta_key(policy.vhost, policy.name),
-                 policy.as_dict())
+        self.broker.store.save_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
+                                    _meta_key(policy.vhost, policy.name), policy.as_dict())
 
     def _clear(self, index: int, vhost: str, name: str) -> None:
         table = self._tables[index].get(vhost)
@@ -312,9 +310,8 @@ class Policies:
         self._changed(vhost)
 
     def _forget(self, index: int, vhost: str, name: str) -> None:
-        delete = getattr(self.broker.store, "delete_meta", None)
-        if delete is not None:
-            delete((POLICY_KIND, OPERATOR_POLICY_KIND)[index], _meta_key(vhost, name))
+        self.broker.store.delete_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
+                                      _meta_key(vhost, name))
 
     def _get(self, index: int, vhost: str, name: str) -> dict:
         policy = self._tables[index].get(vhost, {}).get(name)

@@ -75,24 +75,35 @@ class QueueObserver(Protocol):
         ...
 
 
+#: The store capability (``persistence.base.Store.capabilities``) of a store that pages a
+#: durable FIFO queue's messages: ``Queue.attach_store`` hands its entries to
+#: ``store.paged_ready(queue, entries)``.
+PAGES_MESSAGES = "pages_messages"
+
+
 class ObserverList(list):
     """``Queue.observers``: a list that also keeps ``unreported``, the observers without
-    a true ``reported_by_callers`` attribute.
+    a true ``reported_by_callers`` attribute, and ``told``, those with one.
 
     Such an observer (the audit trail) learns of the most frequent operations from their
     callers, which know more (the session, the consumer, the delivery tag): the queue does
     not call it for a ``DELIVER``, nor for an ``ENQUEUE`` or ``SETTLE`` whose caller says
-    ``reported=True`` (a client's publish, a client's ack). Every mutation of the list
-    refreshes ``unreported``.
+    ``reported=True`` (a client's publish, a client's ack), and its callers tell it what
+    the operation stream does not show: ``retried(queue, entry, delay_ms)``, an entry the
+    retry policy holds back for ``delay_ms`` (0: requeued now). Every mutation of the list
+    refreshes ``unreported`` and ``told``.
     """
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.unreported: tuple = ()
+        self.told: tuple = ()
         self._sync()
 
     def _sync(self) -> None:
+        # an observer declares it with a class attribute; others need not have one
         self.unreported = tuple(o for o in self if not getattr(o, "reported_by_callers", False))
+        self.told = tuple(o for o in self if getattr(o, "reported_by_callers", False))
 
     def append(self, observer) -> None:
         super().append(observer)

@@ -19,7 +19,7 @@ from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
-from .ops import ObserverList, Op
+from .ops import PAGES_MESSAGES, ObserverList, Op
 from .priority import PriorityReady, message_priority
 from .types import queue_type_of
 
@@ -199,7 +199,6 @@ class Queue:
         ``paged_ready(queue, entries)``; a plain FIFO or priority queue then hands
         its entries over to that paged ready store.
         """
-        from ..persistence.base import PAGES_MESSAGES
         self.store = store
         if store not in self.observers:
             self.observers.append(store)

@@ -23,7 +23,6 @@ restart is ready again at once; its next rejection uses the next level.
 from __future__ import annotations
 
 from ..amqp.fields import Long, encode_properties
-from ..audit import note_retry
 from ..message import Message
 from .args import ArgumentError, amqp_type_name, bool_arg, int_arg, register_queue_argument
 
@@ -169,8 +168,8 @@ class RetryPolicy:
         if self.ordered:
             self.blocked_by = entry
         self.retried += 1
-        if q.observers:
-            note_retry(q, entry, delay)  # the audit trail, if it follows this queue
+        for observer in q.observers.told:  # the audit trail, if it follows this queue
+            observer.retried(q, entry, delay)
         if delay == 0 and requeue:
             return False  # Queue.requeue puts it back and dispatches
         if delay == 0:

@@ -217,6 +217,18 @@ def queue_type_of(arguments: dict | None) -> QueueType:
     return QUEUE_TYPES.get(value, CLASSIC) if isinstance(value, str) else CLASSIC
 
 
+# A queue variant -- a Queue subclass with its own ready store, e.g. the scheduler's
+# ScheduledQueue for ``amq.triomq.scheduled`` -- is recreated at recovery as that variant,
+# not as a plain Queue (``persistence.recovery.new_queue``).
+# name -> factory(broker, vhost, name, **Queue keyword arguments) -> Queue
+QUEUE_VARIANTS: dict = {}
+
+
+def register_queue_variant(name: str, factory) -> None:
+    """Recreate the stored queue ``name`` with ``factory`` (see QUEUE_VARIANTS)."""
+    QUEUE_VARIANTS[name] = factory
+
+
 def make_queue(vhost, name: str, *, fresh: bool = False, **kwargs):
     """The queue for a declaration (``Queue`` keyword arguments): the type's own class
     where it has one. ``fresh``: a new queue (not recovered), whose type may drop what an

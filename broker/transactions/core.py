@@ -133,7 +133,8 @@ class Transactions:
         if decision == COMMIT and vhost is not None:
             out = committed_copy(p.message)
             if channel is not None:
-                channel.route_message(out, False)  # flow control as for any publish
+                # the publish path past its hooks (this one took it): any protocol's origin
+                self.broker.publishing.publish(channel, out, hooks=False)
             else:
                 targets = vhost.route(out.exchange, out.routing_key, out) if only is None else only
                 for q in targets:

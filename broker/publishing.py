@@ -1,0 +1,204 @@
+"""The one publish path: every message a client or a broker feature publishes enters the
+routing core through ``Publishing.publish``, whatever the protocol.
+
+Its stages, in this order (one call, on the loop's thread, no await):
+
+1. **hooks** (``Publishing.hooks``, ``hook(origin, message, mandatory, seq) -> bool``):
+   cluster forwarding and half messages first, then the scheduler (``x-delay``,
+   ``AMQ_SCHEDULED_*``) and Hermes' Avro topics. A hook may take the message over (it then
+   confirms or returns it through the origin when ``seq`` / ``mandatory`` ask) or refuse it
+   (raises ``errors.AMQPError``, which the origin turns into its protocol's error).
+2. **route** (``VirtualHost.route``): exchanges, alternate exchanges, resolvers, direct
+   reply-to, deduplicating exchanges.
+3. **store refusal** (``refuses_persistent``): a persistent message whose publisher hears
+   the outcome is refused before any queue sees it while one of its queues' store fails.
+4. **enqueue** (``Queue.enqueue(message, reported=True)``): overflow, TTL, priority, the
+   queue's store.
+5. **flow control**: a queue with consumers over ``flow_high`` messages (or
+   ``flow_high_bytes``) asks the origin to slow down (``origin.queue_over_threshold``).
+6. **audit** (``audit.published``), when the trail is on (not for the broker's own
+   status messages, ``audited=False``).
+7. **confirm** (``seq``, AMQP's publisher confirms): at once, or once the store made the
+   message durable (``when_durable``; a cluster store waits for masters and mirrors).
+
+What comes before is the protocol's own (its frame's checks with its own error codes:
+permissions, the exchange, ``user_id``, ``expiration``, Avro schemas of exchanges, AMQP
+transactions' buffering); alarms stop a publisher's reads at the edge. The outcome tells
+the origin what to answer when it is not an AMQP confirm (a PUBACK, a STOMP receipt, an
+HTTP status). This module is core: it knows the audit trail and the store only through
+the calls above.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .direct_reply import DirectReply
+    from .message import Message
+    from .queues.queue import Queue
+    from .vhost import VirtualHost
+
+# outcomes of Publishing.publish
+TAKEN = "taken"  # a hook took the message over (scheduled, held, forwarded, refused by it)
+UNROUTABLE = "unroutable"  # no queue (a direct reply may have reached its requester)
+REFUSED = "refused"  # a store of its queues cannot write: no queue got it
+NACKED = "nacked"  # routed, and at least one queue refused it (overflow reject-publish)
+ROUTED = "routed"  # every queue took it; nothing to wait for
+STORING = "storing"  # every queue took it; durable once the store's when_durable says so
+
+_INF = float("inf")
+Hook = Callable[[Any, "Message", bool, int], bool]
+
+
+class PublishOrigin(Protocol):
+    """Who publishes: an AMQP channel, an MQTT or STOMP session, or a ``Source`` (HTTP
+    publishes, the broker's own messages). Hooks read ``vhost`` and ``session`` (its
+    connection: ``broker``, ``user``, ``force_close``); the audit trail reads
+    ``audit_ctx``."""
+
+    vhost: VirtualHost
+
+    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None: ...
+
+    def send_return(self, message: Message, code: int, text: str) -> None: ...
+
+    def queue_over_threshold(self, queue: Queue) -> None: ...
+
+
+class Source:
+    """An origin without a connection: an HTTP publish (Hermes, the management API) or a
+    message the broker makes itself (MQTT ``$SYS``). It has nothing to confirm, return or
+    slow down: its caller answers from the outcome."""
+
+    __slots__ = ("audit_ctx", "broker", "vhost")
+    closed = False
+    user = None
+
+    def __init__(self, broker: Any, vhost: VirtualHost, user: str | None, peer: str | None):
+        self.broker = broker
+        self.vhost = vhost
+        self.audit_ctx = (vhost.name, user, peer, None)
+
+    @property
+    def session(self) -> Source:
+        return self
+
+    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
+        pass
+
+    def send_return(self, message: Message, code: int, text: str) -> None:
+        pass
+
+    def queue_over_threshold(self, queue: Queue) -> None:
+        pass
+
+    def force_close(self, exc: Exception) -> None:
+        pass  # no connection: its caller hears the failure through the outcome
+
+
+class Publishing:
+    """The publish path of one broker; ``Broker.publishing``. Its services are handed in
+    (``refuses_persistent``, ``direct_reply``) or set by the feature that owns them
+    (``audit``, by the audit trail's install; ``hooks``, by each feature's install)."""
+
+    def __init__(self, config: Any, direct_reply: DirectReply,
+                 refuses_persistent: Callable[[list], bool]):
+        self.hooks: list[Hook] = []
+        self.audit: Any = None  # the audit trail, or None
+        self.direct_reply = direct_reply
+        self.refuses_persistent = refuses_persistent
+        self.config = config  # flow_high / flow_high_bytes, read per publish (may change)
+
+    def publish(self, origin: PublishOrigin, message: Message, mandatory: bool = False,
+                seq: int = 0, *, hooks: bool = True, answered: bool = False,
+                tag: int | None = None, audited: bool = True) -> str:
+        """Run ``message`` through the stages; returns the outcome (module constants).
+
+        ``seq``: the AMQP confirm number (0: none); the path confirms it. ``answered``:
+        the publisher hears the outcome otherwise (a QoS 1 PUBACK, an HTTP status), so the
+        store-refusal stage applies as it does with ``seq``. ``tag``: the number the audit
+        trail records (default ``seq``: MQTT's packet id). ``hooks=False``: a message a
+        feature already took over and now routes (a transaction's commit).
+        ``audited=False``: the broker's own status messages (MQTT ``$SYS``), which no user
+        published, stay out of the audit trail."""
+        audit = self.audit if audited else None
+        if hooks:
+            for hook in self.hooks:
+                if hook(origin, message, mandatory, seq):
+                    if audit is not None:
+                        audit.published(origin, message, [], TAKEN, seq if tag is None else tag)
+                    return TAKEN
+        queues = origin.vhost.route(message.exchange, message.routing_key, message)
+        if not queues:
+            if seq:
+                origin.confirm_decided(seq, True)
+            if audit is not None:
+                audit.published(origin, message, queues,
+                                self.direct_reply.unrouted_outcome(message, mandatory),
+                                seq if tag is None else tag)
+            return UNROUTABLE
+        if (seq or answered) and message.persistent and self.refuses_persistent(queues):
+            # the store cannot write: refused before any queue (or consumer) sees it
+            if seq:
+                origin.confirm_decided(seq, False)
+            if audit is not None:
+                audit.published(origin, message, queues, NACKED, seq if tag is None else tag)
+            return REFUSED
+        accepted = True
+        durable = False
+        config = self.config
+        flow_high = config.flow_high or _INF
+        flow_high_bytes = config.flow_high_bytes if config.flow_high and config.flow_high_bytes \
+            else _INF
+        persistent = message.persistent
+        own = None  # queues durable on their own (streams): the confirm waits for each
+        for q in queues:
+            if not q.enqueue(message, reported=True):  # published() below reports it
+                accepted = False
+            elif q.durability is not None:
+                own = [q.durability] if own is None else [*own, q.durability]
+            elif q.store is not None and (persistent or q.confirms_later):
+                durable = True
+            # a queue with consumers that keeps growing slows its publishers
+            if (len(q.ready) > flow_high or q.ready_bytes > flow_high_bytes) and q.consumers:
+                origin.queue_over_threshold(q)
+        if audit is not None:
+            audit.published(origin, message, queues, ROUTED if accepted else NACKED,
+                            seq if tag is None else tag)
+        if not accepted:
+            if seq:
+                origin.confirm_decided(seq, False)
+            return NACKED
+        if not durable and own is None:
+            if seq:
+                origin.confirm_decided(seq, True)
+            return ROUTED
+        if seq:
+            waits = own or []
+            if durable:
+                waits.append(origin.vhost.store)
+            _when_all(waits, lambda: origin.confirm_decided(seq, True, external=True),
+                      lambda: origin.confirm_decided(seq, False, external=True))
+        return STORING
+
+
+def _when_all(waits: list, callback, on_failure) -> None:
+    """``callback`` once every one of ``waits`` (stores, streams: ``when_durable``) has
+    made the message durable; ``on_failure`` once, at the first that fails."""
+    if len(waits) == 1:
+        waits[0].when_durable(callback, on_failure=on_failure)
+        return
+    left = [len(waits)]
+
+    def one_done() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            callback()
+
+    def one_failed() -> None:
+        if left[0] > 0:
+            left[0] = -1
+            on_failure()
+    for wait in waits:
+        wait.when_durable(one_done, on_failure=one_failed)

@@ -1,0 +1,196 @@
+"""The one publish path (broker/publishing.py): the same message published through every
+protocol -- AMQP, MQTT, STOMP, Hermes, the management API -- and the broker's own ``$SYS``
+status passes the same stages (the publish hooks, routing, enqueue) with the same outcome.
+
+Before, Hermes, the management API and ``$SYS`` routed without the publish hooks: an
+``x-delay`` published through the management API was routed at once, a Hermes publish was
+never seen by the cluster's or the scheduler's hook.
+
+The broker runs in-process with its real listeners (AMQP, MQTT, STOMP, HTTP); the clients
+speak the protocols over sockets (raw frames, httpx)."""
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from broker.amqp import spec
+from broker.amqp.fields import encode_properties
+from broker.broker import Broker
+from broker.config import Config
+from broker.message import Message
+from broker.mqtt import codec as m
+from broker.persistence import MemoryStore
+from broker.publishing import ROUTED, TAKEN, Source
+from broker.server import Server
+from broker.stomp.codec import Frame, FrameReader, encode
+
+from .support import TrioClient
+
+STOMP_CONNECT = b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00"
+
+
+@pytest.fixture
+async def every_protocol(nursery, tmp_path):
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(tmp_path / "data"),
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0,
+                           http_port=0, http_host="127.0.0.1", mqtt_port=0, stomp_port=0,
+                           mqtt_sys_interval=3600),
+                    MemoryStore())
+    server = Server(broker)
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    with trio.fail_after(10):
+        await broker.http_server.started.wait()
+        while "mqtt" not in broker.mqtt.ports or "stomp" not in broker.stomp.ports:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    broker.amqp_port = port
+    yield broker
+    await server.shutdown()
+
+
+def _record_hook(broker) -> list:
+    """A publish hook that takes nothing and records who published what."""
+    seen: list = []
+
+    def hook(origin, message, mandatory, seq) -> bool:
+        if b"same" in message.body:
+            seen.append((message.exchange, message.routing_key, message.body,
+                         origin.vhost.name))
+        return False
+
+    broker.publishing.hooks.append(hook)
+    return seen
+
+
+async def _wait(predicate, what: str) -> None:
+    with trio.fail_after(10):  # a hang guard only
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+async def _amqp(broker, exchange: str, key: str, body: bytes, **props) -> None:
+    c = await TrioClient.connect(broker.amqp_port)
+    await c.call(1, spec.Channel.Open(), spec.Channel.OpenOk)
+    await c.publish(1, body, exchange, key, **props)
+    await c.call(1, spec.Channel.Close(200, "", 0, 0), spec.Channel.CloseOk)
+    await c.stream.aclose()
+
+
+async def _mqtt(broker, topic: str, body: bytes) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.mqtt.ports["mqtt"])
+    await stream.send_all(m.encode(m.Connect("pub", True, 30, "guest", b"guest")))
+    reader = m.PacketReader(1 << 20)
+    got: list = []
+    with trio.fail_after(10):
+        while not got:
+            data = await stream.receive_some(65536)
+            assert data, "closed"
+            got += reader.feed(data)
+    await stream.send_all(m.encode(m.Publish(topic, body, 1, packet_id=1)))
+    with trio.fail_after(10):
+        while len(got) < 2:  # the PUBACK: the publish was handled
+            data = await stream.receive_some(65536)
+            assert data, "closed"
+            got += reader.feed(data)
+    await stream.aclose()
+
+
+async def _stomp(broker, destination: str, body: bytes, **headers) -> list[Frame]:
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.stomp.ports["stomp"])
+    await stream.send_all(STOMP_CONNECT)
+    reader = FrameReader(1 << 20)
+    frames: list[Frame] = []
+    with trio.fail_after(10):
+        while len(frames) < 1:
+            frames += reader.feed(await stream.receive_some(65536))
+    await stream.send_all(encode(Frame("SEND", {"destination": destination, "receipt": "r",
+                                               **headers}, body)))
+    with trio.fail_after(10):
+        while len(frames) < 2:  # the RECEIPT (or an ERROR)
+            data = await stream.receive_some(65536)
+            assert data, "closed"
+            frames += reader.feed(data)
+    await stream.aclose()
+    return frames
+
+
+def _http(broker) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{broker.http_server.port}",
+                             auth=("guest", "guest"), timeout=10)
+
+
+async def test_every_protocol_publishes_through_the_hooks_and_routes_alike(every_protocol):
+    broker = every_protocol
+    vhost = broker.vhosts["/"]
+    seen = _record_hook(broker)
+    q = vhost.declare_queue(spec.Queue.Declare(queue="same", arguments={}), None)
+    vhost.bind("amq.topic", q, "t.same", {})
+    await _amqp(broker, "amq.topic", "t.same", b"same-amqp")
+    await _mqtt(broker, "t/same", b"same-mqtt")
+    await _stomp(broker, "/topic/t.same", b"same-stomp")
+    async with _http(broker) as http:
+        r = await http.post("/api/exchanges/%2F/amq.topic/publish", json={
+            "routing_key": "t.same", "payload": "same-http", "payload_encoding": "string",
+            "properties": {}})
+        assert r.status_code == 200 and r.json() == {"routed": True}
+        # Hermes: a topic is an exchange of its own; the same queue bound to it
+        r = await http.post("/topics", json={"name": "t.same", "description": "d",
+                                             "contentType": "JSON",
+                                             "owner": {"source": "Plaintext", "id": "x"}})
+        assert r.status_code == 201, r.text
+        vhost.bind("t.same", q, "#", {})
+        r = await http.post("/topics/t.same", content=b'"same-hermes"',
+                            headers={"Content-Type": "application/json"})
+        assert r.status_code in (201, 202), r.text
+    await _wait(lambda: q.message_count >= 5, "five messages in the queue")
+    bodies = sorted(body for _x, _k, body, _v in seen)
+    assert bodies == [b'"same-hermes"', b"same-amqp", b"same-http", b"same-mqtt",
+                      b"same-stomp"]
+    assert all(v == "/" for *_rest, v in seen)
+    assert q.message_count == 5
+    # the broker's own status ($SYS) too, left out of the audit trail only
+    broker.publishing.hooks.clear()
+    broker.publishing.hooks.append(lambda o, msg, *_: seen.append(msg.routing_key) and False)
+    broker.mqtt.sys_topics.publish_round()
+    assert any(isinstance(k, str) and k.startswith("$SYS.") for k in seen)
+
+
+async def test_x_delay_is_scheduled_whichever_protocol_published(every_protocol):
+    """The issue's measurement: through the management API an x-delay was routed at once."""
+    broker = every_protocol
+    vhost = broker.vhosts["/"]
+    vhost.declare_exchange(spec.Exchange.Declare(exchange="later", type="x-delayed-message",
+                                                 arguments={"x-delayed-type": "direct"}))
+    q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
+    vhost.bind("later", q, "k", {})
+    before = broker.scheduler.pending
+    await _amqp(broker, "later", "k", b"amqp", headers={"x-delay": 60_000})
+    frames = await _stomp(broker, "/exchange/later/k", b"stomp", **{"x-delay": "60000"})
+    assert frames[-1].command == "RECEIPT"
+    async with _http(broker) as http:
+        r = await http.post("/api/exchanges/%2F/later/publish", json={
+            "routing_key": "k", "payload": "http", "payload_encoding": "string",
+            "properties": {"headers": {"x-delay": 60_000}}})
+        assert r.status_code == 200 and r.json() == {"routed": True}
+        # a hook's refusal is the API's 400, as the channel's 406 is AMQP's
+        r = await http.post("/api/exchanges/%2F/later/publish", json={
+            "routing_key": "k", "payload": "bad", "payload_encoding": "string",
+            "properties": {"headers": {"x-delay": "soon"}}})
+        assert r.status_code == 400, r.text
+        assert "x-delay" in r.json()["reason"]
+    await _wait(lambda: broker.scheduler.pending >= before + 3, "three scheduled")
+    assert q.message_count == 0  # none routed at once
+
+
+def test_a_source_publish_reports_its_outcome(broker):
+    """The path's outcome, for callers that answer it themselves (HTTP)."""
+    vhost = broker.vhosts["/"]
+    vhost.declare_queue(spec.Queue.Declare(queue="q", arguments={}), None)
+    source = Source(broker, vhost, "guest", "test")
+    delayed = {"headers": {"AMQ_SCHEDULED_DELAY": 60_000}}
+    routed = broker.publishing.publish(source, Message("", "q", b"", {}, b"x"))
+    nowhere = broker.publishing.publish(source, Message("", "none", b"", {}, b"x"))
+    taken = broker.publishing.publish(source, Message("", "q", encode_properties(delayed),
+                                                      delayed, b"x"))
+    assert (routed, nowhere, taken) == (ROUTED, "unroutable", TAKEN)
+    assert vhost.queues["q"].message_count == 1
