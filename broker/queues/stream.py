@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections import deque
 
 from .. import errors
@@ -58,7 +59,12 @@ class StreamQueue(Queue):
         streams = vhost.streams
         if streams is None:
             raise errors.internal_error("streams have no storage in vhost '%s'", vhost.name)
+        started = time.perf_counter()
         self.log = streams.open(vhost.name, name, **self._log_settings())
+        if not fresh:
+            logger.info("stream %r in vhost %r: %d messages in %d segment(s), opened in "
+                        "%.1f ms", name, vhost.name, self.log.message_count,
+                        self.log.segment_count, (time.perf_counter() - started) * 1000)
         if fresh and self.log.next_offset:
             # a new queue: files left by an earlier stream of that name are not its own
             streams.forget(self.log)
