@@ -20,7 +20,7 @@ from broker.broker import Broker
 from broker.config import Config
 from broker.message import Message
 from broker.mqtt import codec as m
-from broker.persistence import MemoryStore
+from broker.persistence import MemoryStore, open_store
 from broker.publishing import ROUTED, TAKEN, Source
 from broker.server import Server
 from broker.stomp.codec import Frame, FrameReader, encode
@@ -194,3 +194,50 @@ def test_a_source_publish_reports_its_outcome(broker):
                                                       delayed, b"x"))
     assert (routed, nowhere, taken) == (ROUTED, "unroutable", TAKEN)
     assert vhost.queues["q"].message_count == 1
+
+
+async def _mqtt_acks(stream, reader, want: int) -> list:
+    got: list = []
+    with trio.fail_after(10):  # a hang guard only
+        while len(got) < want:
+            data = await stream.receive_some(65536)
+            assert data, "closed"
+            got += reader.feed(data)
+    return got
+
+
+async def test_a_qos1_publish_is_refused_like_a_confirmed_one_while_the_store_fails(
+        nursery, tmp_path):
+    """The store-refusal stage applies to every publisher that hears the outcome: an MQTT
+    QoS 1 publish into a queue of a failing store gets no PUBACK and no queue holds it
+    (before: it was enqueued, and delivered, without its PUBACK)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(data), heartbeat=0,
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, mqtt_port=0),
+                    open_store(f"sqlite:///{tmp_path}/store.db", str(data)))
+    server = Server(broker)
+    await nursery.start(server.serve, "127.0.0.1", 0)
+    with trio.fail_after(10):
+        while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    vhost = broker.vhosts["/"]
+    q = vhost.declare_queue(spec.Queue.Declare(queue="kept", durable=True, arguments={}), None)
+    vhost.bind("amq.topic", q, "t.kept", {})
+    assert q.store is not None
+    stream = await trio.open_tcp_stream("127.0.0.1", broker.mqtt.ports["mqtt"])
+    reader = m.PacketReader(1 << 20)
+    await stream.send_all(m.encode(m.Connect("pub", True, 30, "guest", b"guest")))
+    await _mqtt_acks(stream, reader, 1)  # CONNACK
+    broker.on_store_failure(broker.store, "database down (test)")
+    await stream.send_all(m.encode(m.Publish("t/kept", b"refused", 1, packet_id=1)))
+    await stream.send_all(m.encode(m.Publish("t/none", b"nowhere", 1, packet_id=2)))
+    acks = await _mqtt_acks(stream, reader, 1)
+    assert [a.packet_id for a in acks] == [2]  # PUBACKs go in order: 1 was not taken
+    assert q.message_count == 0
+    broker.on_store_recovered(broker.store)
+    await stream.send_all(m.encode(m.Publish("t/kept", b"stored", 1, packet_id=3)))
+    acks = await _mqtt_acks(stream, reader, 1)
+    assert [a.packet_id for a in acks] == [3] and q.message_count == 1
+    await stream.aclose()
+    await server.shutdown()
