@@ -41,7 +41,7 @@ RULES: list[tuple[str, re.Pattern]] = [(phase, re.compile(pattern)) for phase, p
     ("deliver: consumer chosen, deliver frames", r"^(Queue\.dispatch|Channel\.deliver|"
                                                  r"ServerConnection\.deliver|deliver_frames)$"),
     ("enqueue: queue state", r"^Queue\.enqueue$"),
-    ("route: exchange, bindings", r"^(VirtualHost\.route|Channel\.route_message|"
+    ("route: exchange, bindings", r"^(VirtualHost\.route|Publishing\.publish|"
                                   r"\w*Exchange\.route)$"),
     ("publish: checks, hooks, message object", r"^(Channel\.on_publish|Channel\.publish)$"),
     ("parse: frames in, method dispatch", r"^(ServerConnection\.receive_data|"

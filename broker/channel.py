@@ -554,10 +554,6 @@ class Channel:
         elif outcome is STORING and not seq and self.tx is not None:
             self.tx_durable = True  # tx.commit-ok waits for the store (and mirrors)
 
-    def route_message(self, message: Message, mandatory: bool, seq: int = 0) -> None:
-        """A message a publish hook took over, routed now without the hooks."""
-        self.publish(message, mandatory, seq, hooks=False)
-
     def queue_over_threshold(self, queue: Queue) -> None:
         """Flow control: the connection decides (``Session.queue_over_threshold``)."""
         self.session.queue_over_threshold(queue)

@@ -452,7 +452,7 @@ class Mirroring:
                 else:
                     self.start_sync(node)
         # the publisher's confirm of a transient message waits for the mirrors too (seam of
-        # channel.route_message), as RabbitMQ's mirrored queues do
+        # the publish path), as RabbitMQ's mirrored queues do
         self.queue.confirms_later = bool(self.nodes) or self.quorum
         # a manual mirror gets nothing until ``cluster sync-queue``
         self._manual = manual

@@ -924,7 +924,7 @@ class JournalStore(Store):
     def when_durable(self, callback, on_failure=None) -> None:
         # A failed write is retried, never skipped: what it held is in doubt and waits.
         # While writes fail, a publish is nacked (on_failure) after its entries -- those
-        # enqueued since the previous call: Channel.route_message enqueues, then calls
+        # enqueued since the previous call: the publish path enqueues, then calls
         # this at once -- are taken back from their queues unwritten, so a nacked
         # message is never delivered, now or after a restart. A callback without
         # on_failure has them recorded and waits for the retry.

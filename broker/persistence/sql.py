@@ -1560,7 +1560,7 @@ class SQLStore(Store):
 
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:
-        # the entries enqueued since the last call are this publish's (Channel.route_message
+        # the entries enqueued since the last call are this publish's (the publish path
         # enqueues, then calls this at once): a nack takes them back from their queues
         held, self._held = self._held, []
         if self._down:
