@@ -24,6 +24,7 @@ import time
 from array import array
 from bisect import bisect_left
 
+from ..malloc import trim
 from ..queues.entry import QueueEntry
 from . import checkpoint
 from .packing import read_state
@@ -146,6 +147,10 @@ def finish(scheduler) -> int:
                       INTERNAL_QUEUE, vhost.name)
     for q in scheduler.queues.values():
         q.release_read_maps()
+    if restored:
+        # the merge's temporaries and the store's replay leave freed pages in malloc's
+        # heap (about 60 MB for 300,000 pending): hand them back once, not at the peak
+        trim()
     scheduler.engine.arm()
     if restored:
         log.info("scheduler: recovered %d pending scheduled messages (%d read back, the rest "
