@@ -45,7 +45,7 @@ UNROUTABLE = "unroutable"  # no queue (a direct reply may have reached its reque
 REFUSED = "refused"  # a store of its queues cannot write: no queue got it
 NACKED = "nacked"  # routed, and at least one queue refused it (overflow reject-publish)
 ROUTED = "routed"  # every queue took it; nothing to wait for
-STORING = "storing"  # every queue took it; durable once the store's when_durable says so
+STORING = "storing"  # every queue took it; durable once the store (or a stream's log) says so
 
 _INF = float("inf")
 Hook = Callable[[Any, "Message", bool, int], bool]
@@ -99,8 +99,9 @@ class Source:
 
 class Publishing:
     """The publish path of one broker; ``Broker.publishing``. Its services are handed in
-    (``refuses_persistent``, ``direct_reply``) or set by the feature that owns them
-    (``audit``, by the audit trail's install; ``hooks``, by each feature's install)."""
+    (``refuses_persistent``, ``direct_reply``) or set once the feature exists (``audit``,
+    by ``Broker.__init__`` after the trail's install; ``hooks``, by each feature's
+    install)."""
 
     def __init__(self, config: Any, direct_reply: DirectReply,
                  refuses_persistent: Callable[[list], bool]):
