@@ -11,12 +11,7 @@ from typing import NoReturn
 
 import trio
 
-from .broker import Broker
 from .config import AuditSettings, Config, JournalSettings, SQLSettings
-from .listeners import ListenError
-from .management.http import HttpListenError
-from .persistence import StoreUnavailable, open_store
-from .server import describe_listen_error, run_server
 
 
 def _seconds(text: str) -> float:
@@ -337,6 +332,14 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _run(args) -> int:
+    # The server's modules are imported here, not at the top: every other subcommand (ctl,
+    # store and scheduler tools) is a short-lived process that would pay ~1.5 s to import them.
+    from .broker import Broker
+    from .listeners import ListenError
+    from .management.http import HttpListenError
+    from .persistence import StoreUnavailable, open_store
+    from .server import describe_listen_error, run_server
+
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not 0 <= args.port <= 65535:

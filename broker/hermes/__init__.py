@@ -12,15 +12,32 @@ Modules: ``model`` (definitions, validation), ``service`` (topics, subscriptions
 """
 from __future__ import annotations
 
-from . import http
-from .frontend import Frontend
-from .model import HermesError, SubscriptionDef, TopicDef
-from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .model import HermesError, SubscriptionDef, TopicDef
+    from .service import Hermes
 
 __all__ = ["Hermes", "HermesError", "SubscriptionDef", "TopicDef", "install"]
 
+# Loaded on first use, not with the package: ``broker ctl`` imports ``broker.hermes.ctl``, and
+# that short-lived process has no use for the routes, the Avro schemas and the service.
+_LAZY = {"Hermes": "service", "HermesError": "model", "SubscriptionDef": "model", "TopicDef": "model"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 def install(broker) -> Hermes:
+    from . import http
+    from .frontend import Frontend
+    from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes
+
     hermes = Hermes(broker)
     broker.hermes = hermes
     broker.http_routes.extend(http.routes(hermes))
