@@ -8,11 +8,13 @@ of them was (``read back`` = the number scheduled since the last snapshot). The 
 come from the broker's own log line; nothing here depends on timing."""
 from __future__ import annotations
 
+import base64
 import json
 import re
 import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pika
@@ -79,8 +81,19 @@ def _publish(broker: BrokerProc, n: int, tag: str, delay_ms: int | None = None,
         conn.close()
 
 
+def _recovery_phase(broker: BrokerProc) -> dict:
+    """The scheduler's phase in /api/overview's recovery progress."""
+    req = urllib.request.Request(broker.http_url + "/api/overview", headers={
+        "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        overview = json.load(resp)
+    phases = [p for p in overview["recovery"]["phases"] if p["name"] == "scheduler index of /"]
+    assert len(phases) == 1, overview["recovery"]
+    return phases[0]
+
+
 def test_kill9_right_after_a_burst_and_again_reads_nothing_back(tmp_path):
-    broker = BrokerProc(tmp_path / "data").start()
+    broker = BrokerProc(tmp_path / "data", http=True).start()
     try:
         for round_, n in enumerate((300, 1200)):
             _publish(broker, n, f"r{round_}-")
@@ -89,6 +102,8 @@ def test_kill9_right_after_a_burst_and_again_reads_nothing_back(tmp_path):
             assert pending == (300 if round_ == 0 else 1500)
             # bounded by a constant, not by what was scheduled since the last snapshot
             assert read_back == 0
+            phase = _recovery_phase(broker)  # what the management API says it did
+            assert (phase["done"], phase["total"], phase["running"]) == (pending, pending, False)
         broker.restart()  # a clean stop writes the snapshot; the log it covers goes
         assert _recovered(broker) == (1500, 0)
         assert not list((tmp_path / "data" / "journal").glob("scheduler-index.log.*"))[1:]
