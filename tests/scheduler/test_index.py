@@ -202,3 +202,25 @@ def test_stored_seqs_pass_the_entries_rebuilt_from_the_index(tmp_path):
     assert b3.scheduler.stats()["pending"] == 80
     assert len(_fire_all(b3, clock, v3, 5)) == 80
     trio.run(store3.close)
+
+
+def test_torn_index_log_costs_read_backs_only(tmp_path):
+    """A machine crash can leave the log's last batch torn: the records before it are
+    used, the rest of the entries are read back; nothing is lost or changed."""
+    clock = Clock()
+    b, store, v = open_broker(tmp_path, clock)
+    s = b.scheduler
+    ids = _schedule_mix(s, v, 60)
+    trio.run(store._flush_once)  # batch 1: 60 records
+    ids += _schedule_mix(s, v, 40, tag=b"t", base_delay=4000)
+    directory = os.path.dirname(_index_path(store))
+    _crash(store)  # batch 2: 40 records
+    ((_gen, path),) = indexlog.generations(directory)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    b2, store2, v2 = open_broker(tmp_path, clock)
+    s2 = b2.scheduler
+    assert (s2.index_log_records, s2.recovery_reads) == (60, 40)
+    assert {sid: s2.items[sid].due for sid in ids} == {sid: s.items[sid].due for sid in ids}
+    assert len(_fire_all(b2, clock, v2, 5)) == 100
+    trio.run(store2.close)
