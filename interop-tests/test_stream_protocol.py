@@ -336,7 +336,6 @@ def test_unknown_frame_gets_close_13(target):
         assert frame is not None
         close = c.decode(*frame)
         assert (close.code, close.reason) == (c.UNKNOWN_FRAME, "unknown frame")
-        # version 9 of Delete: the same answer
     finally:
         s.close()
 
