@@ -270,3 +270,22 @@ def test_garbage_records_are_skipped_never_raise():
             m = StreamQueue._message(0, data, None)
             assert m is None or isinstance(m, Message)
     check()
+
+
+def test_a_new_stream_does_not_inherit_old_files(session_client, broker):
+    """Files left by an earlier stream of the same name (a memory store forgot its
+    declaration) are not a new stream's: its log starts empty."""
+    from broker.queues.types import make_queue
+    c = session_client()
+    _stream(c, "old")
+    c.publish(1, b"stale", routing_key="old")
+    vhost = broker.vhosts["/"]
+    q = vhost.queues.pop("old")  # forgotten, files kept (as after a restart)
+    broker.streams.forget(q.log)
+    q.log.close()
+    recovered = make_queue(vhost, "old", durable=True, arguments=S)
+    assert recovered.message_count == 1  # recovery keeps them
+    broker.streams.forget(recovered.log)
+    recovered.log.close()
+    fresh = make_queue(vhost, "old", fresh=True, durable=True, arguments=S)
+    assert fresh.message_count == 0 and fresh.log.next_offset == 0
