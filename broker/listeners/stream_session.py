@@ -476,6 +476,8 @@ class StreamSession:
             return
         lg = pub.queue.log
         confirms: list[int] = []
+        # registered now: a failed write at the batch's end takes its ids out again
+        self._confirms.append((lg, pub.id, confirms))
         refused: list[tuple[int, int]] = []
         limit = self.broker.config.max_message_size
         dedup = pub.reference is not None
@@ -495,7 +497,7 @@ class StreamSession:
                              exc.reason)
                     refused.append((pid, exc.code))
                     continue
-                self._add_subentry(lg, codec.subentry_entry(data), data.count)
+                self._add_subentry(lg, codec.subentry_entry(data), data.count, pub.id, pid)
                 written += data.count
             else:
                 if len(data) > limit:
@@ -503,11 +505,20 @@ class StreamSession:
                     continue
                 if lg in self._runs:
                     self._flush_run(lg)  # in the order published
-                lg.append_record(bytes(data), m.filter_value)
+                try:
+                    lg.append_record(bytes(data), m.filter_value)
+                except OSError as exc:  # the disk is full or failing: this one is refused
+                    log.warning("stream %r: write failed (%s); publish refused", pub.stream,
+                                exc)
+                    refused.append((pid, codec.INTERNAL_ERROR))
+                    continue
                 written += 1
             if pid > sequence:
                 sequence = pid
             confirms.append(pid)
+        if refused and dedup:
+            # a refused id may come again: the sequence stays below it
+            sequence = min(sequence, min(pid for pid, _code in refused) - 1)
         if dedup and sequence != pub.sequence:
             pub.sequence = sequence
             lg.store_offset(PUBLISHER_KEY + pub.reference, sequence)  # type: ignore[operator]
@@ -516,27 +527,48 @@ class StreamSession:
         self.messages_published += written
         if refused:
             self.conn.send(codec.encode_publish_error(pub.id, refused))
-        if confirms:
-            self._confirms.append((lg, pub.id, confirms))
 
-    def _add_subentry(self, lg, entry: bytes, records: int) -> None:
+    def _add_subentry(self, lg, entry: bytes, records: int, pub_id: int, pid: int) -> None:
         """Sub-entries wait for the end of the received batch to be one chunk (as osiris
         writes what its mailbox holds at once): a client that sends one Publish frame per
         sub-entry (rstream) does not make a chunk, a Deliver and a credit of each."""
         run = self._runs.get(lg)
-        if run is None:
-            run = self._runs[lg] = [[], 0, 0]
-        elif len(run[0]) == MAX_CHUNK_ENTRIES or run[2] + len(entry) > RUN_BYTES:
+        if run is not None and (len(run[0]) == MAX_CHUNK_ENTRIES
+                                or run[2] + len(entry) > RUN_BYTES):
             self._flush_run(lg)
-            run = self._runs[lg] = [[], 0, 0]
+            run = None
+        if run is None:
+            run = self._runs[lg] = [[], 0, 0, []]
         run[0].append(entry)
         run[1] += records
         run[2] += len(entry)
+        run[3].append((pub_id, pid))
 
     def _flush_run(self, lg) -> None:
         run = self._runs.pop(lg, None)
-        if run is not None and not lg.closed:
+        if run is None or lg.closed:
+            return
+        try:
             lg.append_encoded(b"".join(run[0]), len(run[0]), run[1])
+        except OSError as exc:  # nothing of it was written: its publishes are refused
+            log.warning("stream log %s: write failed (%s); %d publishes refused",
+                        lg.directory, exc, len(run[3]))
+            self._refuse_written(lg, run[3])
+
+    def _refuse_written(self, lg, ids: list[tuple[int, int]]) -> None:
+        by_pub: dict[int, set[int]] = {}
+        for pub_id, pid in ids:
+            by_pub.setdefault(pub_id, set()).add(pid)
+        for lg_, pub_id, confirms in self._confirms:
+            if lg_ is lg and pub_id in by_pub:
+                confirms[:] = [pid for pid in confirms if pid not in by_pub[pub_id]]
+        for pub_id, pids in by_pub.items():
+            self.conn.send(codec.encode_publish_error(
+                pub_id, [(pid, codec.INTERNAL_ERROR) for pid in sorted(pids)]))
+            pub = self.publishers.get(pub_id)
+            if pub is not None and pub.reference is not None and pub.queue.log is lg:
+                pub.sequence = min(pub.sequence, min(pids) - 1)
+                lg.store_offset(PUBLISHER_KEY + pub.reference, pub.sequence)
 
     def _flush_publishes(self) -> None:
         """The end of a received batch: its sub-entries written, its confirms registered
@@ -545,7 +577,7 @@ class StreamSession:
             self._flush_run(lg)
         confirms, self._confirms = self._confirms, []
         for lg, pub_id, ids in confirms:
-            if not lg.closed:
+            if ids and not lg.closed:
                 lg.when_durable(lg.next_offset - 1,
                                 lambda pub_id=pub_id, ids=ids: self._confirm(pub_id, ids))
 

@@ -320,3 +320,36 @@ async def test_stream_stats_and_metadata(broker):
     assert p == c.encode_metadata(corr, [(0, "127.0.0.1", port)],
                                   [("stats", c.OK, 0, []),
                                    ("nosuch", c.STREAM_DOES_NOT_EXIST, 0xFFFF, [])])[8:]
+
+
+async def test_a_failed_write_refuses_its_publishes_and_keeps_the_sequence(broker,
+                                                                           monkeypatch):
+    """The disk is full: the publishes whose write failed get PublishError 15 (not a
+    confirm), and a publisher with a reference may send them again (not deduplicated)."""
+    import errno
+
+    from broker.streams import log as logmod
+
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "full", {})))[0] == c.OK
+    assert (await cl.request(c.DeclarePublisher(cl.cid(), 1, "ref", "full")))[0] == c.OK
+    real = logmod.os.pwrite
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(logmod.os, "pwrite", full)
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, c.make_subentry([b"a", b"b"])),
+                                c.PublishedMessage(2, c.make_subentry([b"c"]))]))
+    _k, _v, p = await cl.next(c.PUBLISH_ERROR)
+    assert p == struct.pack(">BiQHQH", 1, 2, 1, c.INTERNAL_ERROR, 2, c.INTERNAL_ERROR)
+    monkeypatch.setattr(logmod.os, "pwrite", real)
+    await cl.send(c.Publish(1, [c.PublishedMessage(1, c.make_subentry([b"a", b"b"])),
+                                c.PublishedMessage(2, c.make_subentry([b"c"]))]))
+    _k, _v, p = await cl.next(c.PUBLISH_CONFIRM)
+    assert p == struct.pack(">BiQQ", 1, 2, 1, 2)
+    code, rest = await cl.request(c.QueryPublisherSequence(cl.cid(), "ref", "full"))
+    assert (code, rest) == (c.OK, struct.pack(">Q", 2))
+    assert (await cl.request(c.Subscribe(cl.cid(), 2, "full", (c.OFFSET_FIRST, 0), 10,
+                                         {})))[0] == c.OK
+    assert _deliver_messages(await cl.next(c.DELIVER)) == [b"a", b"b", b"c"]
