@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import httpx
 import pika
@@ -169,7 +170,7 @@ class Consumer(threading.Thread):
                 conn = self.brokers[turn % len(self.brokers)].connect()
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=50)
-                for method, props, body in ch.consume(self.queue, inactivity_timeout=2):
+                for method, _props, body in ch.consume(self.queue, inactivity_timeout=2):
                     if method is None:
                         if self.stop.is_set():
                             conn.close()
@@ -364,5 +365,48 @@ def test_follower_restart_catches_up_from_its_compacted_log(tmp_path, etcd, secr
         conn.close()
         assert got == [b"m%d" % i for i in range(30, 150)], (len(got), got[:3])
     finally:
+        for broker in (a, b, c):
+            broker.stop()
+
+
+@pytest.mark.timeout(150)
+def test_kombu_and_aio_pika_through_a_leader_kill9(tmp_path, etcd, secret):
+    """A kombu producer with confirms on one follower's node and an aio-pika robust
+    consumer on the other's keep working through a kill -9 of the quorum queue's leader;
+    every id kombu saw confirmed is consumed."""
+    from .test_failover_clients import QUEUE, TOTAL, Producer, RobustConsumer
+    a, b, c = (node(tmp_path, etcd, n, secret) for n in "abc")
+    start_together([a, b, c])
+    consumer = None
+    try:
+        conn = a.connect()
+        conn.channel().queue_declare(QUEUE, durable=True, arguments=QQ)
+        conn.close()
+        view = wait_view(etcd, QUEUE, lambda v: v["in_sync"] == ["b", "c"])
+        consumer = RobustConsumer(c.port)
+        consumer.start()
+        killed = threading.Event()
+        producer = Producer(b.port, kill_after=150, killed=killed)
+        producer.start()
+        assert producer.ready_to_kill.wait(60), producer.error
+        a.kill()
+        t_kill = time.monotonic()
+        killed.set()
+        producer.join(90)
+        assert producer.error is None, producer.error
+        assert producer.confirmed == set(range(TOTAL)), "kombu gave up on some ids"
+        after = queue_view(etcd, QUEUE)
+        assert after["master"] in ("b", "c") and after["epoch"] > view["epoch"], after
+
+        def all_consumed():
+            missing = producer.confirmed - {i for i, _ in consumer.got}
+            assert not missing, f"{len(missing)} confirmed ids not consumed: {sorted(missing)[:10]}"
+        eventually(all_consumed, timeout=30)
+        assert any(t > t_kill for _, t in consumer.got), "aio-pika got nothing after the failover"
+        assert consumer.error is None, consumer.error
+    finally:
+        if consumer is not None:
+            consumer.stop.set()
+            consumer.join(10)
         for broker in (a, b, c):
             broker.stop()
