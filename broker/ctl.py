@@ -783,14 +783,36 @@ def _quorum_verbs() -> None:
     def _quorum_queues(api: Api, a) -> list[dict]:
         return [x for x in api.get("/queues") if x.get("type") == "quorum"]
 
+    def _member_path(x: dict, node: str) -> str:
+        return f"/queues/{q(x['vhost'])}/{q(x['name'])}/members/{q(node)}"
+
     def grow(api: Api, a):
-        _quorum_queues(api, a)  # every quorum queue already has this, the only node
+        # one node: every quorum queue already has it; a cluster's queues (their view has a
+        # term) get it as a member, all of them or (even) those with an even group
+        for x in _quorum_queues(api, a):
+            members = x.get("members", [])
+            if "term" in x and a.node not in members and (
+                    a.strategy == "all" or len(members) % 2 == 0):
+                api.call("PUT", _member_path(x, a.node),
+                         not_found=(f"Error:\n{a.node} is not a node of this cluster",
+                                    EX_UNAVAILABLE))
         return ""
 
     def shrink(api: Api, a):
-        rows = [{"vhost": x["vhost"], "name": x["name"], "size": len(x.get("members", [])),
-                 "result": "error: the last node cannot be removed"}
-                for x in _quorum_queues(api, a) if a.node in x.get("members", [])]
+        rows = []
+        for x in _quorum_queues(api, a):
+            members = x.get("members", [])
+            if a.node not in members:
+                continue
+            result = "error: the last node cannot be removed"
+            if "term" in x and len(members) > 1:
+                if a.node == x.get("leader"):
+                    result = "error: the leader is not removed (move it first)"
+                else:
+                    api.call("DELETE", _member_path(x, a.node))
+                    result = "ok"
+            rows.append({"vhost": x["vhost"], "name": x["name"], "size": len(members),
+                         "result": result})
         return ["vhost", "name", "size", "result"], rows
 
     qv: list[tuple[str, dict]] = [("queue", {})]

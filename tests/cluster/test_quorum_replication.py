@@ -270,6 +270,17 @@ def test_add_member_and_delete_member(tmp_path, etcd, secret):
         p = ctl(b, "-q", "quorum_status", "qq")
         rows = [line.split("\t")[:2] for line in p.stdout.splitlines()[1:]]
         assert p.returncode == 0 and rows == [["a", "leader"], ["c", "follower"]], p.stdout
+        # grow / shrink: every quorum queue gets, or loses, a member on the node
+        p = ctl(c, "grow", "b", "all")
+        assert p.returncode == 0, p.stdout + p.stderr
+        wait_view(etcd, "qq", lambda v: v["members"] == ["a", "c", "b"]
+                  and v["in_sync"] == ["b", "c"])
+        p = ctl(c, "-s", "shrink", "b")
+        assert p.returncode == 0 and p.stdout.splitlines() == ["/\tqq\t3\tok"], p.stdout
+        p = ctl(c, "-s", "shrink", "a")
+        assert p.stdout.splitlines() == [
+            "/\tqq\t2\terror: the leader is not removed (move it first)"], p.stdout
+        wait_view(etcd, "qq", lambda v: v["members"] == ["a", "c"] and v["in_sync"] == ["c"])
         p = ctl(b, "delete_member", "qq", "zz")
         assert p.returncode != 0 and "not_found" in p.stdout + p.stderr, p.stdout + p.stderr
         p = ctl(b, "add_member", "qq", "zz")
