@@ -581,3 +581,85 @@ def test_super_stream_create_route_publish_delete(triomq):
                 assert not await p.stream_exists(part)
 
     run(go())
+
+
+def test_rstream_filtering(triomq):
+    """rstream's filtering (RabbitMQ 3.13's): Publish v2 with filter values after
+    ExchangeCommandVersions; a subscription with filter values gets the chunks that may
+    hold them, rstream's predicate does the rest (RabbitMQ 3.10 has no filtering)."""
+    from rstream import FilterConfiguration
+
+    stream = _name("filter")
+
+    async def region(message):
+        return message.application_properties["region"]
+
+    async def go():
+        async with triomq.producer(filter_value_extractor=region) as p:
+            await p.create_stream(stream)
+            for i in range(4):
+                r = "eu" if i % 2 else "us"
+                await p.send_wait(stream, AMQPMessage(body=b"%s%d" % (r.encode(), i),
+                                                      application_properties={"region": r}))
+        got = await _consume(triomq, stream, 2, filter_input=FilterConfiguration(
+            ["eu"], predicate=lambda m: m.application_properties[b"region"] == b"eu"))
+        assert [b for _, b in got] == [b"eu1", b"eu3"]
+        await _delete(triomq, stream)
+
+    run(go())
+
+
+def test_rstream_single_active_consumer(triomq):
+    """Two rstream consumers of one group: the first is active (ConsumerUpdate, it starts
+    where its listener says), the second gets nothing until the first leaves, then is made
+    active and starts where its listener says (RabbitMQ 3.10 has no single active consumer
+    for streams)."""
+    from rstream import OffsetSpecification
+
+    stream = _name("sac")
+
+    async def go():
+        async with triomq.producer() as p:
+            await p.create_stream(stream)
+            for i in range(3):
+                await p.send_wait(stream, AMQPMessage(body=b"m%d" % i))
+        got: dict = {"one": [], "two": []}
+        events = {"one": asyncio.Event(), "two": asyncio.Event()}
+
+        def handler(name, count):
+            async def on_message(msg, ctx):
+                got[name].append((ctx.offset, bytes(msg.body)))
+                if len(got[name]) >= count:
+                    events[name].set()
+            return on_message
+
+        # where each starts when made active (a listener that queried the stored offset
+        # would wait on the connection that runs it)
+        starts = iter([0, 2])
+        one_closed = [False]
+        activations: list = []
+
+        async def on_update(active, ctx):
+            activations.append((active, one_closed[0]))
+            return OffsetSpecification(OffsetType.OFFSET, next(starts))
+
+        props = {"single-active-consumer": "true", "name": "grp"}
+        one, two = triomq.consumer(), triomq.consumer()
+        await one.start()
+        await two.start()
+        await one.subscribe(stream, handler("one", 3), decoder=amqp_decoder, properties=props,
+                            subscriber_name="grp", consumer_update_listener=on_update)
+        await asyncio.wait_for(events["one"].wait(), WAIT)
+        await two.subscribe(stream, handler("two", 1), decoder=amqp_decoder, properties=props,
+                            subscriber_name="grp", consumer_update_listener=on_update)
+        one_closed[0] = True
+        await one.close()
+        await asyncio.wait_for(events["two"].wait(), WAIT)
+        await two.close()
+        # the second was made active only once the first had left
+        assert activations == [(True, False), (True, True)]
+        assert got["one"] == [(0, b"m0"), (1, b"m1"), (2, b"m2")]
+        assert got["two"][0] == (2, b"m2")
+        await _delete(triomq, stream)
+
+    run(go())
