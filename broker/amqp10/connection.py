@@ -19,9 +19,11 @@ from proton import Collector, Condition, Connection, Delivery, Disposition, Even
 from . import sasl
 
 # Frames the broker accepts (proton refuses larger ones with amqp:connection:framing-error)
-MAX_FRAME = 128 * 1024
-# octets one session's peer may have in flight towards the broker (its incoming window)
-SESSION_CAPACITY = 1024 * 1024
+MAX_FRAME = 64 * 1024
+# proton's incoming window of a session, in frames, is this over MAX_FRAME: 128 transfers
+# may be in flight (a window of a few frames makes a flow frame for every few small
+# messages). proton holds only octets received and not yet read; they are read at once.
+SESSION_CAPACITY = 128 * MAX_FRAME
 CHANNEL_MAX = 255  # sessions per connection
 IDLE_TIMEOUT = 60.0  # seconds; a peer that sends nothing for this long is closed
 OUTPUT_BATCH = 1024 * 1024  # octets data_to_send hands out at most per call
@@ -118,6 +120,7 @@ class ServerConnection:
         self.mechanisms = mechanisms
         self.state = State.AWAIT_HEADER
         self._inbuf = bytearray()  # before proton: header and SASL frames only
+        self._held = b""  # input proton had no room for yet
         self._out: list[bytes] = []
         self.transport = Transport(Transport.SERVER)
         self.transport.max_frame_size = MAX_FRAME
@@ -213,10 +216,20 @@ class ServerConnection:
 
     def _push(self, data: bytes, events: list[Event10]) -> None:
         t = self.transport
+        if self._held:
+            data, self._held = self._held + data, b""
         view = memoryview(data)
         while view:
             cap = t.capacity()
-            if cap <= 0:
+            if cap == 0:
+                self._process(events)  # what was taken from proton frees its buffer
+                cap = t.capacity()
+                if cap == 0:
+                    # proton takes no more now: kept (bounded by what was received) for
+                    # the next call
+                    self._held = bytes(view)
+                    break
+            if cap < 0:
                 break  # the input side is closed: the rest is discarded
             n = min(cap, len(view))
             try:
