@@ -382,7 +382,9 @@ class Mirroring:
 
     def _send(self, node: str, op: int, body: bytes, done) -> None:
         link = self.owner.store.link_for(node, self.queue.vhost.name)
-        extra = {MIRROR_HEADER: [self.epoch, op, 0, self.owner.store.node.name]}
+        # the third field: 1 for a quorum queue's op (the member fsyncs its copy)
+        extra = {MIRROR_HEADER: [self.epoch, op, 1 if self.quorum else 0,
+                                 self.owner.store.node.name]}
         if not link.publish(self.queue.name, "", "", {}, body, done, extra):
             done(False)
 
@@ -878,6 +880,7 @@ class Mirrors:
         """Apply one op; False (nacked) when it is not of this copy's epoch."""
         try:
             epoch, op, master = int(header[0]), int(header[1]), header[3]
+            durable = header[2] == 1  # a quorum queue's op: the copy is fsynced
         except (TypeError, ValueError, IndexError):
             return False
         if isinstance(master, bytes):
@@ -889,8 +892,9 @@ class Mirrors:
                 return False  # a deposed master
             if copy is not None and copy.log is not None:
                 copy.log.remove()
+            # the flag, or this node's proxy of the queue (from a node that sends 0)
             copy = self.copies[key] = MirrorCopy(epoch, str(master),
-                                                 durable=self._quorum(vhost, queue))
+                                                 durable=durable or self._quorum(vhost, queue))
             self._new_log(vhost, queue, copy)
             return True
         if copy is None or copy.epoch != epoch:
