@@ -52,7 +52,7 @@ class SidMap:
 
     def insert_many(self, ps, ns, first_value: int) -> None:
         """Insert ids ``(ps[i], ns[i])`` with values ``first_value + i`` (recovery: one
-        resize up front, the probe loop inline)."""
+        resize up front; into an empty table with numpy, else the probe loop inline)."""
         count = len(ns)
         cap = self.mask + 1
         while (self.n + count) * 10 > cap * 7:
@@ -60,15 +60,39 @@ class SidMap:
         if cap != self.mask + 1:
             self._grow(cap)
         vals, mask = self.vals, self.mask
-        v = first_value + 1
-        for p, n in zip(ps, ns, strict=True):
+        indexes = range(count)
+        if not self.n and count > 4096:
+            indexes = self._place_empty(ps, ns, first_value)
+        for i in indexes:
+            p, n = ps[i], ns[i]
             h = (n * 0x9E3779B97F4A7C15 + p * 0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
-            i = (h ^ (h >> 32)) & mask
-            while vals[i]:
-                i = (i + 1) & mask
-            vals[i] = v
-            v += 1
-        self.n += count
+            j = (h ^ (h >> 32)) & mask
+            while vals[j]:
+                j = (j + 1) & mask
+            vals[j] = first_value + i + 1
+            self.n += 1
+
+    def _place_empty(self, ps, ns, first_value: int) -> list[int]:
+        """Bulk insert into an empty table with numpy: in home order, each id takes the
+        first bucket at or after its home not taken by the ids before it -- what
+        inserting them one by one in that order gives, so probing and backward-shift
+        deletion work as usual. Returns the indexes of those that would run past the
+        last bucket (a few at most), for the loop to wrap."""
+        import numpy as np
+
+        p = np.asarray(ps, dtype=np.uint16).astype(np.uint64)
+        n = np.asarray(ns, dtype=np.int64).view(np.uint64)
+        with np.errstate(over="ignore"):
+            h = n * np.uint64(0x9E3779B97F4A7C15) + p * np.uint64(0xC2B2AE3D27D4EB4F)
+        home = ((h ^ (h >> np.uint64(32))) & np.uint64(self.mask)).astype(np.int64)
+        order = np.argsort(home, kind="stable")
+        k = np.arange(len(order), dtype=np.int64)
+        pos = np.maximum.accumulate(home[order] - k) + k  # increasing with k
+        placed = int(np.searchsorted(pos, self.mask, side="right"))
+        vals = np.frombuffer(self.vals, dtype=np.int64)
+        vals[pos[:placed]] = order[:placed] + (first_value + 1)
+        self.n += placed
+        return order[placed:].tolist()
 
     def find(self, p: int, n: int) -> int:
         vals, mask, ident = self.vals, self.mask, self.ident

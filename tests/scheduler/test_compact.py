@@ -2,6 +2,7 @@
 (index only in memory, read back from the journal when due, across checkpoint,
 segment compaction and restart)."""
 import random
+from array import array
 
 import trio
 
@@ -165,3 +166,43 @@ def test_transient_blob_roundtrip_and_management():
     assert out.body == b"hello" and out.properties["content_type"] == "text/plain"
     assert out.headers == {"x-delay": -300, "k": b"v"}
     assert s.items == {} and item.cancelled is not False
+
+
+def test_sidmap_bulk_insert_into_an_empty_map_probes_like_single_inserts():
+    """Recovery's numpy placement (``insert_many`` into an empty map), crowded at the end
+    of the table so some ids wrap: every id is found, and deletions keep the rest found."""
+    rng = random.Random(11)
+    count = 9000
+    ids = [(rng.randrange(3), rng.randrange(1 << 40) if i % 97 else -1) for i in range(count)]
+    ids = list(dict.fromkeys(ids))
+    count = len(ids)
+    m = SidMap(lambda v: ids[v])
+    ps = array("H", [p for p, _n in ids])
+    ns = array("q", [n for _p, n in ids])
+    m.insert_many(ps, ns, 0)
+    assert len(m) == count
+    assert all(m.find(p, n) == i for i, (p, n) in enumerate(ids))
+    for i in rng.sample(range(count), count // 2):
+        assert m.delete(*ids[i], i)
+        ids[i] = None
+    assert all(m.find(*key) == i for i, key in enumerate(ids) if key is not None)
+    m.insert(7, 7, count)  # and single inserts on top
+    ids.append((7, 7))
+    assert m.find(7, 7) == count
+
+
+def test_sidmap_bulk_placement_wraps_what_runs_past_the_end():
+    m = SidMap(lambda v: (0, v))
+    home = {}
+    # ids whose homes are all in the last buckets of a 2**14 table
+    picked = []
+    n = 0
+    m.insert_many(array("H"), array("q"), 0)  # no-op
+    while len(picked) < 5000:
+        if (SidMap.hkey(0, n) & ((1 << 14) - 1)) >= (1 << 14) - 3000:
+            picked.append(n)
+            home[n] = True
+        n += 1
+    m = SidMap(lambda v: (0, picked[v]), capacity=1 << 14)
+    m.insert_many(array("H", bytes(2 * len(picked))), array("q", picked), 0)
+    assert all(m.find(0, x) == i for i, x in enumerate(picked))
