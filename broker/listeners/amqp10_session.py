@@ -46,6 +46,7 @@ from ..amqp10.connection import (
 from ..amqp10.sasl import plain_credentials
 from ..channel import Unacked
 from ..message import Message
+from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
 
 log = logging.getLogger("broker.amqp10")
@@ -499,38 +500,18 @@ class Amqp10Session:
         return self._route(message)
 
     def _route(self, message: Message) -> tuple:
-        """("accepted" | "store" | "released" | "rejected", condition), as RabbitMQ 4
-        settles: released when no queue took it. The publish stages as STOMP's: hooks,
-        route, enqueue, flow, audit."""
-        broker = self.broker
-        audit = self.audit
-        # as a publish without confirms or mandatory: a hook neither confirms nor returns it
-        for hook in broker.publish_hooks:
-            if hook(self, message, False, 0):
-                if audit is not None:
-                    audit.published(self, message, [], "taken", 0)
-                return "accepted", None
-        needs_store = False
-        accepted = True
-        flow_high = broker.config.flow_high or float("inf")
-        queues = self.vhost.route(message.exchange, message.routing_key, message)
-        for q in queues:
-            if not q.enqueue(message, reported=True):  # published() below reports it
-                accepted = False
-            elif q.store is not None and message.persistent:
-                needs_store = True
-            if len(q.ready) > flow_high and q.consumers:
-                self.queue_over_threshold(q)
-        if audit is not None:
-            audit.published(self, message, queues,
-                            ("routed" if accepted else "nacked") if queues else "unroutable", 0)
-        if not queues:
+        """("accepted" | "store" | "released" | "rejected", condition) from the one publish
+        path's outcome, as RabbitMQ 4 settles: released when no queue took it."""
+        outcome = self.broker.publishing.publish(self, message, answered=True)
+        if outcome is TAKEN or outcome is ROUTED:
+            return "accepted", None
+        if outcome is STORING:
+            return ("store" if message.persistent else "accepted"), None
+        if outcome is UNROUTABLE:
             return "released", None
-        if not accepted:
-            return "rejected", ("amqp:resource-limit-exceeded",
-                                "a queue refused the message (x-overflow reject-publish, or "
-                                "its store is failing)")
-        return ("store" if needs_store else "accepted"), None
+        return "rejected", ("amqp:resource-limit-exceeded",
+                            "a queue refused the message (x-overflow reject-publish, or its "
+                            "store is failing)")
 
     # the publish path's calls back (no confirms or returns on AMQP 1.0: dispositions)
     def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
