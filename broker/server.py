@@ -396,12 +396,13 @@ class Server:
         amqp10 = self.broker.amqp10
         if amqp10 is not None and self.broker.config.amqp10:
             # RabbitMQ 4 serves AMQP 1.0 on the AMQP port: its protocol header says which
-            prefix = await self._sniff(stream)
-            if prefix is None:  # nothing within the handshake timeout
+            sniffed = await self._sniff(stream)
+            if sniffed is None:  # nothing within the handshake timeout
                 with trio.move_on_after(1) as cleanup:
                     cleanup.shield = True
                     await stream.aclose()
                 return
+            prefix = sniffed
             if amqp10_listener.is_amqp10(prefix):
                 tls_stream = isinstance(stream, trio.SSLStream)
                 raw = stream.transport_stream if tls_stream else stream

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from proton import Collector, Condition, Connection, Delivery, Disposition, Event, Link, Transport
 
@@ -245,7 +246,9 @@ class ServerConnection:
     def _process(self, events: list[Event10]) -> None:
         col = self.collector
         while True:
-            ev = col.peek()
+            # Any: proton types an event's context objects as optional; each event type
+            # here has the ones it reads
+            ev: Any = col.peek()
             if ev is None:
                 break
             etype = ev.type
@@ -403,7 +406,7 @@ class ServerConnection:
             link.flow(credit - link.credit)
 
     def send(self, link: Link, tag: bytes, payload: bytes, settled: bool) -> Delivery:
-        d = link.delivery(tag)
+        d = link.delivery(tag)  # type: ignore[arg-type]  # (bytes tags are fine)
         link.send(payload)
         link.advance()
         if settled:
@@ -475,7 +478,7 @@ class ServerConnection:
                 n = t.pending()
                 if n <= 0:
                     break
-                parts.append(t.peek(n))
+                parts.append(t.peek(n) or b"")
                 t.pop(n)
                 size += n
             out = b"".join(parts)

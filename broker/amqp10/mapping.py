@@ -266,7 +266,7 @@ def decode(data: bytes) -> Incoming:
             seq = int(m.group_sequence)
             # a uint on the wire; JMS's int: 0xFFFFFFFF is -1, the end of the group
             headers[_GROUP_SEQ] = seq - (1 << 32) if seq >= 1 << 31 else seq
-    annotations = m.annotations or {}
+    annotations: dict = m.annotations or {}
     for k, v in annotations.items():
         k = str(k)
         if k == _BASIC_TYPE and isinstance(v, str):
@@ -343,7 +343,9 @@ def encode(properties: dict, body: bytes, exchange: str, routing_key: str,
         if k in (_ID_TYPE, _CORR_TYPE):
             continue
         if k == _GROUP_ID:
-            m.group_id = _text(v)
+            group = _text(v)
+            if group:
+                m.group_id = group
             continue
         if k == _GROUP_SEQ and isinstance(v, int):
             m.group_sequence = v & 0xFFFFFFFF
@@ -358,7 +360,7 @@ def encode(properties: dict, body: bytes, exchange: str, routing_key: str,
                 app[k] = x
     m.annotations = annotations
     if app:
-        m.properties = app
+        m.properties = app  # type: ignore[assignment]  # (proton's stub says None)
     m.body = bytes(body)
     return m.encode()
 

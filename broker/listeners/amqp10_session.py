@@ -229,8 +229,8 @@ class Amqp10Session:
             elif t is LinkDetached:
                 self._on_detach(ev.link)
             elif t is SessionEnded:
-                for lk in [x.link for x in (*self.in_links.values(), *self.out_links.values())
-                           if x.link.session_key == ev.key]:
+                links: list[Any] = [*self.in_links.values(), *self.out_links.values()]
+                for lk in [x.link for x in links if x.link.session_key == ev.key]:
                     self._on_detach(lk)
             elif t is SaslInit:
                 self._on_sasl(ev)
