@@ -31,7 +31,7 @@ from .. import errors
 from ..amqp.fields import Long, encode_properties
 from ..message import Message
 from ..streams import record as records
-from ..streams.log import DEFAULT_MAX_SEGMENT_SIZE, Reader
+from ..streams.log import DEFAULT_MAX_SEGMENT_SIZE, Reader, bloom_accepts
 from .entry import QueueEntry
 from .queue import Consumer, Queue
 from .stream_args import OffsetSpecError, age_seconds, offset_spec, stream_filter
@@ -40,13 +40,19 @@ from .types import NODE_NAME
 logger = logging.getLogger("triomq.streams")
 
 
+CHUNKS_PER_DISPATCH = 16  # chunks one consumer reads per dispatch at most (then: the timer)
+
+
 class _Cursor:
-    __slots__ = ("filter", "pending", "reader", "start")
+    __slots__ = ("accept", "filter", "pending", "reader", "start")
 
     def __init__(self, reader: Reader, start: int, flt):
         self.reader = reader
         self.start = start  # records before it (in the first chunk) are skipped
         self.filter = flt  # (values, match_unfiltered) or None
+        # chunks whose Bloom filter cannot match are skipped unread
+        self.accept = None if flt is None else (
+            lambda bloom: bloom_accepts(bloom, flt[0], flt[1]))
         self.pending: deque = deque()  # (offset, record) of the chunk being read
 
 
@@ -74,6 +80,7 @@ class StreamQueue(Queue):
         self._streams = streams
         self._cursors: dict[Consumer, _Cursor] = {}
         self._last_appended = -1
+        self._resume_pending = False
         self.durability = self  # type: ignore[assignment]  # confirms wait for the log
 
     def _log_settings(self) -> dict:
@@ -166,9 +173,17 @@ class StreamQueue(Queue):
                 self._feed(consumer, cursor)
 
     def _feed(self, consumer: Consumer, cursor: _Cursor) -> None:
+        # a bounded amount of reading per call: a filtered consumer far behind skips many
+        # chunks, and the rest waits for the timer heap's next round (_resume), so the loop
+        # serves everyone else in between
+        chunks = CHUNKS_PER_DISPATCH
         while consumer.can_take():
-            if not cursor.pending and not self._next_chunk(cursor):
-                return
+            if not cursor.pending:
+                if chunks == 0 or not self._next_chunk(cursor):
+                    if cursor.reader.more:
+                        self._continue_later()
+                    return
+                chunks -= 1
             offset, raw = cursor.pending.popleft()
             message = self._message(offset, raw, cursor.filter)
             if message is None:
@@ -180,17 +195,24 @@ class StreamQueue(Queue):
             consumer.channel.deliver(consumer, self, entry)
 
     def _next_chunk(self, cursor: _Cursor) -> bool:
-        flt = cursor.filter
-        while True:
-            chunk = cursor.reader.next_chunk()
-            if chunk is None:
-                return False
-            if flt is not None and not chunk.may_contain(flt[0], flt[1]):
-                continue  # the Bloom filter says no record here can match
-            start = cursor.start
-            cursor.pending.extend(r for r in chunk.records() if r[0] >= start)
-            if cursor.pending:
-                return True
+        """The next chunk's records (from the cursor's start) into ``cursor.pending``;
+        False when there is none now (or the skipping budget ran out: ``reader.more``)."""
+        chunk = cursor.reader.next_chunk(cursor.accept)
+        if chunk is None:
+            return False
+        start = cursor.start
+        cursor.pending.extend(r for r in chunk.records() if r[0] >= start)
+        return True
+
+    def _continue_later(self) -> None:
+        if not self._resume_pending and not self.deleted:
+            self._resume_pending = True
+            self.vhost.timers.call_later(0, self._resume)
+
+    def _resume(self) -> None:
+        self._resume_pending = False
+        if not self.deleted and self.consumers:
+            self.dispatch()
 
     @staticmethod
     def _message(offset: int, raw: bytes, flt) -> Message | None:

@@ -55,8 +55,10 @@ API (for the AMQP stream queue and the Stream protocol):
   ``committed_chunk_id`` (the same), ``size_bytes``, ``segment_count``,
   ``message_count`` (committed records still stored).
 * ``reader(start) -> Reader``; start: ``"first"``, ``"last"``, ``"next"``, an ``int``
-  offset, or ``Timestamp(ms)``. ``Reader.next_chunk() -> Chunk | None`` (None: nothing
-  committed past it yet), ``Reader.next_offset``, ``Reader.close()``.
+  offset, or ``Timestamp(ms)``. ``Reader.next_chunk(accept=None) -> Chunk | None`` (None:
+  nothing committed past it yet; ``accept(bloom) -> bool`` skips chunks by their filter
+  without reading their data, at most 64 per call, ``Reader.more`` then says there is
+  more), ``Reader.next_offset``, ``Reader.close()``.
   ``await log.wait_committed(offset)`` returns once a chunk containing ``offset`` or
   later is committed (or the log closes: ``log.closed``).
 * ``Chunk``: ``first_offset``, ``num_entries``, ``num_records``, ``timestamp``,
@@ -133,6 +135,19 @@ def bloom_may_contain(bloom: bytes, value: bytes) -> bool:
     return all(bloom[b >> 3] & (1 << (b & 7)) for b in _bloom_bits(value))
 
 
+def bloom_accepts(bloom: bytes, values: Iterable[str | bytes],
+                  match_unfiltered: bool = False) -> bool:
+    """Whether a chunk with this filter (empty: the chunk has none, so it holds only
+    unfiltered records) may hold a record with one of ``values`` or, with
+    ``match_unfiltered``, one without a filter value."""
+    if not bloom:
+        return match_unfiltered
+    if match_unfiltered and bloom_may_contain(bloom, b""):
+        return True
+    return any(bloom_may_contain(bloom, v.encode() if isinstance(v, str) else v)
+               for v in values)
+
+
 # ---- entries ----
 
 def encode_entries(records: Iterable[bytes]) -> bytes:
@@ -203,14 +218,8 @@ class Chunk:
 
     def may_contain(self, values: Iterable[str | bytes], match_unfiltered: bool = False) -> bool:
         """Whether a record with one of ``values`` (or, with ``match_unfiltered``, without
-        a filter value) may be in the chunk. A chunk without a filter holds only
-        unfiltered records."""
-        if not self.bloom:
-            return match_unfiltered
-        if match_unfiltered and bloom_may_contain(self.bloom, b""):
-            return True
-        return any(bloom_may_contain(self.bloom, v.encode() if isinstance(v, str) else v)
-                   for v in values)
+        a filter value) may be in the chunk (``bloom_accepts``)."""
+        return bloom_accepts(self.bloom, values, match_unfiltered)
 
 
 def encode_chunk(data: bytes, num_entries: int, num_records: int, first_offset: int,
@@ -766,16 +775,23 @@ class Reader:
         self._pos = pos
         return True
 
-    def next_chunk(self) -> Chunk | None:
-        """The next committed chunk holding ``next_offset`` or later, or None (caught up).
-        A reader left behind by retention continues at the first offset still stored."""
+    def next_chunk(self, accept: Callable[[bytes], bool] | None = None,
+                   max_skipped: int = 64) -> Chunk | None:
+        """The next committed chunk holding ``next_offset`` or later, or None: caught up,
+        or (with ``accept``) ``max_skipped`` chunks were skipped -- then ``more`` is true
+        and the caller continues later, so one call never reads a whole stream.
+
+        ``accept(bloom)`` (the chunk's filter bytes, empty without one) decides from the
+        filter alone whether a chunk is read; a refused chunk's data is never read. A
+        reader left behind by retention continues at the first offset still stored."""
         lg = self.log
         if lg.closed or self.next_offset > lg.committed_offset:
             return None
         if self.next_offset < lg.first_offset:
             self.next_offset = lg.first_offset
             self._seg = None
-        for _attempt in range(len(lg._segments) + 2):  # at most one segment switch each
+        switches = skipped = 0
+        while switches <= len(lg._segments) + 1:  # each segment once at most
             if (self._fd is None or self._seg is None or self._seg not in lg._segments) \
                     and not self._seek():
                 return None
@@ -785,19 +801,35 @@ class Reader:
             if len(raw) < CHUNK_HEADER.size:
                 # end of this segment: the next one starts at next_offset
                 self._seg = None
+                switches += 1
                 continue
             header = CHUNK_HEADER.unpack(raw)
             first, nrec, flen, dlen, tlen = header[6], header[3], header[10], header[8], header[9]
             if first > lg.committed_offset:
                 return None
+            size = CHUNK_HEADER.size + flen + dlen + tlen
             if first + nrec <= self.next_offset:
-                self._pos += CHUNK_HEADER.size + flen + dlen + tlen
+                self._pos += size
                 continue
+            if accept is not None:
+                bloom = os.pread(fd, flen, self._pos + CHUNK_HEADER.size) if flen else b""
+                if not accept(bloom):
+                    self._pos += size
+                    self.next_offset = first + nrec
+                    skipped += 1
+                    if skipped >= max_skipped:
+                        return None
+                    continue
             body = os.pread(fd, flen + dlen, self._pos + CHUNK_HEADER.size)
-            self._pos += CHUNK_HEADER.size + flen + dlen + tlen
+            self._pos += size
             self.next_offset = first + nrec
             return Chunk(raw, body[:flen], body[flen:])
         return None
+
+    @property
+    def more(self) -> bool:
+        """Committed chunks remain past ``next_offset``."""
+        return not self.log.closed and self.next_offset <= self.log.committed_offset
 
     def _close_fd(self) -> None:
         if self._fd is not None:

@@ -289,3 +289,33 @@ def test_a_new_stream_does_not_inherit_old_files(session_client, broker):
     recovered.log.close()
     fresh = make_queue(vhost, "old", fresh=True, durable=True, arguments=S)
     assert fresh.message_count == 0 and fresh.log.next_offset == 0
+
+
+def test_a_filtered_consumer_far_behind_reads_in_rounds(session_client, broker, clock):
+    """1,500 chunks the filter refuses, then one it wants: a dispatch skips a bounded number
+    of chunks (unread past their Bloom filter) and the timer heap continues, so one
+    consumer never holds the loop for the whole stream."""
+    from broker.amqp.fields import encode_properties
+    c = session_client()
+    _stream(c)
+    q = broker.vhosts["/"].queues["s"]
+
+    def rec(body, value):
+        props = {"headers": {"x-stream-filter-value": value}}
+        return record.encode(Message("", "s", encode_properties(props), props, body))
+    broker.streams.running = True  # one commit for all (as the group commit task would)
+    for i in range(1500):
+        q.log.append([rec(b"b%d" % i, "blue")], filter_values=["blue"])
+    q.log.append([rec(b"wanted", "red")], filter_values=["red"])
+    broker.streams.commit_all()
+    broker.streams.running = False
+    c.ok(1, spec.Basic.Qos(0, 10, False), spec.Basic.QosOk)
+    written = c.consume(1, "s", arguments={"x-stream-offset": "first", "x-stream-filter": "red"})
+    assert deliveries(written) == []  # not reached in the first round
+    (cursor,) = q._cursors.values()
+    assert 0 < cursor.reader.next_offset < 1500
+    rounds = 0
+    while not (ds := deliveries(c.output())) and rounds < 10:
+        clock.advance(0)
+        rounds += 1
+    assert [d.body for d in ds] == [b"wanted"] and rounds >= 1
