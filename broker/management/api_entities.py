@@ -431,7 +431,10 @@ async def purge_queue(request: Request):
     if q.exclusive_owner is not None:
         raise ApiError(400, f"cannot obtain exclusive access to locked queue '{q.name}' in "
                             f"vhost '{vhost.name}'")
-    q.purge()
+    try:
+        q.purge()
+    except errors.AMQPError as exc:  # a stream: RabbitMQ's 400 with the explanation
+        raise amqp_error(exc) from None
     return no_content()
 
 
@@ -478,7 +481,10 @@ async def get_messages(request: Request):
     entries = []
     out = []
     for _ in range(count):
-        entry = q.get()
+        try:
+            entry = q.get()
+        except errors.AMQPError as exc:  # a stream: RabbitMQ 3.10 answers "540 <why>"
+            raise ApiError(400, f"{exc.code} {exc.explanation}", "bad_request") from None
         if entry is None:
             break
         entries.append(entry)

@@ -68,3 +68,18 @@ async def test_ctl_list_queues_shows_the_type(api, http_broker):
         cmd, cwd=str(Path(__file__).resolve().parents[2]), capture_output=True, text=True,
         timeout=120))
     assert p.returncode == 0 and "ctl-st\tstream" in p.stdout.splitlines(), p.stdout + p.stderr
+
+
+async def test_get_and_purge_refused_as_rabbitmq(api, http_broker):
+    """RabbitMQ 3.10's answers (read with curl against the machine's RabbitMQ)."""
+    r = await api.put("/api/queues/%2F/gs", json={"durable": True, "type": "stream"})
+    assert r.status_code == 201, r.text
+    r = await api.post("/api/queues/%2F/gs/get", json={"count": 1, "ackmode": "ack_requeue_true",
+                                                        "encoding": "auto"})
+    assert (r.status_code, r.json()) == (400, {
+        "error": "bad_request",
+        "reason": "540 basic.get not supported by stream queues queue 'gs' in vhost '/'"})
+    r = await api.delete("/api/queues/%2F/gs/contents")
+    assert (r.status_code, r.json()) == (400, {
+        "error": "bad_request",
+        "reason": "queue.purge not supported by stream queues queue 'gs' in vhost '/'"})
