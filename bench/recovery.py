@@ -225,6 +225,18 @@ def restart(data_dir: str, store: str | None, extra: list[str], moment: str,
     return row
 
 
+def _difference(row: dict) -> str:
+    """Nothing when the count is exact; acks are not confirmed to a consumer, so after a
+    drain those not yet written at the kill come back (more than expected: redelivered);
+    fewer than expected would be a loss."""
+    extra = row["count"] - row["expected"]
+    if extra == 0:
+        return ""
+    if extra > 0:
+        return f" (+{extra:,}: acks not yet written at the kill, redelivered)"
+    return f" (LOST {-extra:,}!)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -310,10 +322,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['moment']} | {r['listening']:.2f} s | {r['first_delivery']:.2f} s | "
-              f"{r['count']:,}{'' if r['count'] == r['expected'] else ' (LOST/EXTRA!)'} | "
+              f"{r['count']:,}{_difference(r)} | "
               f"{r['rss_before_mb']} / {r['rss_mb']} / {r['rss_settled_mb']} MB | "
               f"{r['phases']} |")
-    return 0 if all(r["count"] == r["expected"] for r in rows) else 1
+    return 0 if all(r["count"] >= r["expected"] for r in rows) else 1
 
 
 if __name__ == "__main__":
