@@ -363,3 +363,37 @@ def test_own_port_and_no_amqp10_on_amqp_port(tmp_path):
             c.close()
     finally:
         proc.stop()
+
+
+def test_message_groups_one_consumer_per_group(target):
+    """x-message-groups: AMQP 1.0's group-id (JMSXGroupID over 0-9-1) keeps a group at one
+    receiver (ActiveMQ's JMS message groups)."""
+    if target.rabbit:
+        pytest.skip("message groups are ActiveMQ's; RabbitMQ has none")
+    name = "amqp10-groups-" + uuid.uuid4().hex[:8]
+    p = target.pika()
+    ch = p.channel()
+    ch.queue_declare(name, arguments={"x-message-groups": True})
+    c = target.connect()
+    try:
+        r1 = c.create_receiver(f"/queues/{name}", credit=50, name="r1")
+        r2 = c.create_receiver(f"/queues/{name}", credit=50, name="r2")
+        snd = c.create_sender(f"/queues/{name}")
+        for i, group in enumerate("aabbab"):  # round robin would mix the groups up
+            snd.send(Message(body=f"{group}{i}", group_id=group))
+        # and one from pika, grouped by the header
+        ch.basic_publish("", name, b"a6", pika.BasicProperties(headers={"JMSXGroupID": "a"}))
+        c.wait(lambda: len(r1.fetcher.incoming) + len(r2.fetcher.incoming) == 7, timeout=WAIT)
+        got = []
+        for r in (r1, r2):
+            bodies = []
+            while r.fetcher.incoming:
+                m = r.receive(timeout=WAIT)
+                bodies.append(m.body if isinstance(m.body, str) else bytes(m.body).decode())
+                r.accept()
+            got.append(bodies)
+        assert sorted(got) == [["a0", "a1", "a4", "a6"], ["b2", "b3", "b5"]]
+    finally:
+        c.close()
+        ch.queue_delete(name)
+        p.close()

@@ -19,6 +19,7 @@ from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
+from .message_groups import message_groups_of
 from .ops import PAGES_MESSAGES, ObserverList, Op
 from .priority import PriorityReady, message_priority
 from .types import queue_type_of
@@ -167,6 +168,11 @@ class Queue:
         self.flow_waiters: set | None = None  # sessions in flow because of this queue
         # x-consumer-group: a partition whose active consumer the group chooses (group.py)
         self.group = group_of(self)
+        # x-message-groups: JMSXGroupID groups, one consumer each (message_groups.py); the
+        # queue then dispatches through its selective path
+        self.message_groups = message_groups_of(self.opts)
+        if self.message_groups is not None:
+            self._selective += 1
         self._flow_low = 0
         self._flow_low_bytes: float = math.inf
         self.touch()
@@ -327,6 +333,7 @@ class Queue:
         expired: list[QueueEntry] = []
         now = self.vhost.timers.now()
         subscription = self.exclusive_owner is not None and len(self.consumers) == 1
+        groups = self.message_groups
         while ready and len(kept) < SELECT_WINDOW:
             entry = ready.popleft()
             self.ready_bytes -= len(entry.message.body)
@@ -338,7 +345,10 @@ class Queue:
             if not matching:
                 (refused if subscription else kept).append(entry)
                 continue
-            consumer = next((c for c in matching if c.can_take()), None)
+            if groups is None:
+                consumer = next((c for c in matching if c.can_take()), None)
+            else:
+                consumer = groups.choose(entry.message, matching)
             if consumer is None:
                 kept.append(entry)
                 if not any(c.can_take() for c in self.consumers):
@@ -349,6 +359,8 @@ class Queue:
                 consumer.unacked += 1
                 self.unacked_count += 1
             consumer.channel.deliver(consumer, self, entry)
+            if groups is not None:
+                groups.delivered(entry.message)
             if consumer.no_ack:
                 self.stats_deliver_no_ack += 1
                 self.settled(entry)
@@ -582,6 +594,8 @@ class Queue:
                         del self._groups[i]
                     break
         self.touch()
+        if self.message_groups is not None:
+            self.message_groups.consumer_left(consumer)
         if self.group is not None:
             self.group.rebalance()
         if not self.consumers and self.auto_delete and self._had_consumer:
