@@ -397,3 +397,95 @@ def test_message_groups_one_consumer_per_group(target):
         c.close()
         ch.queue_delete(name)
         p.close()
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    """A TrioMQ with STOMP and MQTT listeners too, for the cross-protocol tests."""
+    from brokerproc import free_port
+    stomp_port = free_port()
+    proc = BrokerProc(tmp_path_factory.mktemp("amqp10-multi") / "data", store="memory",
+                      mqtt=True, extra=["--stomp-port", str(stomp_port)],
+                      wait_ports=(stomp_port,))
+    proc.start()
+    try:
+        yield proc, stomp_port
+    finally:
+        proc.stop()
+
+
+def test_amqp10_to_stomp_and_back_keeps_fields(multi):
+    import queue as queuelib
+
+    import stomp
+    proc, stomp_port = multi
+    name = "x-proto-" + uuid.uuid4().hex[:8]
+    frames: queuelib.Queue = queuelib.Queue()
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, frame):
+            frames.put(frame)
+
+    sc = stomp.Connection12([("127.0.0.1", stomp_port)])
+    sc.set_listener("l", Listener())
+    sc.connect("guest", "guest", wait=True)
+    c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{proc.port}", timeout=WAIT,
+                           allowed_mechs="PLAIN")
+    try:
+        sc.subscribe(f"/queue/{name}", id="s1", ack="auto")
+        c.create_sender(f"/queue/{name}").send(Message(
+            body=b"over stomp", inferred=True, durable=True, correlation_id="c-1",
+            content_type="text/plain", properties={"app": "v", "n": 3}))
+        f = frames.get(timeout=WAIT)
+        assert f.body == "over stomp"
+        assert f.headers["correlation-id"] == "c-1"
+        assert f.headers["content-type"] == "text/plain"
+        assert f.headers["persistent"] == "true"
+        assert f.headers["app"] == "v" and f.headers["n"] == "3"
+        # and back: a STOMP SEND to a queue an AMQP 1.0 receiver reads
+        sc.send(f"/queue/{name}-back", "from stomp", headers={"correlation-id": "c-2",
+                                                             "persistent": "true",
+                                                             "app": "w"})
+        rcv = c.create_receiver(f"/queue/{name}-back", credit=1)
+        m = rcv.receive(timeout=WAIT)
+        assert bytes(m.body) == b"from stomp"
+        assert m.correlation_id == "c-2" and m.durable
+        assert m.properties["app"] == "w"
+        rcv.accept()
+    finally:
+        c.close()
+        sc.disconnect()
+
+
+def test_amqp10_and_mqtt_through_amq_topic(multi):
+    import queue as queuelib
+
+    import paho.mqtt.client as mqtt
+    proc, _ = multi
+    got: queuelib.Queue = queuelib.Queue()
+    subscribed: queuelib.Queue = queuelib.Queue()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="x-" + uuid.uuid4().hex[:6])
+    client.on_message = lambda _c, _u, msg: got.put(msg)
+    client.on_subscribe = lambda *a: subscribed.put(True)
+    client.connect("127.0.0.1", proc.mqtt_port)
+    client.loop_start()
+    c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{proc.port}", timeout=WAIT,
+                           allowed_mechs="PLAIN")
+    try:
+        client.subscribe("sensors/one", qos=1)
+        subscribed.get(timeout=WAIT)
+        # AMQP 1.0 -> MQTT: amq.topic with the MQTT topic's routing key
+        c.create_sender("/exchanges/amq.topic/sensors.one").send(
+            Message(body=b"21.5", inferred=True))
+        assert got.get(timeout=WAIT).payload == b"21.5"
+        # MQTT -> AMQP 1.0: a link consuming /topic/sensors.two (a queue of its own)
+        rcv = c.create_receiver("/topic/sensors.two", credit=5)
+        client.publish("sensors/two", b"19.0", qos=1).wait_for_publish(timeout=WAIT)
+        m = rcv.receive(timeout=WAIT)
+        assert bytes(m.body) == b"19.0"
+        assert m.annotations[symbol("x-routing-key")] == "sensors.two"
+        rcv.accept()
+    finally:
+        c.close()
+        client.loop_stop()
+        client.disconnect()
