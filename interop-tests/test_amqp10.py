@@ -89,6 +89,7 @@ def test_publish_and_consume_v2_queue_address(target, qname):
         rcv = c.create_receiver(f"/queues/{qname}", credit=10)
         m = rcv.receive(timeout=WAIT)
         assert m.body == "hello"  # an amqp-value string stays one, 1.0 to 1.0
+        assert c.conn.remote_properties[symbol("product")] == "TrioMQ"
         assert m.properties == {"a": 1}
         assert m.id == 7 and m.durable
         rcv.accept()

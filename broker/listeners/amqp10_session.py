@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from proton import Disposition
+from proton import Disposition, symbol
 
-from .. import errors
+from .. import __version__, errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..amqp10 import mapping
@@ -313,7 +313,8 @@ class Amqp10Session:
         self.authz = access.authz(self.user, vhost_name)
         self.audit_ctx = (vhost_name, self.username, self.peer, None)
         conn.username = self.username  # type: ignore[attr-defined]
-        conn.accept_open()
+        conn.accept_open({symbol("product"): "TrioMQ", symbol("version"): __version__,
+                          symbol("platform"): "Python/trio"})
         broker.session_opened(self)
         self.delivering = True
         log.info("amqp 1.0 connection %s: user %r vhost %r", self.peer, self.username,
