@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                                for size in (args.n, 5 * args.n)]
     finally:
         procs.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"{args.n} persistent messages of {args.size} B, confirm window {args.window}, "
           f"clients on the leader's node")
     print("| queue | publish msg/s | consume msg/s | confirm p50 ms | confirm p99 ms | "
