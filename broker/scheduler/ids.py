@@ -60,7 +60,7 @@ class SidMap:
         if cap != self.mask + 1:
             self._grow(cap)
         vals, mask = self.vals, self.mask
-        indexes = range(count)
+        indexes: range | list[int] = range(count)
         if not self.n and count > 4096:
             indexes = self._place_empty(ps, ns, first_value)
         for i in indexes:
