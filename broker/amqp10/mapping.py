@@ -10,6 +10,7 @@ headers, so that a message keeps its fields whichever protocol publishes and con
 from __future__ import annotations
 
 import datetime
+import struct
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -379,3 +380,167 @@ def _text(v: Any) -> str | None:
     if isinstance(v, (bytes, bytearray)):
         return bytes(v).decode("utf-8", "replace")
     return v if isinstance(v, str) else None
+
+
+# ---- a direct encoder for deliveries (proton's Message costs ~45 us a message) ----
+
+class _Unencodable(Exception):
+    pass
+
+
+def _str_enc(tag8: int, tag32: int, raw: bytes) -> bytes:
+    n = len(raw)
+    if n < 256:
+        return bytes((tag8, n)) + raw
+    return bytes((tag32,)) + n.to_bytes(4, "big") + raw
+
+
+def _utf8(s: str) -> bytes:
+    return _str_enc(0xA1, 0xB1, s.encode("utf-8", "surrogatepass"))
+
+
+def _sym(s: str) -> bytes:
+    return _str_enc(0xA3, 0xB3, s.encode("ascii"))
+
+
+def _bin(b: bytes) -> bytes:
+    return _str_enc(0xA0, 0xB0, b)
+
+
+def _val(v: Any) -> bytes:
+    """One AMQP 1.0 value (the types the 0-9-1 mapping produces)."""
+    if v is None:
+        return b"\x40"
+    if v is True:
+        return b"\x41"
+    if v is False:
+        return b"\x42"
+    if isinstance(v, timestamp):
+        return b"\x83" + int(v).to_bytes(8, "big", signed=True)
+    if isinstance(v, ulong):
+        return b"\x80" + int(v).to_bytes(8, "big")
+    if isinstance(v, symbol):
+        return _sym(v)
+    if isinstance(v, str):
+        return _utf8(v)
+    if isinstance(v, int):
+        if -128 <= v < 128:
+            return b"\x54" + v.to_bytes(1, "big", signed=True)  # smallint
+        if -(1 << 31) <= v < 1 << 31:
+            return b"\x71" + v.to_bytes(4, "big", signed=True)
+        if -(1 << 63) <= v < 1 << 63:
+            return b"\x81" + v.to_bytes(8, "big", signed=True)
+        raise _Unencodable
+    if isinstance(v, float):
+        return b"\x82" + struct.pack(">d", v)
+    if isinstance(v, bytes):
+        return _bin(v)
+    if isinstance(v, uuid.UUID):
+        return b"\x98" + v.bytes
+    raise _Unencodable
+
+
+def _map(pairs: list[bytes]) -> bytes:
+    body = b"".join(pairs)
+    count = len(pairs)  # each item is key and value already: 2 entries
+    return b"\xd1" + (len(body) + 4).to_bytes(4, "big") + (count * 2).to_bytes(4, "big") + body
+
+
+def _list(fields: list[bytes | None]) -> bytes:
+    while fields and fields[-1] is None:
+        fields.pop()
+    body = b"".join(b"\x40" if f is None else f for f in fields)
+    return b"\xd0" + (len(body) + 4).to_bytes(4, "big") + len(fields).to_bytes(4, "big") + body
+
+
+_X_EXCHANGE = _sym("x-exchange")
+_X_ROUTING_KEY = _sym("x-routing-key")
+_X_APP_ID = _sym(_BASIC_APP_ID)
+
+
+def encode_fast(properties: dict, body: bytes, exchange: str, routing_key: str,
+                redelivered: bool) -> bytes:
+    """``encode`` without proton, for the values the 0-9-1 mapping produces; falls back to
+    ``encode`` for anything else (maps or lists in headers, ids of other types)."""
+    try:
+        return _encode_fast(properties, body, exchange, routing_key, redelivered)
+    except (_Unencodable, UnicodeEncodeError, OverflowError):
+        return encode(properties, body, exchange, routing_key, redelivered)
+
+
+def _encode_fast(p: dict, body: bytes, exchange: str, routing_key: str,
+                 redelivered: bool) -> bytes:
+    out = []
+    headers = p.get("headers") or {}
+    durable = p.get("delivery_mode") == 2
+    priority = p.get("priority")
+    ttl = None
+    expiration = p.get("expiration")
+    if expiration:
+        try:
+            ttl = b"\x70" + int(expiration).to_bytes(4, "big")
+        except (ValueError, OverflowError):
+            ttl = None
+    if durable or priority is not None or ttl or redelivered:
+        out.append(b"\x00\x53\x70" + _list([
+            b"\x41" if durable else None,
+            b"\x50" + bytes((priority,)) if priority is not None else None,
+            ttl,
+            b"\x42" if redelivered else None,  # first-acquirer false
+            b"\x70\x00\x00\x00\x01" if redelivered else None]))  # delivery-count
+    annotations = [_X_EXCHANGE + _utf8(exchange), _X_ROUTING_KEY + _utf8(routing_key)]
+    if not p and not redelivered:  # (a message without properties: the common case)
+        return b"".join((b"\x00\x53\x72", _map(annotations), b"\x00\x53\x75", _bin(body)))
+    if p.get("app_id"):
+        annotations.append(_X_APP_ID + _utf8(p["app_id"]))
+    app = []
+    group_id = group_seq = None
+    for k, v in headers.items():
+        k = str(k)
+        if k in (_ID_TYPE, _CORR_TYPE):
+            continue
+        if k == _GROUP_ID:
+            group_id = _text(v)
+            continue
+        if k == _GROUP_SEQ and isinstance(v, int):
+            group_seq = v & 0xFFFFFFFF
+            continue
+        x = _value_from_091(v, not k.startswith("x-"))
+        if x is None:
+            continue
+        if k.startswith("x-"):
+            annotations.append(_sym(k) + _val(x))
+        else:
+            app.append(_utf8(k) + _val(x))
+    fields: list[bytes | None] = [None] * 13
+    mid = p.get("message_id")
+    if mid is not None:
+        fields[0] = _val(_id_from_091(str(mid), _text(headers.get(_ID_TYPE))))
+    if p.get("user_id"):
+        fields[1] = _bin(str(p["user_id"]).encode("utf-8"))
+    if p.get("type"):
+        fields[3] = _utf8(p["type"])
+    reply_to = p.get("reply_to")
+    if reply_to:
+        fields[4] = _utf8(reply_to if reply_to.startswith("/") else queue_address(reply_to))
+    cid = p.get("correlation_id")
+    if cid is not None:
+        fields[5] = _val(_id_from_091(str(cid), _text(headers.get(_CORR_TYPE))))
+    if p.get("content_type"):
+        fields[6] = _sym(p["content_type"])
+    if p.get("content_encoding"):
+        fields[7] = _sym(p["content_encoding"])
+    if p.get("timestamp") is not None:
+        fields[9] = b"\x83" + (int(p["timestamp"]) * 1000).to_bytes(8, "big", signed=True)
+    if group_id:
+        fields[10] = _utf8(group_id)
+    if group_seq is not None:
+        fields[11] = b"\x52" + bytes((group_seq,)) if group_seq < 256 else \
+            b"\x70" + group_seq.to_bytes(4, "big")
+    out.append(b"\x00\x53\x72" + _map(annotations))
+    if any(f is not None for f in fields):
+        out.append(b"\x00\x53\x73" + _list(fields))
+    if app:
+        out.append(b"\x00\x53\x74" + _map(app))
+    out.append(b"\x00\x53\x75" + _bin(body))
+    return b"".join(out)

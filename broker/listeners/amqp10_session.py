@@ -131,8 +131,8 @@ class OutLink:
         if payload is not None and entry.redelivered:
             payload = mapping.redelivered(payload)
         if payload is None:
-            payload = mapping.encode(message.properties, message.body, message.exchange,
-                                     message.routing_key, entry.redelivered)
+            payload = mapping.encode_fast(message.properties, message.body, message.exchange,
+                                          message.routing_key, entry.redelivered)
         self._tag += 1
         n = self._tag
         delivery = session.conn.send(self.link, str(n).encode(), payload, consumer.no_ack)
