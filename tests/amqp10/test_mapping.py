@@ -4,6 +4,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from proton import Message, symbol, ulong
 
 from broker.amqp.fields import decode_properties, encode_properties
@@ -133,3 +135,46 @@ def test_fast_encoder_matches_protons(props, redelivered):
     for field in _FIELDS:
         assert getattr(fast, field) == getattr(slow, field), field
     assert bytes(fast.body) == bytes(slow.body) == body
+
+
+_MESSAGES = [
+    Message(body=b"b", inferred=True),
+    Message(body="text"),
+    Message(body=None),
+    Message(body=b"x" * 70000, inferred=True, durable=True, priority=9, ttl=2.5),
+    Message(body="v", id=uuid.UUID(int=7), correlation_id=ulong(42), user_id=b"guest",
+            reply_to="/queues/r%2F1", subject="s", content_type="text/plain",
+            content_encoding="gzip", creation_time=1700000000.5, group_id="g",
+            group_sequence=0xFFFFFFFF, address="/queues/q",
+            properties={"s": "v", "i": 7, "neg": -70000, "big": 1 << 40, "b": True,
+                        "f": 1.5, "raw": b"\x00\x01", "none": None},
+            annotations={symbol("x-opt-a"): "t", symbol("x-basic-type"): "kind",
+                         symbol("x-opt-map"): {"k": [1, 2]}}),
+    Message(body={"a": 1}),  # amqp-value map: proton's path
+    Message(body=b"b", inferred=True, id=b"bin-id", correlation_id="c"),
+]
+
+
+@pytest.mark.parametrize("m", _MESSAGES)
+def test_direct_decoder_matches_protons(m):
+    data = m.encode()
+    assert mapping.decode(data) == mapping.decode_proton(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_messages_decode_or_raise_value_error(data):
+    try:
+        mapping.decode(data)
+    except ValueError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=60))
+def test_damaged_messages_decode_or_raise_value_error(tail):
+    data = _MESSAGES[4].encode()
+    try:
+        mapping.decode(bytes(data[: len(data) // 2]) + tail)
+    except ValueError:
+        pass
