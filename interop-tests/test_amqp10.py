@@ -490,3 +490,25 @@ def test_amqp10_and_mqtt_through_amq_topic(multi):
         c.close()
         client.loop_stop()
         client.disconnect()
+
+
+def test_management_api_lists_amqp10_connections(tmp_path):
+    import httpx
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True)
+    proc.start()
+    try:
+        c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="PLAIN")
+        try:
+            c.create_sender("/queue/listed").send(Message(body="x"))
+            r = httpx.get(proc.http_url + "/api/connections", auth=("guest", "guest"),
+                          timeout=WAIT)
+            assert r.status_code == 200
+            conns = [x for x in r.json() if x["protocol"] == "AMQP 1-0"]
+            assert len(conns) == 1
+            assert conns[0]["user"] == "guest" and conns[0]["vhost"] == "/"
+            assert conns[0]["recv_oct"] > 0
+        finally:
+            c.close()
+    finally:
+        proc.stop()

@@ -132,6 +132,9 @@ class ServerConnection:
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
         self.opened = False
+        self.username: str | None = None  # set by the broker once logged in
+        # octets and reads/writes, as the management API reports connections
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.sasl_used = False
         self.finished = False  # nothing more will be read; write what is left and end
         # a receiving link's partial message: link -> octets so far (bounded, see _read)
@@ -146,6 +149,8 @@ class ServerConnection:
         events: list[Event10] = []
         if self.finished:
             return events
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state is State.AMQP:
             self._push(data, events)
             return events
@@ -482,7 +487,18 @@ class ServerConnection:
                 t.pop(n)
                 size += n
             out = b"".join(parts)
+        if out:
+            self.send_oct += len(out)
+            self.send_cnt += 1
         return out
+
+    @property
+    def pending_output(self) -> int:
+        """Octets queued and not yet handed out by ``data_to_send``."""
+        n = sum(len(b) for b in self._out)
+        if self.state is State.AMQP:
+            n += max(self.transport.pending(), 0)
+        return n
 
     def release(self) -> None:
         self._partial.clear()

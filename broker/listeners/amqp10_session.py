@@ -312,7 +312,7 @@ class Amqp10Session:
         self.vhost = vhost
         self.authz = access.authz(self.user, vhost_name)
         self.audit_ctx = (vhost_name, self.username, self.peer, None)
-        conn.username = self.username  # type: ignore[attr-defined]
+        conn.username = self.username
         conn.accept_open({symbol("product"): "TrioMQ", symbol("version"): __version__,
                           symbol("platform"): "Python/trio"})
         broker.session_opened(self)
@@ -620,7 +620,7 @@ class Amqp10Session:
                 "client_properties": {"container_id": self.container}}
 
     def force_close(self, error: errors.AMQPError) -> None:
-        self.conn.close("amqp:connection:forced", error.text)
+        self.conn.close("amqp:connection:forced", description_of(error))
         self.finished = True
         self.connection_lost()
         self.wake()
