@@ -277,6 +277,13 @@ class Mirroring:
         # needs a majority of the group in sync, and ha-* policies do not apply
         self.quorum = replica_group(queue)
         self.members: list[str] | None = None
+        # a quorum queue's commit index: what it holds now is committed (its leader's term
+        # starts with it); a new message is held from consumers until every confirm token
+        # of its publish resolved (a majority has it) -- seq -> tokens outstanding
+        self._pending: dict[int, int] = {}
+        self._holding: int | None = None  # the seq whose tokens ``_token`` counts
+        if self.quorum:
+            queue.commit_seq = queue._next_seq - 1
 
     def majority(self) -> bool:
         """A majority of the member group (this node and its in-sync mirrors) has every
@@ -289,8 +296,67 @@ class Mirroring:
         have = 1 + sum(1 for n in self.members if n != me and self.nodes.get(n) == "in_sync")
         return have >= len(self.members) // 2 + 1
 
+    # ---- the commit index ----
+    def _token(self):
+        """A confirm token of the publish being routed (``store.forward_started``); for a
+        held message, counted: the message is committed once every one resolved true."""
+        token = self.owner.store.forward_started()
+        seq = self._holding
+        if seq is None:
+            return token
+        self._pending[seq] += 1
+
+        def done(ok: bool | None) -> None:
+            token(ok)
+            if ok:
+                self._resolved(seq)
+        return done
+
+    def _resolved(self, seq: int) -> None:
+        left = self._pending.get(seq)
+        if left is None:
+            return
+        self._pending[seq] = left - 1
+        if left == 1:
+            self._advance()
+
+    def _advance(self) -> None:
+        """The commit index moves over every committed message at the head of the
+        pending ones (commits are in order, as Raft's), and consumers get them."""
+        pending = self._pending
+        top = None
+        for seq, left in pending.items():
+            if left:
+                break
+            top = seq
+        if top is None:
+            return
+        for seq in [s for s in pending if s <= top]:
+            del pending[seq]
+        queue = self.queue
+        if queue.commit_seq is not None and top > queue.commit_seq:
+            queue.commit_seq = top
+            if queue.consumers:
+                queue.dispatch()
+
+    def commit_index(self) -> int | None:
+        return self.queue.commit_seq if self.quorum else None
+
     # ---- the operation stream ----
     def queue_op(self, queue, op: Op, entry) -> None:
+        if op is Op.ENQUEUE and self.quorum and not self.deposed:
+            self._pending[entry.seq] = 0
+            self._holding = entry.seq
+            try:
+                self._queue_op(queue, op, entry)
+            finally:
+                self._holding = None
+            if not self._pending.get(entry.seq):
+                self._advance()
+            return
+        self._queue_op(queue, op, entry)
+
+    def _queue_op(self, queue, op: Op, entry) -> None:
         if self.deposed and op is Op.ENQUEUE:
             self.owner.store.forward_started()(None)  # in doubt: its connection is closed
         if op is Op.DELIVER:
@@ -302,7 +368,7 @@ class Mirroring:
         if op is Op.ENQUEUE and self.quorum and not self.majority():
             # fewer than a majority of the group in sync: confirmed only once a majority is
             # (``record``), never on fewer copies
-            self._isr_waiters.append(self.owner.store.forward_started())
+            self._isr_waiters.append(self._token())
             self.isr_dirty = True
             self.owner.wake()
         if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
@@ -314,12 +380,11 @@ class Mirroring:
             self._leaves.append(entry.seq)
             return
         self._enqueued.append(entry)
-        store = self.owner.store
         if self.isr_dirty:
-            self._isr_waiters.append(store.forward_started())
+            self._isr_waiters.append(self._token())
         for node, state in self.nodes.items():
             if state == "in_sync":
-                self._tokens.setdefault(node, []).append(store.forward_started())
+                self._tokens.setdefault(node, []).append(self._token())
 
     def flush(self) -> None:
         """Send what the stream produced since the last flush: the new messages (their
@@ -683,6 +748,7 @@ class Mirroring:
         self._syncs.clear()
         self.sync_counts.clear()
         self._gone.clear()
+        self._pending.clear()
         self.queue.confirms_later = False
 
 

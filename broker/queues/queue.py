@@ -115,6 +115,9 @@ class Queue:
     # A queue with its own durability (a stream's log): an object whose
     # ``when_durable(callback, on_failure)`` publisher confirms wait for instead of the store's.
     durability = None
+    # Messages with a higher seq are held from consumers and basic.get (a replicated quorum
+    # queue's leader: not yet on a majority, so a failover could lose them); None: no hold.
+    commit_seq: int | None = None
 
     def __init__(self, vhost, name: str, durable: bool = False, exclusive_owner=None,
                  auto_delete: bool = False, arguments: dict | None = None,
@@ -292,7 +295,10 @@ class Queue:
             return
         now = None
         expired = None
+        commit = self.commit_seq
         while ready:
+            if commit is not None and ready.peek().seq > commit:
+                break
             consumer = self._pick_consumer()
             if consumer is None:
                 break
@@ -334,7 +340,10 @@ class Queue:
         now = self.vhost.timers.now()
         subscription = self.exclusive_owner is not None and len(self.consumers) == 1
         groups = self.message_groups
+        commit = self.commit_seq
         while ready and len(kept) < SELECT_WINDOW:
+            if commit is not None and ready.peek().seq > commit:
+                break
             entry = ready.popleft()
             self.ready_bytes -= len(entry.message.body)
             if entry.expires_at is not None and entry.expires_at < now:
@@ -425,7 +434,10 @@ class Queue:
         now = self.vhost.timers.now()
         expired = []
         result = None
+        commit = self.commit_seq
         while self.ready:
+            if commit is not None and self.ready.peek().seq > commit:
+                break
             entry = self.ready.popleft()
             self.ready_bytes -= len(entry.message.body)
             if ttl.is_expired(entry, now):

@@ -1,0 +1,65 @@
+"""A quorum queue's leader delivers only committed messages (on a majority of its group),
+as RabbitMQ's quorum queues: a consumer never sees a message a failover can lose. Three
+real nodes, etcd and pika."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .test_cluster_nodes import node
+from .test_mirroring_more import start_together
+from .test_quorum_replication import PERSISTENT, QQ, Publisher, wait_view
+
+
+def _nothing_for(ch, queue: str, seconds: float) -> None:
+    """basic.get finds nothing for ``seconds`` (a hold can only make this pass wrongly if
+    the machine is too slow to deliver in time, never fail wrongly)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        method, _props, body = ch.basic_get(queue, auto_ack=False)
+        assert method is None, body
+        ch.connection.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+def test_uncommitted_message_is_neither_confirmed_nor_delivered(tmp_path, etcd, secret):
+    a, b, c = (node(tmp_path, etcd, n, secret) for n in "abc")
+    start_together([a, b, c])
+    try:
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("qq", durable=True, arguments=QQ)
+        wait_view(etcd, "qq", lambda v: v["in_sync"] == ["b", "c"])
+        ch.confirm_delivery()
+        ch.basic_publish("", "qq", b"committed", PERSISTENT)
+        method, _props, body = ch.basic_get("qq", auto_ack=True)
+        assert body == b"committed", body
+
+        # both followers down: no majority has what is published now
+        b.kill()
+        wait_view(etcd, "qq", lambda v: v["in_sync"] == ["c"])
+        c.kill()
+        p = Publisher(a, "qq", [b"held"])
+        p.start()
+        _nothing_for(ch, "qq", 3)
+        assert p.confirmed == [] and p.is_alive(), p.error
+        # a consumer is not given it either (the leader has it: the count says so)
+        got: list[bytes] = []
+        ch.basic_consume("qq", lambda _ch, m, _p, body: got.append(body), auto_ack=False)
+        conn.process_data_events(time_limit=2)
+        assert got == [], got
+        assert ch.queue_declare("qq", passive=True).method.message_count == 1
+
+        # a follower back and caught up: a majority has it, confirmed and delivered
+        c.start()
+        p.join(60)
+        assert p.confirmed == [b"held"], p.error
+        end = time.monotonic() + 30
+        while not got and time.monotonic() < end:
+            conn.process_data_events(time_limit=0.5)
+        assert got == [b"held"], got
+        conn.close()
+    finally:
+        for broker in (a, b, c):
+            broker.stop()
