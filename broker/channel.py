@@ -542,7 +542,8 @@ class Channel:
         flow, audit, confirm); this channel answers a mandatory miss and a transaction's
         commit. ``hooks=False``: a message a hook took over earlier (a half message's
         commit)."""
-        outcome = self.publishing.publish(self, message, mandatory, seq, hooks=hooks)
+        outcome = (self.publishing.publish(self, message, mandatory, seq) if hooks
+                   else self.publishing.publish(self, message, mandatory, seq, hooks=False))
         if outcome is UNROUTABLE:
             # a direct reply went straight to its requester in route(); a mandatory one is
             # returned all the same, as on RabbitMQ

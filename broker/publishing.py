@@ -111,6 +111,17 @@ class Publishing:
         self.refuses_persistent = refuses_persistent
         self.config = config  # flow_high / flow_high_bytes, read per publish (may change)
 
+    def _flow(self, origin: PublishOrigin, q: Queue) -> None:
+        """Flow control, for a queue with consumers and ready messages: over ``flow_high``
+        messages or ``flow_high_bytes`` (read here, as they may change) the origin is asked
+        to slow down."""
+        config = self.config
+        flow_high = config.flow_high
+        if len(q.ready) > (flow_high or _INF) or (
+                flow_high and config.flow_high_bytes
+                and q.ready_bytes > config.flow_high_bytes):
+            origin.queue_over_threshold(q)
+
     def publish(self, origin: PublishOrigin, message: Message, mandatory: bool = False,
                 seq: int = 0, *, hooks: bool = True, answered: bool = False,
                 tag: int | None = None, audited: bool = True) -> str:
@@ -148,10 +159,6 @@ class Publishing:
             return REFUSED
         accepted = True
         durable = False
-        config = self.config
-        flow_high = config.flow_high or _INF
-        flow_high_bytes = config.flow_high_bytes if config.flow_high and config.flow_high_bytes \
-            else _INF
         persistent = message.persistent
         own = None  # queues durable on their own (streams): the confirm waits for each
         for q in queues:
@@ -162,8 +169,8 @@ class Publishing:
             elif q.store is not None and (persistent or q.confirms_later):
                 durable = True
             # a queue with consumers that keeps growing slows its publishers
-            if (len(q.ready) > flow_high or q.ready_bytes > flow_high_bytes) and q.consumers:
-                origin.queue_over_threshold(q)
+            if len(q.ready) and q.consumers:
+                self._flow(origin, q)
         if audit is not None:
             audit.published(origin, message, queues, ROUTED if accepted else NACKED,
                             seq if tag is None else tag)
