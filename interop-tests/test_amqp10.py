@@ -512,3 +512,38 @@ def test_management_api_lists_amqp10_connections(tmp_path):
             c.close()
     finally:
         proc.stop()
+
+
+def test_tls_own_port_and_sniffed_on_the_amqps_port(tmp_path):
+    """--amqps10-port, and AMQP 1.0 on the 0-9-1 TLS port (--tls-port) by protocol header
+    inside TLS, as RabbitMQ 4 serves 5671."""
+    import subprocess
+
+    from brokerproc import free_port
+    from proton import SSLDomain
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    own, amqps = free_port(), free_port()
+    proc = BrokerProc(tmp_path / "data", store="memory",
+                      extra=["--amqps10-port", str(own), "--tls-port", str(amqps),
+                             "--tls-cert", str(cert), "--tls-key", str(key)],
+                      wait_ports=(own, amqps))
+    proc.start()
+    try:
+        for port in (own, amqps):
+            domain = SSLDomain(SSLDomain.MODE_CLIENT)
+            domain.set_trusted_ca_db(str(cert))
+            domain.set_peer_authentication(SSLDomain.VERIFY_PEER)
+            c = BlockingConnection(f"amqps://guest:guest@127.0.0.1:{port}", timeout=WAIT,
+                                   ssl_domain=domain, allowed_mechs="PLAIN")
+            try:
+                c.create_sender("/queue/tls").send(Message(body=f"over {port}"))
+                rcv = c.create_receiver("/queue/tls", credit=1)
+                assert rcv.receive(timeout=WAIT).body == f"over {port}"
+                rcv.accept()
+            finally:
+                c.close()
+    finally:
+        proc.stop()
