@@ -18,6 +18,7 @@ connection (``broker.amqp10.connection``) has queued whenever ``wake`` is called
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -65,6 +66,21 @@ _CONDITIONS = {404: "amqp:not-found", 403: "amqp:unauthorized-access",
                405: "amqp:resource-locked", 406: "amqp:precondition-failed",
                530: "amqp:unauthorized-access", 501: "amqp:decode-error",
                541: "amqp:internal-error"}
+
+
+# Scheduled delivery as ActiveMQ Artemis and Azure take it over AMQP 1.0: to the scheduler's
+# AMQ_SCHEDULED_DELAY (ms)
+_DELAY = "x-opt-delivery-delay"
+_DELIVERY_TIME = "x-opt-delivery-time"
+
+
+def _schedule(headers: dict) -> None:
+    delay = headers.get(_DELAY)
+    at = headers.get(_DELIVERY_TIME)
+    if isinstance(at, int) and not isinstance(at, bool):  # ms since the epoch
+        delay = at - int(time.time() * 1000)
+    if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
+        headers["AMQ_SCHEDULED_DELAY"] = delay
 
 
 def condition_of(exc: errors.AMQPError) -> str:
@@ -491,6 +507,9 @@ class Amqp10Session:
         if authz.topics:
             authz.check_topic(exchange, key, "write")
         props = incoming.properties
+        headers = props.get("headers")
+        if headers and (_DELAY in headers or _DELIVERY_TIME in headers):
+            _schedule(headers)
         if "user_id" in props and props["user_id"] != self.username:
             raise errors.precondition_failed(
                 "user_id property set to '%s' but authenticated user was '%s'",
