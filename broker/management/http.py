@@ -453,6 +453,10 @@ class HttpServer:
                       errno.EACCES: "permission denied"}.get(exc.errno or 0, exc.strerror or str(exc))
             text = f"cannot listen on {host}:{config.http_port} (HTTP): {reason}"
             if config.http_optional:
+                # said once the broker serves: one that cannot open its store (read back
+                # while this binds) stops with that one error line
+                while not self.broker.recovery.ready:  # noqa: ASYNC110 - until recovered
+                    await trio.sleep(0.1)
                 log.warning("%s; the management HTTP API is not served (--http-port)", text)
                 return
             raise HttpListenError(text) from None
