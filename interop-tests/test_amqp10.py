@@ -568,3 +568,30 @@ def test_delivery_delay_goes_to_the_scheduler(target, qname):
     finally:
         c.close()
         p.close()
+
+
+def test_jms_selector_filter_on_a_receiver(target):
+    """A receiver's source filter with a JMS selector (Qpid JMS / ActiveMQ) is the queue's
+    x-filter: the consumer gets only what it selects, the rest stays."""
+    if target.rabbit:
+        pytest.skip("RabbitMQ 3.10's AMQP 1.0 plugin has no JMS selectors")
+    from proton.reactor import Selector
+    name = "amqp10-sel-" + uuid.uuid4().hex[:8]
+    c = target.connect()
+    p = target.pika()
+    try:
+        snd = c.create_sender(f"/queue/{name}")
+        for color in ("blue", "red", "blue", "red"):
+            snd.send(Message(body=color, properties={"color": color}))
+        rcv = c.create_receiver(f"/queue/{name}", credit=10, options=Selector("color = 'red'"))
+        for _ in range(2):
+            assert rcv.receive(timeout=WAIT).properties["color"] == "red"
+            rcv.accept()
+        assert p.channel().queue_declare(name, passive=True).method.message_count == 2
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(f"/queue/{name}", options=Selector("color = = 'x'"), name="bad")
+        assert info.value.condition == "amqp:precondition-failed"
+    finally:
+        c.close()
+        p.channel().queue_delete(name)
+        p.close()

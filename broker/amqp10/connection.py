@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from proton import Collector, Condition, Connection, Delivery, Disposition, Event, Link, Transport
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Described,
+    Disposition,
+    Event,
+    Link,
+    Transport,
+)
 
 from . import sasl
 
@@ -63,6 +73,7 @@ class LinkAttached:
     link: Link
     address: str | None
     dynamic: bool
+    selector: str | None = None  # a JMS selector in the source's filter (consumers)
 
 
 @dataclass
@@ -113,6 +124,29 @@ class ProtocolError:
 Event10 = (SaslInit | NoSasl | ConnectionOpened | LinkAttached | MessageReceived
            | OutcomeReceived | CreditGiven | LinkDetached | SessionEnded | ConnectionClosed
            | ProtocolError)
+
+
+# the JMS selector filter as Qpid JMS and ActiveMQ send it (by descriptor: symbol or code)
+_SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+
+
+def _selector(term) -> str | None:
+    """The JMS selector of a source's filter set, or None."""
+    f = term.filter
+    f.rewind()
+    if not f.next():
+        return None
+    try:
+        filters = f.get_object()
+    except Exception:  # an undecodable filter set: no selector
+        return None
+    if not isinstance(filters, dict):
+        return None
+    for value in filters.values():
+        if isinstance(value, Described) and value.descriptor in _SELECTOR_DESCRIPTORS \
+                and isinstance(value.value, str):
+            return value.value
+    return None
 
 
 class ServerConnection:
@@ -274,7 +308,8 @@ class ServerConnection:
                     link.key = self._keys
                     link.session_key = link.session.key
                     term = link.remote_target if link.is_receiver else link.remote_source
-                    events.append(LinkAttached(link, term.address, bool(term.dynamic)))
+                    events.append(LinkAttached(link, term.address, bool(term.dynamic),
+                                               None if link.is_receiver else _selector(term)))
             elif etype == Event.DELIVERY:
                 self._delivery(ev.delivery, events)
             elif etype == Event.LINK_FLOW:

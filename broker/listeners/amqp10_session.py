@@ -45,7 +45,7 @@ from ..amqp10.connection import (
     SessionEnded,
 )
 from ..amqp10.sasl import plain_credentials
-from ..channel import Unacked
+from ..channel import Unacked, _selector
 from ..message import Message
 from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
@@ -351,7 +351,7 @@ class Amqp10Session:
             if link.is_receiver:
                 self._attach_publisher(link, ev.address)
             else:
-                self._attach_consumer(link, ev.address, ev.dynamic)
+                self._attach_consumer(link, ev.address, ev.dynamic, ev.selector)
         except errors.AMQPError as exc:
             conn.refuse_link(link, condition_of(exc), description_of(exc))
         except mapping.AddressError as exc:
@@ -392,7 +392,8 @@ class Amqp10Session:
         if self.vhost.find_queue(name) is None:
             self._declare(name, True, False, False)  # as ActiveMQ creates a queue on use
 
-    def _attach_consumer(self, link, address: str | None, dynamic: bool) -> None:
+    def _attach_consumer(self, link, address: str | None, dynamic: bool,
+                         selector: str | None = None) -> None:
         vhost = self.vhost
         authz = self.authz
         if dynamic:
@@ -416,12 +417,15 @@ class Amqp10Session:
                 authz.check("queue", q.name, "write")
                 vhost.bind(source.exchange, q, source.key, {})
         authz.check("queue", q.name, "read")
+        compiled = _selector(selector)  # 406 (amqp:precondition-failed) when it is invalid
         self.conn.attach_sender(link, address)
         settled = link.snd_settle_mode == link.SND_SETTLED
         out = OutLink(self, link, q, settled)
         self._ctag += 1
         tag = f"amq.ctag-amqp10-{self._ctag}"
-        out.consumer = Consumer(tag, out, q, settled, False, 0, 0, {}, None)
+        # a JMS selector (the source's filter) is the queue's x-filter consumer argument
+        args = {"x-filter": selector} if selector is not None else {}
+        out.consumer = Consumer(tag, out, q, settled, False, 0, 0, args, compiled)
         self.out_links[link.key] = out
         self.consumers[tag] = out.consumer
         q.add_consumer(out.consumer)
