@@ -13,6 +13,8 @@ majority that makes a publish confirmed (a power loss must not take it back).
 * ``E`` messages that entered (``mirror.pack_entries``)
 * ``L`` seqs that left (``mirror.pack_seqs``)
 * ``S`` the copy is complete (synced)
+* ``C`` delivery counts of entries that came back (``mirror.pack_counts``: a quorum
+  queue's x-delivery-count and delivery limit survive a failover)
 
 A torn record at the end (a crash while writing) ends the replay and is cut off. When the
 file grows past four times what the copy holds (and 16 MiB), it is rewritten from the copy.

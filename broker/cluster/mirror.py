@@ -60,8 +60,13 @@ LEFT = 52  # op code: the entries of these seqs left the queue (body: ``pack_seq
 # op code: a catch-up from the mirror's own copy starts (body: the highest seq the mirror
 # has, then the seqs up to it the queue still holds: the others left while it was away)
 KEEP = 53
+# op code: these entries came back to the queue (nack/reject with requeue, a consumer
+# gone): their delivery counts (body: ``pack_counts``), so that x-delivery-count and the
+# delivery limit carry on across a failover (a quorum queue's)
+RETURNED = 54
 _REC = struct.Struct(">QHHII")
 _SEQ = struct.Struct(">Q")
+_COUNT = struct.Struct(">QI")
 # An op is one message on the link: its body is cut in frames of the negotiated size, but
 # each op stays well under the largest message a node takes, so a purge or an ack of
 # tens of thousands of messages goes as several ops (the seqs once went in a header: one
@@ -78,6 +83,16 @@ def unpack_seqs(data: bytes) -> list[int]:
     if len(data) % _SEQ.size:
         raise struct.error("truncated seqs")
     return [s for (s,) in _SEQ.iter_unpack(data)]
+
+
+def pack_counts(counts: dict[int, int]) -> bytes:
+    return b"".join(_COUNT.pack(seq, min(n, 0xFFFFFFFF)) for seq, n in counts.items())
+
+
+def unpack_counts(data: bytes) -> list[tuple[int, int]]:
+    if len(data) % _COUNT.size:
+        raise struct.error("truncated counts")
+    return list(_COUNT.iter_unpack(data))
 
 
 def pack_copy(entries: dict) -> bytes:
@@ -227,8 +242,8 @@ def _sync_dir(path: str) -> None:
 class MirrorCopy:
     """A mirror node's copy of a queue: the messages in the queue, by seq."""
 
-    __slots__ = ("durable", "entries", "epoch", "keep", "keep_max", "loaded", "log", "master",
-                 "synced", "was_synced")
+    __slots__ = ("counts", "durable", "entries", "epoch", "keep", "keep_max", "loaded", "log",
+                 "master", "synced", "was_synced")
 
     def __init__(self, epoch: int, master: str, durable: bool = False):
         self.epoch = epoch
@@ -236,6 +251,7 @@ class MirrorCopy:
         self.master = master
         # seq -> (exchange, routing key, raw properties, body), in the queue's order
         self.entries: dict[int, tuple[str, str, bytes, bytes]] = {}
+        self.counts: dict[int, int] = {}  # seq -> deliveries returned (RETURNED), if any
         self.synced = False
         self.log: CopyLog | None = None  # on disk (copylog.py), when the store has a directory
         # read from disk at start: never promoted until caught up again (it may lack what
@@ -262,6 +278,7 @@ class Mirroring:
         self._manual = False
         self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
         self._enqueued: list = []  # entries that entered, sent together
+        self._returns: dict[int, int] = {}  # seq -> delivery count of entries that came back
         self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
         self._leave_tokens: dict[str, list] = {}  # in-sync node -> tx.commit tokens of _leaves
         # syncing node -> [generation, snapshot entries, next index, batches in flight]
@@ -371,11 +388,15 @@ class Mirroring:
             self._isr_waiters.append(self._token())
             self.isr_dirty = True
             self.owner.wake()
-        if not self.nodes or not (op is Op.ENQUEUE or op.leaves):
+        returned = op is Op.REQUEUE and self.quorum
+        if not self.nodes or not (op is Op.ENQUEUE or op.leaves or returned):
             return
         # the ops of one pass of the event loop go to each mirror as one message
-        if not self._leaves and not self._enqueued:
+        if not self._leaves and not self._enqueued and not self._returns:
             self.owner.flush_soon(self)
+        if returned:
+            self._returns[entry.seq] = entry.delivery_count
+            return
         if op is not Op.ENQUEUE:
             self._leaves.append(entry.seq)
             return
@@ -391,6 +412,7 @@ class Mirroring:
         confirm tokens resolved by each in-sync mirror's answer), then the leaves."""
         enqueued, self._enqueued = self._enqueued, []
         leaves, self._leaves = self._leaves, []
+        returns, self._returns = self._returns, {}
         tokens, self._tokens = self._tokens, {}
         leave_tokens, self._leave_tokens = self._leave_tokens, {}
         packed = entry_chunks(enqueued) if enqueued else []
@@ -406,6 +428,8 @@ class Mirroring:
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if packed:
                 self._send_all(node, ENQUEUES, packed, self._batch_done(node, mine))
+            if returns:
+                self._send(node, RETURNED, pack_counts(returns), self._done_for(node))
             if left:
                 self._send_all(node, LEFT, left,
                                self._batch_done(node, leave_tokens.get(node, [])))
@@ -618,6 +642,12 @@ class Mirroring:
         if pos < len(entries) or flying:
             return
         sync[1] = None  # every batch confirmed: SYNCED, once
+        if self.quorum:  # the delivery counts of what it holds (a delivered one: so far)
+            counts = {e.seq: e.delivery_count - (e.seq in self.outside)
+                      for e in [*self.queue.ready, *self.outside.values()]}
+            counts = {seq: n for seq, n in counts.items() if n > 0}
+            if counts:
+                self._send(node, RETURNED, pack_counts(counts), fail)
 
         def synced(ok: bool | None) -> None:
             if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
@@ -820,6 +850,9 @@ class Mirrors:
                                              "epoch": copy.epoch, "master": copy.master})
         body = pack_copy(copy.entries)
         tmp.append(b"E", body)
+        copy.counts = {seq: n for seq, n in copy.counts.items() if seq in copy.entries}
+        if copy.counts:
+            tmp.append(b"C", pack_counts(copy.counts))
         if copy.synced:
             tmp.append(b"S", b"")
         if copy.durable:
@@ -871,6 +904,9 @@ class Mirrors:
                     elif kind == b"L":
                         for seq in unpack_seqs(payload):
                             copy.entries.pop(seq, None)
+                            copy.counts.pop(seq, None)
+                    elif kind == b"C":
+                        copy.counts.update(unpack_counts(payload))
                     elif kind == b"S":
                         copy.was_synced = True
                     elif kind == b"U":
@@ -973,12 +1009,22 @@ class Mirrors:
                 return False
             gone = 0
             for seq in seqs:
+                copy.counts.pop(seq, None)
                 e = entries.pop(seq, None)
                 if e is not None:
                     gone += len(e[2]) + len(e[3])
             if copy.log is not None:
                 copy.log.live -= gone
             self._write(vhost, queue, copy, b"L", body)
+        elif op == RETURNED:
+            try:
+                counts = unpack_counts(body)
+            except struct.error:
+                return False
+            for seq, n in counts:
+                if seq in copy.entries:
+                    copy.counts[seq] = n
+            self._write(vhost, queue, copy, b"C", body)
         elif op == LEAVES:  # from a node of an earlier version: the seqs in the route key
             entries = copy.entries
             try:
@@ -994,6 +1040,7 @@ class Mirrors:
                 top, keep = copy.keep_max, copy.keep
                 for seq in [s for s in copy.entries if s <= top and s not in keep]:
                     del copy.entries[seq]
+                    copy.counts.pop(seq, None)
                 copy.keep_max, copy.keep = None, set()
                 copy.loaded = False
                 try:
@@ -1231,12 +1278,20 @@ class Mirrors:
                   opts=parse_queue_arguments(arguments))
         vhost.add_queue(q)
         from ..amqp.fields import decode_properties
+        from ..queues.retry import restore_delivery_count
+        counts: dict[int, int] = {}  # id of the message -> its deliveries returned
         for seq in sorted(copy.entries):
             exchange, key, props_raw, body = copy.entries[seq]
-            q.enqueue(Message(exchange, key, props_raw, decode_properties(props_raw), body))
-        # each may have been delivered by the old master: RabbitMQ's redelivered flag
+            message = Message(exchange, key, props_raw, decode_properties(props_raw), body)
+            if copy.counts.get(seq):
+                counts[id(message)] = copy.counts[seq]
+            q.enqueue(message)
+        # each may have been delivered by the old master: RabbitMQ's redelivered flag; the
+        # count of those that came back carries on (x-delivery-count, the delivery limit)
         for entry in q.ready:
             entry.redelivered = True
+            if counts:
+                restore_delivery_count(q, entry, counts.get(id(entry.message), 0))
         for consumer in consumers:
             if consumer.channel.closed:
                 continue

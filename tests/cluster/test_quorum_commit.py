@@ -63,3 +63,46 @@ def test_uncommitted_message_is_neither_confirmed_nor_delivered(tmp_path, etcd, 
     finally:
         for broker in (a, b, c):
             broker.stop()
+
+
+@pytest.mark.timeout(120)
+def test_delivery_count_survives_leader_kill9(tmp_path, etcd, secret):
+    """Three deliveries nacked on the leader, the leader killed with -9: the new leader
+    delivers it with x-delivery-count 3 and redelivered, and the delivery limit (3) still
+    applies: one more nack drops it."""
+    a, b, c = (node(tmp_path, etcd, n, secret) for n in "abc")
+    start_together([a, b, c])
+    try:
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("qq", durable=True,
+                         arguments={**QQ, "x-delivery-limit": 3})
+        wait_view(etcd, "qq", lambda v: v["in_sync"] == ["b", "c"])
+        ch.confirm_delivery()
+        ch.basic_publish("", "qq", b"poison", PERSISTENT)
+        for n in range(3):
+            method, props, body = ch.basic_get("qq", auto_ack=False)
+            assert body == b"poison", body
+            assert (props.headers or {}).get("x-delivery-count", 0) == n, props.headers
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        # a confirmed publish after the nacks: every member applied what came before it
+        ch.basic_publish("", "qq", b"marker", PERSISTENT)
+        conn.close()
+
+        a.kill()
+        view = wait_view(etcd, "qq", lambda v: v["master"] in ("b", "c"), timeout=30)
+        leader = b if view["master"] == "b" else c
+        conn = leader.connect()
+        ch = conn.channel()
+        method, props, body = ch.basic_get("qq", auto_ack=False)
+        assert body == b"poison", body
+        assert method.redelivered
+        assert (props.headers or {}).get("x-delivery-count") == 3, props.headers
+        ch.basic_nack(method.delivery_tag, requeue=True)  # the 4th return: over the limit
+        method, props, body = ch.basic_get("qq", auto_ack=True)
+        assert body == b"marker", body
+        assert ch.basic_get("qq", auto_ack=True)[0] is None
+        conn.close()
+    finally:
+        for broker in (a, b, c):
+            broker.stop()
