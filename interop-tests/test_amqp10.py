@@ -595,3 +595,46 @@ def test_jms_selector_filter_on_a_receiver(target):
         c.close()
         p.channel().queue_delete(name)
         p.close()
+
+
+def test_overflow_reject_publish_is_rejected(target):
+    target.v2()
+    name = "amqp10-full-" + uuid.uuid4().hex[:8]
+    p = target.pika()
+    ch = p.channel()
+    ch.queue_declare(name, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    c = target.connect()
+    try:
+        snd = c.create_sender(f"/queues/{name}")
+        assert snd.send(Message(body="fits")).remote_state == Delivery.ACCEPTED
+        with pytest.raises(SendException) as info:
+            snd.send(Message(body="refused"))
+        assert info.value.state == Delivery.REJECTED
+    finally:
+        c.close()
+        ch.queue_delete(name)
+        p.close()
+
+
+def test_anonymous_only_when_configured(tmp_path):
+    proc = BrokerProc(tmp_path / "data", store="memory",
+                      extra=["--amqp10-anonymous-user", "guest"])
+    proc.start()
+    try:
+        c = BlockingConnection(f"amqp://127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="ANONYMOUS")
+        try:
+            c.create_sender("/queue/anon").send(Message(body="x"))
+        finally:
+            c.close()
+    finally:
+        proc.stop()
+    proc = BrokerProc(tmp_path / "data2", store="memory")
+    proc.start()
+    try:
+        with pytest.raises(Exception) as info:
+            BlockingConnection(f"amqp://127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="ANONYMOUS").close()
+        assert "auth" in str(info.value).lower() or "sasl" in str(info.value).lower()
+    finally:
+        proc.stop()
