@@ -577,7 +577,7 @@ class Amqp10Session:
             q.reject(item.entry, item.consumer)
         else:  # released, modified
             if audit is not None:
-                audit.rejected(out, [item], True, "released")
+                audit.rejected(out, [item], True, "nacked")  # (the trail's name for a requeue)
             q.requeue([(item.entry, item.consumer)])
         if q.consumers:
             q.dispatch()
