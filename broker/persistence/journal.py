@@ -184,14 +184,24 @@ def _count_live(live: dict, live_bytes: dict, locs, blens) -> None:
     if len(locs) > 100_000:  # recovery of a long queue: vector operations
         import numpy as np
         bins = np.frombuffer(locs, np.int64) >> 32
-        first = int(bins.min())
-        bins -= first  # segment numbers are few and close together: count by bins
-        counts = np.bincount(bins)
-        nbytes = np.bincount(bins, weights=np.frombuffer(blens, np.uint32).astype(np.float64))
-        for i in np.flatnonzero(counts).tolist():
-            n = int(counts[i])
-            live[first + i] = live.get(first + i, 0) + n
-            live_bytes[first + i] = live_bytes.get(first + i, 0) + int(nbytes[i]) + n * ENQ_MIN
+        sizes = np.frombuffer(blens, np.uint32)
+        if bool(np.all(bins[1:] >= bins[:-1])):
+            # a FIFO written in order: its segments are runs, summed between boundaries
+            starts = np.concatenate(([0], np.flatnonzero(bins[1:] != bins[:-1]) + 1))
+            segs = bins[starts].tolist()
+            counts = np.diff(np.append(starts, len(bins))).tolist()
+            nbytes = np.add.reduceat(sizes, starts, dtype=np.int64).tolist()
+        else:
+            first = int(bins.min())
+            # segment numbers are few and close together: count by bins
+            by_bin = np.bincount(bins - first)
+            at = np.flatnonzero(by_bin)
+            segs = (at + first).tolist()
+            counts = by_bin[at].tolist()
+            nbytes = np.bincount(bins - first, weights=sizes)[at].astype(np.int64).tolist()
+        for seg, n, b in zip(segs, counts, nbytes, strict=True):
+            live[seg] = live.get(seg, 0) + n
+            live_bytes[seg] = live_bytes.get(seg, 0) + b + n * ENQ_MIN
         return
     segs = list(map((32).__rrshift__, locs))
     for seg, n in Counter(segs).items():

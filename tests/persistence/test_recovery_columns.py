@@ -74,3 +74,24 @@ def test_priority_queue_columns_grouped_by_level_in_seq_order():
     got = list(zip(cols[5], cols[0], strict=True))
     assert got == sorted(got)  # by level, then seq
     assert sorted(cols[0]) == [s for s in range(1, 22) if s != 3]
+
+
+def test_segment_live_counts_of_a_long_queue_match_a_count_per_entry():
+    """``_count_live`` counts a long recovered index with vector operations (a FIFO's
+    segments as runs, any other order by bins): the same as one entry at a time."""
+    from broker.persistence.journal import ENQ_MIN, _count_live
+
+    r = random.Random(1)
+    for in_order in (True, False):
+        segs = [r.randint(3, 40) for _ in range(200_001)]
+        if in_order:
+            segs.sort()
+        locs = array("q", [(s << 32) | r.randint(0, 1000) for s in segs])
+        blens = array("I", [r.randint(0, 5000) for _ in segs])
+        live, live_bytes = {5: 1}, {5: 100}
+        _count_live(live, live_bytes, locs, blens)
+        want, want_bytes = {5: 1}, {5: 100}
+        for loc, blen in zip(locs, blens, strict=True):
+            want[loc >> 32] = want.get(loc >> 32, 0) + 1
+            want_bytes[loc >> 32] = want_bytes.get(loc >> 32, 0) + ENQ_MIN + blen
+        assert (live, live_bytes) == (want, want_bytes)
