@@ -212,7 +212,15 @@ def own_broker(request, tmp_path):
     b.stop()
 
 
-@pytest.mark.timeout(90)
+CHECK_MS = 3000  # c's x-transaction-timeout: the first check-back's delay, then doubling
+
+
+def _check_due(n: int) -> int:
+    """ms from the prepare to check-back ``n`` (0: the prepare itself), as in spec.Policy."""
+    return sum(min(CHECK_MS << (k - 1), max(CHECK_MS, 60_000)) for k in range(1, n + 1))
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["restart", "kill9"])
 def test_prepared_messages_survive_broker_restart(own_broker, how):
     b = own_broker.start()
@@ -223,13 +231,19 @@ def test_prepared_messages_survive_broker_restart(own_broker, how):
     ch.queue_declare("orders.checks", durable=True)
     ch.basic_publish("", "orders", b"to-commit", half_props("a"))
     ch.basic_publish("", "orders", b"to-rollback", half_props("b"))
+    c_sent = time.time()
     ch.basic_publish("", "orders", b"asked-later", half_props(
-        "c", reply_to="orders.checks", **{"x-transaction-timeout": 2500}))
+        "c", reply_to="orders.checks", **{"x-transaction-timeout": CHECK_MS}))
+    c_confirmed = time.time()                          # c was prepared in [c_sent, c_confirmed]
     ch.basic_publish("", "orders", b"transient", half_props("d", persistent=False))
     conn.close()
     b.stop(hard=how == "kill9")                       # every prepare was confirmed: stored
+    stopped = time.time()
+    # down until c's first check-back is due for sure: it must not be replayed after
+    time.sleep(max(0.0, c_confirmed + CHECK_MS / 1000 + 0.05 - time.time()))
     b.start()
-    conn = b.connect()
+    conn = b.connect()                                # answered once recovery is over
+    started = time.time()
     ch = conn.channel()
     ch.confirm_delivery()
     assert message_count(ch, "orders") == 0            # still held, still invisible
@@ -239,12 +253,22 @@ def test_prepared_messages_survive_broker_restart(own_broker, how):
                          decide, ch, "commit", "d")
     ch = conn.channel()
     ch.confirm_delivery()
-    # c's check-back schedule resumed from its prepare time: asked about 2.5 s after it
+    # c's check-back schedule resumed from its prepare time: the first check-back is the
+    # first slot of that schedule due after the restart (the one due while the broker was
+    # down is not replayed), never sent before its slot. Bounds from the test's clock
+    # around the prepare, the stop and the start, so they hold however long those took.
     checks: list = []
-    tag = ch.basic_consume("orders.checks", lambda c, m, p, body: checks.append(p), auto_ack=True)
-    wait_for(lambda: checks, timeout=10, conn=conn, msg="the check-back after the restart")
+    tag = ch.basic_consume("orders.checks", lambda c, m, p, body: checks.append(
+        (time.time(), p)), auto_ack=True)
+    wait_for(lambda: checks, timeout=60, conn=conn, msg="the check-back after the restart")
     ch.basic_cancel(tag)
-    assert checks[0].correlation_id == "c" and checks[0].headers["x-transaction-check"] == 1
+    received, props = checks[0]
+    n = props.headers["x-transaction-check"]
+    assert props.correlation_id == "c" and n >= 1
+    assert received >= c_sent + _check_due(n) / 1000, f"check-back {n} came before its slot"
+    assert c_sent + _check_due(n - 1) / 1000 <= started, f"check-back {n - 1} was skipped"
+    if stopped < c_sent + CHECK_MS / 1000:  # check-back 1 fell due while the broker was down
+        assert n >= 2, "a check-back due during the downtime was replayed (or the schedule restarted)"
     decide(ch, "commit", "c")
     got = collect(conn, ch, "orders", 0.5)
     assert sorted(got) == [b"asked-later", b"to-commit"]
