@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib
 import json
 import logging
 import mmap
@@ -572,9 +573,13 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
         try:
             phase = progress.phase("journal checkpoint", unit="entries") if progress else None
             load_checkpoint(jdir, state)
+            entries = sum(len(qs.base[0]) for qs in state.queues.values() if qs.base is not None)
+            if entries > 100_000:
+                # recover() builds long indexes with numpy: imported here, in the worker
+                # thread, rather than on the event loop
+                importlib.import_module("numpy")
             if phase is not None:
-                phase.advance(sum(len(qs.base[0]) for qs in state.queues.values()
-                                  if qs.base is not None))
+                phase.advance(entries)
                 phase.finish()
         except StoreUnavailable:
             if not salvage:
