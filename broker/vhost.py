@@ -10,6 +10,7 @@ import base64
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import errors
 from .churn import Churn
@@ -27,6 +28,9 @@ from .queues.queue import Consumer, Queue
 from .queues.types import CLASSIC, QUEUE_TYPES, make_queue, queue_type_of
 from .routing import RESOLVERS
 from .schemas import exchange as avro_exchange
+
+if TYPE_CHECKING:
+    from .streams.log import StreamStore
 
 log = logging.getLogger("broker.vhost")
 
@@ -70,7 +74,7 @@ class VirtualHost:
         # names standing for destinations created on first use (routing/): asked on misses only
         self.resolvers = list(RESOLVERS)
         # where stream queues keep their logs (``streams.log.StreamStore``; the broker's)
-        self.streams = None
+        self.streams: StreamStore | None = None
 
     # ---- naming helpers ----
     def exchange_resource(self, name: str) -> Resource:
