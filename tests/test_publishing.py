@@ -241,3 +241,36 @@ async def test_a_qos1_publish_is_refused_like_a_confirmed_one_while_the_store_fa
     assert [a.packet_id for a in acks] == [3] and q.message_count == 1
     await stream.aclose()
     await server.shutdown()
+
+
+def test_http_publishes_are_audited_as_amqp_ones_and_sys_is_not(tmp_path):
+    """The audit stage for the sources without a connection: a management API publish and
+    a Hermes publish are recorded as published by their user and HTTP peer, with the
+    outcome an AMQP publish gets; the broker's own $SYS status is not recorded."""
+    from broker.audit.events import PUBC, WIDTH
+    from broker.config import AuditSettings
+    from broker.management.api_entities import publish_message
+    broker = Broker(Config(data_dir=str(tmp_path / "data"), mqtt_port=0, mqtt_sys_interval=3600,
+                           audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
+    vhost = broker.vhosts["/"]
+    q = vhost.declare_queue(spec.Queue.Declare(queue="audited", arguments={}), None)
+    vhost.bind("amq.topic", q, "t.audited", {})
+    assert publish_message(broker, vhost, "amq.topic", "t.audited", {"message_id": "http"},
+                           b"x", "guest", "10.0.0.1")
+    assert not publish_message(broker, vhost, "amq.topic", "t.none", {"message_id": "lost"},
+                               b"x", "guest", "10.0.0.1")
+    topic = broker.hermes.create_topic({"name": "t.hermes", "description": "d",
+                                        "contentType": "JSON",
+                                        "owner": {"source": "Plaintext", "id": "x"}})
+    vhost.bind("t.hermes", q, "#", {})
+    _mid, accepted, _durable = broker.hermes.publish_now(topic, b"{}", "application/json",
+                                                         user="guest", peer="10.0.0.2")
+    assert accepted
+    broker.mqtt.sys_topics.publish_round()
+    buf = broker.audit.buf
+    events = [buf[i:i + WIDTH] for i in range(0, len(buf), WIDTH) if buf[i] == PUBC]
+    seen = [(e[2][1:3], e[3], e[4], e[11]) for e in events]
+    assert seen == [(("guest", "10.0.0.1"), "amq.topic", "t.audited", "routed"),
+                    (("guest", "10.0.0.1"), "amq.topic", "t.none", "unroutable"),
+                    (("guest", "10.0.0.2"), "t.hermes", "t.hermes", "routed")]
+    assert q.message_count == 2
