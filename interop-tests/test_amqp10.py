@@ -638,3 +638,50 @@ def test_anonymous_only_when_configured(tmp_path):
         assert "auth" in str(info.value).lower() or "sasl" in str(info.value).lower()
     finally:
         proc.stop()
+
+
+def _raw_login(port: int) -> socket.socket:
+    """A raw socket past SASL PLAIN (guest) and the AMQP header exchange."""
+    import struct
+
+    from proton import Data, Described, ulong
+    s = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+    s.sendall(b"AMQP\x03\x01\x00\x00")
+    d = Data()
+    d.put_object(Described(ulong(0x41), [symbol("PLAIN"), b"\x00guest\x00guest"]))
+    body = bytes(d.encode())
+    s.sendall(struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body)
+    got = b""
+    while b"\x00\x53\x44" not in got:  # sasl-outcome
+        chunk = s.recv(4096)
+        assert chunk
+        got += chunk
+    return s
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\x00\x00\x0c\x02\x00\x00\x00\xff\xff\xff\xff",  # a body that is no performative
+    b"\x00\x00\x00\x10\x02\x00\x00\x00\x00\x53\x99\x45\x00\x00\x00\x00",  # unknown one
+    b"\x7f\xff\xff\xff\x02\x00\x00\x00",  # a frame declared 2 GiB: refused, not awaited
+])
+def test_hostile_frames_close_that_connection_only(target, garbage):
+    if target.rabbit:
+        pytest.skip("TrioMQ's error conditions")
+    s = _raw_login(target.port)
+    try:
+        s.sendall(b"AMQP\x00\x01\x00\x00" + garbage)
+        got = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        assert got.startswith(b"AMQP\x00\x01\x00\x00")
+        assert b"amqp:" in got  # the close frame says why
+    finally:
+        s.close()
+    c = target.connect()  # the broker serves others as before
+    try:
+        c.create_sender("/queue/after-garbage").send(Message(body="fine"))
+    finally:
+        c.close()

@@ -11,6 +11,7 @@ here (``attach_*``, ``send``, ``settle_incoming``, ``grant``, ``detach``, ``clos
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,12 +20,15 @@ from proton import (
     Collector,
     Condition,
     Connection,
+    Data,
     Delivery,
     Described,
     Disposition,
     Event,
     Link,
     Transport,
+    symbol,
+    ulong,
 )
 
 from . import sasl
@@ -130,6 +134,14 @@ Event10 = (SaslInit | NoSasl | ConnectionOpened | LinkAttached | MessageReceived
 _SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
 
+def _close_frame(condition: str, description: str) -> bytes:
+    d = Data()
+    d.put_object(Described(ulong(0x18), [Described(ulong(0x1D), [symbol(condition),
+                                                                 description])]))
+    body = bytes(d.encode())
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
+
+
 def _selector(term) -> str | None:
     """The JMS selector of a source's filter set, or None."""
     f = term.filter
@@ -156,6 +168,7 @@ class ServerConnection:
         self.state = State.AWAIT_HEADER
         self._inbuf = bytearray()  # before proton: header and SASL frames only
         self._held = b""  # input proton had no room for yet
+        self._close_frame = b""  # written after proton's output (see TRANSPORT_TAIL_CLOSED)
         self._out: list[bytes] = []
         self.transport = Transport(Transport.SERVER)
         self.transport.max_frame_size = MAX_FRAME
@@ -350,7 +363,12 @@ class ServerConnection:
                     c.condition = Condition("amqp:decode-error", self.error)
                     if c.state & Connection.LOCAL_UNINIT:
                         c.open()
-                    c.close()
+                    if c.state & Connection.REMOTE_UNINIT:
+                        # proton writes no close before the peer's open: written here,
+                        # after proton's open
+                        self._close_frame = _close_frame("amqp:decode-error", self.error)
+                    else:
+                        c.close()
                     events.append(ProtocolError(self.error))
                 self.finished = True
             elif etype == Event.TRANSPORT_CLOSED:
@@ -489,7 +507,7 @@ class ServerConnection:
 
     @property
     def has_output(self) -> bool:
-        if self._out:
+        if self._out or self._close_frame:
             return True
         if self.state is State.AMQP:
             return self.transport.pending() > 0
@@ -522,6 +540,9 @@ class ServerConnection:
                 t.pop(n)
                 size += n
             out = b"".join(parts)
+            if self._close_frame and t.pending() <= 0:
+                out += self._close_frame
+                self._close_frame = b""
         if out:
             self.send_oct += len(out)
             self.send_cnt += 1

@@ -219,3 +219,33 @@ def test_garbage_after_login_never_raises(data):
     p.login()
     p.srv.receive_data(data)
     p.srv.data_to_send()
+
+
+def test_undecodable_frame_before_open_gets_open_and_close():
+    """Garbage right after the AMQP header: proton writes its open but no close before the
+    peer's open; the connection writes the close (with amqp:decode-error) itself."""
+    from proton import Data, Described, symbol, ulong
+    srv = ServerConnection(1 << 20, ["PLAIN"])
+    srv.receive_data(sasl.SASL_HEADER)
+    d = Data()
+    d.put_object(Described(ulong(0x41), [symbol("PLAIN"), b"\x00guest\x00guest"]))
+    body = bytes(d.encode())
+    srv.receive_data(struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body)
+    srv.sasl_outcome(True)
+    srv.data_to_send()
+    evs = srv.receive_data(sasl.AMQP_HEADER + struct.pack(">IBBH", 12, 2, 0, 0) + b"\xff" * 4)
+    assert any(isinstance(e, ProtocolError) for e in evs)
+    out = srv.data_to_send()
+    assert out.startswith(sasl.AMQP_HEADER)
+    frames, pos = [], 8
+    while pos < len(out):
+        size = struct.unpack_from(">I", out, pos)[0]
+        f = Data()
+        f.decode(out[pos + 8:pos + size])
+        f.rewind()
+        f.next()
+        frames.append(f.get_object())
+        pos += size
+    assert [fr.descriptor for fr in frames] == [0x10, 0x18]  # open, close
+    assert frames[1].value[0].value[0] == "amqp:decode-error"
+    assert not srv.has_output
