@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="S", help="roll audit files after this long (default 300 s)")
     run.add_argument("--audit-codec", choices=("deflate", "null"), default=audit.codec,
                      help="Avro block codec of the audit files (default deflate)")
+    run.add_argument("--audit-stream", default=None, metavar="NAME",
+                     help="also append the audit trail (JSON lines) to stream NAME of vhost "
+                          "/, created if missing, for spark.audit reconcile --follow")
     run.add_argument("--cluster", default=None, metavar="URL",
                      help="join the cluster coordinated by etcd://HOST:2379[,HOST:2379]/PREFIX "
                           "(docs/cluster.md; default: a single node, no etcd)")
@@ -437,7 +440,8 @@ def _run(args) -> int:
                                         policy=args.audit_policy, node=args.audit_node,
                                         roll_bytes=args.audit_roll_bytes,
                                         roll_seconds=args.audit_roll_seconds,
-                                        codec=args.audit_codec))
+                                        codec=args.audit_codec,
+                                        stream=args.audit_stream))
     try:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:

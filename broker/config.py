@@ -60,6 +60,8 @@ class AuditSettings:
     roll_bytes: int = 64 * MiB
     roll_seconds: float = 300.0
     codec: str = "deflate"
+    # also append the trail, as JSON lines, to this stream of vhost "/" (None: files only)
+    stream: str | None = None
     buffer_events: int = 65536  # events held for the writer before the policy applies
     # events serialised at once on the event loop, while what they name is still in the
     # CPU's cache (a 50 ms batch is not); frames wait in memory for the drain task

@@ -86,6 +86,10 @@ class AuditTrail:
         self._hooked: set[str] = set()
         self._policies_hooked = False
         self._proc: Any = None
+        self.sink: Any = None
+        if settings.stream:
+            from .stream_sink import StreamSink
+            self.sink = StreamSink(broker, settings.stream, settings.node)
 
     # ---- selection ----
     def _policy_audit(self, q):
@@ -103,7 +107,7 @@ class AuditTrail:
         return None
 
     def queue_audited(self, q) -> bool:
-        if q.internal:
+        if q.internal or (self.sink is not None and self.sink.is_sink(q)):
             return False
         chosen = self._policy_audit(q)
         return self.settings.scope == "all" if chosen is None else chosen
@@ -360,10 +364,21 @@ class AuditTrail:
         try:
             await trio.to_thread.run_sync(self._spool_frames, frames)
             self.sent += total
+            if self.sink is not None:
+                await self._to_stream(frames)
         except OSError as exc:  # the sequence keeps the hole: the trail shows the loss
             self.dropped_total += total
             log.error("audit spool write failed (%s): events %d-%d lost", exc, frames[0][0],
                       frames[0][0] + total - 1)
+
+    async def _to_stream(self, frames: list[tuple[int, int, bytes]]) -> None:
+        from .stream_sink import bodies
+        try:
+            messages = await trio.to_thread.run_sync(bodies, frames, self.settings.node)
+            self.sink.publish(messages)
+        except Exception:  # the stream is a copy: the files (and the broker) go on
+            log.exception("audit stream %r: events %d-%d not published", self.sink.name,
+                          frames[0][0], frames[-1][0] + frames[-1][1] - 1)
 
     def _spool_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
         self.spool.append_frames(frames)

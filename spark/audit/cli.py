@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                "sequence numbers show events missing: one line per gap naming the node, the "
                "seq range and the file)")
     p.add_argument("job", choices=JOBS)
-    p.add_argument("--input", required=True, help="the trail: a directory or any path Spark reads")
+    p.add_argument("--input", default=None,
+                   help="the trail: a directory or any path Spark reads (not with --follow)")
     p.add_argument("--output", required=True, help="where Parquet tables, summary.json and "
                                                    "report.html go")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
@@ -79,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--msg", type=int, default=None, help="track: the broker's message id")
     p.add_argument("--consumer", default=None, help="track: a consumer tag")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    f = p.add_argument_group("reconcile --follow: a trail in a stream (broker --audit-stream)")
+    f.add_argument("--follow", default=None, metavar="STREAM",
+                   help="reconcile continuously, in micro-batches, the trail the broker "
+                        "appends to STREAM; stops on SIGINT")
+    f.add_argument("--stream-host", default="127.0.0.1")
+    f.add_argument("--stream-port", type=int, default=5552, help="the Stream protocol port")
+    f.add_argument("--stream-vhost", default="/")
+    f.add_argument("--stream-user", default="guest")
+    f.add_argument("--stream-password", default=os.environ.get("TRIOMQ_STREAM_PASSWORD", "guest"),
+                   help="default: $TRIOMQ_STREAM_PASSWORD, else guest")
+    f.add_argument("--trigger", type=float, default=5.0, metavar="S",
+                   help="seconds between micro-batches (default 5)")
     return p
 
 
@@ -283,6 +296,30 @@ def run_job(spark, job: str, args, out: str, progress=None) -> tuple[dict, int]:
     return result, status
 
 
+def _follow(args, spark, progress) -> int:
+    """reconcile --follow: until SIGINT (the handler is put back afterwards)."""
+    import signal
+    import threading
+
+    from .follow import follow
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    own = spark is None
+    try:
+        if own:
+            progress(f"starting Spark ({args.master or 'local[*]'}; the JVM takes a while)")
+            spark = spark_session(args.master)
+        progress(f"following stream {args.follow!r} on {args.stream_host}:{args.stream_port} "
+                 f"(SIGINT stops)")
+        status = follow(spark, args, stop, lambda text: print(text, flush=True))
+        progress("stopped")
+        return status
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if own and spark is not None:
+            spark.stop()
+
+
 def _iso(us: int | None) -> str:
     if us is None:
         return "-"
@@ -300,6 +337,12 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if args.from_us is not None and args.to_us is not None and args.from_us >= args.to_us:
             raise BadInput(f"--from {args.from_} is not before --to {args.to}")
         require_pyspark()
+        if args.follow:
+            if args.job != "reconcile":
+                raise BadInput("--follow is for the reconcile job")
+            return _follow(args, spark, progress)
+        if not args.input:
+            raise BadInput("--input is required (or reconcile --follow STREAM)")
         check_input(args.input)
         own = spark is None
         if own:
