@@ -72,7 +72,7 @@ def follow(spark: SparkSession, args, stop: threading.Event, emit=print) -> int:
         os.replace(tmp, os.path.join(out, "reconcile.json"))
         emit(line(batch_id, summary, n))
         for m in summary["unaccounted_messages"][:10]:
-            emit(f"  unaccounted: {m['vhost']}/{m['queue']} msg {m['msg']} "
+            emit(f"  unaccounted: vhost {m['vhost']} queue {m['queue']} msg {m['msg']} "
                  f"message_id={m['message_id']} enqueued at {m['enqueued_at']}, last "
                  f"{m['last_event']}")
         state["status"] = (3 if summary["trail"]["missing_seqs"] else
