@@ -15,7 +15,7 @@ from .amqp.fields import encode_properties
 from .consumer_timeout import Period
 from .direct_reply import REPLY_PREFIX, REPLY_QUEUE, ReplyConsumer
 from .message import Message
-from .publishing import STORING, UNROUTABLE
+from .publishing import UNROUTABLE, when_all
 from .queues.queue import Consumer, Queue
 from .queues.selector import SelectorError, compile_selector
 from .queues.ttl import ExpirationError, parse_expiration
@@ -71,7 +71,9 @@ class Channel:
         self._unconfirmed: deque = deque()
         self._decided: dict[int, bool] = {}
         self.tx: list | None = None
-        self.tx_durable = False  # the commit being applied routed to a stored/mirrored queue
+        # while a commit is applied: what its commit-ok waits for (the store and mirrors,
+        # a stream's log), filled by the publish path
+        self.tx_waits: list | None = None
         self.tx_acks: list = []
         self.last_queue: str | None = None
         self.closed = False  # no more deliveries or replies on this channel
@@ -542,8 +544,8 @@ class Channel:
         flow, audit, confirm); this channel answers a mandatory miss and a transaction's
         commit. ``hooks=False``: a message a hook took over earlier (a half message's
         commit)."""
-        outcome = (self.publishing.publish(self, message, mandatory, seq) if hooks
-                   else self.publishing.publish(self, message, mandatory, seq, hooks=False))
+        outcome = self.publishing.publish(self, message, mandatory, seq, hooks=hooks,
+                                          waits=self.tx_waits)
         if outcome is UNROUTABLE:
             # a direct reply went straight to its requester in route(); a mandatory one is
             # returned all the same, as on RabbitMQ
@@ -552,8 +554,6 @@ class Channel:
                 self.send_return(message, spec.NO_ROUTE, "NO_ROUTE")
             else:
                 self.stats_drop_unroutable += 1
-        elif outcome is STORING and not seq and self.tx is not None:
-            self.tx_durable = True  # tx.commit-ok waits for the store (and mirrors)
 
     def queue_over_threshold(self, queue: Queue) -> None:
         """Flow control: the connection decides (``Session.queue_over_threshold``)."""
@@ -616,30 +616,34 @@ class Channel:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
         actions, self.tx = self.tx, []
-        self.tx_durable = False
+        self.tx_waits = waits = []
         settled_later = False  # settled messages of a queue whose mirrors must apply that
-        for kind, data in actions:
-            if kind == "publish":
-                message, mandatory = data
-                self.publish(message, mandatory)
-                continue
-            if kind == "ack":
-                self._settle(data, ack=True)
-            elif kind == "reject":
-                self._settle(data, ack=False)
-            else:
-                self._settle(data, ack=False, requeue=True)
-            settled_later = settled_later or any(item.queue.confirms_later for item in data)
+        try:
+            for kind, data in actions:
+                if kind == "publish":
+                    message, mandatory = data
+                    self.publish(message, mandatory)
+                    continue
+                if kind == "ack":
+                    self._settle(data, ack=True)
+                elif kind == "reject":
+                    self._settle(data, ack=False)
+                else:
+                    self._settle(data, ack=False, requeue=True)
+                settled_later = settled_later or any(item.queue.confirms_later for item in data)
+        finally:
+            self.tx_waits = None
         store = self.vhost.store
         if settled_later and store is not None:  # commit-ok once the mirrors have it too
             store.settle_barrier(self)
-            self.tx_durable = True
-        if not self.tx_durable or store is None:
+            waits.append(store)
+        if not waits:
             self.reply(spec.Tx.CommitOk())
             return
         # as a confirm would: commit-ok once the store has the persistent messages and every
-        # in-sync mirror (or forwarding master) has the commit's messages
-        store.when_durable(self._commit_ok, on_failure=self._commit_failed)
+        # in-sync mirror (or forwarding master) has the commit's messages, and each stream
+        # its log
+        when_all(waits, self._commit_ok, self._commit_failed)
 
     def _commit_ok(self) -> None:
         if not self.closed:

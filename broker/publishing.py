@@ -124,7 +124,8 @@ class Publishing:
 
     def publish(self, origin: PublishOrigin, message: Message, mandatory: bool = False,
                 seq: int = 0, *, hooks: bool = True, answered: bool = False,
-                tag: int | None = None, audited: bool = True) -> str:
+                tag: int | None = None, audited: bool = True,
+                waits: list | None = None) -> str:
         """Run ``message`` through the stages; returns the outcome (module constants).
 
         ``seq``: the AMQP confirm number (0: none); the path confirms it. ``answered``:
@@ -133,7 +134,10 @@ class Publishing:
         trail records (default ``seq``: MQTT's packet id). ``hooks=False``: a message a
         feature already took over and now routes (a transaction's commit).
         ``audited=False``: the broker's own status messages (MQTT ``$SYS``), which no user
-        published, stay out of the audit trail."""
+        published, stay out of the audit trail. ``waits``: for a caller that answers
+        without ``seq`` (a transaction's commit-ok, a receipt): on STORING, what must make
+        the message durable first is appended (the store, and each queue durable on its
+        own, such as a stream's log); ``when_all`` waits for them."""
         audit = self.audit if audited else None
         if hooks:
             for hook in self.hooks:
@@ -183,17 +187,28 @@ class Publishing:
                 origin.confirm_decided(seq, True)
             return ROUTED
         if seq:
-            waits = own or []
+            pending = own or []
+            if durable:
+                pending.append(origin.vhost.store)
+            when_all(pending, lambda: origin.confirm_decided(seq, True, external=True),
+                     lambda: origin.confirm_decided(seq, False, external=True))
+        elif waits is not None:
             if durable:
                 waits.append(origin.vhost.store)
-            _when_all(waits, lambda: origin.confirm_decided(seq, True, external=True),
-                      lambda: origin.confirm_decided(seq, False, external=True))
+            if own is not None:
+                waits.extend(own)
         return STORING
 
 
-def _when_all(waits: list, callback, on_failure) -> None:
+def when_all(waits: list, callback, on_failure) -> None:
     """``callback`` once every one of ``waits`` (stores, streams: ``when_durable``) has
-    made the message durable; ``on_failure`` once, at the first that fails."""
+    made the message durable; ``on_failure`` once, at the first that fails. The same
+    store or log named twice is waited for once."""
+    if len(waits) > 1:
+        waits = list({id(w): w for w in waits}.values())
+    if not waits:
+        callback()
+        return
     if len(waits) == 1:
         waits[0].when_durable(callback, on_failure=on_failure)
         return

@@ -319,3 +319,24 @@ def test_a_filtered_consumer_far_behind_reads_in_rounds(session_client, broker, 
         clock.advance(0)
         rounds += 1
     assert [d.body for d in ds] == [b"wanted"] and rounds >= 1
+
+
+def test_tx_commit_ok_waits_for_the_log_commit(session_client, broker):
+    """A transaction's commit-ok promises what a confirm does: the stream's log has the
+    messages on disk (it used to answer before the log's group commit)."""
+    c = session_client()
+    _stream(c)
+    c.ok(1, spec.Tx.Select(), spec.Tx.SelectOk)
+    broker.streams.running = True  # commits wait for commit_all (the group commit task's)
+    c.publish(1, b"x", routing_key="s", delivery_mode=2)
+    c.publish(1, b"y", routing_key="s")
+    written = c.call(1, spec.Tx.Commit())
+    assert not [w for w in written if isinstance(w.method, spec.Tx.CommitOk)]
+    q = broker.vhosts["/"].queues["s"]
+    assert q.log.committed_offset == -1
+    broker.streams.commit_all()
+    assert [w for w in c.output() if isinstance(w.method, spec.Tx.CommitOk)]
+    assert q.log.committed_offset == 1
+    written = c.call(1, spec.Tx.Commit())  # an empty commit: answered at once
+    assert [w for w in written if isinstance(w.method, spec.Tx.CommitOk)]
+    broker.streams.running = False
