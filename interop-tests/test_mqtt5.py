@@ -496,3 +496,54 @@ def test_puback_reason_no_matching_subscribers(target):
                                                                P.NO_MATCHING_SUBSCRIBERS)
     finally:
         s.close()
+
+
+def test_payload_format_invalid(triomq):
+    """Payload Format Indicator 1 with a payload that is not UTF-8: PUBACK / PUBREC 0x99
+    and the message is not delivered; QoS 0: DISCONNECT 0x99 (section 3.3.2.3.2).
+    Mosquitto 2.0 does not check (it delivers)."""
+    topic = "pfi/" + uid()
+    sub = Paho5(triomq.mqtt_port)
+    sub.subscribe(topic, 2)
+    pub = Paho5(triomq.mqtt_port)
+    codes: dict = {}
+    acked = threading.Event()
+
+    def on_publish(c, u, mid, rc, props):
+        codes[mid] = rc
+        if len(codes) == 2:
+            acked.set()
+    pub.c.on_publish = on_publish
+    bad, good = b"\xff\xfe\x80", "caf\u00e9".encode()
+    mids = [pub.c.publish(topic, payload, qos=1, properties=_props(PayloadFormatIndicator=1)).mid
+            for payload in (bad, good)]
+    assert acked.wait(15), codes
+    assert [int(codes[mid].value) for mid in mids] == [P.PAYLOAD_FORMAT_INVALID, 0]
+    # QoS 2 over a raw socket: paho ignores a PUBREC's reason code
+    s, reader = _connect5(triomq.mqtt_port)
+    try:
+        for pid, payload in ((1, bad), (2, good)):
+            s.sendall(m.encode(m.Publish(topic, payload, 2, packet_id=pid,
+                                         properties={P.PAYLOAD_FORMAT_INDICATOR: 1})))
+        recs = _read(s, reader, 2)
+        assert [(r.type, r.packet_id, r.reason_code) for r in recs] == [
+            (m.PUBREC, 1, P.PAYLOAD_FORMAT_INVALID), (m.PUBREC, 2, 0)]
+        s.sendall(m.encode(m.PacketId(m.PUBREL, 2, v5=True)))
+        [comp] = _read(s, reader)
+        assert comp.type == m.PUBCOMP
+    finally:
+        s.close()
+    got = sub.wait_for(2)
+    assert [msg.payload for msg in got] == [good, good]
+    gone = threading.Event()
+    reasons: list = []
+
+    def on_disconnect(c, u, flags, rc, props):
+        reasons.append(int(rc.value))
+        gone.set()
+    pub.c.on_disconnect = on_disconnect
+    pub.c.publish(topic, bad, qos=0, properties=_props(PayloadFormatIndicator=1))
+    assert gone.wait(15)
+    assert reasons == [P.PAYLOAD_FORMAT_INVALID]
+    time.sleep(0.2)  # (not an assertion on time: lets a wrongly routed message arrive)
+    assert len(sub.got) == 2

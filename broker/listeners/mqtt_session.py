@@ -49,6 +49,7 @@ from ..message import Message
 from ..mqtt import codec
 from ..mqtt import properties as P
 from ..mqtt.connection import (
+    FORMAT_INVALID_BIT,
     NO_MATCH_BIT,
     PUBREC_BIT,
     ConnectRequested,
@@ -126,6 +127,14 @@ _MAPPED = frozenset((P.PAYLOAD_FORMAT_INDICATOR, P.MESSAGE_EXPIRY_INTERVAL, P.CO
 # headers carrying what has no AMQP property of its own (and the ones above, internal)
 CORRELATION_HEADER = "x-mqtt-correlation-data"  # correlation data that is not a shortstr
 FORMAT_HEADER = "x-mqtt-payload-format-indicator"
+
+
+def _is_utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _v5_message_props(qos: int, dup: bool, v5: dict, retain: bool = False,
@@ -683,6 +692,24 @@ class MQTTSession:
         qos = p.qos
         ack_id = p.packet_id or 0
         stored: bool | None
+        v5 = p.properties
+        if v5 and v5.get(P.PAYLOAD_FORMAT_INDICATOR) == 1 and not _is_utf8(p.payload):
+            # section 3.3.2.3.2: the receiver may check; the message is not taken: 0x99 on
+            # the PUBACK/PUBREC, and for QoS 0 (no ack to carry it) a DISCONNECT 0x99
+            if not qos:
+                self.close("payload not UTF-8 with Payload Format Indicator 1",
+                           P.PAYLOAD_FORMAT_INVALID)
+                return
+            if qos == 2:
+                ack_id |= PUBREC_BIT
+            ack_id |= FORMAT_INVALID_BIT
+            if self._pubacks:  # behind PUBACKs that wait for the store
+                seq = self._seq = self._seq + 1
+                self._pubacks.append((seq, ack_id))
+                self._decided[seq] = True
+            else:
+                self._ack_now.append(ack_id)
+            return
         if qos == 2:
             ack_id |= PUBREC_BIT
             state = self.qos2

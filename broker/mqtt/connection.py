@@ -153,6 +153,8 @@ Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequest
 PUBREC_BIT = 0x10000
 # and (v5) one with this bit set is acknowledged with 0x10 No matching subscribers
 NO_MATCH_BIT = 0x20000
+# and (v5) one with this bit set with 0x99 Payload format invalid (the message was not taken)
+FORMAT_INVALID_BIT = 0x40000
 _PUBACK_CODE = struct.Struct(">BBHB")
 
 
@@ -457,12 +459,16 @@ class ServerConnection:
         for pid in packet_ids:
             first = 0x50 if pid & PUBREC_BIT else 0x40
             no_match = pid & NO_MATCH_BIT
+            invalid = pid & FORMAT_INVALID_BIT
             pid &= 0xFFFF
-            if no_match:
+            if invalid:
+                out.append(_PUBACK_CODE.pack(first, 3, pid, P.PAYLOAD_FORMAT_INVALID))
+            elif no_match:
                 out.append(_PUBACK_CODE.pack(first, 3, pid, P.NO_MATCHING_SUBSCRIBERS))
             else:
                 out.append(_PUBACK.pack(first, 2, pid))
-            if first == 0x40 and inbound:
+            # a PUBREC with an error code ends the QoS 2 exchange too (section 4.9)
+            if (first == 0x40 or invalid) and inbound:
                 inbound.discard(pid)
         self._write(b"".join(out))
 
