@@ -547,3 +547,93 @@ def test_payload_format_invalid(triomq):
     assert reasons == [P.PAYLOAD_FORMAT_INVALID]
     time.sleep(0.2)  # (not an assertion on time: lets a wrongly routed message arrive)
     assert len(sub.got) == 2
+
+
+def _paho_auth(port, method, data):
+    """A paho MQTTv5 CONNECT with Authentication Method/Data: (reason code, CONNACK props)."""
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=uid(), protocol=paho.MQTTv5)
+    done = threading.Event()
+    got: list = []
+
+    def on_connect(cl, u, flags, rc, props):
+        got.append((int(rc.value), props))
+        done.set()
+    c.on_connect = on_connect
+    props = Properties(PacketTypes.CONNECT)
+    props.AuthenticationMethod = method
+    props.AuthenticationData = data
+    c.connect("127.0.0.1", port, keepalive=30, properties=props)
+    c.loop_start()
+    try:
+        assert done.wait(15), "no CONNACK"
+        return got[0]
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def test_enhanced_auth_methods(target):
+    """An Authentication Method the server does not offer: CONNACK 0x8C (both brokers);
+    TrioMQ's PLAIN against its users: accepted (CONNACK names the method), wrong
+    password 0x86."""
+    name, port = target
+    rc, _ = _paho_auth(port, "NO-SUCH-METHOD", b"x")
+    assert rc == P.BAD_AUTHENTICATION_METHOD
+    if name != "triomq":
+        return
+    rc, props = _paho_auth(port, "PLAIN", b"\x00guest\x00guest")
+    assert rc == 0 and props.AuthenticationMethod == "PLAIN"
+    rc, _ = _paho_auth(port, "PLAIN", b"\x00guest\x00wrong")
+    assert rc == P.BAD_USER_NAME_OR_PASSWORD
+
+
+def _auth_connect(port, data=b"\x00guest\x00guest"):
+    s, reader = _raw(port), m.PacketReader()
+    reader.version, reader.started = 5, True
+    s.sendall(m.encode(m.Connect(uid(), True, 30, protocol_level=5, properties={
+        P.AUTHENTICATION_METHOD: "PLAIN", P.AUTHENTICATION_DATA: data})))
+    [ack] = _read(s, reader)
+    assert ack.return_code == 0 and ack.properties[P.AUTHENTICATION_METHOD] == "PLAIN"
+    return s, reader
+
+
+def _reauth(data, method="PLAIN", code=P.REAUTHENTICATE):
+    return m.encode(m.Disconnect(code, {P.AUTHENTICATION_METHOD: method,
+                                        P.AUTHENTICATION_DATA: data}, m.AUTH))
+
+
+def test_reauthentication(triomq):
+    port = triomq.mqtt_port
+    s, reader = _auth_connect(port)
+    try:
+        for _ in range(2):  # re-authentication, twice, on a working connection
+            s.sendall(_reauth(b"\x00guest\x00guest"))
+            [a] = _read(s, reader)
+            assert (a.type, a.reason_code) == (m.AUTH, 0)
+            assert a.properties[P.AUTHENTICATION_METHOD] == "PLAIN"
+        s.sendall(m.encode(m.Publish("t/reauth", b"x", 1, packet_id=5, properties={})))
+        [ack] = _read(s, reader)
+        assert (ack.type, ack.packet_id) == (m.PUBACK, 5)
+        s.sendall(_reauth(b"\x00guest\x00wrong"))  # a failed one ends the connection
+        [d] = _read(s, reader)
+        assert (d.type, d.reason_code) == (m.DISCONNECT, P.NOT_AUTHORIZED) and _closed(s)
+    finally:
+        s.close()
+    for bad, code in ((_reauth(b"\x00guest\x00guest", method="OTHER"), P.PROTOCOL_ERROR),
+                      (_reauth(b"\x00guest\x00guest", code=P.CONTINUE_AUTHENTICATION),
+                       P.PROTOCOL_ERROR)):
+        s, reader = _auth_connect(port)
+        try:
+            s.sendall(bad)
+            [d] = _read(s, reader)
+            assert (d.type, d.reason_code) == (m.DISCONNECT, code) and _closed(s)
+        finally:
+            s.close()
+    # a connection made with User Name and Password has no method to re-authenticate with
+    s, reader = _connect5(port)
+    try:
+        s.sendall(_reauth(b"\x00guest\x00guest"))
+        [d] = _read(s, reader)
+        assert d.reason_code == P.PROTOCOL_ERROR and _closed(s)
+    finally:
+        s.close()

@@ -46,7 +46,7 @@ from ..amqp.fields import encode_properties
 from ..channel import Unacked
 from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..message import Message
-from ..mqtt import codec
+from ..mqtt import codec, enhanced_auth
 from ..mqtt import properties as P
 from ..mqtt.connection import (
     FORMAT_INVALID_BIT,
@@ -59,6 +59,7 @@ from ..mqtt.connection import (
     Disconnected,
     ProtocolViolation,
     PublishReceived,
+    ReauthRequested,
     ReleaseReceived,
     ServerConnection,
     SubscribeRequested,
@@ -423,6 +424,8 @@ class MQTTSession:
                 # the client id is free at once, as on EOF: a reconnect that follows right
                 # behind must not find this session still registered
                 self.connection_lost()
+            elif isinstance(ev, ReauthRequested):
+                self._on_reauth(ev.data)
             elif isinstance(ev, ProtocolViolation):
                 log.warning("mqtt connection %s: closing: %s", self.peer, ev.reason)
                 self.finished = True
@@ -463,11 +466,22 @@ class MQTTSession:
             return
         v5 = c.protocol_level == 5
         props = c.properties or {}
-        if v5 and P.AUTHENTICATION_METHOD in props:
-            # no enhanced authentication mechanism is offered (section 4.12)
-            conn.refuse(P.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
-            self.finished = True
-            return
+        method_name = props.get(P.AUTHENTICATION_METHOD) if v5 else None
+        credentials = None
+        if method_name is not None:  # enhanced authentication (section 4.12)
+            method = enhanced_auth.METHODS.get(method_name)
+            if method is None:
+                conn.refuse(P.BAD_AUTHENTICATION_METHOD,
+                            f"authentication method {method_name[:40]!r} not offered")
+                self.finished = True
+                return
+            outcome = method.start(props.get(P.AUTHENTICATION_DATA, b""))
+            if isinstance(outcome, enhanced_auth.Refused):
+                conn.refuse(codec.REFUSED_BAD_CREDENTIALS, outcome.reason)
+                self.output_delay = self.broker.access.failure_delay
+                self.finished = True
+                return
+            credentials = outcome
         client_id = c.client_id
         assigned = capped = False
         if not client_id:
@@ -481,7 +495,7 @@ class MQTTSession:
             conn.refuse(codec.REFUSED_IDENTIFIER, "client id too long")
             self.finished = True
             return
-        refusal = self._login(c)
+        refusal = self._login(c, credentials)
         if refusal is not None:
             code, reason = refusal
             log.warning("mqtt connection %s: refused: %s", self.peer, reason)
@@ -551,6 +565,9 @@ class MQTTSession:
                 caps[P.ASSIGNED_CLIENT_IDENTIFIER] = client_id
             if capped:  # section 3.2.2.3.2: the interval the server uses instead
                 caps[P.SESSION_EXPIRY_INTERVAL] = MAX_EXPIRY
+            if method_name is not None:  # section 3.2.2.3.17: the method in use
+                caps[P.AUTHENTICATION_METHOD] = method_name
+                conn.auth_method = method_name
             conn.accept(present, self.username, caps)
         else:
             conn.accept(present, self.username)
@@ -616,12 +633,19 @@ class MQTTSession:
             self.vhost.bind(self.service.exchange, q1, key, self._binding_args(f, 0))
         return q1
 
-    def _login(self, c: codec.Connect) -> tuple[int, str] | None:
+    def _login(self, c: codec.Connect,
+               credentials: enhanced_auth.Credentials | None = None) -> tuple[int, str] | None:
         """Authenticate and pick the vhost ('vhost:user' in the user name, as RabbitMQ);
         (CONNACK code, reason) when refused. No user name: guest, as RabbitMQ's default
-        ``allow_anonymous`` (so only from loopback, like guest over AMQP)."""
-        username = c.username
-        password = c.password.decode("utf-8", "replace") if c.password is not None else None
+        ``allow_anonymous`` (so only from loopback, like guest over AMQP). ``credentials``:
+        from an enhanced authentication method, instead of User Name and Password."""
+        if credentials is not None:
+            username: str | None = credentials.username
+            password: str | None = credentials.password
+        else:
+            username = c.username
+            password = (c.password.decode("utf-8", "replace") if c.password is not None
+                        else None)
         if username is None:
             username, password = "guest", "guest"
         vhost_name = "/"
@@ -650,6 +674,34 @@ class MQTTSession:
         self.username = username
         self.vhost = vhost
         return None
+
+    def _on_reauth(self, data: bytes) -> None:
+        """AUTH 0x19 (section 4.12.1): the same user in the same vhost, checked again (a
+        changed password or revoked access ends the connection), its permissions read anew."""
+        method = enhanced_auth.METHODS[self.conn.auth_method or ""]
+        outcome = method.start(data)
+        if isinstance(outcome, enhanced_auth.Refused):
+            self.close(f"re-authentication refused: {outcome.reason}", P.NOT_AUTHORIZED)
+            return
+        vhost_name, username = "/", outcome.username
+        if ":" in username:
+            vhost_name, username = username.split(":", 1)
+        if username != self.username or vhost_name != self.vhost.name:
+            self.close("re-authentication as another user or vhost", P.NOT_AUTHORIZED)
+            return
+        access = self.broker.access
+        user = access.authenticate(username, outcome.password, self.peer_host)
+        if user is None:
+            self.close(f"re-authentication refused for user {username!r}", P.NOT_AUTHORIZED)
+            return
+        try:
+            access.check_vhost(user, vhost_name)
+        except errors.AMQPError as exc:
+            self.close(exc.text, P.NOT_AUTHORIZED)
+            return
+        self.user = user
+        self.authz = access.authz(user, vhost_name)
+        self.conn.auth_success()
 
     def _check(self, kind: str, name: str, perm: str) -> None:
         self.broker.access.check(self.user, self.vhost.name, kind, name, perm)

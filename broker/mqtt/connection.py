@@ -140,6 +140,13 @@ class Disconnected:
 
 
 @dataclass(slots=True)
+class ReauthRequested:
+    """v5 AUTH 0x19 with the CONNECT's Authentication Method (section 4.12.1): answer
+    with ``auth_success`` or close with 0x87."""
+    data: bytes
+
+
+@dataclass(slots=True)
 class ProtocolViolation:
     """The connection is closed for ``reason``; the will message is published."""
     reason: str
@@ -147,7 +154,7 @@ class ProtocolViolation:
 
 Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequested
          | UnsubscribeRequested | DeliveryAcked | DeliveryReceived | DeliveryCompleted
-         | Disconnected | ProtocolViolation)
+         | Disconnected | ReauthRequested | ProtocolViolation)
 
 # in the list ``pubacks`` takes, a packet id with this bit set gets PUBREC instead of PUBACK
 PUBREC_BIT = 0x10000
@@ -185,7 +192,7 @@ class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
     __slots__ = ("_aliases", "_aliases_out", "_held", "_inbound", "_next_id", "_out",
-                 "alias_max_out", "close_reason", "inflight", "keep_alive", "max_out",
+                 "alias_max_out", "auth_method", "close_reason", "inflight", "keep_alive", "max_out",
                  "pending_output", "protocol_level", "qos2_out", "reader", "receive_max",
                  "releasing", "state", "topic_alias_max", "username", "v5")
 
@@ -217,6 +224,8 @@ class ServerConnection:
         self._aliases_out: dict[bytes, int] | None = None  # encoded topic -> its alias
         self._aliases: dict[int, str] | None = None
         self._inbound: set[int] | None = None  # v5: the inbound packet ids in flight
+        # v5: the Authentication Method the connection was accepted with (None: none)
+        self.auth_method: str | None = None
 
     # ---- input ----
     def receive_data(self, data: bytes) -> list[Event]:
@@ -281,6 +290,18 @@ class ServerConnection:
         self.close_reason = reason
         return ProtocolViolation(reason)
 
+    def _auth(self, packet: Disconnect) -> ReauthRequested | ProtocolViolation:
+        if self.auth_method is None:  # no enhanced authentication was agreed (section 4.12)
+            return self._violation("AUTH without an authentication method")
+        props = packet.properties or {}
+        if props.get(P.AUTHENTICATION_METHOD) != self.auth_method:  # section 4.12.1
+            return self._violation("AUTH with another authentication method")
+        if packet.reason_code != P.REAUTHENTICATE:
+            # no method here has a second round, so no AUTH 0x18 is awaited
+            return self._violation(f"AUTH with reason code {packet.reason_code:#04x} "
+                                   "while no authentication is in progress")
+        return ReauthRequested(props.get(P.AUTHENTICATION_DATA, b""))
+
     def _publish_v5(self, p: Publish) -> PublishReceived | ProtocolViolation:
         """A v5 PUBLISH: its topic alias resolved, the Receive Maximum counted."""
         props = p.properties
@@ -335,8 +356,8 @@ class ServerConnection:
                 return self._publish_v5(packet)
             return PublishReceived(packet)
         if isinstance(packet, Disconnect):  # v5 (3.1.1's is a Bare)
-            if packet.type == AUTH:  # no enhanced authentication was agreed (section 4.12)
-                return self._violation("AUTH without an authentication method")
+            if packet.type == AUTH:
+                return self._auth(packet)
             self.state = State.CLOSED
             self.close_reason = "client disconnected"
             return Disconnected(packet.reason_code, packet.properties)
@@ -471,6 +492,11 @@ class ServerConnection:
             if (first == 0x40 or invalid) and inbound:
                 inbound.discard(pid)
         self._write(b"".join(out))
+
+    def auth_success(self) -> None:
+        """AUTH 0x00 Success, ending a re-authentication (section 4.12.1)."""
+        self._write(codec.encode(Disconnect(P.SUCCESS, {P.AUTHENTICATION_METHOD: self.auth_method},
+                                            AUTH)))
 
     def pubcomp(self, packet_id: int) -> None:
         self._write(_PUBACK.pack(0x70, 2, packet_id))
