@@ -14,6 +14,7 @@ import logging
 
 from .. import errors
 from ..amqp import spec as amqp_spec
+from ..malloc import trim
 from .core import INTERNAL_QUEUE, ScheduledQueue, Scheduler
 from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
 
@@ -126,6 +127,10 @@ async def write_index(scheduler: Scheduler) -> None:
         scheduler.index_written(snap)
 
     last = trio.current_time()
+    if scheduler.recovery_seconds:
+        # recovery is over (this task starts after it): what the store and the other
+        # recovery hooks freed after the scheduler's own trim goes back too
+        trim()
     try:
         while True:
             await trio.sleep(LOG_POLL)
