@@ -35,6 +35,8 @@ class Record:
 class StreamClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 5552, vhost: str = "/",
                  user: str = "guest", password: str = "guest", timeout: float = 60.0):
+        self.timeout = timeout
+        self.server_properties: dict[str, str] = {}
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.reader = codec.FrameReader(FRAME_MAX)
         self.frames: list[tuple[int, int, memoryview]] = []
@@ -89,7 +91,12 @@ class StreamClient:
     def _handshake(self, vhost: str, user: str, password: str) -> None:
         c = self._next_corr()
         self._send(codec.PeerProperties(c, {"product": "triomq-spark"}))
-        self._response(codec.PEER_PROPERTIES, c)
+        cur = self._response(codec.PEER_PROPERTIES, c)
+        props = {}
+        for _ in range(cur.count(4)):
+            k = cur.str() or ""
+            props[k] = cur.str() or ""
+        self.server_properties = props
         c = self._next_corr()
         self._send(codec.SaslHandshake(c))
         self._response(codec.SASL_HANDSHAKE, c)
@@ -195,9 +202,40 @@ class StreamClient:
         finally:
             gen.close()
 
+    @property
+    def has_stats(self) -> bool:
+        """StreamStats came with RabbitMQ 3.11 (3.10 closes the connection on it)."""
+        if self.server_properties.get("product") != "RabbitMQ":
+            return True
+        try:
+            major, minor = (int(x) for x in self.server_properties["version"].split(".")[:2])
+        except (KeyError, ValueError):
+            return False
+        return (major, minor) >= (3, 11)
+
+    def _probe(self, stream: str, spec: tuple[int, int]):
+        """The first chunk from ``spec``, or None when none comes within a second: how an
+        empty stream looks to a broker without StreamStats (only there is a clock used)."""
+        self.sock.settimeout(1.0)
+        gen = self.chunks(stream, spec)
+        try:
+            return next(gen)
+        except TimeoutError:
+            return None
+        finally:
+            self.sock.settimeout(self.timeout)
+            gen.close()
+
+    def committed_chunk(self, stream: str) -> int:
+        """The first offset of the last committed chunk (-1: the stream is empty)."""
+        if self.has_stats:
+            return self.stats(stream).get("committed_chunk_id", -1)
+        last = self._probe(stream, (codec.OFFSET_LAST, 0))
+        return -1 if last is None else last[0]["first_offset"]
+
     def end_offset(self, stream: str) -> int:
         """The offset after the last committed record (0 for an empty stream)."""
-        committed = self.stats(stream).get("committed_chunk_id", -1)
+        committed = self.committed_chunk(stream)
         if committed < 0:
             return 0
         gen = self.chunks(stream, (codec.OFFSET_OFFSET, committed))
@@ -208,13 +246,16 @@ class StreamClient:
         return header["first_offset"] + len(messages)
 
     def first_offset(self, stream: str) -> int:
+        if not self.has_stats:
+            first = self._probe(stream, (codec.OFFSET_FIRST, 0))
+            return 0 if first is None else first[0]["first_offset"]
         first = self.stats(stream).get("first_chunk_id", -1)
         return max(first, 0)
 
     def offset_at(self, stream: str, timestamp_ms: int) -> int:
         """The first offset of the first chunk written at or after ``timestamp_ms``; the end
         offset when there is none yet."""
-        committed = self.stats(stream).get("committed_chunk_id", -1)
+        committed = self.committed_chunk(stream)
         if committed < 0:
             return 0
         gen = self.chunks(stream, (codec.OFFSET_OFFSET, committed))

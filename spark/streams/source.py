@@ -95,8 +95,7 @@ def resolve(spec: str, client, partitions: list[str]) -> dict[str, int]:
         elif word in ("next", "latest"):
             out[p] = client.end_offset(p)
         elif word == "last":
-            committed = client.stats(p).get("committed_chunk_id", -1)
-            out[p] = max(committed, 0)
+            out[p] = max(client.committed_chunk(p), 0)
         elif word == "offset":
             out[p] = int(arg)
         elif word == "timestamp":

@@ -16,6 +16,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "interop-tests"))
 from brokerproc import BrokerProc  # noqa: E402
 
+# a hang guard: a JVM's start and Spark's first queries on a loaded machine
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module")
 def broker():
@@ -89,16 +92,16 @@ def test_restart_from_checkpoint_reads_each_record_once(broker, spark, tmp_path)
     assert r5.application_properties == {"n": "a5"}
 
     _publish(broker, "orders", [f"b{i}" for i in range(15)])
-    # restarted from its checkpoint (startingOffsets no longer counts), in small batches
+    # restarted from its checkpoint (startingOffsets no longer counts), in batches of at most 8
     _run_available_now(spark, broker, out, cp, stream="orders", startingOffsets="first",
-                       maxRecordsPerTrigger=4)
+                       maxRecordsPerTrigger=8)
     rows = spark.read.parquet(str(out)).collect()
     assert sorted(r.offset for r in rows) == list(range(35))
     assert sorted(bytes(r.body) for r in rows if r.offset >= 20) == sorted(
         f"b{i}".encode() for i in range(15))
-    # 15 new records at most 4 a batch: at least 4 batches after the first run's one
+    # 15 new records at most 8 a batch: two batches after the first run's one
     batches = [p for p in (cp / "commits").iterdir() if p.name.isdigit()]
-    assert len(batches) >= 5
+    assert len(batches) >= 3
 
 
 def test_starting_next_reads_only_new_records(broker, spark, tmp_path):
