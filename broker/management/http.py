@@ -244,12 +244,16 @@ class BodyBudget:
 
 
 class RecoveryGate:
-    """While the broker reads its stores back (the listener opens first), only reads of
-    its state are served -- the overview with the ``recovery`` progress, /metrics, the
-    health checks; anything else answers 503 with the progress (a declare or a
-    publish now would race the definitions and messages being restored)."""
+    """While the broker reads its stores back (the listener opens first), reads of its
+    state are served at once -- the overview with the ``recovery`` progress, /metrics,
+    the health checks. Any other request waits, as an AMQP connection does, and is served
+    when recovery ends (a declare or a publish now would race the definitions and
+    messages being restored); one still waiting after ``HOLD`` seconds answers 503 with
+    the progress, so no client hangs on a long recovery."""
 
     READS = ("/api/overview", "/metrics", "/api/health", "/api/whoami")
+    HOLD = 20.0
+    POLL = 0.05
 
     def __init__(self, app, recovery):
         self.app = app
@@ -259,6 +263,11 @@ class RecoveryGate:
         recovery = self.recovery
         if scope["type"] != "http" or recovery.ready or (
                 scope["method"] in ("GET", "HEAD") and scope["path"].startswith(self.READS)):
+            return await self.app(scope, receive, send)
+        with trio.move_on_after(self.HOLD):
+            while not recovery.ready:  # noqa: ASYNC110 - RecoveryProgress has no trio
+                await trio.sleep(self.POLL)
+        if recovery.ready:
             return await self.app(scope, receive, send)
         running = "; ".join(p.describe() for p in recovery.running_phases())
         body = json.dumps({"error": "service_unavailable",
