@@ -278,7 +278,7 @@ class Amqp10Session:
             if creds is None:
                 self._login_failed("malformed PLAIN response")
                 return
-            user = access.authenticate(creds[0], creds[1], self.peer_host)
+            user = access.authenticate(creds[0], creds[1], self.peer_host, "amqp10")
             if user is None:
                 self._login_failed(f"login refused for user '{creds[0]}'")
                 return

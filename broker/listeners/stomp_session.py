@@ -283,7 +283,7 @@ class StompSession:
         vhost_name = h.get("host") or "/"
         broker = self.broker
         access = broker.access
-        user = access.authenticate(username, password, self.peer_host)
+        user = access.authenticate(username, password, self.peer_host, "stomp")
         if user is None:
             self.output_delay = access.failure_delay
             log.warning("stomp connection %s: login refused for user %r", self.peer, username)

@@ -68,7 +68,7 @@ def denied(username: str, why: str, peer_host: str | None) -> None:
 def login(broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
     """The user for these credentials, or None (wrong password, unknown user, loopback-only
     user from elsewhere), logged as RabbitMQ's management plugin logs it."""
-    user, why = broker.access.check_login(username, password, peer_host)
+    user, why = broker.access.check_login(username, password, peer_host, "http")
     if user is None:
         denied(username, "User can only log in via localhost" if why == LOOPBACK_ONLY
                else "invalid credentials", peer_host)

@@ -83,6 +83,10 @@ class AccessControl:
         self._authz: dict[tuple[str, str], Authz] = {}
         #: OAuth 2 tokens as passwords (rabbitmq_auth_backend_oauth2), when configured
         self.oauth2: OAuth2 | None = None
+        #: login attempts per protocol: [attempts, succeeded, failed] (Prometheus'
+        #: rabbitmq_auth_attempts_*; logins without a protocol, as the cluster link's, are
+        #: not counted)
+        self.auth_attempts: dict[str, list[int]] = {}
         #: callbacks(vhost name) after a vhost is created / deleted, and callbacks() after
         #: any user or permission change (features caching what the access allows)
         self.on_vhost_added: list = []
@@ -183,19 +187,33 @@ class AccessControl:
     def user(self, name: str) -> User | None:
         return self.users.get(name)
 
-    def authenticate(self, username: str, password: str, peer_host: str | None = None) -> User | None:
+    def count_attempt(self, protocol: str | None, ok: bool) -> None:
+        if protocol is None:
+            return
+        c = self.auth_attempts.setdefault(protocol, [0, 0, 0])
+        c[0] += 1
+        c[1 if ok else 2] += 1
+
+    def authenticate(self, username: str, password: str, peer_host: str | None = None,
+                     protocol: str | None = None) -> User | None:
         """The user if ``password`` is theirs and they may log in from ``peer_host``
         (loopback users only from loopback); None otherwise, in about the same time
         whether the user exists or not. The caller delays its refusal by
         ``failure_delay`` seconds (without blocking anybody else)."""
-        user, why = self.check_login(username, password, peer_host)
+        user, why = self.check_login(username, password, peer_host, protocol)
         if why == LOOPBACK_ONLY:
             log.warning("user '%s' can only connect via localhost (peer %s)", shown(username),
                         peer_host)
         return user
 
-    def check_login(self, username: str, password: str,
-                    peer_host: str | None = None) -> tuple[User | None, str]:
+    def check_login(self, username: str, password: str, peer_host: str | None = None,
+                    protocol: str | None = None) -> tuple[User | None, str]:
+        user, why = self._check_login(username, password, peer_host)
+        self.count_attempt(protocol, user is not None)
+        return user, why
+
+    def _check_login(self, username: str, password: str,
+                     peer_host: str | None = None) -> tuple[User | None, str]:
         """``authenticate`` without logging: (user, "") or (None, ``INVALID_CREDENTIALS``
         for an unknown user or a wrong password, ``LOOPBACK_ONLY``), for callers that log
         the refusal in their protocol's words. With OAuth 2 configured, a password that is
@@ -224,16 +242,18 @@ class AccessControl:
         if mechanism == "EXTERNAL":
             user = self.users.get(peer_cert_user) if peer_cert_user is not None else None
             if user is None or (user.name in self.loopback_users and not is_loopback(peer_host)):
+                self.count_attempt("amqp091", False)
                 why = LOOPBACK_ONLY if user is not None else INVALID_CREDENTIALS
                 _log_refused(mechanism, peer_cert_user or "", why, peer_host)
                 return None, login_refused(mechanism)
+            self.count_attempt("amqp091", True)
             return user, ""
         if mechanism not in ("PLAIN", "AMQPLAIN"):
             return None, f"unsupported authentication mechanism '{mechanism}'"
         creds = parse_credentials(mechanism, response)
         if creds is None:
             return None, ""
-        user, why = self.check_login(creds[0], creds[1], peer_host)
+        user, why = self.check_login(creds[0], creds[1], peer_host, "amqp091")
         if user is None:
             _log_refused(mechanism, creds[0], why, peer_host)
             return None, login_refused(mechanism)
