@@ -655,7 +655,7 @@ class MQTTSession:
             return codec.REFUSED_BAD_CREDENTIALS, "no password"
         broker = self.broker
         access = broker.access
-        user = access.authenticate(username, password, self.peer_host)
+        user = access.authenticate(username, password, self.peer_host, "mqtt")
         if user is None:
             # the edge holds the refusal back, as for AMQP logins (brute force)
             self.output_delay = access.failure_delay
@@ -690,7 +690,7 @@ class MQTTSession:
             self.close("re-authentication as another user or vhost", P.NOT_AUTHORIZED)
             return
         access = self.broker.access
-        user = access.authenticate(username, outcome.password, self.peer_host)
+        user = access.authenticate(username, outcome.password, self.peer_host, "mqtt")
         if user is None:
             self.close(f"re-authentication refused for user {username!r}", P.NOT_AUTHORIZED)
             return

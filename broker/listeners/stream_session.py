@@ -207,7 +207,7 @@ class StreamSession:
             self.conn.refuse_login(ev.correlation_id, codec.AUTHENTICATION_FAILURE)
             return
         access = broker.access
-        user = access.authenticate(ev.username, ev.password, self.peer_host)
+        user = access.authenticate(ev.username, ev.password, self.peer_host, "stream")
         if user is None:
             self.output_delay = access.failure_delay
             log.warning("stream connection %s: login refused for user %r", self.peer,
