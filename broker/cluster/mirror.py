@@ -157,6 +157,7 @@ def unpack_entries(data: bytes):
         pos += nb
         yield seq, (ex, rk, props, body)
 _SYNC_BATCH = 512  # messages per op while a new mirror synchronises
+_PROMOTE_SLICE = 2000  # messages built per step when a copy becomes the queue
 
 
 # which mirrors keep their slot under ha-mode exactly: in sync first, then those on their
@@ -342,14 +343,14 @@ class Mirroring:
         pending ones (commits are in order, as Raft's), and consumers get them."""
         pending = self._pending
         top = None
-        for seq, left in pending.items():
-            if left:
+        while pending:
+            seq = next(iter(pending))
+            if pending[seq]:
                 break
+            del pending[seq]
             top = seq
         if top is None:
             return
-        for seq in [s for s in pending if s <= top]:
-            del pending[seq]
         queue = self.queue
         if queue.commit_seq is not None and top > queue.commit_seq:
             queue.commit_seq = top
@@ -780,6 +781,24 @@ class Mirroring:
         self._gone.clear()
         self._pending.clear()
         self.queue.confirms_later = False
+
+
+class _Promoted:
+    """Sets the flags of a promoted copy's entries as they enter the queue (before a paged
+    ready list writes them out: setting them afterwards would read every one back): each
+    may have been delivered by the old leader (RabbitMQ's redelivered flag), and the count
+    of those that came back carries on (x-delivery-count, the delivery limit)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}  # id of the message -> its deliveries returned
+
+    def queue_op(self, queue, op: Op, entry) -> None:
+        if op is Op.ENQUEUE:
+            entry.redelivered = True
+            count = self.counts.pop(id(entry.message), 0)
+            if count:
+                from ..queues.retry import restore_delivery_count
+                restore_delivery_count(queue, entry, count)
 
 
 class Mirrors:
@@ -1260,13 +1279,39 @@ class Mirrors:
                 log.warning("queue %r in vhost %r: promoting a mirror that is not in sync "
                             "(ha-promote-on-%s always): what it lacks is lost", queue,
                             vhost_name, how)
-            self.promote(vhost, proxy, copy, m.epoch)
+            await self.promote(vhost, proxy, copy, m.epoch)
 
-    def promote(self, vhost, proxy, copy: MirrorCopy, epoch: int) -> None:
+    async def promote(self, vhost, proxy, copy: MirrorCopy, epoch: int) -> None:
+        """The copy becomes the queue. It is built and stored in slices with a checkpoint
+        between them, beside the proxy (which keeps this node's publishers and consumers
+        meanwhile, as before the promotion), then swapped in: a copy of 50,000 messages
+        stored in one step kept the event loop from renewing the lease in time (TTL 2 s),
+        and the promoted leader fenced itself."""
+        from ..amqp.fields import decode_properties
         from ..queues.args import parse_queue_arguments
         from ..queues.queue import Queue
         name = proxy.name
         arguments = dict(proxy.arguments)
+        q = Queue(vhost, name, durable=True, auto_delete=proxy.auto_delete, arguments=arguments,
+                  opts=parse_queue_arguments(arguments))
+        store = vhost.store
+        store.save_queue(vhost, q)
+        q.attach_store(store.message_store)
+        flags = _Promoted()
+        q.observers.append(flags)
+        seqs = sorted(copy.entries)
+        for start in range(0, len(seqs), _PROMOTE_SLICE):
+            for seq in seqs[start:start + _PROMOTE_SLICE]:
+                exchange, key, props_raw, body = copy.entries[seq]
+                message = Message(exchange, key, props_raw, decode_properties(props_raw), body)
+                if copy.counts.get(seq):
+                    flags.counts[id(message)] = copy.counts[seq]
+                q.enqueue(message)
+            await trio.lowlevel.checkpoint()
+            if vhost.queues.get(name) is not proxy:  # deleted meanwhile
+                store.delete_queue(vhost, q)
+                return
+        q.observers.remove(flags)
         # this node's consumers of the queue stay (as on RabbitMQ), unless they asked for
         # basic.cancel at a failover (x-cancel-on-ha-failover)
         consumers = list(proxy.consumers)
@@ -1274,24 +1319,7 @@ class Mirrors:
             proxy.remove_consumer(consumer)
         proxy.forwarding = False
         vhost.delete_queue(proxy, reason="promoted to master here")
-        q = Queue(vhost, name, durable=True, auto_delete=proxy.auto_delete, arguments=arguments,
-                  opts=parse_queue_arguments(arguments))
-        vhost.add_queue(q)
-        from ..amqp.fields import decode_properties
-        from ..queues.retry import restore_delivery_count
-        counts: dict[int, int] = {}  # id of the message -> its deliveries returned
-        for seq in sorted(copy.entries):
-            exchange, key, props_raw, body = copy.entries[seq]
-            message = Message(exchange, key, props_raw, decode_properties(props_raw), body)
-            if copy.counts.get(seq):
-                counts[id(message)] = copy.counts[seq]
-            q.enqueue(message)
-        # each may have been delivered by the old master: RabbitMQ's redelivered flag; the
-        # count of those that came back carries on (x-delivery-count, the delivery limit)
-        for entry in q.ready:
-            entry.redelivered = True
-            if counts:
-                restore_delivery_count(q, entry, counts.get(id(entry.message), 0))
+        vhost.add_queue(q, persist=False)  # stored above
         for consumer in consumers:
             if consumer.channel.closed:
                 continue
@@ -1306,6 +1334,7 @@ class Mirrors:
         log.warning("queue %r in vhost %r: promoted to master on this node (epoch %d, %d "
                     "messages, old master %r)", name, vhost.name, epoch, len(copy.entries),
                     copy.master)
+        self.reconcile()  # mirrored (and its publishes held for a majority) from now on
         self.wake()
 
     async def shutdown(self) -> None:

@@ -106,3 +106,49 @@ def test_delivery_count_survives_leader_kill9(tmp_path, etcd, secret):
     finally:
         for broker in (a, b, c):
             broker.stop()
+
+
+LARGE = 50_000
+
+
+@pytest.mark.skip(reason="open: the new leader's full sync of a follower reads the whole "
+                  "paged queue back in one step (seconds at 50,000): it still misses its "
+                  "lease renewals at TTL 2 s (docs/cluster.md)")
+@pytest.mark.timeout(240)
+def test_leader_promoted_with_a_large_queue_keeps_its_lease(tmp_path, etcd, secret):
+    """TTL 2 s: a follower promoted with 50,000 messages builds the queue and syncs the
+    other member without starving its lease renewals (it once fenced itself, rejoined
+    under a new term and resynced from nothing, over and over)."""
+    a, b, c = (node(tmp_path, etcd, n, secret) for n in "abc")
+    start_together([a, b, c])
+    try:
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("qq", durable=True, arguments=QQ)
+        wait_view(etcd, "qq", lambda v: v["in_sync"] == ["b", "c"])
+        body = b"x" * 100
+        for i in range(LARGE):
+            ch.basic_publish("", "qq", body, PERSISTENT)
+            if i % 500 == 499:  # a round trip: a bounded flood (not what is tested here)
+                ch.queue_declare("qq", passive=True)
+        ch.confirm_delivery()  # the last one confirmed: the ones before it are everywhere
+        ch.basic_publish("", "qq", b"last", PERSISTENT)
+        conn.close()
+
+        a.kill()
+        view = wait_view(etcd, "qq", lambda v: v["master"] in ("b", "c"), timeout=30)
+        name = view["master"]
+        leader, other = (b, "c") if name == "b" else (c, "b")
+        epoch = view["epoch"]
+        # the other follower back in sync under the same term
+        view = wait_view(etcd, "qq", lambda v: v["in_sync"] == [other], timeout=120)
+        assert view["epoch"] == epoch and view["master"] == name, view
+        assert "fenced" not in leader.log(), leader.log()[-3000:]
+        conn = leader.connect()
+        assert conn.channel().queue_declare("qq", passive=True).method.message_count \
+            == LARGE + 1
+        conn.close()
+        assert "fenced" not in leader.log(), leader.log()[-3000:]
+    finally:
+        for broker in (a, b, c):
+            broker.stop()
