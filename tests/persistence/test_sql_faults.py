@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy
 import trio
 
-from broker.config import SQLSettings
+from broker.config import Config, SQLSettings
 from broker.persistence import sql_schema as S
 from broker.persistence.sql import SQLStore
 
@@ -411,13 +411,22 @@ def test_long_outage_blocks_publishers_at_the_memory_bound(env, kind):
     """Publishes without confirms go on through an outage: the broker holds each body once,
     blocks the publisher (connection.blocked, socket no longer read) when the unwritten
     bytes reach --sql-max-unwritten, writes the backlog in bounded transactions when the
-    database is back, and gives the memory back after the drain. Nothing is lost."""
-    bound = 20 << 20
+    database is back, and gives the memory back after the drain. Nothing is lost.
+
+    After the drain the broker keeps up to ``Config.free_heap_kept`` (32 MiB) of freed heap
+    by design (its periodic check trims only beyond that): measured under load, 31 MB free
+    in malloc and untrimmed, RSS 30 MB above the start. So the after-drain bound is that
+    plus 30 MB, and the backlog (the unwritten bound) is made larger than the bound, so
+    that bodies kept after the drain would still show."""
+    bound = 64 << 20
     make, broker = env
     db, proxy = make(kind)
-    # a lease longer than the outage: the broker stays unfenced and keeps its publisher
+    # a lease longer than the outage: the broker stays unfenced and keeps its publisher.
+    # The database refuses (found at once), so no short statement timeout is needed: the
+    # suite's 1.5 s one failed writes of the 8 MiB backlog transactions on a loaded machine
     a = broker(_via(db.url, kind, proxy.port),
-               extra=["--sql-max-unwritten", str(bound), "--sql-lease", "30"])
+               extra=["--sql-max-unwritten", str(bound), "--sql-lease", "30",
+                      "--sql-timeout", "10"])
     a.start()
     _declare(a.port)
     rss0 = _rss_mb(a.proc.pid)
@@ -463,7 +472,7 @@ def test_long_outage_blocks_publishers_at_the_memory_bound(env, kind):
           f"{pub.sent} published, backlog written {written:.1f} s after the database returned")
     # the bodies held once, plus what one transaction in flight encodes, plus the driver
     assert peak - rss0 <= (bound >> 20) * 2 + 2 * (SQLSettings.batch_bytes >> 20) + 30
-    assert after - rss0 <= 30
+    assert after - rss0 <= (Config.free_heap_kept >> 20) + 30 < bound >> 20
     ids = [int(b.split(b" ", 1)[0]) for b in consumed if b != b"end"]
     assert sorted(ids) == list(range(pub.sent)) and consumed[-1] == b"end"
 
