@@ -10,12 +10,17 @@ offers in Tune (``FrameReader``), whatever a frame's size field says.
 from __future__ import annotations
 
 import socket
+import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from broker.streamproto import codec
 
 FRAME_MAX = 1 << 20
+# what one compressed sub-entry batch may open to: a server's declared size is not trusted
+MAX_SUBENTRY_BYTES = 64 << 20
+_SUBENTRY = struct.Struct(">BHII")
 _CREDIT = 8  # chunks in flight per subscription (each at most ~1 MiB)
 
 
@@ -30,6 +35,32 @@ class Record:
     offset: int
     timestamp_ms: int  # the chunk's, as RabbitMQ's stream clients report it
     data: bytes  # the AMQP 1.0 message
+
+
+def decode_chunk(chunk) -> tuple[dict, list[bytes]]:
+    """``codec.decode_chunk`` with sub-entries opened within ``MAX_SUBENTRY_BYTES`` (a
+    batch declaring more is refused before it is decompressed)."""
+    header = codec.CHUNK_HEADER.unpack_from(chunk, 0)
+    fields = dict(zip(("magic_version", "chunk_type", "num_entries", "num_records",
+                       "timestamp", "epoch", "first_offset", "crc", "data_length",
+                       "trailer_length", "reserved"), header, strict=True))
+    data = codec.Cursor(chunk, codec.CHUNK_HEADER_SIZE).raw(fields["data_length"])
+    if zlib.crc32(data) != fields["crc"] & 0xFFFFFFFF:
+        raise codec.FrameError(codec.UNKNOWN_FRAME, "chunk CRC mismatch")
+    d = codec.Cursor(data)
+    messages: list[bytes] = []
+    for _ in range(fields["num_entries"]):
+        if d.remaining and d.buf[d.pos] & 0x80:
+            kind, count, size, clen = _SUBENTRY.unpack_from(d.buf, d.pos)
+            d.pos += _SUBENTRY.size
+            if size > MAX_SUBENTRY_BYTES:
+                raise codec.FrameError(codec.PRECONDITION_FAILED,
+                                       f"a sub-entry batch of {size} bytes")
+            messages += codec.subentry_records(
+                codec.SubEntry((kind & 0x70) >> 4, count, size, d.raw(clen)), size)
+        else:
+            messages.append(bytes(d.raw(d.u32())))
+    return fields, messages
 
 
 class StreamClient:
@@ -167,7 +198,7 @@ class StreamClient:
                     continue
                 if version == 2:
                     cur.u64()  # committed chunk id
-                header, messages = codec.decode_chunk(cur.raw(cur.remaining))
+                header, messages = decode_chunk(cur.raw(cur.remaining))
                 self._send(codec.Credit(subscription_id, 1))
                 if header["chunk_type"] != 0:  # only user chunks hold records
                     continue

@@ -80,3 +80,25 @@ def test_ranges_ends_and_timestamps(triomq):
         finally:
             _delete(amqp_port, name)
             _delete(amqp_port, empty)
+
+
+def test_decode_chunk_opens_subentries_within_a_bound():
+    from broker.streamproto import codec
+    from spark.streams import client
+    plain = [b"one", b"two"]
+    batch = codec.make_subentry([b"x" * 1000, b"y"], codec.COMPRESSION_GZIP)
+    chunk = codec.encode_chunk(7, 1234, [codec.simple_entry(m) for m in plain]
+                               + [codec.subentry_entry(batch)], 4)
+    header, messages = client.decode_chunk(memoryview(chunk))
+    assert (header["first_offset"], header["timestamp"]) == (7, 1234)
+    assert messages == [b"one", b"two", b"x" * 1000, b"y"]
+    # a batch that opens to more than the bound (the codec's own decoder, for tests,
+    # would open it) is refused before it is opened
+    huge = codec.make_subentry([bytes(client.MAX_SUBENTRY_BYTES)], codec.COMPRESSION_GZIP)
+    bad = codec.encode_chunk(0, 0, [codec.subentry_entry(huge)], 1)
+    with pytest.raises(codec.FrameError, match="sub-entry batch of"):
+        client.decode_chunk(memoryview(bad))
+    damaged = bytearray(chunk)
+    damaged[-1] ^= 1
+    with pytest.raises(codec.FrameError):
+        client.decode_chunk(memoryview(bytes(damaged)))
