@@ -366,10 +366,11 @@ class MQTTSession:
         self._seq = 0
         # packet ids of this read's QoS 1 publishes acknowledged at once (nothing waits
         # for the store before them): written in one go at the end of the read
-        self._ack_now: list[int] = []
+        self._ack_now: list[int] = _NO_LIST  # (made on the first publish)
         # queues acked in this batch: dispatched once at its end (made on the first ack)
         self._touched: dict = _NO_DICT
-        self._topics: dict[str, bytes] = {}  # routing key -> encoded MQTT topic
+        # routing key -> encoded MQTT topic (made on the first delivery)
+        self._topics: dict[str, bytes] = _NO_DICT
         # MQTT topic -> routing key (checked for length), made on the first PUBLISH
         self._keys: dict[str, str] = _NO_DICT
         # outbound QoS 2 packet ids whose PUBREL waits for the store (persistent sessions)
@@ -760,6 +761,8 @@ class MQTTSession:
                 self._pubacks.append((seq, ack_id))
                 self._decided[seq] = True
             else:
+                if self._ack_now is _NO_LIST:
+                    self._ack_now = []
                 self._ack_now.append(ack_id)
             return
         if qos == 2:
@@ -797,6 +800,8 @@ class MQTTSession:
                 ack_id |= NO_MATCH_BIT  # section 3.4.2.1 (the server knows: 0x10)
             if stored is False and not self._pubacks:
                 # the common case: routed, no store write to wait for, none before it waits
+                if self._ack_now is _NO_LIST:
+                    self._ack_now = []
                 self._ack_now.append(ack_id)
                 return
             if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
@@ -1149,6 +1154,8 @@ class MQTTSession:
         if topic is None:
             if len(self._topics) >= 256:  # bounded: thousands of sessions keep one each
                 self._topics.clear()
+            elif self._topics is _NO_DICT:
+                self._topics = {}
             topic = self._topics[message.routing_key] = topic_field(
                 to_mqtt_topic(message.routing_key))
         if consumer.arguments:  # a shared subscription's consumer

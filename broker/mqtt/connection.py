@@ -205,7 +205,9 @@ class ServerConnection:
         self._out: list[bytes] = []
         self.pending_output = 0
         # packet id -> token of a QoS 1 delivery without PUBACK or a QoS 2 one without PUBREC
-        self.inflight: dict[int, Any] = {}
+        # (the shared empty ``_NO_INFLIGHT`` until the first QoS 1/2 delivery: idle
+        # connections are many)
+        self.inflight: dict[int, Any] = _NO_INFLIGHT
         # which of ``inflight`` are QoS 2; and the outbound QoS 2 packet ids PUBRECed, PUBREL
         # sent, no PUBCOMP yet (not reusable). Both start as the shared empty frozenset and
         # become sets when first used (thousands of idle connections never use them)
@@ -565,6 +567,8 @@ class ServerConnection:
                 while pid in inflight or (releasing and pid in releasing):
                     pid = pid % 65535 + 1
                 self._next_id = pid % 65535 + 1
+            if inflight is _NO_INFLIGHT:
+                inflight = self.inflight = {}
             inflight[pid] = token
             if qos == 2:
                 if self.qos2_out is _EMPTY:
@@ -618,6 +622,8 @@ class ServerConnection:
             while pid in inflight or (releasing and pid in releasing):
                 pid = pid % 65535 + 1
             self._next_id = pid % 65535 + 1
+        if inflight is _NO_INFLIGHT:
+            inflight = self.inflight = {}
         inflight[pid] = token
         if qos == 2:
             if self.qos2_out is _EMPTY:
@@ -656,6 +662,7 @@ class ServerConnection:
 
 
 _MISSING = object()
+_NO_INFLIGHT: dict = {}  # never written: ``publish`` replaces it first
 _EMPTY: frozenset[int] = frozenset()
 # 3.1.1 CONNACK return codes -> the v5 reason codes meaning the same (section 3.2.2.2)
 _V5_REFUSALS = {codec.REFUSED_PROTOCOL_VERSION: P.UNSUPPORTED_PROTOCOL_VERSION,
