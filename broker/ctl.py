@@ -30,7 +30,7 @@ EX_OK, EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM =
     0, 64, 65, 67, 69, 70, 77)
 
 # modules that register verbs of their own features (e.g. HTTP topics)
-EXTENSION_MODULES: list[str] = ["broker.hermes.ctl"]
+EXTENSION_MODULES: list[str] = ["broker.hermes.ctl", "broker.streams.ctl"]
 
 
 class CtlError(Exception):
@@ -748,10 +748,19 @@ def _quorum_verbs() -> None:
     def quorum_status(api: Api, a):
         queue = _quorum_queue(api, a)
         online = queue.get("online", queue.get("members", []))
-        # in a cluster: the queue's term and its members down ("noproc", as RabbitMQ)
+        # in a cluster: the queue's term, its members down ("noproc", as RabbitMQ), and the
+        # log as its leader has it (seqs: the leader's last and commit index, the highest
+        # each follower confirmed; a follower commits what it has up to the leader's)
+        logs = queue.get("log_index") or {}
+        commit = queue.get("commit_index")
+
+        def index(m, committed=False):
+            if m not in logs:
+                return "undefined"
+            return min(logs[m], commit) if committed and commit is not None else logs[m]
         rows = [{"Node Name": m, "Raft State": "leader" if m == queue.get("leader")
-                 else "follower" if m in online else "noproc", "Log Index": "undefined",
-                 "Commit Index": "undefined", "Snapshot Index": "undefined",
+                 else "follower" if m in online else "noproc", "Log Index": index(m),
+                 "Commit Index": index(m, True), "Snapshot Index": "undefined",
                  "Term": queue.get("term") or 1, "Machine Version": "undefined"}
                 for m in queue.get("members", [])]
         return ["Node Name", "Raft State", "Log Index", "Commit Index", "Snapshot Index",

@@ -22,7 +22,12 @@ streams as the vhost's stream queues (``queues/stream.py``) and their logs
   match; the client filters inside a chunk, as with RabbitMQ. Single active consumer
   (``single-active-consumer`` + ``name``): one consumer of a group on a stream is fed,
   the others wait; the active one is told with ConsumerUpdate and answers with where to
-  start.
+  start. With ``super-stream`` (a partition's group) the active one is the
+  ``index % members``-th member, ``index`` the partition's, so a group's consumers share
+  the partitions as RabbitMQ spreads them; when a join or leave moves a partition, its
+  active consumer is told to step down (ConsumerUpdate inactive) and the next one is
+  activated once it answered (it may store its offset first). Super streams themselves:
+  ``streams/super.py``.
 * **Offsets.** StoreOffset/QueryOffset use the log's named offsets (persisted with the
   next commit).
 """
@@ -48,6 +53,7 @@ from ..streamproto.connection import (
     ServerConnection,
     State,
 )
+from ..streams import super as super_streams
 from ..streams.log import Timestamp
 
 log = logging.getLogger("broker.stream")
@@ -75,6 +81,29 @@ class StreamService:
         self.sessions: set[StreamSession] = set()
         # (vhost, stream, name) -> the group's (session, subscription), the active first
         self.sac_groups: dict[tuple, list[tuple[StreamSession, Subscription]]] = {}
+
+    def sac_rebalance(self, group: tuple) -> None:
+        """Make the member that should be active the active one: step the current one
+        down first and wait for its answer (``_consumer_update_response`` calls again)."""
+        members = self.sac_groups.get(group)
+        if not members:
+            self.sac_groups.pop(group, None)
+            return
+        if any(s.stepping for _, s in members):
+            return
+        index = members[0][1].partition
+        want_session, want = members[index % len(members)] if index is not None \
+            else members[0]
+        for session, sub in members:
+            if sub.active and sub is not want:
+                sub.active = False
+                sub.stepping = True
+                session._detach(sub)
+                session._consumer_update(sub, False)
+                return
+        if not want.active:
+            want.active = True
+            want_session._consumer_update(want, True)
 
     def queue_deleted(self, queue, _consumers) -> None:
         """A vhost's ``on_queue_deleted`` (a stream deleted over AMQP or the HTTP API)."""
@@ -107,8 +136,8 @@ class Publisher:
 
 
 class Subscription:
-    __slots__ = ("active", "credit", "filter", "group", "id", "listener", "queue", "reader",
-                 "stream", "update_id")
+    __slots__ = ("active", "credit", "filter", "group", "id", "listener", "partition", "queue",
+                 "reader", "stepping", "stream", "update_id")
 
     def __init__(self, sub_id: int, stream: str, queue: StreamQueue, credit: int, flt):
         self.id = sub_id
@@ -120,6 +149,8 @@ class Subscription:
         self.active = True
         self.group: tuple | None = None  # single active consumer group
         self.update_id = 0  # correlation id of the ConsumerUpdate awaiting its answer
+        self.partition: int | None = None  # index in its super stream (partitioned group)
+        self.stepping = False  # told to step down, its answer awaited
         self.listener: Any = None
 
 
@@ -299,7 +330,7 @@ class StreamSession:
 
     def _create_super_stream(self, cmd: codec.CreateSuperStream) -> None:
         """A direct exchange named after the super stream, a stream per partition, bound
-        with its binding key and ``x-stream-partition-order`` (RabbitMQ 3.13's layout)."""
+        with its binding key and ``x-stream-partition-order`` (``streams/super.py``)."""
         name, parts, keys = cmd.name, cmd.partitions, cmd.binding_keys
         if not parts or len(parts) != len(keys) or len(set(parts)) != len(parts) \
                 or not all(_valid_name(n) for n in [name, *parts]) or None in keys:
@@ -316,27 +347,23 @@ class StreamSession:
         if name in vhost.exchanges or any(part in vhost.queues for part in parts):
             self._respond(cmd, codec.STREAM_ALREADY_EXISTS)
             return
-        made: list = []
+        arguments: dict[str, Any] = {}
+        for key, value in cmd.arguments.items():
+            if key in _CREATE_ARGS and value is not None:
+                arguments[_CREATE_ARGS[key]] = int(value) \
+                    if value.isdigit() and key != "max-age" else value
         try:
-            vhost.declare_exchange(spec.Exchange.Declare(
-                exchange=name, type="direct", durable=True,
-                arguments={"x-super-stream": True}))
-            for order, (part, key) in enumerate(zip(parts, keys, strict=True)):
-                made.append(self._declare_stream(part, cmd.arguments))
-                vhost.bind(name, made[-1], key, {"x-stream-partition-order": order})
+            super_streams.declare(vhost, name, list(parts), list(keys), arguments)
         except errors.AMQPError as exc:
             log.info("stream connection %s: super stream %r refused: %s", self.peer, name,
                      exc.text)
-            for q in made:
-                vhost.delete_queue(q)
-            vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
         self._respond(cmd, codec.OK)
 
     def _delete_super_stream(self, cmd: codec.DeleteSuperStream) -> None:
         name = cmd.name
-        parts = self._partitions_of(name)
+        parts = super_streams.partitions_of(self.vhost, name)
         if parts is None:
             self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
             return
@@ -348,12 +375,8 @@ class StreamSession:
             self._respond(cmd, codec.ACCESS_REFUSED)
             return
         self._respond(cmd, codec.OK)
-        self.vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
-        for part, _k, _o in parts:
-            q = self._stream(part)
-            if q is not None:
-                self.vhost.delete_queue(q)
-                self.service.stream_deleted(self.vhost.name, part)
+        for part in super_streams.delete(self.vhost, name):
+            self.service.stream_deleted(self.vhost.name, part)
 
     def _delete(self, cmd: codec.Delete) -> None:
         name = cmd.stream
@@ -395,17 +418,7 @@ class StreamSession:
 
     # -- super streams: a direct exchange whose bindings name the partitions --
     def _partitions_of(self, super_stream: str) -> list[tuple[str, str, int]] | None:
-        ex = self.vhost.exchanges.get(super_stream)
-        if ex is None:
-            return None
-        out = []
-        for b in ex.bindings.values():
-            dest = b.destination
-            if isinstance(dest, StreamQueue) and not dest.deleted:
-                order = (b.arguments or {}).get("x-stream-partition-order")
-                out.append((dest.name, b.routing_key, order if isinstance(order, int) else 0))
-        out.sort(key=lambda t: (t[2], t[0]))
-        return out
+        return super_streams.partitions_of(self.vhost, super_stream)
 
     def _route(self, cmd: codec.Route) -> None:
         parts = self._partitions_of(cmd.super_stream)
@@ -634,11 +647,12 @@ class StreamSession:
         if sac:
             group = (self.vhost.name, cmd.stream, props["name"])
             sub.group = group
-            members = self.service.sac_groups.setdefault(group, [])
-            members.append((self, sub))
-            sub.active = len(members) == 1
-            if sub.active:
-                self._consumer_update(sub, True)
+            if props.get("super-stream"):
+                sub.partition = super_streams.partition_index(
+                    self.vhost, props["super-stream"], cmd.stream)
+            sub.active = False
+            self.service.sac_groups.setdefault(group, []).append((self, sub))
+            self.service.sac_rebalance(group)
             return
         self._attach(sub, _offset_start(cmd.offset_spec))
 
@@ -670,6 +684,10 @@ class StreamSession:
         for sub in self.subscriptions.values():
             if sub.update_id == cmd.correlation_id:
                 sub.update_id = 0
+                if sub.stepping:  # stepped down: the next one may start now
+                    sub.stepping = False
+                    self.service.sac_rebalance(sub.group)  # type: ignore[arg-type]
+                    return
                 if sub.active and sub.reader is None:
                     spec_ = cmd.offset_spec if cmd.code == codec.OK else (codec.OFFSET_NEXT, 0)
                     self._attach(sub, _offset_start(spec_))
@@ -679,14 +697,8 @@ class StreamSession:
         members = self.service.sac_groups.get(sub.group)  # type: ignore[arg-type]
         if not members:
             return
-        was_active = members[0][1] is sub
         members[:] = [m for m in members if m[1] is not sub]
-        if not members:
-            del self.service.sac_groups[sub.group]  # type: ignore[arg-type]
-        elif was_active:
-            session, nxt = members[0]
-            nxt.active = True
-            session._consumer_update(nxt, True)
+        self.service.sac_rebalance(sub.group)  # type: ignore[arg-type]
 
     def _credit(self, cmd: codec.Credit) -> None:
         sub = self.subscriptions.get(cmd.subscription_id)

@@ -8,6 +8,7 @@ from . import (
     api_overview,
     api_parameters,
     api_policies,
+    api_super_streams,
     definitions,
     metrics,
 )
@@ -16,7 +17,7 @@ from . import (
 def add_routes(broker) -> None:
     routes: list = []
     for module in (api_overview, api_entities, api_connections, api_access, api_policies,
-                   api_parameters, definitions):
+                   api_parameters, definitions, api_super_streams):
         routes.extend(module.routes())
     routes.extend(metrics.routes(broker))
     from ..cluster.members import routes as member_routes  # quorum members (cluster only)

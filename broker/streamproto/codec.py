@@ -462,7 +462,7 @@ class CloseResponse(Command):
     code: int
 
 
-@_cmd(CONSUMER_UPDATE | RESPONSE, "u32", "u16", "offset_spec")
+@_cmd(CONSUMER_UPDATE | RESPONSE, "u32", "u16", "update_offset_spec")
 @dataclass
 class ConsumerUpdateResponse(Command):
     correlation_id: int
@@ -499,9 +499,13 @@ def _read(cur: Cursor, tp) -> Any:
             k = cur.str()
             props[k] = cur.str()
         return props
-    if tp == "offset_spec":
+    if tp in ("offset_spec", "update_offset_spec"):
         kind = cur.u16()
         if kind in (OFFSET_FIRST, OFFSET_LAST, OFFSET_NEXT):
+            # rstream answers a ConsumerUpdate with a value after every type; RabbitMQ
+            # ignores what follows first/last/next there
+            if tp == "update_offset_spec" and cur.remaining == 8:
+                cur.u64()
             return (kind, 0)
         if kind == OFFSET_OFFSET:
             return (kind, cur.u64())
@@ -573,7 +577,7 @@ def _write(out: list, tp, value) -> None:
         for k, v in value.items():
             _w_str(out, k)
             _w_str(out, v)
-    elif tp == "offset_spec":
+    elif tp in ("offset_spec", "update_offset_spec"):
         kind, v = value
         out.append(_U16.pack(kind))
         if kind == OFFSET_OFFSET:

@@ -302,3 +302,16 @@ def test_fuzz_check_subentry_agrees_with_splitting(data, count):
     except c.CompressionError:
         check_ok = False
     assert split_ok == check_ok
+
+
+def test_consumer_update_answer_may_carry_a_value_after_first_last_next():
+    """rstream answers ConsumerUpdate with a u64 after every offset type; RabbitMQ reads
+    first/last/next without it (was: an unknown-frame close of the consumer's connection)."""
+    for kind in (c.OFFSET_FIRST, c.OFFSET_LAST, c.OFFSET_NEXT):
+        body = struct.pack(">IHHQ", 7, c.OK, kind, 0)
+        assert c.decode(c.CONSUMER_UPDATE | c.RESPONSE, 1, body) == \
+            c.ConsumerUpdateResponse(7, c.OK, (kind, 0))
+        assert c.decode(c.CONSUMER_UPDATE | c.RESPONSE, 1, body[:-8]) == \
+            c.ConsumerUpdateResponse(7, c.OK, (kind, 0))
+    with pytest.raises(c.FrameError):  # a value of another length is still refused
+        c.decode(c.CONSUMER_UPDATE | c.RESPONSE, 1, struct.pack(">IHHI", 7, c.OK, 1, 0))
