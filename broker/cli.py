@@ -375,6 +375,10 @@ def _run(args) -> int:
     if tls_problem:
         print(f"triomq: error: {tls_problem}", file=sys.stderr)
         return 2
+    if args.audit_stream and not args.audit_dir:
+        print("triomq: error: --audit-stream needs --audit-dir (the stream is a copy of the "
+              "trail)", file=sys.stderr)
+        return 2
     if args.audit_dir:
         try:
             import numpy  # noqa: F401 - the trail's writer encodes with it
