@@ -44,7 +44,7 @@ DEAD_LETTER_REASONS = {"expired": "expired", "maxlen": "maxlen", "rejected": "re
                        "delivery_limit": "delivery_limit"}
 # the /metrics/detailed families served (rabbitmq_prometheus' names)
 DETAILED_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count", "queue_metrics",
-                     "connection_churn_metrics", "channel_metrics")
+                     "connection_churn_metrics", "channel_metrics", "auth_attempt_metrics")
 
 
 def identity() -> list:
@@ -68,6 +68,35 @@ def _client_version() -> str:
         return version("prometheus-client")
     except Exception:
         return ""
+
+
+def auth_families(access, prefix: str) -> list:
+    """rabbitmq_auth_attempts_{,succeeded_,failed_}total{protocol}: logins of every
+    protocol (amqp091, amqp10, mqtt, stomp, stream, http), counted by ``Access``."""
+    counts = dict(access.auth_attempts)
+    out = []
+    for i, (name, doc) in enumerate((
+            ("auth_attempts", "Total number of authentication attempts"),
+            ("auth_attempts_succeeded", "Total number of successful authentication attempts"),
+            ("auth_attempts_failed", "Total number of failed authentication attempts"))):
+        c = CounterMetricFamily(prefix + name, doc, labels=["protocol"])
+        for protocol, values in sorted(counts.items()):
+            c.add_metric([protocol], values[i])
+        out.append(c)
+    return out
+
+
+def _start_time() -> float:
+    """The process' start (seconds since the epoch), from /proc as prometheus_client's
+    process collector reads it."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 def _open_fds() -> int:
@@ -142,9 +171,9 @@ class BrokerCollector:
                                   (messages, sums[0] + sums[1]), (qcons, sums[2]),
                                   (qbytes, sums[3]), (qpub, sums[4])):
                 family.add_metric([], value)
-        yield from (ready, unacked, messages, qcons, qbytes, qpub)
-        if self.per_object:  # as rabbitmq_prometheus: per object only
-            yield head
+        # as rabbitmq_prometheus: head timestamps per object only (aggregated: the family
+        # with no samples)
+        yield from (ready, unacked, messages, qcons, qbytes, qpub, head)
         yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
                                 value=len(sessions))
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
@@ -155,9 +184,23 @@ class BrokerCollector:
         chans = [ch for s in sessions for ch in list(s.channels.values())]
         yield GaugeMetricFamily("rabbitmq_channel_consumers", "Consumers on a channel",
                                 value=sum(len(getattr(ch, "consumers", ())) for ch in chans))
+        unconfirmed = sum(len(getattr(ch, "_unconfirmed", ())) for ch in chans)
         yield GaugeMetricFamily("rabbitmq_channel_messages_unconfirmed",
-                                "Published but not yet confirmed",
-                                value=sum(len(getattr(ch, "_unconfirmed", ())) for ch in chans))
+                                "Published but not yet confirmed", value=unconfirmed)
+        yield GaugeMetricFamily("rabbitmq_channel_messages_unacked",
+                                "Delivered but not yet acknowledged",
+                                value=sum(len(getattr(ch, "unacked", ())) for ch in chans))
+        yield GaugeMetricFamily("rabbitmq_channel_prefetch",
+                                "Total limit of unacknowledged messages for all consumers on "
+                                "a channel",
+                                value=sum(getattr(ch, "global_prefetch", 0) for ch in chans))
+        yield GaugeMetricFamily("rabbitmq_consumer_prefetch",
+                                "Limit of unacknowledged messages for each consumer",
+                                value=sum(getattr(c, "prefetch", 0) for ch in chans
+                                          for c in list(getattr(ch, "consumers", {}).values())))
+        yield GaugeMetricFamily("rabbitmq_connection_channels", "Channels on a connection",
+                                value=channels)
+        yield from auth_families(broker.access, "rabbitmq_")
         for name, doc, value in (
                 ("rabbitmq_global_publishers", "Current number of publishers",
                  sum(1 for s in sessions if getattr(s, "is_publisher", False))),
@@ -176,7 +219,14 @@ class BrokerCollector:
                  "an exchange and returned to the publisher as unroutable",
                  totals["return_unroutable"]),
                 ("unroutable_dropped", "Total number of messages published as non-mandatory "
-                 "into an exchange and dropped as unroutable", totals["drop_unroutable"])):
+                 "into an exchange and dropped as unroutable", totals["drop_unroutable"]),
+                # routed: every publish that was neither returned nor dropped
+                ("routed", "Total number of messages routed to queues or streams",
+                 max(0, totals["publish"] - totals["return_unroutable"]
+                     - totals["drop_unroutable"])),
+                # received in confirm mode: confirmed, plus those still waiting for theirs
+                ("received_confirm", "Total number of messages received from publishers "
+                 "expecting confirmations", totals["confirm"] + unconfirmed)):
             c = CounterMetricFamily("rabbitmq_global_messages_" + name, doc, labels=["protocol"])
             c.add_metric([PROTOCOL], value)
             yield c
@@ -227,19 +277,31 @@ class BrokerCollector:
                  "connection", octets[3])):
             yield CounterMetricFamily(name, doc, value=value)
         alarms = broker.alarms
-        yield GaugeMetricFamily("rabbitmq_alarms_memory_used_watermark",
-                                "is 1 if VM memory watermark alarm is in effect",
-                                value=int(any(a.startswith("memory") for a in alarms)))
-        yield GaugeMetricFamily("rabbitmq_alarms_free_disk_space_watermark",
-                                "is 1 if free disk space watermark alarm is in effect",
-                                value=int("disk" in alarms))
+        # untyped, as rabbitmq_prometheus serves its alarm families
+        for name, doc, value in (
+                ("rabbitmq_alarms_memory_used_watermark",
+                 "is 1 if VM memory watermark alarm is in effect",
+                 int(any(a.startswith("memory") for a in alarms))),
+                ("rabbitmq_alarms_free_disk_space_watermark",
+                 "is 1 if free disk space watermark alarm is in effect", int("disk" in alarms))):
+            alarm = UntypedMetricFamily(name, doc)
+            alarm.add_metric([], value)
+            yield alarm
+        max_fds = _max_fds()
+        open_fds = _open_fds()
+        fd_alarm = UntypedMetricFamily("rabbitmq_alarms_file_descriptor_limit",
+                                       "is 1 if file descriptor limit alarm is in effect")
+        fd_alarm.add_metric([], int(open_fds >= max_fds))
+        yield fd_alarm
+        yield GaugeMetricFamily("process_start_time_seconds",
+                                "Start time of the process since unix epoch in seconds.",
+                                value=_start_time())
         yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
                                 "Memory used in bytes", value=process_rss())
         yield GaugeMetricFamily("rabbitmq_resident_memory_limit_bytes",
                                 "Memory high watermark in bytes", value=broker.memory_limit)
-        max_fds = _max_fds()
         yield GaugeMetricFamily("rabbitmq_process_open_fds", "Open file descriptors",
-                                value=_open_fds())
+                                value=open_fds)
         yield GaugeMetricFamily("rabbitmq_process_max_fds", "Open file descriptors limit",
                                 value=max_fds)
         yield GaugeMetricFamily("rabbitmq_process_open_tcp_sockets", "Open TCP sockets",
@@ -408,6 +470,8 @@ class DetailedCollector:
         fam = self.families
         if "connection_churn_metrics" in fam:
             yield from churn_families(broker, "rabbitmq_detailed_")
+        if "auth_attempt_metrics" in fam:
+            yield from auth_families(broker.access, "rabbitmq_detailed_")
         queue_families = fam & {"queue_coarse_metrics", "queue_consumer_count", "queue_metrics"}
         if queue_families:
             labels = ["vhost", "queue"]
