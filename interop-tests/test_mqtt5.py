@@ -637,3 +637,22 @@ def test_reauthentication(triomq):
         assert d.reason_code == P.PROTOCOL_ERROR and _closed(s)
     finally:
         s.close()
+
+
+def test_will_payload_format_invalid(triomq):
+    """A will with Payload Format Indicator 1 whose message is not UTF-8: CONNACK 0x99
+    (section 3.1.3.2.3); with a UTF-8 message the CONNECT is accepted."""
+    for message, code in ((b"\xff\xfe", P.PAYLOAD_FORMAT_INVALID), (b"ok", 0)):
+        will = m.Will("w/" + uid(), message, 1, False, {P.PAYLOAD_FORMAT_INDICATOR: 1})
+        s = _raw(triomq.mqtt_port)
+        try:
+            s.sendall(m.encode(m.Connect(uid(), True, 30, will=will, protocol_level=5,
+                                         properties={})))
+            reader = m.PacketReader()
+            reader.version, reader.started = 5, True
+            [ack] = _read(s, reader)
+            assert ack.return_code == code
+            if code:
+                assert _closed(s)
+        finally:
+            s.close()

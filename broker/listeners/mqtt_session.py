@@ -467,6 +467,14 @@ class MQTTSession:
             return
         v5 = c.protocol_level == 5
         props = c.properties or {}
+        will = c.will
+        if (v5 and will is not None and will.properties
+                and will.properties.get(P.PAYLOAD_FORMAT_INDICATOR) == 1
+                and not _is_utf8(will.message)):  # section 3.1.3.2.3: the server may check
+            conn.refuse(P.PAYLOAD_FORMAT_INVALID, "will payload not UTF-8 with Payload "
+                        "Format Indicator 1")
+            self.finished = True
+            return
         method_name = props.get(P.AUTHENTICATION_METHOD) if v5 else None
         credentials = None
         if method_name is not None:  # enhanced authentication (section 4.12)
