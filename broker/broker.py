@@ -98,6 +98,8 @@ class Broker:
         # -> bool, True = taken over (e.g. delayed), are appended by the features' install
         self.publishing = Publishing(self.config, self.direct_reply, self.refuses_persistent)
         self.publish_hooks = self.publishing.hooks
+        for vhost in self.vhosts.values():
+            vhost.publishing = self.publishing
         # unacknowledged deliveries held too long close their channel (consumer_timeout)
         self.consumer_timeouts = ConsumerTimeouts(self.timers, self.config.consumer_timeout,
                                                   self.config.consumer_timeout_interval)
@@ -168,6 +170,7 @@ class Broker:
             vhost.churn = self.churn
             vhost.streams = self.streams
             vhost.direct_reply = self.direct_reply
+            vhost.publishing = self.publishing
             vhost.on_queue_deleted.append(self._queue_deleted)
         return vhost
 

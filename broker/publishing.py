@@ -97,6 +97,11 @@ class Source:
         pass  # no connection: its caller hears the failure through the outcome
 
 
+class _NoFlow:
+    flow_high = 0
+    flow_high_bytes = 0
+
+
 class Publishing:
     """The publish path of one broker; ``Broker.publishing``. Its services are handed in
     (``refuses_persistent``, ``direct_reply``) or set once the feature exists (``audit``,
@@ -110,6 +115,12 @@ class Publishing:
         self.direct_reply = direct_reply
         self.refuses_persistent = refuses_persistent
         self.config = config  # flow_high / flow_high_bytes, read per publish (may change)
+
+    @classmethod
+    def bare(cls) -> Publishing:
+        """The path of a vhost no broker owns (white-box tests): no hooks, no audit, no
+        flow control, a store that never refuses."""
+        return cls(_NoFlow(), None, lambda queues: False)  # type: ignore[arg-type]
 
     def _flow(self, origin: PublishOrigin, q: Queue) -> None:
         """Flow control, for a queue with consumers and ready messages: over ``flow_high``
@@ -125,7 +136,8 @@ class Publishing:
     def publish(self, origin: PublishOrigin, message: Message, mandatory: bool = False,
                 seq: int = 0, *, hooks: bool = True, answered: bool = False,
                 tag: int | None = None, audited: bool = True,
-                waits: list | None = None) -> str:
+                waits: list | None = None, drop: Callable[[Queue], bool] | None = None,
+                queues_report: bool = False) -> str:
         """Run ``message`` through the stages; returns the outcome (module constants).
 
         ``seq``: the AMQP confirm number (0: none); the path confirms it. ``answered``:
@@ -137,8 +149,14 @@ class Publishing:
         published, stay out of the audit trail. ``waits``: for a caller that answers
         without ``seq`` (a transaction's commit-ok, a receipt): on STORING, what must make
         the message durable first is appended (the store, and each queue durable on its
-        own, such as a stream's log); ``when_all`` waits for them."""
-        audit = self.audit if audited else None
+        own, such as a stream's log); ``when_all`` waits for them.
+
+        Dead letters (``queues/dead_letter.py``) pass ``hooks=False``, ``drop`` (the routed
+        queues left out: a dead-letter cycle, as RabbitMQ leaves it out) and
+        ``queues_report=True``: no client published them, so the audit trail records no
+        publish; each target queue reports its enqueue itself (after the source queue's
+        ``dead_lettered``)."""
+        audit = self.audit if audited and not queues_report else None
         if hooks:
             for hook in self.hooks:
                 if hook(origin, message, mandatory, seq):
@@ -146,6 +164,8 @@ class Publishing:
                         audit.published(origin, message, [], TAKEN, seq if tag is None else tag)
                     return TAKEN
         queues = origin.vhost.route(message.exchange, message.routing_key, message)
+        if drop is not None and queues:
+            queues = [q for q in queues if not drop(q)]
         if not queues:
             if seq:
                 origin.confirm_decided(seq, True)
@@ -166,7 +186,7 @@ class Publishing:
         persistent = message.persistent
         own = None  # queues durable on their own (streams): the confirm waits for each
         for q in queues:
-            if not q.enqueue(message, reported=True):  # published() below reports it
+            if not q.enqueue(message, reported=not queues_report):  # else published() does
                 accepted = False
             elif q.durability is not None:
                 own = [q.durability] if own is None else [*own, q.durability]

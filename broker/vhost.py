@@ -18,6 +18,7 @@ from .direct_reply import REPLY_PREFIX, DirectReply
 from .errors import Resource
 from .exchanges import EXCHANGE_TYPES, Binding, Exchange
 from .exchanges.default import DefaultExchange
+from .publishing import Publishing
 from .queues.args import (
     ArgumentError,
     TypeArgumentError,
@@ -75,6 +76,9 @@ class VirtualHost:
         self.resolvers = list(RESOLVERS)
         # where stream queues keep their logs (``streams.log.StreamStore``; the broker's)
         self.streams: StreamStore | None = None
+        # the publish path broker features re-enter routing through (dead letters); the
+        # broker's once it owns this vhost
+        self.publishing = Publishing.bare()
 
     # ---- naming helpers ----
     def exchange_resource(self, name: str) -> Resource:

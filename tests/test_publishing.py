@@ -274,3 +274,110 @@ def test_http_publishes_are_audited_as_amqp_ones_and_sys_is_not(tmp_path):
                     (("guest", "10.0.0.1"), "amq.topic", "t.none", "unroutable"),
                     (("guest", "10.0.0.2"), "t.hermes", "t.hermes", "routed")]
     assert q.message_count == 2
+
+
+class _FailingStore:
+    """A store whose writes the test fails and makes durable (``when_durable`` waits)."""
+
+    name = "test-store"
+    capabilities = frozenset()
+
+    def __init__(self):
+        self.waiting: list = []
+
+    def when_durable(self, callback, on_failure=None) -> None:
+        self.waiting.append(callback)
+
+    def queue_op(self, queue, op, entry) -> None:
+        pass
+
+    def durable_now(self) -> None:
+        callbacks, self.waiting = self.waiting, []
+        for cb in callbacks:
+            cb()
+
+
+def test_an_at_least_once_dead_letter_is_refused_while_its_target_store_fails(broker, clock):
+    """Dead letters re-enter routing through the path (hooks off): the store-refusal stage
+    keeps an at-least-once dead letter in its quorum queue while the target's store fails
+    and routes it again once the store recovered (before: enqueued into the failing
+    store's queue at once)."""
+    vhost = broker.vhosts["/"]
+    vhost.declare_exchange(spec.Exchange.Declare(exchange="dlx", type="fanout"))
+    src = vhost.declare_queue(spec.Queue.Declare(queue="src", durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": "dlx",
+        "x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once"}), None)
+    target = vhost.declare_queue(spec.Queue.Declare(queue="dlq", durable=True, arguments={}),
+                                 None)
+    vhost.bind("dlx", target, "", {})
+    store = _FailingStore()
+    target.store = store  # what attach_store does for a stored queue
+    broker.on_store_failure(store, "disk gone (test)")
+    props = {"delivery_mode": 2}
+    src.enqueue(Message("", "src", encode_properties(props), props, b"dl"))
+    src.reject(src.get(), None)
+    assert target.message_count == 0  # refused: still in src, unsettled
+    broker.on_store_recovered(store)
+    clock.advance(2)  # the retry
+    assert target.message_count == 1
+    assert target.get().message.headers["x-death"][0]["reason"] == b"rejected"
+    store.durable_now()  # the source entry leaves once the target's store has it
+    clock.advance(60)
+    assert target.message_count == 0 and src.message_count == 0
+
+
+def test_a_dead_letter_passes_no_hook_and_is_audited_as_an_enqueue_only(tmp_path):
+    """A dead letter is published by no client: the path runs without hooks (an x-delay
+    it carries is not scheduled again) and records no publish; the audit trail has the
+    source queue's dead_lettered and the target's own enqueue."""
+    from broker.audit.events import ENQ, PUBC, WIDTH
+    from broker.config import AuditSettings
+    broker = Broker(Config(data_dir=str(tmp_path / "data"),
+                           audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
+    vhost = broker.vhosts["/"]
+    seen = _record_hook(broker)
+    vhost.declare_exchange(spec.Exchange.Declare(exchange="dlx", type="fanout"))
+    src = vhost.declare_queue(spec.Queue.Declare(queue="src", arguments={
+        "x-dead-letter-exchange": "dlx"}), None)
+    target = vhost.declare_queue(spec.Queue.Declare(queue="dlq", arguments={}), None)
+    vhost.bind("dlx", target, "", {})
+    props = {"headers": {"x-delay": 60_000}, "message_id": "dl"}
+    source = Source(broker, vhost, "guest", "test")
+    assert broker.publishing.publish(source, Message("", "src", encode_properties(props),
+                                                     props, b"same")) == ROUTED
+    src.reject(src.get(), None)
+    assert target.message_count == 1  # routed at once: no hook saw the dead letter
+    assert len(seen) == 1  # the client's publish only
+    buf = broker.audit.buf
+    events = [buf[i:i + WIDTH] for i in range(0, len(buf), WIDTH)]
+    # the client's publish only; the dead letter is the target's own enqueue event
+    assert [(e[3], e[4]) for e in events if e[0] == PUBC] == [("", "src")]
+    assert [e[3] for e in events if e[0] == ENQ] == ["dlq"]
+
+
+async def test_the_management_publish_is_refused_during_an_alarm(every_protocol):
+    """An alarm stops AMQP, MQTT and STOMP publishers' reads and Hermes answers 503; the
+    management API's publish now answers 503 naming the alarm too. The aliveness test,
+    which RabbitMQ keeps working under an alarm, still passes."""
+    broker = every_protocol
+    vhost = broker.vhosts["/"]
+    q = vhost.declare_queue(spec.Queue.Declare(queue="alarmed", arguments={}), None)
+    broker.set_alarm("disk", True)
+    try:
+        async with _http(broker) as http:
+            r = await http.post("/api/exchanges/%2F/amq.default/publish", json={
+                "routing_key": "alarmed", "payload": "x", "payload_encoding": "string",
+                "properties": {}})
+            assert r.status_code == 503, r.text
+            assert "disk" in r.json()["reason"]
+            r = await http.get("/api/aliveness-test/%2F")
+            assert r.status_code == 200 and r.json() == {"status": "ok"}
+    finally:
+        broker.set_alarm("disk", False)
+    assert q.message_count == 0
+    async with _http(broker) as http:
+        r = await http.post("/api/exchanges/%2F/amq.default/publish", json={
+            "routing_key": "alarmed", "payload": "x", "payload_encoding": "string",
+            "properties": {}})
+        assert r.status_code == 200 and r.json() == {"routed": True}
+    assert q.message_count == 1

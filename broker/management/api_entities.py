@@ -341,6 +341,13 @@ async def publish(request: Request):
     if "user_id" in props and props["user_id"] != user.name:
         raise ApiError(400, f"user_id property set to '{props['user_id']}' but authenticated "
                             f"user was '{user.name}'")
+    if broker.stops_publishers:
+        # a resource alarm stops every publisher's reads at the edge; an HTTP publish has
+        # no reads to stop, so it is refused, as Hermes refuses one (RabbitMQ's direct
+        # connection lets it through; the aliveness test, which RabbitMQ keeps working
+        # under an alarm, still does)
+        raise ApiError(503, "resource alarm(s) in effect, publishers are blocked: "
+                            + ", ".join(sorted(broker.alarms)), headers={"Retry-After": "1"})
     routed = publish_message(broker, vhost, name, text(data, "routing_key"), props,
                              _payload_bytes(data), user.name,
                              request.client.host if request.client else None)

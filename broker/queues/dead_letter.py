@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from ..amqp.fields import Long, Timestamp
+from ..publishing import ROUTED, STORING, Source, when_all
 
 AUTOMATIC_REASONS = ("expired", "maxlen", "delivery_limit")
 
@@ -107,14 +108,25 @@ def dead_letter(queue, entries, reason: str) -> None:
     if dlx is None:
         return
     vhost = queue.vhost
+    origin = _origin(queue)
     for entry in entries:
         message = dead_lettered_message(entry.message, queue.name, reason, dlx,
                                         queue.opts.dead_letter_routing_key)
-        queues = vhost.route(dlx, message.routing_key, message)
-        for target in queues:
-            if is_cycle(message, target.name) and reason in AUTOMATIC_REASONS:
-                continue
-            target.enqueue(message)
+        vhost.publishing.publish(origin, message, hooks=False, queues_report=True,
+                                 drop=_cycle_filter(message, reason))
+
+
+def _origin(queue):
+    """Dead letters are published by no client: a ``Source`` of the queue's vhost, without
+    user or connection (nothing to confirm, return or slow down)."""
+    return Source(None, queue.vhost, None, None)
+
+
+def _cycle_filter(message, reason: str):
+    """The targets left out of routing: a cycle without a client's rejection."""
+    if reason not in AUTOMATIC_REASONS:
+        return None
+    return lambda target: is_cycle(message, target.name)
 
 
 # at-least-once: how long a dead letter that no queue took waits before it is routed again
@@ -135,23 +147,39 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
     vhost = queue.vhost
     if not again:  # a dead letter routed again is counted once
         vhost.churn.dead_letters(queue, "at_least_once", reason, len(entries))
+    origin = _origin(queue)
     for entry in entries:
         message = dead_lettered_message(entry.message, queue.name, reason, dlx,
                                         queue.opts.dead_letter_routing_key)
-        targets = [t for t in vhost.route(dlx, message.routing_key, message)
-                   if not (is_cycle(message, t.name) and reason in AUTOMATIC_REASONS)]
-        taken = bool(targets)
-        for target in targets:
-            taken = target.enqueue(message) and taken
-        if not taken:
+        targets = _Targets(message, reason)
+        # answered: a target's failing store refuses a persistent dead letter, which then
+        # stays here and is routed again, as one no queue took
+        outcome = vhost.publishing.publish(origin, message, hooks=False, answered=True,
+                                           queues_report=True, drop=targets)
+        if outcome not in (ROUTED, STORING):
             vhost.timers.call_later(delay, lambda e=entry: _again(queue, e, reason, delay))
             continue
-        stores = {id(t.store): t.store for t in targets if t.store is not None}
-        left = _Leave(queue, entry, reason, len(stores))
-        if not stores:
-            left()
-        for store in stores.values():
-            store.when_durable(left)
+        # every target's store, whatever the message's persistence (a transient message is
+        # confirmed by the store's next write)
+        stores = list({id(t.store): t.store for t in targets.kept if t.store is not None}
+                      .values())
+        when_all(stores, _Leave(queue, entry, reason), lambda: None)
+
+
+class _Targets:
+    """``drop`` for an at-least-once dead letter: leaves out the cycles, keeps the rest
+    (whose stores the entry waits for)."""
+
+    __slots__ = ("automatic", "kept", "message")
+
+    def __init__(self, message, reason: str):
+        self.message, self.automatic, self.kept = message, reason in AUTOMATIC_REASONS, []
+
+    def __call__(self, target) -> bool:
+        if self.automatic and is_cycle(self.message, target.name):
+            return True
+        self.kept.append(target)
+        return False
 
 
 def _again(queue, entry, reason: str, delay: float) -> None:
@@ -160,18 +188,18 @@ def _again(queue, entry, reason: str, delay: float) -> None:
 
 
 class _Leave:
-    """The entry leaves its queue once the last of ``waiting`` stores confirmed."""
+    """The entry leaves its queue once its targets (their stores, a stream's log) made its
+    dead letter durable."""
 
-    __slots__ = ("entry", "queue", "reason", "waiting")
+    __slots__ = ("entry", "queue", "reason")
 
-    def __init__(self, queue, entry, reason: str, waiting: int):
-        self.queue, self.entry, self.reason, self.waiting = queue, entry, reason, waiting
+    def __init__(self, queue, entry, reason: str):
+        self.queue, self.entry, self.reason = queue, entry, reason
 
     def __call__(self) -> None:
         from .ops import Op
-        self.waiting -= 1
         q = self.queue
-        if self.waiting <= 0 and not q.deleted:
+        if not q.deleted:
             q.leave_reason = self.reason
             q._left(self.entry, Op.DEAD_LETTER)
             q.leave_reason = None
