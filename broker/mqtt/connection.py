@@ -662,7 +662,7 @@ class ServerConnection:
 
 
 _MISSING = object()
-_NO_INFLIGHT: dict = {}  # never written: ``publish`` replaces it first
+_NO_INFLIGHT: dict[int, Any] = {}  # never written: ``publish`` replaces it first
 _EMPTY: frozenset[int] = frozenset()
 # 3.1.1 CONNACK return codes -> the v5 reason codes meaning the same (section 3.2.2.2)
 _V5_REFUSALS = {codec.REFUSED_PROTOCOL_VERSION: P.UNSUPPORTED_PROTOCOL_VERSION,
