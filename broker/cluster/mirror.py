@@ -300,6 +300,7 @@ class Mirroring:
         # of its publish resolved (a majority has it) -- seq -> tokens outstanding
         self._pending: dict[int, int] = {}
         self._holding: int | None = None  # the seq whose tokens ``_token`` counts
+        self.acked: dict[str, int] = {}  # member -> highest seq it confirmed (quorum_status)
         if self.quorum:
             queue.commit_seq = queue._next_seq - 1
 
@@ -357,8 +358,12 @@ class Mirroring:
             if queue.consumers:
                 queue.dispatch()
 
-    def commit_index(self) -> int | None:
-        return self.queue.commit_seq if self.quorum else None
+    def log_indexes(self) -> dict[str, int]:
+        """quorum_status' Log Index per member: the leader's last seq, and the highest each
+        follower confirmed (0: none yet in this term)."""
+        me = self.owner.store.node.name
+        return {n: self.queue._next_seq - 1 if n == me else self.acked.get(n, 0)
+                for n in self.members or [me]}
 
     # ---- the operation stream ----
     def queue_op(self, queue, op: Op, entry) -> None:
@@ -428,7 +433,8 @@ class Mirroring:
                 continue  # its catch-up starts from a snapshot taken once it answered
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if packed:
-                self._send_all(node, ENQUEUES, packed, self._batch_done(node, mine))
+                self._send_all(node, ENQUEUES, packed,
+                               self._batch_done(node, mine, enqueued[-1].seq))
             if returns:
                 self._send(node, RETURNED, pack_counts(returns), self._done_for(node))
             if left:
@@ -458,11 +464,13 @@ class Mirroring:
             self.isr_dirty = True
             self.owner.wake()
 
-    def _batch_done(self, node: str, tokens: list):
+    def _batch_done(self, node: str, tokens: list, top: int = 0):
         failed = self._done_for(node)
 
         def done(ok: bool | None) -> None:
             if ok:
+                if top > self.acked.get(node, 0):
+                    self.acked[node] = top
                 for token in tokens:
                     token(True)
                 return
@@ -656,6 +664,8 @@ class Mirroring:
             self._end_sync(node)
             if ok:
                 self.nodes[node] = "in_sync"
+                if entries and entries[-1].seq > self.acked.get(node, 0):
+                    self.acked[node] = entries[-1].seq
                 self.owner.wake()
             else:
                 fail(False)

@@ -68,7 +68,11 @@ class QueueViews:
                 "synchronised_slave_nodes": sorted(n for n, s in nodes.items()
                                                    if s == "in_sync"),
                 "term": m.epoch if m is not None else None,
-                "state": "running" if m is not None else "down"}
+                "state": "running" if m is not None else "down",
+                # a quorum queue's log as quorum_status shows it (seqs: what entered)
+                "log_index": mirroring.log_indexes() if mirroring is not None
+                and mirroring.quorum else None,
+                "commit_index": q.commit_seq}
 
     def answer(self, asking: str, vhost_name: str, header: list, body: bytes) -> None:
         """A stats request from ``asking``'s link: answer on this node's link to it."""
@@ -186,7 +190,7 @@ def apply(obj: dict, overlay: dict | None) -> dict:
 
 
 _FIELDS = ("node", "leader", "members", "online", "slave_nodes", "synchronised_slave_nodes",
-           "term", "state")
+           "term", "state", "log_index", "commit_index")
 
 
 async def queue_overlays(broker: Any, pairs: list) -> dict[tuple[str, str], dict]:

@@ -7,9 +7,19 @@ import time
 
 import pytest
 
-from .test_cluster_nodes import node
+from .test_cluster_nodes import eventually, node
 from .test_mirroring_more import start_together
-from .test_quorum_replication import PERSISTENT, QQ, Publisher, wait_view
+from .test_quorum_replication import PERSISTENT, QQ, Publisher, ctl, wait_view
+
+
+def quorum_status(broker, queue: str) -> dict[str, list[str]]:
+    """rabbitmq-queues quorum_status: member -> [Raft State, Log Index, Commit Index]."""
+    p = ctl(broker, "-q", "quorum_status", queue)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split("\t")[:5] == ["Node Name", "Raft State", "Log Index",
+                                        "Commit Index", "Snapshot Index"], lines
+    return {r[0]: r[1:4] for r in (line.split("\t") for line in lines[1:])}
 
 
 def _nothing_for(ch, queue: str, seconds: float) -> None:
@@ -50,6 +60,10 @@ def test_uncommitted_message_is_neither_confirmed_nor_delivered(tmp_path, etcd, 
         conn.process_data_events(time_limit=2)
         assert got == [], got
         assert ch.queue_declare("qq", passive=True).method.message_count == 1
+        # quorum_status: the leader's log is ahead of its commit index
+        status = quorum_status(a, "qq")
+        assert status["a"] == ["leader", "2", "1"], status
+        assert status["b"] == ["noproc", "1", "1"] and status["c"][1:] == ["1", "1"], status
 
         # a follower back and caught up: a majority has it, confirmed and delivered
         c.start()
@@ -60,6 +74,12 @@ def test_uncommitted_message_is_neither_confirmed_nor_delivered(tmp_path, etcd, 
             conn.process_data_events(time_limit=0.5)
         assert got == [b"held"], got
         conn.close()
+
+        def caught_up():
+            status = quorum_status(a, "qq")
+            assert status["a"] == ["leader", "2", "2"], status
+            assert status["c"] == ["follower", "2", "2"], status
+        eventually(caught_up, timeout=30)
     finally:
         for broker in (a, b, c):
             broker.stop()
