@@ -12,11 +12,14 @@ import logging
 import math
 import socket
 import ssl
+from typing import TYPE_CHECKING
 
 import trio
 
 from . import ListenError
-from .amqp10_session import Amqp10Service, Amqp10Session
+
+if TYPE_CHECKING:
+    from .amqp10_session import Amqp10Service
 
 log = logging.getLogger("broker.amqp10")
 
@@ -40,6 +43,7 @@ class Amqp10ConnectionHandler:
             self.peer = f"{host}:{port}"
         except OSError:
             host, self.peer = None, "?"
+        from .amqp10_session import Amqp10Session
         self.session = Amqp10Session(listener.service, self.peer, host)
         try:
             self.session.local_port = sock.getsockname()[1]
@@ -156,9 +160,18 @@ class Amqp10Listener:
 
     def __init__(self, broker):
         self.broker = broker
-        self.service = Amqp10Service(broker)
+        self._service: Amqp10Service | None = None
         self.handlers: set[Amqp10ConnectionHandler] = set()
         self.ports: dict[str, int] = {}
+
+    @property
+    def service(self) -> Amqp10Service:
+        # the session module (and proton) loads with the first AMQP 1.0 connection, not at
+        # every start: it is a large part of the time to listening
+        if self._service is None:
+            from .amqp10_session import Amqp10Service
+            self._service = Amqp10Service(self.broker)
+        return self._service
 
     async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
         try:
@@ -192,7 +205,8 @@ class Amqp10Listener:
             else:
                 await trio.sleep_forever()
         finally:
-            self.service.stopping = True
+            if self._service is not None:
+                self._service.stopping = True
 
     async def _handle(self, stream) -> None:
         raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream

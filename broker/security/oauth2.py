@@ -4,7 +4,11 @@ verified against the configured keys and turned into a ``TokenUser`` whose permi
 the token's scopes:
 
 - ``<prefix>read:<vhost>/<name>``, ``write:``, ``configure:`` (``*`` wildcards in the vhost
-  and name patterns, each matched whole; a third ``/<routing key>`` part is ignored),
+  and name patterns, each matched whole),
+- topic access (publishes to, and bindings from, topic exchanges: ``write:`` and ``read:``)
+  needs a write/read scope whose vhost and exchange patterns match and, if it has a third
+  ``/<routing key>`` part, whose routing-key pattern matches the routing (binding) key; a
+  two-part scope allows every key, no matching scope none (``rabbit_oauth2_scope``),
 - ``<prefix>tag:<tag>`` (administrator, monitoring, management, policymaker).
 
 ``prefix`` is ``<resource_server_id>.`` unless set; scopes come from the ``scope`` claim
@@ -27,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-import jwt
 import trio
 
 from .model import User
@@ -61,6 +64,8 @@ class OAuth2Config:
 class TokenUser(User):
     """A user authenticated by a token: nothing stored, permissions from its scopes."""
     scopes: tuple[tuple[str, re.Pattern, re.Pattern], ...] = ()  # (perm, vhost, name)
+    # (perm, vhost, exchange, routing key or None: any)
+    topic_scopes: tuple[tuple[str, re.Pattern, re.Pattern, re.Pattern | None], ...] = ()
     expires_at: float | None = None  # the token's exp (epoch seconds)
     authz_cache: dict = field(default_factory=dict)  # vhost -> Authz
 
@@ -72,6 +77,10 @@ class TokenUser(User):
         none: nothing allowed)."""
         names = [n.pattern for p, v, n in self.scopes if p == perm and v.fullmatch(vhost)]
         return "^(?:" + "|".join(names) + ")$" if names else ""
+
+    def topic_scopes_in(self, vhost: str) -> tuple:
+        """The (perm, exchange, routing key) patterns of the scopes that match ``vhost``."""
+        return tuple((p, x, k) for p, v, x, k in self.topic_scopes if v.fullmatch(vhost))
 
     @property
     def expired(self) -> bool:
@@ -117,6 +126,7 @@ class OAuth2:
         return key
 
     def decode(self, token: str) -> dict:
+        import jwt  # with its cryptography: on use, not at every start (time to listening)
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -154,7 +164,7 @@ class OAuth2:
         if self.config.extra_scopes_source:
             scopes += _scope_list(claims.get(self.config.extra_scopes_source))
         prefix = self.config.prefix
-        tags, perms = [], []
+        tags, perms, topics = [], [], []
         for scope in scopes:
             if not scope.startswith(prefix):
                 continue
@@ -167,11 +177,15 @@ class OAuth2:
                 vhost, sep, name_pattern = rest.partition("/")
                 if not sep:
                     continue
-                name_pattern = name_pattern.split("/", 1)[0]  # routing-key part: not used
+                name_pattern, sep, key_pattern = name_pattern.partition("/")
                 # the default vhost is written %2F in scopes, as RabbitMQ's docs do
-                perms.append((kind, wildcard(unquote(vhost)), wildcard(unquote(name_pattern))))
+                v, n = wildcard(unquote(vhost)), wildcard(unquote(name_pattern))
+                perms.append((kind, v, n))
+                if kind != "configure":
+                    topics.append((kind, v, n, wildcard(unquote(key_pattern)) if sep else None))
         exp = claims.get("exp")
         return TokenUser(name=name, tags=tuple(tags), scopes=tuple(perms),
+                         topic_scopes=tuple(topics),
                          expires_at=float(exp) if isinstance(exp, (int, float)) else None)
 
     def login(self, username: str, token: str, peer_host: str | None) -> TokenUser | None:
@@ -186,6 +200,7 @@ class OAuth2:
     # ---------------------------------------------------------------- background
     async def fetch_jwks(self) -> None:
         import httpx
+        import jwt
         assert self.config.jwks_url is not None
         async with httpx.AsyncClient(timeout=10) as client:
             r = await client.get(self.config.jwks_url)
@@ -230,6 +245,7 @@ class OAuth2:
 
 def _unverified_sub(token: str) -> str:
     """The sub a refused token claims (for the log only: it may be forged)."""
+    import jwt
     try:
         sub = jwt.decode(token, options={"verify_signature": False}).get("sub")
     except jwt.PyJWTError:
