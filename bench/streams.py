@@ -3,6 +3,7 @@ against length, restart time; TrioMQ (started here) and the machine's RabbitMQ, 
 
     .venv/bin/python -m bench.streams [-n 20000] [--size 100] [--grow 5] [--no-rabbit]
     .venv/bin/python -m bench.streams --log-only 1000000 [--size 150]
+    .venv/bin/python -m bench.streams --restart-gb 10 [--size 65536] [--rounds 3]
 
 For each broker: publish ``n`` messages into a fresh stream (a window of ``--window``
 unconfirmed, pika's SelectConnection), then read them all from ``first`` (prefetch 1000,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from pathlib import Path
 
 import pika
 
@@ -170,6 +172,76 @@ def log_only(records: int, size: int) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _wait_listening(port: int, proc, timeout: float = 120.0) -> None:
+    import socket
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("TrioMQ exited during startup")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+    raise RuntimeError("TrioMQ did not listen in time")
+
+
+def first_from_last(url: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1)
+    got: list = []
+    ch.basic_consume(queue, lambda c, m, p, b: got.append(m.delivery_tag),
+                     arguments={"x-stream-offset": "last"})
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.01)
+    conn.close()  # a stream queue's unacked deliveries are dropped with the channel
+
+
+def restart_big(gb: float, size: int, window: int, rounds: int) -> None:
+    """A stream of ``gb`` GB (messages of ``size`` bytes, through AMQP 0-9-1 with confirms),
+    then ``rounds`` restarts (SIGTERM, ``sync``, a new process): seconds to listening (a TCP
+    connect, polled every 10 ms) and to the first delivery from ``last``; RSS after each.
+    The data directory is removed at the end."""
+    import os
+    import shutil
+    import subprocess
+
+    proc = TrioMQProcess(extra_args=["--http-port", "0"], quiet=True).start()
+    queue = "bench-stream-big"
+    try:
+        declare(proc.url, queue)
+        n = int(gb * 1e9) // size
+        t = publish(proc.url, queue, n, window, b"x" * size)
+        on_disk = sum(f.stat().st_size for f in __import__("pathlib").Path(
+            proc.data_dir).rglob("*") if f.is_file())
+        print(f"published {n:,} messages of {size:,} B in {t:.0f} s; data dir "
+              f"{on_disk / 1e9:.2f} GB; RSS {(rss_kb(proc.pid) or 0) / 1024:.0f} MB")
+        for r in range(rounds):
+            proc.proc.terminate()  # type: ignore[union-attr]
+            proc.proc.wait(120)  # type: ignore[union-attr]
+            os.sync()  # the writeback is not the next start's
+            log = open(proc.log_path, "ab")  # noqa: SIM115
+            t0 = time.perf_counter()
+            proc.proc = subprocess.Popen(proc.cmd, cwd=str(Path(__file__).resolve().parent.parent),
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            _wait_listening(proc.port, proc.proc)
+            t_listen = time.perf_counter() - t0
+            first_from_last(proc.url, queue)
+            t_first = time.perf_counter() - t0
+            print(f"restart {r + 1}: listening {t_listen:.2f} s, first delivery from last "
+                  f"{t_first:.2f} s, RSS {(rss_kb(proc.pid) or 0) / 1024:.0f} MB")
+        with open(proc.log_path, errors="replace") as f:
+            opened = [ln for ln in f if "opened in" in ln]
+        if opened:
+            print("broker:", opened[-1].strip())
+    finally:
+        proc.stop()
+        shutil.rmtree(proc.data_dir, ignore_errors=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", type=int, default=20000)
@@ -180,7 +252,13 @@ def main(argv=None) -> None:
     ap.add_argument("--rabbit-url", default=RABBIT)
     ap.add_argument("--log-only", type=int, metavar="RECORDS",
                     help="measure the log alone with this many records, no broker")
+    ap.add_argument("--restart-gb", type=float, metavar="GB",
+                    help="restart times with a stream of this size (messages of --size)")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.restart_gb:
+        restart_big(args.restart_gb, args.size, args.window, args.rounds)
+        return
     if args.log_only:
         log_only(args.log_only, args.size)
         return
