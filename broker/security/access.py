@@ -268,6 +268,7 @@ class AccessControl:
                 authz = user.authz_cache[vhost_name] = Authz(user.name, vhost_name)
                 authz.reload(user, Permission(*(user.permission_regex(vhost_name, p)
                                                 for p in ("configure", "write", "read"))), None)
+                authz.set_scoped(user.topic_scopes_in(vhost_name))
             return authz
         name = user if isinstance(user, str) else user.name
         key = (name, vhost_name)

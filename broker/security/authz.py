@@ -26,8 +26,8 @@ def expand_topic(regex: str, username: str, vhost: str) -> re.Pattern:
 
 
 class Authz:
-    __slots__ = ("configure", "configure_ok", "impersonator", "read", "read_ok", "topics",
-                 "username", "vhost", "write", "write_ok")
+    __slots__ = ("configure", "configure_ok", "impersonator", "read", "read_ok", "scoped",
+                 "topics", "username", "vhost", "write", "write_ok")
 
     def __init__(self, username: str, vhost: str):
         self.username = username
@@ -40,6 +40,9 @@ class Authz:
         self.write_ok: set = set()
         self.read_ok: set = set()
         self.topics: dict = {}  # exchange -> (write pattern, read pattern, {(perm, key): ok})
+        # an OAuth 2 token's topic scopes ((perm, exchange, routing key or None), ...): when
+        # set, topic access needs a matching scope, as rabbit_auth_backend_oauth2
+        self.scoped: tuple | None = None
 
     def reload(self, user, permission, topic_permissions) -> None:
         """Take the user's current permission (None: nothing allowed) and topic
@@ -59,6 +62,14 @@ class Authz:
             for tp in (topic_permissions or {}).values():
                 self.topics[tp.exchange] = (expand_topic(tp.write, self.username, self.vhost),
                                             expand_topic(tp.read, self.username, self.vhost), {})
+
+    def set_scoped(self, scopes: tuple) -> None:
+        """Take an OAuth 2 token's topic scopes. Callers skip ``check_topic`` while
+        ``topics`` is empty (the fast path of users without topic permissions), so a marker
+        entry (no exchange is named None) keeps it non-empty: a token's topic access is
+        always checked."""
+        self.scoped = scopes
+        self.topics[None] = (None, None, {})
 
     def _refused(self, kind: str, name: str) -> errors.AMQPError:
         return errors.access_refused("access to %s '%s' in vhost '%s' refused for user '%s'",
@@ -81,15 +92,24 @@ class Authz:
     def check_topic(self, exchange: str, routing_key: str, perm: str) -> None:
         """Raise 403 unless a topic permission on ``exchange`` (if the user has one) lets
         ``perm`` ("write" | "read") use ``routing_key``."""
-        entry = self.topics.get(exchange)
-        if entry is None:
-            return
+        if self.scoped is not None:
+            entry = self.topics.setdefault(exchange, (None, None, {}))
+        else:
+            entry = self.topics.get(exchange)
+            if entry is None:
+                return
         cache = entry[2]
         key = (perm, routing_key)
         if key in cache:
             return
-        regex = entry[0] if perm == "write" else entry[1]
-        if regex.search(routing_key) is None:
+        if self.scoped is not None:
+            allowed = any(p == perm and x.fullmatch(exchange)
+                          and (k is None or k.fullmatch(routing_key))
+                          for p, x, k in self.scoped)
+        else:
+            regex = entry[0] if perm == "write" else entry[1]
+            allowed = regex.search(routing_key) is not None
+        if not allowed:
             raise errors.access_refused(
                 "access to topic '%s' in exchange '%s' in vhost '%s' refused for user '%s'",
                 routing_key, exchange, self.vhost, self.username)

@@ -334,3 +334,38 @@ def test_expiry_closes_and_update_secret_renews(env):
             conn.process_data_events(time_limit=0.2)
     assert info.value.reply_code == 320
     assert "credential expired" in info.value.reply_text
+
+
+def test_topic_scopes_limit_routing_keys(env):
+    """``write:<vhost>/<exchange>/<routing key>`` limits publishes to a topic exchange and
+    ``read:`` the binding keys from it; a two-part scope allows every key (before this, the
+    third part was ignored and every key was allowed)."""
+    scope = ("rabbitmq.configure:%2F/topic-q rabbitmq.write:%2F/topic-q "
+             "rabbitmq.write:%2F/amq.topic/sensors.* rabbitmq.read:%2F/amq.topic/sensors.*")
+    conn = env.connect(env.token(scope, sub="tina"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("topic-q")
+    ch.queue_bind("topic-q", "amq.topic", "sensors.temp")
+    ch.basic_publish("amq.topic", "sensors.temp", b"ok")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_bind("topic-q", "amq.topic", "alarms.fire")
+    assert info.value.reply_code == 403
+    assert info.value.reply_text == ("ACCESS_REFUSED - access to topic 'alarms.fire' in "
+                                     "exchange 'amq.topic' in vhost '/' refused for user 'tina'")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.basic_publish("amq.topic", "alarms.fire", b"refused")
+    assert info.value.reply_code == 403
+    assert "access to topic 'alarms.fire' in exchange 'amq.topic'" in info.value.reply_text
+    ch = conn.channel()
+    method = ch.queue_declare("topic-q", passive=True).method
+    assert method.message_count == 1  # only the allowed publish arrived
+    conn.close()
+    # a two-part write scope: every routing key
+    conn = env.connect(env.token("rabbitmq.write:%2F/amq.topic", sub="tina"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.topic", "alarms.fire", b"any key")
+    conn.close()
