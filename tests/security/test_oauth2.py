@@ -369,3 +369,32 @@ def test_topic_scopes_limit_routing_keys(env):
     ch.confirm_delivery()
     ch.basic_publish("amq.topic", "alarms.fire", b"any key")
     conn.close()
+
+
+def test_topic_scopes_on_mqtt_publishes(env):
+    """An MQTT publish is a write to amq.topic with the topic as routing key (``/`` -> ``.``):
+    a key outside the token's topic scope closes the connection, as RabbitMQ does."""
+    from paho.mqtt import client as mqtt
+    admin = env.connect(env.token(sub="watcher"))
+    ch = admin.channel()
+    ch.queue_declare("mqtt-topic-q")
+    ch.queue_bind("mqtt-topic-q", "amq.topic", "#")
+    events: list = []
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"oauth-topic-{time.time_ns()}")
+    c.username_pw_set("anyone", env.token("rabbitmq.write:%2F/amq.topic/sensors.*",
+                                          sub="mqtt-topic"))
+    c.on_connect = lambda cl, ud, flags, rc, props=None: events.append(("connect", rc))
+    c.on_publish = lambda cl, ud, mid, rc=None, props=None: events.append(("puback", mid))
+    c.on_disconnect = lambda cl, ud, *a: events.append(("disconnect",))
+    c.connect("127.0.0.1", env.mqtt)
+    c.loop_start()
+    try:
+        _wait(lambda: any(e[0] == "connect" for e in events), 15, "CONNACK")
+        ok = c.publish("sensors/temp", b"allowed", qos=1)
+        _wait(lambda: ("puback", ok.mid) in events, 15, "PUBACK")
+        c.publish("alarms/fire", b"refused", qos=1)
+        _wait(lambda: ("disconnect",) in events, 15, "the broker to close the connection")
+    finally:
+        c.loop_stop()
+    assert ch.queue_declare("mqtt-topic-q", passive=True).method.message_count == 1
+    admin.close()
