@@ -381,3 +381,37 @@ async def test_the_management_publish_is_refused_during_an_alarm(every_protocol)
             "properties": {}})
         assert r.status_code == 200 and r.json() == {"routed": True}
     assert q.message_count == 1
+
+
+def test_a_transactions_check_back_and_default_commit_are_published_by_the_broker(tmp_path,
+                                                                                   clock):
+    """A half message's check-backs and its default decision go through the path (hooks
+    off) with the broker as their origin: the audit trail records them as published by the
+    peer ``transactions`` (before: enqueued into the queues past the path, no publish)."""
+    from broker.audit.events import PUBC, WIDTH
+    from broker.config import AuditSettings
+    broker = Broker(Config(data_dir=str(tmp_path / "data"),
+                           audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
+    broker.timers.now = clock
+    clock.timers = broker.timers
+    broker.transactions.clock = clock
+    vhost = broker.vhosts["/"]
+    orders = vhost.declare_queue(spec.Queue.Declare(queue="orders", arguments={}), None)
+    checks = vhost.declare_queue(spec.Queue.Declare(queue="checks", arguments={}), None)
+    props = {"message_id": "tx-1", "reply_to": "checks",
+             "headers": {"x-transaction": "prepare", "x-transaction-timeout": 100,
+                         "x-transaction-check-max": 1, "x-transaction-default": "commit"}}
+    source = Source(broker, vhost, "guest", "test")
+    assert broker.publishing.publish(source, Message("", "orders", encode_properties(props),
+                                                     props, b"order")) == TAKEN
+    for _ in range(50):  # a check-back, then the default commit
+        clock.advance(0.1)
+    stats = broker.transactions.stats
+    assert (stats["checks"], stats["committed"], orders.message_count) == (1, 1, 1)
+    assert checks.message_count == 0  # the check-back expired (its expiration: the wait)
+    buf = broker.audit.buf
+    events = [buf[i:i + WIDTH] for i in range(0, len(buf), WIDTH) if buf[i] == PUBC]
+    assert [(e[2][1:3], e[3], e[4], e[11]) for e in events] == [
+        (("guest", "test"), "", "orders", "taken"),
+        ((None, "transactions"), "", "checks", "routed"),
+        ((None, "transactions"), "", "orders", "routed")]

@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 from .. import errors
 from ..errors import Resource
+from ..publishing import Source
 from ..queues.entry import QueueEntry
 from .held_queue import HeldQueue
 from .messages import check_copy, committed_copy, prepared_at_ms, stored_copy
@@ -132,13 +133,15 @@ class Transactions:
             p.handle.cancel()
         if decision == COMMIT and vhost is not None:
             out = committed_copy(p.message)
-            if channel is not None:
-                # the publish path past its hooks (this one took it): any protocol's origin
-                self.broker.publishing.publish(channel, out, hooks=False)
-            else:
-                targets = vhost.route(out.exchange, out.routing_key, out) if only is None else only
-                for q in targets:
-                    q.enqueue(out)
+            # the publish path past its hooks (this one took it): the deciding channel (any
+            # protocol's origin), or the broker itself for a default decision; a default
+            # decided per queue leaves out the queues whose default is rollback
+            drop = None
+            if only is not None:
+                kept = {id(q) for q in only}
+                drop = lambda q: id(q) not in kept  # noqa: E731
+            self.broker.publishing.publish(channel or self._origin(vhost), out, hooks=False,
+                                           drop=drop)
             self.stats["committed"] += 1
         else:
             self.stats["rolled_back"] += 1
@@ -152,6 +155,11 @@ class Transactions:
         decided[p.txid] = outcome
         if len(decided) > DECIDED_KEPT:
             decided.popitem(last=False)
+
+    def _origin(self, vhost) -> Source:
+        """The publisher of what the broker decides without a client (a default decision,
+        a check-back): a ``Source`` the audit trail records as the peer ``transactions``."""
+        return Source(self.broker, vhost, None, "transactions")
 
     def _confirm(self, channel, seq: int, stored_in: HeldQueue | None) -> None:
         if not seq:
@@ -197,8 +205,9 @@ class Transactions:
         reply_to = text(p.message.properties.get("reply_to"))
         if reply_to and vhost is not None:
             check = check_copy(p.message, p.txid, p.attempt, wait)
-            for q in vhost.route("", reply_to, check):
-                q.enqueue(check)
+            # the broker's own message: no hook takes it over (an x-delay the half message
+            # carries is for its commit, not its check-backs)
+            self.broker.publishing.publish(self._origin(vhost), check, hooks=False)
             self.stats["checks"] += 1
         self._arm(p, p.attempt + 1, p.due_ms + wait)
 
