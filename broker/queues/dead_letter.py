@@ -173,7 +173,8 @@ class _Targets:
     __slots__ = ("automatic", "kept", "message")
 
     def __init__(self, message, reason: str):
-        self.message, self.automatic, self.kept = message, reason in AUTOMATIC_REASONS, []
+        self.message, self.automatic = message, reason in AUTOMATIC_REASONS
+        self.kept: list = []
 
     def __call__(self, target) -> bool:
         if self.automatic and is_cycle(self.message, target.name):
