@@ -24,7 +24,7 @@ def start(tmp_path, *extra, port=None):
     port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(port),
-         "--data-dir", str(tmp_path / "data"), *extra],
+         "--data-dir", str(tmp_path / "data"), "--http-port", "0", *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, port
 

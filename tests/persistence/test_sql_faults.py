@@ -48,7 +48,8 @@ class Broker(BrokerProc):
         self.log = open(self.log_path, "a")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
-             "--data-dir", self.data_dir, "--store", self.url, *SQL_ARGS, *self.extra],
+             "--data-dir", self.data_dir, "--store", self.url, "--http-port", "0", *SQL_ARGS,
+             *self.extra],
             cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, text=True)
         if expect_ok:
             self.wait_listening(wait)

@@ -438,7 +438,7 @@ class BrokerProc:
     def start(self, expect_ok=True):
         self.proc = subprocess.Popen(
             [PY, "-m", "broker", "run", "--host", "127.0.0.1", "--port", str(self.port),
-             "--data-dir", self.data_dir, "--store", self.url],
+             "--data-dir", self.data_dir, "--store", self.url, "--http-port", "0"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if not expect_ok:
             return self.proc
