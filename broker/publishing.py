@@ -137,7 +137,8 @@ class Publishing:
                 seq: int = 0, *, hooks: bool = True, answered: bool = False,
                 tag: int | None = None, audited: bool = True,
                 waits: list | None = None, drop: Callable[[Queue], bool] | None = None,
-                queues_report: bool = False) -> str:
+                queues_report: bool = False,
+                on_routed: Callable[[list], None] | None = None) -> str:
         """Run ``message`` through the stages; returns the outcome (module constants).
 
         ``seq``: the AMQP confirm number (0: none); the path confirms it. ``answered``:
@@ -155,7 +156,9 @@ class Publishing:
         queues left out: a dead-letter cycle, as RabbitMQ leaves it out) and
         ``queues_report=True``: no client published them, so the audit trail records no
         publish; each target queue reports its enqueue itself (after the source queue's
-        ``dead_lettered``)."""
+        ``dead_lettered``). ``on_routed(queues)``: a feature's own record of where the
+        message goes, after routing and before any enqueue (the scheduler's firing, which
+        the audit trail records as ``fired``, not ``published``)."""
         audit = self.audit if audited and not queues_report else None
         if hooks:
             for hook in self.hooks:
@@ -166,6 +169,8 @@ class Publishing:
         queues = origin.vhost.route(message.exchange, message.routing_key, message)
         if drop is not None and queues:
             queues = [q for q in queues if not drop(q)]
+        if on_routed is not None:
+            on_routed(queues)
         if not queues:
             if seq:
                 origin.confirm_decided(seq, True)

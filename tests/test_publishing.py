@@ -415,3 +415,39 @@ def test_a_transactions_check_back_and_default_commit_are_published_by_the_broke
         (("guest", "test"), "", "orders", "taken"),
         ((None, "transactions"), "", "checks", "routed"),
         ((None, "transactions"), "", "orders", "routed")]
+
+
+def test_a_scheduled_firing_goes_through_the_path_and_is_audited_as_fired(tmp_path):
+    """The scheduler's firing enters routing through the path (hooks off: the scheduler's
+    own hook took the message when it was published) with the broker as its origin; the
+    trail records it as ``fired`` (with its queues, before their enqueues), not as a
+    publish (before: routed and enqueued past the path)."""
+    from broker.audit.events import ENQ, FIRE, PUBC, WIDTH
+    from broker.config import AuditSettings
+    from broker.scheduler.core import Scheduler
+    from broker.scheduler.spec import Schedule
+    now = [1_000_000.0]
+    broker = Broker(Config(data_dir=str(tmp_path / "data"),
+                           audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
+    scheduler = Scheduler(broker, clock=lambda: now[0])
+    vhost = broker.vhosts["/"]
+    q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
+    calls: list = []
+    publish = broker.publishing.publish
+
+    def spy(origin, message, *args, **kw):
+        calls.append((origin.audit_ctx[1:3], message.routing_key, kw.get("hooks", True)))
+        return publish(origin, message, *args, **kw)
+
+    broker.publishing.publish = spy  # type: ignore[method-assign]
+    props: dict = {"headers": {}}
+    scheduler.schedule(vhost, Message("", "later", encode_properties(props), props, b"x"),
+                       Schedule("amq", delay=10))
+    now[0] += 1
+    assert scheduler.run_due() == 1
+    assert q.message_count == 1
+    assert calls == [((None, "scheduler"), "later", False)]
+    buf = broker.audit.buf
+    kinds = [(buf[i], buf[i + 2]) for i in range(0, len(buf), WIDTH)
+             if buf[i] in (PUBC, FIRE, ENQ) and (buf[i] != ENQ or buf[i + 3] == "later")]
+    assert [k for k, _ in kinds] == [FIRE, ENQ]

@@ -23,6 +23,7 @@ import os
 import time
 
 from ..persistence.base import READS_BACK
+from ..publishing import Source
 from ..queues.entry import QueueEntry
 from . import checkpoint, indexlog, recovery, views
 from .engine import TimerEngine
@@ -245,11 +246,13 @@ class Scheduler:
                 out = blob_delivery(held, t.kind[slot] == K_DELAY, t.delay[slot])
             else:
                 out = stored_delivery(stored_msg, t.delivered_as_delayed(slot), t.delay[slot])
-            targets = vhost.route(out.exchange, out.routing_key, out)
-            if self.broker.audit is not None:
-                self.broker.audit.fired(vhost.name, out, due, targets)
-            for target in targets:
-                target.enqueue(out)
+            # the publish path past its hooks (the scheduler's own took it when it was
+            # published); the trail records it as fired, the targets their enqueues
+            audit = self.broker.audit
+            self.broker.publishing.publish(
+                Source(self.broker, vhost, None, "scheduler"), out, hooks=False,
+                queues_report=True, on_routed=None if audit is None else
+                lambda targets: audit.fired(vhost.name, out, due, targets))
         self.fired += 1
         self.changes += 1
         nxt = None
