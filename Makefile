@@ -58,9 +58,12 @@ lint: setup
 	$(PY) -m tools.check_docs
 
 # One pytest session: unit and component tests (tests/) and the interop suite against a
-# TrioMQ subprocess it starts itself.
+# TrioMQ subprocess it starts itself. PYTEST_JOBS=2 runs it on two pytest-xdist workers, each
+# test file whole on one worker; not the default yet (docs/performance.md, "CI run time").
+PYTEST_JOBS ?=
 test-triomq: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests interop-tests
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(PYTEST_JOBS),-n $(PYTEST_JOBS) --dist loadfile) \
+		tests interop-tests
 
 test-rabbitmq: setup
 	@if $(PY) -c "import socket,sys,urllib.parse as u; p=u.urlparse('$(RABBITMQ_URL)'); socket.create_connection((p.hostname, p.port or 5672), 2)" 2>/dev/null; then \
