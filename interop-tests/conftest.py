@@ -82,6 +82,9 @@ def start_triomq(data_dir: Path, extra_args=(), timeout: float = STARTUP_TIMEOUT
     out_path = data_dir.parent / f"{data_dir.name}-broker-stdout.log"
     cmd = [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1",
            "--port", str(port), "--data-dir", str(data_dir),
+           # never the default 15672: it is the machine's RabbitMQ's (or, where its plugin is
+           # off, a port a reference-broker check would mistake for RabbitMQ's)
+           "--http-port", "0",
            *os.environ.get("TRIOMQ_ARGS", "").split(), *extra_args]
     with open(log_path, "wb") as err, open(out_path, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), stdout=out, stderr=err)
