@@ -302,7 +302,9 @@ def test_browser_page_exchanges_messages_with_paho_over_tcp(mq, browser, scheme)
 # ---- raw sockets: handshake refusals, frames --------------------------------------------
 
 def http_status(port, request: bytes, within=20.0) -> tuple[int, bytes]:
-    """Send ``request`` raw, read the answer until the server closes: (status, answer)."""
+    """Send ``request`` raw, read the answer until the server closes (a refusal) or, for a
+    101, until its head is complete (the server then waits for MQTT, and only its
+    handshake timeout would close): (status, answer)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=within)
     try:
         s.sendall(request)
@@ -316,6 +318,8 @@ def http_status(port, request: bytes, within=20.0) -> tuple[int, bytes]:
             if not data:
                 break
             answer += data
+            if answer.startswith(b"HTTP/1.1 101 ") and b"\r\n\r\n" in answer:
+                break
         line = answer.split(b"\r\n", 1)[0]
         return int(line.split()[1]), answer
     finally:
