@@ -331,6 +331,7 @@ class Server:
         self.tls_context: ssl.SSLContext | None = None
         # set once the store is read back: accepted connections wait for it (serve)
         self._recovered = trio.Event()
+        self._store_open = False  # a standby store is opened before the listeners
 
     def _alarms_changed(self) -> None:
         if not self.broker.blocked:
@@ -470,6 +471,11 @@ class Server:
             # Listen before recovery: a client connecting while the store is read back is
             # accepted and waits (nothing read from it) until recovery ends, and the HTTP
             # API (an early task) reports the progress meanwhile (docs/durability.md).
+            # A standby listens only once it holds the store (it may wait for hours); a
+            # cluster node only once the cluster took it in.
+            await broker.store.prepare()
+            if broker.store.standby:
+                await self._open_store()
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
             self.listeners = listeners
             self.port = listeners[0].socket.getsockname()[1]
@@ -513,10 +519,16 @@ class Server:
         log.info("TrioMQ listening for amqps on %s:%s", host, self.tls_port)
         return listeners
 
-    async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _open_store(self) -> None:
         store = self.broker.store
         store.progress = self.broker.recovery
         await store.open()
+        self._store_open = True
+
+    async def _run_store(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        store = self.broker.store
+        if not self._store_open:
+            await self._open_store()
         self.broker.recover()
         task_status.started()
         try:

@@ -130,6 +130,7 @@ class ClusterStore(Store):
     def __init__(self, inner: Store, coord: Coordinator, node: ClusterNode):
         self.inner = inner
         self.flush_stats = inner.flush_stats  # the inner store's figures (/metrics)
+        self._joined = False  # joined by prepare (before the broker listens) or open
         self.coord = coord
         self.node = node
         self.name = inner.name
@@ -182,7 +183,11 @@ class ClusterStore(Store):
         self._wake.set()
 
     # ---- life cycle ----
-    async def open(self) -> None:
+    async def prepare(self) -> None:
+        """Join the cluster before the broker listens: a node the cluster refuses (wrong
+        secret, name in use, etcd unreachable) stops with its one line, never listening."""
+        if self._joined:
+            return
         try:
             await self.node.join()
             everything, self._revision = await self.coord.get_prefix(self.node.prefix)
@@ -193,6 +198,10 @@ class ClusterStore(Store):
         except (CoordinationUnavailable, CoordinationError, ClusterJoinError) as exc:
             await self.coord.aclose()
             raise StoreUnavailable(f"cluster: {exc}") from None
+        self._joined = True
+
+    async def open(self) -> None:
+        await self.prepare()
         try:
             await self.inner.open()
         except BaseException:

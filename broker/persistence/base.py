@@ -108,6 +108,14 @@ class Store:
     progress: RecoveryProgress | None = None
     #: /metrics: group-commit latency, size and errors, for a store that measures them.
     flush_stats: FlushStats | None = None
+    #: A standby: ``open`` waits until this broker holds the store's lease. The server
+    #: opens it before listening, as a slave of ActiveMQ's master/slave does: a client
+    #: with several hosts must find the standby closed, not accepted and kept waiting.
+    standby: bool = False
+
+    async def prepare(self) -> None:
+        """What must succeed before the broker listens (a cluster node's join); a failure
+        here stops the broker with its one line before any listener opens."""
 
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:

@@ -387,6 +387,7 @@ class SQLStore(Store):
         self.flush = flush
         self.async_interval = async_interval
         self.settings = settings or SQLSettings()
+        self.standby = self.settings.standby
         if not 0 < self.settings.renew < self.settings.lease:
             raise StoreUnavailable(f"SQL lease renew interval ({self.settings.renew} s) must be "
                                    f"shorter than the lease ({self.settings.lease} s)")

@@ -156,6 +156,7 @@ async def test_master_election_epochs_and_fenced_isr(etcd):
         view = await cluster_view(c, "/t/")
         assert view["queues"] == [{"vhost": "/", "name": "q", "master": "a", "epoch": ma.epoch,
                                    "home": "a", "mirrors": ["b"], "in_sync": ["b"],
+                                   "members": [],  # a quorum queue's member group only
                                    "progress": {"b": 100}, "sync": {},
                                    "stopped_cleanly": False}]
         # a dies (its lease ends): b takes the queue under a higher epoch ...
