@@ -480,10 +480,13 @@ def test_kill_9_while_publishing_keeps_every_confirmed_message(tmp_path):
         b.start()
         c = b.connect()
         ch = c.channel()
-        got = _consume(c, ch, "kst", confirmed, "first")
-        assert len(got) >= confirmed
-        assert [int(body) for body in _bodies(got)] == list(range(len(got)))
+        # Consume exactly what is stored: a surplus still in pika's buffer at basic_cancel
+        # is rejected by pika, which a stream refuses (540, as RabbitMQ).
         stored = ch.queue_declare("kst", passive=True).method.message_count
+        assert stored >= confirmed
+        got = _consume(c, ch, "kst", stored, "first")
+        assert len(got) == stored
+        assert [int(body) for body in _bodies(got)] == list(range(len(got)))
         _publish(ch, "kst", [b"after"])
         (_m, p, body), = _consume(c, ch, "kst", 1, "last")
         assert (body, p.headers["x-stream-offset"]) == (b"after", stored)
