@@ -15,7 +15,9 @@ streams as the vhost's stream queues (``queues/stream.py``) and their logs
   last id is kept in the log's named-offsets table under ``PUBLISHER_KEY + reference``,
   persisted by the same commit as the messages; QueryPublisherSequence reads it.
 * **Consuming.** A subscription is a log reader; each Deliver sends one committed chunk
-  as the log holds it (header and entries, never decoded) and costs one credit. The log's
+  as the log holds it (header and entries, never decoded) and costs one credit. A chunk
+  larger than the client's negotiated frame_max goes as several chunks cut between
+  entries (``Chunk.pieces``), a credit each, so no Deliver frame exceeds it. The log's
   commit listener feeds subscriptions waiting for more; a connection whose output is
   above ``output_high_water`` stops being fed until its writer drains it. Filters
   (``filter.N`` properties, ``match-unfiltered``) skip chunks whose Bloom filter cannot
@@ -734,6 +736,9 @@ class StreamSession:
         high = self.output_high_water
         flt = sub.filter
         version = conn.deliver_version
+        # the chunk's room in a Deliver frame: frame_max less the frame's own fields (its
+        # size, key, version, subscription id and, in version 2, the committed chunk id)
+        limit = conn.frame_max and conn.frame_max - (9 + (8 if version == 2 else 0))
         sent = False
         while sub.credit > 0:
             if conn.pending_output > high:
@@ -744,12 +749,18 @@ class StreamSession:
                 break
             if flt is not None and not chunk.may_contain(flt[0], flt[1]):
                 continue
-            size = len(chunk.header) + len(chunk.data)
-            conn.send_buffers([codec.encode_deliver_header(
-                sub.id, size, version, sub.queue.log.committed_chunk_id),
-                chunk.header, chunk.data])
-            sub.credit -= 1
-            self.chunks_delivered += 1
+            committed = sub.queue.log.committed_chunk_id
+            if limit and len(chunk.header) + len(chunk.data) > limit:
+                # no Deliver frame may exceed the client's frame_max: the chunk goes as
+                # several smaller chunks (one credit each, as the client counts them)
+                pieces = chunk.pieces(limit)
+            else:
+                pieces = [(chunk.header, chunk.data)]
+            for header, data in pieces:
+                conn.send_buffers([codec.encode_deliver_header(
+                    sub.id, len(header) + len(data), version, committed), header, data])
+            sub.credit = max(0, sub.credit - len(pieces))
+            self.chunks_delivered += len(pieces)
             sent = True
         if sent:
             self.wake()

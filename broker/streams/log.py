@@ -63,7 +63,8 @@ API (for the AMQP stream queue and the Stream protocol):
   later is committed (or the log closes: ``log.closed``).
 * ``Chunk``: ``first_offset``, ``num_entries``, ``num_records``, ``timestamp``,
   ``header`` (48 bytes, filter size zeroed: the Stream protocol's chunk header), ``data``
-  (the entries), ``bloom``; ``wire()`` = header + data; ``records()`` yields
+  (the entries), ``bloom``; ``wire()`` = header + data; ``pieces(max_bytes)``: the chunk
+  cut between entries into valid chunks of at most that size (a small frame_max); ``records()`` yields
   ``(offset, record bytes)``; ``may_contain(values, match_unfiltered)`` asks the filter.
 * ``store_offset(reference, offset)``, ``query_offset(reference) -> int | None``:
   persisted with the next commit.
@@ -209,6 +210,47 @@ class Chunk:
     def wire(self) -> bytes:
         """The chunk as a Stream-protocol Deliver carries it (header + entries)."""
         return self.header + self.data
+
+    def pieces(self, max_bytes: int) -> list[tuple[bytes, bytes | memoryview]]:
+        """The chunk as (header, data) pieces of at most ``max_bytes`` each (header
+        included), cut between entries: each piece is a valid chunk of its own (its
+        entries, records, first offset and CRC), so a client whose frame_max is below the
+        chunk's size reads it as several chunks. Entries are never cut or opened: an
+        entry larger than ``max_bytes`` alone is a piece of its own, larger than asked."""
+        size = len(self.header) + len(self.data)
+        if size <= max_bytes:
+            return [(self.header, self.data)]
+        view = memoryview(self.data)
+        room = max(1, max_bytes - CHUNK_HEADER.size)
+        (mv, ctype, _n, _r, ts, epoch, _f, _crc, _dl, _tl, _fs) = CHUNK_HEADER.unpack(
+            self.header)
+        out: list[tuple[bytes, bytes | memoryview]] = []
+        first = self.first_offset
+        start = pos = 0
+        entries = records = 0
+        end = len(view)
+
+        def cut() -> None:
+            data = view[start:pos]
+            out.append((CHUNK_HEADER.pack(mv, ctype, entries, records, ts, epoch, first,
+                                          zlib.crc32(data), len(data), 0, 0), data))
+
+        while pos < end:
+            if view[pos] & 0x80:
+                n, _ulen, length = struct.unpack_from(">HII", view, pos + 1)
+                step, count = 11 + length, n
+            else:
+                step, count = 4 + struct.unpack_from(">I", view, pos)[0], 1
+            if entries and pos + step - start > room:
+                cut()
+                first += records
+                start, entries, records = pos, 0, 0
+            pos += step
+            entries += 1
+            records += count
+        if entries:
+            cut()
+        return out
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         offset = self.first_offset

@@ -69,7 +69,8 @@ class Client:
         return self.corr
 
 
-async def login(broker, user="guest", password="guest", heartbeat=0) -> Client:
+async def login(broker, user="guest", password="guest", heartbeat=0,
+                frame_max=1 << 20) -> Client:
     stream = await trio.open_tcp_stream("127.0.0.1", broker.stream.ports["stream"])
     cl = Client(stream)
     await cl.send(c.PeerProperties(1, {}), c.SaslHandshake(2),
@@ -77,7 +78,7 @@ async def login(broker, user="guest", password="guest", heartbeat=0) -> Client:
     _k, _v, p = await cl.next(0x8013)
     assert struct.unpack(">IH", p) == (3, c.OK)
     await cl.next(c.TUNE)
-    await cl.send(c.Tune(1 << 20, heartbeat), c.Open(4, "/"))
+    await cl.send(c.Tune(frame_max, heartbeat), c.Open(4, "/"))
     _k, _v, p = await cl.next(0x8015)
     assert struct.unpack_from(">IH", p) == (4, c.OK)
     return cl
@@ -353,3 +354,45 @@ async def test_a_failed_write_refuses_its_publishes_and_keeps_the_sequence(broke
     assert (await cl.request(c.Subscribe(cl.cid(), 2, "full", (c.OFFSET_FIRST, 0), 10,
                                          {})))[0] == c.OK
     assert _deliver_messages(await cl.next(c.DELIVER)) == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_chunk_above_the_clients_frame_max_is_delivered_in_pieces(broker, version):
+    """One chunk of ~40 KB (one Publish frame: one chunk) read by a client that tuned
+    frame_max to 4 KiB: every Deliver frame fits (the reader refuses a larger one), the
+    pieces are valid chunks (CRC, contiguous offsets) holding every message in order, a
+    sub-entry batch stays whole."""
+    big = await login(broker)
+    assert (await big.request(c.Create(big.cid(), "small-frames", {})))[0] == c.OK
+    assert (await big.request(c.DeclarePublisher(big.cid(), 1, None, "small-frames")))[0] \
+        == c.OK
+    bodies = [b"%04d" % i + b"x" * 396 for i in range(100)]
+    batch = [b"sub%d" % i for i in range(20)]
+    await big.send(c.Publish(1, [c.PublishedMessage(i + 1, b) for i, b in enumerate(bodies)]
+                             + [c.PublishedMessage(101, c.make_subentry(batch))]))
+    confirmed: list = []
+    while len(confirmed) < 101:
+        _k, _v, p = await big.next(c.PUBLISH_CONFIRM)
+        n = struct.unpack_from(">i", p, 1)[0]
+        confirmed += struct.unpack_from(f">{n}Q", p, 5)
+    frame_max = 4096
+    cl = await login(broker, frame_max=frame_max)
+    cl.reader.max_frame = frame_max  # a Deliver above it raises FrameError here
+    if version == 2:
+        await cl.send(c.ExchangeCommandVersions(cl.cid(), [(c.DELIVER, 1, 2)]))
+        await cl.next(0x8000 | c.EXCHANGE_COMMAND_VERSIONS)
+    assert (await cl.request(c.Subscribe(cl.cid(), 3, "small-frames", (c.OFFSET_FIRST, 0),
+                                         1000, {})))[0] == c.OK
+    messages: list = []
+    next_offset = 0
+    pieces = 0
+    while len(messages) < 120:
+        _k, v, payload = await cl.next(c.DELIVER)
+        assert v == version
+        header, ms = c.decode_chunk(payload[1 if version == 1 else 9:])  # checks the CRC
+        assert header["first_offset"] == next_offset and header["num_records"] == len(ms)
+        next_offset += len(ms)
+        messages += ms
+        pieces += 1
+    assert messages == bodies + batch
+    assert pieces >= 10
