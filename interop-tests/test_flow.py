@@ -65,6 +65,12 @@ def test_two_confirmed_publishers_and_a_slow_consumer(connect, external_broker):
     errors: list[Exception] = []
     cons = threading.Thread(target=_consumer, args=(connect, queue, stop_cons, consumed, errors))
     cons.start()
+    # flow holds publishers only while the queue has a consumer (without one nothing could
+    # release them): publish once the consumer is there (it started late under load)
+    guard = time.monotonic() + 30
+    while ach.queue_declare(queue, passive=True).method.consumer_count < 1:
+        assert not errors and time.monotonic() < guard, errors
+        admin.sleep(0.05)
     pubs = [threading.Thread(target=_publisher, args=(connect, queue, stop_pub, counts, errors))
             for _ in range(2)]
     for t in pubs:
