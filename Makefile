@@ -62,8 +62,8 @@ lint: setup
 # test file whole on one worker; not the default yet (docs/performance.md, "CI run time").
 PYTEST_JOBS ?=
 test-triomq: setup
-	$(PY) -m pytest -q -p no:cacheprovider $(if $(PYTEST_JOBS),-n $(PYTEST_JOBS) --dist loadfile) \
-		tests interop-tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 \
+		$(if $(PYTEST_JOBS),-n $(PYTEST_JOBS) --dist loadfile) tests interop-tests
 
 test-rabbitmq: setup
 	@if $(PY) -c "import socket,sys,urllib.parse as u; p=u.urlparse('$(RABBITMQ_URL)'); socket.create_connection((p.hostname, p.port or 5672), 2)" 2>/dev/null; then \
