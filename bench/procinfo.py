@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,18 @@ import rawamqp as ra
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the broker child (preexec): SIGKILL when the bench that started it dies, however it
+    dies (the broker runs in its own session, so a Ctrl-C or a killed bench left it running)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -156,9 +169,13 @@ class TrioMQProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (the broker's stdout while it runs)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # the death signal follows the starting *thread*: only from the main thread, whose
+        # end is the bench's end
+        main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(self.cmd, cwd=str(REPO_ROOT), stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent if main else None)
         deadline = time.monotonic() + self.startup_timeout
         last = None
         while time.monotonic() < deadline:
