@@ -34,7 +34,8 @@ def is_amqp10(prefix: bytes) -> bool:
 
 
 class Amqp10ConnectionHandler:
-    def __init__(self, listener: Amqp10Listener, stream, sock, tls: bool, prefix: bytes = b""):
+    def __init__(self, listener: Amqp10Listener, stream, sock, tls: bool, prefix: bytes = b"",
+                 peer_cert_user: str | None = None):
         self.listener = listener
         self.stream = stream
         self.prefix = prefix
@@ -44,7 +45,7 @@ class Amqp10ConnectionHandler:
         except OSError:
             host, self.peer = None, "?"
         from .amqp10_session import Amqp10Session
-        self.session = Amqp10Session(listener.service, self.peer, host)
+        self.session = Amqp10Session(listener.service, self.peer, host, peer_cert_user)
         try:
             self.session.local_port = sock.getsockname()[1]
         except OSError:
@@ -215,11 +216,29 @@ class Amqp10Listener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         except OSError:
             pass
+        if raw is not stream:
+            # the client certificate (SASL EXTERNAL's user) is known after the handshake
+            try:
+                with trio.fail_after(self.broker.config.handshake_timeout):
+                    await stream.do_handshake()
+            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    OSError) as exc:
+                log.warning("amqp 1.0: TLS handshake failed: %s",
+                            exc.__cause__ or exc or type(exc).__name__)
+                with trio.move_on_after(1) as cleanup:
+                    cleanup.shield = True
+                    await stream.aclose()
+                return
         await self.serve_connection(stream, sock, raw is not stream)
 
     async def serve_connection(self, stream, sock, tls: bool, prefix: bytes = b"") -> None:
-        """One AMQP 1.0 connection on ``stream``; ``prefix``: what was already read from it."""
-        handler = Amqp10ConnectionHandler(self, stream, sock, tls, prefix)
+        """One AMQP 1.0 connection on ``stream`` (a TLS one after its handshake);
+        ``prefix``: what was already read from it."""
+        cert_user = None
+        if isinstance(stream, trio.SSLStream):
+            from ..security.tls import peer_cert_user
+            cert_user = peer_cert_user(stream)  # SASL EXTERNAL's user
+        handler = Amqp10ConnectionHandler(self, stream, sock, tls, prefix, cert_user)
         self.handlers.add(handler)
         try:
             await handler.run()

@@ -180,15 +180,23 @@ class Amqp10Session:
     prefetch = 0
     number = 0
     channels: Mapping = MappingProxyType({})
+    metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
 
-    def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None):
+    def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None,
+                 peer_cert_user: str | None = None):
         self.service = service
         self.broker = service.broker
         self.peer = peer
         self.peer_host = peer_host
+        # the CN of the client's verified TLS certificate: SASL EXTERNAL's user
+        self.peer_cert_user = peer_cert_user
         self.local_port = 0
         self.tls = False
-        mechanisms = ["PLAIN"] + (["ANONYMOUS"] if service.anonymous_user else [])
+        # EXTERNAL only with a verified certificate: proton's client picks EXTERNAL whenever
+        # it is offered, which would fail every password login over TLS without one
+        mechanisms = ((["EXTERNAL"] if peer_cert_user is not None else []) + ["PLAIN"]
+                      + (["ANONYMOUS"] if service.anonymous_user else []))
+        self.auth_mechanism = "PLAIN"
         self.conn = ServerConnection(service.max_message_size, mechanisms)
         self.output_high_water = self.broker.config.output_high_water
         self.pending_output = 0  # octets of deliveries handed to proton since the last write
@@ -282,6 +290,15 @@ class Amqp10Session:
             if user is None:
                 self._login_failed(f"login refused for user '{creds[0]}'")
                 return
+        elif ev.mechanism == "EXTERNAL" and self.peer_cert_user is not None:
+            # as rabbitmq_auth_mechanism_ssl: the certificate's CN is the user, the
+            # response (an authorization identity) is not looked at
+            user, _text = access.login("EXTERNAL", b"", self.peer_host, self.peer_cert_user,
+                                       protocol="amqp10")
+            if user is None:
+                self._login_failed(f"EXTERNAL login refused for certificate CN "
+                                   f"'{self.peer_cert_user}'")
+                return
         elif ev.mechanism == "ANONYMOUS" and self.service.anonymous_user:
             user = access.user(self.service.anonymous_user)
             if user is None:
@@ -292,6 +309,7 @@ class Amqp10Session:
             return
         self.user = user
         self.username = user.name
+        self.auth_mechanism = ev.mechanism
         self._handle(self.conn.sasl_outcome(True))
 
     def _on_no_sasl(self) -> None:
@@ -638,7 +656,8 @@ class Amqp10Session:
         return "AMQP 1-0"
 
     def connection_info(self) -> dict:
-        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
+        return {"protocol": self.protocol, "auth_mechanism": self.auth_mechanism,
+                "channel_max": 0,
                 "frame_max": 0, "timeout": 0, "port": self.local_port, "ssl": self.tls,
                 "client_properties": {"container_id": self.container}}
 

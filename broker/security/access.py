@@ -4,8 +4,11 @@ package docstring for the API; ``definitions`` does export/import, ``authz`` the
 per-(user, vhost) checks."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import os
 from types import SimpleNamespace
 
 from .. import errors
@@ -13,7 +16,7 @@ from . import model
 from .authz import Authz
 from .model import NotFound, Permission, TopicPermission, User
 from .oauth2 import OAuth2, TokenUser, looks_like_jwt
-from .passwords import SHA256, hash_password, verify_password
+from .passwords import SHA256, hash_password, scram_credentials, scram_tuple, verify_password
 
 log = logging.getLogger("broker.access")
 
@@ -25,6 +28,8 @@ KIND_TOPIC = "topic_permission"
 KIND_STATE = "access"  # key "initialized": the defaults were created once
 
 _DUMMY_HASH = hash_password("", SHA256)
+# what an unknown user's made-up SCRAM credentials derive from (per process)
+_SCRAM_SECRET = os.urandom(32)
 
 
 def login_refused(mechanism: str) -> str:
@@ -126,7 +131,7 @@ class AccessControl:
                 self.vhost_info.setdefault(name, {"description": "", "tags": [], "limits": {}})
                 self._save_vhost(name)
             for user in self.users.values():
-                store.save_meta(KIND_USER, user.name, user.record())
+                store.save_meta(KIND_USER, user.name, user.stored())
             for (u, v), p in self.perms.items():
                 store.save_meta(KIND_PERMISSION, _pkey(u, v), p.record(u, v))
             store.save_meta(KIND_STATE, "initialized", {})
@@ -146,7 +151,8 @@ class AccessControl:
         self._first_record()
         self.users[key] = User(key, value.get("password_hash", ""),
                                value.get("hashing_algorithm", SHA256),
-                               tuple(value.get("tags", ())), dict(value.get("limits", {})))
+                               tuple(value.get("tags", ())), dict(value.get("limits", {})),
+                               value.get("scram_sha256"))
 
     def _restore_vhost(self, key: str, value: dict) -> None:
         self._first_record()
@@ -172,7 +178,7 @@ class AccessControl:
         self.broker.store.save_meta(KIND_VHOST, name, dict(self.vhost_info[name]))
 
     def _save_user(self, user: User) -> None:
-        self.broker.store.save_meta(KIND_USER, user.name, user.record())
+        self.broker.store.save_meta(KIND_USER, user.name, user.stored())
 
     def _changed(self, username: str | None = None) -> None:
         """Reload the cached checks (of ``username``, or everyone's)."""
@@ -233,8 +239,33 @@ class AccessControl:
             return None, LOOPBACK_ONLY
         return user, ""
 
+    def scram_lookup(self, username: str) -> tuple[bytes, int, bytes, bytes] | None:
+        """A SCRAM server's first step: (salt, iterations, StoredKey, ServerKey) of
+        ``username``; None when the user exists without SCRAM credentials (made from a hash).
+        An unknown user gets made-up ones, stable per name, that no proof matches, so the
+        exchange runs to its end as for a wrong password."""
+        user = self.users.get(username)
+        if user is None:
+            made = hmac.new(_SCRAM_SECRET, username.encode("utf-8", "surrogatepass"),
+                            hashlib.sha256).digest()
+            return made[:16], 4096, hashlib.sha256(made).digest(), made
+        return scram_tuple(user.scram) if user.password_hash else None
+
+    def verified_login(self, username: str, peer_host: str | None,
+                       protocol: str | None = None) -> User | None:
+        """The user whose password a challenge exchange (SCRAM) has just proven: the
+        checks of ``authenticate`` besides the password (loopback-only users)."""
+        user = self.users.get(username)
+        if user is not None and user.name in self.loopback_users and not is_loopback(peer_host):
+            log.warning("user '%s' can only connect via localhost (peer %s)", shown(username),
+                        peer_host)
+            user = None
+        self.count_attempt(protocol, user is not None)
+        return user
+
     def login(self, mechanism: str, response: bytes, peer_host: str | None,
-              peer_cert_user: str | None = None) -> tuple[User | None, str]:
+              peer_cert_user: str | None = None,
+              protocol: str = "amqp091") -> tuple[User | None, str]:
         """An AMQP login (connection.start-ok): (user, "") or (None, RabbitMQ's refusal
         text, "" for a malformed response, which RabbitMQ answers by dropping the
         socket). EXTERNAL maps ``peer_cert_user`` (the client certificate's CN) to a user."""
@@ -242,11 +273,11 @@ class AccessControl:
         if mechanism == "EXTERNAL":
             user = self.users.get(peer_cert_user) if peer_cert_user is not None else None
             if user is None or (user.name in self.loopback_users and not is_loopback(peer_host)):
-                self.count_attempt("amqp091", False)
+                self.count_attempt(protocol, False)
                 why = LOOPBACK_ONLY if user is not None else INVALID_CREDENTIALS
                 _log_refused(mechanism, peer_cert_user or "", why, peer_host)
                 return None, login_refused(mechanism)
-            self.count_attempt("amqp091", True)
+            self.count_attempt(protocol, True)
             return user, ""
         if mechanism not in ("PLAIN", "AMQPLAIN"):
             return None, f"unsupported authentication mechanism '{mechanism}'"
@@ -349,23 +380,30 @@ class AccessControl:
                  hashing_algorithm: str | None = None, tags=None, limits=None) -> User:
         """Create or update a user (the management API's PUT /api/users/NAME): ``password``
         is hashed (sha256), else ``password_hash`` is taken as is; neither keeps an existing
-        user's password (a new one gets none: no password login). Raises DefinitionError."""
+        user's password (a new one gets none: no password login). Raises DefinitionError.
+        A password also gets SCRAM credentials; a hash has none, unless it is the user's
+        current one (definitions imported again keep them)."""
         name = model.name("name", name)
         old = self.users.get(name)
+        scram = None
         if password is not None:
             if not isinstance(password, str):
                 raise model.DefinitionError("password", "must be a string")
             phash, algo = hash_password(password), SHA256
+            if password:
+                scram = scram_credentials(password)
         elif password_hash is not None:
             phash, algo = model.password_hash("password_hash", password_hash, hashing_algorithm)
+            if old is not None and (phash, algo) == (old.password_hash, old.hashing_algorithm):
+                scram = old.scram
         elif old is not None:
-            phash, algo = old.password_hash, old.hashing_algorithm
+            phash, algo, scram = old.password_hash, old.hashing_algorithm, old.scram
         else:
             phash, algo = "", SHA256
         user = User(name, phash, algo,
                     model.tags("tags", tags) if tags is not None else (old.tags if old else ()),
                     model.limits("limits", limits, model.USER_LIMITS) if limits is not None
-                    else (dict(old.limits) if old else {}))
+                    else (dict(old.limits) if old else {}), scram)
         self.users[name] = user
         self._save_user(user)
         self._changed(name)
