@@ -27,6 +27,10 @@ transactions' buffering); alarms stop a publisher's reads at the edge. The outco
 the origin what to answer when it is not an AMQP confirm (a PUBACK, a STOMP receipt, an
 HTTP status). This module is core: it knows the audit trail and the store only through
 the calls above.
+
+The Stream protocol writes its records into a stream's log itself (chunks stay opaque:
+the broker never builds a message to store one); only its audit stage runs here
+(``appended``), for what it wrote and what it refused.
 """
 from __future__ import annotations
 
@@ -59,6 +63,11 @@ class PublishOrigin(Protocol):
 
     vhost: VirtualHost
 
+    @property
+    def metrics_protocol(self) -> str | None:
+        """The ``protocol`` label its publishes count under in ``Publishing.by_protocol``
+        (None: counted elsewhere, or not at all)."""
+
     def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None: ...
 
     def send_return(self, message: Message, code: int, text: str) -> None: ...
@@ -74,6 +83,7 @@ class Source:
     __slots__ = ("audit_ctx", "broker", "vhost")
     closed = False
     user = None
+    metrics_protocol: str | None = None  # the API's publishes count as amqp091 elsewhere
 
     def __init__(self, broker: Any, vhost: VirtualHost, user: str | None, peer: str | None):
         self.broker = broker
@@ -115,6 +125,10 @@ class Publishing:
         self.direct_reply = direct_reply
         self.refuses_persistent = refuses_persistent
         self.config = config  # flow_high / flow_high_bytes, read per publish (may change)
+        #: rabbitmq_global_messages_* of origins that are not AMQP 0-9-1 channels (those
+        #: count on the channel): ``origin.metrics_protocol`` (RabbitMQ's label: mqtt311,
+        #: amqp10 ...) -> [received, unroutable_dropped, unroutable_returned]
+        self.by_protocol: dict[str, list[int]] = {}
 
     @classmethod
     def bare(cls) -> Publishing:
@@ -160,6 +174,13 @@ class Publishing:
         message goes, after routing and before any enqueue (the scheduler's firing, which
         the audit trail records as ``fired``, not ``published``)."""
         audit = self.audit if audited and not queues_report else None
+        protocol = origin.metrics_protocol
+        counts = None
+        if protocol is not None:
+            counts = self.by_protocol.get(protocol)
+            if counts is None:
+                counts = self.by_protocol[protocol] = [0, 0, 0]
+            counts[0] += 1
         if hooks:
             for hook in self.hooks:
                 if hook(origin, message, mandatory, seq):
@@ -172,6 +193,8 @@ class Publishing:
         if on_routed is not None:
             on_routed(queues)
         if not queues:
+            if counts is not None:
+                counts[2 if mandatory else 1] += 1
             if seq:
                 origin.confirm_decided(seq, True)
             if audit is not None:
@@ -223,6 +246,22 @@ class Publishing:
             if own is not None:
                 waits.extend(own)
         return STORING
+
+
+    def appended(self, origin: PublishOrigin, queue: Queue, messages: list,
+                 outcome: str = ROUTED) -> None:
+        """Messages a protocol wrote into a stream's log itself (the Stream protocol:
+        opaque records, no exchange, no routing, no hooks), recorded by the audit trail as
+        a publish the path routed to ``queue`` (``outcome`` ROUTED) or refused (NACKED:
+        no queue got it). ``messages``: (message, tag) pairs, the message the record read
+        back (``streams.record``: properties and body) and the protocol's publishing id.
+        Callers build them only while ``audit`` is on."""
+        audit = self.audit
+        if audit is None:
+            return
+        queues = [queue] if outcome == ROUTED else []
+        for message, tag in messages:
+            audit.published(origin, message, queues, outcome, tag)
 
 
 def when_all(waits: list, callback, on_failure) -> None:

@@ -37,12 +37,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from .. import errors
 from ..amqp import spec
+from ..message import Message
+from ..publishing import NACKED
 from ..queues.stream import StreamQueue
 from ..streamproto import codec
 from ..streamproto.codec import Command
@@ -55,6 +58,7 @@ from ..streamproto.connection import (
     ServerConnection,
     State,
 )
+from ..streams import record as records
 from ..streams import super as super_streams
 from ..streams.log import Timestamp
 
@@ -167,6 +171,7 @@ class StreamSession:
     """One connection (and an entry of ``broker.sessions``)."""
 
     channels: Mapping = MappingProxyType({})
+    metrics_protocol = "stream"  # its publishes count in messages_published, not the path's
     global_prefetch = 0
 
     def __init__(self, service: StreamService, peer: str, peer_host: str | None,
@@ -187,6 +192,7 @@ class StreamSession:
         self.wake = lambda: None
         self.output_delay = 0.0
         self.vhost: Any = None
+        self.audit_ctx: tuple | None = None  # (vhost, user, peer, channel) of its events
         self.user: Any = None
         self.authz: Any = None
         self.username: str | None = None
@@ -208,6 +214,17 @@ class StreamSession:
 
     # ---- input ----
     def data_received(self, data) -> None:
+        audit = self.broker.publishing.audit
+        if audit is None:
+            self._received(data)
+            return
+        audit.clock_start()  # the batch's events share one time
+        try:
+            self._received(data)
+        finally:
+            audit.clock_stop()
+
+    def _received(self, data) -> None:
         for ev in self.conn.receive_data(data):
             if self.ended:
                 break
@@ -267,6 +284,7 @@ class StreamSession:
             self.conn.refuse_open(ev.correlation_id, codec.VIRTUAL_HOST_ACCESS_FAILURE)
             return
         self.vhost = vhost
+        self.audit_ctx = (name, self.username, self.peer, None)
         self.authz = access.authz(self.user, name)
         self.conn.open_ok(ev.correlation_id, name, {
             "advertised_host": self.local_host, "advertised_port": str(self.local_port)})
@@ -498,6 +516,8 @@ class StreamSession:
         dedup = pub.reference is not None
         sequence = pub.sequence
         written = 0
+        # the audit trail's records of this frame, built only while it is on
+        audited: list | None = [] if self.broker.publishing.audit is not None else None
         for m in cmd.messages:
             pid = m.publishing_id
             if dedup and pid <= sequence:
@@ -514,9 +534,16 @@ class StreamSession:
                     continue
                 self._add_subentry(lg, codec.subentry_entry(data), data.count, pub.id, pid)
                 written += data.count
+                if audited is not None:
+                    audited += ((_audit_message(r, pub.stream), pid)
+                                for r in codec.subentry_records(data, limit))
             else:
                 if len(data) > limit:
                     refused.append((pid, codec.PRECONDITION_FAILED))
+                    if audited is not None:
+                        self.broker.publishing.appended(
+                            self, pub.queue, [(_audit_message(data, pub.stream), pid)],
+                            NACKED)
                     continue
                 if lg in self._runs:
                     self._flush_run(lg)  # in the order published
@@ -528,6 +555,8 @@ class StreamSession:
                     refused.append((pid, codec.INTERNAL_ERROR))
                     continue
                 written += 1
+                if audited is not None:
+                    audited.append((_audit_message(data, pub.stream), pid))
             if pid > sequence:
                 sequence = pid
             confirms.append(pid)
@@ -540,6 +569,8 @@ class StreamSession:
         q = pub.queue
         q.stats_published += written
         self.messages_published += written
+        if audited:
+            self.broker.publishing.appended(self, q, audited)
         if refused:
             self.conn.send(codec.encode_publish_error(pub.id, refused))
 
@@ -838,6 +869,21 @@ class StreamSession:
         self.service.sessions.discard(self)
         if self.vhost is not None:
             self.broker.session_closed(self)
+
+
+def _audit_message(record, stream: str) -> Message:
+    """A record as the audit trail reads a publish: its properties and body (a record
+    this broker cannot read: its bytes as the body), to the stream's name as routing key,
+    as a publish through the default exchange names its queue; persistent, as every
+    record of a stream's log is."""
+    record = bytes(record)
+    try:
+        exchange, _key, raw, properties, body = records.decode(record)
+    except (ValueError, IndexError, RecursionError, struct.error):
+        exchange, raw, properties, body = "", b"", {}, record
+    message = Message(exchange, stream, raw, properties, body)
+    message.persistent = True
+    return message
 
 
 def _valid_name(name: str) -> bool:
