@@ -160,10 +160,14 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
             vhost.timers.call_later(delay, lambda e=entry: _again(queue, e, reason, delay))
             continue
         # every target's store, whatever the message's persistence (a transient message is
-        # confirmed by the store's next write)
-        stores = list({id(t.store): t.store for t in targets.kept if t.store is not None}
-                      .values())
-        when_all(stores, _Leave(queue, entry, reason), lambda: None)
+        # confirmed by the store's next write); a queue durable on its own (a stream: its
+        # log) instead of its store, which never gets its messages
+        waits = {}
+        for t in targets.kept:
+            w = t.durability if t.durability is not None else t.store
+            if w is not None:
+                waits[id(w)] = w
+        when_all(list(waits.values()), _Leave(queue, entry, reason), lambda: None)
 
 
 class _Targets:

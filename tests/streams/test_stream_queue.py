@@ -340,3 +340,36 @@ def test_tx_commit_ok_waits_for_the_log_commit(session_client, broker):
     written = c.call(1, spec.Tx.Commit())  # an empty commit: answered at once
     assert [w for w in written if isinstance(w.method, spec.Tx.CommitOk)]
     broker.streams.running = False
+
+
+def test_an_at_least_once_dead_letter_into_a_stream_waits_for_its_log(session_client, broker):
+    """An at-least-once dead letter leaves its quorum queue once its target has it durably:
+    for a stream, once the stream's log committed it (it waited for the classic store,
+    which a stream's records never go to)."""
+    c = session_client()
+    _stream(c, "dl-s")
+    c.declare_queue(1, "src", durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "dl-s", "x-overflow": "reject-publish",
+        "x-dead-letter-strategy": "at-least-once"})
+    c.publish(1, b"dead", routing_key="src", delivery_mode=2)
+    src = broker.vhosts["/"].queues["src"]
+    stream = broker.vhosts["/"].queues["dl-s"]
+    left: list = []
+
+    class Ops:  # what the queue's store hears: the entry leaving
+        def queue_op(self, _queue, op, _entry) -> None:
+            left.append(op.name)
+    src.observers.append(Ops())
+    broker.streams.running = True  # commits wait for commit_all (the group commit task's)
+    try:
+        got = [w for w in c.call(1, spec.Basic.Get(queue="src"))
+               if isinstance(w.method, spec.Basic.GetOk)]
+        c.call(1, spec.Basic.Reject(delivery_tag=got[0].method.delivery_tag, requeue=False))
+        assert stream.log.next_offset == 1 and stream.log.committed_offset == -1
+        assert "DEAD_LETTER" not in left  # kept until the stream's log has it on disk
+        broker.streams.commit_all()
+        assert stream.log.committed_offset == 0
+        assert left[-1] == "DEAD_LETTER" and left.count("DEAD_LETTER") == 1
+    finally:
+        broker.streams.running = False
