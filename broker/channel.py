@@ -53,6 +53,8 @@ class Unacked:
 
 
 class Channel:
+    metrics_protocol = None  # its own counters (stats_*) are the amqp091 ones
+
     def __init__(self, session, number: int):
         self.session = session
         self.conn = session.conn
@@ -386,6 +388,7 @@ class Channel:
             self.stats_get += 1
             q.stats_get += 1
             q.unacked_count += 1
+            q.unacked_bytes += len(entry.message.body)
             self.unacked[tag] = Unacked(tag, entry, q, None, self.timeouts.period)
 
     def _take_unacked(self, tag: int, multiple: bool, m) -> list:

@@ -181,6 +181,7 @@ class Amqp10Session:
     number = 0
     channels: Mapping = MappingProxyType({})
     metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
+    metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
 
     def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None):

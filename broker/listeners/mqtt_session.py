@@ -1388,6 +1388,12 @@ class MQTTSession:
         return self
 
     @property
+    def metrics_protocol(self) -> str:
+        """RabbitMQ's ``protocol`` label of native MQTT's global counters (3.12 and later)."""
+        level = self.conn.protocol_level
+        return "mqtt50" if level == 5 else "mqtt311" if level == 4 else "mqtt310"
+
+    @property
     def protocol(self) -> str:
         level = self.conn.protocol_level
         return "MQTT 5.0" if level == 5 else "MQTT 3.1.1" if level == 4 else "MQTT 3.1"

@@ -106,6 +106,9 @@ class StompSession:
     prefetch = 0
     number = 0
     channels: Mapping = MappingProxyType({})
+    # RabbitMQ's STOMP adapter publishes over an AMQP 0-9-1 channel: its global counters
+    # have no STOMP label
+    metrics_protocol = "amqp091"
 
     def __init__(self, service: StompService, peer: str, peer_host: str | None):
         self.service = service

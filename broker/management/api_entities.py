@@ -80,11 +80,11 @@ def queue_json(broker, vhost, q) -> dict:
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
         "memory": 0,
-        "message_bytes": ready_bytes,
+        "message_bytes": ready_bytes + q.unacked_bytes,
         "message_bytes_persistent": ready_bytes if q.store is not None else 0,
         "message_bytes_ram": ready_bytes,
         "message_bytes_ready": ready_bytes,
-        "message_bytes_unacknowledged": 0,
+        "message_bytes_unacknowledged": q.unacked_bytes,
         "message_stats": _queue_message_stats(q, rates),
         "messages": ready + unacked,
         "messages_details": {"rate": round(rates["messages_ready"]
@@ -512,6 +512,7 @@ async def get_messages(request: Request):
     if entries:
         q.stats_get += len(entries)  # RabbitMQ's own gets go through a channel, with ack
         q.unacked_count += len(entries)  # as a basic.get with ack; settled below
+        q.unacked_bytes += sum(len(e.message.body) for e in entries)
         if ackmode == "ack_requeue_true" or ackmode == "reject_requeue_true":
             q.requeue(sorted(((e, None) for e in entries), key=lambda p: -p[0].seq))
         elif ackmode == "ack_requeue_false":

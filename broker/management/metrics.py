@@ -38,7 +38,10 @@ from .common import NODE
 from .stats import connection_counts
 
 RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
-PROTOCOL = "amqp091"  # the global counters' protocol label
+PROTOCOL = "amqp091"  # AMQP 0-9-1 channels' (and the API's, STOMP's) protocol label
+# labels RabbitMQ 3.10 serves at 0 before any traffic; the others (mqtt310, mqtt311,
+# mqtt50, amqp10: RabbitMQ 3.12 and 4.0's native MQTT and AMQP 1.0) once they publish
+BASE_PROTOCOLS = ("amqp091", "stream")
 # rabbitmq_prometheus' dead-letter counters by reason (x-death reasons)
 DEAD_LETTER_REASONS = {"expired": "expired", "maxlen": "maxlen", "rejected": "rejected",
                        "delivery_limit": "delivery_limit"}
@@ -135,13 +138,20 @@ class BrokerCollector:
                                   labels=labels)
         qbytes = GaugeMetricFamily("rabbitmq_queue_messages_ready_bytes",
                                    "Size in bytes of ready messages", labels=labels)
+        ubytes = GaugeMetricFamily("rabbitmq_queue_messages_unacked_bytes",
+                                   "Size in bytes of all unacknowledged messages",
+                                   labels=labels)
+        mbytes = GaugeMetricFamily("rabbitmq_queue_messages_bytes",
+                                   "Size in bytes of ready and unacknowledged messages",
+                                   labels=labels)
         qpub = CounterMetricFamily("rabbitmq_queue_messages_published",
                                    "Messages published into a queue", labels=labels)
         head = GaugeMetricFamily("rabbitmq_queue_head_message_timestamp",
                                  "Timestamp of the first message in the queue, if any",
                                  labels=labels)
         queues = 0
-        sums = [0, 0, 0, 0, 0]  # ready, unacked, consumers, ready bytes, published
+        sums = [0, 0, 0, 0, 0, 0]  # ready, unacked, consumers, ready bytes, published,
+        # unacked bytes
         for vhost in list(broker.vhosts.values()):
             for q in list(vhost.queues.values()):
                 if q.internal:
@@ -155,6 +165,7 @@ class BrokerCollector:
                     sums[2] += c
                     sums[3] += q.ready_bytes
                     sums[4] += q.stats_published
+                    sums[5] += q.unacked_bytes
                     continue
                 key = [vhost.name, q.name]
                 ready.add_metric(key, r)
@@ -162,6 +173,8 @@ class BrokerCollector:
                 messages.add_metric(key, r + u)
                 qcons.add_metric(key, c)
                 qbytes.add_metric(key, q.ready_bytes)
+                ubytes.add_metric(key, q.unacked_bytes)
+                mbytes.add_metric(key, q.ready_bytes + q.unacked_bytes)
                 qpub.add_metric(key, q.stats_published)
                 ts = head_timestamp(q)
                 if ts is not None:
@@ -169,11 +182,12 @@ class BrokerCollector:
         if not self.per_object:
             for family, value in ((ready, sums[0]), (unacked, sums[1]),
                                   (messages, sums[0] + sums[1]), (qcons, sums[2]),
-                                  (qbytes, sums[3]), (qpub, sums[4])):
+                                  (qbytes, sums[3]), (qpub, sums[4]), (ubytes, sums[5]),
+                                  (mbytes, sums[3] + sums[5])):
                 family.add_metric([], value)
         # as rabbitmq_prometheus: head timestamps per object only (aggregated: the family
         # with no samples)
-        yield from (ready, unacked, messages, qcons, qbytes, qpub, head)
+        yield from (ready, unacked, messages, qcons, qbytes, ubytes, mbytes, qpub, head)
         yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
                                 value=len(sessions))
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
@@ -201,35 +215,7 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_connection_channels", "Channels on a connection",
                                 value=channels)
         yield from auth_families(broker.access, "rabbitmq_")
-        for name, doc, value in (
-                ("rabbitmq_global_publishers", "Current number of publishers",
-                 sum(1 for s in sessions if getattr(s, "is_publisher", False))),
-                ("rabbitmq_global_consumers", "Current number of consumers", consumers)):
-            g = GaugeMetricFamily(name, doc, labels=["protocol"])
-            g.add_metric([PROTOCOL], value)
-            yield g
-        # the global counters (rabbitmq_global_*): every protocol is counted as amqp091
-        # (MQTT publishes go through the same counters); the delivery ones by queue type
-        for name, doc, value in (
-                ("received", "Total number of messages received from publishers",
-                 totals["publish"]),
-                ("confirmed", "Total number of messages confirmed to publishers",
-                 totals["confirm"]),
-                ("unroutable_returned", "Total number of messages published as mandatory into "
-                 "an exchange and returned to the publisher as unroutable",
-                 totals["return_unroutable"]),
-                ("unroutable_dropped", "Total number of messages published as non-mandatory "
-                 "into an exchange and dropped as unroutable", totals["drop_unroutable"]),
-                # routed: every publish that was neither returned nor dropped
-                ("routed", "Total number of messages routed to queues or streams",
-                 max(0, totals["publish"] - totals["return_unroutable"]
-                     - totals["drop_unroutable"])),
-                # received in confirm mode: confirmed, plus those still waiting for theirs
-                ("received_confirm", "Total number of messages received from publishers "
-                 "expecting confirmations", totals["confirm"] + unconfirmed)):
-            c = CounterMetricFamily("rabbitmq_global_messages_" + name, doc, labels=["protocol"])
-            c.add_metric([PROTOCOL], value)
-            yield c
+        yield from global_families(broker, sessions, totals, unconfirmed)
         yield from queue_type_families(broker)
         yield from dead_letter_families(broker)
         yield from recovery_families(broker.recovery)
@@ -341,6 +327,69 @@ class BrokerCollector:
                                 "Scheduled messages waiting for their time",
                                 value=broker.scheduler.pending)
         yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
+
+
+def protocol_of(obj) -> str:
+    """The ``protocol`` label of a connection or a consumer's channel."""
+    return getattr(obj, "metrics_protocol", None) or PROTOCOL
+
+
+def global_families(broker, sessions: list, totals: dict, unconfirmed: int) -> list:
+    """rabbitmq_global_publishers/consumers and rabbitmq_global_messages_*{protocol}:
+    AMQP 0-9-1 from its channels' counters (and the API's publishes), stream publishes
+    from the stream connections, every other protocol from the publish path's count
+    (``Publishing.by_protocol``). Only AMQP 0-9-1 has confirms and mandatory returns
+    counted; the others' are 0."""
+    counts: dict[str, dict[str, int]] = {p: Counter() for p in BASE_PROTOCOLS}
+    amqp = counts[PROTOCOL]
+    amqp.update(received=totals["publish"], confirmed=totals["confirm"],
+                unroutable_returned=totals["return_unroutable"],
+                unroutable_dropped=totals["drop_unroutable"],
+                received_confirm=totals["confirm"] + unconfirmed)
+    stream = broker.message_totals.stream_published()
+    counts["stream"].update(received=stream)
+    for protocol, (received, dropped, returned) in list(
+            broker.publishing.by_protocol.items()):
+        n = counts.setdefault(protocol, Counter())
+        n.update(received=received, unroutable_dropped=dropped, unroutable_returned=returned)
+    for n in counts.values():
+        # routed: every publish that was neither returned nor dropped
+        n["routed"] = max(0, n["received"] - n["unroutable_returned"] - n["unroutable_dropped"])
+    publishers: Counter = Counter()
+    consumers: Counter = Counter()
+    for s in sessions:
+        if getattr(s, "is_publisher", False):
+            publishers[protocol_of(s)] += 1
+    for vhost in list(broker.vhosts.values()):
+        for q in list(vhost.queues.values()):
+            if not q.internal:
+                for consumer in q.consumers:
+                    consumers[protocol_of(getattr(consumer.channel, "session", None)
+                                          or consumer.channel)] += 1
+    out: list = []
+    for name, doc, values in (
+            ("rabbitmq_global_publishers", "Current number of publishers", publishers),
+            ("rabbitmq_global_consumers", "Current number of consumers", consumers)):
+        g = GaugeMetricFamily(name, doc, labels=["protocol"])
+        for protocol in sorted({*counts, *values}):
+            g.add_metric([protocol], values[protocol])
+        out.append(g)
+    for name, doc in (
+            ("received", "Total number of messages received from publishers"),
+            ("confirmed", "Total number of messages confirmed to publishers"),
+            ("unroutable_returned", "Total number of messages published as mandatory into "
+             "an exchange and returned to the publisher as unroutable"),
+            ("unroutable_dropped", "Total number of messages published as non-mandatory "
+             "into an exchange and dropped as unroutable"),
+            ("routed", "Total number of messages routed to queues or streams"),
+            # received in confirm mode: confirmed, plus those still waiting for theirs
+            ("received_confirm", "Total number of messages received from publishers "
+             "expecting confirmations")):
+        c = CounterMetricFamily("rabbitmq_global_messages_" + name, doc, labels=["protocol"])
+        for protocol in sorted(counts):
+            c.add_metric([protocol], counts[protocol][name])
+        out.append(c)
+    return out
 
 
 def head_timestamp(q) -> int | None:
@@ -488,6 +537,12 @@ class DetailedCollector:
                                           "Consumers on a queue", labels=labels)
             ready_bytes = GaugeMetricFamily("rabbitmq_detailed_queue_messages_ready_bytes",
                                             "Size in bytes of ready messages", labels=labels)
+            unacked_bytes = GaugeMetricFamily(
+                "rabbitmq_detailed_queue_messages_unacked_bytes",
+                "Size in bytes of all unacknowledged messages", labels=labels)
+            all_bytes = GaugeMetricFamily("rabbitmq_detailed_queue_messages_bytes",
+                                          "Size in bytes of ready and unacknowledged messages",
+                                          labels=labels)
             head = GaugeMetricFamily("rabbitmq_detailed_queue_head_message_timestamp",
                                      "Timestamp of the first message in the queue, if any",
                                      labels=labels)
@@ -503,6 +558,8 @@ class DetailedCollector:
                     messages.add_metric(key, q.message_count + q.unacked_count)
                     consumers.add_metric(key, len(q.consumers))
                     ready_bytes.add_metric(key, q.ready_bytes)
+                    unacked_bytes.add_metric(key, q.unacked_bytes)
+                    all_bytes.add_metric(key, q.ready_bytes + q.unacked_bytes)
                     ts = head_timestamp(q)
                     if ts is not None:
                         head.add_metric(key, ts)
@@ -511,7 +568,7 @@ class DetailedCollector:
             if "queue_consumer_count" in fam:
                 yield consumers
             if "queue_metrics" in fam:
-                yield from (ready_bytes, head)
+                yield from (ready_bytes, unacked_bytes, all_bytes, head)
         if "channel_metrics" in fam:
             labels = ["channel"]
             cons = GaugeMetricFamily("rabbitmq_detailed_channel_consumers",

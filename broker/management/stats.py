@@ -77,6 +77,7 @@ class MessageTotals:
         self.retired = dict.fromkeys(CHANNEL_FIELDS, 0)
         self.retired_by_vhost: dict[str, dict[str, int]] = {}
         self.retired_octets: dict[str, list[int]] = {}  # vhost -> [recv_oct, send_oct]
+        self.retired_stream_published = 0  # closed stream connections' messages_published
 
     def retire(self, channel) -> None:
         vhost = channel.session.vhost
@@ -99,12 +100,18 @@ class MessageTotals:
 
     def retire_connection(self, session) -> None:
         """A closed connection's octets stay in its vhost's totals, as RabbitMQ's do."""
+        self.retired_stream_published += getattr(session, "messages_published", 0)
         if session.vhost is None:
             return
         counts = connection_counts(session)
         r = self.retired_octets.setdefault(session.vhost.name, [0, 0])
         r[0] += counts[0]
         r[1] += counts[2]
+
+    def stream_published(self) -> int:
+        """Messages written by stream protocol publishers, closed connections included."""
+        return self.retired_stream_published + sum(
+            getattr(s, "messages_published", 0) for s in list(self.broker.sessions))
 
     def octets_by_vhost(self) -> dict[str, tuple[int, int]]:
         """``(recv_oct, send_oct)`` per vhost name, closed connections included (vhosts

@@ -152,6 +152,7 @@ class Queue:
         self.ready = self._new_ready()
         self.ready_bytes = 0
         self.unacked_count = 0
+        self.unacked_bytes = 0  # bodies delivered and not yet settled (Prometheus, the API)
         self.consumers: list[Consumer] = []  # registration order
         self._selective = 0  # consumers with an x-filter: dispatch then looks past the head
         self._groups: list[tuple[int, deque]] = []  # (priority, consumers) highest first
@@ -316,6 +317,7 @@ class Queue:
             if not consumer.no_ack:
                 consumer.unacked += 1
                 self.unacked_count += 1
+                self.unacked_bytes += len(entry.message.body)
             consumer.channel.deliver(consumer, self, entry)
             if consumer.no_ack:
                 self.stats_deliver_no_ack += 1
@@ -367,6 +369,7 @@ class Queue:
             if not consumer.no_ack:
                 consumer.unacked += 1
                 self.unacked_count += 1
+                self.unacked_bytes += len(entry.message.body)
             consumer.channel.deliver(consumer, self, entry)
             if groups is not None:
                 groups.delivered(entry.message)
@@ -456,6 +459,7 @@ class Queue:
         """``reported``: the client's session reports the ack to the audit trail."""
         self.stats_acked += 1
         self._unacked_done(consumer)
+        self._unacked_bytes_done(entry)
         self.settled(entry, reported)
 
     def refuse_negative(self) -> None:
@@ -464,6 +468,7 @@ class Queue:
     def reject(self, entry: QueueEntry, consumer: Consumer | None) -> None:
         """Rejected without requeue: dead-letter (reason 'rejected') or drop."""
         self._unacked_done(consumer)
+        self._unacked_bytes_done(entry)
         if self.retry is not None and self.retry.on_rejected(entry, requeue=False):
             return
         self.discard([entry], "rejected")
@@ -472,6 +477,7 @@ class Queue:
         """Return unacked messages to their original positions, marked redelivered."""
         for entry, consumer in entries:
             self._unacked_done(consumer)
+            self._unacked_bytes_done(entry)
             if self.deleted:
                 self._left(entry, Op.DELETE)
                 continue
@@ -482,6 +488,10 @@ class Queue:
         if not self.deleted:
             self.dispatch()
             self._expiry.arm()
+
+    def _unacked_bytes_done(self, entry: QueueEntry) -> None:
+        # floored: a settlement the count never saw (see _unacked_done) must not go below 0
+        self.unacked_bytes = max(0, self.unacked_bytes - len(entry.message.body))
 
     def _unacked_done(self, consumer: Consumer | None) -> None:
         if consumer is not None:

@@ -22,8 +22,7 @@ NOT_SERVED = re.compile(
     r"|rabbitmq_queue_index_|rabbitmq_queue_disk_|rabbitmq_schema_db_"
     r"|rabbitmq_global_stream_error_|rabbitmq_.*_process_reductions"
     r"|rabbitmq_queue_messages_(paged_out|ram|ready_ram|unacked_ram|persistent)"
-    r"|rabbitmq_queue_(process_memory_bytes|consumer_capacity|consumer_utilisation"
-    r"|messages_bytes|messages_unacked_bytes)"
+    r"|rabbitmq_queue_(process_memory_bytes|consumer_capacity|consumer_utilisation)"
     r"|rabbitmq_channel_(acks_uncommitted|messages_uncommitted)"
     r"|rabbitmq_connection_pending_packets"
     r"|rabbitmq_global_messages_dead_lettered_confirmed)")
@@ -33,7 +32,13 @@ NEW = ("rabbitmq_auth_attempts", "rabbitmq_auth_attempts_succeeded",
        "rabbitmq_auth_attempts_failed", "rabbitmq_global_messages_routed",
        "rabbitmq_global_messages_received_confirm", "rabbitmq_alarms_file_descriptor_limit",
        "rabbitmq_connection_channels", "rabbitmq_channel_messages_unacked",
-       "rabbitmq_channel_prefetch", "rabbitmq_consumer_prefetch", "process_start_time_seconds")
+       "rabbitmq_channel_prefetch", "rabbitmq_consumer_prefetch", "process_start_time_seconds",
+       "rabbitmq_queue_messages_bytes", "rabbitmq_queue_messages_unacked_bytes",
+       "rabbitmq_queue_messages_ready_bytes")
+
+# the protocol label's values: RabbitMQ 3.10's (amqp091, stream) and those of its later
+# native MQTT (3.12) and AMQP 1.0 (4.0); STOMP counts as amqp091 as in RabbitMQ
+RABBITMQ_PROTOCOLS = {"amqp091", "stream", "mqtt310", "mqtt311", "mqtt50", "amqp10"}
 
 
 OBJECT_LABELS = {"vhost", "queue", "channel", "connection", "exchange"}
@@ -150,3 +155,20 @@ async def test_families_and_labels_as_rabbitmq(http_broker):
     for name, (_type, labels) in reference.items():
         if name in ours and not labels & OBJECT_LABELS and (labels or name in NEW):
             assert ours[name][1] == labels, name
+    # the per-protocol split: each global family RabbitMQ labels by protocol, with the
+    # label values RabbitMQ serves (all of the reference's, none it does not have)
+    ref_values = values(await _scrape(RABBITMQ_METRICS))
+    our_values = values(await _scrape(http_broker.url + "/metrics"))
+    for name in ("rabbitmq_global_messages_received_total", "rabbitmq_global_publishers",
+                 "rabbitmq_global_messages_routed_total", "rabbitmq_global_consumers"):
+        ref = {dict(labels)["protocol"] for n, labels in ref_values if n == name}
+        got = {dict(labels)["protocol"] for n, labels in our_values if n == name}
+        assert ref <= got <= RABBITMQ_PROTOCOLS, (name, ref, got)
+    # the queue byte gauges as RabbitMQ serves them per object
+    per_object = families(await _scrape(RABBITMQ_METRICS + "/per-object"))
+    ours_per_object = families(await _scrape(http_broker.url + "/metrics/per-object"))
+    for name in ("rabbitmq_queue_messages_bytes", "rabbitmq_queue_messages_unacked_bytes",
+                 "rabbitmq_queue_messages_ready_bytes"):
+        assert per_object[name][0] == ours_per_object[name][0] == "gauge"
+        if per_object[name][1]:  # RabbitMQ has a queue to label
+            assert ours_per_object[name][1] == per_object[name][1], name
