@@ -49,7 +49,12 @@ API (for the AMQP stream queue and the Stream protocol):
   the chunk's Bloom filter.
 * ``append_encoded(data, num_entries, num_records, timestamp=None, filter_values=())``
   ``-> (first, last)``: one chunk of already-encoded entries (simple or sub-batch).
-* ``when_durable(offset, callback)``: ``callback()`` once ``offset`` is committed.
+* ``when_durable(offset, callback)``: ``callback()`` once ``offset`` is committed (and,
+  while the log leads a replica group, on a majority of it: ``set_replicas(nodes,
+  group_size)``, ``replica_acked(node, offset)``, ``durable_offset``).
+* ``append_replica_chunk(chunk)``: a leader's chunk (header, filter, entries) written
+  verbatim at the replica's tail (same offsets, chunk ids, timestamps; ``ReplicaGap``
+  when it does not start there). ``Chunk.raw()``: a chunk as the log holds it.
 * ``first_offset``, ``next_offset`` (offset the next record gets, batched ones counted), ``committed_offset``
   (-1: none), ``last_chunk_offset`` (first offset of the last committed chunk, -1: none),
   ``committed_chunk_id`` (the same), ``size_bytes``, ``segment_count``,
@@ -99,6 +104,14 @@ BLOOM_SIZE = 16  # bytes of Bloom filter per chunk that has filter values (osiri
 MAX_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
 BATCH_RECORDS = 4096  # append_record: records per chunk at most
 BATCH_BYTES = 1 << 20  # ... and bytes (a chunk is read whole by readers)
+
+
+class ReplicaGap(Exception):
+    """A replicated chunk does not start at the replica's tail."""
+
+    def __init__(self, first: int, expected: int):
+        super().__init__(f"chunk at offset {first}, replica's tail at {expected}")
+        self.first, self.expected = first, expected
 
 
 @dataclass(frozen=True)
@@ -207,6 +220,14 @@ class Chunk:
         self.bloom = bloom
         self.data = data
 
+    def raw(self) -> list[bytes]:
+        """The chunk as the log holds it (its Bloom filter kept): what a replica appends
+        (``append_replica_chunk``)."""
+        if not self.bloom:
+            return [self.header, self.data]
+        return [self.header[:44] + bytes((len(self.bloom),)) + self.header[45:], self.bloom,
+                self.data]
+
     def wire(self) -> bytes:
         """The chunk as a Stream-protocol Deliver carries it (header + entries)."""
         return self.header + self.data
@@ -297,6 +318,9 @@ class StreamLog:
         self.closed = False
         self.listeners: list[Callable[[], None]] = []
         self._durable: list[tuple[int, Callable[[], None]]] = []  # (offset, callback), in order
+        # a leader's replicas: node -> last offset it reported committed (None: no group)
+        self._replicas: dict[str, int] | None = None
+        self._group_size = 1
         self._waiters: list = []  # trio Events of readers waiting for a commit
         self._retired: list[int] = []  # fds of rolled segments, closed after the next commit
         self._store: StreamStore | None = None  # the store whose task commits it
@@ -529,6 +553,42 @@ class StreamLog:
         self.flush_batch()  # batched records come first
         return self._append_chunk(data, num_entries, num_records, timestamp, filter_values)
 
+    def append_replica_chunk(self, chunk: bytes | memoryview) -> tuple[int, int]:
+        """A chunk of another node's log (its leader's), written as it came: header
+        (offsets, timestamp, epoch, counts, CRC), Bloom filter and entries byte for byte,
+        so this replica has the same chunks at the same offsets. It must start at
+        ``next_offset`` (a replica only ever appends what follows its own tail: raises
+        ``ReplicaGap`` otherwise) and its CRC must match (``ValueError``)."""
+        if self.closed:
+            raise RuntimeError("stream log closed")
+        if self._batch:
+            raise RuntimeError("a replica takes no publishes of its own")
+        if len(chunk) < CHUNK_HEADER.size:
+            raise ValueError("chunk shorter than its header")
+        (mv, _t, n_entries, n_records, ts, _epoch, first, crc, dlen, tlen,
+         flen) = CHUNK_HEADER.unpack_from(chunk, 0)
+        if mv != MAGIC_VERSION or len(chunk) != CHUNK_HEADER.size + flen + dlen + tlen \
+                or not 0 < n_entries <= n_records:
+            raise ValueError("not a whole chunk")
+        start = CHUNK_HEADER.size + flen
+        if zlib.crc32(chunk[start:start + dlen]) != crc:
+            raise ValueError(f"chunk at offset {first} fails its CRC")
+        if first != self._next:
+            raise ReplicaGap(first, self._next)
+        chunk = bytes(chunk)
+        if self._seg_size > FILE_HEADER and self._seg_size + len(chunk) > self.max_segment_size:
+            self._roll()
+        pos = self._seg_size
+        os.pwrite(self._seg_fd, chunk, pos)
+        os.pwrite(self._idx_fd, INDEX_ENTRY.pack(first, ts, pos, n_records), self._idx_size)
+        self._seg_size += len(chunk)
+        self._idx_size += INDEX_ENTRY.size
+        self._next = first + n_records
+        self._pending_last_chunk = first
+        if self._store is not None:
+            self._store.dirty(self)
+        return first, first + n_records - 1
+
     def _append_chunk(self, data: bytes, num_entries: int, num_records: int,
                       timestamp: int | None, filter_values: Iterable) -> tuple[int, int]:
         if not 0 < num_entries <= MAX_ENTRIES or num_records < num_entries:
@@ -560,8 +620,58 @@ class StreamLog:
         self.apply_retention()
 
     # ---- durability ----
+    @property
+    def durable_offset(self) -> int:
+        """The last offset a publish may be confirmed for: committed here, and, while the
+        log leads a replica group (``set_replicas``), on a majority of the group (the
+        replicas count what they reported committed on their own disk)."""
+        own = self.committed_offset
+        replicas = self._replicas
+        if replicas is None:
+            return own
+        offsets = sorted([own, *(min(o, own) for o in replicas.values())], reverse=True)
+        need = self._group_size // 2 + 1  # this node included
+        return offsets[need - 1] if len(offsets) >= need else -1
+
+    def set_replicas(self, nodes: list[str] | None, group_size: int = 0) -> None:
+        """Lead a replica group of ``group_size`` (this node and ``nodes``): confirms
+        (``when_durable``) wait for a majority of it; None: this log alone, as without a
+        cluster. A node kept keeps what it reported."""
+        if nodes is None:
+            self._replicas = None
+        else:
+            old = self._replicas or {}
+            self._replicas = {n: old.get(n, -1) for n in nodes}
+            self._group_size = max(group_size, len(nodes) + 1)
+        self._release()
+
+    def replica_acked(self, node: str, offset: int) -> None:
+        """``node`` has this log up to ``offset`` committed on its own disk."""
+        replicas = self._replicas
+        if replicas is None or node not in replicas or offset <= replicas[node]:
+            return
+        replicas[node] = offset
+        self._release()
+
+    @property
+    def replica_offsets(self) -> dict[str, int] | None:
+        return None if self._replicas is None else dict(self._replicas)
+
+    def _release(self) -> None:
+        durable = self._durable
+        if not durable:
+            return
+        upto = self.durable_offset
+        i = 0
+        while i < len(durable) and durable[i][0] <= upto:
+            i += 1
+        if i:
+            done, self._durable = durable[:i], durable[i:]
+            for _offset, callback in done:
+                callback()
+
     def when_durable(self, offset: int, callback: Callable[[], None]) -> None:
-        if offset <= self.committed_offset:
+        if offset <= self.durable_offset:
             callback()
         else:
             self._durable.append((offset, callback))
@@ -605,14 +715,7 @@ class StreamLog:
             return
         self.committed_offset = upto
         self.last_chunk_offset = last_chunk
-        durable = self._durable
-        i = 0
-        while i < len(durable) and durable[i][0] <= upto:
-            i += 1
-        if i:
-            done, self._durable = durable[:i], durable[i:]
-            for _offset, callback in done:
-                callback()
+        self._release()
         waiters, self._waiters = self._waiters, []
         for event in waiters:
             event.set()

@@ -15,9 +15,11 @@ from broker.streams.log import (
     CHUNK_HEADER,
     FILE_HEADER,
     INDEX_ENTRY,
+    ReplicaGap,
     StreamLog,
     StreamStore,
     Timestamp,
+    bloom_accepts,
     encode_entries,
     iter_entries,
 )
@@ -351,3 +353,85 @@ def test_store_task_survives_a_failed_write(tmp_path, monkeypatch):
         assert _all(lg) == [(0, b"x")]
         lg.close()
     trio.run(main)
+
+
+def test_a_replica_has_the_leaders_chunks_byte_for_byte(tmp_path):
+    """Chunks read from a leader and appended to a replica: same offsets, chunk ids,
+    timestamps and Bloom filters, files identical; a chunk not at the replica's tail
+    (a gap, or one it has) and a corrupt chunk are refused; a reopened replica goes on
+    from its own tail."""
+    leader = StreamLog(str(tmp_path / "leader"), max_segment_size=4096)
+    for i in range(30):
+        leader.append([b"r%d-" % i + b"x" * 200, b"s%d" % i], timestamp=1000 + i,
+                      filter_values=["a" if i % 2 else "b", None])
+        leader.commit()
+    replica = StreamLog(str(tmp_path / "replica"), max_segment_size=4096)
+    reader = leader.reader("first")
+    chunks = []
+    while (chunk := reader.next_chunk()) is not None:
+        chunks.append(b"".join(chunk.raw()))
+    with pytest.raises(ReplicaGap):
+        replica.append_replica_chunk(chunks[1])
+    for raw in chunks[:10]:
+        replica.append_replica_chunk(raw)
+    with pytest.raises(ReplicaGap):
+        replica.append_replica_chunk(chunks[9])  # one it has
+    bad = bytearray(chunks[10])
+    bad[-1] ^= 1
+    with pytest.raises(ValueError, match="CRC"):
+        replica.append_replica_chunk(bytes(bad))
+    replica.commit()
+    replica.close()
+    replica = StreamLog(str(tmp_path / "replica"), max_segment_size=4096)
+    assert replica.next_offset == 20
+    for raw in chunks[10:]:
+        replica.append_replica_chunk(raw)
+    replica.commit()
+    assert replica.committed_chunk_id == leader.committed_chunk_id
+    assert _all(replica) == _all(leader)
+    names = sorted(n for n in os.listdir(tmp_path / "leader") if n.endswith((".segment",
+                                                                            ".index")))
+    assert len(names) > 2 and names == sorted(
+        n for n in os.listdir(tmp_path / "replica") if n.endswith((".segment", ".index")))
+    for n in names:
+        assert (tmp_path / "leader" / n).read_bytes() == (tmp_path / "replica" / n).read_bytes()
+    # Bloom filters came along: a filtered reader skips the same chunks on both
+    def filtered(lg):
+        r = lg.reader("first")
+        got = []
+        while (c := r.next_chunk(lambda bloom: bloom_accepts(bloom, ["a"]))) is not None:
+            got.append(c.first_offset)
+        return got
+    assert filtered(replica) == filtered(leader) and 0 < len(filtered(leader)) < 30
+
+
+def test_confirms_wait_for_a_majority_of_the_replica_group(tmp_path):
+    lg = StreamLog(str(tmp_path / "s"))
+    lg.set_replicas(["b", "c"], 3)
+    confirmed: list = []
+    lg.append([b"one"])
+    lg.when_durable(0, lambda: confirmed.append(0))
+    lg.commit()
+    assert confirmed == [] and lg.durable_offset == -1  # the leader alone: 1 of 3
+    lg.replica_acked("c", 0)
+    assert confirmed == [0] and lg.durable_offset == 0  # 2 of 3
+    lg.append([b"two"])
+    lg.when_durable(1, lambda: confirmed.append(1))
+    lg.replica_acked("b", 1)  # a replica ahead of the leader's own commit: not yet
+    assert confirmed == [0]
+    lg.commit()
+    assert confirmed == [0, 1]
+    lg.replica_acked("zz", 5)  # not a member: ignored
+    lg.set_replicas(["b", "c", "d", "e"], 5)  # b kept its report; 2 of 5 is no majority
+    lg.append([b"three"])
+    lg.when_durable(2, lambda: confirmed.append(2))
+    lg.commit()
+    lg.replica_acked("b", 2)
+    assert confirmed == [0, 1]
+    lg.replica_acked("d", 2)
+    assert confirmed == [0, 1, 2]
+    lg.set_replicas(None)  # alone again: its own commit
+    lg.append([b"four"])
+    lg.commit()
+    lg.when_durable(3, lambda: confirmed.append(3))
+    assert confirmed == [0, 1, 2, 3]
