@@ -327,7 +327,7 @@ class ClusterStore(Store):
         policies = broker.policies
         if access is not None:
             for user in access.users.values():
-                self._queue_write(self._defs("meta", "user", _q(user.name)), user.record())
+                self._queue_write(self._defs("meta", "user", _q(user.name)), user.stored())
             for name, info in access.vhost_info.items():
                 self._queue_write(self._defs("meta", "vhost", _q(name)), dict(info))
             for (user, vhost), perm in access.perms.items():

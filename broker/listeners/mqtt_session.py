@@ -52,6 +52,7 @@ from ..mqtt.connection import (
     FORMAT_INVALID_BIT,
     NO_MATCH_BIT,
     PUBREC_BIT,
+    AuthContinued,
     ConnectRequested,
     DeliveryAcked,
     DeliveryCompleted,
@@ -287,7 +288,7 @@ class MQTTSession:
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
-    __slots__ = ("__weakref__", "_ack_now", "_awaiting_store", "_decided", "_filter_qos",
+    __slots__ = ("__weakref__", "_ack_now", "_auth_step", "_awaiting_store", "_decided", "_filter_qos",
                  "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq", "_topics", "_touched", "audit",
                  "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
@@ -354,7 +355,7 @@ class MQTTSession:
         self.delivery_stalled = False
         self.is_publisher = False
         # a resource alarm saw this publisher (Broker.notify_blocked); MQTT cannot tell the
-        # client, the edge trickle-reads instead
+        # client, the edge stops reading it instead
         self.blocked_sent = False
         self.finished = False  # the edge closes the socket once output is written
         self.ended = False
@@ -378,6 +379,9 @@ class MQTTSession:
         # seqs of this read's QoS 1 publishes whose PUBACK waits for the store: one
         # durability callback per read, not per message
         self._awaiting_store: list[int] = _NO_LIST
+        # an enhanced authentication's challenge awaiting the client's AUTH 0x18: (the
+        # method's step, the CONNECT it is for, or None when re-authenticating)
+        self._auth_step: tuple[enhanced_auth.Step, codec.Connect | None] | None = None
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
@@ -427,6 +431,10 @@ class MQTTSession:
                 self.connection_lost()
             elif isinstance(ev, ReauthRequested):
                 self._on_reauth(ev.data)
+            elif isinstance(ev, AuthContinued):
+                if self._on_auth_continued(ev.data):
+                    self._handle(b"")  # what came right behind the client's last AUTH
+                    return
             elif isinstance(ev, ProtocolViolation):
                 log.warning("mqtt connection %s: closing: %s", self.peer, ev.reason)
                 self.finished = True
@@ -458,7 +466,10 @@ class MQTTSession:
             self.wake()
 
     # ---- CONNECT ----
-    def _on_connect(self, c: codec.Connect) -> None:
+    def _on_connect(self, c: codec.Connect,
+                    verified: enhanced_auth.Verified | None = None) -> None:
+        """``verified``: the identity a challenge exchange proved (the CONNECT's method is
+        then done)."""
         conn = self.conn
         service = self.service
         if self.broker.fenced or service.stopping:
@@ -477,14 +488,25 @@ class MQTTSession:
             return
         method_name = props.get(P.AUTHENTICATION_METHOD) if v5 else None
         credentials = None
-        if method_name is not None:  # enhanced authentication (section 4.12)
+        if method_name is not None and verified is None:  # enhanced authentication (4.12)
             method = enhanced_auth.METHODS.get(method_name)
             if method is None:
                 conn.refuse(P.BAD_AUTHENTICATION_METHOD,
                             f"authentication method {method_name[:40]!r} not offered")
                 self.finished = True
                 return
-            outcome = method.start(props.get(P.AUTHENTICATION_DATA, b""))
+            outcome = method.start(props.get(P.AUTHENTICATION_DATA, b""),
+                                   self.broker.access.scram_lookup)
+            if isinstance(outcome, enhanced_auth.Challenge):
+                conn.auth_method = method_name
+                self._auth_step = (outcome.step, c)
+                conn.challenge(outcome.data)
+                return
+            if isinstance(outcome, enhanced_auth.NotOffered):
+                log.warning("mqtt connection %s: refused: %s", self.peer, outcome.reason)
+                conn.refuse(P.BAD_AUTHENTICATION_METHOD, outcome.reason)
+                self.finished = True
+                return
             if isinstance(outcome, enhanced_auth.Refused):
                 conn.refuse(codec.REFUSED_BAD_CREDENTIALS, outcome.reason)
                 self.output_delay = self.broker.access.failure_delay
@@ -504,7 +526,7 @@ class MQTTSession:
             conn.refuse(codec.REFUSED_IDENTIFIER, "client id too long")
             self.finished = True
             return
-        refusal = self._login(c, credentials)
+        refusal = self._login(c, credentials, verified)
         if refusal is not None:
             code, reason = refusal
             log.warning("mqtt connection %s: refused: %s", self.peer, reason)
@@ -577,6 +599,8 @@ class MQTTSession:
             if method_name is not None:  # section 3.2.2.3.17: the method in use
                 caps[P.AUTHENTICATION_METHOD] = method_name
                 conn.auth_method = method_name
+                if verified is not None:  # the method's last message (SCRAM's server-final)
+                    caps[P.AUTHENTICATION_DATA] = verified.data
             conn.accept(present, self.username, caps)
         else:
             conn.accept(present, self.username)
@@ -643,14 +667,19 @@ class MQTTSession:
         return q1
 
     def _login(self, c: codec.Connect,
-               credentials: enhanced_auth.Credentials | None = None) -> tuple[int, str] | None:
+               credentials: enhanced_auth.Credentials | None = None,
+               verified: enhanced_auth.Verified | None = None) -> tuple[int, str] | None:
         """Authenticate and pick the vhost ('vhost:user' in the user name, as RabbitMQ);
         (CONNACK code, reason) when refused. No user name: guest, as RabbitMQ's default
         ``allow_anonymous`` (so only from loopback, like guest over AMQP). ``credentials``:
-        from an enhanced authentication method, instead of User Name and Password."""
-        if credentials is not None:
-            username: str | None = credentials.username
-            password: str | None = credentials.password
+        from an enhanced authentication method, instead of User Name and Password;
+        ``verified``: a user whose password a challenge exchange proved."""
+        if verified is not None:
+            username: str | None = verified.username
+            password: str | None = ""
+        elif credentials is not None:
+            username = credentials.username
+            password = credentials.password
         else:
             username = c.username
             password = (c.password.decode("utf-8", "replace") if c.password is not None
@@ -664,7 +693,10 @@ class MQTTSession:
             return codec.REFUSED_BAD_CREDENTIALS, "no password"
         broker = self.broker
         access = broker.access
-        user = access.authenticate(username, password, self.peer_host, "mqtt")
+        if verified is not None:
+            user = access.verified_login(username, self.peer_host, "mqtt")
+        else:
+            user = access.authenticate(username, password, self.peer_host, "mqtt")
         if user is None:
             # the edge holds the refusal back, as for AMQP logins (brute force)
             self.output_delay = access.failure_delay
@@ -684,22 +716,59 @@ class MQTTSession:
         self.vhost = vhost
         return None
 
+    def _on_auth_continued(self, data: bytes) -> bool:
+        """The client's AUTH 0x18 answering a challenge; True when a CONNECT was accepted
+        by it (what the client sent behind its AUTH is then handed out)."""
+        pending, self._auth_step = self._auth_step, None
+        if pending is None:  # (the connection only reports an AUTH 0x18 after a challenge)
+            self.close("AUTH without a challenge", P.PROTOCOL_ERROR)
+            return False
+        step, connect = pending
+        outcome = step.next(data)
+        if connect is None:  # re-authenticating
+            if isinstance(outcome, enhanced_auth.Refused):
+                self.close(f"re-authentication refused: {outcome.reason}", P.NOT_AUTHORIZED)
+            else:
+                self._reauthenticated(outcome.username, None, outcome.data)
+            return False
+        if isinstance(outcome, enhanced_auth.Refused):
+            log.warning("mqtt connection %s: refused: %s", self.peer, outcome.reason)
+            self.conn.refuse(codec.REFUSED_BAD_CREDENTIALS, outcome.reason)
+            self.output_delay = self.broker.access.failure_delay
+            self.finished = True
+            return False
+        self._on_connect(connect, outcome)
+        return not self.finished
+
     def _on_reauth(self, data: bytes) -> None:
         """AUTH 0x19 (section 4.12.1): the same user in the same vhost, checked again (a
         changed password or revoked access ends the connection), its permissions read anew."""
         method = enhanced_auth.METHODS[self.conn.auth_method or ""]
-        outcome = method.start(data)
-        if isinstance(outcome, enhanced_auth.Refused):
+        outcome = method.start(data, self.broker.access.scram_lookup)
+        if isinstance(outcome, enhanced_auth.Challenge):
+            self._auth_step = (outcome.step, None)
+            self.conn.challenge(outcome.data)
+            return
+        if isinstance(outcome, (enhanced_auth.Refused, enhanced_auth.NotOffered)):
             self.close(f"re-authentication refused: {outcome.reason}", P.NOT_AUTHORIZED)
             return
-        vhost_name, username = "/", outcome.username
+        self._reauthenticated(outcome.username, outcome.password)
+
+    def _reauthenticated(self, username: str, password: str | None,
+                         data: bytes | None = None) -> None:
+        """A re-authentication's identity checked: ``password`` against the user, or None
+        when a challenge exchange proved it (``data``: its last message)."""
+        vhost_name = "/"
         if ":" in username:
             vhost_name, username = username.split(":", 1)
         if username != self.username or vhost_name != self.vhost.name:
             self.close("re-authentication as another user or vhost", P.NOT_AUTHORIZED)
             return
         access = self.broker.access
-        user = access.authenticate(username, outcome.password, self.peer_host, "mqtt")
+        if password is None:
+            user = access.verified_login(username, self.peer_host, "mqtt")
+        else:
+            user = access.authenticate(username, password, self.peer_host, "mqtt")
         if user is None:
             self.close(f"re-authentication refused for user {username!r}", P.NOT_AUTHORIZED)
             return
@@ -710,7 +779,7 @@ class MQTTSession:
             return
         self.user = user
         self.authz = access.authz(user, vhost_name)
-        self.conn.auth_success()
+        self.conn.auth_success(data)
 
     def _check(self, kind: str, name: str, perm: str) -> None:
         self.broker.access.check(self.user, self.vhost.name, kind, name, perm)

@@ -147,6 +147,14 @@ class ReauthRequested:
 
 
 @dataclass(slots=True)
+class AuthContinued:
+    """v5 AUTH 0x18 answering the server's challenge (``challenge``), while connecting or
+    re-authenticating (section 4.12): answer with ``challenge`` again, or end the exchange
+    (``accept``/``refuse`` while connecting, ``auth_success`` or a close otherwise)."""
+    data: bytes
+
+
+@dataclass(slots=True)
 class ProtocolViolation:
     """The connection is closed for ``reason``; the will message is published."""
     reason: str
@@ -154,7 +162,7 @@ class ProtocolViolation:
 
 Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequested
          | UnsubscribeRequested | DeliveryAcked | DeliveryReceived | DeliveryCompleted
-         | Disconnected | ReauthRequested | ProtocolViolation)
+         | Disconnected | ReauthRequested | AuthContinued | ProtocolViolation)
 
 # in the list ``pubacks`` takes, a packet id with this bit set gets PUBREC instead of PUBACK
 PUBREC_BIT = 0x10000
@@ -191,7 +199,8 @@ def topic_field(topic: str) -> bytes:
 class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
-    __slots__ = ("_aliases", "_aliases_out", "_held", "_inbound", "_next_id", "_out",
+    __slots__ = ("_aliases", "_aliases_out", "_challenged", "_held", "_inbound", "_next_id",
+                 "_out",
                  "alias_max_out", "auth_method", "close_reason", "inflight", "keep_alive", "max_out",
                  "pending_output", "protocol_level", "qos2_out", "reader", "receive_max",
                  "releasing", "state", "topic_alias_max", "username", "v5")
@@ -228,6 +237,8 @@ class ServerConnection:
         self._inbound: set[int] | None = None  # v5: the inbound packet ids in flight
         # v5: the Authentication Method the connection was accepted with (None: none)
         self.auth_method: str | None = None
+        # an AUTH 0x18 of this side awaits the client's AUTH 0x18 (section 4.12)
+        self._challenged = False
 
     # ---- input ----
     def receive_data(self, data: bytes) -> list[Event]:
@@ -292,15 +303,21 @@ class ServerConnection:
         self.close_reason = reason
         return ProtocolViolation(reason)
 
-    def _auth(self, packet: Disconnect) -> ReauthRequested | ProtocolViolation:
+    def _auth(self, packet: Disconnect) -> ReauthRequested | AuthContinued | ProtocolViolation:
         if self.auth_method is None:  # no enhanced authentication was agreed (section 4.12)
             return self._violation("AUTH without an authentication method")
         props = packet.properties or {}
         if props.get(P.AUTHENTICATION_METHOD) != self.auth_method:  # section 4.12.1
             return self._violation("AUTH with another authentication method")
-        if packet.reason_code != P.REAUTHENTICATE:
-            # no method here has a second round, so no AUTH 0x18 is awaited
-            return self._violation(f"AUTH with reason code {packet.reason_code:#04x} "
+        code = packet.reason_code
+        if self._challenged:
+            if code != P.CONTINUE_AUTHENTICATION:
+                return self._violation(f"AUTH with reason code {code:#04x} in answer to a "
+                                       "challenge")
+            self._challenged = False
+            return AuthContinued(props.get(P.AUTHENTICATION_DATA, b""))
+        if code != P.REAUTHENTICATE or self.state is not State.CONNECTED:
+            return self._violation(f"AUTH with reason code {code:#04x} "
                                    "while no authentication is in progress")
         return ReauthRequested(props.get(P.AUTHENTICATION_DATA, b""))
 
@@ -353,6 +370,18 @@ class ServerConnection:
                 self.max_out = props.get(P.MAXIMUM_PACKET_SIZE, 0)
                 self.alias_max_out = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
             return ConnectRequested(packet)
+        if state is State.CONNECTING:
+            # only the exchange of a challenge gets here: the client sends nothing but AUTH
+            # or DISCONNECT before its CONNACK (section 3.1.2.11.9, MQTT-3.1.2-30)
+            if isinstance(packet, Disconnect) and packet.type == AUTH:
+                return self._auth(packet)
+            if isinstance(packet, Disconnect) or (isinstance(packet, Bare)
+                                                  and packet.type == codec.DISCONNECT):
+                self.state = State.CLOSED
+                self.close_reason = "client disconnected"
+                return Disconnected()
+            return self._violation(f"{type(packet).__name__} before CONNACK during enhanced "
+                                   "authentication")
         if isinstance(packet, Publish):
             if self.v5:
                 return self._publish_v5(packet)
@@ -495,10 +524,22 @@ class ServerConnection:
                 inbound.discard(pid)
         self._write(b"".join(out))
 
-    def auth_success(self) -> None:
-        """AUTH 0x00 Success, ending a re-authentication (section 4.12.1)."""
-        self._write(codec.encode(Disconnect(P.SUCCESS, {P.AUTHENTICATION_METHOD: self.auth_method},
-                                            AUTH)))
+    def auth_success(self, data: bytes | None = None) -> None:
+        """AUTH 0x00 Success, ending a re-authentication (section 4.12.1); ``data``: the
+        method's last message, as Authentication Data."""
+        props: dict[int, Any] = {P.AUTHENTICATION_METHOD: self.auth_method}
+        if data is not None:
+            props[P.AUTHENTICATION_DATA] = data
+        self._write(codec.encode(Disconnect(P.SUCCESS, props, AUTH)))
+
+    def challenge(self, data: bytes) -> None:
+        """AUTH 0x18 Continue authentication with ``data`` (section 4.12), in the method of
+        ``auth_method`` (set it first when connecting); the client's AUTH 0x18 comes back
+        as ``AuthContinued``."""
+        self._challenged = True
+        self._write(codec.encode(Disconnect(P.CONTINUE_AUTHENTICATION,
+                                            {P.AUTHENTICATION_METHOD: self.auth_method,
+                                             P.AUTHENTICATION_DATA: data}, AUTH)))
 
     def pubcomp(self, packet_id: int) -> None:
         self._write(_PUBACK.pack(0x70, 2, packet_id))

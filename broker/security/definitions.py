@@ -63,14 +63,18 @@ def validate(access, defs: object) -> dict:
         f = f"users[{i}]"
         model.only_keys(f, u, _USER_KEYS)
         name = model.name(f"{f}.name", u.get("name"))
+        password = None
         if u.get("password") is not None:
-            phash, algo = hash_password(_str(f"{f}.password", u["password"])), SHA256
+            password = _str(f"{f}.password", u["password"])
+            phash, algo = hash_password(password), SHA256
         else:
             phash, algo = model.password_hash(f"{f}.password_hash", u.get("password_hash"),
                                               u.get("hashing_algorithm"))
         plan["users"].append({"name": name, "password_hash": phash, "hashing_algorithm": algo,
                               "tags": list(model.tags(f"{f}.tags", u.get("tags"))),
-                              "limits": model.limits(f"{f}.limits", u.get("limits"), USER_LIMITS)})
+                              "limits": model.limits(f"{f}.limits", u.get("limits"), USER_LIMITS),
+                              # a password (not a hash) also gives SCRAM credentials
+                              "password": password})
         users.add(name)
     vhosts = set(access.vhost_info)
     for i, v in enumerate(_list(defs, "vhosts")):
@@ -127,9 +131,13 @@ def validate(access, defs: object) -> dict:
 def apply(access, plan: dict) -> None:
     """Apply a plan from ``validate`` (cannot fail on input any more)."""
     for u in plan["users"]:
-        access.put_user(u["name"], password_hash=u["password_hash"],
-                        hashing_algorithm=u["hashing_algorithm"], tags=u["tags"],
-                        limits=u["limits"])
+        if u["password"] is not None:
+            access.put_user(u["name"], password=u["password"], tags=u["tags"],
+                            limits=u["limits"])
+        else:
+            access.put_user(u["name"], password_hash=u["password_hash"],
+                            hashing_algorithm=u["hashing_algorithm"], tags=u["tags"],
+                            limits=u["limits"])
     for v in plan["vhosts"]:
         access.add_vhost(v["name"], v["description"], v["tags"], v["default_queue_type"] or None)
     for vhost, limits in plan["vhost_limits"]:

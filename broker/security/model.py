@@ -36,6 +36,9 @@ class User:
     hashing_algorithm: str = SHA256
     tags: tuple[str, ...] = ()
     limits: dict = field(default_factory=dict)
+    # SCRAM-SHA-256 credentials (``passwords.scram_credentials``), made when a password is
+    # set; None for a user made from a hash (no SCRAM login: it cannot be derived)
+    scram: dict | None = None
 
     @property
     def is_administrator(self) -> bool:
@@ -46,10 +49,18 @@ class User:
         return "impersonator" in self.tags
 
     def record(self) -> dict:
-        """The definitions / stored form (RabbitMQ's users[] entry)."""
+        """The definitions form (RabbitMQ's users[] entry)."""
         return {"name": self.name, "password_hash": self.password_hash,
                 "hashing_algorithm": self.hashing_algorithm, "tags": list(self.tags),
                 "limits": dict(self.limits)}
+
+    def stored(self) -> dict:
+        """The stored form: the definitions form and, when there are some, the SCRAM
+        credentials (kept out of exports, which RabbitMQ reads)."""
+        record = self.record()
+        if self.scram is not None:
+            record["scram_sha256"] = dict(self.scram)
+        return record
 
 
 @dataclass
