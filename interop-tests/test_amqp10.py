@@ -1,10 +1,11 @@
 """AMQP 1.0 with python-qpid-proton's client (BlockingConnection) against TrioMQ, served on
 its AMQP port by protocol header as RabbitMQ 4 does, and across protocols with pika.
 
-Where the machine's RabbitMQ answers AMQP 1.0 on 5672 (its ``rabbitmq_amqp1_0`` plugin;
-off on this machine, so those runs skip) the tests that use addresses RabbitMQ 3.10
-knows (v1: ``/queue/Q``, ``/exchange/X/KEY``) run against it too; RabbitMQ 4's v2
-addresses (``/queues/Q``, ``/exchanges/X/KEY``) are TrioMQ's only."""
+Where the machine's RabbitMQ answers AMQP 1.0 on 5672 (its ``rabbitmq_amqp1_0`` plugin)
+the tests run against it too ([rabbitmq]), with the v1 addresses 3.10 knows (``/queue/Q``,
+``/amq/queue/Q``, ``/exchange/X/KEY``); RabbitMQ 4's v2 addresses (``/queues/Q``,
+``/exchanges/X/KEY``) are TrioMQ's only. Where 3.10 lacks a feature the [rabbitmq] case
+skips with the reason."""
 from __future__ import annotations
 
 import socket
@@ -51,6 +52,15 @@ class Target:
         if self.rabbit:
             pytest.skip("RabbitMQ 3.10's AMQP 1.0 plugin has no v2 addresses (RabbitMQ 4's)")
 
+    def queue(self, name: str) -> str:
+        """An existing queue's address: v2 on TrioMQ; /amq/queue/ on 3.10, whose /queue/
+        redeclares the queue without its arguments (and never answers the refused attach)."""
+        return f"/amq/queue/{name}" if self.rabbit else f"/queues/{name}"
+
+    def exchange(self, name: str, key: str | None = None) -> str:
+        prefix = "/exchange/" if self.rabbit else "/exchanges/"
+        return prefix + name + ("" if key is None else "/" + key)
+
 
 @pytest.fixture(scope="module", params=["triomq", "rabbitmq"])
 def target(request, tmp_path_factory):
@@ -71,7 +81,9 @@ def target(request, tmp_path_factory):
 def qname(target):
     name = "amqp10-" + uuid.uuid4().hex[:10]
     c = target.pika()
-    c.channel().queue_declare(name, durable=True)
+    # 3.10 redeclares /queue/NAME with the link terminus' durability (none by default, so
+    # non-durable) and never answers an attach whose declare is refused as inequivalent
+    c.channel().queue_declare(name, durable=not target.rabbit)
     c.close()
     yield name
     c = target.pika()
@@ -115,7 +127,8 @@ def test_v1_queue_address_declares_and_round_trips(target):
 
 
 def test_missing_queue_is_amqp_not_found(target):
-    target.v2()
+    if target.rabbit:
+        pytest.skip("3.10 attaches a sender to a missing /amq/queue/ and never answers a receiver")
     c = target.connect()
     try:
         with pytest.raises(LinkDetached) as info:
@@ -127,7 +140,8 @@ def test_missing_queue_is_amqp_not_found(target):
 
 
 def test_unroutable_is_released(target):
-    target.v2()
+    if target.rabbit:
+        pytest.skip("3.10 accepts an unroutable transfer")
     c = target.connect()
     try:
         snd = c.create_sender("/exchanges/amq.direct/nobody-" + uuid.uuid4().hex[:6])
@@ -139,23 +153,25 @@ def test_unroutable_is_released(target):
 
 
 def test_exchange_address_routes_with_key_and_subject(target, qname):
-    target.v2()
     p = target.pika()
     p.channel().queue_bind(qname, "amq.direct", routing_key=qname)
     c = target.connect()
     try:
-        c.create_sender(f"/exchanges/amq.direct/{qname}").send(Message(body="by key"))
-        # /exchanges/X alone: the routing key is the message's subject
-        c.create_sender("/exchanges/amq.direct").send(Message(body="by subject",
-                                                               subject=qname))
-        # a null target: the message's "to" names it
-        c.create_sender(None).send(Message(body="by to", address=f"/queues/{qname}"))
-        rcv = c.create_receiver(f"/queues/{qname}", credit=10)
+        c.create_sender(target.exchange("amq.direct", qname)).send(Message(body="by key"))
+        # the exchange's address alone: the routing key is the message's subject
+        c.create_sender(target.exchange("amq.direct")).send(Message(body="by subject",
+                                                                    subject=qname))
+        expected = ["by key", "by subject"]
+        if not target.rabbit:  # 3.10 never answers an attach with a null target
+            # a null target: the message's "to" names it
+            c.create_sender(None).send(Message(body="by to", address=f"/queues/{qname}"))
+            expected.append("by to")
+        rcv = c.create_receiver(target.queue(qname), credit=10)
         bodies = []
-        for _ in range(3):
+        for _ in expected:
             bodies.append(rcv.receive(timeout=WAIT).body)
             rcv.accept()
-        assert bodies == ["by key", "by subject", "by to"]
+        assert bodies == expected
     finally:
         c.close()
         p.close()
@@ -183,10 +199,13 @@ def test_amqp10_to_pika_keeps_properties(target, qname):
         assert props.message_id == "mid-1"
         assert props.priority == 7
         assert props.expiration == "60000"
-        if not target.rabbit:
-            assert props.reply_to == qname
-            assert props.headers["JMSXGroupID"] in (b"g1", "g1")
-            assert props.headers["x-opt-origin"] in (b"qpid", "qpid")
+        if target.rabbit:
+            # 3.10 keeps the 1.0 sections encoded in headers of its own, not as headers
+            assert "x-amqp-1.0-app-properties" in props.headers
+            return
+        assert props.reply_to == qname
+        assert props.headers["JMSXGroupID"] in (b"g1", "g1")
+        assert props.headers["x-opt-origin"] in (b"qpid", "qpid")
         assert props.headers["k"] in (b"v", "v")
         assert props.headers["n"] == 5
     finally:
@@ -209,13 +228,17 @@ def test_pika_to_amqp10_keeps_properties(target, qname):
         assert bytes(m.body) == b"from pika"
         assert m.id == "m1" and m.correlation_id == "c1"
         assert m.durable and m.priority == 3
+        rcv.accept()
+        if target.rabbit:
+            # 3.10 maps neither headers, content-type nor timestamp to 1.0, and answers
+            # reply-to with its v1 address
+            assert m.reply_to == "/queue/replies"
+            return
         assert m.content_type == "application/json"
         assert m.properties["h"] == "x" and m.properties["n"] == 3
         assert int(m.creation_time) == 1700000000
-        if not target.rabbit:
-            assert m.reply_to == "/queues/replies"
-            assert m.annotations[symbol("x-routing-key")] == qname
-        rcv.accept()
+        assert m.reply_to == "/queues/replies"
+        assert m.annotations[symbol("x-routing-key")] == qname
     finally:
         c.close()
 
@@ -254,7 +277,6 @@ def test_uuid_and_ulong_ids_survive_a_pika_hop(target, qname):
 
 
 def test_released_requeues_and_rejected_dead_letters(target):
-    target.v2()
     name = "amqp10-dl-" + uuid.uuid4().hex[:8]
     p = target.pika()
     ch = p.channel()
@@ -263,16 +285,21 @@ def test_released_requeues_and_rejected_dead_letters(target):
                                       "x-dead-letter-routing-key": name + "-dlq"})
     c = target.connect()
     try:
-        c.create_sender(f"/queues/{name}").send(Message(body="m"))
-        rcv = c.create_receiver(f"/queues/{name}", credit=1)
+        c.create_sender(target.queue(name)).send(Message(body="m"))
+        rcv = c.create_receiver(target.queue(name), credit=1)
         assert rcv.receive(timeout=WAIT).body == "m"
-        rcv.release()  # back to the queue, redelivered
-        m = rcv.receive(timeout=WAIT)
-        assert m.body == "m" and m.delivery_count >= 1
+        if not target.rabbit:  # 3.10 requeues a released delivery but never sends it again
+            rcv.release()  # back to the queue, redelivered
+            m = rcv.receive(timeout=WAIT)
+            assert m.body == "m" and m.delivery_count >= 1
         rcv.reject()  # dead-lettered
-        dl = c.create_receiver(f"/queues/{name}-dlq", credit=1)
-        # dead-lettering rebuilds the message from its 0-9-1 form: the body is bytes now
-        assert bytes(dl.receive(timeout=WAIT).body) == b"m"
+        dl = c.create_receiver(target.queue(name + "-dlq"), credit=1)
+        dead = dl.receive(timeout=WAIT)  # held: a binary body is a view into the message
+        if target.rabbit:  # 3.10 keeps the 1.0 sections through dead-lettering
+            assert dead.body == "m"
+        else:
+            # dead-lettering rebuilds the message from its 0-9-1 form: the body is bytes now
+            assert bytes(dead.body) == b"m"
         dl.accept()
     finally:
         c.close()
@@ -598,7 +625,8 @@ def test_jms_selector_filter_on_a_receiver(target):
 
 
 def test_overflow_reject_publish_is_rejected(target):
-    target.v2()
+    if target.rabbit:
+        pytest.skip("3.10 closes the connection on a publish the queue refuses")
     name = "amqp10-full-" + uuid.uuid4().hex[:8]
     p = target.pika()
     ch = p.channel()
