@@ -26,12 +26,14 @@ from proton import (
     Disposition,
     Event,
     Link,
+    Terminus,
     Transport,
     symbol,
     ulong,
 )
 
 from . import sasl
+from . import transactions as txn
 
 # Frames the broker accepts (proton refuses larger ones with amqp:connection:framing-error)
 MAX_FRAME = 64 * 1024
@@ -78,6 +80,7 @@ class LinkAttached:
     address: str | None
     dynamic: bool
     selector: str | None = None  # a JMS selector in the source's filter (consumers)
+    coordinator: bool = False  # a link to the transaction coordinator (publishing side)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class MessageReceived:
     delivery: Delivery
     data: bytes
     settled: bool
+    txn_id: bytes | None = None  # a transactional transfer's transaction
 
 
 @dataclass
@@ -97,6 +101,7 @@ class OutcomeReceived:
     outcome: int  # Disposition.ACCEPTED/RELEASED/REJECTED/MODIFIED, 0: settled without one
     delivery_failed: bool
     undeliverable_here: bool
+    txn_id: bytes | None = None  # a transactional disposition's transaction
 
 
 @dataclass
@@ -321,8 +326,10 @@ class ServerConnection:
                     link.key = self._keys
                     link.session_key = link.session.key
                     term = link.remote_target if link.is_receiver else link.remote_source
-                    events.append(LinkAttached(link, term.address, bool(term.dynamic),
-                                               None if link.is_receiver else _selector(term)))
+                    events.append(LinkAttached(
+                        link, term.address, bool(term.dynamic),
+                        None if link.is_receiver else _selector(term),
+                        link.is_receiver and term.type == Terminus.COORDINATOR))
             elif etype == Event.DELIVERY:
                 self._delivery(ev.delivery, events)
             elif etype == Event.LINK_FLOW:
@@ -410,10 +417,21 @@ class ServerConnection:
                             f"{self.max_message_size} bytes")
                 return
             link.advance()
-            events.append(MessageReceived(link, d, data, d.settled))
+            txn_id = None
+            if d.remote_state == txn.TRANSACTIONAL_STATE:
+                txn_id = txn.txn_of(d.remote.data)[0] or b""
+            events.append(MessageReceived(link, d, data, d.settled, txn_id))
         elif d.updated or d.settled:
             state = d.remote
             outcome = d.remote_state or 0
+            if outcome == txn.TRANSACTIONAL_STATE:
+                fields: Any = state.data  # (proton types it as a list of ints)
+                txn_id, inner = txn.txn_of(fields)
+                flags = fields[1].value if inner == Disposition.MODIFIED else None
+                flags = [*(flags if isinstance(flags, list) else []), False, False]
+                events.append(OutcomeReceived(link, d, inner or 0, bool(flags[0]),
+                                              bool(flags[1]), txn_id or b""))
+                return
             events.append(OutcomeReceived(link, d, outcome,
                                           bool(state.failed) if state else False,
                                           bool(state.undeliverable) if state else False))
@@ -435,6 +453,35 @@ class ServerConnection:
         link.open()
         if credit:
             link.flow(credit)
+
+    def attach_coordinator(self, link: Link, credit: int) -> None:
+        """Accept a link to the transaction coordinator (local transactions only)."""
+        link.source.copy(link.remote_source)
+        target = link.target
+        target.type = Terminus.COORDINATOR
+        caps = target.capabilities
+        caps.put_array(False, Data.SYMBOL)
+        caps.enter()
+        caps.put_symbol(symbol(txn.LOCAL_TRANSACTIONS))
+        caps.exit()
+        link.open()
+        if credit:
+            link.flow(credit)
+
+    def settle_declared(self, d: Delivery, txn_id: bytes) -> None:
+        """A declare's answer: the ``declared`` state with the new transaction's id."""
+        local: Any = d.local  # (proton types its data as a list of ints)
+        local.data = [txn_id]
+        d.update(txn.DECLARED)
+        d.settle()
+
+    def settle_transactional(self, d: Delivery, txn_id: bytes, outcome: int) -> None:
+        """A transactional transfer's answer: its outcome once the transaction commits."""
+        if not d.settled:
+            local: Any = d.local
+            local.data = [txn_id, Described(ulong(outcome), [])]
+            d.update(txn.TRANSACTIONAL_STATE)
+        d.settle()
 
     def attach_sender(self, link: Link, address: str | None) -> None:
         """Accept a link the client consumes from, with ``address`` as its source."""

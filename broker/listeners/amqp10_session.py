@@ -49,6 +49,7 @@ from ..channel import Unacked, _selector
 from ..message import Message
 from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
+from .amqp10_tx import Coordinator, TxnError
 
 log = logging.getLogger("broker.amqp10")
 
@@ -181,7 +182,6 @@ class Amqp10Session:
     number = 0
     channels: Mapping = MappingProxyType({})
     metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
-    metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
 
     def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None):
@@ -214,6 +214,7 @@ class Amqp10Session:
         self.container = ""
         self.in_links: dict[Any, InLink] = {}
         self.out_links: dict[Any, OutLink] = {}
+        self.coordinator: Coordinator | None = None  # its transactions, once a link asks
         self.consumers: dict[str, Consumer] = {}
         self._ctag = 0
         self.delivering = False
@@ -362,12 +363,19 @@ class Amqp10Session:
         if self.vhost is None:
             conn.refuse_link(link, "amqp:not-allowed", "connection not open")
             return
-        if len(self.in_links) + len(self.out_links) >= MAX_LINKS:
+        coordinator = self.coordinator
+        if len(self.in_links) + len(self.out_links) \
+                + (len(coordinator.links) if coordinator else 0) >= MAX_LINKS:
             conn.refuse_link(link, "amqp:resource-limit-exceeded",
                              f"more than {MAX_LINKS} links on one connection")
             return
         try:
-            if link.is_receiver:
+            if ev.coordinator:
+                if coordinator is None:
+                    coordinator = self.coordinator = Coordinator(self)
+                coordinator.links.add(link.key)
+                self.conn.attach_coordinator(link, PUBLISH_CREDIT)
+            elif link.is_receiver:
                 self._attach_publisher(link, ev.address)
             else:
                 self._attach_consumer(link, ev.address, ev.dynamic, ev.selector)
@@ -452,6 +460,12 @@ class Amqp10Session:
     def _on_detach(self, link) -> None:
         self.in_links.pop(link.key, None)
         out = self.out_links.pop(link.key, None)
+        coordinator = self.coordinator
+        if coordinator is not None:
+            if link.key in coordinator.links:
+                coordinator.link_detached(link.key)
+            elif out is not None:
+                coordinator.link_gone(out)
         if out is not None:
             self._drop_out_link(out)
 
@@ -471,9 +485,13 @@ class Amqp10Session:
     # ---- publishing ----
     def _on_message(self, ev: MessageReceived) -> None:
         inlink = self.in_links.get(ev.link.key)
-        if inlink is None:
-            return
         conn = self.conn
+        if inlink is None:
+            coordinator = self.coordinator
+            if coordinator is not None and ev.link.key in coordinator.links:
+                coordinator.control(ev)
+                conn.grant(ev.link, PUBLISH_CREDIT)
+            return
         try:
             outcome = self._publish(inlink, ev)
         except mapping.AddressError as exc:
@@ -488,6 +506,10 @@ class Amqp10Session:
             conn.settle_incoming(ev.delivery, Disposition.REJECTED,
                                  ("amqp:decode-error", str(exc)))
             outcome = None
+        except TxnError as exc:
+            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
+                                 (exc.condition, exc.description))
+            outcome = None
         if outcome is not None:
             self._settle(ev, outcome)
         if ev.link.credit < PUBLISH_CREDIT // 2 and not self.flow_queues:
@@ -496,6 +518,9 @@ class Amqp10Session:
     def _settle(self, ev: MessageReceived, outcome: tuple) -> None:
         conn = self.conn
         kind, cond = outcome
+        if kind == "txn":  # held until the discharge; accepted then if committed
+            conn.settle_transactional(ev.delivery, cond, Disposition.ACCEPTED)
+            return
         if kind == "store" and not ev.settled:
             def stored() -> None:
                 if not self.ended:
@@ -540,6 +565,12 @@ class Amqp10Session:
         self.is_publisher = True
         message = Message(exchange, key, encode_properties(props), props, incoming.body)
         _ORIGINAL[message] = ev.data
+        if ev.txn_id is not None:
+            if self.coordinator is None:
+                raise TxnError("amqp:transaction:unknown-id",
+                               f"unknown transaction {ev.txn_id!r}")
+            self.coordinator.publish(ev.txn_id, message)
+            return "txn", ev.txn_id
         return self._route(message)
 
     def _route(self, message: Message) -> tuple:
@@ -582,15 +613,32 @@ class Amqp10Session:
         d.settle()
         if item is None:
             return
+        if ev.txn_id is not None:
+            try:
+                if self.coordinator is None:
+                    raise TxnError("amqp:transaction:unknown-id", "no transaction")
+                self.coordinator.settle(ev.txn_id, out, d.tag, item, ev.outcome,
+                                        ev.undeliverable_here)
+            except TxnError as exc:
+                # the delivery stays unsettled here: requeued when its link goes
+                out.unacked[d.tag] = item
+                log.warning("amqp 1.0 connection %s: %s", self.peer, exc.description)
+            return
+        self.apply_outcome(out, item, ev.outcome, ev.undeliverable_here)
+        if item.queue.consumers:
+            item.queue.dispatch()
+
+    def apply_outcome(self, out: OutLink, item: Unacked, outcome: int,
+                      undeliverable_here: bool) -> None:
+        """A consumer's outcome for one delivery: ack, reject or requeue."""
         q = item.queue
-        outcome = ev.outcome
         audit = self.audit
         if outcome in (0, Disposition.ACCEPTED, Disposition.RECEIVED):
             if audit is not None:
                 audit.acked(out, item)
             q.ack(item.entry, item.consumer, reported=True)
         elif outcome == Disposition.REJECTED or (outcome == Disposition.MODIFIED
-                                                 and ev.undeliverable_here):
+                                                 and undeliverable_here):
             if audit is not None:
                 audit.rejected(out, [item], False, "rejected")
             q.reject(item.entry, item.consumer)
@@ -598,8 +646,6 @@ class Amqp10Session:
             if audit is not None:
                 audit.rejected(out, [item], True, "nacked")  # (the trail's name for a requeue)
             q.requeue([(item.entry, item.consumer)])
-        if q.consumers:
-            q.dispatch()
 
     # ---- deliveries ----
     @property
@@ -684,6 +730,8 @@ class Amqp10Session:
             return
         self.ended = True
         self.delivering = False
+        if self.coordinator is not None:
+            self.coordinator.connection_lost()  # before the links requeue what they hold
         outs = list(self.out_links.values())
         self.out_links.clear()
         self.in_links.clear()
