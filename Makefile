@@ -22,11 +22,14 @@ setup: $(VENV)/.installed
 # System packages the tests drive: rabbitmq-c's command-line tools, the RabbitMQ Java client (Java 17
 # is on the machine), Chromium for the web console's browser tests, etcd for the cluster tests and
 # Prometheus for the Grafana-dashboard test (which runs a private one; the package's own service is not
-# needed). Installed with apt when missing (CI runs as root).
-SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java chromium etcd-server etcd-client prometheus
+# needed), Qpid Proton's C++ library and headers (and g++) for the AMQP 1.0 C++ client test.
+# Installed with apt when missing (CI runs as root).
+SYSTEM_TEST_PACKAGES := amqp-tools librabbitmq-client-java chromium etcd-server etcd-client prometheus \
+	libqpid-proton-cpp12-dev g++
 system-deps:
 	@if ! command -v amqp-publish >/dev/null || ! command -v chromium >/dev/null || ! command -v etcd >/dev/null \
-			|| ! command -v prometheus >/dev/null \
+			|| ! command -v prometheus >/dev/null || ! command -v g++ >/dev/null \
+			|| [ ! -f /usr/include/proton/messaging_handler.hpp ] \
 			|| { [ ! -f /usr/share/java/amqp-client.jar ] && [ ! -f /usr/share/java/rabbitmq-client.jar ]; }; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_TEST_PACKAGES) >/dev/null; \
