@@ -200,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="another claim holding scopes")
     run.add_argument("--oauth2-no-verify-aud", action="store_true",
                      help="do not require the resource server id in the token's aud")
+    run.add_argument("--management-oauth-client-id", default=None, metavar="ID",
+                     help="the console logs in with OAuth 2 (authorization code + PKCE) as "
+                          "this public client of --management-oauth-provider-url")
+    run.add_argument("--management-oauth-provider-url", default=None, metavar="URL",
+                     help="the OpenID provider (issuer) of the console's OAuth 2 login; its "
+                          "/.well-known/openid-configuration names the endpoints")
+    run.add_argument("--management-oauth-scopes", default="openid profile", metavar="SCOPES",
+                     help="space-separated scopes the console asks for (default "
+                          "'openid profile')")
     run.add_argument("--load-definitions", default=None, metavar="JSON",
                      help="import users, vhosts, permissions, topic permissions and limits "
                           "from a RabbitMQ definitions file at start")
@@ -420,6 +429,9 @@ def _run(args) -> int:
                         c for c in args.oauth2_preferred_username_claims.split(",") if c),
                     oauth2_extra_scopes_source=args.oauth2_extra_scopes_source,
                     oauth2_verify_aud=not args.oauth2_no_verify_aud,
+                    management_oauth_client_id=args.management_oauth_client_id,
+                    management_oauth_provider_url=args.management_oauth_provider_url,
+                    management_oauth_scopes=args.management_oauth_scopes,
                     mqtt_port=args.mqtt_port, mqtts_port=args.mqtts_port, hermes_port=args.hermes_port,
                     mqtt_exchange=args.mqtt_exchange, mqtt_prefetch=args.mqtt_prefetch,
                     mqtt_ws_port=args.mqtt_ws_port, mqtt_wss_port=args.mqtt_wss_port,

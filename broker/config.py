@@ -193,6 +193,12 @@ class Config:
     oauth2_preferred_username_claims: tuple[str, ...] = ()
     oauth2_extra_scopes_source: str | None = None
     oauth2_verify_aud: bool = True
+    # the console's OAuth 2 login (RabbitMQ's management.oauth_client_id,
+    # management.oauth_provider_url, management.oauth_scopes): authorization code + PKCE
+    # against this OpenID provider, the token then the API's Bearer token
+    management_oauth_client_id: str | None = None
+    management_oauth_provider_url: str | None = None
+    management_oauth_scopes: str = "openid profile"
     load_definitions: str | None = None  # users/vhosts/permissions JSON imported at start
     # amqps (broker/security/tls.py): None = no TLS listener; 0 picks a free port. Uses
     # tls_cert/tls_key/tls_ca; tls_verify "peer" | "none" (None: "peer" when tls_ca is set).

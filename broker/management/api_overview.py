@@ -45,6 +45,22 @@ def exchange_types() -> list[dict]:
             for n in sorted(EXCHANGE_TYPES)]
 
 
+async def auth(request: Request) -> JSONResponse:
+    """How the console logs in (no login needed to ask): OAuth 2 when the console has a
+    client id and a provider and the broker takes tokens. RabbitMQ 3.10's keys (enable_uaa,
+    uaa_client_id, uaa_location) and 3.11's (oauth_enabled, oauth_client_id,
+    oauth_provider_url, oauth_scopes)."""
+    config = request.app.state.broker.config
+    enabled = bool(config.management_oauth_client_id and config.management_oauth_provider_url
+                   and config.oauth2_resource_server_id)
+    client_id = (config.management_oauth_client_id or "") if enabled else ""
+    provider = (config.management_oauth_provider_url or "") if enabled else ""
+    return JSONResponse({"enable_uaa": enabled, "uaa_client_id": client_id,
+                         "uaa_location": provider, "oauth_enabled": enabled,
+                         "oauth_client_id": client_id, "oauth_provider_url": provider,
+                         "oauth_scopes": config.management_oauth_scopes if enabled else ""})
+
+
 async def whoami(request: Request) -> JSONResponse:
     user = await require(request)
     return JSONResponse({"name": user.name, "tags": sorted(user.tags)})
@@ -515,6 +531,7 @@ async def cli_rabbitmqadmin(request: Request):
 
 def routes() -> list:
     return [
+        Route("/api/auth", auth),
         Route("/api/whoami", whoami),
         Route("/api/overview", overview),
         Route("/api/cluster-name", cluster_name),

@@ -25,6 +25,11 @@ export function saveCredentials(username, password) {
   sessionStorage.setItem(KEY, JSON.stringify({ username, token: basicToken(username, password) }));
 }
 
+// An OAuth 2 access token (the console's OIDC login): sent as "Authorization: Bearer".
+export function saveBearer(username, accessToken) {
+  sessionStorage.setItem(KEY, JSON.stringify({ username, token: accessToken, scheme: "Bearer" }));
+}
+
 export function forgetCredentials() {
   sessionStorage.removeItem(KEY);
 }
@@ -41,12 +46,13 @@ export function setUnauthorizedHandler(fn) { onUnauthorized = fn; }
 
 const unreachable = (e) => new ApiError(0, "network", `The broker is not reachable (${e.message})`);
 
-export async function request(method, url, body, { token, headers = {}, raw = false } = {}) {
+export async function request(method, url, body, { token, scheme, headers = {}, raw = false } = {}) {
   const auth = token ?? credentials()?.token;
+  const authScheme = token !== undefined ? scheme || "Basic" : credentials()?.scheme || "Basic";
   // credentials "omit": a 401 comes back to the page instead of opening the browser's own
   // basic-auth prompt, and the browser's cached credentials are never sent instead of ours.
   const init = { method, headers: { ...headers }, cache: "no-store", credentials: "omit" };
-  if (auth) init.headers.Authorization = `Basic ${auth}`;
+  if (auth) init.headers.Authorization = `${authScheme} ${auth}`;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = typeof body === "string" ? body : JSON.stringify(body);

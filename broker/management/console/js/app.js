@@ -1,5 +1,6 @@
 // The console shell: login, header and navigation, hash routing and the refresh timer.
 import * as api from "./api.js";
+import * as oidc from "./oidc.js";
 import { h, clear, toast, errorText } from "./util.js";
 import { field, input } from "./forms.js";
 import * as overview from "./pages/overview.js";
@@ -62,6 +63,45 @@ function normaliseTags(tags) {
 const MANAGEMENT_TAGS = ["administrator", "monitoring", "policymaker", "management"];
 const NOT_MANAGEMENT = "Not a management user: this user has no management, policymaker, monitoring or administrator tag.";
 
+// How to log in (/api/auth: OAuth 2 or not), asked once per page load.
+let authInfo = null;
+async function authSettings() {
+  if (!authInfo) {
+    try {
+      authInfo = await api.get("/api/auth", { token: "" });
+    } catch {
+      authInfo = { oauth_enabled: false }; // a broker without the endpoint: basic login only
+    }
+  }
+  return authInfo;
+}
+
+// The management tags of a whoami answer, or an Error saying the user is not a management user.
+function managementTags(me) {
+  const tags = normaliseTags(me.tags);
+  if (!tags.some((t) => MANAGEMENT_TAGS.includes(t))) throw new Error(NOT_MANAGEMENT);
+  return tags;
+}
+
+// The provider sent the browser back: trade the code, check the token with whoami, keep it.
+async function oauthCallback() {
+  try {
+    const { accessToken } = await oidc.completeLogin(); // the address bar has its hash back
+    let me;
+    try {
+      me = await api.get("/api/whoami", { token: accessToken, scheme: "Bearer" });
+    } catch (e) {
+      if (e.status === 401 && /not management user/i.test(e.reason || "")) throw new Error(NOT_MANAGEMENT);
+      throw e.status === 401 ? new Error("The broker refused the identity provider's token.") : e;
+    }
+    managementTags(me);
+    api.saveBearer(me.name, accessToken);
+    await start();
+  } catch (e) {
+    showLogin(errorText(e));
+  }
+}
+
 // Login: whoami with the typed credentials decides; nothing is stored unless it answers 200.
 function showLogin(message) {
   stopTimer();
@@ -99,6 +139,23 @@ function showLogin(message) {
   field("Username", user), field("Password", pass), error, button);
   clear(root, h("div.login-page", form));
   user.focus();
+  authSettings().then((auth) => {
+    if (!auth.oauth_enabled || !form.isConnected || form.querySelector("#oauth-login")) return;
+    const sso = h("button.btn.btn-primary.btn-wide#oauth-login", { type: "button", on: { click: async () => {
+      sso.disabled = true;
+      clear(error);
+      try {
+        await oidc.beginLogin(auth);
+      } catch (e) {
+        clear(error, errorText(e));
+        sso.disabled = false;
+      }
+    } } }, "Click here to log in");
+    // as RabbitMQ's UI with OAuth 2: the provider's login first; broker users still can below
+    form.querySelector("p.muted").replaceWith(
+      h("p.muted", "Sign in with your identity provider (OAuth 2)."), sso,
+      h("p.muted", "Or with a broker user:"));
+  });
 }
 
 function header() {
@@ -172,6 +229,7 @@ function markTab() {
 }
 
 async function route() {
+  if (oidc.isCallback()) return oauthCallback();
   if (!api.credentials()) return showLogin();
   if (!shell) return start();
   const nav = ++navigation;
@@ -251,7 +309,8 @@ api.setUnauthorizedHandler(async () => {
   if (checking || !token) return;
   checking = true;
   try {
-    await api.get("/api/whoami", { token });
+    // an OAuth 2 token that expired ends the session as a changed password does
+    await api.get("/api/whoami", { token, scheme: api.credentials()?.scheme });
   } catch (e) {
     if (e.status === 401 && api.credentials()?.token === token) {
       api.forgetCredentials();
