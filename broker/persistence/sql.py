@@ -364,6 +364,24 @@ class _QueueIndex:
             restore_delivery_count(queue, entry, self.flags[i])
         return entry
 
+    def extend_arrays(self, cols, start: int, end: int) -> None:
+        """Rows ``start:end`` of numpy columns (seq, message id, expiry or NaN, priority,
+        body length or -1 when NULL, delivery count) read by ``_pg_index_chunks``."""
+        import numpy as np
+
+        self.seqs.frombytes(cols[0][start:end].tobytes())
+        self.mids.frombytes(cols[1][start:end].tobytes())
+        self.exps.frombytes(cols[2][start:end].tobytes())
+        p = cols[3][start:end]
+        self.prios.frombytes(np.where((p >= 0) & (p <= 255), p, 0).astype(np.uint8).tobytes())
+        sizes = cols[4][start:end]
+        unsized = np.flatnonzero(sizes < 0)
+        if len(unsized):
+            self.unsized.extend((unsized + len(self.blens)).tolist())
+            sizes = np.maximum(sizes, 0)
+        self.blens.frombytes(sizes.astype(np.uint32).tobytes())
+        self.flags.frombytes(cols[5][start:end].astype(np.uint8).tobytes())
+
     def columns(self, start: int) -> tuple:
         """(seqs, message ids, expiries, body lengths, delivery counts) from ``start``."""
         return (self.seqs[start:], self.mids[start:], self.exps[start:], self.blens[start:],
@@ -602,7 +620,9 @@ class SQLStore(Store):
         orphans: set[int] = set()
         progress = self.progress
         phase = progress.phase("sql index", unit="entries") if progress is not None else None
-        for rows in self._stream(c, self._INDEX_SQL):
+        if self.dialect == "postgresql":
+            self._load_index_pg(c, by_qid, index, orphans, phase)
+        for rows in (() if self.dialect == "postgresql" else self._stream(c, self._INDEX_SQL)):
             if phase is not None:
                 phase.advance(len(rows))
             cols = list(zip(*rows, strict=True))
@@ -634,6 +654,83 @@ class SQLStore(Store):
         if phase is not None:
             phase.finish()
         return index, orphans
+
+    # PostgreSQL: the same columns as one binary COPY of fixed-width rows (no NULL: NaN
+    # expiry, size -1 for an older row, the delivery count computed as ``extend`` does),
+    # turned into columns by numpy -- no Python object per row, about 3x faster at 1M
+    _INDEX_COPY = ("COPY (SELECT qid, seq, message_id, COALESCE(expires_at, 'NaN'::float8), "
+                   "priority::int8, COALESCE(size, -1), (CASE WHEN deliveries > 0 THEN "
+                   "LEAST(deliveries, 255) WHEN delivered THEN 1 ELSE 0 END)::int8 "
+                   "FROM triomq_entries ORDER BY qid, seq) TO STDOUT (FORMAT BINARY)")
+    _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+
+    def _load_index_pg(self, c, by_qid: dict, index: dict, orphans: set, phase) -> None:
+        from itertools import pairwise
+
+        import numpy as np
+
+        for qids, cols in self._pg_index_chunks(c):
+            if phase is not None:
+                phase.advance(len(qids))
+            bounds = [0, *(np.flatnonzero(qids[1:] != qids[:-1]) + 1).tolist(), len(qids)]
+            for start, end in pairwise(bounds):
+                qid = int(qids[start])
+                if qid in by_qid:
+                    ix = index.get(qid)
+                    if ix is None:
+                        ix = index[qid] = _QueueIndex()
+                    ix.extend_arrays(cols, start, end)
+                else:
+                    orphans.add(qid)
+
+    def _pg_index_chunks(self, c, chunk_bytes: int = 8 << 20):
+        """(qids, [seqs, mids, exps, prios, sizes, flags]) numpy columns of ``_INDEX_COPY``,
+        a few MB of rows at a time."""
+        import numpy as np
+
+        fields = [("n", ">i2")]
+        for name, code in (("qid", ">i8"), ("seq", ">i8"), ("mid", ">i8"), ("exp", ">f8"),
+                           ("prio", ">i8"), ("size", ">i8"), ("flags", ">i8")):
+            fields += [("len_" + name, ">i4"), (name, code)]
+        row = np.dtype(fields)  # packed: 2 + 7 * 12 = 86 bytes
+
+        def parse(buf: bytearray, at: int):
+            k = (len(buf) - at) // row.itemsize
+            rec = np.frombuffer(buf, row, count=k, offset=at)
+            if k and (bool((rec["n"] != 7).any())
+                      or any(bool((rec["len_" + f] != 8).any()) for f in ("qid", "seq", "mid",
+                                                                          "exp", "prio", "size",
+                                                                          "flags"))):
+                raise ValueError("unexpected row in the entry index's binary COPY")
+            out = (rec["qid"].astype(np.int64),
+                   [rec["seq"].astype(np.int64), rec["mid"].astype(np.int64),
+                    rec["exp"].astype(np.float64), rec["prio"].astype(np.int64),
+                    rec["size"].astype(np.int64), rec["flags"].astype(np.int64)])
+            del rec
+            return out, at + k * row.itemsize
+
+        cur = c.connection.dbapi_connection.cursor()
+        buf = bytearray()
+        at = -1  # where rows start once the header is read
+        try:
+            with cur.copy(self._INDEX_COPY) as copy:
+                for data in copy:
+                    buf += data
+                    if at < 0 and len(buf) >= 19:
+                        if bytes(buf[:11]) != self._COPY_SIGNATURE:
+                            raise ValueError("not a binary COPY")
+                        at = 19 + int.from_bytes(buf[15:19], "big")
+                    if at >= 0 and len(buf) - at >= chunk_bytes:
+                        out, used = parse(buf, at)
+                        del buf[:used]
+                        at = 0
+                        yield out
+            if at >= 0 and len(buf) - at > 2:
+                out, used = parse(buf, at)
+                if len(out[0]):
+                    yield out
+        finally:
+            cur.close()
 
     def _stream(self, c, sql: str, size: int = 20_000):
         """Chunks of rows of ``sql`` from a server-side cursor (PostgreSQL, MariaDB) or
