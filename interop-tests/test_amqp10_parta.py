@@ -341,3 +341,148 @@ def test_open_transaction_rolls_back_when_the_connection_closes(port, queue):
     ch.basic_publish("", queue, b"marker")  # after the close: the only message there
     p.close()
     assert _wait_count(port, queue, 1) == 1
+
+
+# ---------------------------------------------------------------- management node
+def _no_rabbit_management(port: int) -> None:
+    if port == RABBIT_PORT:
+        pytest.skip("RabbitMQ 3.10 has no HTTP-over-AMQP management node (RabbitMQ 4's)")
+
+
+class _Mgmt:
+    """A management link pair with qpid-proton's BlockingConnection, as RabbitMQ 4's
+    clients attach it (both links named alike, requests and answers settled)."""
+
+    def __init__(self, port: int):
+        from proton import symbol
+        self.conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=WAIT,
+                                       allowed_mechs="PLAIN")
+        self.sender = self.conn.create_sender("/management", name="management-link-pair")
+        self.receiver = self.conn.create_receiver("/management", name="management-link-pair",
+                                                  credit=10)
+        self.paired = symbol("paired")
+
+    def request(self, method: str, path: str, body=None) -> tuple[int, object]:
+        mid = str(uuid.uuid4())
+        self.sender.send(Message(id=mid, address=path, subject=method, reply_to="$me", body=body,
+                                 inferred=False))
+        m = self.receiver.receive(timeout=WAIT)  # (settled by the broker)
+        assert m.correlation_id == mid
+        assert m.properties == {"http:response": "1.1"}
+        return int(m.subject), m.body
+
+    def close(self):
+        self.conn.close()
+
+
+def test_management_node_queues_exchanges_bindings(port):
+    _no_rabbit_management(port)
+    q, x = "mgmt-q-" + uuid.uuid4().hex[:6], "mgmt x/" + uuid.uuid4().hex[:6]
+    qp, xp = f"/queues/{q}", "/exchanges/" + x.replace(" ", "%20").replace("/", "%2F")
+    m = _Mgmt(port)
+    try:
+        status, info = m.request("PUT", qp, {"durable": True, "exclusive": False,
+                                             "auto_delete": False,
+                                             "arguments": {"x-max-length": 10}})
+        assert status == 201
+        assert info["name"] == q and info["durable"] and info["type"] == "classic"
+        assert info["arguments"] == {"x-max-length": 10} and info["message_count"] == 0
+        assert m.request("PUT", qp, {"durable": True, "arguments": {"x-max-length": 10}})[0] \
+            == 200
+        status, text = m.request("PUT", qp, {"durable": False})
+        assert status == 409 and "durable" in text  # inequivalent, RabbitMQ's text
+        assert m.request("PUT", xp, {"type": "topic", "durable": True})[0] == 204
+        assert m.request("PUT", xp, {"type": "fanout"})[0] == 409
+        assert m.request("POST", "/bindings", {"source": x, "destination_queue": q,
+                                               "binding_key": "a.*", "arguments": {}})[0] == 204
+        query = f"/bindings?src={x.replace(' ', '%20').replace('/', '%2F')}&dstq={q}&key=a.*"
+        status, found = m.request("GET", query)
+        assert status == 200 and len(found) == 1
+        location = found[0]["location"]
+        assert found[0]["binding_key"] == "a.*" and found[0]["destination_queue"] == q
+
+        p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = p.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(x, "a.b", b"routed by the binding")
+        ch.basic_publish(x, "b.b", b"not")
+        p.close()
+        assert m.request("GET", qp)[1]["message_count"] == 1
+        assert m.request("DELETE", f"{qp}/messages") == (200, {"message_count": 1})
+        assert m.request("DELETE", location)[0] == 204
+        assert m.request("GET", query) == (200, [])
+        assert m.request("DELETE", qp) == (200, {"message_count": 0})
+        assert m.request("GET", qp)[0] == 404
+        assert m.request("DELETE", xp)[0] == 204
+        # RabbitMQ's refusals
+        assert m.request("PUT", "/queues/amq.mine", {})[0] == 403
+        assert m.request("DELETE", "/exchanges/amq.direct")[0] == 403
+        assert m.request("PUT", "/queues/", {})[0] == 400
+        assert m.request("POST", "/bindings", {"source": "no-such", "destination_queue": q,
+                                               "binding_key": ""})[0] == 404
+        assert m.request("PATCH", qp)[0] == 400
+    finally:
+        m.close()
+
+
+def test_management_node_refuses_without_permission(tmp_path):
+    defs = {"users": [{"name": "reader", "password": "pw", "tags": []}],
+            "permissions": [{"user": "reader", "vhost": "/", "configure": "^$",
+                             "write": "^$", "read": ".*"}]}
+    (tmp_path / "defs.json").write_text(json.dumps(defs))
+    proc = BrokerProc(tmp_path / "data", store="memory",
+                      extra=["--load-definitions", str(tmp_path / "defs.json")])
+    proc.start()
+    try:
+        conn = BlockingConnection(f"amqp://reader:pw@127.0.0.1:{proc.port}", timeout=WAIT,
+                                  allowed_mechs="PLAIN")
+        snd = conn.create_sender("/management", name="pair")
+        rcv = conn.create_receiver("/management", name="pair", credit=5)
+        snd.send(Message(id="1", address="/queues/forbidden", subject="PUT", reply_to="$me",
+                         body={}, inferred=False))
+        m = rcv.receive(timeout=WAIT)
+        assert m.subject == "403" and "refused for user 'reader'" in m.body
+        conn.close()
+    finally:
+        proc.stop()
+
+
+def test_rabbitmq_amqp_python_client_management(port):
+    """RabbitMQ 4's own AMQP 1.0 client's Management, on the connection it would use
+    (its Connection refuses a server whose product is not RabbitMQ 4, so the blocking
+    connection is made as it makes it)."""
+    _no_rabbit_management(port)
+    rmq = pytest.importorskip("rabbitmq_amqp_python_client")
+    from rabbitmq_amqp_python_client.qpid.proton.utils import (
+        BlockingConnection as RmqBlockingConnection,
+    )
+    q, x = "rmq-client-q-" + uuid.uuid4().hex[:6], "rmq-client-x-" + uuid.uuid4().hex[:6]
+    conn = RmqBlockingConnection(url=f"amqp://guest:guest@127.0.0.1:{port}",
+                                 allowed_mechs="PLAIN")
+    mgmt = rmq.Management(conn)
+    mgmt.open()
+    try:
+        mgmt.declare_exchange(rmq.ExchangeSpecification(name=x,
+                                                        exchange_type=rmq.ExchangeType.direct))
+        mgmt.declare_queue(rmq.ClassicQueueSpecification(name=q, max_len=100))
+        path = mgmt.bind(rmq.ExchangeToQueueBindingSpecification(
+            source_exchange=x, destination_queue=q, binding_key="k"))
+        p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = p.channel()
+        ch.confirm_delivery()
+        for _ in range(3):
+            ch.basic_publish(x, "k", b"via the client's binding")
+        p.close()
+        info = mgmt.queue_info(q)
+        assert info.message_count == 3 and info.is_durable and info.arguments["x-max-length"] == 100
+        with pytest.raises(rmq.ValidationCodeException):  # 409: not equivalent
+            mgmt.declare_queue(rmq.ClassicQueueSpecification(name=q, is_durable=False))
+        assert mgmt.purge_queue(q) == 3
+        mgmt.unbind(path)
+        mgmt.delete_queue(q)
+        mgmt.delete_exchange(x)
+        with pytest.raises(rmq.ValidationCodeException):
+            mgmt.queue_info(q)
+    finally:
+        mgmt.close()
+        conn.close()

@@ -49,11 +49,13 @@ from ..channel import Unacked, _selector
 from ..message import Message
 from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
+from .amqp10_mgmt import ManagementNode
 from .amqp10_tx import Coordinator, TxnError
 
 log = logging.getLogger("broker.amqp10")
 
 _NO_QUEUES: frozenset = frozenset()
+MANAGEMENT = "/management"  # RabbitMQ 4's HTTP-over-AMQP management node
 MAX_KEY = 255
 PUBLISH_CREDIT = 256  # transfers a publishing link may have in flight
 MAX_LINKS = 1024  # links per connection (each holds a little state)
@@ -215,6 +217,7 @@ class Amqp10Session:
         self.in_links: dict[Any, InLink] = {}
         self.out_links: dict[Any, OutLink] = {}
         self.coordinator: Coordinator | None = None  # its transactions, once a link asks
+        self.management: ManagementNode | None = None  # its /management link pairs
         self.consumers: dict[str, Consumer] = {}
         self._ctag = 0
         self.delivering = False
@@ -364,8 +367,10 @@ class Amqp10Session:
             conn.refuse_link(link, "amqp:not-allowed", "connection not open")
             return
         coordinator = self.coordinator
+        node = self.management
         if len(self.in_links) + len(self.out_links) \
-                + (len(coordinator.links) if coordinator else 0) >= MAX_LINKS:
+                + (len(coordinator.links) if coordinator else 0) \
+                + (node.link_count if node else 0) >= MAX_LINKS:
             conn.refuse_link(link, "amqp:resource-limit-exceeded",
                              f"more than {MAX_LINKS} links on one connection")
             return
@@ -375,6 +380,13 @@ class Amqp10Session:
                     coordinator = self.coordinator = Coordinator(self)
                 coordinator.links.add(link.key)
                 self.conn.attach_coordinator(link, PUBLISH_CREDIT)
+            elif ev.address == MANAGEMENT and not ev.dynamic:
+                if node is None:
+                    node = self.management = ManagementNode(self)
+                if link.is_receiver:
+                    node.attach_requests(link)
+                else:
+                    node.attach_responses(link)
             elif link.is_receiver:
                 self._attach_publisher(link, ev.address)
             else:
@@ -460,6 +472,8 @@ class Amqp10Session:
     def _on_detach(self, link) -> None:
         self.in_links.pop(link.key, None)
         out = self.out_links.pop(link.key, None)
+        if self.management is not None:
+            self.management.detached(link)
         coordinator = self.coordinator
         if coordinator is not None:
             if link.key in coordinator.links:
@@ -491,6 +505,8 @@ class Amqp10Session:
             if coordinator is not None and ev.link.key in coordinator.links:
                 coordinator.control(ev)
                 conn.grant(ev.link, PUBLISH_CREDIT)
+            elif self.management is not None and ev.link.key in self.management.requests:
+                self.management.request(ev)
             return
         try:
             outcome = self._publish(inlink, ev)
@@ -598,6 +614,8 @@ class Amqp10Session:
     def _on_credit(self, link) -> None:
         out = self.out_links.get(link.key)
         if out is None:
+            if self.management is not None:
+                self.management.credit(link)
             return
         out.queue.dispatch()
         if link.drain_mode and link.credit > 0:

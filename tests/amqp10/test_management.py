@@ -1,0 +1,69 @@
+"""RabbitMQ 4's HTTP-over-AMQP management requests and answers, protocol side: what
+``parse_request`` takes and refuses, the binding path segments, the answer's fields."""
+from __future__ import annotations
+
+import pytest
+from proton import Message
+
+from broker.amqp10 import management as http
+
+
+def _req(**kw) -> bytes:
+    fields = {"id": "m1", "address": "/queues/q%2F1", "subject": "PUT", "reply_to": "$me",
+              "body": {"durable": True}, "inferred": False}
+    fields.update(kw)
+    return bytes(Message(**fields).encode())
+
+
+def test_request_fields():
+    r = http.parse_request(_req())
+    assert (r.method, r.segments, r.message_id, r.body) == ("PUT", ["queues", "q%2F1"], "m1",
+                                                            {"durable": True})
+    assert http.name_of(r.segments[1]) == "q/1"
+    r = http.parse_request(_req(address="/bindings?src=x&dstq=q&key=", subject="GET",
+                                body=None))
+    assert r.segments == ["bindings"] and r.query == {"src": "x", "dstq": "q", "key": ""}
+
+
+@pytest.mark.parametrize("kw", [{"subject": None}, {"address": None},
+                                {"reply_to": "/queues/elsewhere"}, {"address": "queues/q"}])
+def test_unusable_requests(kw):
+    with pytest.raises(http.RequestError) as info:
+        http.parse_request(_req(**kw))
+    assert info.value.status == "400"
+
+
+def test_garbage_and_oversized_requests():
+    for data in (b"\x00\x53\x77\xff", b"garbage", b"\x00" * (http.MAX_REQUEST + 1)):
+        with pytest.raises(http.RequestError):
+            http.parse_request(data)
+
+
+def test_response_message():
+    m = Message()
+    m.decode(http.encode_response("m1", "201", {"name": "q"}))
+    assert (m.subject, m.correlation_id, m.body, m.properties) == (
+        "201", "m1", {"name": "q"}, {"http:response": "1.1"})
+
+
+def test_binding_segments_round_trip():
+    loc = http.binding_location("x 1", "queue", "q/2", "a.*", {})
+    assert loc == "/bindings/src=x%201;dstq=q%2F2;key=a.%2A;args="
+    assert http.parse_binding_segment(loc.split("/")[2]) == ("x 1", "queue", "q/2", "a.*", "")
+    hashed = http.args_hash({"x-match": "all"})
+    assert hashed and hashed == http.args_hash({"x-match": "all"})
+    seg = http.binding_location("x", "exchange", "y", "", {"x-match": "all"}).split("/")[2]
+    assert http.parse_binding_segment(seg) == ("x", "exchange", "y", "", hashed)
+    for bad in ("src=x;dstz=q;key=;args=", "src=;dstq=q;key=;args=", "nonsense",
+                "src=x;dstq=q;key=k;args=+/"):
+        with pytest.raises(http.RequestError):
+            http.parse_binding_segment(bad)
+
+
+def test_plain_arguments():
+    from proton import symbol, ulong
+    assert http.plain({symbol("x-max-length"): ulong(5), "s": symbol("v")}) == {
+        "x-max-length": 5, "s": "v"}
+    assert type(http.plain({"n": ulong(5)})["n"]) is int
+    with pytest.raises(http.RequestError):
+        http.plain({"x": object()})
