@@ -68,6 +68,12 @@ def link_password(secret: bytes | None, prefix: str) -> str:
     return hmac.new(key, b"triomq-link\0" + prefix.encode(), hashlib.sha256).hexdigest()
 
 
+# consume arguments a proxied consumer passes on to the master (a stream consumer's
+# starting point and filter are what it reads: without them it read from "next")
+_CONSUMER_ARGS = frozenset(("x-priority", "x-stream-offset", "x-stream-filter",
+                            "x-stream-match-unfiltered"))
+
+
 class LinkClosed(Exception):
     """The link's connection ended (peer closed, socket error, refused login)."""
 
@@ -243,7 +249,7 @@ class Link:
         rc.generation = self.generation
         self.consumers[channel] = rc
         window = rc.prefetch if 0 < rc.prefetch <= 1000 else 200
-        args = {k: v for k, v in rc.arguments.items() if k in ("x-priority",)}
+        args = {k: v for k, v in rc.arguments.items() if k in _CONSUMER_ARGS}
         self._send_many([method_frame(channel, spec.Channel.Open("")),
                          method_frame(channel, spec.Basic.Qos(0, window, False)),
                          method_frame(channel, spec.Basic.Consume(0, rc.queue, "", False, False,

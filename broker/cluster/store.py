@@ -48,6 +48,7 @@ from .forward import LOCATORS, ProxyQueue, choose_master, forward_reply, forward
 from .link import LINK_USER, Link, link_password
 from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
+from .stream_replicas import StreamReplicas
 from .view import QueueViews
 
 log = logging.getLogger("broker.cluster.defs")
@@ -157,6 +158,7 @@ class ClusterStore(Store):
         self.publishing: Any = None  # the channel whose publish is being routed (forward.py)
         self.mirrors = Mirrors(self)
         self.views = QueueViews(self)  # the same queue view from every node (view.py)
+        self.stream_replicas = StreamReplicas(self)  # streams across nodes
         node.on_fenced.append(self._fenced)
 
     def __getattr__(self, name: str) -> Any:
@@ -250,6 +252,7 @@ class ClusterStore(Store):
         # a link's deliveries wait on the other node's consumer, which has its own timeout
         broker.consumer_timeouts.exempt_users.add(LINK_USER)
         self._publish_local()
+        self.stream_replicas.install(broker)  # streams' replica groups and copies
         # mirror copies kept on disk, to catch up from (the proxies exist now)
         try:
             self.mirrors.load()

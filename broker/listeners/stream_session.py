@@ -44,6 +44,7 @@ from typing import Any
 
 from .. import errors
 from ..amqp import spec
+from ..cluster.link import LINK_USER
 from ..message import Message
 from ..publishing import NACKED
 from ..queues.stream import StreamQueue
@@ -60,7 +61,7 @@ from ..streamproto.connection import (
 )
 from ..streams import record as records
 from ..streams import super as super_streams
-from ..streams.log import Timestamp
+from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, Timestamp
 
 log = logging.getLogger("broker.stream")
 
@@ -143,7 +144,7 @@ class Publisher:
 
 class Subscription:
     __slots__ = ("active", "credit", "filter", "group", "id", "listener", "partition", "queue",
-                 "reader", "stepping", "stream", "update_id")
+                 "reader", "replica", "stepping", "stream", "update_id")
 
     def __init__(self, sub_id: int, stream: str, queue: StreamQueue, credit: int, flt):
         self.id = sub_id
@@ -156,6 +157,7 @@ class Subscription:
         self.group: tuple | None = None  # single active consumer group
         self.update_id = 0  # correlation id of the ConsumerUpdate awaiting its answer
         self.partition: int | None = None  # index in its super stream (partitioned group)
+        self.replica = False  # another cluster node copying the log: chunks as stored
         self.stepping = False  # told to step down, its answer awaited
         self.listener: Any = None
 
@@ -639,6 +641,10 @@ class StreamSession:
         if q is None or not self._allowed(cmd.stream, "read") or not cmd.reference \
                 or len(cmd.reference) > MAX_REFERENCE:
             return  # no answer to StoreOffset, as RabbitMQ
+        if cmd.reference.startswith(REPLICA_REFERENCE) and self.username == LINK_USER:
+            # a replica's report of what it has committed: counts towards confirms
+            q.log.replica_acked(cmd.reference[len(REPLICA_REFERENCE):], cmd.offset)
+            return
         q.log.store_offset(cmd.reference, cmd.offset)
 
     def _query_offset(self, cmd: codec.QueryOffset) -> None:
@@ -671,6 +677,8 @@ class StreamSession:
         values = [v for k, v in props.items() if k.startswith("filter.") and v is not None]
         flt = (values, props.get("match-unfiltered") == "true") if values else None
         sub = Subscription(cmd.subscription_id, cmd.stream, q, cmd.credit, flt)
+        # a replica of another node (cluster/stream_replicas.py), only as the link user
+        sub.replica = REPLICA_PROPERTY in props and self.username == LINK_USER
         sac = props.get("single-active-consumer") == "true"
         if sac and not props.get("name"):
             self._respond(cmd, codec.PRECONDITION_FAILED)
@@ -781,6 +789,14 @@ class StreamSession:
             if flt is not None and not chunk.may_contain(flt[0], flt[1]):
                 continue
             committed = sub.queue.log.committed_chunk_id
+            if sub.replica:
+                # a replica appends the chunk as the log holds it (filter included), whole
+                raw = chunk.raw()
+                conn.send_buffers([codec.encode_deliver_header(
+                    sub.id, sum(len(b) for b in raw), version, committed), *raw])
+                sub.credit -= 1
+                sent = True
+                continue
             if limit and len(chunk.header) + len(chunk.data) > limit:
                 # no Deliver frame may exceed the client's frame_max: the chunk goes as
                 # several smaller chunks (one credit each, as the client counts them)

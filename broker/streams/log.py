@@ -106,6 +106,13 @@ BATCH_RECORDS = 4096  # append_record: records per chunk at most
 BATCH_BYTES = 1 << 20  # ... and bytes (a chunk is read whole by readers)
 
 
+# A cluster node copying a leader's log subscribes over the Stream protocol with this
+# property (chunks come as stored, filter included, never split) and reports what it has
+# committed with StoreOffset under this reference prefix + its node name.
+REPLICA_PROPERTY = "x-triomq-replica"
+REPLICA_REFERENCE = "\x00replica:"
+
+
 class ReplicaGap(Exception):
     """A replicated chunk does not start at the replica's tail."""
 
@@ -654,6 +661,10 @@ class StreamLog:
         self._release()
 
     @property
+    def group_size(self) -> int:
+        return self._group_size
+
+    @property
     def replica_offsets(self) -> dict[str, int] | None:
         return None if self._replicas is None else dict(self._replicas)
 
@@ -997,6 +1008,9 @@ class StreamStore:
         self._dirty: dict[int, StreamLog] = {}
         self._wake: Any = None  # trio.Event while run() runs
         self.running = False
+        # in a cluster: a log opened waits for a replica before it confirms, until its
+        # replica group is known (``StreamLog.set_replicas``)
+        self.replicated = False
 
     def open(self, vhost: str, name: str, **settings) -> StreamLog:
         path = stream_dir(self.data_dir, vhost, name)
@@ -1005,6 +1019,8 @@ class StreamStore:
             lg = StreamLog(path, **settings)
             lg._store = self
             self.logs[path] = lg
+            if self.replicated:
+                lg.set_replicas([], 2)
         return lg
 
     def forget(self, lg: StreamLog) -> None:

@@ -1,0 +1,318 @@
+"""Streams replicated across cluster nodes: the leader writes chunks to its log, each
+follower copies the log chunk by chunk into its own log on its own disk, and a publish is
+confirmed once a majority of the stream's replica group has the chunk committed.
+
+* **Group.** A durable stream declared in a cluster lives on its master node (placement,
+  forwarding and the master key are the queues' own: ``store.py``, ``forward.py``,
+  ``node.py``). That node, the **leader**, records the stream's replica group in etcd
+  (``streams/VHOST/QUEUE``: ``{"members": [...], "leader": NAME}``): itself and the next
+  live nodes in name order, ``x-initial-cluster-size`` of them (RabbitMQ's argument;
+  default min(3, live nodes)). The record outlives the nodes' restarts; the leader deletes
+  it when the stream is deleted.
+* **Copy.** A follower pulls: it connects to the leader's Stream-protocol listener (the
+  address each node publishes under ``streamaddr/NAME`` on its lease) as the cluster's link
+  user, subscribes to the stream from its own log's tail (``REPLICA_PROPERTY``: chunks come
+  as the leader's log holds them, Bloom filter included, never split) and appends each
+  chunk verbatim (``StreamLog.append_replica_chunk``: same offsets, chunk ids, timestamps).
+  Its own group commit fsyncs them; after each commit it reports its committed offset to
+  the leader (StoreOffset under ``REPLICA_REFERENCE`` + its name), which counts it
+  (``StreamLog.replica_acked``). A follower that restarts reads its log back and
+  subscribes from its last chunk: only what it lacks is sent.
+* **Confirms.** The leader's log leads its group (``StreamLog.set_replicas``): AMQP
+  confirms (``StreamQueue.when_durable``) and Stream-protocol PublishConfirms wait for a
+  majority of the group, the leader's own commit included. A log opened before the group
+  is known waits for one replica (``StreamStore.replicated``) rather than confirming alone.
+* Not built: a leader lost is not replaced (its followers keep their copies; the stream is
+  unavailable until its node is back); consumers read through the leader (forwarding),
+  not from a local replica; a replica whose tail is behind the leader's retention stops
+  with a logged ``ReplicaGap``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..queues.stream import StreamQueue
+from ..streamproto import codec
+from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, StreamLog
+from .etcd import CoordinationError, CoordinationUnavailable
+from .link import LINK_USER
+from .node import queue_key, split_queue_key
+
+if TYPE_CHECKING:
+    from .store import ClusterStore
+
+log = logging.getLogger("broker.cluster.streams")
+
+ROUND_S = 1.0  # how often the groups and follower tasks are reconciled with etcd
+CREDIT = 32  # chunks a follower lets the leader send ahead of its appends
+HEARTBEAT_S = 20.0  # what a follower sends while idle (the leader's heartbeat is 60 s)
+
+
+def initial_cluster_size(q: StreamQueue, live: int) -> int:
+    value = q.arguments.get("x-initial-cluster-size")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, live)
+    return min(3, live)
+
+
+def place(leader: str, live: list[str], size: int) -> list[str]:
+    """The leader and the next live nodes after it in name order, ``size`` in all."""
+    others = sorted(n for n in live if n != leader)
+    after = [n for n in others if n > leader] + [n for n in others if n < leader]
+    return [leader, *after[:max(0, size - 1)]]
+
+
+class StreamReplicas:
+    """This node's part: the groups of the streams it leads, a follower task per stream
+    it replicates. ``run`` is a task of the broker (``background_tasks``)."""
+
+    def __init__(self, store: ClusterStore):
+        self.store = store
+        self.groups: dict[tuple[str, str], dict] = {}  # (vhost, stream) -> record
+        self.addresses: dict[str, tuple[str, int]] = {}  # node -> its Stream listener
+        self._followers: dict[tuple[str, str], trio.CancelScope] = {}
+        self._following: dict[tuple[str, str], _Follower] = {}
+        self._published: tuple[int, int] | None = None  # (lease, port) of streamaddr/
+        self._nursery: trio.Nursery | None = None
+
+    def install(self, broker) -> None:
+        # logs opened before their group is known wait for a replica (set_replicas)
+        broker.streams.replicated = True
+        broker.background_tasks.append(self.run)
+
+    def _key(self, *parts: str) -> str:
+        return self.store.node.key(*parts)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                try:
+                    await self._round()
+                except (CoordinationUnavailable, CoordinationError) as exc:
+                    log.debug("stream replicas: etcd: %s", exc)
+                await trio.sleep(ROUND_S)
+
+    async def _round(self) -> None:
+        store, node = self.store, self.store.node
+        broker = store.broker
+        if broker is None or not node.serving:
+            return
+        coord = store.coord
+        port = broker.stream.ports.get("stream") if broker.stream is not None else None
+        if port and self._published != (node.lease, port):
+            await coord.put(self._key("streamaddr", node.name),
+                            json.dumps({"port": port}).encode(), node.lease)
+            self._published = (node.lease, port)
+        kvs, _rev = await coord.get_prefix(self._key("streamaddr", ""))
+        addresses = {}
+        for kv in kvs:
+            name = kv.key.rsplit("/", 1)[-1]
+            host = store._addresses.get(name) or ("127.0.0.1:0" if name == node.name else "")
+            try:
+                p = int(kv.json()["port"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if host:
+                addresses[name] = (host.rsplit(":", 1)[0] or "127.0.0.1", p)
+        self.addresses = addresses
+        kvs, _rev = await coord.get_prefix(self._key("streams", ""))
+        groups: dict[tuple[str, str], dict] = {}
+        prefix = self._key("streams", "")
+        for kv in kvs:
+            try:
+                groups[split_queue_key(kv.key[len(prefix):])] = kv.json()
+            except (ValueError, KeyError):
+                continue
+        await self._lead(broker, groups)
+        self.groups = groups
+        self._follow(broker, groups)
+
+    async def _lead(self, broker, groups: dict) -> None:
+        """Record the group of each stream led here; drop the records of those deleted."""
+        store, node = self.store, self.store.node
+        live = sorted(store.live_nodes())
+        for vhost in list(broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                if not isinstance(q, StreamQueue) or q.deleted or not q.durable:
+                    continue
+                key = (vhost.name, q.name)
+                group = groups.get(key)
+                if group is None:
+                    members = place(node.name, live, initial_cluster_size(q, len(live)))
+                    group = {"members": members, "leader": node.name}
+                    await store.coord.put(self._key("streams", queue_key(*key)),
+                                          json.dumps(group).encode())
+                    groups[key] = group
+                    log.info("stream %r in vhost %r: replicas on %s", q.name, vhost.name,
+                             ", ".join(members))
+                followers = [m for m in group["members"] if m != node.name]
+                lg = q.log
+                current = lg.replica_offsets
+                if current is None or set(current) != set(followers) \
+                        or lg.group_size != len(group["members"]):
+                    lg.set_replicas(followers, len(group["members"]))
+        for key, group in list(groups.items()):
+            vhost = broker.vhosts.get(key[0])
+            if group.get("leader") == node.name and (
+                    vhost is None or key[1] not in vhost.queues):
+                await store.coord.delete(self._key("streams", queue_key(*key)))
+                del groups[key]
+                log.info("stream %r in vhost %r deleted: its replica group too", key[1],
+                         key[0])
+
+    def _follow(self, broker, groups: dict) -> None:
+        store, node = self.store, self.store.node
+        wanted = {}
+        for key, group in groups.items():
+            leader = store.master_of(*key)
+            if node.name in group.get("members", ()) and leader not in (None, node.name) \
+                    and key[0] in broker.vhosts:
+                wanted[key] = leader
+        for key in list(self._followers):
+            follower = self._following[key]
+            if wanted.get(key) != follower.leader:
+                self._followers.pop(key).cancel()
+                del self._following[key]
+                if key not in groups:  # the stream was deleted: so is this copy
+                    follower.drop = True
+        for key, leader in wanted.items():
+            if key not in self._followers and self._nursery is not None:
+                follower = _Follower(self, broker, key[0], key[1], leader)
+                scope = trio.CancelScope()
+                self._followers[key] = scope
+                self._following[key] = follower
+                self._nursery.start_soon(follower.run, scope)
+
+    def status(self) -> dict:
+        return {f"{v}/{q}": {"leader": f.leader, "offset": f.committed}
+                for (v, q), f in self._following.items()}
+
+
+class _Follower:
+    """One stream this node replicates from ``leader``."""
+
+    def __init__(self, owner: StreamReplicas, broker, vhost: str, name: str, leader: str):
+        self.owner, self.broker = owner, broker
+        self.vhost, self.name, self.leader = vhost, name, leader
+        self.committed = -1
+        self.drop = False
+        self._warned = ""
+
+    async def run(self, scope: trio.CancelScope) -> None:
+        lg = self.broker.streams.open(self.vhost, self.name)
+        try:
+            with scope:
+                while True:
+                    try:
+                        await self._pull(lg)
+                    except Exception as exc:  # a copy's failure never stops the node
+                        text = f"{type(exc).__name__}: {exc}"
+                        if text != self._warned:
+                            log.warning("stream %r in vhost %r: replica of node %r: %s",
+                                        self.name, self.vhost, self.leader, text)
+                            self._warned = text
+                    await trio.sleep(1.0)
+        finally:
+            self.broker.streams.forget(lg)
+            if self.drop:
+                lg.delete()
+            else:
+                lg.close()
+
+    async def _pull(self, lg: StreamLog) -> None:
+        address = self.owner.addresses.get(self.leader)
+        if address is None:
+            raise ConnectionError("no Stream-protocol address of the leader yet")
+        sock = await trio.open_tcp_stream(*address)
+        async with sock:
+            stream = _Locked(sock)
+            reader = codec.FrameReader(0)
+            frames: list = []
+
+            async def next_frame(key: int):
+                while True:
+                    while frames:
+                        frame = frames.pop(0)
+                        if frame[0] == key:
+                            return frame
+                    data = await stream.receive_some(1 << 20)
+                    if not data:
+                        raise ConnectionError("closed by the leader")
+                    frames.extend(reader.feed(data))
+
+            store = self.owner.store
+            await stream.send_all(b"".join(codec.encode(c) for c in (
+                codec.PeerProperties(1, {"product": "TrioMQ replica"}),
+                codec.SaslHandshake(2),
+                codec.SaslAuthenticate(3, "PLAIN", b"\0" + LINK_USER.encode() + b"\0"
+                                       + store.link_password.encode()))))
+            _k, _v, p = await next_frame(0x8000 | codec.SASL_AUTHENTICATE)
+            if struct.unpack_from(">H", p, 4)[0] != codec.OK:
+                raise ConnectionError("the leader refused the link user")
+            await next_frame(codec.TUNE)
+            await stream.send_all(codec.encode(codec.Tune(0, 0)) + codec.encode(
+                codec.Open(4, self.vhost)))
+            _k, _v, p = await next_frame(0x8000 | codec.OPEN)
+            if struct.unpack_from(">H", p, 4)[0] != codec.OK:
+                raise ConnectionError(f"the leader refused vhost {self.vhost!r}")
+            start = lg.next_offset
+            await stream.send_all(codec.encode(codec.Subscribe(
+                5, 1, self.name, (codec.OFFSET_OFFSET, start), CREDIT,
+                {REPLICA_PROPERTY: store.node.name})))
+            _k, _v, p = await next_frame(0x8000 | codec.SUBSCRIBE)
+            code = struct.unpack_from(">H", p, 4)[0]
+            if code != codec.OK:
+                raise ConnectionError(f"subscribe refused by the leader (code {code})")
+            log.info("stream %r in vhost %r: replicating from node %r, from offset %d",
+                     self.name, self.vhost, self.leader, start)
+            self._warned = ""
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._report, stream, lg)
+                nursery.start_soon(self._heartbeats, stream)
+                while True:
+                    _k, version, payload = await next_frame(codec.DELIVER)
+                    chunk = memoryview(payload)[1 if version == 1 else 9:]
+                    lg.append_replica_chunk(chunk)
+                    await stream.send_all(codec.encode(codec.Credit(1, 1)))
+
+    async def _report(self, stream, lg: StreamLog) -> None:
+        """What this copy has committed, to the leader, after each commit."""
+        reference = REPLICA_REFERENCE + self.owner.store.node.name
+        reported = -1
+        while not lg.closed:
+            if lg.committed_offset > reported:
+                reported = self.committed = lg.committed_offset
+                await stream.send_all(codec.encode(codec.StoreOffset(
+                    reference, self.name, reported)))
+            await lg.wait_committed(reported + 1)
+
+    async def _heartbeats(self, stream) -> None:
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            await stream.send_all(codec.encode_heartbeat())
+
+
+class _Locked:
+    """A socket stream whose writers (appends' credits, reports, heartbeats) take turns."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._lock = trio.Lock()
+
+    async def send_all(self, data: bytes) -> None:
+        async with self._lock:
+            await self._stream.send_all(data)
+
+    async def receive_some(self, n: int) -> bytes:
+        return await self._stream.receive_some(n)
+
+
+def status_of(store: Any) -> dict:
+    replicas = getattr(store, "stream_replicas", None)
+    return replicas.status() if replicas is not None else {}
