@@ -486,3 +486,64 @@ def test_rabbitmq_amqp_python_client_management(port):
     finally:
         mgmt.close()
         conn.close()
+
+
+# ---------------------------------------------------------------- message groups
+def _receive_all(c, receivers, n: int) -> list[list[str]]:
+    c.wait(lambda: sum(len(r.fetcher.incoming) for r in receivers) == n, timeout=WAIT)
+    got = []
+    for r in receivers:
+        bodies = []
+        while r.fetcher.incoming:
+            m = r.receive(timeout=WAIT)
+            bodies.append(m.body if isinstance(m.body, str) else bytes(m.body).decode())
+            r.accept()
+        got.append(bodies)
+    return got
+
+
+def test_group_id_alone_does_not_group_as_on_rabbitmq(port, queue):
+    """The default is RabbitMQ's: a group-id (JMSXGroupID) on a queue that was not asked
+    to group changes nothing, the receivers take turns."""
+    c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=WAIT,
+                           allowed_mechs="PLAIN")
+    try:
+        r1 = c.create_receiver(f"/amq/queue/{queue}", credit=50, name="r1")
+        r2 = c.create_receiver(f"/amq/queue/{queue}", credit=50, name="r2")
+        snd = c.create_sender(f"/amq/queue/{queue}")
+        for i in range(4):
+            snd.send(Message(body=f"a{i}", group_id="a"))
+        got = _receive_all(c, (r1, r2), 4)
+        assert sorted(got) == [["a0", "a2"], ["a1", "a3"]]
+    finally:
+        c.close()
+
+
+def test_message_groups_by_policy_with_amqp10_receivers(tmp_path):
+    """ActiveMQ's behaviour on demand: a message-groups policy groups a queue declared
+    without x-message-groups (TrioMQ's own policy key: RabbitMQ has no groups)."""
+    import httpx
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True)
+    proc.start()
+    try:
+        p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", proc.port))
+        p.channel().queue_declare("jms.orders")
+        p.close()
+        r = httpx.put(f"{proc.http_url}/api/policies/%2F/jms-groups", auth=("guest", "guest"),
+                      json={"pattern": "^jms\\.", "apply-to": "queues",
+                            "definition": {"message-groups": True}}, timeout=WAIT)
+        assert r.status_code in (201, 204), r.text
+        c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{proc.port}", timeout=WAIT,
+                               allowed_mechs="PLAIN")
+        try:
+            r1 = c.create_receiver("/queues/jms.orders", credit=50, name="r1")
+            r2 = c.create_receiver("/queues/jms.orders", credit=50, name="r2")
+            snd = c.create_sender("/queues/jms.orders")
+            for i, group in enumerate("aabbab"):
+                snd.send(Message(body=f"{group}{i}", group_id=group))
+            got = _receive_all(c, (r1, r2), 6)
+            assert sorted(got) == [["a0", "a1", "a4"], ["b2", "b3", "b5"]]
+        finally:
+            c.close()
+    finally:
+        proc.stop()

@@ -91,6 +91,11 @@ def _audit(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"{erl(value)} is not a valid audit value"
 
 
+def _message_groups(value: Any) -> str | None:
+    return None if isinstance(value, bool) else \
+        f"{erl(value)} is not a valid message-groups value"
+
+
 def _queue_version(value: Any) -> str | None:
     return None if _is_int(value) and value in (1, 2) else \
         f"{erl(value)} is not a valid queue-version value"
@@ -129,6 +134,9 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "queue-master-locator": _choice(("min-masters", "client-local", "random"),
                                     "%s invalid queue-master-locator value"),
     "audit": _audit,
+    # this broker's key (queues/message_groups.py): ActiveMQ's JMSXGroupID groups on the
+    # queues it matches, as the x-message-groups argument
+    "message-groups": _message_groups,
     "max-age": _max_age,  # streams
     "stream-max-segment-size-bytes": _segment_size,
     "ha-mode": _any,

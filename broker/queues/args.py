@@ -289,4 +289,7 @@ def with_policy(base: QueueOptions, arguments: dict, definition: dict) -> QueueO
     if limit is not None:
         have = base.extra.get("x-delivery-limit")
         opts.extra["x-delivery-limit"] = limit if have is None else min(have, limit)
+    groups = definition.get("message-groups")
+    if groups is not None and "x-message-groups" not in arguments:
+        opts.extra["x-message-groups"] = groups  # (the argument wins, as for overflow)
     return opts

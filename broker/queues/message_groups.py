@@ -13,6 +13,8 @@ The group id is the header ``JMSXGroupID`` (AMQP 0-9-1 and STOMP headers; AMQP 1
 ``group-id`` property arrives as that header, ``group-sequence`` as ``JMSXGroupSeq``).
 The queue dispatches through its selective path while the feature is on
 (``Queue._dispatch_selective``); queues without the argument never look at a header.
+The policy key ``message-groups`` (true/false) turns groups on or off for the queues it
+matches (a queue's own argument wins), so a vhost can group every queue as ActiveMQ does.
 """
 from __future__ import annotations
 
@@ -92,3 +94,16 @@ class MessageGroups:
 
 def message_groups_of(opts) -> MessageGroups | None:
     return MessageGroups() if opts.extra.get(GROUPS_ARGUMENT) else None
+
+
+def reconfigure(queue) -> None:
+    """A policy (``message-groups``) turned groups on or off for ``queue``: on, groups
+    start from the next message; off, the owners are forgotten and the queue dispatches
+    as any other (the selective path only while consumers have selectors)."""
+    on = bool(queue.opts.extra.get(GROUPS_ARGUMENT))
+    if on and queue.message_groups is None:
+        queue.message_groups = MessageGroups()
+        queue._selective += 1
+    elif not on and queue.message_groups is not None:
+        queue.message_groups = None
+        queue._selective -= 1

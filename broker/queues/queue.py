@@ -19,7 +19,8 @@ from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
-from .message_groups import message_groups_of
+from .message_groups import GROUPS_ARGUMENT, message_groups_of
+from .message_groups import reconfigure as reconfigure_groups
 from .ops import PAGES_MESSAGES, ObserverList, Op
 from .priority import PriorityReady, message_priority
 from .types import queue_type_of
@@ -653,6 +654,8 @@ class Queue:
             return
         old, self.opts = self.opts, opts
         limit = opts.extra.get("x-delivery-limit")
+        if opts.extra.get(GROUPS_ARGUMENT) != old.extra.get(GROUPS_ARGUMENT):
+            reconfigure_groups(self)  # a policy's message-groups
         if self.retry is not None:
             self.retry.set_limit(limit)
             if self.retry.idle:

@@ -91,3 +91,40 @@ def test_an_owner_without_credit_holds_its_group_but_not_others(session_client, 
     pub.publish(1, b"free", routing_key="q")
     assert bodies(b.output()) == [b"free"]  # g2 waits for a, the group's owner
     assert bodies(a.call(1, spec.Basic.Ack(1, False))) == [b"g2"]
+
+
+def test_a_message_groups_policy_groups_queues_without_the_argument(session_client, broker):
+    """ActiveMQ groups every queue: the policy key message-groups does that for the queues
+    it matches, on and off at run time; a queue's own argument wins."""
+    pub = session_client()
+    pub.open_channel(1)
+    pub.declare_queue(1, "jms.orders")
+    pub.declare_queue(1, "jms.opted-out", arguments={"x-message-groups": False})
+    broker.policies.set_policy("/", "groups", "^jms\\.", {"message-groups": True})
+    q = broker.vhosts["/"].queues["jms.orders"]
+    assert q.message_groups is not None
+    assert broker.vhosts["/"].queues["jms.opted-out"].message_groups is None
+    a, b = _consumers(session_client, 2)
+    a.consume(1, "jms.orders", tag="a")
+    b.consume(1, "jms.orders", tag="b")
+    for i in range(6):
+        pub.publish(1, b"%s%d" % (b"xy"[i % 2:i % 2 + 1], i), routing_key="jms.orders",
+                    headers={"JMSXGroupID": "x" if i % 2 == 0 else "y"})
+    got_a, got_b = bodies(a.output()), bodies(b.output())
+    assert sorted([got_a, got_b]) == [[b"x0", b"x2", b"x4"], [b"y1", b"y3", b"y5"]]
+    # the policy gone: round robin again, whatever the header
+    broker.policies.clear_policy("/", "groups")
+    assert q.message_groups is None
+    for i in range(4):
+        pub.publish(1, b"m%d" % i, routing_key="jms.orders", headers={"JMSXGroupID": "x"})
+    got_a, got_b = bodies(a.output()), bodies(b.output())
+    assert sorted(got_a + got_b) == [b"m0", b"m1", b"m2", b"m3"]
+    assert len(got_a) == len(got_b) == 2  # one group, yet both consumers
+
+
+def test_message_groups_policy_value_is_validated(broker):
+    import pytest
+
+    from broker.policies.registry import PolicyError
+    with pytest.raises(PolicyError):
+        broker.policies.set_policy("/", "bad", ".*", {"message-groups": "yes"})
