@@ -184,8 +184,24 @@ def _count_live(live: dict, live_bytes: dict, locs, blens) -> None:
     counts ``live`` and live-byte lower bounds ``live_bytes``."""
     if len(locs) > 100_000:  # recovery of a long queue: vector operations
         import numpy as np
-        bins = np.frombuffer(locs, np.int64) >> 32
+        at = np.frombuffer(locs, np.int64)
         sizes = np.frombuffer(blens, np.uint32)
+        if bool(np.all(at[1:] >= at[:-1])):
+            # written in order (a FIFO's backlog): each segment's run found by a binary
+            # search, summed slice by slice (reduceat with a widening dtype takes ~0.1 s
+            # per million entries; no shifted copy of the locations either)
+            first, last = int(at[0]) >> 32, int(at[-1]) >> 32
+            ends = np.searchsorted(at, np.arange(first + 1, last + 2, dtype=np.int64) << 32)
+            start = 0
+            for seg, end in zip(range(first, last + 1), ends.tolist(), strict=True):
+                if end > start:
+                    n = end - start
+                    b = int(sizes[start:end].sum(dtype=np.int64))
+                    live[seg] = live.get(seg, 0) + n
+                    live_bytes[seg] = live_bytes.get(seg, 0) + b + n * ENQ_MIN
+                start = end
+            return
+        bins = at >> 32
         if bool(np.all(bins[1:] >= bins[:-1])):
             # a FIFO written in order: its segments are runs, summed between boundaries
             starts = np.concatenate(([0], np.flatnonzero(bins[1:] != bins[:-1]) + 1))

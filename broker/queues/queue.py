@@ -100,9 +100,23 @@ def _some_expiry(exps) -> bool:
         raw = memoryview(exps).cast("B")
         block = _NAN_BYTES * 8192
         step = len(block)
-        if all(raw[i:i + step] == block[:len(raw) - i] for i in range(0, len(raw), step)):
+        # bytes, not memoryview slices: a memoryview compares item by item (0.2-0.6 s at
+        # 10M entries), bytes with one memcmp
+        if all(bytes(raw[i:i + step]) == block[:len(raw) - i] for i in range(0, len(raw), step)):
             return False
     return any(e == e for e in exps)
+
+
+def _max_and_sum(seqs, blens) -> tuple[int, int]:
+    """The highest seq and the body bytes of a recovered index. A long one (arrays of the
+    index's typecodes) is reduced by numpy, which the store loading it has imported: the
+    builtins walk ten million items in ~0.3 s."""
+    if len(seqs) > 100_000 and isinstance(seqs, array) and seqs.typecode == "q" \
+            and isinstance(blens, array) and blens.typecode == "I":
+        import numpy as np
+        return (int(np.frombuffer(seqs, np.int64).max()),
+                int(np.frombuffer(blens, np.uint32).sum(dtype=np.int64)))
+    return max(seqs), sum(blens)
 
 
 class Queue:
@@ -794,8 +808,9 @@ class Queue:
                 raise TypeError(f"queue {self.name!r}: its ready store cannot restore a paged index")
             seqs = paged[0]
             self.ready.restore_paged(*paged)
-            self.ready_bytes += sum(paged[3])
-            self._next_seq = max(self._next_seq, max(seqs) + 1)
+            top, nbytes = _max_and_sum(seqs, paged[3])
+            self.ready_bytes += nbytes
+            self._next_seq = max(self._next_seq, top + 1)
             self.stats_published += len(seqs)
             n += len(seqs)
             if _some_expiry(paged[2]):
