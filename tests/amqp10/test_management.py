@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from proton import Message
 
 from broker.amqp10 import management as http
@@ -67,3 +69,21 @@ def test_plain_arguments():
     assert type(http.plain({"n": ulong(5)})["n"]) is int
     with pytest.raises(http.RequestError):
         http.plain({"x": object()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_garbage_requests_only_raise_request_error(data):
+    try:
+        http.parse_request(data)
+    except http.RequestError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_any_binding_segment_parses_or_is_a_400(seg):
+    try:
+        http.parse_binding_segment(seg)
+    except http.RequestError as exc:
+        assert exc.status == "400"

@@ -4,6 +4,8 @@ client engine driven by hand, no sockets)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from proton import Data, Described, Message, Terminus, symbol, ulong
 
 from broker.amqp10 import transactions as txn
@@ -105,3 +107,27 @@ def test_transactional_transfer_and_disposition_carry_the_txn_id():
     o = next(e for e in p.pump() if isinstance(e, OutcomeReceived))
     assert (o.txn_id, o.outcome, o.delivery_failed, o.undeliverable_here) == (
         b"txn-1", 0x27, True, True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_control_messages_only_raise_control_error(data):
+    try:
+        txn.parse_control(data)
+    except txn.ControlError:
+        pass
+
+
+_LONG = st.integers(-(2 ** 63), 2 ** 63 - 1)  # (what the client can encode)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), _LONG, st.text(max_size=20), st.binary(max_size=40),
+                 st.lists(_LONG, max_size=3)),
+       st.booleans())
+def test_discharge_fields_of_any_type(txn_id, fail):
+    try:
+        parsed = txn.parse_control(_control(Described(ulong(0x32), [txn_id, fail])))
+    except txn.ControlError:
+        return
+    assert isinstance(parsed, txn.Discharge) and parsed.txn_id == txn_id
