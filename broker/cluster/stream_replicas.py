@@ -22,10 +22,16 @@ confirmed once a majority of the stream's replica group has the chunk committed.
   confirms (``StreamQueue.when_durable``) and Stream-protocol PublishConfirms wait for a
   majority of the group, the leader's own commit included. A log opened before the group
   is known waits for one replica (``StreamStore.replicated``) rather than confirming alone.
-* Not built: a leader lost is not replaced (its followers keep their copies; the stream is
-  unavailable until its node is back); consumers read through the leader (forwarding),
-  not from a local replica; a replica whose tail is behind the leader's retention stops
-  with a logged ``ReplicaGap``.
+* **Failover.** When the leader's lease ends (kill -9, a partition from etcd), its master
+  key goes; each live member posts its committed tail and, once a majority of the group
+  has, the longest log (ties: by name) claims the master key (``_elect``) and its copy
+  becomes the stream queue (``_promote``): the home moves to it, the other members follow
+  it, and every other node's proxy follows the new master. A deposed leader that comes
+  back finds its stream mastered elsewhere: its store's stale copy is dropped (with its
+  log: it may hold chunks never confirmed) and it copies the stream again from the start.
+* Not built: consumers read through the leader (forwarding), not from a local replica;
+  a replica whose tail is behind the leader's retention stops with a logged
+  ``ReplicaGap``.
 """
 from __future__ import annotations
 
@@ -132,6 +138,7 @@ class StreamReplicas:
         await self._lead(broker, groups)
         self.groups = groups
         self._follow(broker, groups)
+        await self._elect(broker, groups)
 
     async def _lead(self, broker, groups: dict) -> None:
         """Record the group of each stream led here; drop the records of those deleted."""
@@ -171,7 +178,10 @@ class StreamReplicas:
         wanted = {}
         for key, group in groups.items():
             leader = store.master_of(*key)
-            if node.name in group.get("members", ()) and leader not in (None, node.name) \
+            if leader is None and key in self._following:
+                # no leader now: the copy stays open, for the election (``_elect``)
+                wanted[key] = self._following[key].leader
+            elif node.name in group.get("members", ()) and leader not in (None, node.name) \
                     and key[0] in broker.vhosts:
                 wanted[key] = leader
         for key in list(self._followers):
@@ -189,6 +199,86 @@ class StreamReplicas:
                 self._following[key] = follower
                 self._nursery.start_soon(follower.run, scope)
 
+    async def _elect(self, broker, groups: dict) -> None:
+        """Streams whose leader is gone (its lease expired: the master key is deleted):
+        each live member posts its committed tail (``streamtails/``, on its lease); once
+        a majority of the group posted, the one with the longest log (ties: by name)
+        claims the master key and becomes the leader. Every confirmed chunk is on a
+        majority of the group, so on at least one of any majority: the longest log of a
+        majority has all of them."""
+        store, node = self.store, self.store.node
+        coord = store.coord
+        live = store.live_nodes()
+        for key, group in list(groups.items()):
+            follower = self._following.get(key)
+            if follower is None or follower.log is None or store.master_of(*key) is not None:
+                continue
+            members = group.get("members", [])
+            if group.get("leader") in live and group.get("leader") != node.name:
+                continue  # its leader is up (its master key comes back with its claims)
+            qk = queue_key(*key)
+            await coord.put(self._key("streamtails", qk, node.name),
+                            json.dumps({"tail": follower.log.committed_offset}).encode(),
+                            node.lease)
+            kvs, _rev = await coord.get_prefix(self._key("streamtails", qk, ""))
+            tails = {}
+            for kv in kvs:
+                name = kv.key.rsplit("/", 1)[-1]
+                if name in members and name in live:
+                    try:
+                        tails[name] = int(kv.json()["tail"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+            if len(tails) < len(members) // 2 + 1:
+                continue  # no majority of the group: a confirmed chunk may be missing
+            best = min(tails, key=lambda n: (-tails[n], n))
+            if best != node.name:
+                continue
+            m = await node.claim_if_free(*key)
+            if m is None:
+                continue
+            await self._promote(broker, key, follower, group, m.epoch)
+
+    async def _promote(self, broker, key: tuple[str, str], follower: _Follower, group: dict,
+                       epoch: int) -> None:
+        """This node's copy becomes the stream (the log stays open: the queue takes it)."""
+        from ..queues.args import parse_queue_arguments
+        from .forward import ProxyQueue
+        store, node = self.store, self.store.node
+        vhost = broker.vhosts.get(key[0])
+        proxy = vhost.queues.get(key[1]) if vhost is not None else None
+        if not isinstance(proxy, ProxyQueue):
+            return
+        follower.handover = True
+        self._followers.pop(key).cancel()
+        del self._following[key]
+        arguments = dict(proxy.arguments)
+        q = StreamQueue(vhost, key[1], durable=True, auto_delete=False, arguments=arguments,
+                        opts=parse_queue_arguments(arguments))
+        vstore = vhost.store
+        vstore.save_queue(vhost, q)
+        q.attach_store(vstore.message_store)
+        consumers = list(proxy.consumers)
+        for consumer in consumers:
+            proxy.remove_consumer(consumer)
+        proxy.forwarding = False
+        vhost.delete_queue(proxy, reason="stream leader promoted here")
+        vhost.add_queue(q, persist=False)  # stored above
+        for consumer in consumers:
+            # its offset spec would start it again from where it began: it subscribes anew
+            if not consumer.channel.closed:
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+        group = {"members": group.get("members", []), "leader": node.name}
+        self.groups[key] = group
+        await store.coord.put(node.home_key(*key),
+                              json.dumps({"node": node.name}).encode())
+        await store.coord.put(self._key("streams", queue_key(*key)), json.dumps(group).encode())
+        followers = [n for n in group["members"] if n != node.name]
+        q.log.set_replicas(followers, len(group["members"]))
+        log.warning("stream %r in vhost %r: leader on this node now (epoch %d, log up to "
+                    "offset %d, old leader %r)", key[1], key[0], epoch,
+                    q.log.committed_offset, follower.leader)
+
     def status(self) -> dict:
         return {f"{v}/{q}": {"leader": f.leader, "offset": f.committed}
                 for (v, q), f in self._following.items()}
@@ -202,10 +292,12 @@ class _Follower:
         self.vhost, self.name, self.leader = vhost, name, leader
         self.committed = -1
         self.drop = False
+        self.handover = False  # promoted: the stream queue takes the log as it is
+        self.log: StreamLog | None = None
         self._warned = ""
 
     async def run(self, scope: trio.CancelScope) -> None:
-        lg = self.broker.streams.open(self.vhost, self.name)
+        lg = self.log = self.broker.streams.open(self.vhost, self.name)
         try:
             with scope:
                 while True:
@@ -219,11 +311,12 @@ class _Follower:
                             self._warned = text
                     await trio.sleep(1.0)
         finally:
-            self.broker.streams.forget(lg)
-            if self.drop:
-                lg.delete()
-            else:
-                lg.close()
+            if not self.handover:
+                self.broker.streams.forget(lg)
+                if self.drop:
+                    lg.delete()
+                else:
+                    lg.close()
 
     async def _pull(self, lg: StreamLog) -> None:
         address = self.owner.addresses.get(self.leader)
