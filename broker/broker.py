@@ -180,14 +180,13 @@ class Broker:
 
     @property
     def stops_publishers(self) -> bool:
-        """A resource alarm (memory, disk, a store's backlog) holds: publishers are not read
-        at all, as RabbitMQ. A store's write-failure alarm alone only slows them: their
-        publishes to its queues are nacked at once, which is what they wait for."""
-        alarms = self.alarms
-        if not alarms:
-            return False
-        failing = self._failing_stores
-        return not failing or not alarms <= {store.name for store in failing}
+        """An alarm holds (memory, disk, a store's backlog, a ``BLOCKS_ON_FAILURE`` store's
+        failing writes): publishers are not read at all, as RabbitMQ; heartbeats are not
+        counted meanwhile. Reading a failing store's publishers slowly to nack them let
+        bytes in at every interval while nothing could be stored: a publisher waiting for
+        a confirm is closed by ``on_store_failure`` instead, and the next one's first
+        publish is nacked before it is blocked."""
+        return bool(self.alarms)
 
     def session_opened(self, session) -> None:
         self.sessions.add(session)

@@ -31,9 +31,8 @@ from .session import Session
 
 log = logging.getLogger("broker.server")
 
-# A connection in flow (credit flow from its queues), or a publisher while only a failing
-# store's alarm holds, is read in slices of this size, one per interval at most, so that
-# close, acks and heartbeats still get through.
+# A connection in flow (credit flow from its queues) is read in slices of this size, one
+# per interval at most, so that close, acks and heartbeats still get through.
 BLOCKED_READ_SIZE = 4096
 BLOCKED_READ_INTERVAL = 0.1
 # A connection blocked by a resource alarm is not read; it checks its own state this often
@@ -150,16 +149,10 @@ class ConnectionHandler:
                 self._drained = trio.Event()
                 await self._drained.wait()
             size = broker.config.receive_size
-            if broker.blocked and session.is_publisher and conn.state is State.OPEN:
-                if broker.stops_publishers:
-                    await self._blocked_by_alarm()
-                    continue
-                # only a failing store's alarm: read slowly (its publishes are nacked)
-                broker.notify_blocked(session)
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await self.server.unblocked_event().wait()
-                size = BLOCKED_READ_SIZE
-            elif session.flow_queues:
+            if broker.stops_publishers and session.is_publisher and conn.state is State.OPEN:
+                await self._blocked_by_alarm()
+                continue
+            if session.flow_queues:
                 await self._flow_pause()
                 if session.flow_queues:
                     size = BLOCKED_READ_SIZE

@@ -169,19 +169,14 @@ class MQTTConnectionHandler:
                 await drained.wait()
                 self._drained = None
             size = broker.config.receive_size
-            if broker.blocked and session.is_publisher:
+            if broker.stops_publishers and session.is_publisher:
                 broker.notify_blocked(session)  # listed as "blocked" (nothing is sent)
-                if broker.stops_publishers:
-                    # a resource alarm: not read at all until it clears, as for AMQP (the
-                    # keep-alive starts again from then: its PINGREQs were not read)
-                    while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                        await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                    self._last_received = trio.current_time()
-                    continue
-                # only a failing store's alarm: read slowly (its publishes are refused)
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await listener.server_unblocked()
-                size = BLOCKED_READ_SIZE
+                # an alarm: not read at all until it clears, as for AMQP (the keep-alive
+                # starts again from then: its PINGREQs were not read)
+                while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
+                    await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
+                self._last_received = trio.current_time()
+                continue
             elif session.flow_queues:
                 flow = self._flow_event = trio.Event()
                 with trio.move_on_after(BLOCKED_READ_INTERVAL):
@@ -286,10 +281,6 @@ class MQTTListener:
                 await self._flush_wanted.wait()
             self.flush_dirty()
             await trio.lowlevel.checkpoint()
-
-    async def server_unblocked(self) -> None:
-        while self.broker.blocked:  # noqa: ASYNC110 - a bounded poll under a resource alarm
-            await trio.sleep(BLOCKED_READ_INTERVAL)
 
     def ssl_context(self) -> ssl.SSLContext:
         """The amqps listener's context: the same certificate and client verification."""
