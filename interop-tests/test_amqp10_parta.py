@@ -13,6 +13,7 @@ import socket
 import time
 import uuid
 
+import httpx
 import pika
 import pytest
 from brokerproc import BrokerProc, free_port
@@ -61,7 +62,7 @@ def test_sasl_external_maps_the_certificate_cn_to_a_user(pki, tmp_path):
                              "write": ".*", "read": ".*"}]}
     (tmp_path / "defs.json").write_text(json.dumps(defs))
     own, amqps = free_port(), free_port()
-    proc = BrokerProc(tmp_path / "data", store="memory", extra=[
+    proc = BrokerProc(tmp_path / "data", store="memory", http=True, extra=[
         "--amqps10-port", str(own), "--tls-port", str(amqps),
         "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
         "--tls-ca", str(pki / "ca.pem"), "--load-definitions", str(tmp_path / "defs.json")],
@@ -80,6 +81,10 @@ def test_sasl_external_maps_the_certificate_cn_to_a_user(pki, tmp_path):
                 assert m.body == "by certificate"
                 assert m.user_id == b"tls-user"  # the login is the certificate's CN
                 rcv.accept()
+                conns = httpx.get(f"{proc.http_url}/api/connections", auth=("guest", "guest"),
+                                  timeout=WAIT).json()
+                assert [(x["user"], x["auth_mechanism"], x["ssl"]) for x in conns
+                        if x["protocol"] == "AMQP 1-0"] == [("tls-user", "EXTERNAL", True)]
             finally:
                 c.close()
         # a certificate whose CN is no user is refused
@@ -411,7 +416,24 @@ def test_management_node_queues_exchanges_bindings(port):
         assert m.request("DELETE", f"{qp}/messages") == (200, {"message_count": 1})
         assert m.request("DELETE", location)[0] == 204
         assert m.request("GET", query) == (200, [])
-        assert m.request("DELETE", qp) == (200, {"message_count": 0})
+        # an exchange-to-exchange binding: amq.fanout -> x -> q
+        assert m.request("POST", "/bindings", {"source": x, "destination_queue": q,
+                                               "binding_key": "e2e"})[0] == 204
+        assert m.request("POST", "/bindings", {"source": "amq.fanout",
+                                               "destination_exchange": x,
+                                               "binding_key": "e2e"})[0] == 204
+        p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = p.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("amq.fanout", "e2e", b"through two exchanges")
+        p.close()
+        assert m.request("GET", qp)[1]["message_count"] == 1
+        xq = x.replace(" ", "%20").replace("/", "%2F")
+        status, found = m.request("GET", f"/bindings?src=amq.fanout&dste={xq}&key=e2e")
+        assert status == 200 and [b["destination_exchange"] for b in found] == [x]
+        assert m.request("DELETE", found[0]["location"])[0] == 204
+        assert m.request("GET", f"/bindings?src=amq.fanout&dste={xq}&key=e2e") == (200, [])
+        assert m.request("DELETE", qp) == (200, {"message_count": 1})
         assert m.request("GET", qp)[0] == 404
         assert m.request("DELETE", xp)[0] == 204
         # RabbitMQ's refusals
@@ -522,7 +544,6 @@ def test_group_id_alone_does_not_group_as_on_rabbitmq(port, queue):
 def test_message_groups_by_policy_with_amqp10_receivers(tmp_path):
     """ActiveMQ's behaviour on demand: a message-groups policy groups a queue declared
     without x-message-groups (TrioMQ's own policy key: RabbitMQ has no groups)."""
-    import httpx
     proc = BrokerProc(tmp_path / "data", store="memory", http=True)
     proc.start()
     try:
