@@ -14,9 +14,14 @@
    (the journal appends them after the checkpoint), kill -9 right after the last confirm;
 4. moment "drain": start it, consume and ack ``--burst`` messages (removals after the
    checkpoint; the journal may compact while they land), kill -9 right after;
-5. after each kill: restart, report restart-to-listening (an AMQP handshake completes),
-   restart-to-first-delivery (a basic.get returns a message), the queue count, the
-   broker's RSS and the recovery lines of its log. The count must be exact.
+5. after each kill: restart, report
+   - restart to listening: an AMQP handshake completes (the port accepts earlier, but a
+     connection is only served once recovery ends),
+   - restart to serving: on a new connection, a passive declare of the recovered queue
+     answers and a transient message published to it is confirmed,
+   - restart to first delivery: a basic.get returns a recovered message,
+   the queue count (less the transient probe), the broker's RSS and the recovery lines
+   of its log. The count must be exact.
 """
 from __future__ import annotations
 
@@ -149,6 +154,21 @@ def phases(p: TrioMQProcess) -> str:
                      for ph in rec["phases"])
 
 
+def serving(p: TrioMQProcess, t0: float) -> float:
+    """Seconds from ``t0`` until the recovered queue is served: its passive declare answers
+    and a transient publish to it is confirmed (the probe stays at the queue's tail and is
+    lost at the next kill -9)."""
+    conn = pika.BlockingConnection(pika.URLParameters(p.url + "?blocked_connection_timeout=600"
+                                                      "&socket_timeout=600"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(QUEUE, durable=True, passive=True)
+    ch.basic_publish("", QUEUE, b"probe", mandatory=True)  # raises unless confirmed
+    took = time.monotonic() - t0
+    conn.close()
+    return took
+
+
 def first_delivery(p: TrioMQProcess, t0: float) -> tuple[float, int]:
     """Seconds from ``t0`` until a basic.get returns a message (requeued), and the count."""
     conn = pika.BlockingConnection(pika.URLParameters(p.url + "?blocked_connection_timeout=600"
@@ -200,7 +220,9 @@ def restart(data_dir: str, store: str | None, extra: list[str], moment: str,
     t0 = time.monotonic()
     p, listening = start(data_dir, store, extra)
     try:
+        served = serving(p, t0)
         delivery, count = first_delivery(p, t0)
+        count -= 1  # the transient probe serving() published
         rss = rss_kb(p.proc.pid) or 0
         done = phases(p)
         # the checkpoint a restart writes after replaying holds a copy of the index while
@@ -211,10 +233,11 @@ def restart(data_dir: str, store: str | None, extra: list[str], moment: str,
         kill(p)
     with open(p.log_path, errors="replace") as f:
         lines = [ln.strip() for ln in f if _LOG.search(ln)]
-    row = {"moment": moment, "listening": listening, "first_delivery": delivery,
+    row = {"moment": moment, "listening": listening, "serving": served, "first_delivery": delivery,
            "count": count, "expected": expected, "rss_mb": rss // 1024,
            "rss_before_mb": rss_before // 1024, "rss_settled_mb": settled // 1024}
-    print(f"  {moment}: listening after {listening:.2f} s, first delivery after "
+    print(f"  {moment}: listening after {listening:.2f} s, serving after {served:.2f} s, "
+          f"first delivery after "
           f"{delivery:.2f} s, count {count:,} (expected {expected:,}), RSS {rss // 1024} MB "
           f"(before the kill: {rss_before // 1024} MB, {SETTLE:g} s later: {settled // 1024} MB)",
           flush=True)
@@ -317,11 +340,13 @@ def main(argv=None) -> int:
         if drop is not None:
             drop()
     print(f"\nempty broker start: {empty_start:.2f} s")
-    print("| moment | restart to listening | to first delivery | count | RSS before kill / "
+    print("| moment | restart to listening | to serving | to first delivery | count | "
+          "RSS before kill / "
           f"at first delivery / {SETTLE:g} s later | recovery phases |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['moment']} | {r['listening']:.2f} s | {r['first_delivery']:.2f} s | "
+        print(f"| {r['moment']} | {r['listening']:.2f} s | {r['serving']:.2f} s | "
+              f"{r['first_delivery']:.2f} s | "
               f"{r['count']:,}{_difference(r)} | "
               f"{r['rss_before_mb']} / {r['rss_mb']} / {r['rss_settled_mb']} MB | "
               f"{r['phases']} |")
