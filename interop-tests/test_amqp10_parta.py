@@ -568,3 +568,62 @@ def test_message_groups_by_policy_with_amqp10_receivers(tmp_path):
             c.close()
     finally:
         proc.stop()
+
+
+def test_unknown_transaction_id_fails_the_discharge(port, queue):
+    _no_rabbit_transactions(port)
+
+    def script(c):
+        yield c.declare()
+        c.txn.commit()
+        yield "discharged"
+        c.txn.commit()  # the same id again: no such transaction any more
+        yield "discharged"
+
+    client = _run(_TxClient(port, queue, script))
+    assert client.outcomes == ["committed", "commit failed"]
+
+
+def test_committed_persistent_messages_survive_a_kill(tmp_path):
+    """The discharge is accepted once the store has the transaction's persistent messages
+    in a durable queue (as a commit-ok): a kill -9 right after keeps them."""
+    proc = BrokerProc(tmp_path / "data")  # the default, persistent store
+    proc.start()
+    try:
+        p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", proc.port))
+        p.channel().queue_declare("tx-durable", durable=True)
+        p.close()
+
+        def script(c):
+            yield c.declare()
+            yield c.send("d1", "d2")
+            c.txn.commit()
+            yield "discharged"
+
+        client = _run(_TxClient(proc.port, "tx-durable", script))
+        assert client.outcomes == ["committed"]
+        proc.restart(hard=True)
+        assert _wait_count(proc.port, "tx-durable", 2) == 2
+    finally:
+        proc.stop()
+
+
+def test_request_on_an_unpaired_management_link_is_rejected(port):
+    _no_rabbit_management(port)
+    from proton import Delivery
+    from proton.utils import SendException
+    c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=WAIT,
+                           allowed_mechs="PLAIN")
+    try:
+        snd = c.create_sender("/management", name="no-pair")
+        with pytest.raises(SendException) as info:
+            snd.send(Message(id="1", address="/queues/x", subject="GET", reply_to="$me",
+                             inferred=False))
+        assert info.value.state == Delivery.REJECTED
+        snd.close()
+        # the connection stays
+        c.create_sender("/management", name="pair")
+        rcv = c.create_receiver("/management", name="pair", credit=1)
+        assert rcv is not None
+    finally:
+        c.close()
