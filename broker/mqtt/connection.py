@@ -259,6 +259,11 @@ class ServerConnection:
         if self._held:
             packets = list(self._held) + packets
             self._held = ()
+        if self.state is State.CONNECTING and not self._challenged and packets:
+            # the broker has not decided the CONNECT yet (its login waits for something):
+            # what follows waits with it, until ``accept`` and ``receive_data(b"")``
+            self._held = packets
+            return []
         events: list[Event] = []
         append = events.append
         inflight = self.inflight

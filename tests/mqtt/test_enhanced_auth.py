@@ -228,3 +228,17 @@ def test_reauth_challenge_round():
     # an AUTH 0x18 now answers nothing
     [ev] = conn.receive_data(_auth(P.CONTINUE_AUTHENTICATION, "SCRAM-SHA-256"))
     assert isinstance(ev, ProtocolViolation)
+
+
+def test_packets_behind_an_undecided_connect_wait_for_it():
+    """A CONNECT the broker has not decided yet (no challenge: its login waits for
+    something else) holds what follows, whatever it is, until the CONNACK."""
+    conn = ServerConnection()
+    [ev] = conn.receive_data(encode(m.Connect("c", True, 30, protocol_level=5,
+                                              properties={})))
+    assert isinstance(ev, ConnectRequested)
+    assert conn.receive_data(encode(m.Subscribe(1, [("t", 0)], {}))) == []
+    assert conn.receive_data(encode(m.Publish("t", b"x", 0, properties={}))) == []
+    conn.accept(False, "guest", {})
+    events = conn.receive_data(b"")
+    assert [type(e).__name__ for e in events] == ["SubscribeRequested", "PublishReceived"]
