@@ -200,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="another claim holding scopes")
     run.add_argument("--oauth2-no-verify-aud", action="store_true",
                      help="do not require the resource server id in the token's aud")
+    run.add_argument("--oauth2-introspection-url", default=None, metavar="URL",
+                     help="accept opaque OAuth 2 tokens: ask this RFC 7662 introspection "
+                          "endpoint about them (answers cached until the token's exp)")
+    run.add_argument("--oauth2-introspection-client-id", default=None, metavar="ID",
+                     help="the client id of the broker at the introspection endpoint")
+    run.add_argument("--oauth2-introspection-client-secret", default=None, metavar="SECRET",
+                     help="its client secret (or the environment's "
+                          "TRIOMQ_OAUTH2_INTROSPECTION_CLIENT_SECRET)")
     run.add_argument("--management-oauth-client-id", default=None, metavar="ID",
                      help="the console logs in with OAuth 2 (authorization code + PKCE) as "
                           "this public client of --management-oauth-provider-url")
@@ -429,6 +437,11 @@ def _run(args) -> int:
                         c for c in args.oauth2_preferred_username_claims.split(",") if c),
                     oauth2_extra_scopes_source=args.oauth2_extra_scopes_source,
                     oauth2_verify_aud=not args.oauth2_no_verify_aud,
+                    oauth2_introspection_url=args.oauth2_introspection_url,
+                    oauth2_introspection_client_id=args.oauth2_introspection_client_id,
+                    oauth2_introspection_client_secret=(
+                        args.oauth2_introspection_client_secret
+                        or os.environ.get("TRIOMQ_OAUTH2_INTROSPECTION_CLIENT_SECRET")),
                     management_oauth_client_id=args.management_oauth_client_id,
                     management_oauth_provider_url=args.management_oauth_provider_url,
                     management_oauth_scopes=args.management_oauth_scopes,

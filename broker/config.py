@@ -193,6 +193,10 @@ class Config:
     oauth2_preferred_username_claims: tuple[str, ...] = ()
     oauth2_extra_scopes_source: str | None = None
     oauth2_verify_aud: bool = True
+    # opaque tokens asked about at this RFC 7662 endpoint (basic auth: client id, secret)
+    oauth2_introspection_url: str | None = None
+    oauth2_introspection_client_id: str | None = None
+    oauth2_introspection_client_secret: str | None = None
     # the console's OAuth 2 login (RabbitMQ's management.oauth_client_id,
     # management.oauth_provider_url, management.oauth_scopes): authorization code + PKCE
     # against this OpenID provider, the token then the API's Bearer token

@@ -189,6 +189,8 @@ class ConnectionHandler:
             if not data:
                 conn.buffer_updated(n)
             session.data_received(data)
+            if session.login_wait is not None:
+                await self._login()
             if conn.input_pending:
                 await self._feed_slices()
 
@@ -225,7 +227,17 @@ class ConnectionHandler:
             else:
                 await trio.lowlevel.checkpoint()
             session.data_received(b"")
+            if session.login_wait is not None:
+                await self._login()
         conn.input_budget = budget
+
+    async def _login(self) -> None:
+        """An opaque OAuth 2 token in start-ok: its introspection decides the login (the
+        connection reads nothing meanwhile)."""
+        session = self.session
+        assert session.login_wait is not None
+        await self.server.broker.access.introspect(session.login_wait)
+        session.resume_login()
 
     async def _discard_until_eof(self) -> None:
         """After answering the peer's close, read and drop until the peer closes its end (as

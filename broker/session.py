@@ -10,6 +10,7 @@ import logging
 from . import __version__, errors
 from .amqp import spec
 from .amqp.connection import (
+    LOGIN_PENDING,
     AuthenticationFailed,
     ChannelClosedByPeer,
     ChannelOpened,
@@ -41,6 +42,9 @@ class Session:
         # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified
         self.peer_cert_user = peer_cert_user
         self.user = None  # security.User once logged in
+        # an opaque OAuth 2 token the edge introspects before start-ok is decided (None: no
+        # login waiting); ``resume_login`` once it is done
+        self.login_wait: str | None = None
         self.authz = None  # its cached permission checks in the vhost (security.authz)
         # seconds the edge waits before writing out a failed login's answer
         self.output_delay = 0.0
@@ -97,8 +101,15 @@ class Session:
                  reason)
 
     def _authenticate(self, mechanism: str, response: bytes) -> tuple[str | None, str]:
-        user, refusal = self.broker.access.login(mechanism, response, self.peer_host,
-                                                 self.peer_cert_user)
+        access = self.broker.access
+        if access.oauth2 is not None and mechanism in ("PLAIN", "AMQPLAIN"):
+            from .auth import parse_credentials
+            creds = parse_credentials(mechanism, response)
+            if creds is not None and access.needs_introspection(*creds):
+                self.login_wait = creds[1]
+                return None, LOGIN_PENDING
+        user, refusal = access.login(mechanism, response, self.peer_host,
+                                     self.peer_cert_user)
         if user is None:
             self.output_delay = self.broker.access.failure_delay
             return None, refusal
@@ -124,6 +135,15 @@ class Session:
         return False
 
     # ---- input ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``: start-ok is decided now."""
+        self.login_wait = None
+        events = self.conn.resume_login()
+        if events:
+            self._handle_events(events)
+        if self.conn.has_output:
+            self.wake()
+
     def data_received(self, data: bytes) -> None:
         events = self.conn.receive_data(data)
         partial = self.conn.partial_bytes

@@ -65,6 +65,7 @@ MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 class State(enum.Enum):
     AWAIT_HEADER = "await_header"
     AWAIT_START_OK = "await_start_ok"
+    AWAIT_LOGIN = "await_login"  # start-ok received; the edge checks the credentials
     AWAIT_TUNE_OK = "await_tune_ok"
     AWAIT_OPEN = "await_open"
     OPEN = "open"
@@ -149,10 +150,17 @@ class AuthenticationFailed:
     reply_text: str
 
 
+@dataclass(slots=True)
+class LoginNeeded:
+    """The authenticator answered ``LOGIN_PENDING``: the edge awaits its check (an OAuth 2
+    token introspection) and then calls ``resume_login``; nothing is read meanwhile."""
+
+
 # What ``receive_data`` returns.
 Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | MethodReceived
                     | ContentStarted | ContentReceived | ConnectionClosedByPeer
-                    | ConnectionCloseCompleted | ProtocolError | AuthenticationFailed)
+                    | ConnectionCloseCompleted | ProtocolError | AuthenticationFailed
+                    | LoginNeeded)
 
 
 _PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
@@ -190,8 +198,10 @@ class _ChannelState:
         self.received = 0
 
 
-# (mechanism, response) -> (username or None if refused, refusal explanation)
+# (mechanism, response) -> (username or None if refused, refusal explanation); the
+# explanation LOGIN_PENDING: not decided yet (LoginNeeded, then resume_login)
 Authenticator: TypeAlias = Callable[[str, bytes], tuple[str | None, str]]
+LOGIN_PENDING = "\x00login pending"
 
 
 class ServerConnection:
@@ -204,6 +214,7 @@ class ServerConnection:
         self.state = State.AWAIT_HEADER
         self.mechanisms = mechanisms  # offered in connection.start (EXTERNAL on TLS)
         self._authenticate = authenticate
+        self._pending_login: tuple[str, bytes] | None = None  # start-ok's, while AWAIT_LOGIN
         # connection.update-secret (RabbitMQ's extension): (new secret, reason), raising an
         # AMQPError to refuse it; None: accepted as is
         self.update_secret: Callable[[bytes, str], None] | None = None
@@ -769,6 +780,40 @@ class ServerConnection:
             return
         raise errors.command_invalid(f"unexpected {method.amqp_name} on an open connection", method=method)
 
+    def _login(self, mechanism: str, response: bytes, events: list[Event]) -> None:
+        """connection.start-ok's credentials decided: tune, or the refusal."""
+        username, failure = self._authenticate(mechanism, response)
+        if username is None and failure == LOGIN_PENDING:
+            self._pending_login = (mechanism, response)
+            self.state = State.AWAIT_LOGIN
+            events.append(LoginNeeded())
+            return
+        if username is None:
+            refusal = errors.access_refused(failure) if failure else None
+            events.append(AuthenticationFailed("", refusal.text if refusal else "malformed response"))
+            if refusal is not None and self.client_capabilities.get("authentication_failure_close"):
+                self.close(refusal.code, refusal.text)
+            else:
+                self.state = State.CLOSED
+                events.append(ConnectionCloseCompleted())
+            return
+        self.username = username
+        self.send_method(0, spec.Connection.Tune(
+            self.server_channel_max, self.server_frame_max, self.server_heartbeat))
+        self.state = State.AWAIT_TUNE_OK
+
+    def resume_login(self) -> list[Event]:
+        """The edge's check after ``LoginNeeded`` is done: decide the login again (the
+        authenticator now answers) and go on as start-ok would have."""
+        events: list[Event] = []
+        if self.state is not State.AWAIT_LOGIN or self._pending_login is None:
+            return events
+        mechanism, response = self._pending_login
+        self._pending_login = None
+        self.state = State.AWAIT_START_OK
+        self._login(mechanism, response, events)
+        return events
+
     # ---- handshake ----
     def _handshake_frame(self, ftype: int, channel: int, payload: ReadableBuffer,
                          events: list[Event]) -> None:
@@ -784,20 +829,7 @@ class ServerConnection:
             self.client_properties = method.client_properties or {}
             caps = self.client_properties.get("capabilities")
             self.client_capabilities = caps if isinstance(caps, dict) else {}
-            username, failure = self._authenticate(method.mechanism, method.response)
-            if username is None:
-                refusal = errors.access_refused(failure) if failure else None
-                events.append(AuthenticationFailed("", refusal.text if refusal else "malformed response"))
-                if refusal is not None and self.client_capabilities.get("authentication_failure_close"):
-                    self.close(refusal.code, refusal.text)
-                else:
-                    self.state = State.CLOSED
-                    events.append(ConnectionCloseCompleted())
-                return
-            self.username = username
-            self.send_method(0, spec.Connection.Tune(
-                self.server_channel_max, self.server_frame_max, self.server_heartbeat))
-            self.state = State.AWAIT_TUNE_OK
+            self._login(method.mechanism, method.response, events)
             return
         if state is State.AWAIT_TUNE_OK and isinstance(method, spec.Connection.TuneOk):
             frame_max = method.frame_max or self.server_frame_max

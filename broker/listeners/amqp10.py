@@ -121,6 +121,11 @@ class Amqp10ConnectionHandler:
                 return
             self.listener.service.bytes_received += len(data)
             session.data_received(data)
+            if session.login_wait is not None:
+                # an opaque OAuth 2 token: its introspection decides sasl-init (nothing is
+                # read meanwhile)
+                await self.listener.broker.access.introspect(session.login_wait[0])
+                session.resume_login()
 
     async def _writer(self, nursery: trio.Nursery) -> None:
         session = self.session

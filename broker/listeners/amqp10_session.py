@@ -226,8 +226,30 @@ class Amqp10Session:
         self.blocked_sent = False
         self.finished = False
         self.ended = False
+        # (token, sasl-init) while the edge introspects an opaque OAuth 2 token (the
+        # connection holds what came behind it); None: no login waiting
+        self.login_wait: tuple[str, SaslInit] | None = None
 
     # ---- input ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``'s token: sasl-init is decided now."""
+        wait = self.login_wait
+        self.login_wait = None
+        if wait is None or self.finished:
+            return
+        audit = self.audit
+        if audit is not None:
+            audit.clock_start()
+        try:
+            self._on_sasl(wait[1])
+        finally:
+            if audit is not None:
+                audit.clock_stop()
+        if self.conn.finished:
+            self.finished = True
+            self.connection_lost()
+        self.wake()
+
     def data_received(self, data: bytes) -> None:
         audit = self.audit
         if audit is not None:
@@ -290,6 +312,9 @@ class Amqp10Session:
             creds = plain_credentials(ev.response)
             if creds is None:
                 self._login_failed("malformed PLAIN response")
+                return
+            if access.needs_introspection(creds[0], creds[1]):
+                self.login_wait = (creds[1], ev)  # an opaque OAuth 2 token
                 return
             user = access.authenticate(creds[0], creds[1], self.peer_host, "amqp10")
             if user is None:

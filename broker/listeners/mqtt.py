@@ -206,6 +206,11 @@ class MQTTConnectionHandler:
             self._last_received = trio.current_time()
             listener.service.bytes_received += len(data)
             session.data_received(data)
+            if session.login_wait is not None:
+                # an opaque OAuth 2 token: its introspection decides the CONNECT (nothing
+                # is read meanwhile)
+                await broker.access.introspect(session.login_wait[0])
+                session.resume_login()
             if listener.dirty:
                 listener.flush_dirty()
 

@@ -283,6 +283,10 @@ class MQTTService:
         self.sockets_opened = self.connections_accepted = 0
 
 
+# _login's answer while an opaque token's introspection decides
+_LOGIN_WAITS = (-1, "the login waits for the token's introspection")
+
+
 class MQTTSession:
     """One connection; also the ``channel`` of its two consumers (the queue calls
     ``can_deliver``, ``deliver`` ... on it, as on an AMQP channel)."""
@@ -293,7 +297,7 @@ class MQTTSession:
                  "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
                  "expiry", "filters", "finished", "flow_queues", "flow_resumed", "is_publisher",
-                 "local_port", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
+                 "local_port", "login_wait", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
                  "receive_max", "service", "sub_opts", "tls", "unroutable", "user",
                  "username", "vhost", "wake", "will")
 
@@ -354,6 +358,9 @@ class MQTTSession:
         self.delivering = False
         self.delivery_stalled = False
         self.is_publisher = False
+        # (token, CONNECT) while the edge introspects an opaque OAuth 2 token; None: no login
+        # waiting
+        self.login_wait: tuple[str, codec.Connect] | None = None
         # a resource alarm saw this publisher (Broker.notify_blocked); MQTT cannot tell the
         # client, the edge stops reading it instead
         self.blocked_sent = False
@@ -384,6 +391,25 @@ class MQTTSession:
         self._auth_step: tuple[enhanced_auth.Step, codec.Connect | None] | None = None
 
     # ---- input ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``'s token: the CONNECT is decided now, and
+        what came behind it handled."""
+        wait = self.login_wait
+        self.login_wait = None
+        if wait is None or self.finished:
+            return
+        audit = self.audit
+        if audit is not None:
+            audit.clock_start()
+        try:
+            self._on_connect(wait[1])
+            if not self.finished and self.login_wait is None:
+                self._handle(b"")
+        finally:
+            if audit is not None:
+                audit.clock_stop()
+        self.wake()
+
     def data_received(self, data: bytes) -> None:
         audit = self.audit
         if audit is None:
@@ -411,6 +437,8 @@ class MQTTSession:
                                              ev.packet_id)
             elif isinstance(ev, ConnectRequested):
                 self._on_connect(ev.connect)
+                if self.login_wait is not None:
+                    return  # the rest waits in the connection for the login's decision
                 if not self.finished:
                     self._handle(b"")  # what came right behind the CONNECT
                     return
@@ -527,6 +555,8 @@ class MQTTSession:
             self.finished = True
             return
         refusal = self._login(c, credentials, verified)
+        if refusal is _LOGIN_WAITS:
+            return  # the edge introspects the token, then resume_login
         if refusal is not None:
             code, reason = refusal
             log.warning("mqtt connection %s: refused: %s", self.peer, reason)
@@ -695,6 +725,9 @@ class MQTTSession:
         access = broker.access
         if verified is not None:
             user = access.verified_login(username, self.peer_host, "mqtt")
+        elif credentials is None and access.needs_introspection(username, password):
+            self.login_wait = (password, c)  # an opaque OAuth 2 token
+            return _LOGIN_WAITS
         else:
             user = access.authenticate(username, password, self.peer_host, "mqtt")
         if user is None:

@@ -115,6 +115,11 @@ class StompConnectionHandler:
             self._last_received = trio.current_time()
             self.listener.service.bytes_received += len(data)
             session.data_received(data)
+            if session.login_wait is not None:
+                # an opaque OAuth 2 token: its introspection decides the CONNECT (nothing
+                # is read meanwhile)
+                await broker.access.introspect(session.login_wait[0])
+                session.resume_login()
 
     def _deadline(self) -> float:
         conn = self.session.conn

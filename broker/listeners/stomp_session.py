@@ -122,6 +122,10 @@ class StompSession:
         self.audit = self.broker.audit  # the audit trail, or None
         self.audit_ctx: tuple | None = None  # (vhost, user, peer, channel) of its events
         self.output_delay = 0.0
+        # (token, CONNECT) while the edge introspects an opaque OAuth 2 token, and the
+        # events that came behind it; None: no login waiting
+        self.login_wait: tuple[str, Frame] | None = None
+        self._held_events: list = []
         self.wake = lambda: None
         self.flow_resumed = lambda: None
         self.flow_queues: set | frozenset = _NO_QUEUES
@@ -147,6 +151,25 @@ class StompSession:
         self.disconnecting = False  # DISCONNECT seen, its receipt waits behind others
 
     # ---- input ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``'s token: the CONNECT is decided now, then
+        the frames that came behind it."""
+        wait, held = self.login_wait, self._held_events
+        self.login_wait, self._held_events = None, []
+        if wait is None or self.finished:
+            return
+        audit = self.audit
+        if audit is not None:
+            audit.clock_start()
+        try:
+            self._on_connect(wait[1])
+            if self.login_wait is None:
+                self._handle_events(held)
+        finally:
+            if audit is not None:
+                audit.clock_stop()
+        self.wake()
+
     def data_received(self, data: bytes) -> None:
         audit = self.audit
         if audit is None:
@@ -159,13 +182,20 @@ class StompSession:
             audit.clock_stop()
 
     def _handle(self, data: bytes) -> None:
-        for ev in self.conn.receive_data(data):
+        self._handle_events(self.conn.receive_data(data))
+
+    def _handle_events(self, events: list) -> None:
+        for i, ev in enumerate(events):
             if self.finished or self.disconnecting:
                 break  # (nothing after a DISCONNECT is handled)
             if isinstance(ev, FrameReceived):
                 self._on_frame(ev.frame)
             elif isinstance(ev, ConnectRequested):
                 self._on_connect(ev.frame)
+                if self.login_wait is not None:
+                    # frames pipelined behind the CONNECT wait for the login's decision
+                    self._held_events = events[i + 1:]
+                    break
             elif isinstance(ev, ProtocolError):
                 log.warning("stomp connection %s: %s: %s", self.peer, ev.message, ev.detail)
                 self._finish()
@@ -286,6 +316,9 @@ class StompSession:
         vhost_name = h.get("host") or "/"
         broker = self.broker
         access = broker.access
+        if access.needs_introspection(username, password):
+            self.login_wait = (password, frame)  # an opaque OAuth 2 token
+            return
         user = access.authenticate(username, password, self.peer_host, "stomp")
         if user is None:
             self.output_delay = access.failure_delay

@@ -109,7 +109,10 @@ async def authenticate(request: Request) -> ApiUser:
     if creds is None:
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)
     peer = request.client.host if request.client else None
-    user = login(request.app.state.broker, creds[0], creds[1], peer)
+    broker = request.app.state.broker
+    if broker.access.needs_introspection(creds[0], creds[1]):
+        await broker.access.introspect(creds[1])  # an opaque OAuth 2 token
+    user = login(broker, creds[0], creds[1], peer)
     if user is None:
         await trio.sleep(request.app.state.broker.access.failure_delay)
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)

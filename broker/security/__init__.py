@@ -73,7 +73,10 @@ def install(broker) -> AccessControl:
             jwks_url=config.oauth2_jwks_url,
             preferred_username_claims=tuple(config.oauth2_preferred_username_claims),
             extra_scopes_source=config.oauth2_extra_scopes_source,
-            verify_aud=config.oauth2_verify_aud))
+            verify_aud=config.oauth2_verify_aud,
+            introspection_url=config.oauth2_introspection_url,
+            introspection_client_id=config.oauth2_introspection_client_id,
+            introspection_client_secret=config.oauth2_introspection_client_secret))
         broker.background_tasks.append(partial(access.oauth2.run, broker))
     path = getattr(config, "load_definitions", None)
     if path:

@@ -229,6 +229,10 @@ class AccessControl:
             token_user = self.oauth2.login(username, password, peer_host)
             if token_user is not None:
                 return token_user, ""
+        if self.oauth2 is not None:
+            _known, token_user = self.oauth2.introspected_user(password)
+            if token_user is not None:
+                return token_user, ""
         user = self.users.get(username)
         if user is None:
             verify_password(password, _DUMMY_HASH, SHA256)
@@ -262,6 +266,24 @@ class AccessControl:
             user = None
         self.count_attempt(protocol, user is not None)
         return user
+
+    def needs_introspection(self, username: str, password: str) -> bool:
+        """True when the login with this password waits for ``introspect`` first: OAuth 2
+        token introspection is configured, the password is no JWT and not an internal
+        user's password, and no answer about it is cached. The protocols' edges ask this
+        before they decide a login (their sessions decide synchronously)."""
+        oauth2 = self.oauth2
+        if oauth2 is None or not oauth2.needs_introspection(password):
+            return False
+        user = self.users.get(username)
+        return user is None or not verify_password(password, user.password_hash,
+                                                   user.hashing_algorithm)
+
+    async def introspect(self, password: str) -> None:
+        """Ask the introspection endpoint about an opaque token; the next login with it is
+        decided from the cached answer."""
+        assert self.oauth2 is not None
+        await self.oauth2.introspect(password)
 
     def login(self, mechanism: str, response: bytes, peer_host: str | None,
               peer_cert_user: str | None = None,

@@ -20,7 +20,11 @@ fetched with httpx at start and again (at most every ``JWKS_MIN_INTERVAL`` secon
 token names a kid not known yet. Logins are synchronous, so such a token is refused once and
 accepted as soon as the refreshed set has its key. ``run`` (a broker background task) does the
 fetching and closes connections whose token has expired (320 "credential expired"), unless
-``connection.update-secret`` gave them a new token first."""
+``connection.update-secret`` gave them a new token first.
+
+Opaque tokens (``introspection_url``, RFC 7662): ``introspect`` asks the endpoint and caches
+the answer until the token's exp; the protocols' edges await it before their sessions decide
+the login (``Access.needs_introspection``), which then reads the cache."""
 from __future__ import annotations
 
 import json
@@ -41,6 +45,12 @@ PERMISSIONS = ("configure", "write", "read")
 ASYMMETRIC = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256")
 JWKS_MIN_INTERVAL = 1.0  # seconds between two fetches asked for by unknown kids
 EXPIRY_CHECK_INTERVAL = 0.5  # seconds between two sweeps for expired tokens
+INTROSPECTION_TIMEOUT = 10.0  # seconds an introspection request may take
+INTROSPECTED_MAX = 10_000  # answers kept (the oldest go first beyond that)
+# an inactive token's answer is kept this long (a client retrying in a loop costs one
+# request per period, not one per attempt); an active one until its exp
+INACTIVE_TTL = 5.0
+ACTIVE_TTL_WITHOUT_EXP = 60.0  # an active token whose answer has no exp
 
 
 @dataclass
@@ -53,6 +63,11 @@ class OAuth2Config:
     preferred_username_claims: tuple[str, ...] = ()
     extra_scopes_source: str | None = None
     verify_aud: bool = True
+    # RFC 7662: opaque tokens are asked about at this endpoint (basic auth with the client
+    # id and secret); None: only JWTs are tokens
+    introspection_url: str | None = None
+    introspection_client_id: str | None = None
+    introspection_client_secret: str | None = None
 
     @property
     def prefix(self) -> str:
@@ -110,6 +125,103 @@ class OAuth2:
         self.jwks_fetched = 0  # successful fetches (tests wait on it)
         for kid, path in config.signing_keys.items():
             self.keys[kid] = Path(path).read_bytes()
+        #: token -> (its user, or None: inactive or refused; valid until, epoch seconds)
+        self.introspected: dict[str, tuple[TokenUser | None, float]] = {}
+        self._introspecting: dict[str, trio.Event] = {}  # requests in flight, by token
+        self.introspections = 0  # requests made (tests count them)
+
+    # ---------------------------------------------------------------- introspection
+    def needs_introspection(self, token: str) -> bool:
+        """True when ``token`` is an opaque token whose answer is not known (yet or any
+        more): the login waits for ``introspect`` before it is decided."""
+        if self.config.introspection_url is None or not token or looks_like_jwt(token):
+            return False
+        cached = self.introspected.get(token)
+        return cached is None or cached[1] <= time.time()
+
+    def introspected_user(self, token: str) -> tuple[bool, TokenUser | None]:
+        """(known, user): the cached answer about an opaque token (user None: inactive)."""
+        if self.config.introspection_url is None or looks_like_jwt(token):
+            return False, None
+        cached = self.introspected.get(token)
+        if cached is None or cached[1] <= time.time():
+            return False, None
+        user = cached[0]
+        if user is not None and user.expired:
+            return True, None
+        return True, user
+
+    async def introspect(self, token: str) -> None:
+        """Ask the introspection endpoint about ``token`` (once for concurrent logins with the
+        same token) and cache the answer: active until its exp, inactive or failed for
+        ``INACTIVE_TTL``. Never raises: a failure is an inactive answer, logged."""
+        pending = self._introspecting.get(token)
+        if pending is not None:
+            await pending.wait()
+            return
+        done = self._introspecting[token] = trio.Event()
+        try:
+            user, until = await self._ask(token)
+            self._remember(token, user, until)
+        finally:
+            del self._introspecting[token]
+            done.set()
+
+    async def _ask(self, token: str) -> tuple[TokenUser | None, float]:
+        import httpx
+        config = self.config
+        assert config.introspection_url is not None
+        now = time.time()
+        auth = (httpx.BasicAuth(config.introspection_client_id,
+                                config.introspection_client_secret or "")
+                if config.introspection_client_id else None)
+        self.introspections += 1
+        try:
+            async with httpx.AsyncClient(timeout=INTROSPECTION_TIMEOUT) as client:
+                r = await client.post(config.introspection_url, data={
+                    "token": token, "token_type_hint": "access_token"},
+                    auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT,
+                    headers={"Accept": "application/json"})
+            r.raise_for_status()
+            claims = r.json()
+            if not isinstance(claims, dict):
+                raise ValueError("the answer is not a JSON object")
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("OAuth 2: token introspection at %s failed: %s",
+                        config.introspection_url, exc)
+            return None, now + INACTIVE_TTL
+        if claims.get("active") is not True:
+            log.warning("OAuth 2 login refused: introspection says the token is not active")
+            return None, now + INACTIVE_TTL
+        exp = claims.get("exp")
+        if isinstance(exp, (int, float)) and exp <= now:
+            log.warning("OAuth 2 login refused: introspected token expired")
+            return None, now + INACTIVE_TTL
+        aud = claims.get("aud")
+        if config.verify_aud and aud is not None and config.resource_server_id not in (
+                aud if isinstance(aud, list) else [aud]):
+            log.warning("OAuth 2 login refused: introspected token audience does not "
+                        "include '%s'", config.resource_server_id)
+            return None, now + INACTIVE_TTL
+        try:
+            # RFC 7662's user name is "username", after the configured claims
+            user = self.user_from_claims(claims, extra_names=("username",))
+        except TokenError as exc:
+            log.warning("OAuth 2 login refused: introspected token - %s", exc)
+            return None, now + INACTIVE_TTL
+        until = float(exp) if isinstance(exp, (int, float)) else now + ACTIVE_TTL_WITHOUT_EXP
+        return user, until
+
+    def _remember(self, token: str, user: TokenUser | None, until: float) -> None:
+        cache = self.introspected
+        if len(cache) >= INTROSPECTED_MAX:
+            now = time.time()
+            for key in [k for k, (_u, t) in cache.items() if t <= now]:
+                del cache[key]
+            while len(cache) >= INTROSPECTED_MAX:
+                del cache[next(iter(cache))]
+        cache.pop(token, None)
+        cache[token] = (user, until)
 
     # ---------------------------------------------------------------- verification
     def _key(self, kid: str | None):
@@ -152,9 +264,14 @@ class OAuth2:
 
     def user(self, token: str) -> TokenUser:
         """The user of a valid token, else TokenError."""
-        claims = self.decode(token)
+        return self.user_from_claims(self.decode(token))
+
+    def user_from_claims(self, claims: dict, extra_names: tuple[str, ...] = ()) -> TokenUser:
+        """The user (name, tags, permissions, expiry) a verified token's claims make, or
+        TokenError: a JWT's, or an introspection answer's (``extra_names``: its username)."""
         name = None
-        for claim in (*self.config.preferred_username_claims, "sub", "client_id"):
+        for claim in (*self.config.preferred_username_claims, *extra_names, "sub",
+                      "client_id"):
             if isinstance(claims.get(claim), str) and claims[claim]:
                 name = claims[claim]
                 break
