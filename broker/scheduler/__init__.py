@@ -23,6 +23,9 @@ __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
 log = logging.getLogger("broker.scheduler")
 
 
+_AMQ = frozenset(AMQ_HEADERS)
+
+
 def _refuse(exc: ScheduleError):
     return errors.precondition_failed("invalid header '%s': %s", exc.header, exc.detail)
 
@@ -30,7 +33,9 @@ def _refuse(exc: ScheduleError):
 def make_publish_hook(scheduler: Scheduler):
     def hook(channel, message, mandatory: bool, seq: int) -> bool:
         headers = message.properties.get("headers")
-        if not headers:
+        # every publish passes here (an MQTT one always has headers): one set operation
+        # tells the common case, no scheduling header at all
+        if not headers or (X_DELAY not in headers and _AMQ.isdisjoint(headers)):
             return False
         vhost = channel.vhost
         x = vhost.exchanges.get(message.exchange)
