@@ -216,6 +216,14 @@ def test_grafana_overview_dashboard_queries_return_data(triomq, tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             _wait(lambda: _listening("127.0.0.1", port), 60, "prometheus to listen")
 
+            def ready() -> bool:
+                # it listens before its storage is open: queries answer 503 until /-/ready
+                try:
+                    return client.get("/-/ready").status_code == 200
+                except httpx.HTTPError:
+                    return False
+            _wait(ready, 120, "prometheus to be ready")
+
             def scraped_enough() -> bool:
                 # rate()[60s] needs two samples; a few more so traffic shows in them
                 r = _query(client, 'count_over_time(up{job="triomq"}[60s])')
