@@ -37,7 +37,7 @@ system-deps:
 
 ## Set up and run the broker (PORT=5673 make run to pick another port).
 run: setup
-	@echo "TrioMQ: AMQP on $(HOST):$(PORT), data in $(DATA), the management HTTP API and console on port 15672"
+	@echo "TrioMQ: AMQP on $(HOST):$(PORT), data in $(DATA), the management HTTP API and console $(if $(findstring --http-port,$(ARGS)),on the --http-port ARGS gives,on port 15672)"
 	@echo "        (more options through ARGS, e.g. make run ARGS='--http-port 15673 --mqtt-port 1883'; python -m broker run --help)"
 	$(PY) -m broker run --host $(HOST) --port $(PORT) --data-dir $(DATA) $(ARGS)
 
