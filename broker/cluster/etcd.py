@@ -175,6 +175,7 @@ class EtcdGateway:
         self.timeout = timeout
         self._current = 0
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout))
+        self._blocking_client: httpx.Client | None = None
 
     def describe(self) -> str:
         return ",".join(self.endpoints)
@@ -287,6 +288,36 @@ class EtcdGateway:
         result = data.get("result", data)
         return float(result.get("TTL", 0) or 0)
 
+    def keepalive_blocking(self, lease: int) -> float:
+        """``keepalive`` from a thread (its own blocking client), so that a renewal never
+        waits for the event loop's turn between its request and etcd's answer."""
+        last: Exception | None = None
+        n = len(self.endpoints)
+        if self._blocking_client is None:  # the renewal thread's alone
+            self._blocking_client = httpx.Client(timeout=httpx.Timeout(self.timeout))
+        client = self._blocking_client
+        if client is not None:
+            for i in range(n):
+                idx = (self._current + i) % n
+                try:
+                    resp = client.post(f"http://{self.endpoints[idx]}/v3/lease/keepalive",
+                                       json={"ID": str(lease)})
+                except (httpx.TransportError, OSError) as exc:
+                    last = exc
+                    continue
+                if resp.status_code != 200:
+                    last = RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    continue
+                data = resp.json()
+                if "error" in data and "result" not in data and "header" not in data:
+                    last = RuntimeError(str(data.get("message") or data.get("error")))
+                    continue
+                result = data.get("result", data)
+                return float(result.get("TTL", 0) or 0)
+        raise CoordinationUnavailable(f"etcd unreachable at {self.describe()} "
+                                      f"({type(last).__name__}: {last})" if last else
+                                      f"etcd unreachable at {self.describe()}")
+
     async def revoke(self, lease: int) -> None:
         try:
             await self._call("/v3/lease/revoke", {"ID": str(lease)})
@@ -326,3 +357,5 @@ class EtcdGateway:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self._client.aclose()
+        if self._blocking_client is not None:
+            self._blocking_client.close()

@@ -34,6 +34,7 @@ from it (``Mirroring.start_sync``: only what it lacks is sent).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
@@ -243,8 +244,8 @@ def _sync_dir(path: str) -> None:
 class MirrorCopy:
     """A mirror node's copy of a queue: the messages in the queue, by seq."""
 
-    __slots__ = ("counts", "durable", "entries", "epoch", "keep", "keep_max", "loaded", "log",
-                 "master", "synced", "was_synced")
+    __slots__ = ("commit", "counts", "durable", "entries", "epoch", "keep", "keep_max", "loaded",
+                 "log", "master", "synced", "was_synced")
 
     def __init__(self, epoch: int, master: str, durable: bool = False):
         self.epoch = epoch
@@ -261,6 +262,30 @@ class MirrorCopy:
         self.was_synced = False  # a loaded copy was complete when written: it may catch up
         self.keep_max: int | None = None  # a catch-up runs: seqs up to this not kept leave
         self.keep: set[int] = set()
+        # the leader's commit index as its ops said it (a quorum queue's): what a promoted
+        # copy holds up to it is committed; what lies above is not known to be
+        self.commit = 0
+
+
+class _Sync:
+    """One mirror's sync in progress, sent in batches by seq: each batch is read from the
+    queue when it is sent (a paged queue is read back a batch at a time, never all at once:
+    one step reading 50,000 messages kept a new leader from renewing its lease)."""
+
+    __slots__ = ("cursor", "exhausted", "finished", "flying", "generation", "pos", "snapshot",
+                 "top")
+
+    def __init__(self, generation: int, cursor: int, top: int, snapshot: list | None):
+        self.generation = generation
+        self.cursor = cursor  # every entry with a seq up to it was sent (or had left)
+        self.top = top  # the last seq when the sync began: later ones go as live ops
+        # the ready entries in order, taken at the start, for a ready store that cannot be
+        # read in steps (in memory: cheap); None: read from the queue at each batch
+        self.snapshot = snapshot
+        self.pos = 0
+        self.flying = 0  # batches not confirmed yet (two at most)
+        self.exhausted = False  # every batch was sent
+        self.finished = False  # SYNCED sent
 
 
 class Mirroring:
@@ -282,8 +307,7 @@ class Mirroring:
         self._returns: dict[int, int] = {}  # seq -> delivery count of entries that came back
         self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
         self._leave_tokens: dict[str, list] = {}  # in-sync node -> tx.commit tokens of _leaves
-        # syncing node -> [generation, snapshot entries, next index, batches in flight]
-        self._syncs: dict[str, list] = {}
+        self._syncs: dict[str, _Sync] = {}  # syncing node -> its sync
         self._gone: set[int] = set()  # seqs that left while a sync runs (not sent after)
         self.sync_counts: dict[str, list[int]] = {}  # syncing node -> [synced, total]
         self.progress_dirty = False  # sync counts changed since the last in-sync record
@@ -301,8 +325,19 @@ class Mirroring:
         self._pending: dict[int, int] = {}
         self._holding: int | None = None  # the seq whose tokens ``_token`` counts
         self.acked: dict[str, int] = {}  # member -> highest seq it confirmed (quorum_status)
+        # entries of an earlier term up to this seq are held until a majority of the group
+        # holds them under this term (Raft: a leader commits its predecessors' entries only
+        # once it replicated its own log to a majority); ``record`` releases them
+        self.inherited_top = 0
         if self.quorum:
-            queue.commit_seq = queue._next_seq - 1
+            known = owner.inherited.pop((queue.vhost.name, queue.name), None)
+            top = queue._next_seq - 1
+            if known is None:  # this node led the queue before (a new term after a rejoin,
+                # a restart): what it committed then is known, the rest is not
+                known = queue.commit_seq if queue.commit_seq is not None else 0
+            queue.commit_seq = min(known, top)
+            if top > queue.commit_seq:
+                self.inherited_top = top
 
     def majority(self) -> bool:
         """A majority of the member group (this node and its in-sync mirrors) has every
@@ -480,9 +515,10 @@ class Mirroring:
 
     def _send(self, node: str, op: int, body: bytes, done) -> None:
         link = self.owner.store.link_for(node, self.queue.vhost.name)
-        # the third field: 1 for a quorum queue's op (the member fsyncs its copy)
+        # the third field: 1 for a quorum queue's op (the member fsyncs its copy); the fifth:
+        # the leader's commit index (a promoted member knows what it holds is committed)
         extra = {MIRROR_HEADER: [self.epoch, op, 1 if self.quorum else 0,
-                                 self.owner.store.node.name]}
+                                 self.owner.store.node.name, self.queue.commit_seq or 0]}
         if not link.publish(self.queue.name, "", "", {}, body, done, extra):
             done(False)
 
@@ -595,6 +631,37 @@ class Mirroring:
         else:
             self._full_sync(node, generation)
 
+    def _held(self) -> tuple[list[int], dict[int, int]]:
+        """The seqs the queue holds (ready and delivered-unsettled), in order, and the
+        delivery counts of those that came back (a delivered one: so far), without reading
+        a paged message back."""
+        ready = self.queue.ready
+        index = getattr(ready, "seq_counts", None)
+        if index is not None:
+            seqs, counts = index()
+        else:
+            seqs, counts = [], {}
+            for e in ready:
+                seqs.append(e.seq)
+                if e.delivery_count:
+                    counts[e.seq] = e.delivery_count
+        for e in self.outside.values():
+            seqs.append(e.seq)
+            if e.delivery_count > 1:
+                counts[e.seq] = e.delivery_count - 1
+        seqs.sort()
+        return seqs, counts
+
+    def _snapshot(self) -> list | None:
+        """None when the ready store is read a batch at a time (``entries_after``: a paged
+        queue, in seq order), else its entries now (in memory: cheap)."""
+        ready = self.queue.ready
+        if hasattr(ready, "entries_after"):
+            seqs = ready.seq_counts()[0]
+            if all(a < b for a, b in itertools.pairwise(seqs)):
+                return None
+        return sorted(ready, key=lambda e: e.seq)
+
     def _catch_up(self, node: str, generation: int, top: int) -> None:
         """KEEP (the seqs up to ``top`` the queue still holds: the mirror drops the others,
         they left while it was away), then the messages after ``top`` in batches, then
@@ -602,17 +669,22 @@ class Mirroring:
         order, a copy on disk is complete) and seqs only grow: what the queue holds up to
         ``top`` was in the queue then, so the copy has it."""
         self.nodes[node] = "syncing"
-        entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
-        keep = [e.seq for e in entries if e.seq <= top]
+        seqs, counts = self._held()
+        keep = [seq for seq in seqs if seq <= top]
         head = _SEQ.pack(top)
         bodies = [head + chunk for chunk in seq_chunks(keep)] or [head]
-        self._send_all(node, KEEP, bodies, self._done_for(node))
-        missing = [e for e in entries if e.seq > top]
-        self._syncs[node] = [generation, missing, 0, 0]
-        self.sync_counts[node] = [0, len(missing)]
+        fail = self._done_for(node)
+        self._send_all(node, KEEP, bodies, fail)
+        counts = {seq: n for seq, n in counts.items() if seq <= top}
+        if self.quorum and counts:  # returns made while it was away
+            self._send(node, RETURNED, pack_counts(counts), fail)
+        missing = len(seqs) - len(keep)
+        sync = _Sync(generation, top, self.queue._next_seq - 1, self._snapshot())
+        self._syncs[node] = sync
+        self.sync_counts[node] = [0, missing]
         self.progress_dirty = True
         log.info("queue %r: mirror %r catches up from its own copy (%d messages kept, %d to "
-                 "send)", self.queue.name, node, len(keep), len(missing))
+                 "send)", self.queue.name, node, len(keep), missing)
         self._sync_next(node)
 
     def _full_sync(self, node: str, generation: int) -> None:
@@ -622,9 +694,8 @@ class Mirroring:
         to it meanwhile; a message that leaves before its batch is sent is skipped."""
         self.nodes[node] = "syncing"
         self._send(node, RESET, b"", self._done_for(node))
-        entries = sorted([*self.queue.ready, *self.outside.values()], key=lambda e: e.seq)
-        self._syncs[node] = [generation, entries, 0, 0]
-        self.sync_counts[node] = [0, len(entries)]
+        self._syncs[node] = _Sync(generation, 0, self.queue._next_seq - 1, self._snapshot())
+        self.sync_counts[node] = [0, len(self.queue.ready) + len(self.outside)]
         self.progress_dirty = True
         self._sync_next(node)
 
@@ -633,30 +704,55 @@ class Mirroring:
         return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
             else _SYNC_BATCH
 
+    def _next_batch(self, sync: _Sync, size: int) -> list:
+        """The next entries of a sync: up to ``size`` ready ones after its cursor, and the
+        delivered-unsettled ones in the same range of seqs. Each live entry is in one of the
+        two when its range is read; one that left before is not needed (its LEFT went
+        live), one that comes later goes live."""
+        top = sync.top
+        if sync.snapshot is None:
+            got = self.queue.ready.entries_after(sync.cursor, size)
+            if len(got) < size or got[-1].seq >= top:
+                sync.exhausted = True
+            got = [e for e in got if e.seq <= top]
+        else:
+            low = sync.cursor
+            got = [e for e in sync.snapshot[sync.pos:sync.pos + size]
+                   if e.seq > low and e.seq not in self._gone]
+            sync.pos += size
+            sync.exhausted = sync.pos >= len(sync.snapshot)
+        low = sync.cursor
+        high = top if sync.exhausted else got[-1].seq if got else low
+        batch = {e.seq: e for e in got}
+        for e in self.outside.values():
+            if low < e.seq <= high:
+                batch[e.seq] = e
+        sync.cursor = high
+        return [batch[seq] for seq in sorted(batch)]
+
     def _sync_next(self, node: str) -> None:
         sync = self._syncs.get(node)
-        if sync is None or sync[1] is None:
+        if sync is None or sync.finished:
             return
-        generation, entries, pos, flying = sync
+        generation = sync.generation
         size = self._sync_batch_size()
         fail = self._done_for(node)
-        while flying < 2 and pos < len(entries):
-            batch = [e for e in entries[pos:pos + size] if e.seq not in self._gone]
-            count = min(size, len(entries) - pos)
-            pos += count
-            flying += 1
-            self._send_all(node, ENQUEUES, entry_chunks(batch) or [b""],
-                           self._sync_batch_done(node, generation, count, fail))
-        sync[2], sync[3] = pos, flying
-        if pos < len(entries) or flying:
+        while sync.flying < 2 and not sync.exhausted:
+            batch = self._next_batch(sync, size)
+            if not batch:
+                continue
+            sync.flying += 1
+            self._send_all(node, ENQUEUES, entry_chunks(batch),
+                           self._sync_batch_done(node, generation, len(batch), fail))
+            if self.quorum:  # the delivery counts of what it sent (a delivered one: so far)
+                counts = {e.seq: e.delivery_count - (e.seq in self.outside) for e in batch}
+                counts = {seq: n for seq, n in counts.items() if n > 0}
+                if counts:
+                    self._send(node, RETURNED, pack_counts(counts), fail)
+        if not sync.exhausted or sync.flying:
             return
-        sync[1] = None  # every batch confirmed: SYNCED, once
-        if self.quorum:  # the delivery counts of what it holds (a delivered one: so far)
-            counts = {e.seq: e.delivery_count - (e.seq in self.outside)
-                      for e in [*self.queue.ready, *self.outside.values()]}
-            counts = {seq: n for seq, n in counts.items() if n > 0}
-            if counts:
-                self._send(node, RETURNED, pack_counts(counts), fail)
+        sync.finished = True  # every batch confirmed: SYNCED, once
+        top = sync.top
 
         def synced(ok: bool | None) -> None:
             if self.generation.get(node) != generation or self.nodes.get(node) != "syncing":
@@ -664,8 +760,8 @@ class Mirroring:
             self._end_sync(node)
             if ok:
                 self.nodes[node] = "in_sync"
-                if entries and entries[-1].seq > self.acked.get(node, 0):
-                    self.acked[node] = entries[-1].seq
+                if top > self.acked.get(node, 0):
+                    self.acked[node] = top
                 self.owner.wake()
             else:
                 fail(False)
@@ -674,13 +770,13 @@ class Mirroring:
     def _sync_batch_done(self, node: str, generation: int, count: int, fail):
         def done(ok: bool | None) -> None:
             sync = self._syncs.get(node)
-            if sync is None or sync[0] != generation:
+            if sync is None or sync.generation != generation:
                 return  # cancelled, or an older sync
             if not ok:
                 self._end_sync(node)
                 fail(ok)
                 return
-            sync[3] -= 1
+            sync.flying -= 1
             counts = self.sync_counts.get(node)
             if counts is not None:
                 counts[0] += count
@@ -773,6 +869,15 @@ class Mirroring:
             return False
         if ok:
             self.recorded = key
+            queue = self.queue
+            if self.inherited_top and queue.commit_seq is not None:
+                # a majority of the group holds the whole log under this term, and the
+                # record naming it is written: what was inherited is committed
+                if self.inherited_top > queue.commit_seq:
+                    queue.commit_seq = self.inherited_top
+                    if queue.consumers:
+                        queue.dispatch()
+                self.inherited_top = 0
         else:
             self.isr_dirty = True
         for token in waiters:
@@ -831,6 +936,9 @@ class Mirrors:
         self._sync_waiting: list = []
         self._sync_wake = trio.Event()
         self.caught_up = 0  # syncs that started from the mirror's own copy (tests, status)
+        # a promoted queue: (vhost, queue) -> the seq up to which its entries are known to be
+        # committed (the old leader's commit index its ops carried), for its ``Mirroring``
+        self.inherited: dict[tuple[str, str], int] = {}
 
     # ---- copies on disk ----
     def directory(self) -> str | None:
@@ -1030,6 +1138,13 @@ class Mirrors:
             return True
         if copy is None or copy.epoch != epoch:
             return False
+        if len(header) > 4:
+            try:
+                commit = int(header[4])
+            except (TypeError, ValueError):
+                return False
+            if commit > copy.commit:
+                copy.commit = commit
         if op == LEFT:
             entries = copy.entries
             try:
@@ -1310,6 +1425,7 @@ class Mirrors:
         flags = _Promoted()
         q.observers.append(flags)
         seqs = sorted(copy.entries)
+        committed = 0  # the new seq of the last entry known to be committed
         for start in range(0, len(seqs), _PROMOTE_SLICE):
             for seq in seqs[start:start + _PROMOTE_SLICE]:
                 exchange, key, props_raw, body = copy.entries[seq]
@@ -1317,6 +1433,8 @@ class Mirrors:
                 if copy.counts.get(seq):
                     flags.counts[id(message)] = copy.counts[seq]
                 q.enqueue(message)
+                if seq <= copy.commit:
+                    committed = q._next_seq - 1
             await trio.lowlevel.checkpoint()
             if vhost.queues.get(name) is not proxy:  # deleted meanwhile
                 store.delete_queue(vhost, q)
@@ -1329,6 +1447,8 @@ class Mirrors:
             proxy.remove_consumer(consumer)
         proxy.forwarding = False
         vhost.delete_queue(proxy, reason="promoted to master here")
+        if replica_group(q):
+            self.inherited[(vhost.name, name)] = committed
         vhost.add_queue(q, persist=False)  # stored above
         for consumer in consumers:
             if consumer.channel.closed:

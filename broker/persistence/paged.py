@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from bisect import insort
+from bisect import bisect_right, insort
 from collections import deque
 
 from ..config import JournalSettings
@@ -254,6 +254,43 @@ class PagedFifo:
 
     def head_entries(self) -> list:
         return list(self._head)
+
+    # ---- replication: a queue's copy sent in bounded steps ----
+    def seq_counts(self) -> tuple[list[int], dict[int, int]]:
+        """Every seq held, in order, and the delivery count of those that have one, read
+        from the index (no message is read back)."""
+        seqs = [e.seq for e in self._head]
+        counts = {e.seq: e.delivery_count for e in self._head if e.delivery_count}
+        s = self._pi
+        paged = self._seq[s:]
+        seqs.extend(paged)
+        flags = self._flags
+        for i in range(s, len(flags)):
+            if flags[i]:
+                seq = self._seq[i]
+                pinned = self._pinned.get(seq) if self._loc[i] == 0 else None
+                n = pinned.delivery_count if pinned is not None else flags[i]
+                if n:
+                    counts[seq] = n
+        return seqs, counts
+
+    def entries_after(self, seq: int, limit: int) -> list:
+        """Up to ``limit`` entries with a seq above ``seq``, in order, left in place (paged
+        ones read back as copies): a replica's sync reads a large paged queue in steps
+        instead of all at once."""
+        out = [e for e in self._head if e.seq > seq][:limit]
+        if len(out) >= limit:
+            return out
+        i = bisect_right(self._seq, seq, self._pi)
+        end = min(len(self._seq), i + limit - len(out))
+        if i < end:
+            delta = time.time() - self._timers.now()
+            for j in range(i, end):
+                if self._loc[j] == 0:
+                    out.append(self._pinned[self._seq[j]])
+                else:
+                    out.append(self._materialize(j, delta))
+        return out
 
     def paged_index(self):
         """``(seqs, locs, exps, blens, flags)`` of the stored paged entries (pinned,
