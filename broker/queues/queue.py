@@ -506,7 +506,8 @@ class Queue:
 
     def _unacked_bytes_done(self, entry: QueueEntry) -> None:
         # floored: a settlement the count never saw (see _unacked_done) must not go below 0
-        self.unacked_bytes = max(0, self.unacked_bytes - len(entry.message.body))
+        # .size: a paged-out delivery's message (the journal's) knows it without its body
+        self.unacked_bytes = max(0, self.unacked_bytes - entry.message.size)
 
     def _unacked_done(self, consumer: Consumer | None) -> None:
         if consumer is not None:

@@ -62,9 +62,9 @@ def test_unacked_deliveries_keep_only_their_location(tmp_path):
                 q.enqueue(message(b"%04d" % i + b"." * 996))
             await store._flush_once()
             held = [q.get() for _ in range(200)]
-            assert all(type(e.message) is not StoredMessage for e in held)
+            assert not any(isinstance(e.message, StoredMessage) for e in held)
             await trio.sleep(2.5)                # two pager passes
-            assert all(type(e.message) is StoredMessage and not in_memory(e.message)
+            assert all(isinstance(e.message, StoredMessage) and not in_memory(e.message)
                        for e in held)
             for e in held[100:150]:
                 q.ack(e, None)
