@@ -108,20 +108,22 @@ def _start(procs, data_dir: Path, *extra: str) -> Proc:
     return p
 
 
-def _publish_frames(body: bytes, priority: int | None) -> bytes:
-    if priority is None:
+def _publish_frames(body: bytes, priority: int | None, exchange: str = "",
+                    headers: dict | None = None) -> bytes:
+    if priority is None and not exchange and headers is None:
         return ra.encode_publish(1, "", QUEUE, body, 131072, delivery_mode=2)[0]
-    m = ra.method_frame(1, ra.BASIC_PUBLISH, b"\x00\x00" + ra.shortstr("") + ra.shortstr(QUEUE)
-                        + b"\x00")
-    h = ra.content_header(1, len(body), props=ra.basic_properties(delivery_mode=2,
-                                                                  priority=priority))
+    m = ra.method_frame(1, ra.BASIC_PUBLISH, b"\x00\x00" + ra.shortstr(exchange)
+                        + ra.shortstr(QUEUE) + b"\x00")
+    h = ra.content_header(1, len(body), props=ra.basic_properties(
+        delivery_mode=2, priority=priority, headers=headers))
     return b"".join([m, h, *ra.body_frames(1, body, 131072)])
 
 
-def publish(url: str, first: int, n: int, priority_of=None) -> None:
+def publish(url: str, first: int, n: int, priority_of=None, exchange: str = "",
+            dedup: bool = False) -> None:
     """Persistent messages with bodies ``m<i>`` for i in [first, first + n) (priority
-    ``priority_of(i)`` if given), every one confirmed before this returns (at most WINDOW
-    in flight)."""
+    ``priority_of(i)`` if given; with ``dedup`` an ``x-deduplication-header`` of
+    ``d<i>``), every one confirmed before this returns (at most WINDOW in flight)."""
     c = ra.Connection(url, timeout=HANG)
     c.channel_open(1)
     c.confirm_select(1)
@@ -134,7 +136,9 @@ def publish(url: str, first: int, n: int, priority_of=None) -> None:
             k = min(n - sent, WINDOW - (sent - acked))
             sock.sendall(b"".join(
                 _publish_frames(b"m%d" % (first + sent + j),
-                                None if priority_of is None else priority_of(first + sent + j))
+                                None if priority_of is None else priority_of(first + sent + j),
+                                exchange, {"x-deduplication-header": f"d{first + sent + j}"}
+                                if dedup else None)
                 for j in range(k)))
             sent += k
             continue
@@ -243,6 +247,35 @@ def test_kill_9_priority_queue_replays_a_bounded_log(tmp_path, procs):
     assert set(rest) | set(drained) == set(levels)
     got = [levels[b] for b in rest]
     assert got == sorted(got, reverse=True), "not highest priority first after the restart"
+
+
+def test_kill_9_dedup_disk_cache_replays_a_bounded_log(tmp_path, procs):
+    """A deduplication exchange with its cache on disk (an internal queue of markers):
+    killed after a burst of ten checkpoint intervals of new values, and again right after
+    the restart, each restart replays at most BOUND records, and the cache is whole: the
+    values published before the kill are still dropped, a new one passes."""
+    n = 10 * CKPT_RECORDS
+    p = _start(procs, tmp_path)
+    conn = pika.BlockingConnection(pika.URLParameters(p.url))
+    ch = conn.channel()
+    ch.exchange_declare("dedup", "x-message-deduplication", durable=True, arguments={
+        "x-cache-size": 2 * n, "x-cache-persistence": "disk"})
+    ch.queue_declare(QUEUE, durable=True)
+    ch.queue_bind(QUEUE, "dedup")
+    conn.close()
+    publish(p.url, 0, n, exchange="dedup", dedup=True)
+    p.kill()
+
+    for _ in range(2):
+        p = _start(procs, tmp_path)
+        assert p.replayed() <= BOUND, p.recovery()
+        assert declare(p.url) == n
+        p.kill()  # right after a restart
+
+    p = _start(procs, tmp_path)
+    assert p.replayed() <= BOUND, p.recovery()
+    publish(p.url, n - 500, 501, exchange="dedup", dedup=True)  # 500 repeats, 1 new value
+    assert declare(p.url) == n + 1
 
 
 def test_progress_is_visible_while_a_long_recovery_runs(tmp_path, procs):
