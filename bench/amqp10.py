@@ -6,11 +6,13 @@ AMQP 1.0: qpid-proton's event-driven client (Container), settled (at-most-once,
 pre-settled transfers) and unsettled (each transfer waits for the broker's accepted,
 within the link credit the broker grants); the consumer accepts every message with a
 prefetch of 200. AMQP 0-9-1: pika, publishes without confirms (pika's blocking confirms
-wait per message) and a consumer with prefetch 200 acking each message. The machine's
-RabbitMQ 3.10 has its AMQP 1.0 plugin off, so there is no RabbitMQ figure here; the
-ratio that matters is broker CPU per message, 1.0 against 0-9-1, in the same run.
+wait per message) and a consumer with prefetch 200 acking each message.
 
-    python -m bench.amqp10 [--messages 20000] [--size 256]
+The same AMQP 1.0 workloads then run against the machine's RabbitMQ (its rabbitmq_amqp1_0
+plugin, v1 address /queue/Q) when it answers AMQP 1.0 on --rabbitmq-port, with its CPU
+per message from /proc (the beam.smp owning the port; root, or the same user, can see it).
+
+    python -m bench.amqp10 [--messages 20000] [--size 256] [--rabbitmq-port 5672|0]
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container
 
-from .procinfo import TrioMQProcess, cpu_seconds
+from .procinfo import TrioMQProcess, cpu_seconds, pid_listening_on
 
 
 class _Send(MessagingHandler):
@@ -95,12 +97,38 @@ def _measure(pid: int, fn) -> tuple[float, float]:
     return elapsed, (cpu_seconds(pid) or 0.0) - c0
 
 
-def run_amqp10(url: str, pid: int, n: int, size: int, settled: bool) -> dict:
+def run_amqp10(url: str, pid: int, n: int, size: int, settled: bool,
+               consume_prefix: str = "/queues/") -> dict:
     q = "bench-amqp10-" + uuid.uuid4().hex[:8]
     body = b"x" * size
     pub = _measure(pid, lambda: Container(_Send(url, f"/queue/{q}", n, body, settled)).run())
-    con = _measure(pid, lambda: Container(_Receive(url, f"/queues/{q}", n)).run())
+    con = _measure(pid, lambda: Container(_Receive(url, consume_prefix + q, n)).run())
     return {"publish": pub, "consume": con}
+
+
+def _speaks_amqp10(port: int) -> bool:
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            s.settimeout(5)
+            s.sendall(b"AMQP\x03\x01\x00\x00")
+            return s.recv(8) == b"AMQP\x03\x01\x00\x00"
+    except OSError:
+        return False
+
+
+def run_rabbitmq(port: int, n: int, size: int) -> dict:
+    """The AMQP 1.0 workloads against RabbitMQ's plugin: 3.10 declares /queue/Q (non-durable,
+    the terminus' durability) and reads it back through the same v1 address."""
+    pid = pid_listening_on(port)
+    if pid is None:
+        raise SystemExit(f"no process found listening on {port} (its CPU cannot be read)")
+    url = f"amqp://guest:guest@127.0.0.1:{port}"
+    results = {}
+    for settled in (True, False):
+        r = run_amqp10(url, pid, n, size, settled, consume_prefix="/queue/")
+        results["RabbitMQ 1.0 " + ("settled" if settled else "unsettled")] = r
+    return results
 
 
 def run_amqp091(port: int, pid: int, n: int, size: int) -> dict:
@@ -139,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--rabbitmq-port", type=int, default=5672,
+                    help="RabbitMQ's AMQP 1.0 port to compare with (0: none)")
     args = ap.parse_args(argv)
     broker = TrioMQProcess(store="memory", extra_args=["--http-port", "0"], quiet=True)
     broker.start()
@@ -152,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         broker.stop()
+    rabbit = {}
+    if args.rabbitmq_port and _speaks_amqp10(args.rabbitmq_port):
+        rabbit = run_rabbitmq(args.rabbitmq_port, n, args.size)
+    elif args.rabbitmq_port:
+        print(f"RabbitMQ does not answer AMQP 1.0 on {args.rabbitmq_port}: no reference figures")
     print(f"{n} messages of {args.size} bytes, TrioMQ memory store, one queue")
     print(f"{'workload':22} {'phase':8} {'msg/s':>9} {'broker CPU us/msg':>18}")
     base = results["AMQP 0-9-1 (pika)"]
@@ -160,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             ratio = (cpu / base[phase][1]) if base[phase][1] else float("nan")
             print(f"{name:22} {phase:8} {n / elapsed:9.0f} {cpu / n * 1e6:18.1f}"
                   f"   (CPU x{ratio:.2f} of 0-9-1)")
+    for name, phases in rabbit.items():
+        ours = results["AMQP 1.0 " + name.rsplit(" ", 1)[1]]
+        for phase, (elapsed, cpu) in phases.items():
+            rate_ratio = elapsed / ours[phase][0]
+            print(f"{name:22} {phase:8} {n / elapsed:9.0f} {cpu / n * 1e6:18.1f}"
+                  f"   (TrioMQ's rate x{rate_ratio:.2f} of RabbitMQ's)")
     return 0
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from cproton_ffi import ffi, lib
 from proton import (
     Collector,
     Condition,
@@ -37,10 +38,11 @@ from . import transactions as txn
 
 # Frames the broker accepts (proton refuses larger ones with amqp:connection:framing-error)
 MAX_FRAME = 64 * 1024
-# proton's incoming window of a session, in frames, is this over MAX_FRAME: 128 transfers
+# proton's incoming window of a session, in frames, is this over MAX_FRAME: 1024 transfers
 # may be in flight (a window of a few frames makes a flow frame for every few small
-# messages). proton holds only octets received and not yet read; they are read at once.
-SESSION_CAPACITY = 128 * MAX_FRAME
+# messages; 128 held a publisher to the round trip of a session flow frame every 128).
+# proton holds only octets received and not yet read; they are read at once.
+SESSION_CAPACITY = 1024 * MAX_FRAME
 CHANNEL_MAX = 255  # sessions per connection
 IDLE_TIMEOUT = 60.0  # seconds; a peer that sends nothing for this long is closed
 OUTPUT_BATCH = 1024 * 1024  # octets data_to_send hands out at most per call
@@ -135,6 +137,33 @@ Event10 = (SaslInit | NoSasl | ConnectionOpened | LinkAttached | MessageReceived
            | ProtocolError)
 
 
+_DELIVERY_EVENT = lib.PN_DELIVERY
+_FLOW_EVENT = lib.PN_LINK_FLOW
+_LOCAL_ACTIVE = lib.PN_LOCAL_ACTIVE
+
+
+class Presettled:
+    """The delivery of a transfer the client sent settled: proton's is settled on arrival
+    (nothing is ever said about it), so this stands in for it."""
+    __slots__ = ()
+    settled = True
+
+    def settle(self) -> None:
+        pass
+
+
+PRESETTLED = Presettled()
+
+
+class Sent:
+    """A delivery the broker sent: its tag (as proton's ``Delivery.tag`` gives it back in
+    the client's disposition)."""
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+
 # the JMS selector filter as Qpid JMS and ActiveMQ send it (by descriptor: symbol or code)
 _SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
@@ -194,6 +223,11 @@ class ServerConnection:
         # proton hands out a new wrapper object per event: sessions and links get a ``key``
         # attribute (kept in proton's record) to be told apart
         self._keys = 0
+        # the link wrappers by their C object's address: transfers and flow frames are read
+        # through proton's C API, a wrapper made once per link instead of several per
+        # transfer (a wrapper holds a reference: no address is reused while it is here)
+        self._links: dict[int, Link] = {}
+        self._coordinators: set[int] = set()  # addresses of transaction coordinator links
         self.error: str | None = None
 
     # ---- input ----
@@ -299,15 +333,43 @@ class ServerConnection:
             self._process(events)
         self._process(events)
 
+    def _link(self, impl: Any) -> Link:
+        addr = int(ffi.cast("uintptr_t", impl))
+        link = self._links.get(addr)
+        if link is None:
+            link = self._links[addr] = Link.wrap(impl)
+        return link
+
+    def _forget(self, link: Link) -> None:
+        addr = int(ffi.cast("uintptr_t", link._impl))
+        self._links.pop(addr, None)
+        self._coordinators.discard(addr)
+
     # ---- proton's events ----
     def _process(self, events: list[Event10]) -> None:
-        col = self.collector
+        col = self.collector._impl
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
         while True:
+            raw = peek(col)
+            if raw == null:
+                break
+            etype_n = event_type(raw)
+            # the per-message events through the C API (no event wrapper), the rest as
+            # proton's Python objects
+            if etype_n == _DELIVERY_EVENT:
+                self._delivery(lib.pn_event_delivery(raw), events)
+                pop(col)
+                continue
+            if etype_n == _FLOW_EVENT:
+                impl = lib.pn_event_link(raw)
+                if lib.pn_link_is_sender(impl) and lib.pn_link_state(impl) & _LOCAL_ACTIVE:
+                    events.append(CreditGiven(self._link(impl)))
+                pop(col)
+                continue
             # Any: proton types an event's context objects as optional; each event type
             # here has the ones it reads
-            ev: Any = col.peek()
-            if ev is None:
-                break
+            ev: Any = Event.wrap(raw)
             etype = ev.type
             if etype == Event.CONNECTION_REMOTE_OPEN:
                 c = ev.connection
@@ -326,18 +388,15 @@ class ServerConnection:
                     link.key = self._keys
                     link.session_key = link.session.key
                     term = link.remote_target if link.is_receiver else link.remote_source
+                    coordinator = link.is_receiver and term.type == Terminus.COORDINATOR
+                    if coordinator:
+                        self._coordinators.add(int(ffi.cast("uintptr_t", link._impl)))
                     events.append(LinkAttached(
                         link, term.address, bool(term.dynamic),
-                        None if link.is_receiver else _selector(term),
-                        link.is_receiver and term.type == Terminus.COORDINATOR))
-            elif etype == Event.DELIVERY:
-                self._delivery(ev.delivery, events)
-            elif etype == Event.LINK_FLOW:
-                link = ev.link
-                if link.is_sender and link.state & link.LOCAL_ACTIVE:
-                    events.append(CreditGiven(link))
+                        None if link.is_receiver else _selector(term), coordinator))
             elif etype in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
                 link = ev.link
+                self._forget(link)
                 self._partial.pop(link.key, None)
                 if link.state & link.LOCAL_ACTIVE:
                     events.append(LinkDetached(link, etype == Event.LINK_REMOTE_CLOSE))
@@ -380,24 +439,31 @@ class ServerConnection:
                 self.finished = True
             elif etype == Event.TRANSPORT_CLOSED:
                 self.finished = True
-            col.pop()
+            pop(col)
 
-    def _delivery(self, d: Delivery, events: list[Event10]) -> None:
-        link = d.link
-        if link.is_receiver:
-            if not d.readable and not d.partial:
+    def _delivery(self, impl: Any, events: list[Event10]) -> None:
+        """A DELIVERY event's delivery (``impl``: proton's C object)."""
+        link_impl = lib.pn_delivery_link(impl)
+        link = self._link(link_impl)
+        if lib.pn_link_is_receiver(link_impl):
+            partial = lib.pn_delivery_partial(impl)
+            if not lib.pn_delivery_readable(impl) and not partial:
                 return
-            if not link.state & link.LOCAL_ACTIVE:
+            if not lib.pn_link_state(link_impl) & _LOCAL_ACTIVE:
                 return
-            if d.aborted:
+            if lib.pn_delivery_aborted(impl):
                 self._partial.pop(link.key, None)
-                d.settle()
+                lib.pn_delivery_settle(impl)
                 return
             key = link.key
             buf = self._partial.get(key)
-            chunk = link.recv(d.pending) or b""
-            if buf is None and not d.partial:
-                data = chunk
+            pending = lib.pn_delivery_pending(impl)
+            chunk = bytearray(pending)
+            n = lib.pn_link_recv(link_impl, ffi.from_buffer(chunk), pending)
+            if n < pending:
+                del chunk[max(n, 0):]
+            if buf is None and not partial:
+                data = bytes(chunk)
             else:
                 if buf is None:
                     buf = self._partial[key] = bytearray()
@@ -408,7 +474,7 @@ class ServerConnection:
                                 "bytes")
                     return
                 buf += chunk
-                if d.partial:
+                if partial:
                     return
                 data = bytes(self._partial.pop(key))
             if len(data) > self.max_message_size:
@@ -416,12 +482,23 @@ class ServerConnection:
                             f"message size ({len(data)} bytes) exceeds the maximum of "
                             f"{self.max_message_size} bytes")
                 return
-            link.advance()
+            lib.pn_link_advance(link_impl)
+            settled = bool(lib.pn_delivery_settled(impl))
+            remote_state = lib.pn_delivery_remote_state(impl)
+            if settled and not remote_state and \
+                    int(ffi.cast("uintptr_t", link_impl)) not in self._coordinators:
+                lib.pn_delivery_settle(impl)  # nothing will be said about it
+                events.append(MessageReceived(
+                    link, PRESETTLED, data, True))  # type: ignore[arg-type]
+                return
+            d = Delivery.wrap(impl)
             txn_id = None
-            if d.remote_state == txn.TRANSACTIONAL_STATE:
+            if remote_state == txn.TRANSACTIONAL_STATE:
                 txn_id = txn.txn_of(d.remote.data)[0] or b""
-            events.append(MessageReceived(link, d, data, d.settled, txn_id))
-        elif d.updated or d.settled:
+            events.append(MessageReceived(link, d, data, settled, txn_id))
+            return
+        if lib.pn_delivery_updated(impl) or lib.pn_delivery_settled(impl):
+            d = Delivery.wrap(impl)
             state = d.remote
             outcome = d.remote_state or 0
             if outcome == txn.TRANSACTIONAL_STATE:
@@ -510,13 +587,16 @@ class ServerConnection:
         if link.state & link.LOCAL_ACTIVE and credit > link.credit:
             link.flow(credit - link.credit)
 
-    def send(self, link: Link, tag: bytes, payload: bytes, settled: bool) -> Delivery:
-        d = link.delivery(tag)  # type: ignore[arg-type]  # (bytes tags are fine)
-        link.send(payload)
-        link.advance()
+    def send(self, link: Link, tag: bytes, payload: bytes, settled: bool) -> Sent:
+        """A delivery on a sending link: its tag comes back with the client's disposition
+        (``OutcomeReceived.delivery.tag``, a str)."""
+        impl = link._impl
+        d = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(impl)
         if settled:
-            d.settle()
-        return d
+            lib.pn_delivery_settle(d)
+        return Sent(tag.decode())
 
     def settle_incoming(self, d: Delivery, outcome: int, condition: tuple[str, str] | None = None,
                         undeliverable: bool = False) -> None:
@@ -605,4 +685,6 @@ class ServerConnection:
 
     def release(self) -> None:
         self._partial.clear()
+        self._links.clear()
+        self._coordinators.clear()
         self._inbuf = bytearray()
