@@ -109,21 +109,33 @@ def _start(procs, data_dir: Path, *extra: str) -> Proc:
 
 
 def _publish_frames(body: bytes, priority: int | None, exchange: str = "",
-                    headers: dict | None = None) -> bytes:
-    if priority is None and not exchange and headers is None:
-        return ra.encode_publish(1, "", QUEUE, body, 131072, delivery_mode=2)[0]
+                    headers: dict | None = None, message_id: str | None = None,
+                    routing_key: str = QUEUE) -> bytes:
+    if priority is None and not exchange and headers is None and message_id is None:
+        return ra.encode_publish(1, "", routing_key, body, 131072, delivery_mode=2)[0]
     m = ra.method_frame(1, ra.BASIC_PUBLISH, b"\x00\x00" + ra.shortstr(exchange)
-                        + ra.shortstr(QUEUE) + b"\x00")
+                        + ra.shortstr(routing_key) + b"\x00")
     h = ra.content_header(1, len(body), props=ra.basic_properties(
-        delivery_mode=2, priority=priority, headers=headers))
+        delivery_mode=2, priority=priority, headers=headers, message_id=message_id))
     return b"".join([m, h, *ra.body_frames(1, body, 131072)])
 
 
+def _frames(i: int, priority_of, exchange: str, dedup: bool, half: bool) -> bytes:
+    if half:  # a half message, transaction id t<i>, no check-back within the test
+        return _publish_frames(b"m%d" % i, None, exchange, {
+            "x-transaction": "prepare", "x-transaction-timeout": 3_600_000},
+            message_id=f"t{i}")
+    return _publish_frames(b"m%d" % i, None if priority_of is None else priority_of(i),
+                           exchange, {"x-deduplication-header": f"d{i}"} if dedup else None)
+
+
 def publish(url: str, first: int, n: int, priority_of=None, exchange: str = "",
-            dedup: bool = False) -> None:
+            dedup: bool = False, half: bool = False, decide: str | None = None) -> None:
     """Persistent messages with bodies ``m<i>`` for i in [first, first + n) (priority
     ``priority_of(i)`` if given; with ``dedup`` an ``x-deduplication-header`` of
-    ``d<i>``), every one confirmed before this returns (at most WINDOW in flight)."""
+    ``d<i>``; ``half``: prepared half messages; ``decide``: that decision on the
+    transactions t<i>), every one confirmed before this returns (at most WINDOW in
+    flight)."""
     c = ra.Connection(url, timeout=HANG)
     c.channel_open(1)
     c.confirm_select(1)
@@ -135,10 +147,9 @@ def publish(url: str, first: int, n: int, priority_of=None, exchange: str = "",
         if sent < n and sent - acked < WINDOW:
             k = min(n - sent, WINDOW - (sent - acked))
             sock.sendall(b"".join(
-                _publish_frames(b"m%d" % (first + sent + j),
-                                None if priority_of is None else priority_of(first + sent + j),
-                                exchange, {"x-deduplication-header": f"d{first + sent + j}"}
-                                if dedup else None)
+                _publish_frames(b"", None, "amq.triomq.transaction",
+                                message_id=f"t{first + sent + j}", routing_key=decide)
+                if decide else _frames(first + sent + j, priority_of, exchange, dedup, half)
                 for j in range(k)))
             sent += k
             continue
@@ -276,6 +287,32 @@ def test_kill_9_dedup_disk_cache_replays_a_bounded_log(tmp_path, procs):
     assert p.replayed() <= BOUND, p.recovery()
     publish(p.url, n - 500, 501, exchange="dedup", dedup=True)  # 500 repeats, 1 new value
     assert declare(p.url) == n + 1
+
+
+def test_kill_9_half_messages_replay_a_bounded_log(tmp_path, procs):
+    """Half messages (prepared, undecided) held across kill -9: after a burst of ten
+    checkpoint intervals of prepares, and after committing part of them, each restart
+    replays at most BOUND records; the held ones stay held (nothing reaches the queue
+    before its commit) and a commit after the restart delivers exactly its messages."""
+    n = 10 * CKPT_RECORDS
+    p = _start(procs, tmp_path)
+    declare(p.url)
+    publish(p.url, 0, n, half=True)
+    p.kill()
+
+    p = _start(procs, tmp_path)
+    assert p.replayed() <= BOUND, p.recovery()
+    assert declare(p.url) == 0
+    publish(p.url, 0, n // 2, decide="commit")
+    p.kill()  # right after the commits were confirmed
+
+    p = _start(procs, tmp_path)
+    assert p.replayed() <= BOUND, p.recovery()
+    assert declare(p.url) == n // 2
+    publish(p.url, n // 2, 10, decide="commit")
+    assert declare(p.url) == n // 2 + 10
+    got = consume(p.url)
+    assert sorted(got) == sorted(b"m%d" % i for i in range(n // 2 + 10))
 
 
 def test_progress_is_visible_while_a_long_recovery_runs(tmp_path, procs):
