@@ -90,3 +90,27 @@ def test_subclasses_opt_in_to_restore_paged():
 
     assert PagedFifo.accepts_paged_index and not Sub.accepts_paged_index
     assert OptIn.accepts_paged_index
+
+
+def test_entries_after_reads_a_range_in_place():
+    """A replica's sync reads a paged queue a batch at a time: entries after a seq, in
+    order, from the head, the paged index and pinned ones, nothing removed."""
+    pf, _ = paged_fifo(1200, pinned_at=900)
+    head = pf.popleft()  # the first 512 read into the head, one put back
+    pf.requeue(head)
+    assert pf.paged_count == 1200 - 512
+    assert [e.seq for e in pf.entries_after(0, 3)] == [1, 2, 3]
+    assert [e.seq for e in pf.entries_after(510, 4)] == [511, 512, 513, 514]  # both parts
+    assert [e.seq for e in pf.entries_after(898, 3)] == [899, 900, 901]  # 900 pinned
+    assert [e.message.body for e in pf.entries_after(1198, 5)] == [b"m1199", b"m1200"]
+    assert pf.entries_after(1200, 5) == []
+    assert len(pf) == 1200 and [e.seq for e in pf.drain()] == list(range(1, 1201))
+
+
+def test_seq_counts_from_the_index():
+    pf, _ = paged_fifo(1000, pinned_at=700)
+    e = pf.popleft()
+    e.delivery_count = 2
+    pf.requeue(e)
+    seqs, counts = pf.seq_counts()
+    assert seqs == list(range(1, 1001)) and counts == {1: 2}
