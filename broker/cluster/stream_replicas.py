@@ -184,16 +184,20 @@ class StreamReplicas:
             elif node.name in group.get("members", ()) and leader not in (None, node.name) \
                     and key[0] in broker.vhosts:
                 wanted[key] = leader
+        replaced: dict[tuple[str, str], trio.Event] = {}
         for key in list(self._followers):
             follower = self._following[key]
             if wanted.get(key) != follower.leader:
                 self._followers.pop(key).cancel()
                 del self._following[key]
+                replaced[key] = follower.finished
                 if key not in groups:  # the stream was deleted: so is this copy
                     follower.drop = True
         for key, leader in wanted.items():
             if key not in self._followers and self._nursery is not None:
                 follower = _Follower(self, broker, key[0], key[1], leader)
+                # the log is the previous follower's until its task has closed it
+                follower.after = replaced.get(key)
                 scope = trio.CancelScope()
                 self._followers[key] = scope
                 self._following[key] = follower
@@ -294,22 +298,35 @@ class _Follower:
         self.drop = False
         self.handover = False  # promoted: the stream queue takes the log as it is
         self.log: StreamLog | None = None
+        self.after: trio.Event | None = None  # the previous follower of the stream is done
+        self.finished = trio.Event()
         self._warned = ""
 
     async def run(self, scope: trio.CancelScope) -> None:
-        lg = self.log = self.broker.streams.open(self.vhost, self.name)
         try:
             with scope:
-                while True:
-                    try:
-                        await self._pull(lg)
-                    except Exception as exc:  # a copy's failure never stops the node
-                        text = f"{type(exc).__name__}: {exc}"
-                        if text != self._warned:
-                            log.warning("stream %r in vhost %r: replica of node %r: %s",
-                                        self.name, self.vhost, self.leader, text)
-                            self._warned = text
-                    await trio.sleep(1.0)
+                if self.after is not None:
+                    await self.after.wait()
+                await self._follow()
+        finally:
+            self.finished.set()
+
+    async def _follow(self) -> None:
+        lg = self.log = self.broker.streams.open(self.vhost, self.name)
+        try:
+            while True:
+                try:
+                    await self._pull(lg)
+                except Exception as exc:  # a copy's failure never stops the node
+                    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1 \
+                            and isinstance(exc.exceptions[0], Exception):
+                        exc = exc.exceptions[0]
+                    text = f"{type(exc).__name__}: {exc}"
+                    if text != self._warned:
+                        log.warning("stream %r in vhost %r: replica of node %r: %s",
+                                    self.name, self.vhost, self.leader, text)
+                        self._warned = text
+                await trio.sleep(1.0)
         finally:
             if not self.handover:
                 self.broker.streams.forget(lg)

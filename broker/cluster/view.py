@@ -62,6 +62,13 @@ class QueueViews:
         # a quorum queue's members are its group, down ones included (as RabbitMQ lists them)
         members = list(mirroring.members) if mirroring is not None and mirroring.members \
             else [me, *mirrors]
+        # a stream's replica group (stream_replicas.py); its log index: the offset each
+        # member committed, its commit index: what a majority has (confirmed)
+        group = store.stream_replicas.groups.get((vhost.name, q.name))
+        stream_log = getattr(q, "log", None)
+        replicas = stream_log.replica_offsets if stream_log is not None else None
+        if group is not None and group.get("leader") == me:
+            members = list(group.get("members", members))
         return {"node": me, "leader": me, "members": members,
                 "online": [n for n in members if n == me or n in live],
                 "slave_nodes": mirrors,
@@ -71,8 +78,10 @@ class QueueViews:
                 "state": "running" if m is not None else "down",
                 # a quorum queue's log as quorum_status shows it (seqs: what entered)
                 "log_index": mirroring.log_indexes() if mirroring is not None
-                and mirroring.quorum else None,
-                "commit_index": q.commit_seq}
+                and mirroring.quorum else {me: stream_log.committed_offset, **replicas}
+                if replicas is not None and stream_log is not None else None,
+                "commit_index": stream_log.durable_offset
+                if replicas is not None and stream_log is not None else q.commit_seq}
 
     def answer(self, asking: str, vhost_name: str, header: list, body: bytes) -> None:
         """A stats request from ``asking``'s link: answer on this node's link to it."""
