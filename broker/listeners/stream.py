@@ -109,6 +109,11 @@ class StreamConnectionHandler:
             self._last_received = trio.current_time()
             self.listener.service.bytes_received += len(data)
             session.data_received(data)
+            if session.login_wait is not None:
+                # an opaque OAuth 2 token: its introspection decides SaslAuthenticate
+                # (nothing is read meanwhile)
+                await self.listener.broker.access.introspect(session.login_wait[0])
+                session.resume_login()
             await trio.lowlevel.checkpoint()
 
     def _deadline(self) -> float:

@@ -213,8 +213,22 @@ class StreamSession:
         self._confirms: list[tuple[Any, int, list[int]]] = []
         self.messages_published = 0
         self.chunks_delivered = 0
+        # (token, SaslAuthenticate) while the edge introspects an opaque OAuth 2 token;
+        # None: no login waiting
+        self.login_wait: tuple[str, AuthenticateRequested] | None = None
 
     # ---- input ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``'s token: SaslAuthenticate is decided now."""
+        wait = self.login_wait
+        self.login_wait = None
+        if wait is None or self.ended:
+            return
+        self._authenticate(wait[1])
+        if self.conn.state is State.CLOSED:
+            self._finish()
+        self.wake()
+
     def data_received(self, data) -> None:
         audit = self.broker.publishing.audit
         if audit is None:
@@ -259,6 +273,9 @@ class StreamSession:
             self.conn.refuse_login(ev.correlation_id, codec.AUTHENTICATION_FAILURE)
             return
         access = broker.access
+        if access.needs_introspection(ev.username, ev.password):
+            self.login_wait = (ev.password, ev)  # an opaque OAuth 2 token
+            return
         user = access.authenticate(ev.username, ev.password, self.peer_host, "stream")
         if user is None:
             self.output_delay = access.failure_delay

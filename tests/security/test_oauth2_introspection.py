@@ -2,8 +2,9 @@
 introspection endpoint this module runs (http.server on a free 127.0.0.1 port, basic auth
 with the broker's client id and secret), caches the answer until the token's exp, and maps
 its ``scope`` as it maps a JWT's. The login waits for the answer at each edge (AMQP 0-9-1's
-start-ok, MQTT's and STOMP's CONNECT, AMQP 1.0's sasl-init, the HTTP API's Authorization):
-pika, paho, stomp.py, qpid-proton and httpx; inactive and expired tokens are refused with
+start-ok, MQTT's and STOMP's CONNECT, AMQP 1.0's sasl-init, the stream protocol's
+SaslAuthenticate, the HTTP API's Authorization): pika, paho, stomp.py, qpid-proton, rstream
+and httpx; inactive and expired tokens are refused with
 RabbitMQ's 403 ACCESS_REFUSED (AMQP), CONNACK 4 (MQTT), an ERROR frame (STOMP), SASL auth
 failure (AMQP 1.0), 401 (HTTP). The broker runs as ``python -m broker run`` with --oauth2-introspection-*."""
 from __future__ import annotations
@@ -81,20 +82,22 @@ class Env:
     def __init__(self, tmp: Path):
         self.idp = Introspection()
         self.amqp, self.http, self.mqtt = free_port(), free_port(), free_port()
-        self.stomp = free_port()
+        self.stomp, self.stream = free_port(), free_port()
         self.log_path = tmp / "broker.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - the broker's lifetime
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "run", "--host", "127.0.0.1",
              "--port", str(self.amqp), "--data-dir", str(tmp / "data"),
              "--http-port", str(self.http), "--mqtt-port", str(self.mqtt),
-             "--stomp-port", str(self.stomp), "--oauth2-resource-server-id", "rabbitmq",
+             "--stomp-port", str(self.stomp), "--stream-port", str(self.stream),
+             "--oauth2-resource-server-id", "rabbitmq",
              "--oauth2-introspection-url", self.idp.url,
              "--oauth2-introspection-client-id", CLIENT[0],
              "--oauth2-introspection-client-secret", CLIENT[1]],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        _wait(lambda: all(map(_listening, (self.amqp, self.http, self.mqtt, self.stomp))), 60,
+        ports = (self.amqp, self.http, self.mqtt, self.stomp, self.stream)
+        _wait(lambda: all(map(_listening, ports)), 60,
               "the broker to listen")
 
     def connect(self, token: str):
@@ -244,3 +247,21 @@ def test_opaque_token_on_amqp10(env):
                            allowed_mechs="PLAIN").close()
     assert "amqp:unauthorized-access" in str(info.value) or "auth" in str(info.value).lower()
     assert token in env.idp.asked and "opaque-amqp10-unknown" in env.idp.asked
+
+
+def test_opaque_token_on_the_stream_protocol(env):
+    import asyncio
+
+    from rstream import Producer
+
+    async def login(token: str) -> None:
+        async with Producer("127.0.0.1", port=env.stream, username="anyone",
+                            password=token) as p:
+            await p.create_stream("introspected-s")
+
+    token = env.idp.issue("opaque-stream-1")
+    asyncio.run(asyncio.wait_for(login(token), 60))
+    with pytest.raises(Exception) as info:
+        asyncio.run(asyncio.wait_for(login("opaque-stream-unknown"), 60))
+    assert not isinstance(info.value, TimeoutError)  # refused, not left waiting
+    assert token in env.idp.asked and "opaque-stream-unknown" in env.idp.asked
