@@ -3,10 +3,11 @@ publish N messages to a queue, then consume them, over each protocol; per phase 
 client's msg/s and the broker's CPU time per message (from /proc).
 
 AMQP 1.0: qpid-proton's event-driven client (Container), settled (at-most-once,
-pre-settled transfers) and unsettled (each transfer waits for the broker's accepted,
-within the link credit the broker grants); the consumer accepts every message with a
-prefetch of 200. AMQP 0-9-1: pika, publishes without confirms (pika's blocking confirms
-wait per message) and a consumer with prefetch 200 acking each message.
+pre-settled transfers; the phase ends when the queue holds them all) and unsettled (each
+transfer waits for the broker's accepted, within the link credit the broker grants); the
+consumer accepts every message with a prefetch of 200. AMQP 0-9-1: pika, publishes without
+confirms (pika's blocking confirms wait per message) and a consumer with prefetch 200 acking
+each message.
 
 The same AMQP 1.0 workloads then run against the machine's RabbitMQ (its rabbitmq_amqp1_0
 plugin, v1 address /queue/Q) when it answers AMQP 1.0 on --rabbitmq-port, with its CPU
@@ -101,9 +102,31 @@ def run_amqp10(url: str, pid: int, n: int, size: int, settled: bool,
                consume_prefix: str = "/queues/") -> dict:
     q = "bench-amqp10-" + uuid.uuid4().hex[:8]
     body = b"x" * size
-    pub = _measure(pid, lambda: Container(_Send(url, f"/queue/{q}", n, body, settled)).run())
+    port = int(url.rsplit(":", 1)[1])
+
+    def publish() -> None:
+        Container(_Send(url, f"/queue/{q}", n, body, settled)).run()
+        if settled:
+            # presettled: the client is done once its octets are written, which a broker
+            # granting more credit lets it do sooner; done is when the queue has them all
+            _wait_for_count(port, q, n)
+
+    pub = _measure(pid, publish)
     con = _measure(pid, lambda: Container(_Receive(url, consume_prefix + q, n)).run())
     return {"publish": pub, "consume": con}
+
+
+def _wait_for_count(port: int, queue: str, n: int, timeout: float = 300.0) -> None:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        ch = conn.channel()
+        deadline = time.monotonic() + timeout
+        while ch.queue_declare(queue, passive=True).method.message_count < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{queue}: fewer than {n} messages after {timeout} s")
+            time.sleep(0.005)
+    finally:
+        conn.close()
 
 
 def _speaks_amqp10(port: int) -> bool:

@@ -164,6 +164,25 @@ class Sent:
         self.tag = tag
 
 
+class Outcome:
+    """A delivery the broker sent, as the client's disposition of it comes back: its tag and
+    ``settle`` (what the broker uses of it), without a proton wrapper (whose record and two
+    dispositions cost more than the rest of the outcome). Holds a reference to it."""
+    __slots__ = ("_impl", "tag")
+
+    def __init__(self, impl: Any):
+        lib.pn_incref(impl)
+        self._impl = impl
+        tag = lib.pn_delivery_tag(impl)
+        self.tag = ffi.unpack(tag.start, tag.size).decode()
+
+    def settle(self) -> None:
+        lib.pn_delivery_settle(self._impl)
+
+    def __del__(self) -> None:
+        lib.pn_decref(self._impl)
+
+
 # the JMS selector filter as Qpid JMS and ActiveMQ send it (by descriptor: symbol or code)
 _SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
@@ -498,20 +517,21 @@ class ServerConnection:
             events.append(MessageReceived(link, d, data, settled, txn_id))
             return
         if lib.pn_delivery_updated(impl) or lib.pn_delivery_settled(impl):
-            d = Delivery.wrap(impl)
-            state = d.remote
-            outcome = d.remote_state or 0
-            if outcome == txn.TRANSACTIONAL_STATE:
-                fields: Any = state.data  # (proton types it as a list of ints)
-                txn_id, inner = txn.txn_of(fields)
-                flags = fields[1].value if inner == Disposition.MODIFIED else None
-                flags = [*(flags if isinstance(flags, list) else []), False, False]
-                events.append(OutcomeReceived(link, d, inner or 0, bool(flags[0]),
-                                              bool(flags[1]), txn_id or b""))
+            outcome = lib.pn_delivery_remote_state(impl)
+            if outcome != txn.TRANSACTIONAL_STATE:
+                remote = lib.pn_delivery_remote(impl)
+                events.append(OutcomeReceived(
+                    link, Outcome(impl), outcome,  # type: ignore[arg-type]
+                    bool(lib.pn_disposition_is_failed(remote)),
+                    bool(lib.pn_disposition_is_undeliverable(remote))))
                 return
-            events.append(OutcomeReceived(link, d, outcome,
-                                          bool(state.failed) if state else False,
-                                          bool(state.undeliverable) if state else False))
+            d = Delivery.wrap(impl)
+            fields: Any = d.remote.data  # (proton types it as a list of ints)
+            txn_id, inner = txn.txn_of(fields)
+            flags = fields[1].value if inner == Disposition.MODIFIED else None
+            flags = [*(flags if isinstance(flags, list) else []), False, False]
+            events.append(OutcomeReceived(link, d, inner or 0, bool(flags[0]),
+                                          bool(flags[1]), txn_id or b""))
 
     # ---- the broker's answers ----
     def accept_open(self, properties: dict | None = None) -> None:
