@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-type", choices=("classic", "quorum"), default="classic",
                    help="mirrored topology: classic queues under ha-mode all, or quorum queues "
                         "(replicated on 3 members, majority confirms)")
+    p.add_argument("--client", choices=("pika", "kombu", "aio-pika"), default="pika",
+                   help="mirrored: the workload's client library (producers and consumers)")
     p.add_argument("--netns", action="store_true",
                    help="mirrored: etcd and each node in a network namespace on a bridge "
                         "(root, iproute2); needed by the network nemeses")
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                               producers=args.producers, consumers=args.consumers,
                               queues=args.queues, pause=args.pause, ttl=args.ttl,
                               workdir=args.workdir, netns=args.netns, prefix=args.prefix,
-                              queue_type=args.queue_type)
+                              queue_type=args.queue_type, client=args.client)
         print(json.dumps(result, indent=2))
         return 0 if result["ok"] else 1
     result = run(rounds=args.rounds, nemeses=nemeses, nodes=args.nodes,

@@ -41,7 +41,7 @@ log = logging.getLogger("jepsen")
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 PROCESS_NEMESES = ("kill9", "sigstop")
 NETWORK_NEMESES = ("partition-master", "isolate-mirror", "slow-links")
-MIRRORED_NEMESES = (*PROCESS_NEMESES, *NETWORK_NEMESES, "restart-etcd")
+MIRRORED_NEMESES = (*PROCESS_NEMESES, *NETWORK_NEMESES, "restart-etcd", "rolling-restart")
 
 
 def _in(host: Host | None, argv: list[str]) -> list[str]:
@@ -143,7 +143,7 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
                  nodes: int = 3, producers: int = 3, consumers: int = 2, queues: int = 2,
                  pause: float = 5.0, ttl: float = 2.0, warmup: float = 1.5,
                  workdir: Path | None = None, netns: bool = False,
-                 prefix: str = "jm", queue_type: str = "classic") -> dict:
+                 prefix: str = "jm", queue_type: str = "classic", client: str = "pika") -> dict:
     """``queue_type`` quorum: the workload's queues are quorum queues (replicated on
     their member group, majority confirms) instead of classic ones under ha-mode all."""
     needs_net = [k for k in nemeses if k in NETWORK_NEMESES]
@@ -188,9 +188,14 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
         arguments = {"x-queue-type": "quorum"} if queue_type == "quorum" else None
         # a quorum queue's group: 3 members (its default), not every node
         replicas = min(nodes, 3) if queue_type == "quorum" else nodes
-        clients = ([Producer(i, addresses, names, history, arguments=arguments)
+        producer_class: type = Producer
+        consumer_class: type = Consumer
+        if client != "pika":
+            from .clients import CLIENTS
+            producer_class, consumer_class = CLIENTS[client]
+        clients = ([producer_class(i, addresses, names, history, arguments=arguments)
                     for i in range(producers)]
-                   + [Consumer(i, addresses, names, history, arguments=arguments)
+                   + [consumer_class(i, addresses, names, history, arguments=arguments)
                       for i in range(consumers)])
         for c in clients:
             c.start()
@@ -213,7 +218,11 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
                     faults[-1]["healed_to_in_sync_s"] = round(time.monotonic() - t_synced, 3)
                 time.sleep(warmup)
                 windows.append((time.monotonic(), kind))
-                fault = _round(kind, qs, names, members, etcd, topo, url, history, pause, ttl)
+                if kind == "rolling-restart":
+                    fault = _rolling(qs, names, members, url, history, synced)
+                else:
+                    fault = _round(kind, qs, names, members, etcd, topo, url, history, pause,
+                                   ttl)
                 fault["round"] = rnd + 1
                 faults.append(fault)
                 t_synced = fault.pop("t_heal")
@@ -255,6 +264,7 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
     result.update({
         "topology": f"etcd, {nodes} nodes, "
                     + ("quorum queues" if queue_type == "quorum" else "ha-mode all")
+                    + f", {client} clients"
                     + f", TTL {ttl} s"
                     + (f", network namespaces on {topo.subnet}" if topo else ", loopback"),
         "rounds": len(faults), "faults": faults, "workdir": str(work), "nemeses": per,
@@ -264,6 +274,39 @@ def run_mirrored(rounds: int = 2, nemeses: tuple[str, ...] = ("kill9", "sigstop"
         "confirms_never_resumed": len(faults) - len(resumed),
     })
     return result
+
+
+def _rolling(qs: dict, names: list[str], members: list[ClusterNode], url: str,
+             history: History, synced) -> dict:
+    """Every node in turn stopped cleanly (SIGTERM) and started again, the next one once
+    every queue is back in sync (as an upgrade is rolled); the round's failover is the
+    longest time a queue had no master."""
+    fault: dict = {"nemesis": "rolling-restart", "target": "every node",
+                   "queues": sorted(names)}
+    t_fault = time.monotonic()
+    longest = 0.0
+    for m in members:
+        t0 = time.monotonic()
+        m.stop()
+        led = [n for n in names if qs[n]["master"] == m.name]
+
+        def moved(led=led, name=m.name):
+            now = _queues(url)
+            return all(now.get(n, {}).get("master") not in (None, name) for n in led)
+        if led:
+            _wait("a new master", moved, 60, 0.1)
+            longest = max(longest, time.monotonic() - t0)
+        m.start()
+        qs = _wait("every queue mirrored and in sync", synced, 180, 0.3)
+    t_heal = time.monotonic()
+    fault["failover_s"] = round(longest, 3)
+    fault["restart_all_s"] = round(t_heal - t_fault, 3)
+    gap = _wait("confirms after the fault", lambda: history.confirm_gap(t_fault, t_heal), 60,
+                0.05)
+    fault["t_heal"] = t_heal
+    fault["confirm_gap_s"] = round(gap[0], 3)
+    fault["confirms_resumed_s"] = round(gap[1], 3)
+    return fault
 
 
 def _heal_all(members: list[ClusterNode], etcd: Etcd, topo: Topology | None) -> None:

@@ -163,7 +163,7 @@ class Consumer(threading.Thread):
 def finish(clients, history: History, idle: float, limit: float = 60.0) -> None:
     """End a run: stop the producers, then let the consumers drain until nothing arrived
     for ``idle`` seconds (at most ``limit``)."""
-    producers = [c for c in clients if isinstance(c, Producer)]
+    producers = [c for c in clients if isinstance(c, Producer) or "producer" in c.name]
     for p in producers:
         p.stop_event.set()
     for p in producers:

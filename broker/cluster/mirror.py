@@ -198,6 +198,11 @@ def check_ha_nodes(policies, index: int, policy) -> None:
     does (it never checks them: names of no node are ignored when mirrors are placed)."""
     from ..policies.validate import PolicyError
     definition = policy.definition
+    if "ha-mode" in definition and policy.name not in _WARNED:
+        _WARNED.add(policy.name)
+        log.warning("policy %r: classic queue mirroring (ha-mode) is deprecated, as in "
+                    "RabbitMQ 3.13 (removed in 4.0): declare quorum queues "
+                    "(x-queue-type: quorum) instead (docs/cluster.md)", policy.name)
     if definition.get("ha-mode") != "nodes":
         return
     members = policies.broker.store.known_members()
@@ -210,6 +215,9 @@ def check_ha_nodes(policies, index: int, policy) -> None:
                           f"{'is not a member' if len(unknown) == 1 else 'are not members'} "
                           f"of this cluster (members: {', '.join(sorted(members))})",
                           "ha-params")
+
+
+_WARNED: set[str] = set()  # policies whose deprecation was logged (once per process)
 
 
 def _register_check() -> None:
