@@ -29,8 +29,10 @@ confirmed once a majority of the stream's replica group has the chunk committed.
   it, and every other node's proxy follows the new master. A deposed leader that comes
   back finds its stream mastered elsewhere: its store's stale copy is dropped (with its
   log: it may hold chunks never confirmed) and it copies the stream again from the start.
-* Not built: consumers read through the leader (forwarding), not from a local replica;
-  a replica whose tail is behind the leader's retention stops with a logged
+* **Reads.** Stream-protocol consumers on a follower's node read its replica (Subscribe,
+  Metadata and StreamStats find it: ``StreamSession._readable``); AMQP consumers read
+  through the leader (forwarding).
+* Not built: a replica whose tail is behind the leader's retention stops with a logged
   ``ReplicaGap``.
 """
 from __future__ import annotations
@@ -282,6 +284,13 @@ class StreamReplicas:
         log.warning("stream %r in vhost %r: leader on this node now (epoch %d, log up to "
                     "offset %d, old leader %r)", key[1], key[0], epoch,
                     q.log.committed_offset, follower.leader)
+
+    def local_log(self, vhost: str, name: str) -> StreamLog | None:
+        """This node's copy of a stream led elsewhere, while it is being kept (Stream
+        protocol readers on this node read it)."""
+        follower = self._following.get((vhost, name))
+        lg = follower.log if follower is not None else None
+        return lg if lg is not None and not lg.closed else None
 
     def status(self) -> dict:
         return {f"{v}/{q}": {"leader": f.leader, "offset": f.committed}

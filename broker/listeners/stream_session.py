@@ -330,6 +330,17 @@ class StreamSession:
             return q
         return None
 
+    def _readable(self, name: str) -> Any:
+        """The stream to read from: this node's stream queue or, in a cluster, this
+        node's replica of a stream led by another node (``cluster/stream_replicas.py``:
+        subscribe, metadata and stats read it; publishing needs the leader)."""
+        q = self._stream(name)
+        if q is not None:
+            return q
+        replicas = getattr(self.broker.store, "stream_replicas", None)
+        lg = replicas.local_log(self.vhost.name, name) if replicas is not None else None
+        return _Replica(name, lg) if lg is not None else None
+
     def _allowed(self, name: str, perm: str) -> bool:
         try:
             self.authz.check("queue", name, perm)
@@ -433,7 +444,7 @@ class StreamSession:
     def _metadata(self, cmd: codec.Metadata) -> None:
         streams: list[tuple[str, int, int, list[int]]] = []
         for name in cmd.streams:
-            if self._stream(name) is not None:
+            if self._readable(name) is not None:
                 streams.append((name, codec.OK, 0, []))
             else:
                 streams.append((name, codec.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
@@ -442,7 +453,7 @@ class StreamSession:
         self.conn.send(codec.encode_metadata(cmd.correlation_id, brokers, streams))
 
     def _stream_stats(self, cmd: codec.StreamStats) -> None:
-        q = self._stream(cmd.stream)
+        q = self._readable(cmd.stream)
         if q is None:
             self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
             return
@@ -680,7 +691,7 @@ class StreamSession:
 
     # -- consuming --
     def _subscribe(self, cmd: codec.Subscribe) -> None:
-        q = self._stream(cmd.stream)
+        q = self._readable(cmd.stream)
         if q is None:
             self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
             return
@@ -902,6 +913,20 @@ class StreamSession:
         self.service.sessions.discard(self)
         if self.vhost is not None:
             self.broker.session_closed(self)
+
+
+class _Replica:
+    """A replica's log read as a stream (subscriptions only read ``log`` and ``deleted``):
+    gone once its copy stops (the leader changed or the stream was deleted)."""
+
+    __slots__ = ("log", "name")
+
+    def __init__(self, name: str, lg):
+        self.name, self.log = name, lg
+
+    @property
+    def deleted(self) -> bool:
+        return self.log.closed
 
 
 def _audit_message(record, stream: str) -> Message:

@@ -210,6 +210,9 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         assert got == bodies[:len(got)]  # in order, nothing unconfirmed-then-lost reordered
         got = rstream_bodies(leader.stream_port, "s", set(confirmed))
         assert got == bodies[:len(got)]
+        # and by rstream on the other survivor, from its own replica
+        got = rstream_bodies(other.stream_port, "s", set(confirmed))
+        assert got == bodies[:len(got)]
 
         p = Publisher(other, "s", [b"after"])
         p.start()
