@@ -297,7 +297,8 @@ class MQTTSession:
                  "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
                  "expiry", "filters", "finished", "flow_queues", "flow_resumed", "is_publisher",
-                 "local_port", "login_wait", "output_delay", "output_high_water", "peer", "peer_host", "qos2",
+                 "local_port", "login_wait", "metrics_protocol", "output_delay",
+                 "output_high_water", "peer", "peer_host", "qos2",
                  "receive_max", "service", "sub_opts", "tls", "unroutable", "user",
                  "username", "vhost", "wake", "will")
 
@@ -316,6 +317,10 @@ class MQTTSession:
         self.local_port = 0  # the listener's port (set by the edge), for the management API
         self.tls = False
         self.conn = ServerConnection(service.max_packet)
+        # RabbitMQ's ``protocol`` label of native MQTT's global counters (3.12 and later),
+        # set from the CONNECT; an attribute, not a property: every publish and delivery
+        # reads it
+        self.metrics_protocol = "mqtt311"
         self.audit = self.broker.audit  # the audit trail, or None
         self.output_high_water = self.broker.config.output_high_water
         self.output_delay = 0.0  # seconds the edge waits before writing a refused login's CONNACK
@@ -505,6 +510,8 @@ class MQTTSession:
             self.finished = True
             return
         v5 = c.protocol_level == 5
+        self.metrics_protocol = ("mqtt50" if v5 else "mqtt311" if c.protocol_level == 4
+                                 else "mqtt310")
         props = c.properties or {}
         will = c.will
         if (v5 and will is not None and will.properties
@@ -1489,11 +1496,6 @@ class MQTTSession:
         """As the channel of its consumers: its connection is itself."""
         return self
 
-    @property
-    def metrics_protocol(self) -> str:
-        """RabbitMQ's ``protocol`` label of native MQTT's global counters (3.12 and later)."""
-        level = self.conn.protocol_level
-        return "mqtt50" if level == 5 else "mqtt311" if level == 4 else "mqtt310"
 
     @property
     def protocol(self) -> str:
