@@ -765,6 +765,8 @@ class MQTTSession:
             return False
         step, connect = pending
         outcome = step.next(data)
+        if isinstance(outcome, enhanced_auth.Refused):  # a failed login, as a wrong password
+            self.broker.access.count_attempt("mqtt", False)
         if connect is None:  # re-authenticating
             if isinstance(outcome, enhanced_auth.Refused):
                 self.close(f"re-authentication refused: {outcome.reason}", P.NOT_AUTHORIZED)

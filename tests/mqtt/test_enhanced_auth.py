@@ -242,3 +242,36 @@ def test_packets_behind_an_undecided_connect_wait_for_it():
     conn.accept(False, "guest", {})
     events = conn.receive_data(b"")
     assert [type(e).__name__ for e in events] == ["SubscribeRequested", "PublishReceived"]
+
+
+def test_scram_session_counts_logins_and_refuses_with_0x86(broker):
+    """In a whole broker (no sockets): a SCRAM login and a wrong proof count in the
+    login attempts as PLAIN's do; the wrong one gets CONNACK 0x86 after the challenge."""
+    from broker.listeners.mqtt_session import MQTTService, MQTTSession
+
+    broker.access.add_user("sam", "s3cret")
+    broker.access.set_permissions("sam", "/", ".*", ".*", ".*")
+    service = MQTTService(broker)
+
+    def login(password: str) -> list:
+        session = MQTTSession(service, "127.0.0.1:40000", "127.0.0.1")
+        reader = _reader()
+        client = ScramClient("sam", password)
+        session.data_received(encode(m.Connect("c-" + password, True, 30, protocol_level=5,
+                                               properties={P.AUTHENTICATION_METHOD: METHOD,
+                                                           P.AUTHENTICATION_DATA: client.first()})))
+        [challenge] = reader.feed(session.conn.data_to_send())
+        assert (challenge.type, challenge.reason_code) == (m.AUTH, P.CONTINUE_AUTHENTICATION)
+        final = client.final(challenge.properties[P.AUTHENTICATION_DATA])
+        session.data_received(_auth(P.CONTINUE_AUTHENTICATION, METHOD, final))
+        [ack] = reader.feed(session.conn.data_to_send())
+        if ack.return_code == 0:
+            assert ack.properties[P.AUTHENTICATION_DATA] == client.expected_final
+        session.connection_lost()
+        return [ack.return_code, list(broker.access.auth_attempts["mqtt"])]
+
+    assert login("s3cret") == [0, [1, 1, 0]]
+    assert login("wrong") == [P.BAD_USER_NAME_OR_PASSWORD, [2, 1, 1]]
+
+
+METHOD = "SCRAM-SHA-256"
