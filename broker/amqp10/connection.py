@@ -183,6 +183,34 @@ class Outcome:
         lib.pn_decref(self._impl)
 
 
+class Incoming:
+    """An unsettled transfer's delivery, until the broker settles it: without a proton
+    wrapper unless an outcome needs more than its state (a condition, modified, a
+    transaction's). Holds a reference to it."""
+    __slots__ = ("_impl",)
+
+    def __init__(self, impl: Any):
+        lib.pn_incref(impl)
+        self._impl = impl
+
+    @property
+    def settled(self) -> bool:
+        return bool(lib.pn_delivery_settled(self._impl))
+
+    def settle(self) -> None:
+        lib.pn_delivery_settle(self._impl)
+
+    def wrapped(self) -> Delivery:
+        return Delivery.wrap(self._impl)
+
+    def __del__(self) -> None:
+        lib.pn_decref(self._impl)
+
+
+def _wrapped(d: Any) -> Delivery:
+    return d.wrapped() if isinstance(d, Incoming) else d
+
+
 # the JMS selector filter as Qpid JMS and ActiveMQ send it (by descriptor: symbol or code)
 _SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
@@ -510,10 +538,12 @@ class ServerConnection:
                 events.append(MessageReceived(
                     link, PRESETTLED, data, True))  # type: ignore[arg-type]
                 return
+            if remote_state != txn.TRANSACTIONAL_STATE:
+                events.append(MessageReceived(link, Incoming(impl), data,  # type: ignore[arg-type]
+                                              settled))
+                return
             d = Delivery.wrap(impl)
-            txn_id = None
-            if remote_state == txn.TRANSACTIONAL_STATE:
-                txn_id = txn.txn_of(d.remote.data)[0] or b""
+            txn_id = txn.txn_of(d.remote.data)[0] or b""
             events.append(MessageReceived(link, d, data, settled, txn_id))
             return
         if lib.pn_delivery_updated(impl) or lib.pn_delivery_settled(impl):
@@ -527,11 +557,11 @@ class ServerConnection:
                 return
             d = Delivery.wrap(impl)
             fields: Any = d.remote.data  # (proton types it as a list of ints)
-            txn_id, inner = txn.txn_of(fields)
+            held_by, inner = txn.txn_of(fields)
             flags = fields[1].value if inner == Disposition.MODIFIED else None
             flags = [*(flags if isinstance(flags, list) else []), False, False]
             events.append(OutcomeReceived(link, d, inner or 0, bool(flags[0]),
-                                          bool(flags[1]), txn_id or b""))
+                                          bool(flags[1]), held_by or b""))
 
     # ---- the broker's answers ----
     def accept_open(self, properties: dict | None = None) -> None:
@@ -567,6 +597,7 @@ class ServerConnection:
 
     def settle_declared(self, d: Delivery, txn_id: bytes) -> None:
         """A declare's answer: the ``declared`` state with the new transaction's id."""
+        d = _wrapped(d)
         local: Any = d.local  # (proton types its data as a list of ints)
         local.data = [txn_id]
         d.update(txn.DECLARED)
@@ -575,6 +606,7 @@ class ServerConnection:
     def settle_transactional(self, d: Delivery, txn_id: bytes, outcome: int) -> None:
         """A transactional transfer's answer: its outcome once the transaction commits."""
         if not d.settled:
+            d = _wrapped(d)
             local: Any = d.local
             local.data = [txn_id, Described(ulong(outcome), [])]
             d.update(txn.TRANSACTIONAL_STATE)
@@ -622,6 +654,12 @@ class ServerConnection:
                         undeliverable: bool = False) -> None:
         """The broker's outcome for a message it received (nothing for a presettled one)."""
         if not d.settled:
+            if isinstance(d, Incoming):
+                if condition is None and outcome != Disposition.MODIFIED:
+                    lib.pn_delivery_update(d._impl, outcome)
+                    d.settle()
+                    return
+                d = d.wrapped()
             if condition is not None:
                 d.local.condition = Condition(*condition)
             if outcome == Disposition.MODIFIED:
