@@ -33,11 +33,16 @@ def _keys(data: dict) -> tuple[int | None, list[str] | None]:
     if count is not None and (not isinstance(count, int) or isinstance(count, bool)
                               or count < 1):
         raise ApiError(400, "field 'partitions': expected a positive integer")
+    if count is not None and count > super_streams.MAX_PARTITIONS:
+        raise ApiError(400, f"field 'partitions': at most {super_streams.MAX_PARTITIONS}")
     if isinstance(keys, str):
         keys = [k.strip() for k in keys.split(",")]
     if keys is not None and not (isinstance(keys, list)
                                  and all(isinstance(k, str) for k in keys)):
         raise ApiError(400, "field 'binding_keys': expected a list of strings")
+    if keys is not None and len(keys) > super_streams.MAX_PARTITIONS:
+        raise ApiError(400, f"field 'binding_keys': at most {super_streams.MAX_PARTITIONS} "
+                            f"keys")
     return count, keys
 
 

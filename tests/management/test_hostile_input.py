@@ -162,3 +162,16 @@ async def test_wide_json_refused_before_decoding(api):
     assert r.status_code == 201, r.text
     r = await api.put("/api/queues/%2F/wq2", json={"arguments": {"x-x": [*range(1000), 1 << 64]}})
     assert r.status_code == 400 and "'arguments.x-x.1000'" in _reason(r), r.text
+
+
+async def test_super_stream_partitions_bounded_400_naming_the_field(api, http_broker):
+    from broker.streams.super import MAX_PARTITIONS
+    path = "/api/stream/super-streams/%2F/hss"
+    for body, field in (({"partitions": 10 ** 9}, "partitions"),
+                        ({"partitions": MAX_PARTITIONS + 1}, "partitions"),
+                        ({"binding_keys": [str(i) for i in range(MAX_PARTITIONS + 1)]},
+                         "binding_keys")):
+        r = await api.put(path, json=body)
+        assert r.status_code == 400, (body.keys(), r.status_code, r.text[:200])
+        assert f"field '{field}'" in _reason(r)
+    assert "hss" not in http_broker.broker.vhosts["/"].exchanges

@@ -435,3 +435,33 @@ def test_confirms_wait_for_a_majority_of_the_replica_group(tmp_path):
     lg.commit()
     lg.when_durable(3, lambda: confirmed.append(3))
     assert confirmed == [0, 1, 2, 3]
+
+
+def test_a_new_segment_is_not_fsynced_on_the_loop_but_by_the_next_commit(tmp_path,
+                                                                         monkeypatch):
+    """Creating a log (a stream declared, each partition of a super stream) fsyncs nothing
+    on the caller's thread (the event loop); the directory entry is fsynced by the commit that makes the segment's first chunk durable (in the store's worker thread),
+    once per new segment, and again after a failed attempt."""
+    real_fsync = os.fsync
+    synced: list[str] = []
+
+    def fsync(fd):
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    lg = StreamLog(str(tmp_path / "s"))
+    assert synced == []
+    lg.append([b"a"])
+    state = lg.begin_commit()
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(OSError):
+        lg.sync_files(state)  # failed: the next commit fsyncs the directory again
+    monkeypatch.setattr(os, "fsync", fsync)
+    lg.commit()
+    assert synced.count("dir") == 1
+    synced.clear()
+    lg.append([b"b"])
+    lg.commit()
+    assert synced.count("dir") == 0
+    lg.close()

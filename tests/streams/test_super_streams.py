@@ -49,3 +49,20 @@ def test_a_failed_partition_undoes_the_rest(broker):
     with pytest.raises(errors.AMQPError):  # an invalid stream argument on every partition
         ss.declare(vhost, "bad", ["bad-0", "bad-1"], ["0", "1"], {"x-max-age": "forever"})
     assert "bad" not in vhost.exchanges and "bad-0" not in vhost.queues
+
+
+def test_partition_count_is_bounded_before_anything_is_made(broker):
+    """A count or key list past MAX_PARTITIONS is refused before the names are listed (10^9
+    in an HTTP body made a list of 10^9 names) and before any stream is made (each one's
+    files are made on the event loop)."""
+    with pytest.raises(ValueError, match="at most"):
+        ss.layout("big", 10 ** 9)
+    with pytest.raises(ValueError, match="at most"):
+        ss.layout("big", binding_keys=[str(i) for i in range(ss.MAX_PARTITIONS + 1)])
+    assert len(ss.layout("big", ss.MAX_PARTITIONS)[0]) == ss.MAX_PARTITIONS
+    vhost = broker.vhosts["/"]
+    parts = [f"big-{i}" for i in range(ss.MAX_PARTITIONS + 1)]
+    with pytest.raises(errors.AMQPError) as exc:
+        ss.declare(vhost, "big", parts, [str(i) for i in range(len(parts))], {})
+    assert exc.value.code == 406 and "at most" in exc.value.text
+    assert "big" not in vhost.exchanges and "big-0" not in vhost.queues
