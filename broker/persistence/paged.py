@@ -22,6 +22,7 @@ import time
 from array import array
 from bisect import bisect_right, insort
 from collections import deque
+from itertools import islice
 
 from ..config import JournalSettings
 from ..queues.entry import QueueEntry
@@ -32,6 +33,10 @@ DEFAULT_BUDGET = JournalSettings().queue_memory_budget
 ENTRY_OVERHEAD = 700  # rough bytes per in-memory entry besides the body
 PAGE_IN = 512
 NAN = float("nan")
+
+
+def _seq_of(entry) -> int:
+    return entry.seq
 
 
 class PagedFifo:
@@ -278,7 +283,9 @@ class PagedFifo:
         """Up to ``limit`` entries with a seq above ``seq``, in order, left in place (paged
         ones read back as copies): a replica's sync reads a large paged queue in steps
         instead of all at once."""
-        out = [e for e in self._head if e.seq > seq][:limit]
+        head = self._head
+        start = bisect_right(head, seq, key=_seq_of)  # in order, indexed in C
+        out = list(islice(head, start, start + limit))
         if len(out) >= limit:
             return out
         i = bisect_right(self._seq, seq, self._pi)
