@@ -23,6 +23,26 @@ class Churn:
     dead_lettered: Counter = field(default_factory=Counter)
     # queue type module -> the delivery counters of its deleted queues (QUEUE_STATS)
     retired: dict = field(default_factory=dict)
+    # (protocol, queue type module) -> [delivered with manual ack, with auto ack,
+    # redelivered, acknowledged] of consumers that are not AMQP 0-9-1 channels (theirs are
+    # the rest of the queues' own counters)
+    by_protocol: dict = field(default_factory=dict)
+
+    def delivered(self, protocol: str, queue, no_ack: bool, redelivered: bool) -> None:
+        key = (protocol, queue.queue_type.module)
+        c = self.by_protocol.get(key)
+        if c is None:
+            c = self.by_protocol[key] = [0, 0, 0, 0]
+        c[1 if no_ack else 0] += 1
+        if redelivered:
+            c[2] += 1
+
+    def acked(self, protocol: str, queue) -> None:
+        key = (protocol, queue.queue_type.module)
+        c = self.by_protocol.get(key)
+        if c is None:
+            c = self.by_protocol[key] = [0, 0, 0, 0]
+        c[3] += 1
 
     def retire(self, queue) -> None:
         """Keep a deleted queue's delivery counters in its type's totals."""

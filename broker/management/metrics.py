@@ -406,7 +406,9 @@ QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_que
 
 def queue_type_families(broker) -> list:
     """The global delivery counters RabbitMQ labels {protocol, queue_type}: summed from the
-    queues' own counters (live ones, and deleted ones kept by ``Churn.retire``)."""
+    queues' own counters (live ones, and deleted ones kept by ``Churn.retire``); the
+    deliveries and acks of consumers of other protocols (``Churn.by_protocol``: MQTT, AMQP
+    1.0 ...) under their label, the rest under amqp091."""
     sums = {qt: Counter(counts) for qt, counts in broker.churn.retired.items()}
     for vhost in list(broker.vhosts.values()):
         for q in list(vhost.queues.values()):
@@ -415,6 +417,18 @@ def queue_type_families(broker) -> list:
             c = sums.setdefault(q.queue_type.module, Counter())
             for name in QUEUE_STATS:
                 c[name] += getattr(q, name)
+    # per (protocol, queue type): Counter of the QUEUE_STATS names
+    split: dict[tuple[str, str], Counter] = {}
+    for (protocol, qt), (manual, auto, redelivered, acked) in list(
+            broker.churn.by_protocol.items()):
+        other = Counter(stats_delivered=manual + auto, stats_deliver_no_ack=auto,
+                        stats_redeliver=redelivered, stats_acked=acked)
+        split[(protocol, qt)] = other
+        rest = sums.setdefault(qt, Counter())
+        for name, n in other.items():
+            rest[name] -= n
+    for qt in {*QUEUE_TYPES, *sums}:
+        split[(PROTOCOL, qt)] = sums.get(qt, Counter())
     out = []
     for name, doc, value in (
             ("delivered", "Total number of messages delivered to consumers",
@@ -437,8 +451,8 @@ def queue_type_families(broker) -> list:
              lambda c: c["stats_acked"])):
         family = CounterMetricFamily("rabbitmq_global_messages_" + name, doc,
                                      labels=["protocol", "queue_type"])
-        for qt in sorted({*QUEUE_TYPES, *sums}):
-            family.add_metric([PROTOCOL, qt], max(0, value(sums.get(qt, Counter()))))
+        for protocol, qt in sorted(split):
+            family.add_metric([protocol, qt], max(0, value(split[(protocol, qt)])))
         out.append(family)
     return out
 

@@ -334,6 +334,9 @@ class Queue:
                 self.unacked_count += 1
                 self.unacked_bytes += len(entry.message.body)
             consumer.channel.deliver(consumer, self, entry)
+            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
+                self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
             if consumer.no_ack:
                 self.stats_deliver_no_ack += 1
                 self.settled(entry)
@@ -386,6 +389,9 @@ class Queue:
                 self.unacked_count += 1
                 self.unacked_bytes += len(entry.message.body)
             consumer.channel.deliver(consumer, self, entry)
+            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
+                self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
             if groups is not None:
                 groups.delivered(entry.message)
             if consumer.no_ack:
@@ -475,6 +481,10 @@ class Queue:
         self.stats_acked += 1
         self._unacked_done(consumer)
         self._unacked_bytes_done(entry)
+        if consumer is not None:
+            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            if protocol is not None and protocol != "amqp091":
+                self.vhost.churn.acked(protocol, self)
         self.settled(entry, reported)
 
     def refuse_negative(self) -> None:

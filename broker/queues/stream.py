@@ -193,6 +193,9 @@ class StreamQueue(Queue):
             self.unacked_count += 1
             self.stats_delivered += 1
             consumer.channel.deliver(consumer, self, entry)
+            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
+                self.vhost.churn.delivered(protocol, self, consumer.no_ack, False)
 
     def _next_chunk(self, cursor: _Cursor) -> bool:
         """The next chunk's records (from the cursor's start) into ``cursor.pending``;
@@ -236,6 +239,10 @@ class StreamQueue(Queue):
     def ack(self, entry: QueueEntry, consumer: Consumer | None, reported: bool = False) -> None:
         self.stats_acked += 1
         self._unacked_done(consumer)
+        if consumer is not None:
+            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            if protocol is not None and protocol != "amqp091":
+                self.vhost.churn.acked(protocol, self)
 
     def refuse_negative(self) -> None:
         """basic.nack / basic.reject of a delivery from this queue (RabbitMQ: 540)."""

@@ -1,6 +1,7 @@
 """Prometheus: the queue byte gauges (ready, unacknowledged, all) and the ``protocol`` split
-of rabbitmq_global_* moved by real clients: pika (amqp091), paho (mqtt311, mqtt50) and
-stomp.py (counted as amqp091, as RabbitMQ's STOMP adapter's channel is)."""
+of rabbitmq_global_* (publishes; deliveries and acks by queue type) moved by real clients:
+pika (amqp091), paho (mqtt311, mqtt50) and stomp.py (counted as amqp091, as RabbitMQ's STOMP
+adapter's channel is)."""
 from __future__ import annotations
 
 import time
@@ -120,6 +121,18 @@ async def test_global_counters_split_by_protocol(nursery, tmp_path):
         await trio.to_thread.run_sync(_mqtt_publish, mqtt_port, mqtt.MQTTv5, ["split/none"])
         v = values(await _scrape(hb.url + "/metrics"))
         assert _g(v, "rabbitmq_global_consumers", "mqtt311") == 1
+        # the subscriber's two QoS 1 deliveries and paho's PUBACKs, under mqtt311
+        classic = (("protocol", "mqtt311"), ("queue_type", "rabbit_classic_queue"))
+        with trio.fail_after(30):
+            while values(await _scrape(hb.url + "/metrics")).get(
+                    ("rabbitmq_global_messages_acknowledged_total", classic)) != 2:
+                await trio.sleep(0.05)
+        d = values(await _scrape(hb.url + "/metrics"))
+        assert d[("rabbitmq_global_messages_delivered_total", classic)] == 2
+        assert d[("rabbitmq_global_messages_delivered_consume_manual_ack_total", classic)] == 2
+        amqp = (("protocol", "amqp091"), ("queue_type", "rabbit_classic_queue"))
+        assert d[("rabbitmq_global_messages_delivered_total", amqp)] == 0
+        assert d[("rabbitmq_global_messages_acknowledged_total", amqp)] == 0
     finally:
         await trio.to_thread.run_sync(sub.disconnect)
         await trio.to_thread.run_sync(sub.loop_stop)
