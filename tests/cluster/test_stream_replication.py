@@ -5,6 +5,7 @@ follower that was down catching up from its own last chunk."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pika
@@ -27,6 +28,10 @@ def stream_node(tmp_path, etcd, name, secret) -> BrokerProc:
 
 def full_log(broker: BrokerProc) -> str:
     return broker.log_path.read_text(errors="replace")
+
+
+def logged(broker: BrokerProc, text: str) -> None:
+    assert text in full_log(broker), text
 
 
 def chunks(broker: BrokerProc, name: str) -> list[tuple[int, list[tuple[int, bytes]]]]:
@@ -71,11 +76,23 @@ def test_stream_replicas_majority_confirms_and_catch_up(tmp_path, etcd, secret):
         ch = conn.channel()
         ch.queue_declare("s", durable=True, arguments=STREAM)
         for follower in (b, c):
-            eventually(lambda f=follower: "replicating from node 'a'" in full_log(f),
-                       timeout=30)
+            eventually(lambda f=follower: logged(f, "replicating from node 'a'"), timeout=30)
         ch.confirm_delivery()
         for i in range(300):
             ch.basic_publish("", "s", b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        # a stream deleted on the leader: its copies go from the followers' disks too
+        ch.queue_declare("gone", durable=True, arguments=STREAM)
+        ch.basic_publish("", "gone", b"x", pika.BasicProperties(delivery_mode=2))
+        copies = [Path(stream_dir(str(f.data_dir), "/", "gone")) for f in (b, c)]
+        assert any(p.is_dir() for p in copies)  # confirmed: a replica has it
+
+        def copies_made() -> None:
+            assert all(p.is_dir() for p in copies)
+        eventually(copies_made, timeout=30)
+        ch.queue_delete("gone")
+        def copies_gone() -> None:
+            assert [p for p in copies if p.exists()] == []
+        eventually(copies_gone, timeout=30)
         conn.close()
 
         # both followers down: one replica of three, nothing is confirmed ...
@@ -184,8 +201,7 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         conn.channel().queue_declare("s", durable=True, arguments=STREAM)
         conn.close()
         for follower in (b, c):
-            eventually(lambda f=follower: "replicating from node 'a'" in full_log(f),
-                       timeout=30)
+            eventually(lambda f=follower: logged(f, "replicating from node 'a'"), timeout=30)
         bodies = [b"k%05d" % i for i in range(3000)]
         p = Publisher(a, "s", bodies)
         p.start()
@@ -223,7 +239,7 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         # confirmed) is dropped and it copies the new leader's log from the start
         a.start()
         new_name = "b" if leader is b else "c"
-        eventually(lambda: f"replicating from node '{new_name}', from offset 0" in full_log(a),
+        eventually(lambda: logged(a, f"replicating from node '{new_name}', from offset 0"),
                    timeout=60)
         tail = len(got) + 1  # at least: what was read, and "after"
         view = {}
