@@ -121,6 +121,7 @@ def unacked(args) -> None:
             _declare(b.url, "u")
             time.sleep(0.5)
             base = rss_kb(b.pid) or 0
+            base_anon = rss_kb(b.pid, "RssAnon") or 0
             if mode == "unacked":
                 done = threading.Event()
                 threading.Thread(target=_consume_never_ack, args=(b.url, "u", n, done),
@@ -130,8 +131,11 @@ def unacked(args) -> None:
                 done.wait(600)
             time.sleep(4.0)  # the journal pages unacked deliveries out after 1-2 s
             grown = ((rss_kb(b.pid) or 0) - base) * 1024
+            # RssAnon: the heap; the rest is journal segments mapped and read (page cache)
+            anon = ((rss_kb(b.pid, "RssAnon") or 0) - base_anon) * 1024
             print(f"{mode}: {n} x {size} B: RSS +{grown >> 20} MiB, {grown / n:.0f} B per "
-                  f"message, {grown / payload:.2f}x the payload")
+                  f"message, {grown / payload:.2f}x the payload; anonymous {anon / n:.0f} B "
+                  f"per message")
 
 
 def main(argv=None) -> None:
