@@ -1,13 +1,14 @@
 """Restart after kill -9: time to listening and to the first delivery, at several moments.
 
     .venv/bin/python -m bench.recovery [--messages 1000000] [--burst 200000] [--size 16]
-                                       [--store URL] [--keep DIR]
+                                       [--store URL] [--keep DIR] [--priorities N]
 
 1. build the backlog: for the journal (default) the data dir is written offline
    (segments of ``--messages`` persistent enqueues to the durable queue ``backlog``,
    plus a checkpoint covering them, as a clean stop leaves it) -- publishing 10M
-   messages through a client would take most of an hour; for ``--store`` (SQL) the
-   messages are published with confirms;
+   messages through a client would take most of an hour; for ``--store`` (SQL), and
+   for a priority queue (``--priorities N``: x-max-priority N - 1, message i at
+   priority i % N, bursts too), the messages are published with confirms;
 2. moment "checkpoint": start the broker, then kill -9 it at once (nothing to replay
    after the checkpoint);
 3. moment "burst": start it, publish ``--burst`` more persistent messages with confirms
@@ -270,6 +271,8 @@ def main(argv=None) -> int:
                                                   "127.0.0.1:5432, dropped afterwards")
     ap.add_argument("--keep", default=None, help="data dir to use and keep (default: a temp dir)")
     ap.add_argument("--broker-arg", action="append", default=[], help="extra broker argument")
+    ap.add_argument("--priorities", type=int, default=0,
+                    help="a priority queue of that many levels (published, not built offline)")
     args = ap.parse_args(argv)
     print("Command: `" + " ".join([os.path.basename(sys.executable), "-m", "bench.recovery"]
                                   + (argv if argv is not None else sys.argv[1:])) + "`", flush=True)
@@ -291,7 +294,8 @@ def main(argv=None) -> int:
         print(f"empty journal broker: listening after {empty_start:.2f} s "
               f"(load average {os.getloadavg()[0]:.1f})", flush=True)
         t = time.monotonic()
-        if args.store is None:
+        prio = args.priorities
+        if args.store is None and not prio:
             build_journal(data_dir, args.messages, args.size)
             print(f"built a journal of {args.messages:,} messages offline in "
                   f"{time.monotonic() - t:.1f} s", flush=True)
@@ -300,9 +304,10 @@ def main(argv=None) -> int:
             try:
                 c = ra.Connection(p.url, timeout=60)
                 c.channel_open(1)
-                c.queue_declare(1, QUEUE, durable=True)
+                c.queue_declare(1, QUEUE, durable=True,
+                                arguments={"x-max-priority": prio - 1} if prio else None)
                 c.close()
-                publish(p.url, QUEUE, args.messages, args.size)
+                publish(p.url, QUEUE, args.messages, args.size, priorities=prio)
             finally:
                 p.stop()
             print(f"published {args.messages:,} messages in {time.monotonic() - t:.1f} s", flush=True)
@@ -317,7 +322,7 @@ def main(argv=None) -> int:
         # moment 2: killed right after a burst of confirmed publishes
         p, _ = start(data_dir, args.store, extra)
         try:
-            publish(p.url, QUEUE, args.burst, args.size)
+            publish(p.url, QUEUE, args.burst, args.size, priorities=prio)
             before = rss_kb(p.proc.pid) or 0
         finally:
             kill(p)
