@@ -4,7 +4,8 @@ per message) drains them. Against any STOMP server (TrioMQ, RabbitMQ's rabbitmq_
 
     python -m bench.stomp_probe --port 61613 [-n 20000] [--size 100] [--ack auto]
 
-Prints messages/s for both sides. Bounded in time (--timeout)."""
+Prints messages/s for both sides and the broker's CPU per message (from /proc, the process
+listening on --port: root, or the broker's user, can read it). Bounded in time (--timeout)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,8 @@ import time
 import uuid
 
 from broker.stomp.codec import Frame, FrameReader, encode
+
+from .procinfo import cpu_seconds, pid_listening_on
 
 CONNECT = b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00"
 
@@ -42,6 +45,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     q = "stomp-probe-" + uuid.uuid4().hex[:8]
     body = b"x" * args.size
+    pid = pid_listening_on(args.port)
+
+    def cpu() -> float:
+        return (cpu_seconds(pid) or 0.0) if pid is not None else 0.0
+    cpu0 = cpu()
     pub, preader = _connect(args.port, args.timeout)
     send = encode(Frame("SEND", {"destination": f"/queue/{q}"}, body))
     t0 = time.perf_counter()
@@ -53,6 +61,7 @@ def main(argv=None) -> None:
     while not any(f.command == "RECEIPT" for f in got):
         got += preader.feed(pub.recv(65536))
     t_pub = time.perf_counter() - t0
+    cpu_pub = cpu() - cpu0
     n = args.n // 100 * 100 + 1
     sub, sreader = _connect(args.port, args.timeout)
     t0 = time.perf_counter()
@@ -72,10 +81,14 @@ def main(argv=None) -> None:
         if acks:
             sub.sendall(b"".join(acks))
     t_sub = time.perf_counter() - t0
+    cpu_sub = cpu() - cpu0 - cpu_pub
     # leave nothing behind on the server probed
     sub.sendall(encode(Frame("UNSUBSCRIBE", {"id": "s"})) + b"DISCONNECT\n\n\x00")
-    print(f"publish  {n} x {args.size} B: {n / t_pub:,.0f} msg/s ({t_pub:.2f} s)")
-    print(f"consume  ack {args.ack}: {n / t_sub:,.0f} msg/s ({t_sub:.2f} s)")
+    where = f"broker pid {pid}" if pid is not None else "broker CPU unknown"
+    print(f"publish  {n} x {args.size} B: {n / t_pub:,.0f} msg/s ({t_pub:.2f} s), "
+          f"broker CPU {cpu_pub / n * 1e6:.1f} us/msg ({where})")
+    print(f"consume  ack {args.ack}: {n / t_sub:,.0f} msg/s ({t_sub:.2f} s), "
+          f"broker CPU {cpu_sub / n * 1e6:.1f} us/msg")
     pub.close()
     sub.close()
     if args.amqp_url:
