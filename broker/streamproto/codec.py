@@ -860,20 +860,93 @@ def _open_subentry(s: SubEntry, limit: int):
 _CODECS: dict[int, Any] = {}
 
 
+# what the publish path's check inflates at a time: a batch declaring up to max_message_size
+# (a gzip bomb of 128 KiB declares 128 MiB) is walked in windows, never held whole
+CHECK_WINDOW = 1 << 16
+
+
+def _pieces(s: SubEntry):
+    """The batch's records area in pieces of at most CHECK_WINDOW (as received when not
+    compressed), stopping one octet past the declared size."""
+    if s.compression == COMPRESSION_NONE:
+        yield s.data
+        return
+    try:
+        codec = _CODECS[s.compression]
+    except KeyError:
+        codec = _CODECS[s.compression] = _codec(s.compression)
+    if codec is None:
+        raise CompressionError(PRECONDITION_FAILED,
+                               f"compression type {s.compression} not supported")
+    budget = s.uncompressed_size + 1
+    try:
+        if s.compression == COMPRESSION_GZIP:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            tail = bytes(s.data)
+            while budget > 0:
+                piece = d.decompress(tail, min(CHECK_WINDOW, budget))
+                if not piece:
+                    break
+                budget -= len(piece)
+                yield piece
+                tail = d.unconsumed_tail
+        elif s.compression == COMPRESSION_ZSTD:
+            import zstandard
+            reader = zstandard.ZstdDecompressor().stream_reader(bytes(s.data))
+            while budget > 0:
+                piece = reader.read(min(CHECK_WINDOW, budget))
+                if not piece:
+                    break
+                budget -= len(piece)
+                yield piece
+        else:  # lz4
+            import lz4.frame
+            lz = lz4.frame.LZ4FrameDecompressor()
+            data = bytes(s.data)
+            while budget > 0 and not lz.eof:
+                piece = lz.decompress(data, max_length=min(CHECK_WINDOW, budget))
+                data = b""
+                if not piece:
+                    break
+                budget -= len(piece)
+                yield piece
+    except CompressionError:
+        raise
+    except Exception as exc:  # each library has its own errors for corrupt input
+        raise CompressionError(PRECONDITION_FAILED,
+                               f"corrupt sub-entry batch: {exc}") from None
+
+
 def check_subentry(s: SubEntry, limit: int) -> None:
     """What ``subentry_records`` checks, without copying the records out (the publish
-    path: the batch is stored as it came)."""
-    raw = _open_subentry(s, limit)
-    unpack = _U32.unpack_from
-    pos, end = 0, len(raw)
-    for _ in range(s.count):
-        if pos + 4 > end:
+    path: the batch is stored as it came), inflating a window at a time."""
+    if s.uncompressed_size > limit:
+        raise CompressionError(PRECONDITION_FAILED, "sub-entry batch too large")
+    unpack = _U32.unpack
+    total = records = skip = 0
+    head = b""  # a record's length field cut between two pieces
+    for piece in _pieces(s):
+        total += len(piece)
+        if total > s.uncompressed_size:
             break
-        pos += 4 + unpack(raw, pos)[0]
-    else:
-        if pos == end:
-            return
-    raise CompressionError(PRECONDITION_FAILED, "sub-entry records do not add up")
+        pos, end = 0, len(piece)
+        while pos < end:
+            if skip:
+                n = min(skip, end - pos)
+                skip -= n
+                pos += n
+                continue
+            take = bytes(piece[pos:pos + 4 - len(head)])
+            head += take
+            pos += len(take)
+            if len(head) == 4:
+                skip = unpack(head)[0]
+                records += 1
+                head = b""
+    if total != s.uncompressed_size:
+        raise CompressionError(PRECONDITION_FAILED, "sub-entry size mismatch")
+    if records != s.count or skip or head:
+        raise CompressionError(PRECONDITION_FAILED, "sub-entry records do not add up")
 
 
 def subentry_records(s: SubEntry, limit: int) -> list[bytes]:

@@ -315,3 +315,33 @@ def test_consumer_update_answer_may_carry_a_value_after_first_last_next():
             c.ConsumerUpdateResponse(7, c.OK, (kind, 0))
     with pytest.raises(c.FrameError):  # a value of another length is still refused
         c.decode(c.CONSUMER_UPDATE | c.RESPONSE, 1, struct.pack(">IHHI", 7, c.OK, 1, 0))
+
+
+@pytest.mark.parametrize("kind,compress", [
+    (c.COMPRESSION_GZIP, gzip.compress),
+    (c.COMPRESSION_ZSTD, lambda b: zstandard.ZstdCompressor().compress(b)),
+    (c.COMPRESSION_LZ4, lz4.frame.compress),
+])
+def test_publish_check_inflates_a_window_at_a_time(kind, compress):
+    """A bomb that declares its true size (64 MiB from a few KiB) passes the publish path's
+    check with a few windows held, not the whole (before: 64 MiB at once; eight in one
+    frame took a 256 MiB broker to 248 MiB); records cut across windows still add up."""
+    import tracemalloc
+    size = 64 << 20
+    raw = struct.pack(">I", size - 4) + bytes(size - 4)
+    bomb = c.SubEntry(kind, 1, size, compress(raw))
+    del raw
+    tracemalloc.start()
+    try:
+        c.check_subentry(bomb, 128 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * c.CHECK_WINDOW, peak
+    records = [bytes([i % 251]) * (c.CHECK_WINDOW - 3 + i) for i in range(7)]
+    raw = _raw(records)
+    c.check_subentry(c.SubEntry(kind, 7, len(raw), compress(raw)), 1 << 20)
+    for count, cut in ((6, 0), (8, 0), (7, 1)):
+        bad = c.SubEntry(kind, count, len(raw) - cut, compress(raw[:len(raw) - cut]))
+        with pytest.raises(c.CompressionError):
+            c.check_subentry(bad, 1 << 20)

@@ -4,6 +4,8 @@ connection, the broker and other clients go on (bench/hostile_edges.py measures 
 against a subprocess with a memory limit)."""
 from __future__ import annotations
 
+import struct
+
 import trio
 
 from broker.streamproto import codec as c
@@ -26,4 +28,37 @@ async def test_a_super_stream_past_the_partition_bound_is_refused_at_once(broker
     assert "hs" not in vhost.exchanges and "hs-0" not in vhost.queues
     code, _ = await cl.request(c.CreateSuperStream(cl.cid(), "hs", parts[:3],
                                                    ["0", "1", "2"], {}))
+    assert code == c.OK
+
+
+def _create_frame(corr: int, raw_name: bytes) -> bytes:
+    frame = struct.pack(">HHI", c.CREATE, 1, corr) + struct.pack(">H", len(raw_name)) \
+        + raw_name + struct.pack(">i", 0)
+    return struct.pack(">I", len(frame)) + frame
+
+
+async def test_odd_names_get_a_response_code(broker):
+    """A name past 255 bytes (the longest a string can be: 32,767) is refused with its code;
+    one that is not UTF-8 is a frame the codec refuses: Close with unknown frame."""
+    cl = await login(broker)
+    await cl.send(_create_frame(11, b"n" * 32767))
+    frame = await cl.next(0x8000 | c.CREATE)
+    assert struct.unpack_from(">IH", frame[2]) == (11, c.PRECONDITION_FAILED)
+    code, _ = await cl.request(c.Create(cl.cid(), "a\0b", {}))  # any UTF-8, as RabbitMQ
+    assert code == c.OK
+    await cl.send(_create_frame(12, b"a\xff\xfeb"))
+    frame = await cl.next(c.CLOSE)
+    assert struct.unpack_from(">IH", frame[2])[1] == c.UNKNOWN_FRAME
+    other = await login(broker)
+    assert (await other.request(c.Create(other.cid(), "fine", {})))[0] == c.OK
+
+
+async def test_offsets_past_the_log_and_negative_timestamps(broker):
+    cl = await login(broker)
+    assert (await cl.request(c.Create(cl.cid(), "offs", {})))[0] == c.OK
+    for sub, spec in enumerate([(c.OFFSET_OFFSET, (1 << 64) - 1), (c.OFFSET_TIMESTAMP, -1),
+                                (c.OFFSET_TIMESTAMP, -(1 << 63))]):
+        code, _ = await cl.request(c.Subscribe(cl.cid(), sub, "offs", spec, 65535, {}))
+        assert code == c.OK, spec
+    code, _ = await cl.request(c.Create(cl.cid(), "still-served", {}))
     assert code == c.OK
