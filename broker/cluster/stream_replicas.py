@@ -32,6 +32,9 @@ confirmed once a majority of the stream's replica group has the chunk committed.
 * **Reads.** Stream-protocol consumers on a follower's node read its replica (Subscribe,
   Metadata and StreamStats find it: ``StreamSession._readable``); AMQP consumers read
   through the leader (forwarding).
+* **Metadata** names the leader's listener and the other members' (``placement``), as
+  RabbitMQ answers, so a Stream-protocol publisher connected to any node goes on to the
+  leader (rstream does).
 * Not built: a replica whose tail is behind the leader's retention stops with a logged
   ``ReplicaGap``.
 """
@@ -284,6 +287,27 @@ class StreamReplicas:
         log.warning("stream %r in vhost %r: leader on this node now (epoch %d, log up to "
                     "offset %d, old leader %r)", key[1], key[0], epoch,
                     q.log.committed_offset, follower.leader)
+
+    def placement(self, vhost: str, name: str, here: tuple[str, int]
+                  ) -> tuple[tuple[str, int], list[tuple[str, int]]] | None:
+        """The Stream-protocol addresses of a stream's leader and of its other members
+        that have one (``here``: this node's, as the client reached it), for Metadata;
+        None when the group or its leader's address is not known."""
+        key = (vhost, name)
+        group = self.groups.get(key)
+        leader = self.store.master_of(*key)
+        if group is None or leader is None:
+            return None
+        me = self.store.node.name
+
+        def address(node: str) -> tuple[str, int] | None:
+            return here if node == me else self.addresses.get(node)
+        lead = address(leader)
+        if lead is None:
+            return None
+        others = [a for n in group.get("members", []) if n != leader
+                  and (a := address(n)) is not None]
+        return lead, others
 
     def local_log(self, vhost: str, name: str) -> StreamLog | None:
         """This node's copy of a stream led elsewhere, while it is being kept (Stream

@@ -443,13 +443,25 @@ class StreamSession:
 
     def _metadata(self, cmd: codec.Metadata) -> None:
         streams: list[tuple[str, int, int, list[int]]] = []
+        refs: dict[tuple[str, int], int] = {}
+
+        def ref(address: tuple[str, int]) -> int:
+            return refs.setdefault(address, len(refs))
+        replicas = getattr(self.broker.store, "stream_replicas", None)
         for name in cmd.streams:
-            if self._readable(name) is not None:
-                streams.append((name, codec.OK, 0, []))
-            else:
+            if self._readable(name) is None:
                 streams.append((name, codec.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
-        brokers = [(0, self.local_host, self.local_port)] \
-            if any(s[1] == codec.OK for s in streams) else []
+                continue
+            # in a cluster: the leader's listener (where a publisher must go) and the
+            # replicas', as RabbitMQ answers; else this node alone
+            where = replicas.placement(self.vhost.name, name, (self.local_host,
+                                                                self.local_port)) \
+                if replicas is not None else None
+            if where is None:
+                streams.append((name, codec.OK, ref((self.local_host, self.local_port)), []))
+            else:
+                streams.append((name, codec.OK, ref(where[0]), [ref(a) for a in where[1]]))
+        brokers = [(r, host, port) for (host, port), r in refs.items()]
         self.conn.send(codec.encode_metadata(cmd.correlation_id, brokers, streams))
 
     def _stream_stats(self, cmd: codec.StreamStats) -> None:

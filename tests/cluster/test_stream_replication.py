@@ -170,6 +170,18 @@ def rstream_bodies(port: int, stream: str, want: set) -> list[bytes]:
     return asyncio.run(go())
 
 
+def rstream_publish(port: int, stream: str, body: bytes) -> None:
+    import asyncio
+
+    from rstream import AMQPMessage, Producer
+
+    async def go() -> None:
+        async with Producer("127.0.0.1", port=port, username="guest",
+                            password="guest") as p:
+            await asyncio.wait_for(p.send_wait(stream, AMQPMessage(body=body)), 60)
+    asyncio.run(go())
+
+
 def pika_bodies(broker: BrokerProc, stream: str, want: set) -> list[bytes]:
     conn = broker.connect()
     try:
@@ -234,6 +246,9 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         p.start()
         p.join(60)
         assert p.confirmed == [b"after"], p.error
+        # an rstream publisher connected to a follower's node: Metadata sends it on to the
+        # leader, where its publish is confirmed
+        rstream_publish(other.stream_port, "s", b"via-stream")
 
         # the deposed leader comes back: its stale copy (it may hold chunks never
         # confirmed) is dropped and it copies the new leader's log from the start
@@ -241,7 +256,7 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         new_name = "b" if leader is b else "c"
         eventually(lambda: logged(a, f"replicating from node '{new_name}', from offset 0"),
                    timeout=60)
-        tail = len(got) + 1  # at least: what was read, and "after"
+        tail = len(got) + 2  # at least: what was read, "after" and "via-stream"
         view = {}
 
         def caught_up() -> None:
