@@ -26,8 +26,12 @@ def broker_of(request: Request):
 
 def param(request: Request, name: str) -> str:
     """A path parameter, percent-decoded (paths are matched still encoded, so that a vhost
-    ``%2F`` stays one segment as in RabbitMQ)."""
-    return unquote(request.path_params[name])
+    ``%2F`` stays one segment as in RabbitMQ). Not UTF-8: 400 (decoded with U+FFFD in place
+    of the bytes, another name than the one asked for would be made)."""
+    try:
+        return unquote(request.path_params[name], errors="strict")
+    except UnicodeDecodeError:
+        raise ApiError(400, f"path segment '{name}' is not valid UTF-8") from None
 
 
 def vhost_or_404(broker, name: str, creating: bool = False):

@@ -175,3 +175,19 @@ async def test_super_stream_partitions_bounded_400_naming_the_field(api, http_br
         assert r.status_code == 400, (body.keys(), r.status_code, r.text[:200])
         assert f"field '{field}'" in _reason(r)
     assert "hss" not in http_broker.broker.vhosts["/"].exchanges
+
+
+async def test_path_names_not_utf8_are_400(api, http_broker):
+    """A percent-encoded name that is not UTF-8 was decoded with U+FFFD in place of the
+    bytes and a different name than the one asked for was created (201)."""
+    vhost = http_broker.broker.vhosts["/"]
+    before = set(vhost.queues)
+    for path in ("/api/queues/%2F/a%FFb", "/api/exchanges/%2F/x%C3", "/api/vhosts/v%FE",
+                 "/api/stream/super-streams/%2F/s%FF"):
+        body = {"partitions": 1} if "super" in path else {}
+        r = await api.put(path, json=body)
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        assert "UTF-8" in _reason(r)
+    assert set(vhost.queues) == before
+    r = await api.put("/api/queues/%2F/a%00b", json={})  # any UTF-8, as RabbitMQ
+    assert r.status_code == 201, r.text[:200]
