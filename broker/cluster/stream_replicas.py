@@ -346,6 +346,7 @@ class _Follower:
 
     async def _follow(self) -> None:
         lg = self.log = self.broker.streams.open(self.vhost, self.name)
+        lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
         try:
             while True:
                 try:

@@ -739,7 +739,7 @@ class StreamSession:
 
     def _attach(self, sub: Subscription, start) -> None:
         lg = sub.queue.log
-        sub.reader = lg.reader(start)
+        sub.reader = lg.reader(start, replica=sub.replica)
         sub.listener = lambda: self._feed(sub)
         lg.listeners.append(sub.listener)
         self._feed(sub)

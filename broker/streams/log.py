@@ -51,7 +51,9 @@ API (for the AMQP stream queue and the Stream protocol):
   ``-> (first, last)``: one chunk of already-encoded entries (simple or sub-batch).
 * ``when_durable(offset, callback)``: ``callback()`` once ``offset`` is committed (and,
   while the log leads a replica group, on a majority of it: ``set_replicas(nodes,
-  group_size)``, ``replica_acked(node, offset)``, ``durable_offset``).
+  group_size)``, ``replica_acked(node, offset)``, ``durable_offset``); its readers then
+  read up to ``readable_offset`` (the majority's), a replica's (``reader(start,
+  replica=True)``) up to the local commit.
 * ``append_replica_chunk(chunk)``: a leader's chunk (header, filter, entries) written
   verbatim at the replica's tail (same offsets, chunk ids, timestamps; ``ReplicaGap``
   when it does not start there). ``Chunk.raw()``: a chunk as the log holds it.
@@ -660,8 +662,12 @@ class StreamLog:
         replicas = self._replicas
         if replicas is None or node not in replicas or offset <= replicas[node]:
             return
+        before = self.durable_offset
         replicas[node] = offset
         self._release()
+        if self.durable_offset > before:  # consumers may read further now
+            for listener in list(self.listeners):
+                listener()
 
     @property
     def group_size(self) -> int:
@@ -821,8 +827,17 @@ class StreamLog:
             os.close(fd)
 
     # ---- reading ----
-    def reader(self, start: str | int | Timestamp = "next") -> Reader:
-        return Reader(self, self._resolve(start))
+    def reader(self, start: str | int | Timestamp = "next", replica: bool = False) -> Reader:
+        """A reader from ``start``; it reads what ``readable_offset`` allows, or with
+        ``replica`` (another node copying this log) everything committed here."""
+        return Reader(self, self._resolve(start), replica)
+
+    @property
+    def readable_offset(self) -> int:
+        """The last offset consumers may read: committed here and, while the log leads a
+        replica group, on a majority of it (a consumer never sees a chunk a failover can
+        lose), as RabbitMQ's stream readers stop at the commit."""
+        return self.committed_offset if self._replicas is None else self.durable_offset
 
     def _resolve(self, start) -> int:
         """The offset a reader attached at ``start`` reads from (the first offset of a
@@ -921,8 +936,9 @@ class StreamLog:
 class Reader:
     """A cursor over committed chunks; holds one open segment file at a time."""
 
-    def __init__(self, stream: StreamLog, offset: int):
+    def __init__(self, stream: StreamLog, offset: int, replica: bool = False):
         self.log = stream
+        self.replica = replica  # reads up to the local commit, not the majority's
         self.next_offset = offset  # the first offset not yet returned
         self._seg: _Segment | None = None
         self._fd: int | None = None
@@ -953,7 +969,8 @@ class Reader:
         filter alone whether a chunk is read; a refused chunk's data is never read. A
         reader left behind by retention continues at the first offset still stored."""
         lg = self.log
-        if lg.closed or self.next_offset > lg.committed_offset:
+        limit = lg.committed_offset if self.replica else lg.readable_offset
+        if lg.closed or self.next_offset > limit:
             return None
         if self.next_offset < lg.first_offset:
             self.next_offset = lg.first_offset
@@ -973,7 +990,7 @@ class Reader:
                 continue
             header = CHUNK_HEADER.unpack(raw)
             first, nrec, flen, dlen, tlen = header[6], header[3], header[10], header[8], header[9]
-            if first > lg.committed_offset:
+            if first > limit:
                 return None
             size = CHUNK_HEADER.size + flen + dlen + tlen
             if first + nrec <= self.next_offset:
@@ -997,7 +1014,9 @@ class Reader:
     @property
     def more(self) -> bool:
         """Committed chunks remain past ``next_offset``."""
-        return not self.log.closed and self.next_offset <= self.log.committed_offset
+        lg = self.log
+        return not lg.closed and self.next_offset <= (
+            lg.committed_offset if self.replica else lg.readable_offset)
 
     def _close_fd(self) -> None:
         if self._fd is not None:

@@ -465,3 +465,22 @@ def test_a_new_segment_is_not_fsynced_on_the_loop_but_by_the_next_commit(tmp_pat
     lg.commit()
     assert synced.count("dir") == 0
     lg.close()
+
+
+def test_a_leaders_readers_stop_at_the_majority_and_replicas_read_its_commit(tmp_path):
+    lg = StreamLog(str(tmp_path / "s"))
+    lg.set_replicas(["b", "c"], 3)
+    woken: list = []
+    lg.listeners.append(lambda: woken.append(lg.readable_offset))
+    consumer, copier = lg.reader("first"), lg.reader("first", replica=True)
+    lg.append([b"one", b"two"])
+    lg.commit()
+    assert consumer.next_chunk() is None and not consumer.more  # on 1 of 3 only
+    assert [r for _o, r in copier.next_chunk().records()] == [b"one", b"two"]
+    lg.replica_acked("b", 1)
+    assert woken[-1] == 1  # told: more to read
+    assert [r for _o, r in consumer.next_chunk().records()] == [b"one", b"two"]
+    lg.set_replicas(None)
+    lg.append([b"three"])
+    lg.commit()
+    assert [r for _o, r in consumer.next_chunk().records()] == [b"three"]
