@@ -66,6 +66,8 @@ HEARTBEAT_S = 20.0  # what a follower sends while idle (the leader's heartbeat i
 
 def initial_cluster_size(q: StreamQueue, live: int) -> int:
     value = q.arguments.get("x-initial-cluster-size")
+    if isinstance(value, (str, bytes)) and value.strip().isdigit():
+        value = int(value)  # the Stream protocol's Create passes its arguments as strings
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return min(value, live)
     return min(3, live)

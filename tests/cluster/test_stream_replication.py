@@ -278,3 +278,19 @@ def api_stream(broker: BrokerProc, name: str) -> dict:
                   timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def test_replica_placement_and_initial_cluster_size():
+    from broker.cluster.stream_replicas import initial_cluster_size, place
+
+    class Stream:
+        def __init__(self, arguments):
+            self.arguments = arguments
+    assert place("b", ["a", "b", "c", "d"], 3) == ["b", "c", "d"]
+    assert place("c", ["a", "b", "c", "d"], 3) == ["c", "d", "a"]  # after it, wrapping
+    assert place("a", ["a"], 3) == ["a"]
+    assert initial_cluster_size(Stream({}), 5) == 3  # RabbitMQ's default
+    assert initial_cluster_size(Stream({}), 2) == 2  # at most the live nodes
+    assert initial_cluster_size(Stream({"x-initial-cluster-size": 5}), 4) == 4
+    assert initial_cluster_size(Stream({"x-initial-cluster-size": "1"}), 3) == 1
+    assert initial_cluster_size(Stream({"x-initial-cluster-size": 0}), 3) == 3
