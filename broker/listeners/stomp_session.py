@@ -786,9 +786,15 @@ def _queue_arguments(h: dict) -> dict:
     for k, v in h.items():
         if k.startswith("x-") and k not in ("x-delay",):
             try:
-                args[k] = int(v)
+                n = int(v)
             except ValueError:
                 args[k] = v
+                continue
+            # no AMQP field holds more: a durable queue's arguments could not be stored
+            if not -(1 << 63) <= n < 1 << 63:
+                raise StompError("Invalid header",
+                                 f"'{k}' is out of the signed 64-bit range: '{v[:40]}'\n")
+            args[k] = n
     return args
 
 

@@ -142,3 +142,38 @@ async def test_disconnect_receipt_waits_for_the_receipts_held_for_the_store(nurs
         await stream.aclose()
     finally:
         await server.shutdown()
+
+
+@pytest.fixture
+async def journal_stomp_broker(nursery, tmp_path):
+    from broker.persistence.journal import JournalStore
+    broker = Broker(Config(host="127.0.0.1", port=0, data_dir=str(tmp_path / "data"),
+                           memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0,
+                           stomp_port=0), JournalStore(str(tmp_path / "journal")))
+    server = Server(broker)
+    await nursery.start(server.serve, "127.0.0.1", 0)
+    with trio.fail_after(10):
+        while "stomp" not in broker.stomp.ports:  # noqa: ASYNC110 - binds after AMQP
+            await trio.sleep(0.01)
+    yield broker
+    await server.shutdown()
+
+
+@pytest.mark.parametrize("command", ["SUBSCRIBE", "SEND"])
+async def test_a_queue_argument_past_64_bits_is_an_error_frame(journal_stomp_broker, command):
+    """An x-* header declaring a durable queue with a number no AMQP field holds: an ERROR
+    frame naming the header (before: struct.error in the store's check, the connection
+    dropped without a word and a traceback logged), nothing declared, the broker goes on."""
+    stomp_broker = journal_stomp_broker
+    stream, reader = await _connect(stomp_broker)
+    headers = {"destination": "/queue/huge-arg", "id": "1", "receipt": "r",
+               "x-max-length": "-99999999999999999999"}
+    await stream.send_all(encode(Frame(command, headers, b"")))
+    error = (await _frames(stream, reader, 1))[0]
+    assert error.command == "ERROR", error
+    assert "x-max-length" in error.body.decode() + error.headers.get("message", "")
+    assert "huge-arg" not in stomp_broker.vhosts["/"].queues
+    stream2, reader2 = await _connect(stomp_broker)
+    await stream2.send_all(encode(Frame("SUBSCRIBE", {"destination": "/queue/fine", "id": "1",
+                                                      "receipt": "ok"}, b"")))
+    assert (await _frames(stream2, reader2, 1))[0].command == "RECEIPT"
