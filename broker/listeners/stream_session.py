@@ -369,11 +369,7 @@ class StreamSession:
         self._respond(cmd, codec.OK)
 
     def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
-        arguments: dict[str, Any] = {"x-queue-type": "stream"}
-        for key, value in create_args.items():
-            if key in _CREATE_ARGS and value is not None:
-                arguments[_CREATE_ARGS[key]] = int(value) \
-                    if value.isdigit() and key != "max-age" else value
+        arguments: dict[str, Any] = {"x-queue-type": "stream", **_arguments(create_args)}
         m = spec.Queue.Declare(queue=name, durable=True, auto_delete=False, exclusive=False,
                                arguments=arguments)
         return self.vhost.declare_queue(m, None)  # type: ignore[return-value]
@@ -397,13 +393,8 @@ class StreamSession:
         if name in vhost.exchanges or any(part in vhost.queues for part in parts):
             self._respond(cmd, codec.STREAM_ALREADY_EXISTS)
             return
-        arguments: dict[str, Any] = {}
-        for key, value in cmd.arguments.items():
-            if key in _CREATE_ARGS and value is not None:
-                arguments[_CREATE_ARGS[key]] = int(value) \
-                    if value.isdigit() and key != "max-age" else value
         try:
-            super_streams.declare(vhost, name, list(parts), list(keys), arguments)
+            super_streams.declare(vhost, name, list(parts), list(keys), _arguments(cmd.arguments))
         except errors.AMQPError as exc:
             log.info("stream connection %s: super stream %r refused: %s", self.peer, name,
                      exc.text)
@@ -954,6 +945,22 @@ def _audit_message(record, stream: str) -> Message:
     message = Message(exchange, stream, raw, properties, body)
     message.persistent = True
     return message
+
+
+def _arguments(create_args: dict) -> dict[str, Any]:
+    """Create's arguments as queue arguments: digits as numbers (str.isdigit takes '²',
+    which int refuses, and any length: precondition failed past a signed 64-bit)."""
+    arguments: dict[str, Any] = {}
+    for key, value in create_args.items():
+        if key in _CREATE_ARGS and value is not None:
+            if value.isascii() and value.isdigit() and key != "max-age":
+                if len(value) > 19 or int(value) >= 1 << 63:
+                    raise errors.precondition_failed("stream argument '%s' out of range: %s",
+                                                     key, value[:40])
+                arguments[_CREATE_ARGS[key]] = int(value)
+            else:
+                arguments[_CREATE_ARGS[key]] = value
+    return arguments
 
 
 def _valid_name(name: str) -> bool:

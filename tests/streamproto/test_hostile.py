@@ -62,3 +62,15 @@ async def test_offsets_past_the_log_and_negative_timestamps(broker):
         assert code == c.OK, spec
     code, _ = await cl.request(c.Create(cl.cid(), "still-served", {}))
     assert code == c.OK
+
+
+async def test_create_arguments_no_field_holds_are_refused_with_a_code(broker):
+    """Digits that int() refuses ('²' is a digit to str.isdigit; 5,000 digits pass Python's
+    limit) or numbers past 64 bits: precondition failed, the connection goes on."""
+    cl = await login(broker)
+    for value in ("²", "9" * 5000, "9" * 20):
+        code, _ = await cl.request(c.Create(cl.cid(), "argy", {"max-length-bytes": value}))
+        assert code == c.PRECONDITION_FAILED, value[:10]
+        assert "argy" not in broker.vhosts["/"].queues
+    code, _ = await cl.request(c.Create(cl.cid(), "argy", {"max-length-bytes": "1000"}))
+    assert code == c.OK
