@@ -425,22 +425,26 @@ def s_super_stream(b: Bench, n: int):
 def s_names(b: Bench):
     s = StreamRaw(b.ports["stream"]).login()
     out = []
-    for label, raw in [("NUL", b"a\0b"), ("invalid UTF-8", b"a\xff\xfeb"),
-                       ("64 KiB", b"n" * 65535)]:
-        frame = struct.pack(">HHI", c.CREATE, 1, 77) + struct.pack(">H", len(raw)) + raw \
-            + struct.pack(">i", 0)
-        s.send(struct.pack(">I", len(frame)) + frame)
-        f = s.next(0x8000 | c.CREATE, 20)
-        if f is None:
-            out.append(f"{label}: connection closed")
-            return "; ".join(out), [s]
-        out.append(f"{label}: {struct.unpack_from('>IH', f[2])[1]}")
     for label, value in [("argument '²'", "²"), ("argument of 5000 digits", "9" * 5000)]:
         code = s.request(c.Create(s.cid(), f"hostile-arg-{os.getpid()}",
                                   {"max-length-bytes": value}))
         out.append(f"{label}: {code}")
         if code == c.OK:
             s.request(c.Delete(s.cid(), f"hostile-arg-{os.getpid()}"))
+    for label, raw in [("NUL", b"a\0b"), ("32 KiB", b"n" * 32767),
+                       ("invalid UTF-8", b"a\xff\xfeb")]:
+        frame = struct.pack(">HHI", c.CREATE, 1, 77) + struct.pack(">H", len(raw)) + raw \
+            + struct.pack(">i", 0)
+        s.send(struct.pack(">I", len(frame)) + frame)
+        try:
+            f = s.next(None, 20)
+        except TimeoutError:
+            f = None
+        if f is None or f[0] == c.CLOSE:
+            what = s.closed_with() if f is None else f"Close({struct.unpack_from('>IH', f[2])[1]})"
+            out.append(f"{label}: {what}")
+            return "; ".join(out), [s]
+        out.append(f"{label}: {struct.unpack_from('>IH', f[2])[1]}")
     return "; ".join(out), [s]
 
 
