@@ -109,6 +109,8 @@ class StreamReplicas:
                     await self._round()
                 except (CoordinationUnavailable, CoordinationError) as exc:
                     log.debug("stream replicas: etcd: %s", exc)
+                except Exception:  # a round that fails is retried; the node keeps serving
+                    log.exception("stream replicas: round failed")
                 await trio.sleep(ROUND_S)
 
     async def _round(self) -> None:
