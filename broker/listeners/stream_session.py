@@ -191,6 +191,7 @@ class StreamSession:
             server_properties={"product": "TrioMQ", "version": _version(),
                                "platform": "Python", "cluster_name": socket.gethostname()})
         self.output_high_water = config.output_high_water
+        self._inflate_budget = config.max_message_size  # reset by every read
         self.wake = lambda: None
         self.output_delay = 0.0
         self.vhost: Any = None
@@ -241,6 +242,9 @@ class StreamSession:
             audit.clock_stop()
 
     def _received(self, data) -> None:
+        # what the compressed sub-entries of one read may inflate to: the check runs on the
+        # event loop, and eight 128 MiB gzip bombs fit one 1 MiB frame (8-13 s of loop)
+        self._inflate_budget = self.broker.config.max_message_size
         for ev in self.conn.receive_data(data):
             if self.ended:
                 break
@@ -558,6 +562,13 @@ class StreamSession:
                 continue
             data = m.data
             if isinstance(data, codec.SubEntry):
+                if data.compression != codec.COMPRESSION_NONE:
+                    if data.uncompressed_size > self._inflate_budget:
+                        log.info("stream connection %s: compressed sub-entries of one read "
+                                 "past %d bytes refused", self.peer, limit)
+                        refused.append((pid, codec.PRECONDITION_FAILED))
+                        continue
+                    self._inflate_budget -= data.uncompressed_size
                 try:
                     codec.check_subentry(data, limit)
                 except codec.CompressionError as exc:
