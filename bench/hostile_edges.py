@@ -382,13 +382,17 @@ def _bomb(size: int) -> c.SubEntry:
     return c.SubEntry(c.COMPRESSION_GZIP, 1, size, gzip.compress(raw, 9))
 
 
-def s_gzip_bomb(b: Bench, batches: int, size: int):
+def s_gzip_bomb(b: Bench, batches: int, size: int, frames: bool = False):
     s = StreamRaw(b.ports["stream"]).login()
     name = f"hostile-bomb-{os.getpid()}"
     s.request(c.Create(s.cid(), name, {}))
     s.request(c.DeclarePublisher(s.cid(), 1, "", name))
     bomb = _bomb(size)
-    frame = c.encode(c.Publish(1, [c.PublishedMessage(i, bomb) for i in range(batches)]))
+    if frames:  # one bomb a frame, back to back
+        frame = b"".join(c.encode(c.Publish(1, [c.PublishedMessage(i, bomb)]))
+                         for i in range(batches))
+    else:
+        frame = c.encode(c.Publish(1, [c.PublishedMessage(i, bomb) for i in range(batches)]))
     s.send(frame)
     codes: dict = {}
     got = 0
@@ -407,8 +411,8 @@ def s_gzip_bomb(b: Bench, batches: int, size: int):
             codes[f"error {code}"] = codes.get(f"error {code}", 0) + n
             got += n
     s.request(c.Delete(s.cid(), name))
-    return (f"{batches} gzip batches of {size / MiB:.0f} MiB each in a {len(frame):,}-octet "
-            f"frame: {codes}"), [s]
+    return (f"{batches} gzip batches of {size / MiB:.0f} MiB each in {len(frame):,} octets "
+            f"({'a frame each' if frames else 'one frame'}): {codes}"), [s]
 
 
 def s_super_stream(b: Bench, n: int):
@@ -618,6 +622,7 @@ ATTACKS = {
     "stream-publish-undeclared": (s_publish_undeclared,),
     "stream-offsets-credit": (s_offsets,),
     "stream-gzip-bomb": (s_gzip_bomb, 8, 128 * MiB - 64),
+    "stream-gzip-bombs": (s_gzip_bomb, 16, 128 * MiB - 64, True),
     "stream-names": (s_names,),
     "stream-super-1000": (s_super_stream, 1000),
     "stream-super-10000": (s_super_stream, 10000),
