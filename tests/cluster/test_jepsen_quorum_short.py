@@ -25,3 +25,21 @@ def test_quorum_failover_loses_nothing_confirmed():
     assert result["confirmed"] > 100
     for fault in result["faults"]:
         assert fault["failover_s"] <= 2.0 + 8.0, fault  # TTL + a few s (shared machine)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not os.path.exists(ETCD), reason="etcd is not installed")
+def test_quorum_rolling_restart_with_kombu_loses_nothing_confirmed():
+    """kombu (confirm_publish, a failover list of URLs) as the workload's client through a
+    rolling restart of the three nodes: each stopped cleanly and started again, the next
+    once every queue is back in sync."""
+    result = run_mirrored(rounds=1, nemeses=("rolling-restart",), nodes=3, producers=2,
+                          consumers=1, queues=2, pause=4.0, ttl=2.0, queue_type="quorum",
+                          client="kombu")
+    print(f"\n[jepsen quorum kombu rolling] {result}")
+    assert "kombu clients" in result["topology"]
+    assert result["stuck"] is None
+    assert result["lost"] == 0, result["lost_ids"]
+    assert result["nacked_delivered"] == 0
+    assert result["confirmed"] > 100
+    assert result["faults"][0]["nemesis"] == "rolling-restart"
