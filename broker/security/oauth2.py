@@ -27,6 +27,7 @@ the answer until the token's exp; the protocols' edges await it before their ses
 the login (``Access.needs_introspection``), which then reads the cache."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -45,7 +46,14 @@ PERMISSIONS = ("configure", "write", "read")
 ASYMMETRIC = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256")
 JWKS_MIN_INTERVAL = 1.0  # seconds between two fetches asked for by unknown kids
 EXPIRY_CHECK_INTERVAL = 0.5  # seconds between two sweeps for expired tokens
-INTROSPECTION_TIMEOUT = 10.0  # seconds an introspection request may take
+# seconds an introspection request may take in all (httpx's own timeout is per read: an
+# endpoint trickling its answer would hold the logins waiting for it for ever)
+INTROSPECTION_TIMEOUT = 10.0
+INTROSPECTION_MAX_ANSWER = 64 * 1024  # octets of an answer read at most
+INTROSPECTIONS_IN_FLIGHT = 32  # requests at once; more logins wait for one to end
+# an opaque token longer than this is no token (not asked about): a client's password
+# would otherwise travel to the endpoint and sit in the cache whatever its size
+OPAQUE_TOKEN_MAX = 4096
 INTROSPECTED_MAX = 10_000  # answers kept (the oldest go first beyond that)
 # an inactive token's answer is kept this long (a client retrying in a loop costs one
 # request per period, not one per attempt); an active one until its exp
@@ -111,6 +119,10 @@ def wildcard(pattern: str) -> re.Pattern:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
 def looks_like_jwt(secret: str) -> bool:
     parts = secret.split(".")
     return len(parts) == 3 and all(parts[:2]) and len(secret) > 20
@@ -125,25 +137,29 @@ class OAuth2:
         self.jwks_fetched = 0  # successful fetches (tests wait on it)
         for kid, path in config.signing_keys.items():
             self.keys[kid] = Path(path).read_bytes()
-        #: token -> (its user, or None: inactive or refused; valid until, epoch seconds)
-        self.introspected: dict[str, tuple[TokenUser | None, float]] = {}
-        self._introspecting: dict[str, trio.Event] = {}  # requests in flight, by token
+        #: the token's digest (``_digest``) -> (its user, or None: inactive or refused; valid
+        #: until, epoch seconds); a digest, so that an entry's size does not depend on the token
+        self.introspected: dict[bytes, tuple[TokenUser | None, float]] = {}
+        self._introspecting: dict[bytes, trio.Event] = {}  # requests in flight, by digest
+        self._in_flight = trio.CapacityLimiter(INTROSPECTIONS_IN_FLIGHT)
         self.introspections = 0  # requests made (tests count them)
 
     # ---------------------------------------------------------------- introspection
     def needs_introspection(self, token: str) -> bool:
         """True when ``token`` is an opaque token whose answer is not known (yet or any
         more): the login waits for ``introspect`` before it is decided."""
-        if self.config.introspection_url is None or not token or looks_like_jwt(token):
+        if self.config.introspection_url is None or not token \
+                or len(token) > OPAQUE_TOKEN_MAX or looks_like_jwt(token):
             return False
-        cached = self.introspected.get(token)
+        cached = self.introspected.get(_digest(token))
         return cached is None or cached[1] <= time.time()
 
     def introspected_user(self, token: str) -> tuple[bool, TokenUser | None]:
         """(known, user): the cached answer about an opaque token (user None: inactive)."""
-        if self.config.introspection_url is None or looks_like_jwt(token):
+        if self.config.introspection_url is None or len(token) > OPAQUE_TOKEN_MAX \
+                or looks_like_jwt(token):
             return False, None
-        cached = self.introspected.get(token)
+        cached = self.introspected.get(_digest(token))
         if cached is None or cached[1] <= time.time():
             return False, None
         user = cached[0]
@@ -155,16 +171,24 @@ class OAuth2:
         """Ask the introspection endpoint about ``token`` (once for concurrent logins with the
         same token) and cache the answer: active until its exp, inactive or failed for
         ``INACTIVE_TTL``. Never raises: a failure is an inactive answer, logged."""
-        pending = self._introspecting.get(token)
-        if pending is not None:
+        key = _digest(token)
+        while (pending := self._introspecting.get(key)) is not None:
             await pending.wait()
-            return
-        done = self._introspecting[token] = trio.Event()
+            if not self.needs_introspection(token):
+                return
+            # the login that asked was cancelled (its connection closed) before the answer
+        done = self._introspecting[key] = trio.Event()
         try:
-            user, until = await self._ask(token)
-            self._remember(token, user, until)
+            async with self._in_flight:
+                with trio.move_on_after(INTROSPECTION_TIMEOUT) as scope:
+                    user, until = await self._ask(token)
+            if scope.cancelled_caught:
+                log.warning("OAuth 2: token introspection at %s failed: no answer within "
+                            "%s s", self.config.introspection_url, INTROSPECTION_TIMEOUT)
+                user, until = None, time.time() + INACTIVE_TTL
+            self._remember(key, user, until)
         finally:
-            del self._introspecting[token]
+            del self._introspecting[key]
             done.set()
 
     async def _ask(self, token: str) -> tuple[TokenUser | None, float]:
@@ -177,13 +201,19 @@ class OAuth2:
                 if config.introspection_client_id else None)
         self.introspections += 1
         try:
-            async with httpx.AsyncClient(timeout=INTROSPECTION_TIMEOUT) as client:
-                r = await client.post(config.introspection_url, data={
-                    "token": token, "token_type_hint": "access_token"},
-                    auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT,
-                    headers={"Accept": "application/json"})
-            r.raise_for_status()
-            claims = r.json()
+            async with httpx.AsyncClient(timeout=INTROSPECTION_TIMEOUT) as client, \
+                    client.stream("POST", config.introspection_url, data={
+                        "token": token, "token_type_hint": "access_token"},
+                        auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT,
+                        headers={"Accept": "application/json"}) as r:
+                r.raise_for_status()
+                body = bytearray()
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if len(body) > INTROSPECTION_MAX_ANSWER:
+                        raise ValueError(
+                            f"the answer is longer than {INTROSPECTION_MAX_ANSWER} octets")
+            claims = json.loads(body)
             if not isinstance(claims, dict):
                 raise ValueError("the answer is not a JSON object")
         except (httpx.HTTPError, ValueError) as exc:
@@ -212,7 +242,7 @@ class OAuth2:
         until = float(exp) if isinstance(exp, (int, float)) else now + ACTIVE_TTL_WITHOUT_EXP
         return user, until
 
-    def _remember(self, token: str, user: TokenUser | None, until: float) -> None:
+    def _remember(self, key: bytes, user: TokenUser | None, until: float) -> None:
         cache = self.introspected
         if len(cache) >= INTROSPECTED_MAX:
             now = time.time()
@@ -220,8 +250,8 @@ class OAuth2:
                 del cache[key]
             while len(cache) >= INTROSPECTED_MAX:
                 del cache[next(iter(cache))]
-        cache.pop(token, None)
-        cache[token] = (user, until)
+        cache.pop(key, None)
+        cache[key] = (user, until)
 
     # ---------------------------------------------------------------- verification
     def _key(self, kid: str | None):
