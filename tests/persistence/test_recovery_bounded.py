@@ -102,10 +102,29 @@ def procs():
 
 
 def _start(procs, data_dir: Path, *extra: str) -> Proc:
-    p = Proc(data_dir, *extra)
-    procs.append(p)
-    p.wait_ready()
-    return p
+    for _attempt in range(5):
+        p = Proc(data_dir, *extra)
+        procs.append(p)
+        # a port picked free can be taken by another process before the broker binds it:
+        # the broker then stops (AMQP) or runs without its HTTP API; start it again
+        deadline = time.monotonic() + HANG
+        while time.monotonic() < deadline:
+            text = p.log.read_text(errors="replace")
+            if f"127.0.0.1:{p.port}: address already in use" in text \
+                    or f"127.0.0.1:{p.hport} (HTTP): address already in use" in text:
+                break
+            if p.proc.poll() is not None:
+                raise AssertionError(text[-3000:])
+            try:
+                if p.recovery()["ready"]:
+                    return p
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        else:
+            raise AssertionError("broker not ready: " + p.log.read_text()[-3000:])
+        p.kill()
+    raise AssertionError("no free ports after 5 attempts")
 
 
 def _publish_frames(body: bytes, priority: int | None, exchange: str = "",
