@@ -392,6 +392,9 @@ async def get_queue(request: Request):
 async def put_queue(request: Request):
     user, broker, vhost = await vhost_scope(request, creating=True)
     name = param(request, "name")
+    size = len(name.encode())
+    if size > 255:  # what AMQP can name; RabbitMQ's words
+        raise ApiError(400, f"queue should be less than 255 bytes, actually was {size}\n")
     data = await body(request, {"durable", "auto_delete", "arguments", "node", "vhost", "name",
                                 "exclusive", "type", "queue_type"})
     if flag(data, "exclusive", False):

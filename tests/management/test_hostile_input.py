@@ -189,5 +189,8 @@ async def test_path_names_not_utf8_are_400(api, http_broker):
         assert r.status_code == 400, (path, r.status_code, r.text[:200])
         assert "UTF-8" in _reason(r)
     assert set(vhost.queues) == before
+    r = await api.put("/api/queues/%2F/" + "é" * 128, json={})  # 256 bytes: AMQP cannot name it
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    assert "less than 255 bytes, actually was 256" in _reason(r)
     r = await api.put("/api/queues/%2F/a%00b", json={})  # any UTF-8, as RabbitMQ
     assert r.status_code == 201, r.text[:200]
