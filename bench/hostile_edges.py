@@ -589,6 +589,7 @@ def h_super(b: Bench, body: dict):
 def h_names(b: Bench):
     out = []
     for label, path in [("NUL", "/api/queues/%2F/a%00b"), ("invalid UTF-8", "/api/queues/%2F/a%FFb"),
+                        ("300 bytes", "/api/queues/%2F/" + "n" * 300),
                         ("64 KiB", "/api/queues/%2F/" + "n" * 65536)]:
         try:
             code, text = http(b.ports["http"], "PUT", path, {"durable": True})
