@@ -58,6 +58,10 @@ async def put_super_stream(request: Request):
     if not name or name.startswith("amq."):
         raise ApiError(400, f"super stream name '{name}' is empty or has the reserved "
                             f"prefix 'amq.*'")
+    size = max(len(p.encode()) for p in [name, *parts])
+    if size > 255:  # a partition is a queue: what AMQP can name
+        raise ApiError(400, f"super stream '{name[:40]}': a partition's name should be less "
+                            f"than 255 bytes, actually was {size}")
     check_perm(broker, user, vhost.name, "exchange", name, "configure")
     for part in parts:
         check_perm(broker, user, vhost.name, "queue", part, "configure")

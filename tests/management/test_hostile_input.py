@@ -175,6 +175,11 @@ async def test_super_stream_partitions_bounded_400_naming_the_field(api, http_br
         assert r.status_code == 400, (body.keys(), r.status_code, r.text[:200])
         assert f"field '{field}'" in _reason(r)
     assert "hss" not in http_broker.broker.vhosts["/"].exchanges
+    long = "s" * 254  # its partitions "s...s-0" are 256 bytes
+    r = await api.put(f"/api/stream/super-streams/%2F/{long}", json={"partitions": 2})
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    assert "255 bytes, actually was 256" in _reason(r)
+    assert long not in http_broker.broker.vhosts["/"].exchanges
 
 
 async def test_path_names_not_utf8_are_400(api, http_broker):
