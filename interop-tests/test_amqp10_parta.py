@@ -446,6 +446,35 @@ def test_management_node_queues_exchanges_bindings(port):
         m.close()
 
 
+def test_management_node_answers_with_0_9_1_arguments(port):
+    """A queue declared over 0-9-1 with a decimal and a timestamp argument, and a binding
+    with a decimal, read back through the management node: the answer arrives (proton's
+    encoder refused both types and the client's connection was aborted) and the connection
+    goes on."""
+    import datetime
+    import decimal
+    _no_rabbit_management(port)
+    q = "mgmt-args-" + uuid.uuid4().hex[:6]
+    when = datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC)
+    p = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        ch = p.channel()
+        ch.queue_declare(q, arguments={"x-d": decimal.Decimal("1.5"), "x-t": when})
+        ch.queue_bind(q, "amq.direct", q, arguments={"x-d": decimal.Decimal("2.5")})
+    finally:
+        p.close()
+    m = _Mgmt(port)
+    try:
+        status, info = m.request("GET", f"/queues/{q}")
+        assert status == 200 and info["arguments"]["x-d"] == "1.5"
+        assert int(info["arguments"]["x-t"]) == int(when.timestamp() * 1000)
+        status, found = m.request("GET", f"/bindings?src=amq.direct&dstq={q}&key={q}")
+        assert status == 200 and found[0]["arguments"] == {"x-d": "2.5"}
+        assert m.request("DELETE", f"/queues/{q}") == (200, {"message_count": 0})
+    finally:
+        m.close()
+
+
 def test_management_node_refuses_without_permission(tmp_path):
     defs = {"users": [{"name": "reader", "password": "pw", "tags": []}],
             "permissions": [{"user": "reader", "vhost": "/", "configure": "^$",

@@ -8,12 +8,15 @@ segments as RabbitMQ 4 writes them. What a request does is the broker's
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from proton import Described, Message
+from proton import Described, Message, timestamp
+
+from ..amqp.fields import Timestamp
 
 ADDRESS = "/management"
 # the request body is a few small maps: a larger message is no management request
@@ -83,8 +86,36 @@ def parse_request(data: bytes) -> Request:
                    dict(parse_qsl(parts.query, keep_blank_values=True)), m.id, body)
 
 
+_LONG = (-(1 << 63), (1 << 63) - 1)
+
+
+def wire(value):
+    """``value`` as AMQP 1.0 can encode it: a queue's or binding's arguments come from
+    0-9-1 (a decimal, a timestamp) or JSON (an integer of any size), which proton's encoder
+    refuses, and a refused answer would end the client's whole connection."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): wire(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [wire(v) for v in value]
+    if value is None or isinstance(value, (bool, str, bytes, float)):
+        return value
+    if isinstance(value, int):
+        if type(value).__module__.startswith("proton"):
+            return value  # proton's ulong, uint, timestamp ... (int subclasses)
+        if isinstance(value, Timestamp):
+            return timestamp(int(value) * 1000)  # 0-9-1's are seconds, AMQP 1.0's ms
+        if _LONG[0] <= value <= _LONG[1]:
+            return int(value)  # (0-9-1's Long, an int subclass proton does not know)
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        return timestamp(int(value.timestamp() * 1000))
+    if isinstance(value, Described):
+        return value
+    return str(value)  # a Decimal: AMQP 1.0's decimals are IEEE 754-2008, 0-9-1's are not
+
+
 def encode_response(correlation_id, status: str, body) -> bytes:
-    m = Message(subject=status, correlation_id=correlation_id, body=body,
+    m = Message(subject=status, correlation_id=correlation_id, body=wire(body),
                 properties={"http:response": "1.1"}, inferred=False)
     return bytes(m.encode())
 

@@ -87,3 +87,28 @@ def test_any_binding_segment_parses_or_is_a_400(seg):
         http.parse_binding_segment(seg)
     except http.RequestError as exc:
         assert exc.status == "400"
+
+
+def test_answers_carry_arguments_amqp10_cannot_encode_as_they_are():
+    """A queue's or binding's arguments from 0-9-1 (decimal, timestamp) or from the HTTP API's
+    JSON (an integer beyond 64 bits) are in GET answers: proton's encoder refused them and
+    the client's connection ended."""
+    import datetime
+    import decimal
+
+    from proton import timestamp, ulong
+
+    from broker.amqp.fields import Long, Timestamp
+    when = datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC)
+    m = Message()
+    m.decode(http.encode_response("m1", "200", {
+        "arguments": {"x-d": decimal.Decimal("1.50"), "x-t": when, "x-big": 10 ** 30,
+                      "x-nested": {"l": [decimal.Decimal("-2"), 1, None, b"\x00"]},
+                      "x-0-9-1-t": Timestamp(7), "x-0-9-1-l": Long(-3)},
+        "message_count": ulong(3)}))
+    args = m.body["arguments"]
+    assert args["x-d"] == "1.50" and args["x-big"] == str(10 ** 30)
+    assert args["x-t"] == timestamp(int(when.timestamp() * 1000))
+    assert args["x-nested"]["l"][:3] == ["-2", 1, None]
+    assert args["x-0-9-1-t"] == timestamp(7000) and args["x-0-9-1-l"] == -3
+    assert m.body["message_count"] == 3 and type(m.body["message_count"]) is ulong
