@@ -531,3 +531,108 @@ def test_stompman_client(target):
     first, second = asyncio.run(main())
     assert (first.body, first.headers["k"]) == (b"one", "v")
     assert second.body == b"two"
+
+
+# ---- web-STOMP from a browser page ----
+# A STOMP 1.2 client in the page, frames written by hand: CONNECT, SUBSCRIBE (client-individual,
+# with a receipt), then for each MESSAGE an ACK and a SEND of its body back, then DISCONNECT.
+WEB_STOMP_JS = r"""
+async ({url, inQueue, outQueue, count}) => {
+  const dec = new TextDecoder();
+  let buf = ''; const frames = []; let wake = null;
+  const ws = new WebSocket(url, ['v12.stomp', 'v11.stomp', 'v10.stomp']);
+  ws.binaryType = 'arraybuffer';
+  ws.onmessage = ev => {
+    buf += typeof ev.data === 'string' ? ev.data : dec.decode(ev.data);
+    let end;
+    while ((end = buf.indexOf('\0')) >= 0) {
+      const raw = buf.slice(0, end).replace(/^\n+/, ''); buf = buf.slice(end + 1);
+      const [head, ...rest] = raw.split('\n\n');
+      const lines = head.split('\n'); const headers = {};
+      for (const l of lines.slice(1)) { const i = l.indexOf(':'); if (!(l.slice(0, i) in headers)) headers[l.slice(0, i)] = l.slice(i + 1); }
+      frames.push({command: lines[0], headers, body: rest.join('\n\n')});
+      if (wake) { const w = wake; wake = null; w(); }
+    }
+  };
+  const next = async () => { while (!frames.length) await new Promise(r => wake = r); return frames.shift(); };
+  const send = (command, headers, body = '') =>
+    ws.send(command + '\n' + Object.entries(headers).map(([k, v]) => k + ':' + v).join('\n') + '\n\n' + body + '\0');
+  await new Promise((resolve, reject) => { ws.onopen = resolve; ws.onerror = () => reject(new Error('ws error')); });
+  window.stompProtocol = ws.protocol;
+  send('CONNECT', {'accept-version': '1.2', host: '/', login: 'guest', passcode: 'guest', 'heart-beat': '0,0'});
+  const connected = await next();
+  if (connected.command !== 'CONNECTED') throw new Error(connected.command + ' ' + connected.headers.message);
+  send('SUBSCRIBE', {id: 's1', destination: '/amq/queue/' + inQueue, ack: 'client-individual', receipt: 'r1'});
+  const receipt = await next();
+  if (receipt.command !== 'RECEIPT') throw new Error(receipt.command + ' ' + receipt.headers.message);
+  window.stompReady = true;
+  const got = [];
+  while (got.length < count) {
+    const f = await next();
+    if (f.command !== 'MESSAGE') throw new Error(f.command + ' ' + f.headers.message);
+    got.push(f.body);
+    send('ACK', {id: f.headers.ack});
+    send('SEND', {destination: '/amq/queue/' + outQueue, 'content-type': 'text/plain', reply: 'from the page'}, f.body.toUpperCase());
+  }
+  send('DISCONNECT', {receipt: 'bye'});
+  const bye = await next();
+  if (bye.command !== 'RECEIPT') throw new Error('DISCONNECT answered ' + bye.command);
+  return {version: connected.headers.version, got};
+}
+"""
+
+
+def test_web_stomp_from_a_browser_page(triomq):
+    """A page in chromium speaks STOMP over WebSockets (subprotocol v12.stomp): it consumes
+    what pika publishes to one queue, acks each message and sends it back to another queue,
+    where pika reads it with the page's header."""
+    import os
+    import shutil
+
+    chromium = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
+    if not chromium:
+        pytest.skip("no chromium on this machine")
+    from playwright.sync_api import sync_playwright
+
+    q_in, q_out = _name("web-in"), _name("web-out")
+    with triomq.pika() as pc:
+        ch = pc.channel()
+        ch.queue_declare(q_in)
+        ch.queue_declare(q_out)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update"])
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_content("<html><body>web-stomp</body></html>")
+                page.evaluate("""(args) => { window.result = null; window.failure = null;
+                    (""" + WEB_STOMP_JS + """)(args).then(r => window.result = r,
+                                                          e => window.failure = String(e)); }""",
+                              {"url": f"ws://127.0.0.1:{triomq.ws_port}/ws", "inQueue": q_in,
+                               "outQueue": q_out, "count": 2})
+                page.wait_for_function("window.stompReady || window.failure", timeout=30_000)
+                assert page.evaluate("window.failure") is None
+                assert page.evaluate("window.stompProtocol") == "v12.stomp"
+                ch.basic_publish("", q_in, b"hello page")
+                ch.basic_publish("", q_in, b"second one")
+                page.wait_for_function("window.result || window.failure", timeout=30_000)
+                assert page.evaluate("window.failure") is None
+                assert page.evaluate("window.result") == {"version": "1.2",
+                                                          "got": ["hello page", "second one"]}
+                assert not errors
+            finally:
+                browser.close()
+        back = []
+        deadline = time.monotonic() + WAIT
+        while len(back) < 2 and time.monotonic() < deadline:
+            method, props, body = ch.basic_get(q_out, auto_ack=True)
+            if method is None:
+                pc.sleep(0.05)
+                continue
+            back.append((body, (props.headers or {}).get("reply")))
+        assert back == [(b"HELLO PAGE", "from the page"), (b"SECOND ONE", "from the page")]
+        # everything the page took was acked: nothing left to redeliver
+        assert ch.queue_declare(q_in, passive=True).method.message_count == 0
