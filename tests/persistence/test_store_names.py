@@ -275,11 +275,10 @@ def test_vhost_with_nul_over_http_survives_and_unstorable_declares_are_refused(b
         assert _http(first.http_port, "PUT", path, {})[0] == 201
         assert _http(first.http_port, "PUT", "/permissions/v%00h%EF%9C%80/guest",
                      {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+        # a name AMQP could not say is refused over HTTP as RabbitMQ 3.10 refuses it, on
+        # every store (the SQL stores' VARCHAR(255) is never reached)
         status, body = _http(first.http_port, "PUT", "/queues/%2F/" + "a" * 256, {"durable": True})
-        if kind == "journal":  # holds a name of any length (HTTP names may pass 255)
-            assert status == 201, body
-        else:  # VARCHAR(255)
-            assert status == 400 and b"longer than 255 bytes" in body, body
+        assert status == 400 and b"queue should be less than 255 bytes" in body, body
         raw = b'{"durable": true, "arguments": {"x-note": "\\ud800"}}'
         req_status, body = _http_raw(first.http_port, "PUT", "/queues/%2F/surrogate", raw)
         assert req_status == 400 and b"cannot be stored" in body, body
@@ -301,7 +300,7 @@ def test_vhost_with_nul_over_http_survives_and_unstorable_declares_are_refused(b
         status, body = _http(second.http_port, "GET", "/queues")
         names = {(q["vhost"], q["name"]) for q in json.loads(body)}
         assert (vhost, "q\x00") in names and ("/", "surrogate") not in names
-        assert (("/", "a" * 256) in names) == (kind == "journal")
+        assert ("/", "a" * 256) not in names
         conn = _connect(second.port, vhost)  # the permission is back too
         ch = conn.channel()
         method, _props, got = ch.basic_get("q\x00", auto_ack=True)
