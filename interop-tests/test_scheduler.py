@@ -494,7 +494,9 @@ def test_memory_store_does_not_persist(make_broker):
 
 # ----------------------------------------------------------------- example: limited-time orders
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("how", ["restart", "kill9"])
+# kill -9 only: the example is what is under test here; a clean restart against a kill -9 is
+# test_durable_across_restart's (16 s a case on CI's clock)
+@pytest.mark.parametrize("how", ["kill9"])
 def test_limited_time_orders_example_survives_broker_restart(durable_broker, tmp_path, how):
     import importlib.util
 
