@@ -65,8 +65,12 @@ lint: setup
 # test file whole on one worker; not the default yet (docs/performance.md, "CI run time").
 PYTEST_JOBS ?=
 test-triomq: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40 \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 -m "not slow" \
 		$(if $(PYTEST_JOBS),-n $(PYTEST_JOBS) --dist loadfile) tests interop-tests
+
+## The tests marked slow (left out of `make test` for CI's 40-minute budget).
+test-slow: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests interop-tests
 
 test-rabbitmq: setup
 	@if $(PY) -c "import socket,sys,urllib.parse as u; p=u.urlparse('$(RABBITMQ_URL)'); socket.create_connection((p.hostname, p.port or 5672), 2)" 2>/dev/null; then \

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rawamqp as ra
 from bench import features
 from bench.procinfo import TrioMQProcess
@@ -51,6 +53,7 @@ def test_dedup_header_is_what_the_broker_checks():
             c.close()
 
 
+@pytest.mark.slow  # 17 s: every bench case once; `make test-slow` (and `make bench`) run it
 def test_features_command_runs_every_case(tmp_path):
     out = tmp_path / "features.json"
     md = tmp_path / "features.md"
