@@ -25,6 +25,7 @@ def publish(broker, bodies) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow  # mirrored queues (deprecated): make test-slow
 def test_a_restarted_mirror_catches_up_from_its_own_copy(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()
     b = node(tmp_path, etcd, "b", secret).start()

@@ -114,6 +114,7 @@ def test_first_writes_of_another_first_node_keep_this_nodes_users(tmp_path, etcd
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow  # mirrored queues (deprecated): make test-slow
 def test_whole_cluster_restart_after_failover_keeps_confirmed_persistent(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()
     b = node(tmp_path, etcd, "b", secret).start()
@@ -203,6 +204,7 @@ def publish_confirmed(broker, queue, bodies) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow  # mirrored queues (deprecated): make test-slow
 def test_promote_on_shutdown_and_on_failure_are_distinct(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()
     b = node(tmp_path, etcd, "b", secret).start()
@@ -253,6 +255,7 @@ def test_promote_on_shutdown_and_on_failure_are_distinct(tmp_path, etcd, secret)
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow  # mirrored queues (deprecated): make test-slow
 def test_sync_progress_in_status_while_the_queue_serves(tmp_path, etcd, secret):
     from broker.cluster.tools import render
     a = node(tmp_path, etcd, "a", secret).start()
@@ -324,6 +327,7 @@ def test_ha_nodes_names_checked_against_the_clusters_members(tmp_path, etcd, sec
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # mirrored queues (deprecated): make test-slow
 def test_tx_commit_ok_of_acks_waits_for_the_mirrors(tmp_path, etcd, secret):
     a = node(tmp_path, etcd, "a", secret).start()
     b = node(tmp_path, etcd, "b", secret).start()
