@@ -143,6 +143,8 @@ def test_many_frames_in_one_chunk_cost_linear_time():
     one = encode(Frame("SEND", {"destination": "/queue/a"}, b"x" * 20), "1.2")
     data = one * 40_000
     reader = FrameReader(1000)
-    started = time.perf_counter()
+    # this process's CPU time, not wall time: other processes on a loaded machine stretch
+    # the wall clock but not the work done here
+    started = time.process_time()
     assert len(reader.feed(data)) == 40_000
-    assert time.perf_counter() - started < 4.0
+    assert time.process_time() - started < 4.0
