@@ -20,8 +20,6 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from proton import Disposition, symbol
@@ -51,10 +49,10 @@ from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
 from .amqp10_mgmt import ManagementNode
 from .amqp10_tx import Coordinator, TxnError
+from .session_base import NO_QUEUES, FlowControlledSession
 
 log = logging.getLogger("broker.amqp10")
 
-_NO_QUEUES: frozenset = frozenset()
 MANAGEMENT = "/management"  # RabbitMQ 4's HTTP-over-AMQP management node
 MAX_KEY = 255
 # transfers a publishing link may have in flight, topped up at half: a few hundred made the
@@ -179,13 +177,9 @@ class OutLink:
             session.wake()
 
 
-class Amqp10Session:
+class Amqp10Session(FlowControlledSession):
     """One connection (a member of ``broker.sessions``)."""
 
-    global_prefetch = 0
-    prefetch = 0
-    number = 0
-    channels: Mapping = MappingProxyType({})
     metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
 
     def __init__(self, service: Amqp10Service, peer: str, peer_host: str | None,
@@ -211,7 +205,7 @@ class Amqp10Session:
         self.output_delay = 0.0
         self.wake = lambda: None
         self.flow_resumed = lambda: None
-        self.flow_queues: set | frozenset = _NO_QUEUES
+        self.flow_queues: set | frozenset = NO_QUEUES
         self.vhost: Any = None
         self.user: Any = None
         self.authz: Any = None
@@ -234,24 +228,14 @@ class Amqp10Session:
         self.login_wait: tuple[str, SaslInit] | None = None
 
     # ---- input ----
-    def resume_login(self) -> None:
-        """The edge introspected ``login_wait``'s token: sasl-init is decided now."""
-        wait = self.login_wait
-        self.login_wait = None
-        if wait is None or self.finished:
-            return
-        audit = self.audit
-        if audit is not None:
-            audit.clock_start()
-        try:
-            self._on_sasl(wait[1])
-        finally:
-            if audit is not None:
-                audit.clock_stop()
+    def login_resumed(self, request: SaslInit) -> None:
+        """sasl-init is decided now (the connection holds what came behind it)."""
+        self._on_sasl(request)
+
+    def input_handled(self) -> None:
         if self.conn.finished:
             self.finished = True
             self.connection_lost()
-        self.wake()
 
     def data_received(self, data: bytes) -> None:
         audit = self.audit
@@ -715,44 +699,19 @@ class Amqp10Session:
             for out in list(self.out_links.values()):
                 out.queue.dispatch()
 
-    # ---- flow ----
-    def queue_over_threshold(self, q) -> None:
-        """Flow control (the publish path): a connection that consumes is never stopped
-        (its acks may be what the queue waits for); else its links get no more credit."""
-        if q in self.flow_queues or self.ended or self.consumers:
-            return
-        if self.flow_queues is _NO_QUEUES:
-            self.flow_queues = set()
-        self.flow_queues.add(q)  # type: ignore[union-attr]
-        q.flow_wait(self, self.broker.config.flow_low)
-
-    def flow_released(self, queue) -> None:
-        if queue in self.flow_queues:
-            self.flow_queues.discard(queue)  # type: ignore[union-attr]
-            if not self.flow_queues:
-                for inlink in self.in_links.values():
-                    self.conn.grant(inlink.link, PUBLISH_CREDIT)
-                self.wake()
-                self.flow_resumed()
+    # ---- flow: held, its links get no more credit ----
+    def flow_lifted(self) -> None:
+        for inlink in self.in_links.values():
+            self.conn.grant(inlink.link, PUBLISH_CREDIT)
+        self.wake()
 
     # ---- as a connection in broker.sessions ----
-    @property
-    def closed(self) -> bool:
-        return self.ended
-
-    @property
-    def session(self) -> Amqp10Session:
-        return self
-
     @property
     def protocol(self) -> str:
         return "AMQP 1-0"
 
-    def connection_info(self) -> dict:
-        return {"protocol": self.protocol, "auth_mechanism": self.auth_mechanism,
-                "channel_max": 0,
-                "frame_max": 0, "timeout": 0, "port": self.local_port, "ssl": self.tls,
-                "client_properties": {"container_id": self.container}}
+    def client_properties(self) -> dict:
+        return {"container_id": self.container}
 
     def force_close(self, error: errors.AMQPError) -> None:
         self.conn.close("amqp:connection:forced", description_of(error))
@@ -784,9 +743,7 @@ class Amqp10Session:
         for out in outs:
             self._drop_out_link(out)
         self.consumers.clear()
-        for q in self.flow_queues:
-            q.flow_forget(self)
-        self.flow_queues = _NO_QUEUES
+        self.forget_flow()
         if self.vhost is not None:
             self.vhost.drop_owner(self)
             self.broker.session_closed(self)

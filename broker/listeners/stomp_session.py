@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from .. import errors
@@ -38,10 +36,10 @@ from ..publishing import NACKED, REFUSED, STORING
 from ..queues.queue import Consumer
 from ..stomp.codec import Frame
 from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
+from .session_base import NO_QUEUES, FlowControlledSession
 
 log = logging.getLogger("broker.stomp")
 
-_NO_QUEUES: frozenset = frozenset()
 MAX_KEY = 255
 
 # SEND headers that are the frame's own, not the message's
@@ -99,13 +97,9 @@ class Subscription:
         self.durable_queue = durable_queue
 
 
-class StompSession:
+class StompSession(FlowControlledSession):
     """One connection; also the ``channel`` of its subscriptions' consumers."""
 
-    global_prefetch = 0
-    prefetch = 0
-    number = 0
-    channels: Mapping = MappingProxyType({})
     # RabbitMQ's STOMP adapter publishes over an AMQP 0-9-1 channel: its global counters
     # have no STOMP label
     metrics_protocol = "amqp091"
@@ -128,7 +122,7 @@ class StompSession:
         self._held_events: list = []
         self.wake = lambda: None
         self.flow_resumed = lambda: None
-        self.flow_queues: set | frozenset = _NO_QUEUES
+        self.flow_queues: set | frozenset = NO_QUEUES
         self.vhost: Any = None
         self.user: Any = None
         self.authz: Any = None
@@ -151,24 +145,12 @@ class StompSession:
         self.disconnecting = False  # DISCONNECT seen, its receipt waits behind others
 
     # ---- input ----
-    def resume_login(self) -> None:
-        """The edge introspected ``login_wait``'s token: the CONNECT is decided now, then
-        the frames that came behind it."""
-        wait, held = self.login_wait, self._held_events
-        self.login_wait, self._held_events = None, []
-        if wait is None or self.finished:
-            return
-        audit = self.audit
-        if audit is not None:
-            audit.clock_start()
-        try:
-            self._on_connect(wait[1])
-            if self.login_wait is None:
-                self._handle_events(held)
-        finally:
-            if audit is not None:
-                audit.clock_stop()
-        self.wake()
+    def login_resumed(self, request: Frame) -> None:
+        """The CONNECT is decided now, then the frames that came behind it."""
+        held, self._held_events = self._held_events, []
+        self._on_connect(request)
+        if self.login_wait is None:
+            self._handle_events(held)
 
     def data_received(self, data: bytes) -> None:
         audit = self.audit
@@ -671,41 +653,16 @@ class StompSession:
             for consumer in list(self.consumers.values()):
                 consumer.queue.dispatch()
 
-    # ---- flow ----
-    def queue_over_threshold(self, q) -> None:
-        """Flow control (the publish path): a session that consumes is never stopped (its
-        acks may be what the queue waits for)."""
-        if q in self.flow_queues or self.ended or self.consumers:
-            return
-        if self.flow_queues is _NO_QUEUES:
-            self.flow_queues = set()
-        self.flow_queues.add(q)  # type: ignore[union-attr]
-        q.flow_wait(self, self.broker.config.flow_low)
-
-    def flow_released(self, queue) -> None:
-        if queue in self.flow_queues:
-            self.flow_queues.discard(queue)  # type: ignore[union-attr]
-            if not self.flow_queues:
-                self.flow_resumed()
-
     # ---- as a connection in broker.sessions ----
-    @property
-    def closed(self) -> bool:
-        return self.ended
-
-    @property
-    def session(self) -> StompSession:
-        return self
-
     @property
     def protocol(self) -> str:
         return f"STOMP {self.conn.version}"
 
-    def connection_info(self) -> dict:
-        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
-                "frame_max": 0, "timeout": self.conn.heartbeat_receive // 1000,
-                "port": self.local_port, "ssl": self.tls,
-                "client_properties": {"client_id": self.client_id}}
+    def client_properties(self) -> dict:
+        return {"client_id": self.client_id}
+
+    def heartbeat_timeout(self) -> int:
+        return self.conn.heartbeat_receive // 1000
 
     def force_close(self, error: errors.AMQPError) -> None:
         self._error(StompError("Connection closed", error.text + "\n"), None)
@@ -751,9 +708,7 @@ class StompSession:
         self.consumers.clear()
         for sub in subs:
             sub.queue.remove_consumer(sub.consumer)
-        for q in self.flow_queues:
-            q.flow_forget(self)
-        self.flow_queues = _NO_QUEUES
+        self.forget_flow()
         if self.vhost is not None:
             self.vhost.drop_owner(self)
             self.broker.session_closed(self)

@@ -1,0 +1,150 @@
+"""What every non-0-9-1 protocol session (MQTT, STOMP, AMQP 1.0, RabbitMQ Stream) is alike in:
+a member of ``broker.sessions`` (``closed``, ``session``, ``connection_info``), the
+``channel`` of its consumers (no prefetch, no channels), the OAuth 2 login wait the edge
+resolves, and publisher flow control (``queue_over_threshold`` / ``flow_released``).
+Not here: parsing, login decisions, routing, delivery, closing (each protocol's own).
+
+How a session adopts it (MQTT, Stream, ...):
+
+- ``class XSession(FlowControlledSession)`` (or ``ProtocolSession`` for a session whose
+  publishers are not held by queue flow, as the Stream protocol's). A ``__slots__``
+  session keeps its slots, less ``login_wait``, ``flow_queues`` and ``flow_resumed``:
+  the base classes hold those (and add no ``__dict__``).
+- Define ``protocol`` (property) and ``client_properties()``; override
+  ``heartbeat_timeout()`` / ``negotiated_frame_max()`` where the management API shows one,
+  and set ``auth_mechanism`` when it is not PLAIN. Delete the copies of ``closed``,
+  ``session``, ``connection_info``, ``queue_over_threshold``, ``flow_released``.
+- ``resume_login``: define ``login_resumed(request)`` (decide the held login request, then
+  what came behind it) and, if the connection can end there, ``input_handled()``.
+- Flow: ``flow_lifted()`` runs when the last queue lets the publisher go, before the
+  edge's ``flow_resumed`` ("read again"); ``connection_lost`` calls ``forget_flow()``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+NO_QUEUES: frozenset = frozenset()
+
+
+class ProtocolSession:
+    """One connection of a protocol other than AMQP 0-9-1, as the broker lists it."""
+
+    # the attributes this class assigns; a subclass without __slots__ has a __dict__ too
+    __slots__ = ("login_wait",)
+
+    global_prefetch = 0
+    prefetch = 0  # as a channel: the limit is per consumer (``Consumer.prefetch``)
+    number = 0  # as a channel, in the management API's consumer details
+    # these protocols have no AMQP channels: read-only, shared by every session
+    channels: Mapping = MappingProxyType({})
+    auth_mechanism = "PLAIN"
+
+    # set by every session's __init__ (and the edge: local_port, tls, wake)
+    broker: Any
+    audit: Any
+    ended: bool
+    finished: bool
+    local_port: int
+    tls: bool
+    login_wait: tuple[str, Any] | None
+    wake: Callable[[], None]
+
+    # ---- hooks ----
+    @property
+    def protocol(self) -> str:
+        raise NotImplementedError
+
+    def client_properties(self) -> dict:
+        """The management API's ``client_properties`` of the connection."""
+        raise NotImplementedError
+
+    def heartbeat_timeout(self) -> int:
+        """Seconds, for the management API's ``timeout``."""
+        return 0
+
+    def negotiated_frame_max(self) -> int:
+        return 0
+
+    def login_resumed(self, request: Any) -> None:
+        """Decide ``request`` (held in ``login_wait`` while the edge introspected its
+        token), then what came behind it."""
+        raise NotImplementedError
+
+    def input_handled(self) -> None:
+        """After input was handled: e.g. end the session when the connection finished."""
+
+    # ---- the login wait (the edge introspects an opaque OAuth 2 token) ----
+    def resume_login(self) -> None:
+        """The edge introspected ``login_wait``'s token: the login is decided now."""
+        wait = self.login_wait
+        self.login_wait = None
+        if wait is None or self.finished:
+            return
+        audit = self.audit
+        if audit is not None:
+            audit.clock_start()
+        try:
+            self.login_resumed(wait[1])
+        finally:
+            if audit is not None:
+                audit.clock_stop()
+        self.input_handled()
+        self.wake()
+
+    # ---- as a connection in broker.sessions ----
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def session(self) -> ProtocolSession:
+        """As the channel of its consumers: its connection is itself."""
+        return self
+
+    def connection_info(self) -> dict:
+        """The protocol's own fields of the management API's connection object."""
+        return {"protocol": self.protocol, "auth_mechanism": self.auth_mechanism,
+                "channel_max": 0, "frame_max": self.negotiated_frame_max(),
+                "timeout": self.heartbeat_timeout(), "port": self.local_port,
+                "ssl": self.tls, "client_properties": self.client_properties()}
+
+
+class FlowControlledSession(ProtocolSession):
+    """A session whose publishers a queue over its length threshold holds
+    (``queues/queue.py``: ``flow_wait`` calls ``flow_released``)."""
+
+    __slots__ = ("flow_queues", "flow_resumed")
+
+    # the queues holding this publisher: a set made when first needed (an empty set costs
+    # 216 bytes on each of thousands of idle connections)
+    flow_queues: set | frozenset
+    flow_resumed: Callable[[], None]  # set by the edge: "read again"
+    consumers: dict
+
+    def flow_lifted(self) -> None:
+        """The last queue let the publisher go (before the edge reads again)."""
+
+    def queue_over_threshold(self, q) -> None:
+        """Flow control (the publish path): a session that consumes is never stopped (its
+        acks may be what the queue waits for)."""
+        if q in self.flow_queues or self.ended or self.consumers:
+            return
+        if self.flow_queues is NO_QUEUES:
+            self.flow_queues = set()
+        self.flow_queues.add(q)  # type: ignore[union-attr]
+        q.flow_wait(self, self.broker.config.flow_low)
+
+    def flow_released(self, queue) -> None:
+        if queue in self.flow_queues:
+            self.flow_queues.discard(queue)  # type: ignore[union-attr]
+            if not self.flow_queues:
+                self.flow_lifted()
+                self.flow_resumed()
+
+    def forget_flow(self) -> None:
+        """The session ended: no queue holds it any more."""
+        for q in self.flow_queues:
+            q.flow_forget(self)
+        self.flow_queues = NO_QUEUES
