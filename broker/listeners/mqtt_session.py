@@ -43,15 +43,13 @@ from typing import Any
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..channel import Unacked
 from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..message import Message
 from ..mqtt import codec, enhanced_auth
 from ..mqtt import properties as P
-from ..mqtt.connection import (
-    FORMAT_INVALID_BIT,
-    NO_MATCH_BIT,
-    PUBREC_BIT,
+from ..mqtt.connection import FORMAT_INVALID_BIT, NO_MATCH_BIT, PUBREC_BIT, ServerConnection
+from ..mqtt.encoding import topic_field
+from ..mqtt.events import (
     AuthContinued,
     ConnectRequested,
     DeliveryAcked,
@@ -62,16 +60,15 @@ from ..mqtt.connection import (
     PublishReceived,
     ReauthRequested,
     ReleaseReceived,
-    ServerConnection,
     SubscribeRequested,
     UnsubscribeRequested,
-    topic_field,
 )
 from ..mqtt.topics import matches, to_mqtt_topic, to_routing_key
 from ..persistence import DURABLE
 from ..publishing import NACKED, REFUSED, STORING, UNROUTABLE
 from ..queues.args import MAX_EXPIRY_MS
 from ..queues.queue import Consumer
+from ..channel import Unacked
 from .mqtt_qos2 import INBOUND, OUTBOUND, QoS2Sessions, SessionState
 from .mqtt_retained import RetainedStore
 

@@ -17,178 +17,100 @@ bad (``connect_v5``) and in a DISCONNECT after it (sections 4.13, 3.14). Packets
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import properties as _props
-from .properties import MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, PropertyError
+from .encoding import encode, encode_length
+from .packets import (
+    ACCEPTED,
+    AUTH,
+    CONNACK,
+    CONNECT,
+    DISCONNECT,
+    MAX_REMAINING_LENGTH,
+    MAX_UNAUTHENTICATED,
+    PINGREQ,
+    PINGRESP,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    REFUSED_BAD_CREDENTIALS,
+    REFUSED_IDENTIFIER,
+    REFUSED_NOT_AUTHORIZED,
+    REFUSED_PROTOCOL_VERSION,
+    REFUSED_SERVER_UNAVAILABLE,
+    SUBACK,
+    SUBACK_FAILURE,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+    V5_REFUSALS,
+    Bare,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MalformedPacket,
+    Packet,
+    PacketId,
+    Publish,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    UnsupportedProtocol,
+    Will,
+    _protocol_error,
+)
+from .properties import PACKET_TOO_LARGE, PropertyError
 
-# control packet types (MQTT 3.1.1 table 2.1)
-CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
-SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
-AUTH = 15  # MQTT 5.0 only
+# the packet types and the encoder are re-exported: ``codec.X`` is their users' one import
+__all__ = [
+    "ACCEPTED",
+    "AUTH",
+    "CONNACK",
+    "CONNECT",
+    "DISCONNECT",
+    "MAX_REMAINING_LENGTH",
+    "MAX_UNAUTHENTICATED",
+    "PINGREQ",
+    "PINGRESP",
+    "PUBACK",
+    "PUBCOMP",
+    "PUBLISH",
+    "PUBREC",
+    "PUBREL",
+    "REFUSED_BAD_CREDENTIALS",
+    "REFUSED_IDENTIFIER",
+    "REFUSED_NOT_AUTHORIZED",
+    "REFUSED_PROTOCOL_VERSION",
+    "REFUSED_SERVER_UNAVAILABLE",
+    "SUBACK",
+    "SUBACK_FAILURE",
+    "SUBSCRIBE",
+    "UNSUBACK",
+    "UNSUBSCRIBE",
+    "V5_REFUSALS",
+    "Bare",
+    "ConnAck",
+    "Connect",
+    "Disconnect",
+    "MalformedPacket",
+    "Packet",
+    "PacketId",
+    "Publish",
+    "SubAck",
+    "Subscribe",
+    "UnsubAck",
+    "Unsubscribe",
+    "UnsupportedProtocol",
+    "Will",
+    "encode",
+    "encode_length",
+]
 
-# CONNACK return codes (table 3.1)
-ACCEPTED = 0
-REFUSED_PROTOCOL_VERSION = 1
-REFUSED_IDENTIFIER = 2
-REFUSED_SERVER_UNAVAILABLE = 3
-REFUSED_BAD_CREDENTIALS = 4
-REFUSED_NOT_AUTHORIZED = 5
-SUBACK_FAILURE = 0x80
-
-MAX_REMAINING_LENGTH = 268_435_455  # 4 bytes of variable length encoding
-# What the server's reader allows the first packet (CONNECT, before any login), as
-# RabbitMQ's mqtt.max_packet_size_unauthenticated: an anonymous peer cannot make the broker
-# buffer more (``PacketReader.max_first``).
-MAX_UNAUTHENTICATED = 65_536
 _H = struct.Struct(">H")
-
-
-class MalformedPacket(ValueError):
-    """A protocol violation: the server closes the network connection (in MQTT 5 after a
-    DISCONNECT, or a CONNACK if ``connect_v5``, with ``reason_code``)."""
-
-    def __init__(self, text: str, reason_code: int = MALFORMED_PACKET,
-                 connect_v5: bool = False):
-        super().__init__(text)
-        self.reason_code = reason_code
-        self.connect_v5 = connect_v5
-
-
-class UnsupportedProtocol(MalformedPacket):
-    """CONNECT with a protocol name/level this server does not speak: answer CONNACK 1,
-    then close."""
-
-
-def _protocol_error(text: str) -> MalformedPacket:
-    return MalformedPacket(text, PROTOCOL_ERROR)
-
-
-@dataclass(slots=True)
-class Will:
-    topic: str
-    message: bytes
-    qos: int
-    retain: bool
-    properties: dict[int, Any] | None = None  # v5 will properties
-
-
-@dataclass(slots=True)
-class Connect:
-    client_id: str
-    clean_session: bool = True
-    keep_alive: int = 60
-    username: str | None = None
-    password: bytes | None = None
-    will: Will | None = None
-    protocol_level: int = 4  # 5: MQTT 5.0, 4: MQTT 3.1.1 ("MQTT"), 3: MQTT 3.1 ("MQIsdp")
-    properties: dict[int, Any] | None = None  # v5 (clean_session is then Clean Start)
-
-
-@dataclass(slots=True)
-class ConnAck:
-    return_code: int  # a v5 reason code in a v5 CONNACK
-    session_present: bool = False
-    properties: dict[int, Any] | None = None  # v5: encoded as a v5 CONNACK when not None
-
-
-@dataclass(slots=True)
-class Publish:
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: dict[int, Any] | None = None  # v5 (may hold a Topic Alias; topic may be '')
-
-
-@dataclass(slots=True)
-class PacketId:
-    """PUBACK, PUBREC, PUBREL, PUBCOMP and (3.1.1) UNSUBACK: a type and a packet
-    identifier; in v5 a reason code and properties (``v5``: encoded in v5's format)."""
-    type: int
-    packet_id: int
-    reason_code: int = 0
-    properties: dict[int, Any] | None = None
-    v5: bool = False
-
-
-@dataclass(slots=True)
-class Subscribe:
-    packet_id: int
-    # (filter, requested QoS); in v5 the whole subscription options byte (QoS in bits
-    # 0-1, No Local 2, Retain As Published 3, Retain Handling 4-5)
-    topics: list[tuple[str, int]] = field(default_factory=list)
-    properties: dict[int, Any] | None = None  # v5
-
-
-@dataclass(slots=True)
-class SubAck:
-    packet_id: int
-    return_codes: list[int] = field(default_factory=list)  # v5: reason codes
-    properties: dict[int, Any] | None = None  # v5: encoded as v5 when not None
-
-
-@dataclass(slots=True)
-class Unsubscribe:
-    packet_id: int
-    topics: list[str] = field(default_factory=list)
-    properties: dict[int, Any] | None = None  # v5
-
-
-@dataclass(slots=True)
-class UnsubAck:
-    """The v5 UNSUBACK: a reason code per filter."""
-    packet_id: int
-    reason_codes: list[int] = field(default_factory=list)
-    properties: dict[int, Any] | None = None
-
-
-@dataclass(slots=True)
-class Disconnect:
-    """The v5 DISCONNECT (either way) and AUTH (``type`` AUTH): a reason code and
-    properties (3.1.1's DISCONNECT is a ``Bare``)."""
-    reason_code: int = 0
-    properties: dict[int, Any] | None = None
-    type: int = DISCONNECT
-
-
-@dataclass(slots=True)
-class Bare:
-    """PINGREQ, PINGRESP, DISCONNECT: a fixed header and nothing else."""
-    type: int
-
-
-Packet = (Connect | ConnAck | Publish | PacketId | Subscribe | SubAck | Unsubscribe | UnsubAck
-          | Disconnect | Bare)
-
-
-# ---- primitives -----------------------------------------------------------------------
-
-def _encode_length(n: int) -> bytes:
-    if not 0 <= n <= MAX_REMAINING_LENGTH:
-        raise ValueError(f"remaining length {n} out of range")
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string(s: str) -> bytes:
-    raw = s.encode("utf-8")
-    if len(raw) > 0xFFFF:
-        raise ValueError("string longer than 65535 bytes")
-    return _H.pack(len(raw)) + raw
-
-
-def _binary(b: bytes) -> bytes:
-    if len(b) > 0xFFFF:
-        raise ValueError("binary field longer than 65535 bytes")
-    return _H.pack(len(b)) + b
 
 
 class _Body:
@@ -348,30 +270,43 @@ def _decode_connect(b: _Body) -> Connect:
         if name in ("MQTT", "MQIsdp"):
             raise UnsupportedProtocol(f"protocol level {level} of {name!r} is not supported")
         raise MalformedPacket(f"unknown protocol name {name!r}")
-    flags = b.u8()
-    if flags & 0x01:
-        raise MalformedPacket("CONNECT reserved flag set")
-    has_user, has_pass = bool(flags & 0x80), bool(flags & 0x40)
-    will_retain, will_qos, will_flag = bool(flags & 0x20), (flags >> 3) & 0x03, bool(flags & 0x04)
-    if not will_flag and (will_qos or will_retain):
-        raise MalformedPacket("will QoS/retain set without the will flag")
-    if will_qos == 3:
-        raise MalformedPacket("will QoS 3")
-    if has_pass and not has_user and level == 4:
+    flags = _connect_flags(b)
+    if flags & 0x40 and not flags & 0x80 and level == 4:
         raise MalformedPacket("password flag without user name flag")
     keep_alive = b.u16()
     client_id = b.string()
+    will, username, password = _connect_payload(b, flags, False)
+    return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, level)
+
+
+def _connect_flags(b: _Body) -> int:
+    """The CONNECT flags byte, checked (section 3.1.2.3)."""
+    flags = b.u8()
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag set")
+    will_qos = (flags >> 3) & 0x03
+    if not flags & 0x04 and (will_qos or flags & 0x20):
+        raise MalformedPacket("will QoS/retain set without the will flag")
+    if will_qos == 3:
+        raise MalformedPacket("will QoS 3")
+    return flags
+
+
+def _connect_payload(b: _Body, flags: int,
+                     v5: bool) -> tuple[Will | None, str | None, bytes | None]:
+    """The will, user name and password after the client id (a v5 will has properties)."""
     will = None
-    if will_flag:
+    if flags & 0x04:
+        will_props = b.props(_props.WILL) if v5 else None
         topic = b.string()
         if not valid_topic_name(topic):
             raise MalformedPacket(f"invalid will topic {topic!r}")
-        will = Will(topic, b.binary(), will_qos, will_retain)
-    username = b.string() if has_user else None
-    password = b.binary() if has_pass else None
+        will = Will(topic, b.binary(), (flags >> 3) & 0x03, bool(flags & 0x20), will_props)
+    username = b.string() if flags & 0x80 else None
+    password = b.binary() if flags & 0x40 else None
     if b.left:
         raise MalformedPacket("unexpected bytes at the end of CONNECT")
-    return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, level)
+    return will, username, password
 
 
 # ---- MQTT 5.0 -------------------------------------------------------------------------
@@ -385,29 +320,11 @@ _AUTH_CODES = frozenset((0x00, 0x18, 0x19))
 
 
 def _decode_connect_v5(b: _Body) -> Connect:
-    flags = b.u8()
-    if flags & 0x01:
-        raise MalformedPacket("CONNECT reserved flag set")
-    has_user, has_pass = bool(flags & 0x80), bool(flags & 0x40)
-    will_retain, will_qos, will_flag = bool(flags & 0x20), (flags >> 3) & 0x03, bool(flags & 0x04)
-    if not will_flag and (will_qos or will_retain):
-        raise MalformedPacket("will QoS/retain set without the will flag")
-    if will_qos == 3:
-        raise MalformedPacket("will QoS 3")
+    flags = _connect_flags(b)
     keep_alive = b.u16()
     props = b.props(_props.CONNECT)
     client_id = b.string()
-    will = None
-    if will_flag:
-        will_props = b.props(_props.WILL)
-        topic = b.string()
-        if not valid_topic_name(topic):
-            raise MalformedPacket(f"invalid will topic {topic!r}")
-        will = Will(topic, b.binary(), will_qos, will_retain, will_props)
-    username = b.string() if has_user else None
-    password = b.binary() if has_pass else None
-    if b.left:
-        raise MalformedPacket("unexpected bytes at the end of CONNECT")
+    will, username, password = _connect_payload(b, flags, True)
     return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, 5,
                    props)
 
@@ -625,106 +542,3 @@ class PacketReader:
                 max_packet = self.max_packet
         del buf[:pos]
         return packets
-
-
-# ---- encoding ---------------------------------------------------------------------------
-
-def encode(packet: Packet) -> bytes:
-    """The bytes of ``packet``; raises ValueError for values the format cannot carry."""
-    if isinstance(packet, Publish) and packet.properties is not None:
-        return _encode_publish_v5(packet)
-    if isinstance(packet, ConnAck) and packet.properties is not None:
-        return _frame(CONNACK, 0, bytes((1 if packet.session_present else 0, packet.return_code))
-                      + _props.encode(packet.properties))
-    if isinstance(packet, PacketId) and packet.v5:
-        body = _H.pack(packet.packet_id)
-        if packet.reason_code or packet.properties:
-            body += bytes((packet.reason_code,))
-            if packet.properties:
-                body += _props.encode(packet.properties)
-        return _frame(packet.type, 0x02 if packet.type == PUBREL else 0, body)
-    if isinstance(packet, SubAck) and packet.properties is not None:
-        return _frame(SUBACK, 0, _H.pack(packet.packet_id) + _props.encode(packet.properties)
-                      + bytes(packet.return_codes))
-    if isinstance(packet, UnsubAck):
-        return _frame(UNSUBACK, 0, _H.pack(packet.packet_id) + _props.encode(packet.properties)
-                      + bytes(packet.reason_codes))
-    if isinstance(packet, Disconnect):
-        body = b""
-        if packet.reason_code or packet.properties:
-            body = bytes((packet.reason_code,))
-            if packet.properties:
-                body += _props.encode(packet.properties)
-        return _frame(packet.type, 0, body)
-    if isinstance(packet, Subscribe) and packet.properties is not None:
-        body = (_H.pack(packet.packet_id) + _props.encode(packet.properties)
-                + b"".join(_string(t) + bytes((q,)) for t, q in packet.topics))
-        return _frame(SUBSCRIBE, 0x02, body)
-    if isinstance(packet, Unsubscribe) and packet.properties is not None:
-        body = (_H.pack(packet.packet_id) + _props.encode(packet.properties)
-                + b"".join(_string(t) for t in packet.topics))
-        return _frame(UNSUBSCRIBE, 0x02, body)
-    if isinstance(packet, Publish):
-        if packet.qos not in (0, 1, 2):
-            raise ValueError("QoS must be 0, 1 or 2")
-        flags = (0x08 if packet.dup else 0) | (packet.qos << 1) | (0x01 if packet.retain else 0)
-        body = _string(packet.topic)
-        if packet.qos:
-            if not packet.packet_id:
-                raise ValueError("QoS 1 and 2 publishes need a packet identifier")
-            body += _H.pack(packet.packet_id)
-        return _frame(PUBLISH, flags, body + packet.payload)
-    if isinstance(packet, ConnAck):
-        return _frame(CONNACK, 0, bytes((1 if packet.session_present else 0, packet.return_code)))
-    if isinstance(packet, PacketId):
-        return _frame(packet.type, 0x02 if packet.type == PUBREL else 0, _H.pack(packet.packet_id))
-    if isinstance(packet, SubAck):
-        return _frame(SUBACK, 0, _H.pack(packet.packet_id) + bytes(packet.return_codes))
-    if isinstance(packet, Bare):
-        return _frame(packet.type, 0, b"")
-    if isinstance(packet, Subscribe):
-        body = _H.pack(packet.packet_id) + b"".join(_string(t) + bytes((q,))
-                                                     for t, q in packet.topics)
-        return _frame(SUBSCRIBE, 0x02, body)
-    if isinstance(packet, Unsubscribe):
-        body = _H.pack(packet.packet_id) + b"".join(_string(t) for t in packet.topics)
-        return _frame(UNSUBSCRIBE, 0x02, body)
-    return _encode_connect(packet)
-
-
-def _encode_publish_v5(p: Publish) -> bytes:
-    if p.qos not in (0, 1, 2):
-        raise ValueError("QoS must be 0, 1 or 2")
-    flags = (0x08 if p.dup else 0) | (p.qos << 1) | (0x01 if p.retain else 0)
-    body = _string(p.topic)
-    if p.qos:
-        if not p.packet_id:
-            raise ValueError("QoS 1 and 2 publishes need a packet identifier")
-        body += _H.pack(p.packet_id)
-    return _frame(PUBLISH, flags, body + _props.encode(p.properties) + p.payload)
-
-
-def _encode_connect(c: Connect) -> bytes:
-    v5 = c.protocol_level == 5
-    name = "MQIsdp" if c.protocol_level == 3 else "MQTT"
-    flags = 0x02 if c.clean_session else 0
-    payload = _string(c.client_id)
-    if c.will is not None:
-        flags |= 0x04 | (c.will.qos << 3) | (0x20 if c.will.retain else 0)
-        if v5:
-            payload += _props.encode(c.will.properties)
-        payload += _string(c.will.topic) + _binary(c.will.message)
-    if c.username is not None:
-        flags |= 0x80
-        payload += _string(c.username)
-    if c.password is not None:
-        flags |= 0x40
-        payload += _binary(c.password)
-    header = _string(name) + bytes((c.protocol_level, flags)) + _H.pack(c.keep_alive)
-    if v5:
-        header += _props.encode(c.properties)
-    return _frame(CONNECT, 0, header + payload)
-
-
-def _frame(ptype: int, flags: int, body: bytes) -> bytes:
-    return bytes(((ptype << 4) | flags,)) + _encode_length(len(body)) + body

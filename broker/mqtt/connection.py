@@ -32,7 +32,6 @@ packet larger than the client's Maximum Packet Size is not sent (section 3.1.2.2
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -58,6 +57,22 @@ from .codec import (
     Unsubscribe,
     UnsupportedProtocol,
 )
+from .encoding import encode_publish, with_alias
+from .events import (
+    AuthContinued,
+    ConnectRequested,
+    DeliveryAcked,
+    DeliveryCompleted,
+    DeliveryReceived,
+    Disconnected,
+    Event,
+    ProtocolViolation,
+    PublishReceived,
+    ReauthRequested,
+    ReleaseReceived,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
 
 _H = struct.Struct(">H")
 _PUBACK = struct.Struct(">BBH")
@@ -72,98 +87,6 @@ class State(Enum):
     CLOSED = "closed"  # refused, violated, or DISCONNECT: the edge closes the socket
 
 
-# ---- events -------------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class ConnectRequested:
-    """A well-formed CONNECT: answer with ``accept`` or ``refuse``."""
-    connect: Connect
-
-
-@dataclass(slots=True)
-class PublishReceived:
-    """PUBLISH from the client. For QoS 1 the broker answers PUBACK once the message is
-    routed, for QoS 2 PUBREC (``pubacks``)."""
-    publish: Publish
-
-
-@dataclass(slots=True)
-class ReleaseReceived:
-    """PUBREL of an inbound QoS 2 message: the broker forgets the packet id and answers
-    ``pubcomp`` (always, even for an id it does not know: section 4.3.3)."""
-    packet_id: int
-
-
-@dataclass(slots=True)
-class SubscribeRequested:
-    """SUBSCRIBE (requested QoS 0, 1 or 2; in v5 the subscription options byte). Answer
-    with ``suback``."""
-    packet_id: int
-    topics: list[tuple[str, int]]
-    properties: dict[int, Any] | None = None
-
-
-@dataclass(slots=True)
-class UnsubscribeRequested:
-    packet_id: int
-    topics: list[str]
-
-
-@dataclass(slots=True)
-class DeliveryAcked:
-    """The client's PUBACK for a QoS 1 ``publish``: ``token`` is what was passed there."""
-    token: Any
-
-
-@dataclass(slots=True)
-class DeliveryReceived:
-    """The client's PUBREC for a QoS 2 ``publish``: the packet id is in ``releasing`` until
-    the PUBCOMP; the broker sends ``pubrels`` (once the PUBREL state is durable, for a
-    persistent session)."""
-    token: Any
-    packet_id: int
-
-
-@dataclass(slots=True)
-class DeliveryCompleted:
-    """The client's PUBCOMP: the QoS 2 delivery ``packet_id`` is over."""
-    packet_id: int
-
-
-@dataclass(slots=True)
-class Disconnected:
-    """DISCONNECT: a clean end; the will message is discarded (section 3.14.4), unless a v5
-    client's reason code is 0x04 (Disconnect with Will Message). ``properties``: a v5
-    DISCONNECT's (Session Expiry Interval may change there)."""
-    reason_code: int = 0
-    properties: dict[int, Any] | None = None
-
-
-@dataclass(slots=True)
-class ReauthRequested:
-    """v5 AUTH 0x19 with the CONNECT's Authentication Method (section 4.12.1): answer
-    with ``auth_success`` or close with 0x87."""
-    data: bytes
-
-
-@dataclass(slots=True)
-class AuthContinued:
-    """v5 AUTH 0x18 answering the server's challenge (``challenge``), while connecting or
-    re-authenticating (section 4.12): answer with ``challenge`` again, or end the exchange
-    (``accept``/``refuse`` while connecting, ``auth_success`` or a close otherwise)."""
-    data: bytes
-
-
-@dataclass(slots=True)
-class ProtocolViolation:
-    """The connection is closed for ``reason``; the will message is published."""
-    reason: str
-
-
-Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequested
-         | UnsubscribeRequested | DeliveryAcked | DeliveryReceived | DeliveryCompleted
-         | Disconnected | ReauthRequested | AuthContinued | ProtocolViolation)
-
 # in the list ``pubacks`` takes, a packet id with this bit set gets PUBREC instead of PUBACK
 PUBREC_BIT = 0x10000
 # and (v5) one with this bit set is acknowledged with 0x10 No matching subscribers
@@ -171,29 +94,6 @@ NO_MATCH_BIT = 0x20000
 # and (v5) one with this bit set with 0x99 Payload format invalid (the message was not taken)
 FORMAT_INVALID_BIT = 0x40000
 _PUBACK_CODE = struct.Struct(">BBHB")
-
-
-def encode_publish(topic_raw: bytes, payload: bytes, qos: int, packet_id: int,
-                   retain: bool = False, dup: bool = False) -> bytes:
-    """A PUBLISH from a topic already encoded as a length-prefixed string (the hot path of
-    deliveries: no dataclass, one join)."""
-    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    n = len(topic_raw) + len(payload) + (2 if qos else 0)
-    if n < 128:
-        head = bytes((first, n))
-    else:
-        head = bytes((first,)) + codec._encode_length(n)
-    if qos:
-        return b"".join((head, topic_raw, _H.pack(packet_id), payload))
-    return b"".join((head, topic_raw, payload))
-
-
-def topic_field(topic: str) -> bytes:
-    """``topic`` as the length-prefixed UTF-8 string PUBLISH carries. An AMQP routing key
-    may hold bytes that are not UTF-8 (kept as surrogates); an MQTT topic must be UTF-8,
-    so each such byte becomes '?' rather than the delivery failing."""
-    raw = topic.encode("utf-8", "replace")
-    return _H.pack(len(raw)) + raw
 
 
 class ServerConnection:
@@ -471,7 +371,7 @@ class ServerConnection:
         if self.state is not State.CONNECTING:
             raise RuntimeError("refuse without a pending CONNECT")
         if self.v5:
-            code = _V5_REFUSALS.get(return_code, return_code)
+            code = codec.V5_REFUSALS.get(return_code, return_code)
             self._write(codec.encode(codec.ConnAck(code, False, _reason_string(reason))))
         else:
             self._write(codec.encode(codec.ConnAck(return_code)))
@@ -600,26 +500,7 @@ class ServerConnection:
         if self.v5:
             return self._publish_v5_out(topic_raw, payload, qos, token, retain, dup, packet_id,
                                         props)
-        pid = 0
-        if qos:
-            inflight = self.inflight
-            releasing = self.releasing
-            if len(inflight) + len(releasing) >= 65535:
-                raise RuntimeError("no free packet identifier")
-            if packet_id and packet_id not in inflight and packet_id not in releasing:
-                pid = packet_id
-            else:
-                pid = self._next_id
-                while pid in inflight or (releasing and pid in releasing):
-                    pid = pid % 65535 + 1
-                self._next_id = pid % 65535 + 1
-            if inflight is _NO_INFLIGHT:
-                inflight = self.inflight = {}
-            inflight[pid] = token
-            if qos == 2:
-                if self.qos2_out is _EMPTY:
-                    self.qos2_out = set()
-                self.qos2_out.add(pid)  # type: ignore[union-attr]
+        pid = self.publish_id(qos, token, packet_id) if qos else 0
         data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
@@ -636,18 +517,17 @@ class ServerConnection:
                 aliases = self._aliases_out = {}
             alias = aliases.get(topic_raw)
             if alias is not None:
-                props = _with_alias(props, alias)
+                props = with_alias(props, alias)
                 topic_raw = b"\x00\x00"
             elif len(aliases) < self.alias_max_out:
                 new_alias = len(aliases) + 1
-                props = _with_alias(props, new_alias)
+                props = with_alias(props, new_alias)
         if self.max_out:
             n = len(topic_raw) + len(props) + len(payload) + (2 if qos else 0)
-            if n + len(codec._encode_length(n)) + 1 > self.max_out:
+            if n + len(codec.encode_length(n)) + 1 > self.max_out:
                 return -1  # section 3.1.2.25: discarded, as if sent
         if new_alias:
             self._aliases_out[topic_raw] = new_alias  # type: ignore[index]
-        # the packet id as a 3.1.1 delivery gets it (``publish`` without properties)
         pid = self.publish_id(qos, token, packet_id) if qos else 0
         data = encode_publish(topic_raw, props + payload, qos, pid, retain, dup)
         self._out.append(data)
@@ -655,8 +535,7 @@ class ServerConnection:
         return pid
 
     def publish_id(self, qos: int, token: Any, packet_id: int) -> int:
-        """A free packet id for a QoS 1/2 delivery (``packet_id`` if free), now in flight
-        (the same choice as ``publish`` makes inline for 3.1.1)."""
+        """A free packet id for a QoS 1/2 delivery (``packet_id`` if free), now in flight."""
         inflight = self.inflight
         releasing = self.releasing
         if len(inflight) + len(releasing) >= 65535:
@@ -710,19 +589,6 @@ class ServerConnection:
 _MISSING = object()
 _NO_INFLIGHT: dict[int, Any] = {}  # never written: ``publish`` replaces it first
 _EMPTY: frozenset[int] = frozenset()
-# 3.1.1 CONNACK return codes -> the v5 reason codes meaning the same (section 3.2.2.2)
-_V5_REFUSALS = {codec.REFUSED_PROTOCOL_VERSION: P.UNSUPPORTED_PROTOCOL_VERSION,
-                codec.REFUSED_IDENTIFIER: P.CLIENT_IDENTIFIER_NOT_VALID,
-                codec.REFUSED_SERVER_UNAVAILABLE: P.SERVER_UNAVAILABLE,
-                codec.REFUSED_BAD_CREDENTIALS: P.BAD_USER_NAME_OR_PASSWORD,
-                codec.REFUSED_NOT_AUTHORIZED: P.NOT_AUTHORIZED}
-
-
-def _with_alias(props: bytes, alias: int) -> bytes:
-    """Encoded properties (length first) with a Topic Alias added."""
-    length, pos = P.read_varint(props, 0, len(props))
-    body = props[pos:pos + length] + bytes((P.TOPIC_ALIAS,)) + _H.pack(alias)
-    return P.varint(len(body)) + body
 
 
 def _reason_string(reason: str) -> dict[int, Any]:

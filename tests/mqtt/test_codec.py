@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.mqtt import codec as m
+from broker.mqtt import encoding as E
 from broker.mqtt.codec import MalformedPacket, PacketReader, UnsupportedProtocol, encode
 
 
@@ -30,7 +31,7 @@ def test_spec_examples():
 
 @pytest.mark.parametrize("n", [0, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455])
 def test_remaining_length_boundaries(n):
-    encoded = m._encode_length(n)
+    encoded = m.encode_length(n)
     assert len(encoded) == (1 if n < 128 else 2 if n < 16_384 else 3 if n < 2_097_152 else 4)
     if n >= 5:  # a PUBLISH of exactly n remaining bytes: topic "t" and n - 3 payload bytes
         packet = m.Publish("t", b"p" * (n - 3))
@@ -151,7 +152,7 @@ def test_any_publish_round_trips(topic, payload, qos, retain, pid):
 @settings(max_examples=400, deadline=None)
 @given(st.integers(0x30, 0x3F), st.one_of(
     st.binary(max_size=40),
-    st.builds(lambda t, pid, p: m._string(t) + pid + p, st.text(max_size=8),
+    st.builds(lambda t, pid, p: E._string(t) + pid + p, st.text(max_size=8),
               st.binary(min_size=0, max_size=2), st.binary(max_size=8))))
 def test_publish_fast_path_agrees_with_decode(first, body):
     """PacketReader reads PUBLISH in place (``_publish_at``): same packet, same refusals."""

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from broker.mqtt import codec as m
 from broker.mqtt.codec import PacketReader, encode
-from broker.mqtt.connection import (
-    PUBREC_BIT,
+from broker.mqtt.connection import PUBREC_BIT, ServerConnection, State
+from broker.mqtt.encoding import encode_publish, topic_field
+from broker.mqtt.events import (
     ConnectRequested,
     DeliveryAcked,
     DeliveryCompleted,
@@ -17,12 +18,8 @@ from broker.mqtt.connection import (
     ProtocolViolation,
     PublishReceived,
     ReleaseReceived,
-    ServerConnection,
-    State,
     SubscribeRequested,
     UnsubscribeRequested,
-    encode_publish,
-    topic_field,
 )
 
 CONNECT = encode(m.Connect("c1", True, 30))
@@ -198,7 +195,6 @@ def test_garbage_instead_of_connect_never_raises(data):
 
 def test_topic_field_of_a_routing_key_that_is_not_utf8():
     """An AMQP routing key with bytes that are not UTF-8 still makes a valid MQTT topic."""
-    from broker.mqtt.connection import topic_field
 
     key = b"sensors.\xff".decode("utf-8", "surrogateescape")
     assert topic_field(key) == b"\x00\x09sensors.?"

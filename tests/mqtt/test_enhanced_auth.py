@@ -13,13 +13,7 @@ import pytest
 from broker.mqtt import codec as m
 from broker.mqtt import properties as P
 from broker.mqtt.codec import PacketReader, encode
-from broker.mqtt.connection import (
-    AuthContinued,
-    ConnectRequested,
-    ProtocolViolation,
-    ReauthRequested,
-    ServerConnection,
-)
+from broker.mqtt.connection import ServerConnection
 from broker.mqtt.enhanced_auth import (
     METHODS,
     Challenge,
@@ -27,6 +21,12 @@ from broker.mqtt.enhanced_auth import (
     NotOffered,
     Refused,
     Verified,
+)
+from broker.mqtt.events import (
+    AuthContinued,
+    ConnectRequested,
+    ProtocolViolation,
+    ReauthRequested,
 )
 
 

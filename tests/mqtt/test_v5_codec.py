@@ -8,14 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.mqtt import codec as m
+from broker.mqtt import encoding as E
 from broker.mqtt import properties as P
 from broker.mqtt.codec import MalformedPacket, PacketReader, encode
-from broker.mqtt.connection import (
+from broker.mqtt.connection import ServerConnection
+from broker.mqtt.events import (
     ConnectRequested,
     Disconnected,
     ProtocolViolation,
     PublishReceived,
-    ServerConnection,
 )
 
 CONNECT5 = encode(m.Connect("c5", True, 30, protocol_level=5, properties={}))
@@ -306,7 +307,7 @@ def test_outbound_topic_aliases_up_to_the_clients_maximum():
     out(conn)
     reader = PacketReader()
     reader.version, reader.started = 5, True
-    t = {name: m._string(name) for name in ("long/topic/a", "long/topic/b", "long/topic/c")}
+    t = {name: E._string(name) for name in ("long/topic/a", "long/topic/b", "long/topic/c")}
     conn.publish(t["long/topic/a"], b"1", 0, props=P.encode({P.CONTENT_TYPE: "x"}))
     conn.publish(t["long/topic/a"], b"2", 1, "tok")
     conn.publish(t["long/topic/b"], b"3", 0)
@@ -321,8 +322,8 @@ def test_outbound_topic_aliases_up_to_the_clients_maximum():
 
 def test_no_topic_alias_to_a_client_that_accepts_none():
     conn = connected()
-    conn.publish(m._string("long/topic/a"), b"1", 0)
-    conn.publish(m._string("long/topic/a"), b"2", 0)
+    conn.publish(E._string("long/topic/a"), b"1", 0)
+    conn.publish(E._string("long/topic/a"), b"2", 0)
     assert [p.topic for p in out(conn)] == ["long/topic/a", "long/topic/a"]
 
 
