@@ -17,8 +17,8 @@ from broker.amqp import spec
 from broker.amqp.codec import method_frame
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp_session import Session
 from broker.persistence import MemoryStore
-from broker.session import Session
 from tests.amqp.sansio_helpers import GUEST_PLAIN, HEADER, conn_open, start_ok, tune_ok
 from tests.support import publish_frames
 

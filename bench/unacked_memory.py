@@ -16,8 +16,8 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import open_store
-from broker.server import Server
 
 from .journal_memory import _blast, _consume_never_ack, _declare
 

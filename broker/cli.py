@@ -358,7 +358,7 @@ def _run(args) -> int:
     from .listeners import ListenError
     from .management.http import HttpListenError
     from .persistence import StoreUnavailable, open_store
-    from .server import describe_listen_error, run_server
+    from .listeners.amqp import describe_listen_error, run_server
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -23,7 +23,7 @@ from . import errors
 from .queues.args import non_neg_int, register_queue_argument
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from .listeners.amqp_channel import Channel
     from .timers import TimerHandle, TimerQueue
 
 log = logging.getLogger("broker.consumer_timeout")

@@ -18,10 +18,9 @@ import base64
 import binascii
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .channel import Channel
     from .message import Message
 
 REPLY_QUEUE = "amq.rabbitmq.reply-to"
@@ -41,6 +40,17 @@ def node_of(name: str) -> str | None:
         return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
     except (binascii.Error, ValueError):
         return None
+
+
+class Channel(Protocol):
+    """What a reply delivery uses of an AMQP channel (listeners/amqp_channel.py), which the
+    core may not import."""
+    closed: bool
+    conn: Any
+    number: int
+    next_tag: int
+    stats_deliver_no_ack: int
+    session: Any
 
 
 class ReplyConsumer:

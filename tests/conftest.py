@@ -14,8 +14,8 @@ import pytest
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import MemoryStore
-from broker.server import Server
 from broker.timers import TimerQueue
 from broker.vhost import VirtualHost
 

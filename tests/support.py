@@ -1,7 +1,7 @@
 """Helpers for white-box tests of the broker core: a fake clock, message and method
 builders, an error matcher, and two clients that speak AMQP to the broker without pika:
 
-- ``SessionClient`` drives a ``broker.session.Session`` synchronously (bytes in, frames
+- ``SessionClient`` drives a ``broker.listeners.amqp_session.Session`` synchronously (bytes in, frames
   out): the whole channel layer without sockets or trio.
 - ``TrioClient`` talks to an in-process server (``inprocess_broker`` fixture) over a real
   TCP stream from inside the test's trio run.
@@ -17,8 +17,8 @@ import trio
 from broker.amqp import spec
 from broker.amqp.codec import FrameReader, content_frames, method_frame, parse_content_header
 from broker.amqp.fields import decode_properties, encode_properties
+from broker.listeners.amqp_session import Session
 from broker.message import Message
-from broker.session import Session
 
 from .amqp.sansio_helpers import GUEST_PLAIN, HEADER, conn_open, start_ok, tune_ok
 

@@ -18,11 +18,11 @@ from broker.amqp import spec
 from broker.amqp.fields import encode_properties
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.message import Message
 from broker.mqtt import codec as m
 from broker.persistence import MemoryStore, open_store
 from broker.publishing import ROUTED, TAKEN, Source
-from broker.server import Server
 from broker.stomp.codec import Frame, FrameReader, encode
 
 from .support import TrioClient

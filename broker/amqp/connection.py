@@ -9,11 +9,9 @@ handshakes; it knows nothing of sockets, clocks or queues.
 """
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final, TypeAlias, cast
+from typing import Final, cast
 
 from .. import errors
 from ..errors import AMQPError, reply_text
@@ -24,24 +22,30 @@ from .codec import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
-    GATHER_MIN,
-    HEARTBEAT_FRAME,
     Frame,
     FrameError,
     FrameReader,
     OutPart,
     PublishArgs,
-    ack_frame,
-    content_parts,
-    deliver_frames,
     erlang_binary,
-    method_frame,
-    nack_frame,
     parse_content_header,
     parse_publish,
-    shortstr,
+)
+from .events import (
+    Authenticator,
+    ChannelClosedByPeer,
+    ChannelOpened,
+    ConnectionCloseCompleted,
+    ContentReceived,
+    ContentStarted,
+    Event,
+    MethodReceived,
+    ProtocolError,
+    State,
 )
 from .fields import FieldError, FieldTable, Properties, ReadableBuffer, decode_properties
+from .handshake import Handshake
+from .output import FrameOutput
 from .spec import MethodDecodeError, UnknownMethod
 
 SERVER_CAPABILITIES: Final[dict[str, bool]] = {
@@ -62,111 +66,9 @@ DEFAULT_HEARTBEAT = 60
 MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 
 
-class State(enum.Enum):
-    AWAIT_HEADER = "await_header"
-    AWAIT_START_OK = "await_start_ok"
-    AWAIT_LOGIN = "await_login"  # start-ok received; the edge checks the credentials
-    AWAIT_TUNE_OK = "await_tune_ok"
-    AWAIT_OPEN = "await_open"
-    OPEN = "open"
-    CLOSING = "closing"  # we sent connection.close, waiting for close-ok
-    CLOSED = "closed"  # nothing more will be read; the edge closes the socket
-
-
-# ---- events -----------------------------------------------------------------
-
-@dataclass(slots=True)
-class ConnectionOpened:
-    vhost: str
-    username: str
-    client_properties: FieldTable
-
-
-@dataclass(slots=True)
-class ChannelOpened:
-    channel: int
-
-
-@dataclass(slots=True)
-class ChannelClosedByPeer:
-    """The client closed a channel. Write what is still owed on it (publisher confirms), then
-    answer with ``accept_channel_close``: nothing may follow a channel's close-ok."""
-    channel: int
-    reply_code: int
-    reply_text: str
-
-
-@dataclass(slots=True)
-class MethodReceived:
-    channel: int
-    method: spec.Method
-
-
-@dataclass(slots=True)
-class ContentStarted:
-    """A basic.publish's content header declared a body of more than one frame: the broker
-    may refuse the publish (a channel error) before its body is read."""
-    channel: int
-    exchange: str
-    body_size: int
-
-
-@dataclass(slots=True)
-class ContentReceived:
-    """A complete basic.publish: method arguments, raw properties and body."""
-    channel: int
-    exchange: str
-    routing_key: str
-    mandatory: bool
-    immediate: bool
-    props_raw: bytes
-    properties: Properties
-    body: bytes
-
-
-@dataclass(slots=True)
-class ConnectionClosedByPeer:
-    """The client closed the connection; nothing more is read. Write what is owed, then
-    answer with ``accept_close``."""
-    reply_code: int
-    reply_text: str
-
-
-@dataclass(slots=True)
-class ConnectionCloseCompleted:
-    """Our connection.close was answered, or the connection must now be dropped."""
-
-
-@dataclass(slots=True)
-class ProtocolError:
-    """We closed the connection for a protocol violation (for the log)."""
-    reply_code: int
-    reply_text: str
-
-
-@dataclass(slots=True)
-class AuthenticationFailed:
-    username: str
-    reply_text: str
-
-
-@dataclass(slots=True)
-class LoginNeeded:
-    """The authenticator answered ``LOGIN_PENDING``: the edge awaits its check (an OAuth 2
-    token introspection) and then calls ``resume_login``; nothing is read meanwhile."""
-
-
-# What ``receive_data`` returns.
-Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosedByPeer | MethodReceived
-                    | ContentStarted | ContentReceived | ConnectionClosedByPeer
-                    | ConnectionCloseCompleted | ProtocolError | AuthenticationFailed
-                    | LoginNeeded)
-
-
 _PUBLISH = spec.Basic.Publish()  # names the method of content-frame errors
 _PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish's class and method ids
 _CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
-_CONTENT_OVERHEAD = 100  # method + header frames, a bound for output accounting
 # A body buffer kept for the connection's next large content (see ``_spare``) at most.
 _SPARE_MAX = 8 * 1024 * 1024
 
@@ -198,13 +100,7 @@ class _ChannelState:
         self.received = 0
 
 
-# (mechanism, response) -> (username or None if refused, refusal explanation); the
-# explanation LOGIN_PENDING: not decided yet (LoginNeeded, then resume_login)
-Authenticator: TypeAlias = Callable[[str, bytes], tuple[str | None, str]]
-LOGIN_PENDING = "\x00login pending"
-
-
-class ServerConnection:
+class ServerConnection(FrameOutput, Handshake):
     def __init__(self, authenticate: Authenticator, vhost_exists: Callable[[str], bool],
                  server_properties: FieldTable | None = None, frame_max: int = DEFAULT_FRAME_MAX,
                  channel_max: int = DEFAULT_CHANNEL_MAX, heartbeat: int = DEFAULT_HEARTBEAT,
@@ -264,103 +160,6 @@ class ServerConnection:
         # resetting the connection. Not after the peer's close-ok (its last frame) nor after
         # a framing error (the stream is dropped at once).
         self.linger_for_eof = False
-
-    # ---- output ----
-    def data_to_send(self) -> bytes:
-        if not self._out:
-            return b""
-        data = b"".join(self._out)
-        self._out.clear()
-        self.send_oct += len(data)
-        self.send_cnt += 1
-        self._out_size = 0
-        self._out_gather = False
-        return data
-
-    def buffers_to_send(self) -> list[OutPart]:
-        """Everything queued, for a gathering send (``sendmsg``): runs of small parts joined,
-        large body parts as slices of the message body, never copied."""
-        out = self._out
-        if not out:
-            return []
-        self._out = []
-        self.send_cnt += 1
-        self._out_size = 0
-        if not self._out_gather:
-            data = b"".join(out)
-            self.send_oct += len(data)
-            return [data]
-        self._out_gather = False
-        bufs: list[OutPart] = []
-        run = 0
-        for i, part in enumerate(out):
-            if len(part) >= GATHER_MIN:
-                if i > run:
-                    bufs.append(out[run] if i - run == 1 else b"".join(out[run:i]))
-                bufs.append(part)
-                run = i + 1
-        if run < len(out):
-            bufs.append(b"".join(out[run:]))
-        self.send_oct += sum(map(len, bufs))  # a few parts: large bodies stand alone
-        return bufs
-
-    @property
-    def pending_output(self) -> int:
-        return self._out_size
-
-    def write(self, data: bytes) -> None:
-        self._out.append(data)
-        self._out_size += len(data)
-
-    def write_many(self, parts: list[OutPart], size: int) -> None:
-        self._out.extend(parts)
-        self._out_size += size
-        if size >= GATHER_MIN:
-            self._out_gather = True
-
-    def send_method(self, channel: int, method: spec.Method) -> None:
-        self.write(method_frame(channel, method))
-
-    # Content for the client. The frames are built by the codec's pre-encoded fast paths;
-    # ``pending_output`` counts the body plus a bound on the frame overhead, so an empty
-    # body still counts (and wakes the writer).
-    def deliver(self, channel: int, consumer_tag_raw: bytes, delivery_tag: int,
-                redelivered: bool, exchange: str, routing_key: str, props_raw: bytes,
-                body: bytes) -> None:
-        """Queue basic.deliver + content; ``consumer_tag_raw`` is the tag as an encoded shortstr."""
-        self.write_many(deliver_frames(channel, consumer_tag_raw, delivery_tag, redelivered,
-                                       shortstr(exchange), shortstr(routing_key), props_raw, body,
-                                       self.frame_max), len(body) + _CONTENT_OVERHEAD)
-
-    def get_ok(self, channel: int, delivery_tag: int, redelivered: bool, exchange: str,
-               routing_key: str, message_count: int, props_raw: bytes, body: bytes) -> None:
-        """Queue basic.get-ok + content."""
-        self._send_content(channel, spec.Basic.GetOk(delivery_tag, redelivered, exchange,
-                                                     routing_key, message_count), props_raw, body)
-
-    def basic_return(self, channel: int, reply_code: int, reply_text: str, exchange: str,
-                     routing_key: str, props_raw: bytes, body: bytes) -> None:
-        """Queue basic.return + content (a mandatory message that was not routed)."""
-        self._send_content(channel, spec.Basic.Return(reply_code, reply_text, exchange,
-                                                      routing_key), props_raw, body)
-
-    def confirm(self, channel: int, delivery_tag: int, multiple: bool, ok: bool = True) -> None:
-        """Queue a publisher confirm: basic.ack, or basic.nack when not ``ok``."""
-        self.write((ack_frame if ok else nack_frame)(channel, delivery_tag, multiple))
-
-    def _send_content(self, channel: int, method: spec.Method, props_raw: bytes,
-                      body: bytes) -> None:
-        self.write_many([method_frame(channel, method),
-                         *content_parts(channel, props_raw, body, self.frame_max)],
-                        len(body) + _CONTENT_OVERHEAD)
-
-    def send_heartbeat(self) -> None:
-        self.write(HEARTBEAT_FRAME)
-
-    @property
-    def has_output(self) -> bool:
-        """Frames are waiting to be written (an empty body still makes frames)."""
-        return bool(self._out)
 
     def accept_channel_close(self, channel: int) -> None:
         """Answer a peer's channel.close (after ``ChannelClosedByPeer``)."""
@@ -762,100 +561,3 @@ class ServerConnection:
             err.class_id, err.method_id = exc.class_id, exc.method_id
             raise err from None
 
-    def _connection_method(self, method: spec.Method, events: list[Event]) -> None:
-        if isinstance(method, spec.Connection.Close):
-            self.state = State.CLOSED
-            events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
-            return
-        if isinstance(method, spec.Connection.CloseOk):
-            self.state = State.CLOSED
-            events.append(ConnectionCloseCompleted())
-            return
-        if isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
-            return
-        if isinstance(method, spec.Connection.UpdateSecret):
-            if self.update_secret is not None:  # raises (530) to refuse the new secret
-                self.update_secret(bytes(method.new_secret), method.reason)
-            self.send_method(0, spec.Connection.UpdateSecretOk())
-            return
-        raise errors.command_invalid(f"unexpected {method.amqp_name} on an open connection", method=method)
-
-    def _login(self, mechanism: str, response: bytes, events: list[Event]) -> None:
-        """connection.start-ok's credentials decided: tune, or the refusal."""
-        username, failure = self._authenticate(mechanism, response)
-        if username is None and failure == LOGIN_PENDING:
-            self._pending_login = (mechanism, response)
-            self.state = State.AWAIT_LOGIN
-            events.append(LoginNeeded())
-            return
-        if username is None:
-            refusal = errors.access_refused(failure) if failure else None
-            events.append(AuthenticationFailed("", refusal.text if refusal else "malformed response"))
-            if refusal is not None and self.client_capabilities.get("authentication_failure_close"):
-                self.close(refusal.code, refusal.text)
-            else:
-                self.state = State.CLOSED
-                events.append(ConnectionCloseCompleted())
-            return
-        self.username = username
-        self.send_method(0, spec.Connection.Tune(
-            self.server_channel_max, self.server_frame_max, self.server_heartbeat))
-        self.state = State.AWAIT_TUNE_OK
-
-    def resume_login(self) -> list[Event]:
-        """The edge's check after ``LoginNeeded`` is done: decide the login again (the
-        authenticator now answers) and go on as start-ok would have."""
-        events: list[Event] = []
-        if self.state is not State.AWAIT_LOGIN or self._pending_login is None:
-            return events
-        mechanism, response = self._pending_login
-        self._pending_login = None
-        self.state = State.AWAIT_START_OK
-        self._login(mechanism, response, events)
-        return events
-
-    # ---- handshake ----
-    def _handshake_frame(self, ftype: int, channel: int, payload: ReadableBuffer,
-                         events: list[Event]) -> None:
-        if ftype != FRAME_METHOD or channel != 0:
-            raise errors.command_invalid("connection not open yet")
-        method = self._decode(payload)
-        state = self.state
-        if isinstance(method, spec.Connection.Close):
-            self.state = State.CLOSED
-            events.append(ConnectionClosedByPeer(method.reply_code, method.reply_text))
-            return
-        if state is State.AWAIT_START_OK and isinstance(method, spec.Connection.StartOk):
-            self.client_properties = method.client_properties or {}
-            caps = self.client_properties.get("capabilities")
-            self.client_capabilities = caps if isinstance(caps, dict) else {}
-            self._login(method.mechanism, method.response, events)
-            return
-        if state is State.AWAIT_TUNE_OK and isinstance(method, spec.Connection.TuneOk):
-            frame_max = method.frame_max or self.server_frame_max
-            if frame_max < spec.FRAME_MIN_SIZE:
-                raise errors.not_allowed("frame_max=%d < %d min size", frame_max,
-                                         spec.FRAME_MIN_SIZE, method=method)
-            if frame_max > self.server_frame_max:
-                raise errors.not_allowed("frame_max=%d > %d max size", frame_max,
-                                         self.server_frame_max, method=method)
-            channel_max = method.channel_max or self.server_channel_max
-            if channel_max > self.server_channel_max:
-                raise errors.not_allowed("channel_max=%d > %d max", channel_max,
-                                         self.server_channel_max, method=method)
-            self.frame_max = frame_max
-            self.channel_max = channel_max
-            self.heartbeat = method.heartbeat
-            self._reader.frame_max = frame_max
-            self.state = State.AWAIT_OPEN
-            return
-        if state is State.AWAIT_OPEN and isinstance(method, spec.Connection.Open):
-            if not self._vhost_exists(method.virtual_host):
-                raise errors.not_allowed(f"vhost {method.virtual_host} not found", method=method)
-            self.vhost = method.virtual_host
-            self.send_method(0, spec.Connection.OpenOk(""))
-            self.state = State.OPEN
-            assert self.username is not None  # set by start-ok, before tune-ok and open
-            events.append(ConnectionOpened(self.vhost, self.username, self.client_properties))
-            return
-        raise errors.command_invalid(f"unexpected {method.amqp_name} in state {state.value}", method=method)

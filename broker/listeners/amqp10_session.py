@@ -43,12 +43,12 @@ from ..amqp10.connection import (
     SessionEnded,
 )
 from ..amqp10.sasl import plain_credentials
-from ..channel import Unacked, _selector
 from ..message import Message
 from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
 from .amqp10_mgmt import ManagementNode
 from .amqp10_tx import Coordinator, TxnError
+from .amqp_channel import Unacked, _selector
 from .session_base import NO_QUEUES, FlowControlledSession
 
 log = logging.getLogger("broker.amqp10")

@@ -30,12 +30,12 @@ from typing import Any
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..channel import Unacked, _selector
 from ..message import Message
 from ..publishing import NACKED, REFUSED, STORING
 from ..queues.queue import Consumer
 from ..stomp.codec import Frame
 from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
+from .amqp_channel import Unacked, _selector
 from .session_base import NO_QUEUES, FlowControlledSession
 
 log = logging.getLogger("broker.stomp")

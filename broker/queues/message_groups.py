@@ -12,7 +12,7 @@ message of each (its unacknowledged ones come back first, requeued) picks a new 
 The group id is the header ``JMSXGroupID`` (AMQP 0-9-1 and STOMP headers; AMQP 1.0's
 ``group-id`` property arrives as that header, ``group-sequence`` as ``JMSXGroupSeq``).
 The queue dispatches through its selective path while the feature is on
-(``Queue._dispatch_selective``); queues without the argument never look at a header.
+(``selective.dispatch_selective``); queues without the argument never look at a header.
 The policy key ``message-groups`` (true/false) turns groups on or off for the queues it
 matches (a queue's own argument wins), so a vhost can group every queue as ActiveMQ does.
 """

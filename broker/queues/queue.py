@@ -8,118 +8,31 @@ their own modules; this class wires them in.
 from __future__ import annotations
 
 import math
-from array import array
 from collections import deque
 
 from .. import errors
 from . import max_length, ttl
-from .args import QueueOptions, with_policy
+from .args import QueueOptions
+from .consumer import Consumer
 from .dead_letter import dead_letter, dead_letter_confirmed
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
 from .group import group_of
-from .message_groups import GROUPS_ARGUMENT, message_groups_of
-from .message_groups import reconfigure as reconfigure_groups
+from .message_groups import message_groups_of
 from .ops import PAGES_MESSAGES, ObserverList, Op
+from .policy import PolicyQueue, make_retry
 from .priority import PriorityReady, message_priority
+from .selective import dispatch_selective
+from .stored import StoredQueue
 from .types import queue_type_of
 
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
 
-def _make_retry(queue):
-    try:
-        from .retry import make_retry_policy
-    except ImportError:
-        return None
-    return make_retry_policy(queue)
 
 
-SELECT_WINDOW = 256  # messages a selective dispatch looks at past the head per pass
-
-
-class Consumer:
-    __slots__ = (
-        "arguments",
-        "channel",
-        "exclusive",
-        "global_qos",
-        "no_ack",
-        "parked",
-        "prefetch",
-        "priority",
-        "queue",
-        "selector",
-        "tag",
-        "tag_raw",
-        "unacked",
-    )
-
-    def __init__(self, tag: str, channel, queue: Queue, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict, selector=None):
-        self.tag = tag
-        raw = tag.encode("utf-8", "surrogateescape")
-        self.tag_raw = bytes((len(raw),)) + raw
-        self.channel = channel
-        self.queue = queue
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.priority = priority
-        self.prefetch = prefetch
-        self.unacked = 0
-        # at its own prefetch limit: out of the queue's rotation until an ack returns credit,
-        # so a dispatch does not walk past every busy consumer (1,000 at prefetch 1)
-        self.parked = False
-        self.arguments = arguments
-        self.selector = selector  # x-filter: a predicate over messages (queues/selector.py)
-        # whether the channel's global prefetch limits it: not on a quorum queue, whose
-        # consumers RabbitMQ keeps out of the channel's limiter (a later qos global=true)
-        self.global_qos = queue.queue_type.global_qos
-
-    def can_take(self) -> bool:
-        ch = self.channel
-        if not ch.can_deliver:
-            return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        return not (ch.global_prefetch and ch.unacked_count >= ch.global_prefetch
-                    and self.global_qos)
-
-
-
-_NAN_BYTES = array("d", [math.nan]).tobytes()
-
-
-def _some_expiry(exps) -> bool:
-    """Whether recovered wall-clock expiries (NaN = none) hold one; a recovered index of
-    millions of entries without TTL is told by one comparison of its bytes."""
-    if isinstance(exps, array) and exps.typecode == "d":
-        raw = memoryview(exps).cast("B")
-        block = _NAN_BYTES * 8192
-        step = len(block)
-        # bytes, not memoryview slices: a memoryview compares item by item (0.2-0.6 s at
-        # 10M entries), bytes with one memcmp
-        if all(bytes(raw[i:i + step]) == block[:len(raw) - i] for i in range(0, len(raw), step)):
-            return False
-    return any(e == e for e in exps)
-
-
-def _max_and_sum(seqs, blens) -> tuple[int, int]:
-    """The highest seq and the body bytes of a recovered index. A long one (arrays of the
-    index's typecodes) is reduced by numpy, which the store loading it has imported: the
-    builtins walk ten million items in ~0.3 s."""
-    if len(seqs) > 100_000 and isinstance(seqs, array) and seqs.typecode == "q" \
-            and isinstance(blens, array) and blens.typecode == "I":
-        import numpy as np
-        return (int(np.frombuffer(seqs, np.int64).max()),
-                int(np.frombuffer(blens, np.uint32).sum(dtype=np.int64)))
-    return max(seqs), sum(blens)
-
-
-class Queue:
+class Queue(PolicyQueue, StoredQueue):
     kind = "queue"
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
     # internal entities are: 404 to every operation, never routed to by name.
@@ -153,7 +66,7 @@ class Queue:
         self.operator_policy: str | None = None
         self.effective_policy_definition: dict = {}
         # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
-        self.retry = _make_retry(self)
+        self.retry = make_retry(self)
         self.dedup = make_queue_dedup(self)  # x-message-deduplication (queues/dedup.py)
         # Follow the operation stream (queues/ops.py): the store of a durable queue, tests.
         self.observers = ObserverList()
@@ -328,18 +241,7 @@ class Queue:
                         expired = []
                     expired.append(entry)
                     continue
-            self._mark_delivered(entry)
-            if not consumer.no_ack:
-                consumer.unacked += 1
-                self.unacked_count += 1
-                self.unacked_bytes += len(entry.message.body)
-            consumer.channel.deliver(consumer, self, entry)
-            protocol = getattr(consumer.channel, "metrics_protocol", None)
-            if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
-                self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
-            if consumer.no_ack:
-                self.stats_deliver_no_ack += 1
-                self.settled(entry)
+            self.deliver_to(consumer, entry)
         if expired:
             self.discard(expired, "expired")
         if self._expiry.at is not None or (now is not None and ready):
@@ -347,67 +249,24 @@ class Queue:
         if self.flow_waiters:
             self.flow_check()
 
-    # Consumers with an x-filter (JMS selectors): a message goes to a consumer whose selector
-    # it matches; one that no consumer matches stays for later ones, and those behind it
-    # still flow -- up to SELECT_WINDOW of them per pass, so a backlog of unmatched messages
-    # costs a bounded scan. A consumer's own exclusive queue drops what its selector refuses
-    # (a subscription: nobody else will ever read it).
+    def deliver_to(self, consumer: Consumer, entry: QueueEntry) -> None:
+        """Hand ``entry``, taken from the ready list, to ``consumer`` (counted, settled at
+        once for a no-ack consumer)."""
+        self._mark_delivered(entry)
+        if not consumer.no_ack:
+            consumer.unacked += 1
+            self.unacked_count += 1
+            self.unacked_bytes += len(entry.message.body)
+        consumer.channel.deliver(consumer, self, entry)
+        protocol = getattr(consumer.channel, "metrics_protocol", None)
+        if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
+            self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
+        if consumer.no_ack:
+            self.stats_deliver_no_ack += 1
+            self.settled(entry)
+
     def _dispatch_selective(self) -> None:
-        ready = self.ready
-        kept: list[QueueEntry] = []
-        refused: list[QueueEntry] = []
-        expired: list[QueueEntry] = []
-        now = self.vhost.timers.now()
-        subscription = self.exclusive_owner is not None and len(self.consumers) == 1
-        groups = self.message_groups
-        commit = self.commit_seq
-        while ready and len(kept) < SELECT_WINDOW:
-            if commit is not None and ready.peek().seq > commit:
-                break
-            entry = ready.popleft()
-            self.ready_bytes -= len(entry.message.body)
-            if entry.expires_at is not None and entry.expires_at < now:
-                expired.append(entry)
-                continue
-            matching = [c for c in self.consumers
-                        if c.selector is None or c.selector(entry.message)]
-            if not matching:
-                (refused if subscription else kept).append(entry)
-                continue
-            if groups is None:
-                consumer = next((c for c in matching if c.can_take()), None)
-            else:
-                consumer = groups.choose(entry.message, matching)
-            if consumer is None:
-                kept.append(entry)
-                if not any(c.can_take() for c in self.consumers):
-                    break
-                continue
-            self._mark_delivered(entry)
-            if not consumer.no_ack:
-                consumer.unacked += 1
-                self.unacked_count += 1
-                self.unacked_bytes += len(entry.message.body)
-            consumer.channel.deliver(consumer, self, entry)
-            protocol = getattr(consumer.channel, "metrics_protocol", None)
-            if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
-                self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
-            if groups is not None:
-                groups.delivered(entry.message)
-            if consumer.no_ack:
-                self.stats_deliver_no_ack += 1
-                self.settled(entry)
-        for entry in reversed(kept):  # back in front, in their order
-            ready.requeue(entry)
-            self.ready_bytes += len(entry.message.body)
-        for entry in refused:
-            self._left(entry, _SETTLE)
-        if expired:
-            self.discard(expired, "expired")
-        if self._expiry.at is not None or ready:
-            self._expiry.arm()
-        if self.flow_waiters:
-            self.flow_check()
+        dispatch_selective(self)
 
     def _mark_delivered(self, entry: QueueEntry) -> None:
         entry.delivery_count += 1
@@ -657,53 +516,6 @@ class Queue:
     def exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
 
-    # ---- policies: runtime reconfiguration ----
-    def apply_policy(self, policy: str | None, operator_policy: str | None,
-                     definition: dict) -> None:
-        """Run with this (validated) policy definition, operator policy merged in, from
-        now on (``{}``: none). What RabbitMQ's classic queues do on a policy change: a
-        lower max-length drops or dead-letters the overflowing head (drop-head only), a
-        new DLX serves the next dead letters, a message TTL applies to messages enqueued
-        from now on, an expiry restarts the idle timer, a delivery limit counts from the
-        deliveries already made. Arguments keep their precedence (``args.with_policy``)."""
-        self.policy = policy
-        self.operator_policy = operator_policy
-        self.effective_policy_definition = dict(definition)
-        self.reconfigure(self.queue_type.effective(
-            with_policy(self._base_opts, self.arguments, definition)))
-
-    def reconfigure(self, opts: QueueOptions) -> None:
-        """Switch to ``opts`` (the policy-controlled fields may differ; the priority and
-        single-active-consumer fields must not, as no policy sets them)."""
-        if self.deleted:
-            return
-        old, self.opts = self.opts, opts
-        limit = opts.extra.get("x-delivery-limit")
-        if opts.extra.get(GROUPS_ARGUMENT) != old.extra.get(GROUPS_ARGUMENT):
-            reconfigure_groups(self)  # a policy's message-groups
-        if self.retry is not None:
-            self.retry.set_limit(limit)
-            if self.retry.idle:
-                self.retry = None
-        elif limit is not None:
-            self.retry = _make_retry(self)
-        if opts.expires is None:
-            if self._expires_handle is not None:
-                self._expires_handle.cancel()
-                self._expires_handle = None
-        elif opts.expires != old.expires or self._expires_handle is None:
-            self.touch()
-        if opts.message_ttl is not None or old.message_ttl is not None:
-            self.expire_ready(self.vhost.timers.now())
-            self._expiry.arm()
-        if opts.overflow == "drop-head" and max_length.is_limited(opts):
-            dropped = max_length.drop_head(self)
-            if dropped:
-                self.discard(dropped, "maxlen")
-                self._expiry.arm()
-                if self.flow_waiters:
-                    self.flow_check()
-
     # ---- management ----
     def purge(self) -> int:
         count = self.message_count  # with a backlog the SQL store deletes unread (sql_paged)
@@ -753,7 +565,7 @@ class Queue:
             self.flow_check()
         return consumers
 
-    # ---- flow control (session.py "in flow", docs/architecture.md "Back-pressure") ----
+    # ---- flow control (amqp_session.py "in flow", docs/architecture.md "Back-pressure") ----
     def flow_wait(self, session, low: int, low_bytes: float = math.inf) -> None:
         """``session`` published into this queue while it grew past its flow threshold:
         call ``session.flow_released(self)`` once the ready list is at most ``low`` messages
@@ -778,57 +590,3 @@ class Queue:
             self.flow_waiters = None
             for session in waiters:
                 session.flow_released(self)
-
-    # ---- stores: what is stored, and rebuilding from it ----
-    def stored_entries(self) -> list[QueueEntry]:
-        """The ready entries this queue holds in memory, in order (a paging ready
-        store's paged part is ``paged_index()``). Entries out of the ready list --
-        delivered and not settled, or waiting for a retry delay -- are the store's
-        to track from the operation stream: from DELIVER to REQUEUE or a leave."""
-        return self.ready.head_entries()
-
-    def paged_index(self):
-        """The stored part of the ready store's paged index (``(seqs, locs, exps,
-        blens, flags)`` arrays, see ``PagedFifo.paged_index``), or None."""
-        return self.ready.paged_index()
-
-    def relocate_paged(self, segments, move) -> int:
-        """Store compaction: see ``ReadyStore.relocate_paged``."""
-        return self.ready.relocate_paged(segments, move)
-
-    @property
-    def restores_paged(self) -> bool:
-        """True if ``restore(paged=...)`` accepts a paged index for this queue."""
-        return self.ready.accepts_paged_index
-
-    def restore(self, entries=(), *, paged=None) -> int:
-        """Rebuild the ready list from stored records at start-up; returns how many.
-
-        ``entries``: QueueEntry objects in ``seq`` order (not announced to observers:
-        they are stored already). ``paged``: ``(seqs, locs, exps, blens, flags)``
-        arrays for a paging ready store (``restores_paged``): expiry in wall-clock
-        seconds (NaN = none), flags = delivery count (0 = never). Raises TypeError if the
-        ready store cannot take a paged index.
-        """
-        n = 0
-        for entry in entries:
-            self.enqueue(entry.message, entry=entry)
-            n += 1
-        if paged is not None and len(paged[0]):
-            if not self.restores_paged:
-                raise TypeError(f"queue {self.name!r}: its ready store cannot restore a paged index")
-            seqs = paged[0]
-            self.ready.restore_paged(*paged)
-            top, nbytes = _max_and_sum(seqs, paged[3])
-            self.ready_bytes += nbytes
-            self._next_seq = max(self._next_seq, top + 1)
-            self.stats_published += len(seqs)
-            n += len(seqs)
-            if _some_expiry(paged[2]):
-                self._expiry.arm()
-        return n
-
-    @property
-    def next_seq(self) -> int:
-        """The seq the next enqueued entry gets (seqs only grow)."""
-        return self._next_seq

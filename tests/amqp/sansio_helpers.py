@@ -6,7 +6,8 @@ import struct
 
 from broker.amqp import spec
 from broker.amqp.codec import FrameReader, method_frame
-from broker.amqp.connection import ServerConnection, State
+from broker.amqp.connection import ServerConnection
+from broker.amqp.events import State
 from broker.amqp.fields import decode_table, encode_properties, encode_table
 
 HEADER = spec.PROTOCOL_HEADER

@@ -7,7 +7,7 @@ import pytest
 
 from broker.amqp import spec
 from broker.amqp.codec import HEARTBEAT_FRAME
-from broker.amqp.connection import (
+from broker.amqp.events import (
     AuthenticationFailed,
     ChannelClosedByPeer,
     ChannelOpened,

@@ -13,12 +13,7 @@ from hypothesis import strategies as st
 
 from broker.amqp import spec
 from broker.amqp.codec import HEARTBEAT_FRAME, FrameReader
-from broker.amqp.connection import (
-    ConnectionCloseCompleted,
-    ConnectionClosedByPeer,
-    ContentReceived,
-    State,
-)
+from broker.amqp.events import ConnectionCloseCompleted, ConnectionClosedByPeer, ContentReceived, State
 from broker.amqp.fields import FieldError, decode_properties, decode_table
 
 from .sansio_helpers import (

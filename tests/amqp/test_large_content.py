@@ -11,8 +11,8 @@ import trio
 
 from broker.amqp import spec
 from broker.amqp.codec import FRAME_BODY, FRAME_BODY_PART, FrameReader, content_parts
-from broker.amqp.connection import ConnectionCloseCompleted, ContentReceived, ProtocolError
-from broker.server import THREAD_IO_MIN, THREAD_SEND_WAIT, send_buffers
+from broker.amqp.events import ConnectionCloseCompleted, ContentReceived, ProtocolError
+from broker.listeners.amqp_send import THREAD_IO_MIN, THREAD_SEND_WAIT, send_buffers
 
 from .sansio_helpers import body_frame, header_frame, mframe, open_connection, parse_frames, publish
 

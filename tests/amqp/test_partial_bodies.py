@@ -8,7 +8,7 @@ import struct
 
 from broker.amqp import spec
 from broker.amqp.codec import FRAME_BODY
-from broker.amqp.connection import ContentReceived, ContentStarted
+from broker.amqp.events import ContentReceived, ContentStarted
 
 from .sansio_helpers import (
     body_frame,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.amqp import spec
-from broker.amqp.connection import ContentReceived
+from broker.amqp.events import ContentReceived
 
 from .sansio_helpers import (
     body_frame,

@@ -10,8 +10,8 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import open_store
-from broker.server import Server
 
 from .endpoint import Endpoint
 

@@ -9,8 +9,8 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import MemoryStore
-from broker.server import Server
 
 
 @dataclass

@@ -7,10 +7,10 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.mqtt import codec as m
 from broker.mqtt.codec import MAX_UNAUTHENTICATED, MalformedPacket, PacketReader, encode
 from broker.persistence import MemoryStore
-from broker.server import Server
 
 ALARM = "test alarm"  # raised by hand (the resource monitor sets memory and disk itself)
 

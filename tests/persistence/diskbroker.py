@@ -15,8 +15,8 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config, JournalSettings
+from broker.listeners.amqp import run_server
 from broker.persistence import open_store
-from broker.server import run_server
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from array import array
 
 from broker.persistence import journal
 from broker.persistence.journal import NAN, _count_live
-from broker.queues.queue import _max_and_sum, _some_expiry
+from broker.queues.stored import _max_and_sum, _some_expiry
 
 
 class Unwalkable(array):

@@ -15,8 +15,8 @@ import trio
 from broker.amqp import spec
 from broker.broker import Broker
 from broker.config import Config, JournalSettings
+from broker.listeners.amqp import Server
 from broker.persistence import open_store
-from broker.server import Server
 
 from ..support import TrioClient
 from .test_full_disk import fill, tmpfs

@@ -7,8 +7,8 @@ import trio
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import MemoryStore
-from broker.server import Server
 from broker.stomp.codec import Frame, FrameReader, encode
 
 ALARM = "test alarm"

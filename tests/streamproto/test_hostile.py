@@ -84,8 +84,8 @@ async def test_compressed_subentries_of_one_read_inflate_at_most_max_message_siz
     every other client); the ones past it get precondition failed, the rest are kept."""
     from broker.broker import Broker
     from broker.config import Config
+    from broker.listeners.amqp import Server
     from broker.persistence import MemoryStore
-    from broker.server import Server
     limit = 1 << 20
     b = Broker(Config(host="127.0.0.1", port=0, data_dir=str(tmp_path / "data"),
                       memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0,

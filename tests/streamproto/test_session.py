@@ -12,8 +12,8 @@ import zstandard
 
 from broker.broker import Broker
 from broker.config import Config
+from broker.listeners.amqp import Server
 from broker.persistence import MemoryStore
-from broker.server import Server
 from broker.streamproto import codec as c
 
 

@@ -1,15 +1,16 @@
 """One client connection as the broker sees it: channels, exclusive queues, flow state.
 
-Synchronous: the trio edge (server.py) feeds it bytes and writes out what the
+Synchronous: the trio edge (amqp.py) feeds it bytes and writes out what the
 sans-IO connection has queued whenever ``wake`` is called.
 """
 from __future__ import annotations
 
 import logging
 
-from . import __version__, errors
-from .amqp import spec
-from .amqp.connection import (
+from .. import __version__, errors
+from ..amqp import spec
+from ..amqp.connection import ServerConnection
+from ..amqp.events import (
     LOGIN_PENDING,
     AuthenticationFailed,
     ChannelClosedByPeer,
@@ -21,11 +22,10 @@ from .amqp.connection import (
     ContentStarted,
     MethodReceived,
     ProtocolError,
-    ServerConnection,
     State,
 )
-from .channel import Channel
-from .security.oauth2 import TokenUser
+from ..security.oauth2 import TokenUser
+from .amqp_channel import Channel
 
 log = logging.getLogger("broker.connection")
 
@@ -103,7 +103,7 @@ class Session:
     def _authenticate(self, mechanism: str, response: bytes) -> tuple[str | None, str]:
         access = self.broker.access
         if access.oauth2 is not None and mechanism in ("PLAIN", "AMQPLAIN"):
-            from .auth import parse_credentials
+            from ..auth import parse_credentials
             creds = parse_credentials(mechanism, response)
             if creds is not None and access.needs_introspection(*creds):
                 self.login_wait = creds[1]

@@ -1,4 +1,4 @@
-"""The trio edge: listening socket, one nursery per connection, timers, signals.
+"""The AMQP 0-9-1 listener (the trio edge): listening socket, one nursery per connection, timers, signals.
 
 Each connection owns exactly three tasks in its own nursery (reader, writer,
 heartbeat); all of them end when the connection does. Broker-wide tasks
@@ -10,7 +10,6 @@ import errno
 import gc
 import logging
 import math
-import select
 import signal
 import socket
 import ssl
@@ -21,13 +20,14 @@ from typing import Any
 import trio
 import trio.lowlevel
 
-from . import errors
-from .amqp.connection import State
-from .broker import Broker
-from .listeners import amqp10 as amqp10_listener
-from .persistence import StoreUnavailable
-from .security import tls
-from .session import Session
+from .. import errors
+from ..amqp.events import State
+from ..broker import Broker
+from ..persistence import StoreUnavailable
+from ..security import tls
+from . import amqp10 as amqp10_listener
+from .amqp_send import send_buffers
+from .amqp_session import Session
 
 log = logging.getLogger("broker.server")
 
@@ -38,14 +38,6 @@ BLOCKED_READ_INTERVAL = 0.1
 # A connection blocked by a resource alarm is not read; it checks its own state this often
 # (a broker-side close while blocked: the client's close-ok must be read again).
 BLOCKED_CHECK_INTERVAL = 1.0
-# Buffers per sendmsg call (Linux's IOV_MAX is 1024).
-SEND_IOV_MAX = 512
-# A write of at least this many octets (large bodies only) runs in a worker thread: the
-# hand-off costs the loop tens of µs, the kernel's copy of 256 KiB about 50 µs.
-THREAD_IO_MIN = 256 * 1024
-# A large write's thread waits this long at most for a peer that does not read (then the
-# writer task waits in trio, where the connection's cancellation reaches it).
-THREAD_SEND_WAIT = 0.2
 SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 
 
@@ -518,7 +510,7 @@ class Server:
         try:
             listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
         except OSError as exc:
-            from .listeners import ListenError
+            from . import ListenError
             raise ListenError(f"amqps: {describe_listen_error(exc, host, port)}") from None
         self.tls_port = listeners[0].socket.getsockname()[1]
         log.info("TrioMQ listening for amqps on %s:%s", host, self.tls_port)
@@ -587,81 +579,6 @@ async def run_server(broker: Broker, host: str, port: int) -> None:
         nursery.start_soon(on_signals)
     if server.fatal is not None:
         raise server.fatal
-
-
-# Large writes have their own threads, so that they never take the default limiter's threads
-# from the stores' writes (more copying threads than cores would not help anyway).
-SEND_THREADS = 4
-_send_threads: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("send_threads")
-
-
-def _send_limiter() -> trio.CapacityLimiter:
-    try:
-        return _send_threads.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(SEND_THREADS)
-        _send_threads.set(limiter)
-        return limiter
-
-
-def _advance(bufs: list, i: int, batch: list, sent: int) -> int:
-    """The index in ``bufs`` after ``sent`` octets of ``batch`` (= ``bufs[i:...]``) went out;
-    a buffer sent in part is replaced by the slice still to send."""
-    for buf in batch:
-        size = len(buf)
-        if sent < size:
-            if sent:
-                bufs[i] = memoryview(buf)[sent:]
-            break
-        sent -= size
-        i += 1
-    return i
-
-
-def _send_from(raw: socket.socket, bufs: list, i: int) -> int:
-    """In a worker thread: write ``bufs`` from index ``i`` on, waiting for writability with
-    ``poll`` between partial sends, for at most ``THREAD_SEND_WAIT`` seconds in all; returns
-    the index reached (a partly sent buffer is left as the slice still to send). The bound
-    lets a connection whose peer stopped reading end: the writer task waits in trio next."""
-    count = len(bufs)
-    poller = None
-    waited = 0.0
-    while i < count:
-        batch = bufs[i:i + SEND_IOV_MAX] if i or count > SEND_IOV_MAX else bufs
-        try:
-            sent = raw.sendmsg(batch)
-        except BlockingIOError:
-            if waited >= THREAD_SEND_WAIT:
-                return i
-            if poller is None:
-                poller = select.poll()
-                poller.register(raw, select.POLLOUT)
-            started = time.monotonic()
-            poller.poll(THREAD_SEND_WAIT * 1000)
-            waited += time.monotonic() - started
-            continue
-        i = _advance(bufs, i, batch, sent)
-    return i
-
-
-async def send_buffers(sock: Any, bufs: list) -> None:
-    """Write ``bufs`` in order with gathering sends (sendmsg, no join): large message bodies
-    go from the message itself to the kernel. A send may take only part of what it is
-    given; the rest is sent next, starting inside a buffer where need be. A write of
-    ``THREAD_IO_MIN`` octets or more is sent from a worker thread (the kernel's copy out
-    overlaps the loop's work); the writer task awaits it, so bytes keep their order."""
-    i, count = 0, len(bufs)
-    if count > 1 and sum(map(len, bufs)) >= THREAD_IO_MIN:
-        raw = sock._sock  # trio's socket wraps the stdlib one (non-blocking)
-        while True:
-            i = await trio.to_thread.run_sync(_send_from, raw, bufs, i, limiter=_send_limiter())
-            if i >= count:
-                return
-            await trio.lowlevel.wait_writable(raw)
-    while i < count:
-        batch = bufs[i:i + SEND_IOV_MAX] if i or count > SEND_IOV_MAX else bufs
-        sent = await sock.sendmsg(batch)
-        i = _advance(bufs, i, batch, sent)
 
 
 def describe_listen_error(exc: OSError, host: str, port: int) -> str:

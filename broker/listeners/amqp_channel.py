@@ -9,17 +9,19 @@ import base64
 import os
 from collections import deque
 
-from . import errors
-from .amqp import spec
-from .amqp.fields import encode_properties
-from .consumer_timeout import Period
-from .direct_reply import REPLY_PREFIX, REPLY_QUEUE, ReplyConsumer
-from .message import Message
-from .publishing import UNROUTABLE, when_all
-from .queues.queue import Consumer, Queue
-from .queues.selector import SelectorError, compile_selector
-from .queues.ttl import ExpirationError, parse_expiration
-from .schemas import exchange as avro
+from .. import errors
+from ..amqp import spec
+from ..amqp.fields import encode_properties
+from ..consumer_timeout import Period
+from ..direct_reply import REPLY_QUEUE, ReplyConsumer
+from ..message import Message
+from ..publishing import UNROUTABLE
+from ..queues.queue import Consumer, Queue
+from ..queues.selector import SelectorError, compile_selector
+from ..queues.ttl import ExpirationError, parse_expiration
+from ..schemas import exchange as avro
+from .amqp_confirm_tx import ConfirmTxMethods
+from .amqp_entities import EntityMethods
 
 
 def _selector(value):
@@ -52,7 +54,7 @@ class Unacked:
         self.audit_pos = -1  # where the audit trail holds its delivery's record (acked())
 
 
-class Channel:
+class Channel(EntityMethods, ConfirmTxMethods):
     metrics_protocol = None  # its own counters (stats_*) are the amqp091 ones
 
     def __init__(self, session, number: int):
@@ -138,143 +140,6 @@ class Channel:
         if not m.active:
             raise errors.not_implemented("active=false")
         self.reply(spec.Channel.FlowOk(True))
-
-    # ---- exchange class ----
-    def on_exchange_declare(self, m) -> None:
-        authz = self.authz
-        if authz is not None and not m.passive and m.exchange:
-            authz.check("exchange", m.exchange, "configure")
-            ae = (m.arguments or {}).get("alternate-exchange")
-            if isinstance(ae, (str, bytes)) and m.exchange not in self.vhost.exchanges:
-                authz.check("exchange", m.exchange, "read")
-                authz.check("exchange", ae.decode() if isinstance(ae, bytes) else ae, "write")
-        self.vhost.declare_exchange(m)
-        if not m.nowait:
-            self.reply(spec.Exchange.DeclareOk())
-
-    def on_exchange_delete(self, m) -> None:
-        if self.authz is not None and m.exchange and not m.exchange.startswith("amq."):
-            self.authz.check("exchange", m.exchange, "configure")
-        self.vhost.delete_exchange(m)
-        if not m.nowait:
-            self.reply(spec.Exchange.DeleteOk())
-
-    def _authorize_binding(self, kind: str, destination: str, source: str, key: str) -> None:
-        """RabbitMQ's binding checks: write on the destination, read on the source, and
-        the topic permission (read) of a topic source on the binding key."""
-        authz = self.authz
-        if authz is None:
-            return
-        authz.check(kind, destination, "write")
-        if source == "" or (kind == "exchange" and destination == ""):
-            return  # refused by the operation itself (the default exchange)
-        authz.check("exchange", source, "read")
-        x = self.vhost.exchanges.get(source)
-        if x is not None and authz.topics and x.type_name == "topic":
-            authz.check_topic(source, key, "read")
-
-    def on_exchange_bind(self, m) -> None:
-        self._authorize_binding("exchange", m.destination, m.source, m.routing_key)
-        dest = self.vhost.get_exchange(m.destination)
-        if m.destination == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
-        self.vhost.bind(m.source, dest, m.routing_key, m.arguments)
-        if not m.nowait:
-            self.reply(spec.Exchange.BindOk())
-
-    def on_exchange_unbind(self, m) -> None:
-        self._authorize_binding("exchange", m.destination, m.source, m.routing_key)
-        if m.destination == "" or m.source == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
-        self.vhost.unbind(m.source, self.vhost.exchanges.get(m.destination), m.routing_key,
-                          m.arguments)
-        if not m.nowait:
-            self.reply(spec.Exchange.UnbindOk())
-
-    # ---- queue class ----
-    def _queue_name(self, name: str) -> str:
-        if name == "":
-            if self.last_queue is None:
-                raise errors.amqp_error("not_found", "no previously declared queue")
-            return self.last_queue
-        return name
-
-    def _authorize_queue(self, name: str, arguments: dict) -> None:
-        """queue.declare of ``name`` (server-named ones too): configure on it; with a
-        dead-letter exchange, read on it and write on that exchange; then max-queues."""
-        authz = self.authz
-        if authz is None:
-            return
-        authz.check("queue", name, "configure")
-        dlx = (arguments or {}).get("x-dead-letter-exchange")
-        if isinstance(dlx, (str, bytes)):
-            authz.check("queue", name, "read")
-            authz.check("exchange", dlx.decode() if isinstance(dlx, bytes) else dlx, "write")
-        if name not in self.vhost.queues:
-            self.session.broker.access.check_queue_limit(self.vhost, name)
-
-    def on_queue_declare(self, m) -> None:
-        if m.queue.startswith(REPLY_QUEUE) and self._declare_reply_queue(m):
-            return
-        q = self.vhost.declare_queue(
-            m, self.session,
-            authorize=None if self.authz is None or m.passive
-            else lambda name: self._authorize_queue(name, m.arguments))
-        self.last_queue = q.name
-        if not m.nowait:
-            self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
-
-    def _declare_reply_queue(self, m) -> bool:
-        """RabbitMQ's answers for the direct reply-to pseudo-queue (0 messages, 1 consumer)
-        and, passively, for a reply name whose requester is live; False: not one of those."""
-        name = m.queue
-        if name != REPLY_QUEUE:
-            if not (m.passive and name.startswith(REPLY_PREFIX)):
-                return False
-            if not self.session.broker.direct_reply.exists(name):
-                raise errors.not_found(self.vhost.queue_resource(name))
-        self.last_queue = name
-        if not m.nowait:
-            self.reply(spec.Queue.DeclareOk(name, 0, 1))
-        return True
-
-    def on_queue_bind(self, m) -> None:
-        self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
-        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
-        self.vhost.bind(m.exchange, q, m.routing_key, m.arguments)
-        if not m.nowait:
-            self.reply(spec.Queue.BindOk())
-
-    def on_queue_unbind(self, m) -> None:
-        self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
-        if m.exchange == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
-        self.vhost.unbind(m.exchange, self.vhost.find_queue(self._queue_name(m.queue)),
-                          m.routing_key, m.arguments, self.session)
-        self.reply(spec.Queue.UnbindOk())
-
-    def on_queue_purge(self, m) -> None:
-        if self.authz is not None:
-            self.authz.check("queue", self._queue_name(m.queue), "read")
-        q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
-        count = q.purge()
-        if not m.nowait:
-            self.reply(spec.Queue.PurgeOk(count))
-
-    def on_queue_delete(self, m) -> None:
-        m.queue = self._queue_name(m.queue)
-        if self.authz is not None:
-            self.authz.check("queue", m.queue, "configure")
-        # RabbitMQ sends delete-ok before the basic.cancel of this channel's own consumers.
-        self._deferred_cancels = []
-        try:
-            count = self.vhost.delete_queue_checked(m, self.session)
-        finally:
-            deferred, self._deferred_cancels = self._deferred_cancels, None
-        if not m.nowait:
-            self.reply(spec.Queue.DeleteOk(count))
-        for tag in deferred:
-            self.reply(spec.Basic.Cancel(tag, True))
 
     # ---- basic class ----
     def on_basic_qos(self, m) -> None:
@@ -567,111 +432,6 @@ class Channel:
                                message.props_raw, message.body)
         # Returns also come from timers (scheduled messages), outside any receive batch.
         self.session.wake()
-
-    # ---- confirms ----
-    def on_confirm_select(self, m) -> None:
-        if self.tx is not None:
-            raise errors.precondition_failed("cannot switch from tx to confirm mode")
-        self.confirm = True
-        if not m.nowait:
-            self.reply(spec.Confirm.SelectOk())
-
-    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
-        if self.closed:
-            return
-        self._decided[seq] = ok
-        self.session.confirms_pending(self)
-        if external:
-            self.session.flush_confirms()
-
-    def flush_confirms(self) -> None:
-        unconfirmed = self._unconfirmed
-        decided = self._decided
-        conn = self.conn
-        run_end = 0
-        run_len = 0
-        confirmed = 0
-        while unconfirmed and unconfirmed[0] in decided:
-            seq = unconfirmed.popleft()
-            if decided.pop(seq):
-                run_end = seq
-                run_len += 1
-                continue
-            if run_len:
-                conn.confirm(self.number, run_end, run_len > 1)
-                confirmed += run_len
-                run_len = 0
-            conn.confirm(self.number, seq, False, ok=False)
-        if run_len:
-            conn.confirm(self.number, run_end, run_len > 1)
-            confirmed += run_len
-        self.stats_confirm += confirmed  # basic.acks sent, per message (nacks not counted)
-
-    # ---- transactions ----
-    def on_tx_select(self, m) -> None:
-        if self.confirm:
-            raise errors.precondition_failed("cannot switch from confirm to tx mode")
-        if self.tx is None:
-            self.tx = []
-        self.reply(spec.Tx.SelectOk())
-
-    def on_tx_commit(self, m) -> None:
-        if self.tx is None:
-            raise errors.precondition_failed("channel is not transactional")
-        actions, self.tx = self.tx, []
-        self.tx_waits = waits = []
-        settled_later = False  # settled messages of a queue whose mirrors must apply that
-        try:
-            for kind, data in actions:
-                if kind == "publish":
-                    message, mandatory = data
-                    self.publish(message, mandatory)
-                    continue
-                if kind == "ack":
-                    self._settle(data, ack=True)
-                elif kind == "reject":
-                    self._settle(data, ack=False)
-                else:
-                    self._settle(data, ack=False, requeue=True)
-                settled_later = settled_later or any(item.queue.confirms_later for item in data)
-        finally:
-            self.tx_waits = None
-        store = self.vhost.store
-        if settled_later and store is not None:  # commit-ok once the mirrors have it too
-            store.settle_barrier(self)
-            waits.append(store)
-        if not waits:
-            self.reply(spec.Tx.CommitOk())
-            return
-        # as a confirm would: commit-ok once the store has the persistent messages and every
-        # in-sync mirror (or forwarding master) has the commit's messages, and each stream
-        # its log
-        when_all(waits, self._commit_ok, self._commit_failed)
-
-    def _commit_ok(self) -> None:
-        if not self.closed:
-            self.reply(spec.Tx.CommitOk())
-            self.session.wake()
-
-    def _commit_failed(self) -> None:
-        if not self.closed:  # neither commit-ok nor a rollback would be true
-            self.session.force_close(errors.internal_error(
-                "tx.commit: the transaction's messages could not be made durable"))
-
-    def on_tx_rollback(self, m) -> None:
-        if self.tx is None:
-            raise errors.precondition_failed("channel is not transactional")
-        actions, self.tx = self.tx, []
-        restored = {}
-        for kind, data in actions:
-            if kind != "publish":
-                for item in data:
-                    restored[item.tag] = item
-        if restored:
-            merged = dict(self.unacked)
-            merged.update(restored)
-            self.unacked = dict(sorted(merged.items()))
-        self.reply(spec.Tx.RollbackOk())
 
     # ---- teardown ----
     def _kick_consumers(self) -> None:

@@ -1,0 +1,58 @@
+"""A consumer of a queue: its channel, prefetch, unacked count and place in the rotation;
+not delivery or settlement (queue.py)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+
+class Consumer:
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "global_qos",
+        "no_ack",
+        "parked",
+        "prefetch",
+        "priority",
+        "queue",
+        "selector",
+        "tag",
+        "tag_raw",
+        "unacked",
+    )
+
+    def __init__(self, tag: str, channel, queue: Queue, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict, selector=None):
+        self.tag = tag
+        raw = tag.encode("utf-8", "surrogateescape")
+        self.tag_raw = bytes((len(raw),)) + raw
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        # at its own prefetch limit: out of the queue's rotation until an ack returns credit,
+        # so a dispatch does not walk past every busy consumer (1,000 at prefetch 1)
+        self.parked = False
+        self.arguments = arguments
+        self.selector = selector  # x-filter: a predicate over messages (queues/selector.py)
+        # whether the channel's global prefetch limits it: not on a quorum queue, whose
+        # consumers RabbitMQ keeps out of the channel's limiter (a later qos global=true)
+        self.global_qos = queue.queue_type.global_qos
+
+    def can_take(self) -> bool:
+        ch = self.channel
+        if not ch.can_deliver:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not (ch.global_prefetch and ch.unacked_count >= ch.global_prefetch
+                    and self.global_qos)
