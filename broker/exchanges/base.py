@@ -148,6 +148,8 @@ class Exchange:
     """
     kind: ClassVar[str] = "exchange"
     type_name: ClassVar[str] = ""
+    # left out of the management API's listings and the exported definitions
+    hidden: ClassVar[bool] = False
 
     def __init__(self, name: str, durable: bool = False, auto_delete: bool = False,
                  internal: bool = False, arguments: dict | None = None):

@@ -196,7 +196,7 @@ async def get_channel(request: Request):
     for ch in _channels(broker, user):
         if _channel_name(ch) == name:
             out = channel_json(broker, ch)
-            from .api_entities import consumer_json
+            from .entity_json import consumer_json
             out["consumer_details"] = [consumer_json(c, ch.session.vhost.name)
                                        for c in ch.consumers.values()]
             return json_response(out)
@@ -204,7 +204,7 @@ async def get_channel(request: Request):
 
 
 async def list_consumers(request: Request):
-    from .api_entities import consumer_json
+    from .entity_json import consumer_json
     user, broker, vhost = await vhost_scope(request, optional=True)
     out: list[dict] = []
     for ch in _channels(broker, user, vhost):

@@ -419,7 +419,7 @@ async def aliveness(request: Request):
         raise ApiError(404, "Not Found")
     check_vhost_access(broker, user, name)
     from ..amqp import spec
-    from .api_entities import publish_message
+    from .api_messages import publish_message
     try:
         q = vhost.declare_queue(spec.Queue.Declare(queue="aliveness-test", durable=False,
                                                    auto_delete=False, exclusive=False,

@@ -47,7 +47,7 @@ def export(broker, vhost_name: str | None = None) -> dict:
         if vhost_name is not None and vhost.name != vhost_name:
             continue
         for x in vhost.exchanges.values():
-            if x.name == "" or x.name.startswith("amq.") or getattr(x, "hidden", False):
+            if x.name == "" or x.name.startswith("amq.") or x.hidden:
                 continue
             exchanges.append({"name": x.name, "vhost": vhost.name, "type": x.type_name,
                               "durable": x.durable, "auto_delete": x.auto_delete,
@@ -62,7 +62,7 @@ def export(broker, vhost_name: str | None = None) -> dict:
                 continue
             for b in x.bindings.values():
                 d = b.destination
-                if getattr(d, "internal", False) or getattr(d, "exclusive_owner", None):
+                if d.internal or (d.kind == "queue" and d.exclusive_owner is not None):
                     continue
                 bindings.append({"source": x.name, "vhost": vhost.name, "destination": d.name,
                                  "destination_type": d.kind, "routing_key": b.routing_key,
@@ -191,8 +191,9 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
             if existing.exclusive_owner is not None:
                 raise ImportError_(f"{where}: queue '{name}' in vhost '{v}' is exclusive to a "
                                    f"connection")
-            for key in ("durable", "auto_delete"):
-                if getattr(existing, key) != entry[key]:
+            for key, value in (("durable", existing.durable),
+                               ("auto_delete", existing.auto_delete)):
+                if value != entry[key]:
                     raise ImportError_(f"{where}.{key}: inequivalent with the existing queue "
                                        f"'{name}' in vhost '{v}'")
             mismatch = equivalence_mismatch(existing.arguments, args)
