@@ -5,15 +5,15 @@ then sends only what it lacks).
 One append-only file per copy, beside the node's store (``Store.sidecar_path``): records
 ``[kind: 1 byte][length: 4 bytes][payload]``, written and flushed before the op is
 confirmed to the master (so a kill -9 of the mirror keeps them: the OS has them); a quorum
-queue member's copy (``durable``) is fsynced too before the confirm (``mirror.Mirrors.syncer``:
+queue member's copy (``durable``) is fsynced too before the confirm (``mirror_copy.MirrorCopies.syncer``:
 one fsync for every op that arrived meanwhile), since its confirm counts towards the
 majority that makes a publish confirmed (a power loss must not take it back).
 
 * ``R`` a new copy: JSON {vhost, queue, epoch, master}; the file starts with it
-* ``E`` messages that entered (``mirror.pack_entries``)
-* ``L`` seqs that left (``mirror.pack_seqs``)
+* ``E`` messages that entered (``mirror_ops.pack_entries``)
+* ``L`` seqs that left (``mirror_ops.pack_seqs``)
 * ``S`` the copy is complete (synced)
-* ``C`` delivery counts of entries that came back (``mirror.pack_counts``: a quorum
+* ``C`` delivery counts of entries that came back (``mirror_ops.pack_counts``: a quorum
   queue's x-delivery-count and delivery limit survive a failover)
 
 A torn record at the end (a crash while writing) ends the replay and is cut off. When the

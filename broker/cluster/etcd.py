@@ -110,6 +110,15 @@ class Coordinator(Protocol):
         ``(lease id, granted ttl)``."""
         ...
 
+    def describe(self) -> str:
+        """The endpoints, for the log."""
+        ...
+
+    def keepalive_blocking(self, lease: int) -> float:
+        """``keepalive`` from a thread of its own (``node._Renewer``): a busy event loop
+        must not delay the renewal of a short lease."""
+        ...
+
     async def keepalive(self, lease: int) -> float:
         """Renew ``lease``; returns its remaining TTL in seconds, 0 if it has expired
         (its keys are gone: the holder lost everything attached to it)."""

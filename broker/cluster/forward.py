@@ -279,7 +279,7 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     if not isinstance(route, list) or len(route) != 2:
         return False
     from ..amqp.fields import encode_properties
-    from .mirror import MIRROR_HEADER
+    from .mirror_ops import MIRROR_HEADER
     vhost = channel.vhost
     from .view import STATS_ANSWER, STATS_REQUEST
     stats = headers.get(STATS_REQUEST), headers.get(STATS_ANSWER)  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ and ``delete_member`` call, as rabbitmq-queues' verbs): ``PUT`` / ``DELETE``
 
 The request goes to the queue's leader through etcd (``syncreq/VHOST/QUEUE`` with the
 action ``add:NODE`` or ``delete:NODE``, which the leader watches, as ``cluster sync-queue``
-does), so any node takes it; the leader changes the group (``mirror.Mirroring.change_member``)
+does), so any node takes it; the leader changes the group (``mirror_master.Mirroring.change_member``)
 and records it in the queue's in-sync record. 202: sent to the leader; 404: no such queue
 or node; 400: not a quorum queue, or the leader itself to delete (RabbitMQ moves the
 leadership first; not built).
@@ -25,7 +25,7 @@ def routes() -> list:
     from ..management.http import ApiError
 
     async def change(request: Request) -> Response:
-        from .mirror import replica_group
+        from .mirror_policy import replica_group
         from .node import queue_key
         from .store import ClusterStore
         user, broker, vhost = await vhost_scope(request)

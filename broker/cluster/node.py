@@ -116,7 +116,7 @@ class ClusterNode:
         member = {"name": self.name, "advertise": self.settings.advertise}
         await self.coord.put(self.key("members", self.name), json.dumps(member).encode())
         log.info("joined cluster %s at %s as node %r (lease %x, TTL %.0f s)", self.prefix.strip("/"),
-                 getattr(self.coord, "describe", lambda: "etcd")(), self.name, self.lease, self.ttl)
+                 self.coord.describe(), self.name, self.lease, self.ttl)
 
     async def _check_secret(self) -> None:
         secret = self.settings.secret
@@ -164,57 +164,11 @@ class ClusterNode:
     # ---- running ----
     async def run(self) -> None:
         """Renew the lease every TTL/3 until cancelled; fence and rejoin as the module says.
-        With a client that can renew from a thread (``keepalive_blocking``), a thread of its
-        own renews (``_Renewer``) and this task only reads its answers: a busy event loop
-        (a new leader syncing 50,000 messages to a follower, in short steps) delayed each
-        renewal's wake-up, request and answer until etcd expired a 2 s lease that nothing
-        else was wrong with."""
-        blocking = getattr(self.coord, "keepalive_blocking", None)
-        if blocking is not None:
-            await self._run_renewer(blocking)
-            return
-        interval = self.ttl / 3
-        warned = False
-        while True:
-            t0 = trio.current_time()
-            remaining: float | None = None
-            # never wait past our own view of the lease: fence on time, not on etcd's answer
-            deadline = self.valid_until if not self.fenced else t0 + interval
-            with trio.move_on_at(deadline):
-                try:
-                    remaining = await self.coord.keepalive(self.lease)
-                except (CoordinationUnavailable, CoordinationError) as exc:
-                    if not warned:
-                        log.warning("cannot renew the cluster lease: %s", exc)
-                        warned = True
-            now = trio.current_time()
-            if remaining is None:
-                if now >= self.valid_until and not self.fenced:
-                    self._set_fenced(True, "cluster lease not renewed in time (etcd unreachable)")
-                # retry soon, and wake exactly when our view of the lease ends
-                until = now + min(0.25, interval)
-                await trio.sleep_until(until if self.fenced else min(until, self.valid_until))
-                continue
-            warned = False
-            if remaining <= 0:
-                self._set_fenced(True, "cluster lease expired in etcd")
-                try:
-                    await self._rejoin()
-                except (CoordinationUnavailable, CoordinationError, ClusterJoinError) as exc:
-                    log.warning("rejoining the cluster failed: %s", exc)
-                    await trio.sleep(min(0.5, interval))
-                continue
-            self.valid_until = t0 + remaining
-            if self._lost:  # a rejoin that failed halfway: finish its claims first
-                try:
-                    await self._reclaim()
-                except (CoordinationUnavailable, CoordinationError) as exc:
-                    log.warning("claiming queues again failed: %s", exc)
-                    await trio.sleep(min(0.5, interval))
-                    continue
-            elif self.fenced:
-                self._set_fenced(False, "cluster lease renewed")
-            await trio.sleep(interval)
+        A thread of its own renews (``_Renewer``, through ``keepalive_blocking``) and this
+        task only reads its answers: a busy event loop (a new leader syncing 50,000
+        messages to a follower, in short steps) delayed each renewal's wake-up, request and
+        answer until etcd expired a 2 s lease that nothing else was wrong with."""
+        await self._run_renewer(self.coord.keepalive_blocking)
 
     async def _run_renewer(self, blocking: Callable[[int], float]) -> None:
         interval = self.ttl / 3

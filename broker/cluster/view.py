@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..queues.stream import StreamQueue
+
 if TYPE_CHECKING:
     from .store import ClusterStore
 
@@ -65,7 +67,7 @@ class QueueViews:
         # a stream's replica group (stream_replicas.py); its log index: the offset each
         # member committed, its commit index: what a majority has (confirmed)
         group = store.stream_replicas.groups.get((vhost.name, q.name))
-        stream_log = getattr(q, "log", None)
+        stream_log = q.log if isinstance(q, StreamQueue) else None
         replicas = stream_log.replica_offsets if stream_log is not None else None
         if group is not None and group.get("leader") == me:
             members = list(group.get("members", members))
