@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
-from .auth import UserDatabase
 from .churn import Churn
 from .config import Config
 from .consumer_timeout import ConsumerTimeouts
@@ -92,7 +91,6 @@ class Broker:
             vhost.churn = self.churn
             vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
-        self.users = UserDatabase()
         self.sessions: set = set()
         # the one publish path (publishing.py); its hooks, (origin, message, mandatory, seq)
         # -> bool, True = taken over (e.g. delayed), are appended by the features' install

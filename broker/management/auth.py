@@ -1,7 +1,7 @@
 """Basic authentication and RabbitMQ's tag-based authorization for the HTTP API.
 
 Every ``/api`` handler starts with ``require(request, level)``: it authenticates the request's
-basic credentials (``broker.access`` when installed, else ``broker.users``) and checks the
+basic credentials (``broker.access``) and checks the
 user's tags. RabbitMQ's levels: ``management`` (own vhosts), ``policymaker`` (+ policies and
 parameters of own vhosts), ``monitoring`` (everything, read-only), ``administrator``
 (everything). Failures raise ``ApiError`` with RabbitMQ's 401 bodies.
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import trio
 from starlette.requests import Request
 
-from ..security.access import LOOPBACK_ONLY, shown
+from ..security.login import LOOPBACK_ONLY, shown
+from ..security.model import User
 from .http import ApiError
 
 log = logging.getLogger("broker.management")
@@ -53,8 +54,8 @@ class ApiUser:
         return self.has("monitoring")
 
 
-def _tags_of(user) -> frozenset[str]:
-    tags = getattr(user, "tags", ())
+def _tags_of(user: User) -> frozenset[str]:
+    tags = user.tags
     if isinstance(tags, str):
         tags = [t for t in tags.replace(",", " ").split() if t]
     return frozenset(tags)

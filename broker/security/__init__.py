@@ -56,12 +56,12 @@ __all__ = ["TAGS", "AccessControl", "DefinitionError", "NotFound", "Permission",
 def install(broker) -> AccessControl:
     """Create ``broker.access`` from the broker's config (default user, loopback users)."""
     config = broker.config
-    access = AccessControl(broker, default_user=getattr(config, "default_user", "guest"),
-                           default_pass=getattr(config, "default_pass", "guest"),
-                           loopback_users=tuple(getattr(config, "loopback_users", ("guest",))),
-                           failure_delay=getattr(config, "auth_failure_delay", 1.0))
+    access = AccessControl(broker, default_user=config.default_user,
+                           default_pass=config.default_pass,
+                           loopback_users=tuple(config.loopback_users),
+                           failure_delay=config.auth_failure_delay)
     broker.access = access
-    if getattr(config, "oauth2_resource_server_id", None):
+    if config.oauth2_resource_server_id:
         from functools import partial
 
         from .oauth2 import OAuth2, OAuth2Config
@@ -78,7 +78,7 @@ def install(broker) -> AccessControl:
             introspection_client_id=config.oauth2_introspection_client_id,
             introspection_client_secret=config.oauth2_introspection_client_secret))
         broker.background_tasks.append(partial(access.oauth2.run, broker))
-    path = getattr(config, "load_definitions", None)
+    path = config.load_definitions
     if path:
         def load() -> None:
             from .definitions import read_definitions

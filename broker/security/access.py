@@ -1,22 +1,21 @@
 """AccessControl (``broker.access``): users, vhosts, permissions, topic permissions and
 limits -- their state, persistence (the store's metadata seam) and the checks. See the
 package docstring for the API; ``definitions`` does export/import, ``authz`` the cached
-per-(user, vhost) checks."""
+per-(user, vhost) checks, ``login`` how a login is decided, ``limits`` the limit checks."""
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import os
 from types import SimpleNamespace
 
 from .. import errors
 from . import model
 from .authz import Authz
+from .limits import Limits
+from .login import Logins
 from .model import NotFound, Permission, TopicPermission, User
-from .oauth2 import OAuth2, TokenUser, looks_like_jwt
-from .passwords import SHA256, hash_password, scram_credentials, scram_tuple, verify_password
+from .oauth2 import OAuth2, TokenUser
+from .passwords import SHA256, hash_password, scram_credentials
 
 log = logging.getLogger("broker.access")
 
@@ -27,51 +26,12 @@ KIND_PERMISSION = "permission"
 KIND_TOPIC = "topic_permission"
 KIND_STATE = "access"  # key "initialized": the defaults were created once
 
-_DUMMY_HASH = hash_password("", SHA256)
-# what an unknown user's made-up SCRAM credentials derive from (per process)
-_SCRAM_SECRET = os.urandom(32)
-
-
-def login_refused(mechanism: str) -> str:
-    """RabbitMQ's explanation of every failed login (it never says why)."""
-    return (f"Login was refused using authentication mechanism {mechanism}. "
-            f"For details see the broker logfile.")
-
-
-def _log_refused(mechanism: str, username: str, why: str, peer_host: str | None) -> None:
-    """RabbitMQ's log line of a refused AMQP login, which the client is never told."""
-    detail = "can only connect via localhost" if why == LOOPBACK_ONLY else f"- {why}"
-    log.warning("%s login refused: user '%s' %s (peer %s)", mechanism, shown(username), detail,
-                peer_host)
-
-
-# why check_login refused (what RabbitMQ's log lines say after the user name)
-INVALID_CREDENTIALS = "invalid credentials"
-LOOPBACK_ONLY = "loopback only"
-
-
-def shown(name: str) -> str:
-    """A client-chosen name as log lines show it: control characters escaped (a name cannot
-    forge a line of its own) and at most 128 characters."""
-    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name[:128])
-    return out + "..." if len(name) > 128 else out
-
-
-def is_loopback(host: str | None) -> bool:
-    import ipaddress
-    if host is None:
-        return True  # a non-IP transport (unix socket, in-process) is local
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
-
 
 def _pkey(*parts: str) -> str:
     return json.dumps(list(parts), ensure_ascii=False)
 
 
-class AccessControl:
+class AccessControl(Logins, Limits):
     def __init__(self, broker, default_user: str = "guest", default_pass: str = "guest",
                  loopback_users: tuple[str, ...] | list[str] = ("guest",),
                  failure_delay: float = 1.0):
@@ -193,125 +153,6 @@ class AccessControl:
     def user(self, name: str) -> User | None:
         return self.users.get(name)
 
-    def count_attempt(self, protocol: str | None, ok: bool) -> None:
-        if protocol is None:
-            return
-        c = self.auth_attempts.setdefault(protocol, [0, 0, 0])
-        c[0] += 1
-        c[1 if ok else 2] += 1
-
-    def authenticate(self, username: str, password: str, peer_host: str | None = None,
-                     protocol: str | None = None) -> User | None:
-        """The user if ``password`` is theirs and they may log in from ``peer_host``
-        (loopback users only from loopback); None otherwise, in about the same time
-        whether the user exists or not. The caller delays its refusal by
-        ``failure_delay`` seconds (without blocking anybody else)."""
-        user, why = self.check_login(username, password, peer_host, protocol)
-        if why == LOOPBACK_ONLY:
-            log.warning("user '%s' can only connect via localhost (peer %s)", shown(username),
-                        peer_host)
-        return user
-
-    def check_login(self, username: str, password: str, peer_host: str | None = None,
-                    protocol: str | None = None) -> tuple[User | None, str]:
-        user, why = self._check_login(username, password, peer_host)
-        self.count_attempt(protocol, user is not None)
-        return user, why
-
-    def _check_login(self, username: str, password: str,
-                     peer_host: str | None = None) -> tuple[User | None, str]:
-        """``authenticate`` without logging: (user, "") or (None, ``INVALID_CREDENTIALS``
-        for an unknown user or a wrong password, ``LOOPBACK_ONLY``), for callers that log
-        the refusal in their protocol's words. With OAuth 2 configured, a password that is
-        a JWT is verified as a token first (any user name; the token's claims name the user),
-        then as an internal user's password, as RabbitMQ's backend chain (oauth2, internal)."""
-        if self.oauth2 is not None and looks_like_jwt(password):
-            token_user = self.oauth2.login(username, password, peer_host)
-            if token_user is not None:
-                return token_user, ""
-        if self.oauth2 is not None:
-            _known, token_user = self.oauth2.introspected_user(password)
-            if token_user is not None:
-                return token_user, ""
-        user = self.users.get(username)
-        if user is None:
-            verify_password(password, _DUMMY_HASH, SHA256)
-            return None, INVALID_CREDENTIALS
-        if not verify_password(password, user.password_hash, user.hashing_algorithm):
-            return None, INVALID_CREDENTIALS
-        if user.name in self.loopback_users and not is_loopback(peer_host):
-            return None, LOOPBACK_ONLY
-        return user, ""
-
-    def scram_lookup(self, username: str) -> tuple[bytes, int, bytes, bytes] | None:
-        """A SCRAM server's first step: (salt, iterations, StoredKey, ServerKey) of
-        ``username``; None when the user exists without SCRAM credentials (made from a hash).
-        An unknown user gets made-up ones, stable per name, that no proof matches, so the
-        exchange runs to its end as for a wrong password."""
-        user = self.users.get(username)
-        if user is None:
-            made = hmac.new(_SCRAM_SECRET, username.encode("utf-8", "surrogatepass"),
-                            hashlib.sha256).digest()
-            return made[:16], 4096, hashlib.sha256(made).digest(), made
-        return scram_tuple(user.scram) if user.password_hash else None
-
-    def verified_login(self, username: str, peer_host: str | None,
-                       protocol: str | None = None) -> User | None:
-        """The user whose password a challenge exchange (SCRAM) has just proven: the
-        checks of ``authenticate`` besides the password (loopback-only users)."""
-        user = self.users.get(username)
-        if user is not None and user.name in self.loopback_users and not is_loopback(peer_host):
-            log.warning("user '%s' can only connect via localhost (peer %s)", shown(username),
-                        peer_host)
-            user = None
-        self.count_attempt(protocol, user is not None)
-        return user
-
-    def needs_introspection(self, username: str, password: str) -> bool:
-        """True when the login with this password waits for ``introspect`` first: OAuth 2
-        token introspection is configured, the password is no JWT and not an internal
-        user's password, and no answer about it is cached. The protocols' edges ask this
-        before they decide a login (their sessions decide synchronously)."""
-        oauth2 = self.oauth2
-        if oauth2 is None or not oauth2.needs_introspection(password):
-            return False
-        user = self.users.get(username)
-        return user is None or not verify_password(password, user.password_hash,
-                                                   user.hashing_algorithm)
-
-    async def introspect(self, password: str) -> None:
-        """Ask the introspection endpoint about an opaque token; the next login with it is
-        decided from the cached answer."""
-        assert self.oauth2 is not None
-        await self.oauth2.introspect(password)
-
-    def login(self, mechanism: str, response: bytes, peer_host: str | None,
-              peer_cert_user: str | None = None,
-              protocol: str = "amqp091") -> tuple[User | None, str]:
-        """An AMQP login (connection.start-ok): (user, "") or (None, RabbitMQ's refusal
-        text, "" for a malformed response, which RabbitMQ answers by dropping the
-        socket). EXTERNAL maps ``peer_cert_user`` (the client certificate's CN) to a user."""
-        from ..auth import parse_credentials
-        if mechanism == "EXTERNAL":
-            user = self.users.get(peer_cert_user) if peer_cert_user is not None else None
-            if user is None or (user.name in self.loopback_users and not is_loopback(peer_host)):
-                self.count_attempt(protocol, False)
-                why = LOOPBACK_ONLY if user is not None else INVALID_CREDENTIALS
-                _log_refused(mechanism, peer_cert_user or "", why, peer_host)
-                return None, login_refused(mechanism)
-            self.count_attempt(protocol, True)
-            return user, ""
-        if mechanism not in ("PLAIN", "AMQPLAIN"):
-            return None, f"unsupported authentication mechanism '{mechanism}'"
-        creds = parse_credentials(mechanism, response)
-        if creds is None:
-            return None, ""
-        user, why = self.check_login(creds[0], creds[1], peer_host, "amqp091")
-        if user is None:
-            _log_refused(mechanism, creds[0], why, peer_host)
-            return None, login_refused(mechanism)
-        return user, ""
-
     # ------------------------------------------------------------------ checks
     def authz(self, user: User | str, vhost_name: str) -> Authz:
         """The cached checks of ``user`` in ``vhost_name`` (shared, reloaded in place)."""
@@ -352,51 +193,6 @@ class AccessControl:
         """403 unless the user's topic permission on ``exchange`` (if any) allows ``perm``
         ("write" | "read") for ``routing_key``."""
         self.authz(user, vhost_name).check_topic(exchange, routing_key, perm)
-
-    def check_connection_limits(self, user: User, vhost_name: str, sessions) -> None:
-        """530 NOT_ALLOWED if opening one more connection of ``user`` on ``vhost_name``
-        passes the vhost's or the user's max-connections (``sessions``: the open ones)."""
-        vlimit = self.vhost_info.get(vhost_name, {}).get("limits", {}).get("max-connections", -1)
-        if vlimit >= 0:
-            n = sum(1 for s in sessions if s.vhost is not None and s.vhost.name == vhost_name)
-            if n >= vlimit:
-                raise errors.not_allowed(
-                    "access to vhost '%s' refused for user '%s': connection limit (%d) is reached",
-                    vhost_name, user.name, vlimit)
-        user = self.users.get(user.name, user)
-        ulimit = user.limits.get("max-connections", -1)
-        if ulimit >= 0:
-            n = sum(1 for s in sessions if getattr(s, "user", None) is not None
-                    and s.user.name == user.name)
-            if n >= ulimit:
-                raise errors.not_allowed(
-                    "connection refused for user '%s': user connection limit (%d) is reached",
-                    user.name, ulimit)
-
-    def check_channel_limit(self, user: User, sessions) -> None:
-        """530 NOT_ALLOWED if the user's channels (the one just opened included) pass
-        their max-channels."""
-        user = self.users.get(user.name, user)
-        limit = user.limits.get("max-channels", -1)
-        if limit < 0:
-            return
-        n = sum(len(s.channels) for s in sessions
-                if getattr(s, "user", None) is not None and s.user.name == user.name)
-        if n > limit:
-            raise errors.not_allowed("number of channels opened for user '%s' has reached the "
-                                     "maximum allowed user limit of (%d)", user.name, limit)
-
-    def check_queue_limit(self, vhost, name: str) -> None:
-        """406 PRECONDITION_FAILED if declaring the new queue ``name`` passes the vhost's
-        max-queues."""
-        limit = self.vhost_info.get(vhost.name, {}).get("limits", {}).get("max-queues", -1)
-        if limit < 0:
-            return
-        if sum(1 for q in vhost.queues.values() if not q.internal) >= limit:
-            raise errors.precondition_failed(
-                "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached",
-                name, vhost.name, limit)
-
     # ------------------------------------------------------------------ users
     def put_user(self, name: str, password: str | None = None, password_hash: str | None = None,
                  hashing_algorithm: str | None = None, tags=None, limits=None) -> User:
@@ -449,7 +245,7 @@ class AccessControl:
         self._user(name)
         del self.users[name]
         for session in list(self.broker.sessions):
-            user = getattr(session, "user", None)
+            user = session.user
             if user is not None and user.name == name:
                 session.force_close(errors.connection_forced("user '%s' is deleted", name))
         store = self.broker.store

@@ -382,7 +382,7 @@ class OAuth2:
                 await trio.sleep(EXPIRY_CHECK_INTERVAL)
                 closed &= set(map(id, broker.sessions))
                 for session in list(broker.sessions):
-                    user = getattr(session, "user", None)
+                    user = session.user
                     if isinstance(user, TokenUser) and user.expired and id(session) not in closed:
                         closed.add(id(session))
                         log.warning("closing connection of user '%s': credential expired",
@@ -409,5 +409,5 @@ def _scope_list(value) -> list[str]:
 
 
 def _shown(name: str) -> str:
-    from .access import shown
+    from .login import shown
     return shown(name)

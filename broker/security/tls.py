@@ -11,6 +11,10 @@ a certificate). The context is built once at start; a bad file is one clear line
 from __future__ import annotations
 
 import ssl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 VERIFY_MODES = ("peer", "none")
 
@@ -19,13 +23,13 @@ class TLSConfigError(ValueError):
     """The TLS options or files are unusable: one line for the command line."""
 
 
-def server_context(config) -> ssl.SSLContext:
+def server_context(config: Config) -> ssl.SSLContext:
     """The server-side context of ``config``; raises TLSConfigError."""
-    cert = getattr(config, "tls_cert", None)
-    key = getattr(config, "tls_key", None)
-    ca = getattr(config, "tls_ca", None)
-    verify = getattr(config, "tls_verify", None) or ("peer" if ca else "none")
-    fail_if_no_cert = bool(getattr(config, "tls_fail_if_no_peer_cert", False))
+    cert = config.tls_cert
+    key = config.tls_key
+    ca = config.tls_ca
+    verify = config.tls_verify or ("peer" if ca else "none")
+    fail_if_no_cert = config.tls_fail_if_no_peer_cert
     if not cert or not key:
         raise TLSConfigError("TLS needs --tls-cert and --tls-key")
     if verify not in VERIFY_MODES:
@@ -39,13 +43,13 @@ def server_context(config) -> ssl.SSLContext:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise TLSConfigError(f"cannot load --tls-cert {cert} / --tls-key {key}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
+                             f"{exc.strerror or exc}") from None
     if ca:
         try:
             ctx.load_verify_locations(ca)
         except (OSError, ssl.SSLError) as exc:
             raise TLSConfigError(f"cannot load --tls-ca {ca}: "
-                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+                                 f"{exc.strerror or exc}") from None
     if verify == "peer":
         ctx.verify_mode = ssl.CERT_REQUIRED if fail_if_no_cert else ssl.CERT_OPTIONAL
     else:
