@@ -515,11 +515,11 @@ def test_malformed_and_oversized_frames_close_only_that_connection(mq, case):
     if case == "declared-huge":
         # a frame that says 2**62 bytes follow; what does follow is a PUBLISH header
         # declaring more than the broker's largest packet: the MQTT layer ends it
-        head = bytes((0x30,)) + m._encode_length(MAX_MESSAGE * 4)
+        head = bytes((0x30,)) + m.encode_length(MAX_MESSAGE * 4)
         c.send_raw(frame(0x2, head + b"\x00" * 4096, length=2 ** 62))
         expected = None
     elif case == "mqtt-too-large":
-        head = bytes((0x30,)) + m._encode_length(MAX_MESSAGE * 4)
+        head = bytes((0x30,)) + m.encode_length(MAX_MESSAGE * 4)
         c.send_raw(frame(0x2, head + b"\x00" * 1000))
         expected = None
     elif case == "long-control":

@@ -294,7 +294,7 @@ def test_message_expiry_drops_what_waited_too_long(broker, service, clock):
 
 
 def test_shared_subscriptions_are_competing_consumers(broker, service):
-    from broker.listeners.mqtt_session import shared_queue_name
+    from broker.listeners.mqtt_mapping import shared_queue_name
     vhost = broker.vhosts["/"]
     pub = Client5(service, "pub", props={})
     pub.send(m.Publish("jobs/1", b"retained", 1, True, False, 99, {}))
