@@ -1,6 +1,4 @@
-"""MQTT 3.1 / 3.1.1 / 5.0 packets to bytes: ``encode`` for any packet object, and the
-deliveries' hot-path PUBLISH encoder (``encode_publish``: no dataclass). No decoding here
-(``codec.py``), no connection state (``connection.py``)."""
+"""MQTT packets to bytes (any packet; the deliveries' PUBLISH fast path); no decoding, no state."""
 from __future__ import annotations
 
 import struct

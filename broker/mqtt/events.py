@@ -1,5 +1,4 @@
-"""What ``ServerConnection.receive_data`` hands the broker: one event per packet it does
-not answer itself. Plain data; the connection's state and answers are ``connection.py``'s."""
+"""The events ServerConnection.receive_data hands the broker, as plain data; no state."""
 from __future__ import annotations
 
 from dataclasses import dataclass

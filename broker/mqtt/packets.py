@@ -1,5 +1,4 @@
-"""MQTT packet types and the codec's errors: plain data, no encoding or decoding here
-(``codec.py`` decodes, ``encoding.py`` encodes; both re-exported by ``codec``)."""
+"""MQTT packet types, codes and the codec's errors as plain data; no encoding or decoding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
