@@ -59,18 +59,25 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return (acc >> 1) ^ -(acc & 1), pos
 
 
+def _block(data: bytes, pos: int) -> tuple[int, int]:
+    """The item count of an Avro array's or map's next block (0: the end) and where its items
+    start; a negative count comes with the block's size in bytes, skipped."""
+    count, pos = _varint(data, pos)
+    if count < 0:
+        _, pos = _varint(data, pos)
+        count = -count
+    return count, pos
+
+
 def _header(data: bytes) -> tuple[dict, bytes, int]:
     if data[:4] != MAGIC:
         raise ValueError("not an Avro object container file")
     pos = 4
     meta: dict[str, bytes] = {}
     while True:
-        count, pos = _varint(data, pos)
+        count, pos = _block(data, pos)
         if count == 0:
             break
-        if count < 0:
-            _, pos = _varint(data, pos)
-            count = -count
         for _ in range(count):
             klen, pos = _varint(data, pos)
             key = data[pos:pos + klen].decode()
@@ -155,12 +162,9 @@ def _decode_fast(raw: bytes, count: int, names: list, kinds: list) -> list:
             else:  # array of strings, in blocks
                 items: list = []
                 while True:
-                    c, pos = _varint(raw, pos)
+                    c, pos = _block(raw, pos)
                     if c == 0:
                         break
-                    if c < 0:
-                        _, pos = _varint(raw, pos)
-                        c = -c
                     for _ in range(c):
                         n, pos = _varint(raw, pos)
                         if n < 0 or pos + n > len(raw):

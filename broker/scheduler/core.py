@@ -22,6 +22,7 @@ import gc
 import os
 import time
 
+from ..internal_queues import InternalQueues
 from ..persistence.base import READS_BACK
 from ..publishing import Source
 from ..queues.entry import QueueEntry
@@ -50,7 +51,8 @@ class Scheduler:
         self.sids = SidIndex(self.tables)
         self.engine = TimerEngine(broker.timers, clock, self.tables, self._fire,
                                   self._after_batch, broker.config.scheduler_fire_batch)
-        self.queues: dict[str, ScheduledQueue] = {}  # vhost name -> its internal queue
+        self.queues: InternalQueues[ScheduledQueue] = InternalQueues(
+            lambda vhost: ScheduledQueue(self, vhost))
         self.items = views.ItemsView(self)
         self.fired = 0
         self.scheduled = 0
@@ -108,17 +110,10 @@ class Scheduler:
         return t
 
     def new_queue(self, vhost) -> ScheduledQueue:
-        """The queue variant for ``vhost`` (also the factory recovery uses)."""
-        q = ScheduledQueue(self, vhost)
-        self.queues[vhost.name] = q
-        return q
+        return self.queues.new(vhost)
 
     def internal_queue(self, vhost) -> ScheduledQueue:
-        q = self.queues.get(vhost.name)
-        if q is None:
-            q = self.new_queue(vhost)
-            vhost.add_queue(q)
-        return q
+        return self.queues.of(vhost)
 
     # ---- ids and slots, for views and recovery ----
     def lookup(self, sid) -> tuple[SlotTable, int] | None:

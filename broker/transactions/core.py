@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 from .. import errors
 from ..errors import Resource
+from ..internal_queues import InternalQueues
 from ..publishing import Source
 from ..queues.entry import QueueEntry
 from .held_queue import HeldQueue
@@ -52,7 +53,8 @@ class Transactions:
         self.clock = clock  # wall clock: prepare times survive restarts
         self.tables: dict[str, dict[str, Pending]] = {}  # vhost -> txid -> Pending
         self.decided: dict[str, OrderedDict[str, str]] = {}  # vhost -> txid -> outcome
-        self.queues: dict[str, HeldQueue] = {}
+        self.queues: InternalQueues[HeldQueue] = InternalQueues(
+            lambda vhost: HeldQueue(self, vhost))
         self.stats = {"prepared": 0, "committed": 0, "rolled_back": 0, "checks": 0,
                       "defaults": 0, "recovered": 0}
 
@@ -64,17 +66,10 @@ class Transactions:
         return t
 
     def new_queue(self, vhost) -> HeldQueue:
-        """The queue variant for ``vhost`` (also the factory recovery uses)."""
-        q = HeldQueue(self, vhost)
-        self.queues[vhost.name] = q
-        return q
+        return self.queues.new(vhost)
 
     def held_queue(self, vhost) -> HeldQueue:
-        q = self.queues.get(vhost.name)
-        if q is None:
-            q = self.new_queue(vhost)
-            vhost.add_queue(q)
-        return q
+        return self.queues.of(vhost)
 
     def pending_ids(self, vhost_name: str = "/") -> list[str]:
         return list(self.table(vhost_name))
