@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 # the per-queue delivery counters the global queue_type-labelled counters are summed from
 QUEUE_STATS = ("stats_delivered", "stats_deliver_no_ack", "stats_get", "stats_get_no_ack",
                "stats_get_empty", "stats_redeliver", "stats_acked")
+# the QUEUE_STATS of a queue, as a tuple in that order
+queue_stats = attrgetter(*QUEUE_STATS)
 
 
 @dataclass
@@ -47,8 +50,8 @@ class Churn:
     def retire(self, queue) -> None:
         """Keep a deleted queue's delivery counters in its type's totals."""
         totals = self.retired.setdefault(queue.queue_type.module, Counter())
-        for name in QUEUE_STATS:
-            totals[name] += getattr(queue, name)
+        for name, value in zip(QUEUE_STATS, queue_stats(queue), strict=True):
+            totals[name] += value
 
     def dead_letters(self, queue, strategy: str, reason: str, n: int) -> None:
         """``n`` messages dead-lettered by ``queue`` (strategy as RabbitMQ's label:

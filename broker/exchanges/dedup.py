@@ -301,7 +301,7 @@ class MessageDeduplicationExchange(Exchange):
         while stack:
             dest = stack.pop().destination
             if dest.kind == "queue":
-                vhost = getattr(dest, "vhost", None)
+                vhost = dest.vhost
                 if vhost is not None and vhost.exchanges.get(self.name) is self:
                     self._attach(vhost)
                     return

@@ -288,7 +288,7 @@ async def environment(request: Request) -> JSONResponse:
     config = broker_of(request).config
     out = {}
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
+        value = getattr(config, f.name)  # each dataclass field, by its name
         if f.name in _SECRET_FIELDS and value:
             value = "********"
         elif isinstance(value, str) and "://" in value and "@" in value:
@@ -501,6 +501,7 @@ async def healthchecks_node(request: Request):
 async def api_index(request: Request):
     """/api/index.html: the routes this broker serves (RabbitMQ's page documents its API)."""
     broker = broker_of(request)
+    # starlette's route kinds: a Host has no path
     paths = sorted({r.path for r in broker.http_routes if getattr(r, "path", "")})
     rows = "".join(f"<tr><td><code>{html.escape(p)}</code></td></tr>" for p in paths)
     return HTMLResponse("<!DOCTYPE html><html><head><title>TrioMQ Management HTTP API"

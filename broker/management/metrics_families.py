@@ -8,7 +8,6 @@ import os
 import platform
 import resource
 from collections import Counter
-from operator import attrgetter
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -17,7 +16,7 @@ from prometheus_client.core import (
     UntypedMetricFamily,
 )
 
-from ..churn import QUEUE_STATS
+from ..churn import QUEUE_STATS, queue_stats
 from .common import NODE
 
 RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
@@ -169,7 +168,6 @@ def head_timestamp(q) -> int | None:
     return ts if isinstance(ts, int) else None
 
 
-_queue_stats = attrgetter(*QUEUE_STATS)
 QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_queue")
 
 
@@ -184,7 +182,7 @@ def queue_type_families(broker) -> list:
             if q.internal:
                 continue
             c = sums.setdefault(q.queue_type.module, Counter())
-            for name, value in zip(QUEUE_STATS, _queue_stats(q), strict=True):
+            for name, value in zip(QUEUE_STATS, queue_stats(q), strict=True):
                 c[name] += value
     # per (protocol, queue type): Counter of the QUEUE_STATS names
     split: dict[tuple[str, str], Counter] = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ..internal_queues import InternalQueues
 from ..persistence.base import READS_BACK
@@ -34,6 +35,9 @@ from .scheduled_queue import INTERNAL_QUEUE, ScheduledQueue
 from .slots import K_COMPLEX, K_DELAY, VH_MASK, SlotTable
 from .spec import Schedule
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler"]
 
 # Persistent messages held as QueueEntry objects (stores without read-back, i.e. SQL) are
@@ -44,7 +48,7 @@ RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages sta
 
 
 class Scheduler:
-    def __init__(self, broker, clock=time.time):
+    def __init__(self, broker: Broker, clock=time.time):
         self.broker = broker
         self.timers = broker.timers
         self.tables: list[SlotTable] = []  # indexed by vhost index
@@ -340,9 +344,8 @@ class Scheduler:
         return None
 
     def recovery_phase(self, name: str, total: int):
-        """A phase of the broker's recovery progress (None without one: tests' stubs)."""
-        progress = getattr(self.broker, "recovery", None)
-        return progress.phase(name, total, "messages") if progress is not None else None
+        """A phase of the broker's recovery progress."""
+        return self.broker.recovery.phase(name, total, "messages")
 
     def merged_index(self, q: ScheduledQueue, ti: checkpoint.TableIndex | None):
         """The snapshot's table of ``q``'s vhost plus the index log's records of it since

@@ -78,14 +78,12 @@ def restore_paged(scheduler, q: ScheduledQueue, seqs, locs, blens) -> int:
         if loaded < 0:  # an inconsistent index: read everything back
             loaded, misses = 0, range(len(seqs))
     n = loaded
-    if phase is not None:
-        phase.advance(loaded)
+    phase.advance(loaded)
     for k, i in enumerate(misses):
         n += q.read_back(seqs[i], locs[i])
-        if phase is not None and k % 1000 == 999:
+        if k % 1000 == 999:
             phase.advance(1000)
-    if phase is not None:
-        phase.finish()
+    phase.finish()
     scheduler.note_recovery_reads(len(misses))
     scheduler.recovery_seconds += time.monotonic() - started
     return n

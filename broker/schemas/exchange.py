@@ -51,10 +51,10 @@ def _policy_evolution(policies, index: int, policy) -> None:
         if not x.name or schema_text(x.arguments) is not None \
                 or not policy.applies("exchange", x.name):
             continue
-        old = getattr(x, "effective_policy_definition", {}).get(POLICY_KEY)
+        old = x.effective_policy_definition.get(POLICY_KEY)
         if not isinstance(old, str) or old == new:
             continue
-        current = getattr(x, "policy", None)
+        current = x.policy
         if current is not None and current != policy.name:
             priority = policies.get_policy(policy.vhost, current)["priority"]
             if (-priority, current) < (-policy.priority, policy.name):
@@ -96,7 +96,7 @@ def exchange_problem(x, body: bytes, properties: dict) -> str | None:
     policy's key), or None (also when it has none)."""
     text = schema_text(x.arguments)
     if text is None:
-        value = getattr(x, "effective_policy_definition", {}).get(POLICY_KEY)
+        value = x.effective_policy_definition.get(POLICY_KEY)
         text = value if isinstance(value, str) else None
     return None if text is None else _problem(text, body, properties)
 
