@@ -51,10 +51,22 @@ class Proc:
             if self.proc.poll() is not None:
                 raise AssertionError(f"broker exited: {self.text()[-3000:]}")
             if _reachable("127.0.0.1", self.port) and (
-                    not self.http_port or _reachable("127.0.0.1", self.http_port)):
+                    not self.http_port or self._recovered()):
                 return
             time.sleep(0.05)
         raise AssertionError(f"broker did not start: {self.text()[-3000:]}")
+
+    def _recovered(self) -> bool:
+        """The management API answers and says recovery is over: until then it holds other
+        requests, and answers 503 to one held 20 s (a slow restart on a loaded machine)."""
+        if not _reachable("127.0.0.1", self.http_port):
+            return False
+        import json
+        try:
+            status, body = _http(self.http_port, "GET", "/overview")
+        except OSError:  # not serving yet
+            return False
+        return status == 200 and json.loads(body)["recovery"]["ready"]
 
     def text(self) -> str:
         with open(self.log_path, errors="replace") as f:
