@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
-import ssl
 from typing import TYPE_CHECKING
 
 import trio
 
-from . import ListenError
+from .edge import (
+    BLOCKED_READ_SIZE,
+    ConnectionEdge,
+    EdgeListener,
+    close_stream,
+    listen_host,
+    peer_of,
+    tcp_socket,
+)
 
 if TYPE_CHECKING:
     from .amqp10_session import Amqp10Service
 
 log = logging.getLogger("broker.amqp10")
 
-BLOCKED_READ_INTERVAL = 0.1
-BLOCKED_READ_SIZE = 4096
 # the first octets tell an AMQP 1.0 client (plain or SASL header) from an AMQP 0-9-1 one
 AMQP10_PREFIXES = (b"AMQP\x00\x01", b"AMQP\x03\x01")
 
@@ -33,101 +37,40 @@ def is_amqp10(prefix: bytes) -> bool:
     return prefix[:6] in AMQP10_PREFIXES
 
 
-class Amqp10ConnectionHandler:
+class Amqp10ConnectionHandler(ConnectionEdge):
+    what = "amqp 1.0 connection"
+    log = log
+    flow_read_size = BLOCKED_READ_SIZE
+    tells_blocked = False  # AMQP 1.0 has no frame for it: the publisher's credit stops
+    bounded_output = False  # a delivery waits for link credit, not the socket
+
     def __init__(self, listener: Amqp10Listener, stream, sock, tls: bool, prefix: bytes = b"",
                  peer_cert_user: str | None = None):
-        self.listener = listener
-        self.stream = stream
+        super().__init__(listener, stream, sock)
         self.prefix = prefix
-        try:
-            host, port = sock.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:
-            host, self.peer = None, "?"
+        host, self.peer = peer_of(sock)
         from .amqp10_session import Amqp10Session
-        self.session = Amqp10Session(listener.service, self.peer, host, peer_cert_user)
-        try:
-            self.session.local_port = sock.getsockname()[1]
-        except OSError:
-            pass
-        self.session.tls = tls
-        self.session.wake = self._wake
-        self.session.flow_resumed = self._flow_resumed
-        self._output = trio.Event()
-        self._flow_event: trio.Event | None = None
-        self._started = trio.current_time()
+        self.attach(Amqp10Session(listener.service, self.peer, host, peer_cert_user), sock, tls)
 
-    def _wake(self) -> None:
-        self._output.set()
+    def deadline(self) -> float:
+        if self.session.vhost is None:  # not logged in and open yet
+            return self._started + self.listener.broker.config.handshake_timeout
+        return math.inf
 
-    def _flow_resumed(self) -> None:
-        if self._flow_event is not None:
-            self._flow_event.set()
+    def timed_out(self) -> None:
+        log.warning("amqp 1.0 connection %s: handshake timeout", self.peer)
+        self.session.close("handshake timeout")
 
-    async def run(self) -> None:
-        session = self.session
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, nursery)
-                await self._reader()
-                self._wake()  # the writer writes what is left, then ends the nursery
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
-            log.info("amqp 1.0 connection %s: dropped", self.peer)
-        finally:
-            if trio.current_effective_deadline() == -math.inf:
-                self.listener.service.stopping = True
-            session.connection_lost()
-            session.conn.release()
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(1):
-                    await self.stream.aclose()
+    def closed(self) -> None:
+        self.session.conn.release()
 
-    async def _reader(self) -> None:
-        session = self.session
-        broker = self.listener.broker
-        config = broker.config
+    async def read_loop(self) -> None:
         if self.prefix:
-            session.data_received(self.prefix)
-        while not session.finished:
-            size = config.receive_size
-            if broker.blocked and session.is_publisher:
-                if broker.stops_publishers:
-                    # a resource alarm: not read at all until it clears, as for AMQP 0-9-1
-                    while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                        await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                    continue
-            elif session.flow_queues:
-                flow = self._flow_event = trio.Event()
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await flow.wait()
-                self._flow_event = None
-                if session.flow_queues:
-                    size = BLOCKED_READ_SIZE
-            deadline = math.inf
-            if session.vhost is None:  # not logged in and open yet
-                deadline = self._started + config.handshake_timeout
-            try:
-                with trio.move_on_at(deadline) as scope:
-                    data = await self.stream.receive_some(size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
-                data = b""
-            if scope.cancelled_caught:
-                log.warning("amqp 1.0 connection %s: handshake timeout", self.peer)
-                session.close("handshake timeout")
-                return
-            if not data:
-                session.finished = True
-                session.connection_lost()
-                return
-            self.listener.service.bytes_received += len(data)
-            session.data_received(data)
-            if session.login_wait is not None:
-                # an opaque OAuth 2 token: its introspection decides sasl-init (nothing is
-                # read meanwhile)
-                await self.listener.broker.access.introspect(session.login_wait[0])
-                session.resume_login()
+            self.session.data_received(self.prefix)
+        await super().read_loop()
 
-    async def _writer(self, nursery: trio.Nursery) -> None:
+    async def write_loop(self, nursery: trio.Nursery) -> None:
+        """Also ticks proton's idle timeouts."""
         session = self.session
         conn = session.conn
         next_tick = 0.0
@@ -160,15 +103,15 @@ class Amqp10ConnectionHandler:
                 return
 
 
-class Amqp10Listener:
+class Amqp10Listener(EdgeListener):
     """Plain and TLS ports of one broker (``ports`` once open), and the connections handed
     over by the AMQP 0-9-1 listener (``serve_connection``)."""
 
+    log = log
+
     def __init__(self, broker):
-        self.broker = broker
+        super().__init__(broker)
         self._service: Amqp10Service | None = None
-        self.handlers: set[Amqp10ConnectionHandler] = set()
-        self.ports: dict[str, int] = {}
 
     @property
     def service(self) -> Amqp10Service:
@@ -179,31 +122,15 @@ class Amqp10Listener:
             self._service = Amqp10Service(self.broker)
         return self._service
 
-    async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
-        try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
-        except OSError as exc:
-            raise ListenError(f"cannot listen for {name} on {host or '*'}:{port}: "
-                              f"{exc.strerror or exc}") from None
-        self.ports[name] = listeners[0].socket.getsockname()[1]
-        log.info("%s listening on %s:%s", name.upper(), host or "*", self.ports[name])
-        if tls:
-            from ..security.tls import TLSConfigError, server_context
-            try:
-                ctx = server_context(self.broker.config)
-            except TLSConfigError as exc:
-                raise ListenError(f"--amqps10-port: {exc}") from None
-            return [trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners]
-        return listeners
-
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
-        host = None if config.host in ("", "*", "0.0.0.0") else config.host
+        host = listen_host(config)
         listeners = []
         if config.amqp10_port is not None:
-            listeners += await self._open("amqp10", config.amqp10_port, host, False)
+            listeners += await self.open_port("amqp10", config.amqp10_port, host)
         if config.amqps10_port is not None:
-            listeners += await self._open("amqps10", config.amqps10_port, host, True)
+            listeners += await self.open_port("amqps10", config.amqps10_port, host,
+                                              "--amqps10-port")
         task_status.started(self.ports)
         try:
             if listeners:
@@ -215,13 +142,8 @@ class Amqp10Listener:
                 self._service.stopping = True
 
     async def _handle(self, stream) -> None:
-        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        sock = raw.socket
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        except OSError:
-            pass
-        if raw is not stream:
+        sock, tls = tcp_socket(stream)
+        if tls:
             # the client certificate (SASL EXTERNAL's user) is known after the handshake
             try:
                 with trio.fail_after(self.broker.config.handshake_timeout):
@@ -230,11 +152,9 @@ class Amqp10Listener:
                     OSError) as exc:
                 log.warning("amqp 1.0: TLS handshake failed: %s",
                             exc.__cause__ or exc or type(exc).__name__)
-                with trio.move_on_after(1) as cleanup:
-                    cleanup.shield = True
-                    await stream.aclose()
+                await close_stream(stream)
                 return
-        await self.serve_connection(stream, sock, raw is not stream)
+        await self.serve_connection(stream, sock, tls)
 
     async def serve_connection(self, stream, sock, tls: bool, prefix: bytes = b"") -> None:
         """One AMQP 1.0 connection on ``stream`` (a TLS one after its handshake);
@@ -243,14 +163,7 @@ class Amqp10Listener:
         if isinstance(stream, trio.SSLStream):
             from ..security.tls import peer_cert_user
             cert_user = peer_cert_user(stream)  # SASL EXTERNAL's user
-        handler = Amqp10ConnectionHandler(self, stream, sock, tls, prefix, cert_user)
-        self.handlers.add(handler)
-        try:
-            await handler.run()
-        except Exception:
-            log.exception("amqp 1.0 connection %s: internal error", handler.peer)
-        finally:
-            self.handlers.discard(handler)
+        await self.serve(Amqp10ConnectionHandler(self, stream, sock, tls, prefix, cert_user))
 
 
 def install(broker) -> Amqp10Listener | None:

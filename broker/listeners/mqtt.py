@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import ssl
 
 import trio
@@ -20,52 +19,45 @@ import trio.lowlevel
 from ..mqtt.codec import MAX_UNAUTHENTICATED
 from ..mqtt.connection import State
 from ..mqtt.properties import KEEP_ALIVE_TIMEOUT, SERVER_SHUTTING_DOWN
-from . import ListenError
+from .edge import (
+    BLOCKED_READ_SIZE,
+    DROPPED,
+    ConnectionEdge,
+    EdgeListener,
+    listen_host,
+    peer_of,
+    tcp_socket,
+)
 from .mqtt_session import MQTTService, MQTTSession
 from .mqtt_sys import SysTopics
 from .mqtt_ws import WebSocketListeners
 
 log = logging.getLogger("broker.mqtt")
 
-BLOCKED_READ_SIZE = 4096
-BLOCKED_READ_INTERVAL = 0.1
 
-
-class MQTTConnectionHandler:
+class MQTTConnectionHandler(ConnectionEdge):
     """Output goes out two ways, never both at once. A plain-TCP connection with output
     (``wake``) is marked dirty; right after a reader's batch, or else from the listener's
     flusher task, what it has queued is written with one non-blocking write (``send_now``:
     a PUBACK round trip costs no task switch). Whatever the socket does not take
     (``_leftover``), TLS output, and the last bytes of a finished connection go to the
-    writer task, started on demand; while it runs it owns the socket."""
+    writer task, started on demand; while it runs it owns the socket. Reading is the
+    edge's (``edge.ConnectionEdge.read_loop``)."""
 
-    __slots__ = ("_drained", "_fd", "_flow_event", "_last_received", "_leftover", "_open",
-                 "_started", "_writer_running", "listener", "nursery", "peer", "session",
-                 "stream")
+    __slots__ = ("_fd", "_leftover", "_open", "_writer_running", "nursery")
+
+    what = "mqtt connection"
+    log = log
+    flow_read_size = BLOCKED_READ_SIZE
 
     def __init__(self, listener: MQTTListener, stream, sock, tls: bool, direct: bool = True,
                  session_class: type[MQTTSession] = MQTTSession):
-        self.listener = listener
-        self.stream = stream
-        try:
-            host, port = sock.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:
-            host, self.peer = None, "?"
-        self.session = session_class(listener.service, self.peer, host)
+        super().__init__(listener, stream, sock)
+        host, self.peer = peer_of(sock)
+        session = session_class(listener.service, self.peer, host)
         # the CONNECT, read before any login, is bounded as RabbitMQ bounds it
-        self.session.conn.reader.max_first = MAX_UNAUTHENTICATED
-        try:
-            self.session.local_port = sock.getsockname()[1]
-        except OSError:
-            pass
-        self.session.tls = tls
-        self.session.wake = self._wake
-        self.session.flow_resumed = self._flow_resumed
-        # created only while the reader waits on them: idle connections are many
-        self._drained: trio.Event | None = None
-        self._flow_event: trio.Event | None = None
-        self._started = self._last_received = trio.current_time()
+        session.conn.reader.max_first = MAX_UNAUTHENTICATED
+        self.attach(session, sock, tls)
         # direct writes need the plain socket (not TLS, not a WebSocket's frames)
         self._fd = sock.fileno() if direct and not tls else -1
         self._writer_running = False
@@ -113,10 +105,6 @@ class MQTTConnectionHandler:
         if self._drained is not None:
             self._drained.set()
 
-    def _flow_resumed(self) -> None:
-        if self._flow_event is not None:
-            self._flow_event.set()
-
     async def run(self) -> None:
         session = self.session
         try:
@@ -124,7 +112,7 @@ class MQTTConnectionHandler:
                 self.nursery = nursery
                 self._open = True
                 try:
-                    await self._reader()
+                    await self.read_loop()
                     # the reader is done (finished, EOF, timeout): the writer writes what
                     # is left and ends the nursery
                     self._start_writer()
@@ -133,17 +121,15 @@ class MQTTConnectionHandler:
                     # to leave it: a session closed from elsewhere in that window (a takeover)
                     # must not start a writer in it
                     self._open = False
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
+        except* DROPPED:
             log.info("mqtt connection %s: dropped", self.peer)
         finally:
             last = b""
-            if trio.current_effective_deadline() == -math.inf:
-                # cancelled from outside: the broker is stopping, devices did nothing wrong
-                self.listener.service.stopping = True
-                if session.conn.v5 and not session.ended:
-                    # an MQTT 5 client is told (DISCONNECT 0x8B), no will published
-                    session.close("server shutting down", SERVER_SHUTTING_DOWN)
-                    last = self._leftover + session.conn.data_to_send()
+            # cancelled from outside: an MQTT 5 client is told (DISCONNECT 0x8B), no will
+            # published
+            if self.stopping() and session.conn.v5 and not session.ended:
+                session.close("server shutting down", SERVER_SHUTTING_DOWN)
+                last = self._leftover + session.conn.data_to_send()
             session.connection_lost()  # will, requeue, consumers leave (idempotent)
             self._fd = -1  # never written directly again: the number may be reused
             self.listener.dirty.pop(self, None)
@@ -157,62 +143,20 @@ class MQTTConnectionHandler:
                             pass
                     await self.stream.aclose()
 
-    async def _reader(self) -> None:
+    def timed_out(self) -> None:
         session = self.session
-        conn = session.conn
+        if session.conn.state in (State.AWAIT_CONNECT, State.CONNECTING):
+            log.warning("mqtt connection %s: no CONNECT in time", self.peer)
+            session.close("connect timeout")
+        else:
+            log.warning("mqtt client %r: keep-alive of %ss expired", session.client_id,
+                        session.conn.keep_alive)
+            session.close("keep-alive timeout", KEEP_ALIVE_TIMEOUT)  # will published
+
+    def after_read(self) -> None:
         listener = self.listener
-        broker = listener.broker
-        stream = self.stream
-        while not session.finished:
-            while conn.pending_output > session.output_high_water * 4 and not session.finished:
-                drained = self._drained = trio.Event()
-                await drained.wait()
-                self._drained = None
-            size = broker.config.receive_size
-            if broker.stops_publishers and session.is_publisher:
-                broker.notify_blocked(session)  # listed as "blocked" (nothing is sent)
-                # an alarm: not read at all until it clears, as for AMQP (the keep-alive
-                # starts again from then: its PINGREQs were not read)
-                while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                    await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                self._last_received = trio.current_time()
-                continue
-            elif session.flow_queues:
-                flow = self._flow_event = trio.Event()
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await flow.wait()
-                self._flow_event = None
-                if session.flow_queues:
-                    size = BLOCKED_READ_SIZE
-            try:
-                with trio.move_on_at(self._deadline()) as scope:
-                    data = await stream.receive_some(size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
-                data = b""
-            if scope.cancelled_caught:
-                if conn.state in (State.AWAIT_CONNECT, State.CONNECTING):
-                    log.warning("mqtt connection %s: no CONNECT in time", self.peer)
-                    session.close("connect timeout")
-                else:
-                    log.warning("mqtt client %r: keep-alive of %ss expired", session.client_id,
-                                conn.keep_alive)
-                    session.close("keep-alive timeout", KEEP_ALIVE_TIMEOUT)  # will published
-                return
-            if not data:
-                # EOF without DISCONNECT: an abnormal end, the will is published
-                session.finished = True
-                session.connection_lost()
-                return
-            self._last_received = trio.current_time()
-            listener.service.bytes_received += len(data)
-            session.data_received(data)
-            if session.login_wait is not None:
-                # an opaque OAuth 2 token: its introspection decides the CONNECT (nothing
-                # is read meanwhile)
-                await broker.access.introspect(session.login_wait[0])
-                session.resume_login()
-            if listener.dirty:
-                listener.flush_dirty()
+        if listener.dirty:
+            listener.flush_dirty()
 
     async def _writer(self) -> None:
         """Write until nothing is queued, then end; a finished connection's last writer
@@ -241,7 +185,7 @@ class MQTTConnectionHandler:
         if session.finished:
             self.nursery.cancel_scope.cancel()
 
-    def _deadline(self) -> float:
+    def deadline(self) -> float:
         """When the reader gives up waiting (trio clock): the CONNECT timeout, then one and a
         half keep-alive periods after the last packet (section 3.1.2.10); none without one."""
         conn = self.session.conn
@@ -252,17 +196,17 @@ class MQTTConnectionHandler:
         return math.inf
 
 
-class MQTTListener:
+class MQTTListener(EdgeListener):
     """Plain and TLS listeners of one broker; ``ports`` holds the bound ports once open."""
 
+    log = log
+
     def __init__(self, broker):
-        self.broker = broker
+        super().__init__(broker)
         self.service = MQTTService(broker)
-        self.handlers: set[MQTTConnectionHandler] = set()
         # plain-TCP connections with output queued since the last flush (send_now)
         self.dirty: dict[MQTTConnectionHandler, None] = {}
         self._flush_wanted: trio.Event | None = None
-        self.ports: dict[str, int] = {}
         self.websockets = WebSocketListeners(self)
         interval = broker.config.mqtt_sys_interval
         self.sys_topics = SysTopics(self.service, interval) if interval > 0 else None
@@ -287,35 +231,14 @@ class MQTTListener:
             self.flush_dirty()
             await trio.lowlevel.checkpoint()
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """The amqps listener's context: the same certificate and client verification."""
-        from ..security.tls import TLSConfigError, server_context
-        try:
-            return server_context(self.broker.config)
-        except TLSConfigError as exc:
-            raise ListenError(f"--mqtts-port: {exc}") from None
-
-    async def _open(self, name: str, port: int, host: str | None, tls: bool) -> list:
-        try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
-        except OSError as exc:
-            raise ListenError(f"cannot listen for {name} on {host or '*'}:{port}: "
-                              f"{exc.strerror or exc}") from None
-        self.ports[name] = listeners[0].socket.getsockname()[1]
-        log.info("%s listening on %s:%s", name.upper(), host or "*", self.ports[name])
-        if tls:
-            ctx = self.ssl_context()
-            return [trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners]
-        return listeners
-
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
-        host = None if config.host in ("", "*", "0.0.0.0") else config.host
+        host = listen_host(config)
         listeners = []
         if config.mqtt_port is not None:
-            listeners += await self._open("mqtt", config.mqtt_port, host, False)
+            listeners += await self.open_port("mqtt", config.mqtt_port, host)
         if config.mqtts_port is not None:
-            listeners += await self._open("mqtts", config.mqtts_port, host, True)
+            listeners += await self.open_port("mqtts", config.mqtts_port, host, "--mqtts-port")
         ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
         try:
@@ -331,27 +254,15 @@ class MQTTListener:
             self.service.stopping = True
 
     async def _handle(self, stream) -> None:
-        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        sock = raw.socket
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        except OSError:
-            pass
-        await self.serve_connection(stream, sock, raw is not stream)
+        sock, tls = tcp_socket(stream)
+        await self.serve_connection(stream, sock, tls)
 
     async def serve_connection(self, stream, sock, tls: bool, direct: bool = True,
                                session_class: type[MQTTSession] = MQTTSession) -> None:
         """One MQTT connection on ``stream`` (``sock`` its socket; ``direct``: the socket
         may be written directly, not through ``stream``)."""
         self.service.sockets_opened += 1
-        handler = MQTTConnectionHandler(self, stream, sock, tls, direct, session_class)
-        self.handlers.add(handler)
-        try:
-            await handler.run()
-        except Exception:
-            log.exception("mqtt connection %s: internal error", handler.peer)
-        finally:
-            self.handlers.discard(handler)
+        await self.serve(MQTTConnectionHandler(self, stream, sock, tls, direct, session_class))
 
 
 def install(broker) -> MQTTListener | None:

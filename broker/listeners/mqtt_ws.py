@@ -18,9 +18,7 @@ length reserves nothing; control frames are at most 125 bytes. No extension is o
 from __future__ import annotations
 
 import logging
-import socket
 import ssl
-from typing import TYPE_CHECKING
 
 import trio
 from wsproto import ConnectionType, WSConnection
@@ -38,11 +36,8 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
-from . import ListenError
+from .edge import DROPPED, close_stream, peer_of, tcp_socket
 from .mqtt_session import MQTTSession
-
-if TYPE_CHECKING:
-    from .mqtt import MQTTListener
 
 log = logging.getLogger("broker.mqtt")
 
@@ -214,68 +209,65 @@ def _take_trailing(ws: WSConnection) -> None:
         ws.connection.receive_data(bytes(trailing))
 
 
-class WebSocketListeners:
-    """The ws and wss listeners of the MQTT listener (``listener``): each accepted upgrade
-    becomes an MQTT connection of ``listener``, served by the same handler as TCP ones."""
+class WebSocketPorts:
+    """The ws and wss ports of a listener (``listener``, an ``edge.EdgeListener``): each
+    accepted upgrade becomes a connection of ``listener``, served by the handler its TCP
+    connections have."""
 
-    def __init__(self, listener: MQTTListener):
+    kind = "mqtt"  # the log lines' "<kind> websocket"
+    text = False  # text frames carry the protocol too
+    choose = staticmethod(_choose)
+
+    def __init__(self, listener):
         self.listener = listener
         self.config = listener.broker.config
+
+    def specs(self) -> tuple[tuple[str, int | None, bool, str], ...]:
+        """(name, port, TLS, the TLS setting's option) of each port."""
+        raise NotImplementedError
+
+    async def serve(self, ws_stream: WebSocketStream, sock, tls: bool) -> None:
+        raise NotImplementedError
+
+    async def open(self, host: str | None) -> list:
+        out: list = []
+        for name, port, tls, option in self.specs():
+            if port is not None:
+                # browsers end TLS without close_notify: not an error here
+                out += await self.listener.open_port(name, port, host, option if tls else None,
+                                                     https_compatible=True)
+        return out
+
+    async def handle(self, stream) -> None:
+        sock, tls = tcp_socket(stream)
+        _, peer = peer_of(sock)
+        ws_stream = None
+        try:
+            with trio.move_on_after(self.config.handshake_timeout) as scope:
+                ws_stream = await handshake(stream, peer, self.choose, self.text)
+            if scope.cancelled_caught:
+                self.listener.log.warning("%s websocket %s: no upgrade request in time",
+                                          self.kind, peer)
+        except DROPPED:
+            pass
+        if ws_stream is None:
+            await close_stream(stream)
+            return
+        await self.serve(ws_stream, sock, tls)
+
+
+class WebSocketListeners(WebSocketPorts):
+    """The MQTT listener's ws and wss ports."""
 
     @property
     def configured(self) -> bool:
         return self.config.mqtt_ws_port is not None or self.config.mqtt_wss_port is not None
 
-    async def open(self, host: str | None) -> list:
+    def specs(self) -> tuple[tuple[str, int | None, bool, str], ...]:
         config = self.config
-        out: list = []
-        for name, port, tls in (("mqtt-ws", config.mqtt_ws_port, False),
-                                ("mqtt-wss", config.mqtt_wss_port, True)):
-            if port is None:
-                continue
-            try:
-                listeners = await trio.open_tcp_listeners(port, host=host)
-            except OSError as exc:
-                raise ListenError(f"cannot listen for {name} on {host or '*'}:{port}: "
-                                  f"{exc.strerror or exc}") from None
-            self.listener.ports[name] = listeners[0].socket.getsockname()[1]
-            log.info("%s listening on %s:%s", name.upper(), host or "*",
-                     self.listener.ports[name])
-            if tls:
-                ctx = self._ssl_context()
-                # browsers end TLS without close_notify: not an error here
-                out += [trio.SSLListener(lst, ctx, https_compatible=True) for lst in listeners]
-            else:
-                out += listeners
-        return out
+        return (("mqtt-ws", config.mqtt_ws_port, False, "--mqtt-wss-port"),
+                ("mqtt-wss", config.mqtt_wss_port, True, "--mqtt-wss-port"))
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        from ..security.tls import TLSConfigError, server_context
-        try:
-            return server_context(self.config)
-        except TLSConfigError as exc:
-            raise ListenError(f"--mqtt-wss-port: {exc}") from None
-
-    async def handle(self, stream) -> None:
-        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        sock = raw.socket
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-            host, port = sock.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        ws_stream = None
-        try:
-            with trio.move_on_after(self.config.handshake_timeout) as scope:
-                ws_stream = await handshake(stream, peer)
-            if scope.cancelled_caught:
-                log.warning("mqtt websocket %s: no upgrade request in time", peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
-            pass
-        if ws_stream is None:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await stream.aclose()
-            return
-        await self.listener.serve_connection(ws_stream, sock, raw is not stream, direct=False,
+    async def serve(self, ws_stream: WebSocketStream, sock, tls: bool) -> None:
+        await self.listener.serve_connection(ws_stream, sock, tls, direct=False,
                                              session_class=WebMQTTSession)

@@ -6,22 +6,10 @@ bounded handshake and stream); the STOMP side is the plain listener's handler.
 """
 from __future__ import annotations
 
-import logging
-import socket
-import ssl
-from typing import TYPE_CHECKING
-
-import trio
 from wsproto.events import Request
 
-from . import ListenError
-from .mqtt_ws import handshake
+from .mqtt_ws import WebSocketPorts, WebSocketStream
 from .stomp_session import StompSession
-
-if TYPE_CHECKING:
-    from .stomp import StompListener
-
-log = logging.getLogger("broker.stomp")
 
 PATH = "/ws"  # RabbitMQ's Web STOMP endpoint
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
@@ -49,54 +37,17 @@ class WebStompSession(StompSession):
         return "Web " + super().protocol
 
 
-class WebStompListeners:
-    def __init__(self, listener: StompListener):
-        self.listener = listener
-        self.config = listener.broker.config
+class WebStompListeners(WebSocketPorts):
+    """The STOMP listener's ws and wss ports."""
 
-    async def open(self, host: str | None) -> list:
+    kind = "stomp"
+    text = True
+    choose = staticmethod(choose)
+
+    def specs(self) -> tuple[tuple[str, int | None, bool, str], ...]:
         config = self.config
-        out: list = []
-        for name, port, tls in (("stomp-ws", config.stomp_ws_port, False),
-                                ("stomp-wss", config.stomp_wss_port, True)):
-            if port is None:
-                continue
-            try:
-                listeners = await trio.open_tcp_listeners(port, host=host)
-            except OSError as exc:
-                raise ListenError(f"cannot listen for {name} on {host or '*'}:{port}: "
-                                  f"{exc.strerror or exc}") from None
-            self.listener.ports[name] = listeners[0].socket.getsockname()[1]
-            log.info("%s listening on %s:%s", name.upper(), host or "*",
-                     self.listener.ports[name])
-            if tls:
-                ctx = self.listener.ssl_context("--stomp-wss-port")
-                # browsers end TLS without close_notify: not an error here
-                out += [trio.SSLListener(lst, ctx, https_compatible=True) for lst in listeners]
-            else:
-                out += listeners
-        return out
+        return (("stomp-ws", config.stomp_ws_port, False, "--stomp-wss-port"),
+                ("stomp-wss", config.stomp_wss_port, True, "--stomp-wss-port"))
 
-    async def handle(self, stream) -> None:
-        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        sock = raw.socket
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-            host, port = sock.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        ws_stream = None
-        try:
-            with trio.move_on_after(self.config.handshake_timeout) as scope:
-                ws_stream = await handshake(stream, peer, choose, text=True)
-            if scope.cancelled_caught:
-                log.warning("stomp websocket %s: no upgrade request in time", peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError):
-            pass
-        if ws_stream is None:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await stream.aclose()
-            return
-        await self.listener.serve_connection(ws_stream, sock, raw is not stream,
-                                             WebStompSession)
+    async def serve(self, ws_stream: WebSocketStream, sock, tls: bool) -> None:
+        await self.listener.serve_connection(ws_stream, sock, tls, WebStompSession)
