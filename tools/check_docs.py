@@ -3,7 +3,8 @@
 Looks through the tracked and new files (code, comments, docs, README, the Makefile) for
 ``docs/<name>.md``, and in Markdown files also for relative links (``[x](durability.md)``,
 resolved from the linking file's folder). Prints ``file:line: ...`` for each missing one and
-exits 1."""
+exits 1. Runs ``tools.check_layout`` too (module size, no getattr on the broker), so
+``make lint`` holds both."""
 from __future__ import annotations
 
 import re
@@ -46,7 +47,8 @@ def missing(rel: str) -> list[str]:
 
 
 def main() -> int:
-    problems = [p for f in files() for p in missing(f)]
+    from . import check_layout
+    problems = [p for f in files() for p in missing(f)] + check_layout.problems()
     for p in problems:
         print(p)
     return 1 if problems else 0
