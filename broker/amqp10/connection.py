@@ -8,11 +8,11 @@ has no I/O. In front of it this module runs the protocol header and the SASL exc
 assembles transfers into whole messages under a size bound. Links and deliveries are
 handed out as proton's objects, as opaque handles the broker passes back to the methods
 here (``attach_*``, ``send``, ``settle_incoming``, ``grant``, ``detach``, ``close``).
+Not here: the events' types (``events``) and the deliveries' handles (``deliveries``).
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -35,6 +35,22 @@ from proton import (
 
 from . import sasl
 from . import transactions as txn
+from .deliveries import PRESETTLED, Incoming, Outcome, Sent, wrapped
+from .events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    CreditGiven,
+    Event10,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    NoSasl,
+    OutcomeReceived,
+    ProtocolError,
+    SaslInit,
+    SessionEnded,
+    selector,
+)
 
 # Frames the broker accepts (proton refuses larger ones with amqp:connection:framing-error)
 MAX_FRAME = 64 * 1024
@@ -56,163 +72,9 @@ class State(Enum):
     CLOSED = "closed"
 
 
-@dataclass
-class SaslInit:
-    mechanism: str
-    response: bytes
-    hostname: str | None
-
-
-@dataclass
-class NoSasl:
-    """The client sent the AMQP header without SASL: anonymous, if the broker allows it."""
-
-
-@dataclass
-class ConnectionOpened:
-    hostname: str | None
-    container: str | None
-
-
-@dataclass
-class LinkAttached:
-    """The peer attached a link. ``link.is_receiver`` on the broker's side: the client
-    sends (publishes) to ``address``; else the client receives from ``address``."""
-    link: Link
-    address: str | None
-    dynamic: bool
-    selector: str | None = None  # a JMS selector in the source's filter (consumers)
-    coordinator: bool = False  # a link to the transaction coordinator (publishing side)
-
-
-@dataclass
-class MessageReceived:
-    """A whole message on a receiving link (its transfers assembled)."""
-    link: Link
-    delivery: Delivery
-    data: bytes
-    settled: bool
-    txn_id: bytes | None = None  # a transactional transfer's transaction
-
-
-@dataclass
-class OutcomeReceived:
-    """The client's disposition of a delivery the broker sent."""
-    link: Link
-    delivery: Delivery
-    outcome: int  # Disposition.ACCEPTED/RELEASED/REJECTED/MODIFIED, 0: settled without one
-    delivery_failed: bool
-    undeliverable_here: bool
-    txn_id: bytes | None = None  # a transactional disposition's transaction
-
-
-@dataclass
-class CreditGiven:
-    link: Link
-
-
-@dataclass
-class LinkDetached:
-    link: Link
-    closed: bool
-
-
-@dataclass
-class SessionEnded:
-    key: int  # the ``key`` of its links' ``session_key``
-
-
-@dataclass
-class ConnectionClosed:
-    pass
-
-
-@dataclass
-class ProtocolError:
-    description: str
-
-
-Event10 = (SaslInit | NoSasl | ConnectionOpened | LinkAttached | MessageReceived
-           | OutcomeReceived | CreditGiven | LinkDetached | SessionEnded | ConnectionClosed
-           | ProtocolError)
-
-
 _DELIVERY_EVENT = lib.PN_DELIVERY
 _FLOW_EVENT = lib.PN_LINK_FLOW
 _LOCAL_ACTIVE = lib.PN_LOCAL_ACTIVE
-
-
-class Presettled:
-    """The delivery of a transfer the client sent settled: proton's is settled on arrival
-    (nothing is ever said about it), so this stands in for it."""
-    __slots__ = ()
-    settled = True
-
-    def settle(self) -> None:
-        pass
-
-
-PRESETTLED = Presettled()
-
-
-class Sent:
-    """A delivery the broker sent: its tag (as proton's ``Delivery.tag`` gives it back in
-    the client's disposition)."""
-    __slots__ = ("tag",)
-
-    def __init__(self, tag: str):
-        self.tag = tag
-
-
-class Outcome:
-    """A delivery the broker sent, as the client's disposition of it comes back: its tag and
-    ``settle`` (what the broker uses of it), without a proton wrapper (whose record and two
-    dispositions cost more than the rest of the outcome). Holds a reference to it."""
-    __slots__ = ("_impl", "tag")
-
-    def __init__(self, impl: Any):
-        lib.pn_incref(impl)
-        self._impl = impl
-        tag = lib.pn_delivery_tag(impl)
-        self.tag = ffi.unpack(tag.start, tag.size).decode()
-
-    def settle(self) -> None:
-        lib.pn_delivery_settle(self._impl)
-
-    def __del__(self) -> None:
-        lib.pn_decref(self._impl)
-
-
-class Incoming:
-    """An unsettled transfer's delivery, until the broker settles it: without a proton
-    wrapper unless an outcome needs more than its state (a condition, modified, a
-    transaction's). Holds a reference to it."""
-    __slots__ = ("_impl",)
-
-    def __init__(self, impl: Any):
-        lib.pn_incref(impl)
-        self._impl = impl
-
-    @property
-    def settled(self) -> bool:
-        return bool(lib.pn_delivery_settled(self._impl))
-
-    def settle(self) -> None:
-        lib.pn_delivery_settle(self._impl)
-
-    def wrapped(self) -> Delivery:
-        return Delivery.wrap(self._impl)
-
-    def __del__(self) -> None:
-        lib.pn_decref(self._impl)
-
-
-def _wrapped(d: Any) -> Delivery:
-    return d.wrapped() if isinstance(d, Incoming) else d
-
-
-# the JMS selector filter as Qpid JMS and ActiveMQ send it (by descriptor: symbol or code)
-_SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
 
 def _close_frame(condition: str, description: str) -> bytes:
@@ -221,25 +83,6 @@ def _close_frame(condition: str, description: str) -> bytes:
                                                                  description])]))
     body = bytes(d.encode())
     return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
-
-
-def _selector(term) -> str | None:
-    """The JMS selector of a source's filter set, or None."""
-    f = term.filter
-    f.rewind()
-    if not f.next():
-        return None
-    try:
-        filters = f.get_object()
-    except Exception:  # an undecodable filter set: no selector
-        return None
-    if not isinstance(filters, dict):
-        return None
-    for value in filters.values():
-        if isinstance(value, Described) and value.descriptor in _SELECTOR_DESCRIPTORS \
-                and isinstance(value.value, str):
-            return value.value
-    return None
 
 
 class ServerConnection:
@@ -440,7 +283,7 @@ class ServerConnection:
                         self._coordinators.add(int(ffi.cast("uintptr_t", link._impl)))
                     events.append(LinkAttached(
                         link, term.address, bool(term.dynamic),
-                        None if link.is_receiver else _selector(term), coordinator))
+                        None if link.is_receiver else selector(term), coordinator))
             elif etype in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
                 link = ev.link
                 self._forget(link)
@@ -597,7 +440,7 @@ class ServerConnection:
 
     def settle_declared(self, d: Delivery, txn_id: bytes) -> None:
         """A declare's answer: the ``declared`` state with the new transaction's id."""
-        d = _wrapped(d)
+        d = wrapped(d)
         local: Any = d.local  # (proton types its data as a list of ints)
         local.data = [txn_id]
         d.update(txn.DECLARED)
@@ -606,7 +449,7 @@ class ServerConnection:
     def settle_transactional(self, d: Delivery, txn_id: bytes, outcome: int) -> None:
         """A transactional transfer's answer: its outcome once the transaction commits."""
         if not d.settled:
-            d = _wrapped(d)
+            d = wrapped(d)
             local: Any = d.local
             local.data = [txn_id, Described(ulong(outcome), [])]
             d.update(txn.TRANSACTIONAL_STATE)

@@ -28,7 +28,7 @@ from proton import Disposition, uint, ulong
 from .. import errors
 from ..amqp import spec
 from ..amqp10 import management as http
-from ..amqp10.connection import MessageReceived
+from ..amqp10.events import MessageReceived
 
 if TYPE_CHECKING:
     from .amqp10_session import Amqp10Session
@@ -45,6 +45,19 @@ def _status(exc: errors.AMQPError) -> str:
 
 def _text(exc: errors.AMQPError) -> str:
     return exc.text.partition(" - ")[2] or exc.text
+
+
+def _properties(body, kind: str, known: tuple[str, ...]) -> dict:
+    """A declare's body: a map (none: empty) of only the ``known`` properties."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise http.RequestError("400", f"the {kind}'s properties must be a map")
+    body = {str(k): v for k, v in body.items()}
+    for key in body:
+        if key not in known:
+            raise http.RequestError("400", f"bad {kind} property {key}")
+    return body
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -205,14 +218,7 @@ class ManagementNode:
     def _declare_queue(self, name: str, body) -> tuple[str, object]:
         session = self.session
         vhost = session.vhost
-        if body is None:
-            body = {}
-        if not isinstance(body, dict):
-            raise http.RequestError("400", "the queue's properties must be a map")
-        body = {str(k): v for k, v in body.items()}
-        for key in body:
-            if key not in ("durable", "exclusive", "auto_delete", "arguments"):
-                raise http.RequestError("400", f"bad queue property {key}")
+        body = _properties(body, "queue", ("durable", "exclusive", "auto_delete", "arguments"))
         durable = _flag(body, "durable", True)
         exclusive = _flag(body, "exclusive", False)
         auto_delete = _flag(body, "auto_delete", False)
@@ -275,14 +281,8 @@ class ManagementNode:
     def _declare_exchange(self, name: str, body) -> tuple[str, object]:
         session = self.session
         vhost = session.vhost
-        if body is None:
-            body = {}
-        if not isinstance(body, dict):
-            raise http.RequestError("400", "the exchange's properties must be a map")
-        body = {str(k): v for k, v in body.items()}
-        for key in body:
-            if key not in ("type", "durable", "auto_delete", "internal", "arguments"):
-                raise http.RequestError("400", f"bad exchange property {key}")
+        body = _properties(body, "exchange",
+                           ("type", "durable", "auto_delete", "internal", "arguments"))
         xtype = body.get("type", "direct")
         if not isinstance(xtype, str):
             raise http.RequestError("400", f"bad exchange type {xtype!r}")

@@ -3,7 +3,7 @@ transfers into the routing core, deliveries out with link credit, dispositions a
 Synchronous (no trio): the edge (``amqp10.py``) feeds bytes and writes whatever the sans-IO
 connection (``broker.amqp10.connection``) has queued whenever ``wake`` is called.
 
-- A link the client **sends** on publishes to its target address (``mapping.parse_target``;
+- A link the client **sends** on publishes to its target address (``addresses.parse_target``;
   a null target: each message's ``to``) through the same stages as every other protocol
   (publish hooks, ``VirtualHost.route``, ``Queue.enqueue``, audit). Its credit is the
   publisher's window: granted again while the connection is not in flow. An unsettled
@@ -14,21 +14,22 @@ connection (``broker.amqp10.connection``) has queued whenever ``wake`` is called
   ``channel`` of its ``Consumer`` (``OutLink``), so the queue delivers while the link has
   credit. accepted = ack, released = requeue, rejected = reject (dead-letter or drop),
   modified = requeue, or reject when ``undeliverable-here``.
+
+Here: login, open, attaching and detaching links, outcomes, the connection's end. The
+publishing is ``amqp10_publish``'s (a mixin), the links' types ``amqp10_links``.
 """
 from __future__ import annotations
 
 import logging
-import time
-import weakref
 from typing import Any
 
 from proton import Disposition, symbol
 
 from .. import __version__, errors
 from ..amqp import spec
-from ..amqp.fields import encode_properties
-from ..amqp10 import mapping
-from ..amqp10.connection import (
+from ..amqp10 import addresses
+from ..amqp10.connection import ServerConnection
+from ..amqp10.events import (
     ConnectionClosed,
     ConnectionOpened,
     CreditGiven,
@@ -39,14 +40,13 @@ from ..amqp10.connection import (
     OutcomeReceived,
     ProtocolError,
     SaslInit,
-    ServerConnection,
     SessionEnded,
 )
 from ..amqp10.sasl import plain_credentials
-from ..message import Message
-from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from ..queues.queue import Consumer
+from .amqp10_links import InLink, OutLink
 from .amqp10_mgmt import ManagementNode
+from .amqp10_publish import PUBLISH_CREDIT, Amqp10Publishing, condition_of, description_of
 from .amqp10_tx import Coordinator, TxnError
 from .amqp_channel import Unacked, _selector
 from .session_base import NO_QUEUES, FlowControlledSession
@@ -54,130 +54,19 @@ from .session_base import NO_QUEUES, FlowControlledSession
 log = logging.getLogger("broker.amqp10")
 
 MANAGEMENT = "/management"  # RabbitMQ 4's HTTP-over-AMQP management node
-MAX_KEY = 255
-# transfers a publishing link may have in flight, topped up at half: a few hundred made the
-# client wait for a flow frame every 128 transfers (RabbitMQ 3.10's plugin grants 65536).
-# Memory stays bounded by the reads: every transfer is read out of proton as it arrives
-PUBLISH_CREDIT = 2048
 MAX_LINKS = 1024  # links per connection (each holds a little state)
-# The encoded AMQP 1.0 form of messages published over AMQP 1.0, for AMQP 1.0 consumers:
-# what the 0-9-1 properties cannot hold (an amqp-value body, footers) is kept. A message
-# rebuilt by the broker (dead-lettered, recovered from the store) is converted instead.
-_ORIGINAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-# AMQP 0-9-1 reply codes as AMQP 1.0 error conditions
-_CONDITIONS = {404: "amqp:not-found", 403: "amqp:unauthorized-access",
-               405: "amqp:resource-locked", 406: "amqp:precondition-failed",
-               530: "amqp:unauthorized-access", 501: "amqp:decode-error",
-               541: "amqp:internal-error"}
-
-
-# Scheduled delivery as ActiveMQ Artemis and Azure take it over AMQP 1.0: to the scheduler's
-# AMQ_SCHEDULED_DELAY (ms)
-_DELAY = "x-opt-delivery-delay"
-_DELIVERY_TIME = "x-opt-delivery-time"
-
-
-def _schedule(headers: dict) -> None:
-    delay = headers.get(_DELAY)
-    at = headers.get(_DELIVERY_TIME)
-    if isinstance(at, int) and not isinstance(at, bool):  # ms since the epoch
-        delay = at - int(time.time() * 1000)
-    if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
-        headers["AMQ_SCHEDULED_DELAY"] = delay
-
-
-def condition_of(exc: errors.AMQPError) -> str:
-    return _CONDITIONS.get(exc.code, "amqp:internal-error")
-
-
-def description_of(exc: errors.AMQPError) -> str:
-    # RabbitMQ 4's texts are the 0-9-1 ones without the "NOT_FOUND - " prefix
-    return exc.text.partition(" - ")[2] or exc.text
-
-
 class Amqp10Service:
     """The listener's broker-wide settings."""
 
     def __init__(self, broker):
         self.broker = broker
         self.max_message_size = broker.config.max_message_size
-        self.anonymous_user: str | None = getattr(broker.config, "amqp10_anonymous_user", None)
+        self.anonymous_user: str | None = broker.config.amqp10_anonymous_user
         self.stopping = False
         self.bytes_received = 0
 
 
-class InLink:
-    """A link the client publishes on."""
-    __slots__ = ("link", "target")
-
-    def __init__(self, link, target: mapping.Target | None):
-        self.link = link
-        self.target = target  # None: each message's ``to``
-
-
-class OutLink:
-    """A link the client consumes on; the ``channel`` of its consumer."""
-    global_prefetch = 0
-    prefetch = 0
-    number = 0
-
-    def __init__(self, session: Amqp10Session, link, queue, settled: bool):
-        self.session = session
-        self.link = link
-        self.queue = queue
-        self.settled = settled
-        self.consumer: Consumer | None = None
-        self.unacked: dict[Any, Unacked] = {}  # by delivery tag
-        self._tag = 0
-        self.vhost = session.vhost
-
-    @property
-    def audit_ctx(self):
-        return self.session.audit_ctx
-
-    @property
-    def can_deliver(self) -> bool:
-        return self.link.credit > 0 and self.session.can_deliver
-
-    @property
-    def unacked_count(self) -> int:
-        return len(self.unacked)
-
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
-        session = self.session
-        message = entry.message
-        payload = _ORIGINAL.get(message)
-        if payload is not None and entry.redelivered:
-            payload = mapping.redelivered(payload)
-        if payload is None:
-            payload = mapping.encode_fast(message.properties, message.body, message.exchange,
-                                          message.routing_key, entry.redelivered)
-        self._tag += 1
-        n = self._tag
-        delivery = session.conn.send(self.link, str(n).encode(), payload, consumer.no_ack)
-        session.pending_output += len(payload)
-        item = None
-        if not consumer.no_ack:
-            item = self.unacked[delivery.tag] = Unacked(n, entry, queue, consumer)
-        audit = session.audit
-        if audit is not None:
-            pos = audit.delivered(self, consumer.tag, n, queue, entry)
-            if item is not None:
-                item.audit_pos = pos
-        session.wake()
-
-    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
-        """The queue went away: RabbitMQ 4 detaches the link with amqp:resource-deleted."""
-        session = self.session
-        session.out_links.pop(self.link.key, None)
-        if not session.ended:
-            session.conn.detach(self.link, "amqp:resource-deleted",
-                                f"queue '{self.queue.name}' in vhost '{self.vhost.name}' deleted")
-            session.wake()
-
-
-class Amqp10Session(FlowControlledSession):
+class Amqp10Session(Amqp10Publishing, FlowControlledSession):
     """One connection (a member of ``broker.sessions``)."""
 
     metrics_protocol = "amqp10"  # RabbitMQ's label (native AMQP 1.0, 4.0 and later)
@@ -232,20 +121,10 @@ class Amqp10Session(FlowControlledSession):
         """sasl-init is decided now (the connection holds what came behind it)."""
         self._on_sasl(request)
 
-    def input_handled(self) -> None:
-        if self.conn.finished:
-            self.finished = True
-            self.connection_lost()
+    def handle_input(self, data: bytes) -> None:
+        self._handle(self.conn.receive_data(data))
 
-    def data_received(self, data: bytes) -> None:
-        audit = self.audit
-        if audit is not None:
-            audit.clock_start()
-        try:
-            self._handle(self.conn.receive_data(data))
-        finally:
-            if audit is not None:
-                audit.clock_stop()
+    def input_handled(self) -> None:
         if self.conn.finished:
             self.finished = True
             self.connection_lost()
@@ -405,18 +284,18 @@ class Amqp10Session(FlowControlledSession):
                 self._attach_consumer(link, ev.address, ev.dynamic, ev.selector)
         except errors.AMQPError as exc:
             conn.refuse_link(link, condition_of(exc), description_of(exc))
-        except mapping.AddressError as exc:
+        except addresses.AddressError as exc:
             conn.refuse_link(link, "amqp:invalid-field", str(exc))
 
     def _attach_publisher(self, link, address: str | None) -> None:
         target = None
         if address is not None:
-            target = mapping.parse_target(address)
+            target = addresses.parse_target(address)
             self._check_target(target)
         self.in_links[link.key] = InLink(link, target)
         self.conn.attach_receiver(link, address, 0 if self.flow_queues else PUBLISH_CREDIT)
 
-    def _check_target(self, target: mapping.Target) -> None:
+    def _check_target(self, target: addresses.Target) -> None:
         vhost = self.vhost
         if target.queue is not None:
             if target.declare:
@@ -449,11 +328,11 @@ class Amqp10Session(FlowControlledSession):
         authz = self.authz
         if dynamic:
             q = self._declare("", False, True, True)
-            address = mapping.queue_address(q.name)
+            address = addresses.queue_address(q.name)
         else:
             if address is None:
-                raise mapping.AddressError("a receiving link needs a source address")
-            source = mapping.parse_source(address)
+                raise addresses.AddressError("a receiving link needs a source address")
+            source = addresses.parse_source(address)
             if source.queue is not None:
                 if source.declare:
                     self._ensure_queue(source.queue)
@@ -507,120 +386,6 @@ class Amqp10Session(FlowControlledSession):
         if items:
             items.sort(key=lambda pair: -pair[0].seq)
             out.queue.requeue(items)
-
-    # ---- publishing ----
-    def _on_message(self, ev: MessageReceived) -> None:
-        inlink = self.in_links.get(ev.link.key)
-        conn = self.conn
-        if inlink is None:
-            coordinator = self.coordinator
-            if coordinator is not None and ev.link.key in coordinator.links:
-                coordinator.control(ev)
-                conn.grant(ev.link, PUBLISH_CREDIT)
-            elif self.management is not None and ev.link.key in self.management.requests:
-                self.management.request(ev)
-            return
-        try:
-            outcome = self._publish(inlink, ev)
-        except mapping.AddressError as exc:
-            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
-                                 ("amqp:invalid-field", str(exc)))
-            outcome = None
-        except errors.AMQPError as exc:
-            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
-                                 (condition_of(exc), description_of(exc)))
-            outcome = None
-        except ValueError as exc:
-            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
-                                 ("amqp:decode-error", str(exc)))
-            outcome = None
-        except TxnError as exc:
-            conn.settle_incoming(ev.delivery, Disposition.REJECTED,
-                                 (exc.condition, exc.description))
-            outcome = None
-        if outcome is not None:
-            self._settle(ev, outcome)
-        if ev.link.credit < PUBLISH_CREDIT // 2 and not self.flow_queues:
-            conn.grant(ev.link, PUBLISH_CREDIT)
-
-    def _settle(self, ev: MessageReceived, outcome: tuple) -> None:
-        conn = self.conn
-        kind, cond = outcome
-        if kind == "txn":  # held until the discharge; accepted then if committed
-            conn.settle_transactional(ev.delivery, cond, Disposition.ACCEPTED)
-            return
-        if kind == "store" and not ev.settled:
-            def stored() -> None:
-                if not self.ended:
-                    conn.settle_incoming(ev.delivery, Disposition.ACCEPTED)
-                    self.wake()
-
-            def failed() -> None:
-                if not self.ended:
-                    conn.settle_incoming(ev.delivery, Disposition.REJECTED,
-                                         ("amqp:internal-error",
-                                          "the store could not write the message"))
-                    self.wake()
-            self.vhost.store.when_durable(stored, on_failure=failed)
-            return
-        state = {"store": Disposition.ACCEPTED, "accepted": Disposition.ACCEPTED,
-                 "released": Disposition.RELEASED, "rejected": Disposition.REJECTED}[kind]
-        conn.settle_incoming(ev.delivery, state, cond)
-
-    def _publish(self, inlink: InLink, ev: MessageReceived) -> tuple:
-        incoming = mapping.decode(ev.data)
-        target = inlink.target
-        if target is None:
-            if not incoming.to:
-                raise mapping.AddressError("message without 'to' on a link without target")
-            target = mapping.parse_target(incoming.to)
-            self._check_target(target)
-        exchange = target.exchange
-        key = target.key if target.key is not None else (incoming.subject or "")
-        if len(key.encode()) > MAX_KEY:
-            raise errors.precondition_failed("routing key longer than %d bytes", MAX_KEY)
-        authz = self.authz
-        if authz.topics:
-            authz.check_topic(exchange, key, "write")
-        props = incoming.properties
-        headers = props.get("headers")
-        if headers and (_DELAY in headers or _DELIVERY_TIME in headers):
-            _schedule(headers)
-        if "user_id" in props and props["user_id"] != self.username:
-            raise errors.precondition_failed(
-                "user_id property set to '%s' but authenticated user was '%s'",
-                props["user_id"], self.username)
-        self.is_publisher = True
-        message = Message(exchange, key, encode_properties(props), props, incoming.body)
-        _ORIGINAL[message] = ev.data
-        if ev.txn_id is not None:
-            if self.coordinator is None:
-                raise TxnError("amqp:transaction:unknown-id",
-                               f"unknown transaction {ev.txn_id!r}")
-            self.coordinator.publish(ev.txn_id, message)
-            return "txn", ev.txn_id
-        return self._route(message)
-
-    def _route(self, message: Message) -> tuple:
-        """("accepted" | "store" | "released" | "rejected", condition) from the one publish
-        path's outcome, as RabbitMQ 4 settles: released when no queue took it."""
-        outcome = self.broker.publishing.publish(self, message, answered=True)
-        if outcome is TAKEN or outcome is ROUTED:
-            return "accepted", None
-        if outcome is STORING:
-            return ("store" if message.persistent else "accepted"), None
-        if outcome is UNROUTABLE:
-            return "released", None
-        return "rejected", ("amqp:resource-limit-exceeded",
-                            "a queue refused the message (x-overflow reject-publish, or its "
-                            "store is failing)")
-
-    # the publish path's calls back (no confirms or returns on AMQP 1.0: dispositions)
-    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
-        pass
-
-    def send_return(self, message: Message, code: int, text: str) -> None:
-        pass
 
     # ---- consuming ----
     def _on_credit(self, link) -> None:

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 from proton import Disposition
 
 from ..amqp10 import transactions as spec
-from ..amqp10.connection import MessageReceived
+from ..amqp10.events import MessageReceived
 from ..publishing import when_all
 
 if TYPE_CHECKING:
     from ..message import Message
-    from .amqp10_session import Amqp10Session, OutLink
+    from .amqp10_links import OutLink
+    from .amqp10_session import Amqp10Session
 
 log = logging.getLogger("broker.amqp10")
 

@@ -14,8 +14,12 @@ How a session adopts it (MQTT, Stream, ...):
   ``heartbeat_timeout()`` / ``negotiated_frame_max()`` where the management API shows one,
   and set ``auth_mechanism`` when it is not PLAIN. Delete the copies of ``closed``,
   ``session``, ``connection_info``, ``queue_over_threshold``, ``flow_released``.
-- ``resume_login``: define ``login_resumed(request)`` (decide the held login request, then
-  what came behind it) and, if the connection can end there, ``input_handled()``.
+- Input: define ``handle_input(data)`` (what ``data_received`` did inside the audit
+  clock) and, if the connection can end there, ``input_handled()``; ``resume_login``:
+  define ``login_resumed(request)`` (decide the held login request, then what came
+  behind it).
+- ``can_deliver``: deliveries stop while the connection's unwritten output is over
+  ``output_high_water`` (``delivery_stalled``; the edge calls ``output_drained``).
 - Flow: ``flow_lifted()`` runs when the last queue lets the publisher go, before the
   edge's ``flow_resumed`` ("read again"); ``connection_lost`` calls ``forget_flow()``.
 """
@@ -43,7 +47,11 @@ class ProtocolSession:
 
     # set by every session's __init__ (and the edge: local_port, tls, wake)
     broker: Any
+    conn: Any
     audit: Any
+    delivering: bool
+    delivery_stalled: bool
+    output_high_water: int
     ended: bool
     finished: bool
     local_port: int
@@ -72,8 +80,25 @@ class ProtocolSession:
         token), then what came behind it."""
         raise NotImplementedError
 
+    def handle_input(self, data: bytes) -> None:
+        """The bytes the edge read (the audit clock runs)."""
+        raise NotImplementedError
+
     def input_handled(self) -> None:
         """After input was handled: e.g. end the session when the connection finished."""
+
+    # ---- input ----
+    def data_received(self, data: bytes) -> None:
+        audit = self.audit
+        if audit is None:
+            self.handle_input(data)
+        else:
+            audit.clock_start()  # the batch's events share one time
+            try:
+                self.handle_input(data)
+            finally:
+                audit.clock_stop()
+        self.input_handled()
 
     # ---- the login wait (the edge introspects an opaque OAuth 2 token) ----
     def resume_login(self) -> None:
@@ -92,6 +117,17 @@ class ProtocolSession:
                 audit.clock_stop()
         self.input_handled()
         self.wake()
+
+    # ---- deliveries (the queue calls this, as on an AMQP channel) ----
+    @property
+    def can_deliver(self) -> bool:
+        if not self.delivering:
+            return False
+        if self.conn.pending_output > self.output_high_water:
+            # (a subclass's slot or __dict__ holds it)
+            self.delivery_stalled = True  # type: ignore[misc]
+            return False
+        return True
 
     # ---- as a connection in broker.sessions ----
     @property

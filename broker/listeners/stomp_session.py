@@ -16,14 +16,14 @@ Destinations are RabbitMQ's STOMP plugin's (docs/stomp.md):
   first use; in ``reply-to`` it is rewritten to ``/reply-queue/<queue>`` and its messages
   come to subscription id ``/temp-queue/<name>``. ``/reply-queue/<queue>``: SEND to it.
 
-As the session is the ``channel`` of its consumers, the queues deliver to it as to an AMQP
+Destinations and headers are mapped by ``stomp_mapping``. As the session is the
+``channel`` of its consumers, the queues deliver to it as to an AMQP
 channel. A SEND goes through the broker's publish hooks (scheduler: ActiveMQ's
 ``AMQ_SCHEDULED_*`` headers, cluster forwarding, transactions, Hermes) as an AMQP
 publish without confirms or mandatory.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Any
 
@@ -37,42 +37,20 @@ from ..stomp.codec import Frame
 from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
 from .amqp_channel import Unacked, _selector
 from .session_base import NO_QUEUES, FlowControlledSession
+from .stomp_deliveries import StompDeliveries, Subscription
+from .stomp_mapping import (
+    StompError,
+    amqp_error,
+    int_header,
+    is_host_name,
+    message_properties,
+    parse_destination,
+    queue_arguments,
+)
 
 log = logging.getLogger("broker.stomp")
 
 MAX_KEY = 255
-
-# SEND headers that are the frame's own, not the message's
-_FRAME_HEADERS = frozenset({"destination", "content-length", "transaction", "receipt",
-                            "persistent", "content-type", "content-encoding", "priority",
-                            "correlation-id", "reply-to", "expiration", "amqp-message-id",
-                            "timestamp", "type", "user-id", "app-id", "message-id"})
-# STOMP header -> AMQP property (strings)
-_STR_PROPS = {"content-type": "content_type", "content-encoding": "content_encoding",
-              "correlation-id": "correlation_id", "reply-to": "reply_to",
-              "expiration": "expiration", "amqp-message-id": "message_id", "type": "type",
-              "user-id": "user_id", "app-id": "app_id"}
-_INT_PROPS = {"priority": "priority", "timestamp": "timestamp"}
-# the ActiveMQ scheduler's headers are numbers in the AMQP headers table
-_NUMERIC_HEADERS = frozenset({"AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD",
-                              "AMQ_SCHEDULED_REPEAT", "x-delay"})
-VALID_DESTINATIONS = ("'%s' is not a valid destination.\nValid destination types are: "
-                      "/temp-queue, /exchange, /topic, /queue, /amq/queue, /reply-queue/.\n")
-
-
-class StompError(Exception):
-    """An ERROR frame (``message`` header, ``detail`` body); the connection closes."""
-
-    def __init__(self, message: str, detail: str):
-        super().__init__(message)
-        self.message = message
-        self.detail = detail
-
-
-def _amqp_error(exc: errors.AMQPError) -> StompError:
-    # as RabbitMQ's plugin: the error's name in lower case, the AMQP reply text as body
-    return StompError(exc.name.lower() if exc.name else "error", exc.text)
-
 
 class StompService:
     """The listener's broker-wide settings."""
@@ -84,20 +62,7 @@ class StompService:
         self.bytes_received = 0  # counted by the edge
 
 
-class Subscription:
-    __slots__ = ("ack", "consumer", "destination", "durable_queue", "id", "queue")
-
-    def __init__(self, sub_id: str, destination: str, ack: str, queue, consumer: Consumer,
-                 durable_queue: bool):
-        self.id = sub_id
-        self.destination = destination
-        self.ack = ack  # auto | client | client-individual
-        self.queue = queue
-        self.consumer = consumer
-        self.durable_queue = durable_queue
-
-
-class StompSession(FlowControlledSession):
+class StompSession(StompDeliveries, FlowControlledSession):
     """One connection; also the ``channel`` of its subscriptions' consumers."""
 
     # RabbitMQ's STOMP adapter publishes over an AMQP 0-9-1 channel: its global counters
@@ -152,18 +117,7 @@ class StompSession(FlowControlledSession):
         if self.login_wait is None:
             self._handle_events(held)
 
-    def data_received(self, data: bytes) -> None:
-        audit = self.audit
-        if audit is None:
-            self._handle(data)
-            return
-        audit.clock_start()  # the batch's events share one time
-        try:
-            self._handle(data)
-        finally:
-            audit.clock_stop()
-
-    def _handle(self, data: bytes) -> None:
+    def handle_input(self, data: bytes) -> None:
         self._handle_events(self.conn.receive_data(data))
 
     def _handle_events(self, events: list) -> None:
@@ -189,7 +143,7 @@ class StompSession(FlowControlledSession):
         try:
             waits = self._dispatch(frame, in_tx)
         except errors.AMQPError as exc:
-            self._error(_amqp_error(exc), receipt)
+            self._error(amqp_error(exc), receipt)
             return
         except StompError as exc:
             self._error(exc, receipt)
@@ -308,7 +262,7 @@ class StompSession(FlowControlledSession):
             conn.error("Bad CONNECT", f"Access refused for user '{username}'\n")
             self._finish()
             return
-        if vhost_name not in broker.vhosts and _is_host_name(vhost_name):
+        if vhost_name not in broker.vhosts and is_host_name(vhost_name):
             # an ActiveMQ-style client sends its server's host name: the default vhost
             vhost_name = "/"
         vhost = broker.vhosts.get(vhost_name)
@@ -334,25 +288,6 @@ class StompSession(FlowControlledSession):
                  vhost_name, conn.version)
 
     # ---- destinations ----
-    def _parse(self, destination: str | None, command: str) -> tuple[str, str, str]:
-        """(kind, exchange or queue name, routing key) of a destination."""
-        if destination is None:
-            raise StompError("Missing destination",
-                             f'"{command}" must include a \'destination\' header\n')
-        for prefix, kind in (("/amq/queue/", "amq-queue"), ("/queue/", "queue"),
-                             ("/topic/", "topic"), ("/temp-queue/", "temp-queue"),
-                             ("/reply-queue/", "reply-queue")):
-            if destination.startswith(prefix):
-                name = destination[len(prefix):]
-                if name:
-                    return kind, name, name
-        if destination.startswith("/exchange/"):
-            rest = destination[len("/exchange/"):]
-            exchange, _, key = rest.partition("/")
-            if exchange:
-                return "exchange", exchange, key
-        raise StompError("Unknown destination", VALID_DESTINATIONS % destination)
-
     def _declare(self, name: str, durable: bool, auto_delete: bool, exclusive: bool,
                  arguments: dict | None = None):
         authz = self.authz
@@ -377,7 +312,7 @@ class StompSession(FlowControlledSession):
     # ---- SEND ----
     def _on_send(self, frame: Frame) -> bool:
         h = frame.headers
-        kind, name, key = self._parse(h.get("destination"), "SEND")
+        kind, name, key = parse_destination(h.get("destination"), "SEND")
         if kind in ("queue", "amq-queue", "reply-queue"):
             exchange, key = "", name
             if kind == "queue":
@@ -397,7 +332,7 @@ class StompSession(FlowControlledSession):
             authz.check_topic(exchange, key, "write")
         if self.vhost.exchanges.get(exchange) is None:
             raise errors.not_found(self.vhost.exchange_resource(exchange))
-        props = self._properties(h)
+        props = message_properties(h, self._temp_queue)
         if "user_id" in props and props["user_id"] != self.username:
             raise errors.precondition_failed(
                 "user_id property set to '%s' but authenticated user was '%s'",
@@ -415,42 +350,7 @@ class StompSession(FlowControlledSession):
 
     def _ensure_queue(self, name: str, headers: dict) -> None:
         if self.vhost.find_queue(name) is None:
-            self._declare(name, True, False, False, _queue_arguments(headers))
-
-    def _properties(self, h: dict) -> dict:
-        props: dict[str, Any] = {}
-        for header, prop in _STR_PROPS.items():
-            value = h.get(header)
-            if value is not None:
-                props[prop] = value
-        for header, prop in _INT_PROPS.items():
-            value = h.get(header)
-            if value is not None:
-                try:
-                    props[prop] = int(value)
-                except ValueError:
-                    raise StompError("Invalid header",
-                                     f"'{header}' must be an integer: '{value}'\n") from None
-        reply_to = props.get("reply_to")
-        if isinstance(reply_to, str) and reply_to.startswith("/temp-queue/"):
-            props["reply_to"] = "/reply-queue/" + self._temp_queue(
-                reply_to[len("/temp-queue/"):]).name
-        if h.get("persistent", "").lower() == "true":
-            props["delivery_mode"] = 2
-        headers: dict[str, Any] = {}
-        for k, v in h.items():
-            if k in _FRAME_HEADERS:
-                continue
-            if k in _NUMERIC_HEADERS:
-                try:
-                    headers[k] = int(v)
-                    continue
-                except ValueError:
-                    pass
-            headers[k] = v
-        if headers:
-            props["headers"] = headers
-        return props
+            self._declare(name, True, False, False, queue_arguments(headers))
 
     def _route(self, message: Message) -> bool | None:
         """Whether a store write must be durable before the receipt; None: a queue
@@ -465,7 +365,7 @@ class StompSession(FlowControlledSession):
     # ---- SUBSCRIBE / UNSUBSCRIBE ----
     def _on_subscribe(self, h: dict) -> None:
         destination = h.get("destination")
-        kind, name, key = self._parse(destination, "SUBSCRIBE")
+        kind, name, key = parse_destination(destination, "SUBSCRIBE")
         assert destination is not None
         sub_id = h.get("id") or destination  # 1.0 makes the id optional (RabbitMQ: the destination)
         if sub_id in self.subscriptions:
@@ -475,7 +375,7 @@ class StompSession(FlowControlledSession):
         if ack not in ("auto", "client", "client-individual"):
             raise StompError("Bad ack header",
                              f'"{ack}" is not a valid ack mode (auto, client or client-individual)\n')
-        prefetch = _int_header(h, "prefetch-count") or _int_header(h, "activemq.prefetchSize")
+        prefetch = int_header(h, "prefetch-count") or int_header(h, "activemq.prefetchSize")
         authz = self.authz
         vhost = self.vhost
         durable_queue = False
@@ -501,10 +401,10 @@ class StompSession(FlowControlledSession):
                     base = f"{self.client_id}-{base}"
                 q = self._declare("stomp-subscription-" + base, True,
                                   h.get("auto-delete", "").lower() == "true", False,
-                                  _queue_arguments(h))
+                                  queue_arguments(h))
                 durable_queue = True
             else:
-                q = self._declare("", False, True, True, _queue_arguments(h))
+                q = self._declare("", False, True, True, queue_arguments(h))
             authz.check("exchange", exchange, "read")
             if authz.topics:
                 authz.check_topic(exchange, key, "read")
@@ -548,110 +448,6 @@ class StompSession(FlowControlledSession):
         # (or go back to the queue with the connection)
         self.consumers.pop(sub.consumer.tag, None)
         sub.queue.remove_consumer(sub.consumer)
-
-    # ---- ACK / NACK ----
-    def _on_ack(self, command: str, h: dict) -> None:
-        ack_id = h.get("id") if self.conn.version == "1.2" else h.get("message-id")
-        header = "id" if self.conn.version == "1.2" else "message-id"
-        n = _delivery_number(ack_id)
-        if n is None:
-            raise StompError("Invalid header",
-                             f'"{command}" must include a valid "{header}" header\n')
-        found = self.unacked.get(n)
-        if found is None:  # (already acknowledged, or never delivered on this connection)
-            raise StompError("Subscription not found",
-                             f'Message with id "{ack_id}" has no subscription')
-        sub = found[0]
-        if sub.ack == "client":  # cumulative: every earlier delivery of the subscription
-            numbers = [k for k, v in self.unacked.items() if v[0] is sub and k <= n]
-        else:
-            numbers = [n]
-        taken = [self.unacked.pop(k)[1] for k in numbers]
-        touched: dict = {}
-        audit = self.audit
-        if command == "ACK":
-            for item in taken:
-                if audit is not None:
-                    audit.acked(self, item)  # the queue's SETTLE, as the client's ack
-                item.queue.ack(item.entry, item.consumer, reported=True)
-                touched[item.queue] = None
-            for q in touched:
-                if q.consumers:
-                    q.dispatch()
-            return
-        requeue = h.get("requeue", "true").lower() != "false"
-        if audit is not None:
-            audit.rejected(self, taken, requeue, "nacked")
-        if not requeue:
-            for item in taken:
-                item.queue.reject(item.entry, item.consumer)  # dead-lettered, if so set
-                touched[item.queue] = None
-        else:
-            by_queue: dict = {}
-            for item in taken:
-                by_queue.setdefault(item.queue, []).append((item.entry, item.consumer))
-            for q, items in by_queue.items():
-                items.sort(key=lambda pair: -pair[0].seq)
-                q.requeue(items)
-        for q in touched:
-            if q.consumers:
-                q.dispatch()
-
-    # ---- deliveries (the queue calls these, as on an AMQP channel) ----
-    @property
-    def can_deliver(self) -> bool:
-        if not self.delivering:
-            return False
-        if self.conn.pending_output > self.output_high_water:
-            self.delivery_stalled = True
-            return False
-        return True
-
-    @property
-    def unacked_count(self) -> int:
-        return len(self.unacked)
-
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
-        was_empty = not self.conn.pending_output
-        sub = self.subscriptions.get(consumer.tag[2:])
-        message = entry.message
-        self._delivery += 1
-        n = self._delivery
-        message_id = f"T_{consumer.tag[2:]}@@{self.conn.session_id}@@{n}"
-        headers = {"subscription": consumer.tag[2:],
-                   "destination": _destination_of(message),
-                   "message-id": message_id,
-                   "redelivered": "true" if entry.redelivered else "false"}
-        item = None
-        if not consumer.no_ack and sub is not None:
-            if self.conn.version == "1.2":
-                headers["ack"] = message_id
-            item = Unacked(n, entry, queue, consumer)
-            self.unacked[n] = (sub, item)
-        _message_headers(message.properties, headers)
-        self.conn.send(Frame("MESSAGE", headers, message.body))
-        audit = self.audit
-        if audit is not None:
-            pos = audit.delivered(self, consumer.tag, n, queue, entry)
-            if item is not None:
-                item.audit_pos = pos
-        if was_empty:
-            self.wake()
-
-    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
-        """The queue went away (deleted over AMQP or management): the subscription ends
-        and the client is told with RabbitMQ's ERROR frame, which leaves it connected."""
-        sub = self.subscriptions.pop(consumer.tag[2:], None)
-        self.consumers.pop(consumer.tag, None)
-        if sub is not None and not self.ended:
-            self.conn.subscription_cancelled(sub.id)
-            self.wake()
-
-    def output_drained(self) -> None:
-        if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:
-            self.delivery_stalled = False
-            for consumer in list(self.consumers.values()):
-                consumer.queue.dispatch()
 
     # ---- as a connection in broker.sessions ----
     @property
@@ -712,89 +508,3 @@ class StompSession(FlowControlledSession):
         if self.vhost is not None:
             self.vhost.drop_owner(self)
             self.broker.session_closed(self)
-
-
-def _is_host_name(name: str) -> bool:
-    if name == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        return False
-
-
-def _int_header(h: dict, name: str) -> int | None:
-    value = h.get(name)
-    if value is None:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise StompError("Invalid header", f"'{name}' must be an integer: '{value}'\n") from None
-    return n if n > 0 else None
-
-
-def _queue_arguments(h: dict) -> dict:
-    """``x-*`` headers of SEND/SUBSCRIBE as queue arguments (numbers as numbers)."""
-    args: dict[str, Any] = {}
-    for k, v in h.items():
-        if k.startswith("x-") and k not in ("x-delay",):
-            try:
-                n = int(v)
-            except ValueError:
-                args[k] = v
-                continue
-            # no AMQP field holds more: a durable queue's arguments could not be stored
-            if not -(1 << 63) <= n < 1 << 63:
-                raise StompError("Invalid header",
-                                 f"'{k}' is out of the signed 64-bit range: '{v[:40]}'\n")
-            args[k] = n
-    return args
-
-
-def _delivery_number(ack_id: str | None) -> int | None:
-    if not ack_id:
-        return None
-    try:
-        return int(ack_id.rsplit("@@", 1)[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def _destination_of(message: Message) -> str:
-    exchange = message.exchange
-    if exchange == "":
-        return "/queue/" + message.routing_key
-    if exchange == "amq.topic":
-        return "/topic/" + message.routing_key
-    return f"/exchange/{exchange}/{message.routing_key}"
-
-
-def _message_headers(props: dict, headers: dict) -> None:
-    """AMQP properties as MESSAGE headers, as RabbitMQ's plugin maps them."""
-    table = props.get("headers")
-    if table:
-        for k, v in table.items():
-            if k in headers:
-                continue
-            if isinstance(v, (bytes, bytearray)):
-                v = bytes(v).decode("utf-8", "replace")
-            elif isinstance(v, bool):
-                v = "true" if v else "false"
-            elif not isinstance(v, (str, int, float)):
-                continue  # tables and arrays have no STOMP form (RabbitMQ drops them too)
-            headers[str(k)] = str(v)
-    for header, prop in _STR_PROPS.items():
-        value = props.get(prop)
-        if value is not None:
-            headers[header] = str(value)
-    reply_to = headers.get("reply-to")
-    if reply_to is not None and not reply_to.startswith("/"):
-        headers["reply-to"] = "/reply-queue/" + reply_to  # an AMQP reply queue's name
-    for header, prop in _INT_PROPS.items():
-        value = props.get(prop)
-        if value is not None:
-            headers[header] = str(value)
-    if props.get("delivery_mode") == 2:
-        headers["persistent"] = "true"

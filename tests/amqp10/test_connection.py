@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from proton import Collector, Connection, Message, Transport
 
 from broker.amqp10 import sasl
-from broker.amqp10.connection import (
+from broker.amqp10.connection import ServerConnection
+from broker.amqp10.events import (
     ConnectionOpened,
     LinkAttached,
     MessageReceived,
@@ -17,7 +18,6 @@ from broker.amqp10.connection import (
     OutcomeReceived,
     ProtocolError,
     SaslInit,
-    ServerConnection,
 )
 
 

@@ -9,42 +9,42 @@ from hypothesis import strategies as st
 from proton import Message, symbol, ulong
 
 from broker.amqp.fields import decode_properties, encode_properties
-from broker.amqp10 import mapping
+from broker.amqp10 import addresses, mapping
 
 
 @pytest.mark.parametrize(("address", "expected"), [
-    ("/exchanges/amq.topic/a.b", mapping.Target("amq.topic", "a.b")),
-    ("/exchanges/amq.direct", mapping.Target("amq.direct", None)),
-    ("/exchanges/amq.default/q", mapping.Target("", "q")),
-    ("/exchanges/my%2Fex/k%20y", mapping.Target("my/ex", "k y")),
-    ("/queues/q%2F1", mapping.Target("", "q/1", "q/1")),
-    ("/exchange/amq.fanout/x", mapping.Target("amq.fanout", "x")),
-    ("/topic/t.1", mapping.Target("amq.topic", "t.1")),
-    ("topic://t.1", mapping.Target("amq.topic", "t.1")),
-    ("/queue/q", mapping.Target("", "q", "q", True)),
-    ("/amq/queue/q", mapping.Target("", "q", "q", False)),
-    ("queue://q", mapping.Target("", "q", "q", True)),
-    ("orders", mapping.Target("", "orders", "orders", True)),
+    ("/exchanges/amq.topic/a.b", addresses.Target("amq.topic", "a.b")),
+    ("/exchanges/amq.direct", addresses.Target("amq.direct", None)),
+    ("/exchanges/amq.default/q", addresses.Target("", "q")),
+    ("/exchanges/my%2Fex/k%20y", addresses.Target("my/ex", "k y")),
+    ("/queues/q%2F1", addresses.Target("", "q/1", "q/1")),
+    ("/exchange/amq.fanout/x", addresses.Target("amq.fanout", "x")),
+    ("/topic/t.1", addresses.Target("amq.topic", "t.1")),
+    ("topic://t.1", addresses.Target("amq.topic", "t.1")),
+    ("/queue/q", addresses.Target("", "q", "q", True)),
+    ("/amq/queue/q", addresses.Target("", "q", "q", False)),
+    ("queue://q", addresses.Target("", "q", "q", True)),
+    ("orders", addresses.Target("", "orders", "orders", True)),
 ])
 def test_targets(address, expected):
-    assert mapping.parse_target(address) == expected
+    assert addresses.parse_target(address) == expected
 
 
 @pytest.mark.parametrize("address", ["/queues/", "/queues/a/b", "/exchanges/", "/unknown/x",
                                      "/exchanges/x/k/extra"])
 def test_bad_targets(address):
-    with pytest.raises(mapping.AddressError):
-        mapping.parse_target(address)
+    with pytest.raises(addresses.AddressError):
+        addresses.parse_target(address)
 
 
 def test_sources():
-    assert mapping.parse_source("/queues/q") == mapping.Source("q")
-    assert mapping.parse_source("/queue/q") == mapping.Source("q", True)
-    assert mapping.parse_source("/topic/a.*") == mapping.Source(None, False, "amq.topic", "a.*")
-    assert mapping.parse_source("/exchange/amq.fanout") == mapping.Source(None, False,
+    assert addresses.parse_source("/queues/q") == addresses.Source("q")
+    assert addresses.parse_source("/queue/q") == addresses.Source("q", True)
+    assert addresses.parse_source("/topic/a.*") == addresses.Source(None, False, "amq.topic", "a.*")
+    assert addresses.parse_source("/exchange/amq.fanout") == addresses.Source(None, False,
                                                                           "amq.fanout", "")
-    with pytest.raises(mapping.AddressError):
-        mapping.parse_source("/exchanges/amq.topic/k")  # RabbitMQ 4 consumes queues only
+    with pytest.raises(addresses.AddressError):
+        addresses.parse_source("/exchanges/amq.topic/k")  # RabbitMQ 4 consumes queues only
 
 
 def _round_trip_091(data: bytes) -> tuple[dict, bytes]:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from proton import Data, Described, Message, Terminus, symbol, ulong
 
 from broker.amqp10 import transactions as txn
-from broker.amqp10.connection import LinkAttached, MessageReceived, OutcomeReceived
+from broker.amqp10.events import LinkAttached, MessageReceived, OutcomeReceived
 
 from .test_connection import Pair
 
