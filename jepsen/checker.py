@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import bisect
+import datetime
+import time
 
 from .workload import History
 
@@ -16,6 +18,7 @@ def check(h: History, windows: list[tuple[float, str]] | None = None) -> dict:
         consumed = set(h.consumed)
         duplicated = {i for i, n in h.consumed.items() if n > 1}
         sent_at = dict(h.sent)
+        nacked_at = dict(h.nacked)
         sent = len(h.sent)
         errors = dict(h.errors.most_common(8))
     lost = sorted(confirmed - consumed)
@@ -47,10 +50,21 @@ def check(h: History, windows: list[tuple[float, str]] | None = None) -> dict:
         "unconfirmed_delivered": len(unconfirmed_delivered),
         # a nacked publish must never be delivered: that would be a broken promise too
         "nacked_delivered": len(nacked & consumed),
+        # which, and when each was sent and nacked (UTC), to find them in the logs
+        "nacked_delivered_ids": {i: [_utc(sent_at.get(i)), _utc(nacked_at.get(i))]
+                                 for i in sorted(nacked & consumed)[:20]},
         "ok": not lost and not (nacked & consumed),
         "by_nemesis": by_nemesis,
         "client_errors": errors,
     }
+
+
+def _utc(t: float | None) -> str | None:
+    """A time of the history (``time.monotonic``) as UTC wall-clock time."""
+    if t is None:
+        return None
+    wall = t + time.time() - time.monotonic()
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def percentile(values: list[float], p: float) -> float | None:
