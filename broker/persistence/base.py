@@ -113,6 +113,12 @@ class Store:
     #: with several hosts must find the standby closed, not accepted and kept waiting.
     standby: bool = False
 
+    @classmethod
+    def inspect(cls, target: str, out: Any) -> int | str:
+        """``python -m broker inspect``: print a report of what is stored at ``target`` (the
+        journal's directory or the store's URL) to the text stream ``out``; 0 when done."""
+        raise StoreUnavailable(f"the {cls.name} store has no inspect support")
+
     async def prepare(self) -> None:
         """What must succeed before the broker listens (a cluster node's join); a failure
         here stops the broker with its one line before any listener opens."""

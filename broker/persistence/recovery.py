@@ -38,13 +38,11 @@ def restore_meta(broker, records) -> int:
     """Hand every stored metadata record ``(kind, key, json text)`` to
     ``broker.restore_meta(kind, key, value)``, in the order given; a record its
     owner rejects is logged and skipped, never stops recovery. Returns the count."""
-    hook = getattr(broker, "restore_meta", None)
     n = 0
     for kind, key, raw in records:
         try:
             value = json.loads(raw) if isinstance(raw, (str, bytes, bytearray)) else raw
-            if hook is not None:
-                hook(kind, key, value)
+            broker.restore_meta(kind, key, value)
             n += 1
         except Exception:
             log.exception("skipping stored %s record %r", kind, key)

@@ -1,9 +1,9 @@
 """Store tools for the command line: ``inspect`` and ``repair``.
 
 ``python -m broker inspect --data-dir DIR`` describes the journal in DIR;
-``python -m broker inspect --store URL`` asks the backend class of URL: any
-store class may provide ``inspect(target, out) -> int`` (a classmethod taking
-the data dir or URL and a text stream); the SQL store plugs in that way.
+``python -m broker inspect --store URL`` asks the backend class of URL
+(``Store.inspect(target, out)``, a classmethod taking the data dir or URL and a
+text stream; a store without a report says so).
 ``python -m broker repair --data-dir DIR`` salvages every readable journal record.
 """
 from __future__ import annotations
@@ -39,13 +39,9 @@ def _store_class(url):
 def _inspect_cmd(args) -> int:
     try:
         cls = _store_class(args.store)
-        fn = getattr(cls, "inspect", None)
-        if fn is None:
-            print(f"triomq: error: the {cls.name} store has no inspect support", file=sys.stderr)
-            return 1
         target = (journal_dir(args.store, args.data_dir) if store_scheme(args.store) == "journal"
                   else args.store)
-        return fn(target, sys.stdout) or 0
+        return int(cls.inspect(target, sys.stdout) or 0)
     except StoreUnavailable as exc:
         print(f"triomq: error: {exc}", file=sys.stderr)
         return 1

@@ -187,9 +187,9 @@ def test_version_2_rows_without_size_are_indexed_through_their_messages(tmp_path
 
 
 def test_orphaned_messages_are_collected_after_start(tmp_path, monkeypatch):
-    from broker.persistence import sql as sqlmod
-    monkeypatch.setattr(sqlmod, "ORPHAN_GC_DELAY", 0.0)
-    monkeypatch.setattr(sqlmod, "ORPHAN_GC_RANGE", 7)
+    from broker.persistence.sql import loader
+    monkeypatch.setattr(loader, "ORPHAN_GC_DELAY", 0.0)
+    monkeypatch.setattr(loader, "ORPHAN_GC_RANGE", 7)
     url = f"sqlite:///{tmp_path}/store.db"
     _fill(url, 30)
     import sqlite3
