@@ -97,7 +97,8 @@ class ConsumerTimeouts:
     def _sweep(self) -> None:
         self._handle = None
         now = self.timers.now()
-        self.period.end = now
+        ended = self.period
+        ended.end = now
         self.period = Period()
         default = self.timeout_ms
         expired = []
@@ -105,7 +106,11 @@ class ConsumerTimeouts:
             unacked = ch.unacked
             if not unacked:
                 continue
-            oldest = next(iter(unacked.values()))
+            # out for a whole period: compacted (listeners/amqp_unacked.py), off the hot path
+            unacked.age(ended)
+            oldest = unacked.oldest()
+            if oldest is None:
+                continue
             own = delivery_timeout_ms(oldest.consumer, oldest.queue)
             timeout = own if own is not None else default
             sent_by = oldest.at.end if oldest.at is not None else None  # a bound: never early

@@ -12,7 +12,6 @@ from collections import deque
 from .. import errors
 from ..amqp import spec
 from ..amqp.fields import encode_properties
-from ..consumer_timeout import Period
 from ..direct_reply import REPLY_QUEUE, ReplyConsumer
 from ..message import Message
 from ..publishing import UNROUTABLE
@@ -22,6 +21,7 @@ from ..queues.ttl import ExpirationError, parse_expiration
 from ..schemas import exchange as avro
 from .amqp_confirm_tx import ConfirmTxMethods
 from .amqp_entities import EntityMethods
+from .amqp_unacked import Unacked, UnackedDeliveries
 
 
 def _selector(value):
@@ -42,18 +42,6 @@ def _random_tag(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Unacked:
-    __slots__ = ("at", "audit_pos", "consumer", "entry", "queue", "tag")
-
-    def __init__(self, tag, entry, queue, consumer, at: Period | None = None):
-        self.tag = tag
-        self.entry = entry
-        self.queue = queue
-        self.consumer = consumer
-        self.at = at  # the period between consumer-timeout sweeps it was delivered in
-        self.audit_pos = -1  # where the audit trail holds its delivery's record (acked())
-
-
 class Channel(EntityMethods, ConfirmTxMethods):
     metrics_protocol = None  # its own counters (stats_*) are the amqp091 ones
 
@@ -66,7 +54,8 @@ class Channel(EntityMethods, ConfirmTxMethods):
         self.number = number
         self.flow_active = True
         self.consumers: dict[str, Consumer] = {}
-        self.unacked: dict[int, Unacked] = {}
+        # tag -> Unacked, the older ones compacted (amqp_unacked.py)
+        self.unacked = UnackedDeliveries()
         self.next_tag = 1
         self.prefetch = 0  # for consumers created from now on (global=false)
         self.global_prefetch = 0  # shared by the channel (global=true)
@@ -260,21 +249,24 @@ class Channel(EntityMethods, ConfirmTxMethods):
         unacked = self.unacked
         if multiple:
             if tag == 0:
-                taken = list(unacked.values())
-                unacked.clear()
-                return taken
+                return unacked.take_upto(0)
+            if unacked.aged.live:
+                if not unacked.has(tag):
+                    raise errors.precondition_failed("unknown delivery tag %d", tag)
+                return unacked.take_upto(tag)
             if tag not in unacked:
                 raise errors.precondition_failed("unknown delivery tag %d", tag)
-            taken = []
-            while unacked:
-                first = next(iter(unacked))
+            upto = []
+            for first in unacked:  # in tag order
                 if first > tag:
                     break
-                taken.append(unacked.pop(first))
-            return taken
+                upto.append(first)
+            return [unacked.pop(first) for first in upto]
         item = unacked.pop(tag, None)
         if item is None:
-            raise errors.precondition_failed("unknown delivery tag %d", tag)
+            item = unacked.aged.pop(tag) if unacked.aged.live else None
+            if item is None:
+                raise errors.precondition_failed("unknown delivery tag %d", tag)
         return [item]
 
     def on_basic_ack(self, m) -> None:
@@ -344,8 +336,7 @@ class Channel(EntityMethods, ConfirmTxMethods):
             self.reply(spec.Basic.RecoverOk())
 
     def requeue_all(self) -> None:
-        taken = list(self.unacked.values())
-        self.unacked.clear()
+        taken = self.unacked.take_upto(0)
         if taken:
             self._settle(taken, ack=False, requeue=True)
 

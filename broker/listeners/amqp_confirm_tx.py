@@ -133,8 +133,15 @@ class ConfirmTxMethods:
             if kind != "publish":
                 for item in data:
                     restored[item.tag] = item
-        if restored:
-            merged = dict(self.unacked)
+        if restored:  # back in tag order (the older ones of them back in the columns)
+            unacked = self.unacked
+            merged = dict(dict.items(unacked))
             merged.update(restored)
-            self.unacked = dict(sorted(merged.items()))
+            dict.clear(unacked)
+            aged = unacked.aged
+            for tag, item in sorted(merged.items()):
+                if aged.live and tag < aged.last_tag:
+                    aged.add(item)
+                else:
+                    dict.__setitem__(unacked, tag, item)
         self.reply(spec.Tx.RollbackOk())
