@@ -10,7 +10,8 @@ import base64
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .churn import Churn
@@ -51,6 +52,17 @@ def _stored(destination) -> bool:
 
 def _text(value):
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+@dataclass
+class QueueDeclaration:
+    """A queue a client declares, as a store's placement (``Store.check_placement``) reads
+    it: the arguments as the client sent them."""
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict
 
 
 class VirtualHost:
@@ -113,9 +125,17 @@ class VirtualHost:
             raise errors.resource_locked(self.queue_resource(q.name))
 
     # ---- exchanges ----
-    def declare_exchange(self, m, persist: bool = True) -> Exchange:
-        name = m.exchange
-        if m.passive:
+    def declare_exchange(self, name: str | Any, type: str = "direct", *, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False,
+                         internal: bool = False, arguments: dict | None = None,
+                         persist: bool = True) -> Exchange:
+        """exchange.declare, in plain keywords. ``name`` may still be an AMQP
+        ``exchange.declare`` (callers not moved to keywords yet)."""
+        if not isinstance(name, str):
+            m = name
+            name, type, passive, durable, auto_delete, internal, arguments = (
+                m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments)
+        if passive:
             if name == "":
                 return self.exchanges[""]
             return self.get_exchange(name)
@@ -123,11 +143,11 @@ class VirtualHost:
             raise errors.access_refused("operation not permitted on the default exchange")
         if name.startswith("amq.") and name not in self.exchanges:
             raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
-        xtype = EXCHANGE_TYPES.get(m.type)
+        xtype = EXCHANGE_TYPES.get(type)
         if xtype is None:
-            raise errors.command_invalid(f"unknown exchange type '{m.type}'")
-        args = m.arguments or {}
-        if m.durable and self.store is not None and (
+            raise errors.command_invalid(f"unknown exchange type '{type}'")
+        args = arguments or {}
+        if durable and self.store is not None and (
                 why := self.store.unstorable(name, args)) is not None:
             raise errors.precondition_failed(f"{why}: {self.exchange_resource(name)}")
         xtype.validate(args, self.exchange_resource(name))
@@ -135,10 +155,10 @@ class VirtualHost:
             avro_exchange.validate_arguments(args, self.exchange_resource(name))
         existing = self.exchanges.get(name)
         if existing is not None:
-            existing.check_equivalent(m.type, m.durable, m.auto_delete, m.internal, args,
+            existing.check_equivalent(type, durable, auto_delete, internal, args,
                                       self.exchange_resource(name))
             return existing
-        x = xtype(name, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
+        x = xtype(name, durable=durable, auto_delete=auto_delete, internal=internal,
                   arguments=args)
         self.exchanges[name] = x
         if self.policies is not None:
@@ -149,8 +169,10 @@ class VirtualHost:
             x.declared(self)
         return x
 
-    def delete_exchange(self, m) -> None:
-        name = m.exchange
+    def delete_exchange(self, name: str | Any, *, if_unused: bool = False) -> None:
+        """exchange.delete; ``name`` may still be an AMQP ``exchange.delete``."""
+        if not isinstance(name, str):
+            name, if_unused = name.exchange, name.if_unused
         if name == "":
             raise errors.access_refused("operation not permitted on the default exchange")
         if name.startswith("amq."):
@@ -159,7 +181,7 @@ class VirtualHost:
         x = self.exchanges.get(name)
         if x is None:
             return  # idempotent, as RabbitMQ 3.x
-        if m.if_unused and x.has_bindings:
+        if if_unused and x.has_bindings:
             raise errors.precondition_failed("%s in use", self.exchange_resource(name))
         self._remove_exchange(x)
 
@@ -228,12 +250,20 @@ class VirtualHost:
             self._remove_exchange(source)
 
     # ---- queues ----
-    def declare_queue(self, m, owner, authorize: Callable[[str], None] | None = None) -> Queue:
-        """queue.declare; ``authorize(name)`` (permissions, limits) runs once the name is
-        known (server-named queues included), before anything is created."""
+    def declare_queue(self, name: str | Any = "", owner=None,
+                      authorize: Callable[[str], None] | None = None, *, passive: bool = False,
+                      durable: bool = False, exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict | None = None) -> Queue:
+        """queue.declare, in plain keywords (``name`` "": server-named); ``authorize(name)``
+        (permissions, limits) runs once the name is known, before anything is created.
+        ``name`` may still be an AMQP ``queue.declare`` (callers not moved to keywords yet)."""
+        if not isinstance(name, str):
+            m = name
+            name, passive, durable, exclusive, auto_delete, arguments = (
+                m.queue, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments)
         self.churn.queues_declared += 1
-        name = m.queue
-        if m.passive:
+        server_named = name == ""
+        if passive:
             if name == "":
                 raise errors.not_found(self.queue_resource(name))
             q = self.get_queue(name, owner)
@@ -246,9 +276,12 @@ class VirtualHost:
         if authorize is not None:
             authorize(name)
         existing = self.queues.get(name)
-        args = self.with_default_type(m.arguments or {}, m, existing)
+        declaration = QueueDeclaration(name, durable, exclusive, auto_delete, arguments or {})
+        args = self.with_default_type(declaration.arguments, existing,
+                                      server_named=server_named, durable=durable,
+                                      exclusive=exclusive, auto_delete=auto_delete)
         resource = self.queue_resource(name)
-        if m.durable and self.store is not None and (
+        if durable and self.store is not None and (
                 why := self.store.unstorable(name, args)) is not None:
             raise errors.precondition_failed(f"{why}: {resource}")
         try:
@@ -260,38 +293,39 @@ class VirtualHost:
             raise queue_type_of(args).argument_error(resource, exc) from None
         if existing is not None:
             self.check_owner(existing, owner)
-            checks = [("auto_delete", existing.auto_delete, m.auto_delete)]
+            checks = [("auto_delete", existing.auto_delete, auto_delete)]
             if existing.exclusive_owner is None:  # RabbitMQ skips 'durable' for exclusive queues
-                checks.insert(0, ("durable", existing.durable, m.durable))
+                checks.insert(0, ("durable", existing.durable, durable))
             for arg, have, want in checks:
                 if have != want:
                     raise errors.precondition_failed(
                         "inequivalent arg '%s' for %s: received '%s' but current is '%s'", arg,
                         resource, _b(want), _b(have))
-            if (existing.exclusive_owner is not None) != bool(m.exclusive):
+            if (existing.exclusive_owner is not None) != bool(exclusive):
                 raise errors.resource_locked(resource)
             mismatch = equivalence_mismatch(existing.arguments, args)
             if mismatch:
                 raise errors.precondition_failed(mismatch.format(queue=name, vhost=self.name))
             existing.touch()
             return existing
-        queue_type_of(args).check_declare(resource, m.durable, m.exclusive, m.auto_delete, args)
-        if m.durable and not m.exclusive and self.store is not None:
+        queue_type_of(args).check_declare(resource, durable, exclusive, auto_delete, args)
+        if durable and not exclusive and self.store is not None:
             # a cluster's store places the queue's master (404 while its home node is
             # down); another node's master: the proxy that forwards to it
-            placed = self.store.check_placement(self, name, m)
+            placed = self.store.check_placement(self, name, declaration)
             if placed is not None:
                 return placed
-        q = make_queue(self, name, fresh=True, durable=m.durable,
-                       exclusive_owner=owner if m.exclusive else None,
-                       auto_delete=m.auto_delete, arguments=args, opts=opts)
+        q = make_queue(self, name, fresh=True, durable=durable,
+                       exclusive_owner=owner if exclusive else None,
+                       auto_delete=auto_delete, arguments=args, opts=opts)
         self.add_queue(q)
         self.churn.queues_created += 1
         for resolver in self.resolvers:
             resolver.queue_declared(self, q)
         return q
 
-    def with_default_type(self, args: dict, m, existing: Queue | None) -> dict:
+    def with_default_type(self, args: dict, existing: Queue | None, *, server_named: bool,
+                          durable: bool, exclusive: bool, auto_delete: bool) -> dict:
         """``args`` with the vhost's default queue type when they name none, as RabbitMQ's
         ``rabbit_amqqueue:augment_declare_args``: only where the type takes the declare's
         properties (a quorum default leaves exclusive, auto-delete, transient and
@@ -304,9 +338,9 @@ class VirtualHost:
         if existing is not None:
             if existing.queue_type is not qtype:
                 return args
-        elif ((m.exclusive and not qtype.exclusive) or (m.auto_delete and not qtype.auto_delete)
-              or (not m.durable and not qtype.transient)
-              or (not m.queue and qtype is not CLASSIC)):
+        elif ((exclusive and not qtype.exclusive) or (auto_delete and not qtype.auto_delete)
+              or (not durable and not qtype.transient)
+              or (server_named and qtype is not CLASSIC)):
             return args
         return {**args, "x-queue-type": dqt}
 
@@ -354,15 +388,19 @@ class VirtualHost:
         log.debug("queue %r deleted (%s)", q.name, reason)
         return count
 
-    def delete_queue_checked(self, m, owner) -> int:
-        q = self.find_queue(m.queue)
+    def delete_queue_checked(self, name: str | Any, owner, *, if_unused: bool = False,
+                             if_empty: bool = False) -> int:
+        """queue.delete; ``name`` may still be an AMQP ``queue.delete``."""
+        if not isinstance(name, str):
+            name, if_unused, if_empty = name.queue, name.if_unused, name.if_empty
+        q = self.find_queue(name)
         if q is None:
             return 0
         self.check_owner(q, owner)
-        if m.if_unused and q.consumers:
-            raise errors.precondition_failed("%s in use", self.queue_resource(m.queue))
-        if m.if_empty and q.message_count:
-            raise errors.precondition_failed("%s not empty", self.queue_resource(m.queue))
+        if if_unused and q.consumers:
+            raise errors.precondition_failed("%s in use", self.queue_resource(name))
+        if if_empty and q.message_count:
+            raise errors.precondition_failed("%s not empty", self.queue_resource(name))
         return self.delete_queue(q)
 
     def drop_owner(self, owner) -> None:

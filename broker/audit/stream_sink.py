@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 
-from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..message import Message
 from . import events
@@ -63,9 +62,7 @@ class StreamSink:
         if vhost is None:
             return None
         if vhost.find_queue(self.name) is None:
-            vhost.declare_queue(spec.Queue.Declare(
-                queue=self.name, passive=False, durable=True, exclusive=False,
-                auto_delete=False, arguments={"x-queue-type": "stream"}), None)
+            vhost.declare_queue(self.name, durable=True, arguments={"x-queue-type": "stream"})
         return vhost
 
     def publish(self, messages: list[tuple[int, int, bytes]]) -> None:

@@ -32,7 +32,6 @@ from typing import Any
 import trio
 
 from .. import errors
-from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..message import Message
 from ..persistence import DURABLE
@@ -140,8 +139,7 @@ class Hermes:
         if topic.name in self.topics:
             raise HermesError(409, f"Topic {topic.name} already exists", "TOPIC_ALREADY_EXISTS")
         try:
-            self.vhost.declare_exchange(spec.Exchange.Declare(exchange=topic.name, type="topic",
-                                                              durable=True))
+            self.vhost.declare_exchange(topic.name, "topic", durable=True)
         except errors.AMQPError as exc:
             raise HermesError(409, f"Topic {topic.name} conflicts with an exchange: {exc.text}",
                               "TOPIC_ALREADY_EXISTS") from None
@@ -186,7 +184,7 @@ class Hermes:
         del self.topics[name]
         self.subscriptions.pop(name, None)
         self.avro_topics.pop(name, None)
-        self.vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
+        self.vhost.delete_exchange(name)
         self._forget(TOPIC_KIND, name)
 
     # ---- subscriptions ----
@@ -442,7 +440,7 @@ class Hermes:
         with its subscriptions' bindings before the publish is routed."""
         log.warning("exchange of Hermes topic %s was deleted; declaring it again", topic.name)
         vhost = self.vhost
-        vhost.declare_exchange(spec.Exchange.Declare(exchange=topic.name, type="topic", durable=True))
+        vhost.declare_exchange(topic.name, "topic", durable=True)
         for sub in self.subscriptions.get(topic.name, {}).values():
             q = vhost.queues.get(queue_name(topic.name, sub.name))
             if q is not None:

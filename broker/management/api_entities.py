@@ -7,7 +7,6 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from .. import errors
-from ..amqp import spec
 from ..exchanges import EXCHANGE_TYPES
 from ..queues.types import QUEUE_TYPES
 from .api_bindings import (
@@ -88,10 +87,10 @@ async def put_exchange(request: Request):
     check_perm(broker, user, vhost.name, "exchange", name, "configure")
     existed = name in vhost.exchanges
     try:
-        vhost.declare_exchange(spec.Exchange.Declare(
-            exchange=name, type=xtype, passive=False, durable=flag(data, "durable", True),
+        vhost.declare_exchange(
+            name, xtype, durable=flag(data, "durable", True),
             auto_delete=flag(data, "auto_delete", False), internal=flag(data, "internal", False),
-            arguments=table(data, "arguments")))
+            arguments=table(data, "arguments"))
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
     return no_content() if existed else created()
@@ -107,7 +106,7 @@ async def delete_exchange(request: Request):
     check_perm(broker, user, vhost.name, "exchange", name, "configure")
     if_unused = request.query_params.get("if-unused", "false") == "true"
     try:
-        vhost.delete_exchange(spec.Exchange.Delete(exchange=name, if_unused=if_unused))
+        vhost.delete_exchange(name, if_unused=if_unused)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
     return no_content()
@@ -167,9 +166,8 @@ async def put_queue(request: Request):
     check_perm(broker, user, vhost.name, "queue", name, "configure")
     existed = vhost.find_queue(name) is not None
     try:
-        vhost.declare_queue(spec.Queue.Declare(
-            queue=name, passive=False, durable=flag(data, "durable", True), exclusive=False,
-            auto_delete=flag(data, "auto_delete", False), arguments=arguments), None)
+        vhost.declare_queue(name, durable=flag(data, "durable", True),
+                            auto_delete=flag(data, "auto_delete", False), arguments=arguments)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
     return no_content() if existed else created()

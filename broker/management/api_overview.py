@@ -418,12 +418,9 @@ async def aliveness(request: Request):
     if vhost is None:
         raise ApiError(404, "Not Found")
     check_vhost_access(broker, user, name)
-    from ..amqp import spec
     from .api_messages import publish_message
     try:
-        q = vhost.declare_queue(spec.Queue.Declare(queue="aliveness-test", durable=False,
-                                                   auto_delete=False, exclusive=False,
-                                                   arguments={}), None)
+        q = vhost.declare_queue("aliveness-test")
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
     publish_message(broker, vhost, "", "aliveness-test", {}, b"test_message", user.name)

@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .. import __version__, errors
-from ..amqp import spec
 from ..exchanges import EXCHANGE_TYPES
 from ..queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
 from ..queues.types import QUEUE_TYPES, queue_type_of
@@ -286,13 +285,13 @@ def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
         broker.create_vhost(name)
     broker.policies.import_(pol_defs, vhosts_to_come)
     for x in exchanges:
-        broker.vhosts[x["vhost"]].declare_exchange(spec.Exchange.Declare(
-            exchange=x["name"], type=x["type"], passive=False, durable=x["durable"],
-            auto_delete=x["auto_delete"], internal=x["internal"], arguments=x["arguments"]))
+        broker.vhosts[x["vhost"]].declare_exchange(
+            x["name"], x["type"], durable=x["durable"], auto_delete=x["auto_delete"],
+            internal=x["internal"], arguments=x["arguments"])
     for q in queues:
-        broker.vhosts[q["vhost"]].declare_queue(spec.Queue.Declare(
-            queue=q["name"], passive=False, durable=q["durable"], exclusive=False,
-            auto_delete=q["auto_delete"], arguments=q["arguments"]), None)
+        broker.vhosts[q["vhost"]].declare_queue(
+            q["name"], durable=q["durable"], auto_delete=q["auto_delete"],
+            arguments=q["arguments"])
     for b in bindings:
         vhost = broker.vhosts[b["vhost"]]
         dest = (vhost.find_queue(b["destination"]) if b["destination_type"] == "queue"

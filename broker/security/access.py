@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-from types import SimpleNamespace
 
 from .. import errors
 from . import model
@@ -330,7 +329,7 @@ class AccessControl(Logins, Limits):
             for q in list(vhost.queues.values()):
                 vhost.delete_queue(q, "vhost deleted")
             for xname in [x for x in vhost.exchanges if x and not x.startswith("amq.")]:
-                vhost.delete_exchange(SimpleNamespace(exchange=xname, if_unused=False))
+                vhost.delete_exchange(xname)
         store.delete_meta(KIND_VHOST, name)
         for key in [k for k in self.perms if k[1] == name]:
             del self.perms[key]
