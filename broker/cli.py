@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 import threading
-from types import SimpleNamespace
 from typing import NoReturn
 
 import trio
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
-    handler = getattr(args, "handler", None)
+    handler = getattr(args, "handler", None)  # set by the subcommands that have one
     if handler is not None:
         return handler(args)
     return 2
@@ -304,15 +303,20 @@ def _tls_problem(args) -> str | None:
             args.stomps_port is not None or args.stomp_wss_port is not None:
         from .security.tls import TLSConfigError, server_context
         try:  # the same context as amqps (--tls-verify, --tls-fail-if-no-peer-cert)
-            server_context(SimpleNamespace(
-                tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-                tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
+            server_context(_tls_config(args))
         except TLSConfigError as exc:
             option = ("--mqtts-port" if args.mqtts_port is not None else "--mqtt-wss-port"
                       if args.mqtt_wss_port is not None else "--stomps-port"
                       if args.stomps_port is not None else "--stomp-wss-port")
             return f"{option}: {exc}"
     return None
+
+
+def _tls_config(args) -> Config:
+    """The TLS options of the command line, as the broker's config will hold them."""
+    return Config(tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                  tls_verify=args.tls_verify,
+                  tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert)
 
 
 def _security_problem(args) -> str | None:
@@ -322,9 +326,7 @@ def _security_problem(args) -> str | None:
         if not 0 <= args.tls_port <= 65535:
             return f"invalid --tls-port {args.tls_port}"
         try:
-            server_context(SimpleNamespace(
-                tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-                tls_verify=args.tls_verify, tls_fail_if_no_peer_cert=args.tls_fail_if_no_peer_cert))
+            server_context(_tls_config(args))
         except TLSConfigError as exc:
             return f"--tls-port: {exc}"
     if not args.default_user:
@@ -356,9 +358,9 @@ def _run(args) -> int:
     # store and scheduler tools) is a short-lived process that would pay ~1.5 s to import them.
     from .broker import Broker
     from .listeners import ListenError
+    from .listeners.amqp import describe_listen_error, run_server
     from .management.http import HttpListenError
     from .persistence import StoreUnavailable, open_store
-    from .listeners.amqp import describe_listen_error, run_server
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
