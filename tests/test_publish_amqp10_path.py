@@ -1,18 +1,26 @@
 """AMQP 1.0 publishes through the one publish path as the other protocols do
 (tests/test_publishing.py's every-protocol tests): the publish hooks see the message, it is
 routed to the same queue, and an ``x-delay`` application property is scheduled, not routed
-at once. The broker runs in-process (AMQP 1.0 on its AMQP port); qpid-proton's blocking
+at once; and a deduplicating exchange drops a repeat whichever protocol (AMQP 0-9-1, STOMP,
+the management API, AMQP 1.0) sent the first copy and the repeat. The broker runs in-process (AMQP 1.0 on its AMQP port); qpid-proton's blocking
 client runs in a worker thread."""
 from __future__ import annotations
 
 import pytest
 import trio
-from proton import Message
-from proton.utils import BlockingConnection
+from proton import Delivery, Message
+from proton.utils import BlockingConnection, SendException
 
 from broker.amqp import spec
 
-from .test_publishing import _record_hook, _wait, every_protocol  # noqa: F401  (a fixture)
+from .test_publishing import (  # noqa: F401  (every_protocol: a fixture)
+    _amqp,
+    _http,
+    _record_hook,
+    _stomp,
+    _wait,
+    every_protocol,
+)
 
 
 @pytest.fixture
@@ -21,12 +29,17 @@ def in_process(every_protocol):  # noqa: F811
     return every_protocol
 
 
-def _send(port: int, address: str, body: bytes, properties: dict | None = None) -> None:
+def _send(port: int, address: str, body: bytes, properties: dict | None = None) -> str:
+    """The transfer's outcome: "accepted", or "released" (routed nowhere, as RabbitMQ 4)."""
     c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=10,
                            allowed_mechs="PLAIN")
     try:
         snd = c.create_sender(address)
-        snd.send(Message(body=body, inferred=True, properties=properties))  # settled: routed
+        try:
+            snd.send(Message(body=body, inferred=True, properties=properties))
+        except SendException as exc:
+            return "released" if exc.state == Delivery.RELEASED else f"state {exc.state}"
+        return "accepted"
     finally:
         c.close()
 
@@ -37,8 +50,8 @@ async def test_an_amqp10_publish_passes_the_hooks_and_routes_as_the_others(in_pr
     seen = _record_hook(broker)
     q = vhost.declare_queue(spec.Queue.Declare(queue="same", arguments={}), None)
     vhost.bind("amq.topic", q, "t.same", {})
-    await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/amq.topic/t.same",
-                                  b"same-amqp10")
+    assert await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/amq.topic/t.same",
+                                         b"same-amqp10") == "accepted"
     await _wait(lambda: q.message_count >= 1, "the message in the queue")
     assert [(x, k, body, v) for x, k, body, v in seen] == [
         ("amq.topic", "t.same", b"same-amqp10", "/")]
@@ -52,7 +65,36 @@ async def test_an_amqp10_x_delay_is_scheduled_not_routed(in_process):
     q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
     vhost.bind("later", q, "k", {})
     before = broker.scheduler.pending
-    await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/later/k", b"amqp10",
-                                  {"x-delay": 60_000})
+    assert await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/later/k",
+                                         b"amqp10", {"x-delay": 60_000}) == "accepted"
     await _wait(lambda: broker.scheduler.pending >= before + 1, "one scheduled")
     assert q.message_count == 0
+
+
+async def test_a_duplicate_is_dropped_whichever_protocol_sent_either(in_process):
+    """x-message-deduplication sees one message per x-deduplication-header value, whether
+    the first and the repeat came through AMQP 0-9-1, STOMP, the management API or AMQP
+    1.0: four publishes of each of two values, one message per value in the queue."""
+    broker = in_process
+    vhost = broker.vhosts["/"]
+    vhost.declare_exchange("dedup", "x-message-deduplication",
+                           arguments={"x-cache-size": 100})
+    q = vhost.declare_queue("deduped")
+    vhost.bind("dedup", q, "", {})
+    for value in ("a", "b"):
+        header = {"x-deduplication-header": value}
+        await _amqp(broker, "dedup", "", f"amqp-{value}".encode(), headers=header)
+        frames = await _stomp(broker, "/exchange/dedup", f"stomp-{value}".encode(), **header)
+        assert frames[-1].command == "RECEIPT"
+        async with _http(broker) as http:
+            r = await http.post("/api/exchanges/%2F/dedup/publish", json={
+                "routing_key": "", "payload": f"http-{value}", "payload_encoding": "string",
+                "properties": {"headers": header}})
+            assert r.status_code == 200, r.text
+        outcome = await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/dedup",
+                                                f"amqp10-{value}".encode(), header)
+        assert outcome == "released"  # AMQP 1.0's answer for a message routed nowhere
+    await _wait(lambda: q.message_count >= 2, "two messages")
+    await trio.sleep(0.2)  # a late duplicate would show by now
+    assert q.message_count == 2
+    assert sorted(e.message.body for e in q.ready) == [b"amqp-a", b"amqp-b"]
