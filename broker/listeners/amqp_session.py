@@ -103,7 +103,7 @@ class Session:
     def _authenticate(self, mechanism: str, response: bytes) -> tuple[str | None, str]:
         access = self.broker.access
         if access.oauth2 is not None and mechanism in ("PLAIN", "AMQPLAIN"):
-            from ..auth import parse_credentials
+            from ..security.login import parse_credentials
             creds = parse_credentials(mechanism, response)
             if creds is not None and access.needs_introspection(*creds):
                 self.login_wait = creds[1]
