@@ -84,7 +84,11 @@ def _cpu(pids: list[int]) -> float:
 def measure(url: str, queue: str, args, pids: list[int]) -> dict:
     body = b"x" * args.size
     c0 = _cpu(pids)
+    each0 = [cpu_seconds(pid) or 0.0 for pid in pids]
     pub = _publish(url, queue, args.n, args.window, body)
+    # per node over the publish alone: the leader's cost and each follower's
+    each = [((cpu_seconds(pid) or 0.0) - t) / args.n * 1e6
+            for pid, t in zip(pids, each0, strict=True)]
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     con = _consume(ch, queue, args.n)
@@ -99,7 +103,8 @@ def measure(url: str, queue: str, args, pids: list[int]) -> dict:
     conn.close()
     return {"publish_msgs_per_s": args.n / pub, "consume_msgs_per_s": args.n / con,
             "confirm_ms_p50": statistics.median(lat), "confirm_ms_p99": _pct(lat, 99),
-            "broker_cpu_s_per_1000": cpu / args.n * 1000 if pids else None}
+            "broker_cpu_s_per_1000": cpu / args.n * 1000 if pids else None,
+            "publish_cpu_us_per_msg_by_node": [round(x) for x in each]}
 
 
 def _declare(url: str, queue: str, arguments: dict) -> None:
@@ -236,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {r['publish_msgs_per_s']:.0f} | {r['consume_msgs_per_s']:.0f} | "
               f"{r['confirm_ms_p50']:.2f} | {r['confirm_ms_p99']:.2f} | "
               f"{'-' if cpu is None else f'{cpu:.3f}'} |")
+    for label, r in out.items():
+        if isinstance(r, dict) and r.get("publish_cpu_us_per_msg_by_node"):
+            print(f"{label}: publish CPU per message by node (node1 leads), us: "
+                  f"{r['publish_cpu_us_per_msg_by_node']}")
     for a_, b_ in (("quorum x3", "quorum x1"), ("quorum x3 (again)", "quorum x1 (again)")):
         if a_ in out and b_ in out:
             print(f"ratio {a_} / {b_}: publish "
