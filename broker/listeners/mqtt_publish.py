@@ -121,25 +121,69 @@ class MQTTPublishing(MQTTSessionState):
             if self.unroutable and self.expiry is not None:
                 self.unroutable = False
                 ack_id |= NO_MATCH_BIT  # section 3.4.2.1 (the server knows: 0x10)
-            if stored is False and not self._pubacks:
-                # the common case: routed, no store write to wait for, none before it waits
-                if self._ack_now is NO_LIST:
-                    self._ack_now = []
-                self._ack_now.append(ack_id)
-                return
-            if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
-                self.conn.pubacks(self._ack_now)
+            self._acknowledge(ack_id, stored)
+
+    def _acknowledge(self, ack_id: int, stored: bool | None) -> None:
+        """A QoS 1/2 PUBLISH's PUBACK/PUBREC: now, or in PUBLISH order behind those waiting
+        for the store; ``stored`` as ``_route`` answers."""
+        if stored is False and not self._pubacks:
+            # the common case: routed, no store write to wait for, none before it waits
+            if self._ack_now is NO_LIST:
                 self._ack_now = []
-            if self._decided is NO_DECISIONS:
-                self._pubacks, self._decided, self._awaiting_store = [], {}, []
-            seq = self._seq = self._seq + 1
-            self._pubacks.append((seq, ack_id))
-            if stored is None:
-                self._decided[seq] = False
-            elif stored:
-                self._awaiting_store.append(seq)
-            else:
-                self._decided[seq] = True
+            self._ack_now.append(ack_id)
+            return
+        if self._ack_now:  # those go first (PUBACKs in PUBLISH order)
+            self.conn.pubacks(self._ack_now)
+            self._ack_now = []
+        if self._decided is NO_DECISIONS:
+            self._pubacks, self._decided, self._awaiting_store = [], {}, []
+        seq = self._seq = self._seq + 1
+        self._pubacks.append((seq, ack_id))
+        if stored is None:
+            self._decided[seq] = False
+        elif stored:
+            self._awaiting_store.append(seq)
+        else:
+            self._decided[seq] = True
+
+    def _on_publishes(self, events: list, start: int, end: int) -> None:
+        """A read's run of PUBLISHes (``events[start:end]``) in one pass: what holds for the
+        whole read is looked up once; a 3.1.1 QoS 0/1 PUBLISH to a known topic the client
+        may write goes straight to the publish path, any other through ``_on_publish``."""
+        service = self.service
+        exchange = service.exchange
+        authz = self.authz
+        keys = self._keys
+        fast = self.expiry is None and (
+            authz is None or (exchange in authz.write_ok and not authz.topics))
+        publish = self.broker.publishing.publish
+        count = size = 0
+        for i in range(start, end):
+            p = events[i]
+            key = keys.get(p.topic) if fast else None
+            if key is None or p.retain or p.qos == 2 or key[:1] == "$":
+                self._on_publish(p)
+                if self.finished:
+                    break
+                keys = self._keys  # (made on the first PUBLISH)
+                continue
+            self.is_publisher = True
+            count += 1
+            size += len(p.payload)
+            qos = p.qos
+            props, raw = PROPS[(qos, p.dup)]
+            try:
+                outcome = publish(self, Message(exchange, key, raw, props, p.payload),
+                                  answered=qos > 0, tag=p.packet_id)
+            except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
+                self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
+                break
+            if qos:
+                self._acknowledge(p.packet_id or 0, None if outcome is NACKED or outcome is REFUSED
+                                  else outcome is STORING)
+        if count:
+            service.publish_received += count
+            service.publish_bytes_received += size
 
     def _route(self, topic: str, key: str, payload: bytes, qos: int, retain: bool,
                dup: bool = False, packet_id: int | None = None,

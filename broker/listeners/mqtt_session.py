@@ -49,7 +49,6 @@ from ..mqtt.events import (
     DeliveryReceived,
     Disconnected,
     ProtocolViolation,
-    PublishReceived,
     ReauthRequested,
     ReleaseReceived,
     SubscribeRequested,
@@ -128,9 +127,18 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
             audit.clock_stop()
 
     def _handle(self, data: bytes) -> None:
-        for ev in self.conn.receive_data(data):
-            if isinstance(ev, PublishReceived):
-                self._on_publish(ev.publish)
+        events = self.conn.receive_data(data)
+        n = len(events)
+        i = 0
+        while i < n:
+            ev = events[i]
+            i += 1
+            if type(ev) is codec.Publish:  # a run of PUBLISHes: one pass
+                j = i
+                while j < n and type(events[j]) is codec.Publish:
+                    j += 1
+                self._on_publishes(events, i - 1, j)
+                i = j
             elif isinstance(ev, DeliveryAcked):
                 self._on_delivery_acked(ev.token)
             elif isinstance(ev, ReleaseReceived):

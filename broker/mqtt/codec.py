@@ -440,7 +440,7 @@ def _decode_subscribe(b: _Body) -> Subscribe:
     return Subscribe(pid, topics)
 
 
-def _publish_at(first: int, buf: bytearray, start: int, end: int) -> Publish:
+def _publish_at(first: int, buf: bytes | bytearray, start: int, end: int) -> Publish:
     """``_decode_publish`` without the copies: the same checks on ``buf[start:end]``."""
     qos = (first >> 1) & 0x03
     if qos == 3:
@@ -489,25 +489,32 @@ class PacketReader:
 
     def feed(self, data: bytes) -> list[Packet]:
         buf = self.buf
-        buf += data
+        if buf or type(data) is not bytes:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            # the common read, starting on a packet boundary: its packets are sliced out of
+            # ``data`` itself (one copy each, where a bytearray needs two), and only an
+            # incomplete packet at its end goes to the buffer
+            src = data
         packets: list[Packet] = []
         append = packets.append
         started = self.started
         max_packet = self.max_packet if started else min(self.max_packet, self.max_first)
-        n = len(buf)  # buf only shrinks at the end
+        n = len(src)  # src only shrinks at the end
         pos = 0
         while n - pos >= 2:
-            first = buf[pos]
-            length = buf[pos + 1]
+            first = src[pos]
+            length = src[pos + 1]
             i = pos + 2
             if length & 0x80:  # more length bytes (packets of 128 bytes and up)
                 length &= 0x7F
                 mult = 128
                 while True:
                     if i >= n:
-                        del buf[:pos]
+                        self._keep(src, pos)
                         return packets
-                    byte = buf[i]
+                    byte = src[i]
                     length += (byte & 0x7F) * mult
                     i += 1
                     if not byte & 0x80:
@@ -525,14 +532,14 @@ class PacketReader:
                 break
             # the two packets of the hot path are read in place, the rest through decode
             if first >> 4 == PUBLISH and self.version != 5:
-                append(_publish_at(first, buf, i, i + length))
+                append(_publish_at(first, src, i, i + length))
             elif first == 0x40 and length == 2:
-                pid = buf[i] << 8 | buf[i + 1]
+                pid = src[i] << 8 | src[i + 1]
                 if not pid:
                     raise MalformedPacket("packet identifier 0")
                 append(PacketId(PUBACK, pid))
             else:
-                packet = decode(first, bytes(buf[i:i + length]), self.version)
+                packet = decode(first, bytes(src[i:i + length]), self.version)
                 append(packet)
                 if not started and isinstance(packet, Connect):
                     self.version = packet.protocol_level
@@ -540,5 +547,12 @@ class PacketReader:
             if not started:
                 started = self.started = True
                 max_packet = self.max_packet
-        del buf[:pos]
+        self._keep(src, pos)
         return packets
+
+    def _keep(self, src: bytes | bytearray, pos: int) -> None:
+        """What ``feed`` has not read yet (from ``pos``) stays in the buffer."""
+        if src is self.buf:
+            del self.buf[:pos]
+        elif pos < len(src):
+            self.buf += src[pos:]

@@ -8,8 +8,9 @@ sends messages with ``publish``, which numbers QoS 1 and 2 deliveries and keeps 
 flight until the client's PUBACK (``DeliveryAcked``) or PUBREC (``DeliveryReceived``) comes
 back. Bytes to write accumulate until ``data_to_send()``.
 
-QoS 2 (section 4.3.3): inbound, a QoS 2 PUBLISH is a ``PublishReceived`` the broker answers
-with PUBREC (``pubacks`` with ``PUBREC_BIT``), the client's PUBREL a ``ReleaseReceived``
+QoS 2 (section 4.3.3): inbound, a QoS 2 PUBLISH is handed out (as every PUBLISH, as its
+``Publish`` packet) and the broker answers it with PUBREC (``pubacks`` with ``PUBREC_BIT``),
+the client's PUBREL a ``ReleaseReceived``
 answered with ``pubcomp``; whether a packet id was already received is the broker's
 session state, not the connection's. Outbound, a PUBREC of a QoS 2 delivery is answered
 by the broker with PUBREL (``pubrels``) and its packet id stays in ``releasing`` until the
@@ -67,7 +68,6 @@ from .events import (
     Disconnected,
     Event,
     ProtocolViolation,
-    PublishReceived,
     ReauthRequested,
     ReleaseReceived,
     SubscribeRequested,
@@ -179,7 +179,7 @@ class ServerConnection:
                         if self.closed:
                             break
                         continue
-                    append(PublishReceived(packet))
+                    append(packet)  # the event is the packet itself
                     continue
                 if isinstance(packet, PacketId) and packet.type == PUBACK:
                     if self.qos2_out and packet.packet_id in self.qos2_out:
@@ -226,7 +226,7 @@ class ServerConnection:
                                    "while no authentication is in progress")
         return ReauthRequested(props.get(P.AUTHENTICATION_DATA, b""))
 
-    def _publish_v5(self, p: Publish) -> PublishReceived | ProtocolViolation:
+    def _publish_v5(self, p: Publish) -> Publish | ProtocolViolation:
         """A v5 PUBLISH: its topic alias resolved, the Receive Maximum counted."""
         props = p.properties
         if props:
@@ -259,7 +259,7 @@ class ServerConnection:
                     return self._violation("receive maximum exceeded",
                                            P.RECEIVE_MAXIMUM_EXCEEDED)
                 inbound.add(p.packet_id or 0)
-        return PublishReceived(p)
+        return p
 
     def _handle(self, packet: codec.Packet) -> Event | None:
         state = self.state
@@ -290,7 +290,7 @@ class ServerConnection:
         if isinstance(packet, Publish):
             if self.v5:
                 return self._publish_v5(packet)
-            return PublishReceived(packet)
+            return packet
         if isinstance(packet, Disconnect):  # v5 (3.1.1's is a Bare)
             if packet.type == AUTH:
                 return self._auth(packet)

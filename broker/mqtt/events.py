@@ -14,13 +14,6 @@ class ConnectRequested:
 
 
 @dataclass(slots=True)
-class PublishReceived:
-    """PUBLISH from the client. For QoS 1 the broker answers PUBACK once the message is
-    routed, for QoS 2 PUBREC (``pubacks``)."""
-    publish: Publish
-
-
-@dataclass(slots=True)
 class ReleaseReceived:
     """PUBREL of an inbound QoS 2 message: the broker forgets the packet id and answers
     ``pubcomp`` (always, even for an id it does not know: section 4.3.3)."""
@@ -93,6 +86,9 @@ class ProtocolViolation:
     reason: str
 
 
-Event = (ConnectRequested | PublishReceived | ReleaseReceived | SubscribeRequested
+# PUBLISH from the client is handed out as its ``Publish`` packet itself (no wrapper: one
+# object less per message). For QoS 1 the broker answers PUBACK once the message is routed,
+# for QoS 2 PUBREC (``pubacks``).
+Event = (ConnectRequested | Publish | ReleaseReceived | SubscribeRequested
          | UnsubscribeRequested | DeliveryAcked | DeliveryReceived | DeliveryCompleted
          | Disconnected | ReauthRequested | AuthContinued | ProtocolViolation)

@@ -16,7 +16,6 @@ from broker.mqtt.events import (
     ConnectRequested,
     Disconnected,
     ProtocolViolation,
-    PublishReceived,
 )
 
 CONNECT5 = encode(m.Connect("c5", True, 30, protocol_level=5, properties={}))
@@ -227,7 +226,7 @@ def test_topic_aliases_resolve():
     conn = connected()
     [a] = conn.receive_data(encode(m.Publish("x/y", b"1", 0, properties={P.TOPIC_ALIAS: 4})))
     [b] = conn.receive_data(encode(m.Publish("", b"2", 0, properties={P.TOPIC_ALIAS: 4})))
-    assert isinstance(b, PublishReceived) and (a.publish.topic, b.publish.topic) == ("x/y", "x/y")
+    assert isinstance(b, m.Publish) and (a.topic, b.topic) == ("x/y", "x/y")
 
 
 def test_packet_too_large_gets_disconnect_0x95():
@@ -244,7 +243,7 @@ def test_receive_maximum_exceeded_gets_disconnect_0x93():
     assert len(evs) == 2
     conn.pubacks([1])  # one acknowledged: room for one more
     assert isinstance(conn.receive_data(encode(m.Publish("t", b"", 2, packet_id=3,
-                                                         properties={})))[0], PublishReceived)
+                                                         properties={})))[0], m.Publish)
     out(conn)
     [ev] = conn.receive_data(encode(m.Publish("t", b"", 1, packet_id=4, properties={})))
     assert isinstance(ev, ProtocolViolation)
