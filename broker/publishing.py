@@ -3,6 +3,10 @@ routing core through ``Publishing.publish``, whatever the protocol.
 
 Its stages, in this order (one call, on the loop's thread, no await):
 
+0. **schema** (``schemas/exchange.py``): a body that does not conform to the exchange's
+   Avro schema (argument or policy) is refused with the 406 AMQP's channel raises, which
+   each origin turns into its own error; a feature's own publishes (``hooks=False``) were
+   checked when they entered.
 1. **hooks** (``Publishing.hooks``, ``hook(origin, message, mandatory, seq) -> bool``):
    cluster forwarding and half messages first, then the scheduler (``x-delay``,
    ``AMQ_SCHEDULED_*``) and Hermes' Avro topics. A hook may take the message over (it then
@@ -22,8 +26,8 @@ Its stages, in this order (one call, on the loop's thread, no await):
    message durable (``when_durable``; a cluster store waits for masters and mirrors).
 
 What comes before is the protocol's own (its frame's checks with its own error codes:
-permissions, the exchange, ``user_id``, ``expiration``, Avro schemas of exchanges, AMQP
-transactions' buffering); alarms stop a publisher's reads at the edge. The outcome tells
+permissions, the exchange, ``user_id``, ``expiration``, AMQP transactions' buffering; the
+AMQP 0-9-1 channel also checks the Avro schema first, to nack in confirm mode); alarms stop a publisher's reads at the edge. The outcome tells
 the origin what to answer when it is not an AMQP confirm (a PUBACK, a STOMP receipt, an
 HTTP status). This module is core: it knows the audit trail and the store only through
 the calls above.
@@ -36,6 +40,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from .schemas import exchange as avro_exchange
 
 if TYPE_CHECKING:
     from .direct_reply import DirectReply
@@ -182,6 +188,12 @@ class Publishing:
                 counts = self.by_protocol[protocol] = [0, 0, 0]
             counts[0] += 1
         if hooks:
+            x = origin.vhost.exchanges.get(message.exchange)
+            # an Avro schema, by argument or policy (usually both empty: nothing to check)
+            if x is not None and (x.arguments or x.effective_policy_definition):
+                problem = avro_exchange.exchange_problem(x, message.body, message.properties)
+                if problem is not None:
+                    raise avro_exchange.publish_refused(origin.vhost, message.exchange, problem)
             for hook in self.hooks:
                 if hook(origin, message, mandatory, seq):
                     if audit is not None:

@@ -98,3 +98,51 @@ async def test_a_duplicate_is_dropped_whichever_protocol_sent_either(in_process)
     await trio.sleep(0.2)  # a late duplicate would show by now
     assert q.message_count == 2
     assert sorted(e.message.body for e in q.ready) == [b"amqp-a", b"amqp-b"]
+
+
+SCHEMA = ('{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}')
+
+
+async def test_an_avro_exchange_refuses_a_bad_body_whichever_protocol_sent_it(in_process):
+    """The exchange's Avro schema is a stage of the path: a body that does not conform is
+    refused through STOMP (an ERROR), the management API (400) and AMQP 1.0 (rejected) as
+    through AMQP 0-9-1 (406); a conforming one is routed. Before, only the AMQP 0-9-1
+    channel checked it and the others routed anything."""
+    broker = in_process
+    vhost = broker.vhosts["/"]
+    vhost.declare_exchange("orders", "fanout", arguments={"x-avro-schema": SCHEMA})
+    q = vhost.declare_queue("orders")
+    vhost.bind("orders", q, "", {})
+    json_props = {"content-type": "application/json"}
+    frames = await _stomp(broker, "/exchange/orders", b'{"id": "x"}', **json_props)
+    assert frames[-1].command == "ERROR"
+    assert "Avro schema" in frames[-1].headers.get("message", "") + frames[-1].body.decode()
+    async with _http(broker) as http:
+        r = await http.post("/api/exchanges/%2F/orders/publish", json={
+            "routing_key": "", "payload": '{"id": "x"}', "payload_encoding": "string",
+            "properties": {"content_type": "application/json"}})
+        assert r.status_code == 400, r.text
+        assert "Avro schema" in r.json()["reason"]
+        r = await http.post("/api/exchanges/%2F/orders/publish", json={
+            "routing_key": "", "payload": '{"id": 7}', "payload_encoding": "string",
+            "properties": {"content_type": "application/json"}})
+        assert r.status_code == 200 and r.json() == {"routed": True}
+    outcome = await trio.to_thread.run_sync(_send_json, broker.amqp_port, "/exchange/orders",
+                                            b'{"id": "x"}')
+    assert outcome == "rejected"
+    await trio.sleep(0.1)
+    assert [e.message.body for e in q.ready] == [b'{"id": 7}']
+
+
+def _send_json(port: int, address: str, body: bytes) -> str:
+    c = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=10,
+                           allowed_mechs="PLAIN")
+    try:
+        snd = c.create_sender(address)
+        try:
+            snd.send(Message(body=body, inferred=True, content_type="application/json"))
+        except SendException as exc:
+            return "rejected" if exc.state == Delivery.REJECTED else f"state {exc.state}"
+        return "accepted"
+    finally:
+        c.close()
