@@ -2,9 +2,11 @@
 policy key.
 
 An exchange with a schema (its own ``x-avro-schema`` argument, else the ``avro-schema`` key
-of the policy that applies to it; both the schema as JSON text) refuses AMQP publishes whose
-body does not conform: the channel nacks it in confirm mode, otherwise closes the channel
-with 406 PRECONDITION_FAILED naming the field. A body is read as JSON when the message's
+of the policy that applies to it; both the schema as JSON text) refuses publishes whose
+body does not conform, every protocol's (the publish path's schema stage raises the 406,
+which each origin answers in its own way); the AMQP channel checks first, to nack it in
+confirm mode, otherwise it closes the channel with 406 PRECONDITION_FAILED naming the
+field. A body is read as JSON when the message's
 content_type is ``application/json`` (validated, stored unchanged), else as Avro binary
 (schemaless, one record). Only exchanges with arguments or a policy pay for it: the channel
 tests ``x.arguments or x.effective_policy_definition`` (usually both empty) before calling
