@@ -21,7 +21,7 @@ confirmed once a majority of the stream's replica group has the chunk committed.
 * **Confirms.** The leader's log leads its group (``StreamLog.set_replicas``): AMQP
   confirms (``StreamQueue.when_durable``) and Stream-protocol PublishConfirms wait for a
   majority of the group, the leader's own commit included. A log opened before the group
-  is known waits for one replica (``StreamStore.replicated``) rather than confirming alone.
+  is known waits for one replica (``StreamStore.replicas``) rather than confirming alone.
 * **Failover.** When the leader's lease ends (kill -9, a partition from etcd), its master
   key goes; each live member posts its committed tail and, once a majority of the group
   has, the longest log (ties: by name) claims the master key (``_elect``) and its copy
@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -94,8 +94,9 @@ class StreamReplicas:
         self._nursery: trio.Nursery | None = None
 
     def install(self, broker) -> None:
-        # logs opened before their group is known wait for a replica (set_replicas)
-        broker.streams.replicated = True
+        # logs opened before their group is known wait for a replica (set_replicas); the
+        # Stream protocol's readers and Metadata find this node's copies through it
+        broker.streams.replicas = self
         broker.background_tasks.append(self.run)
 
     def _key(self, *parts: str) -> str:
@@ -459,8 +460,3 @@ class _Locked:
 
     async def receive_some(self, n: int) -> bytes:
         return await self._stream.receive_some(n)
-
-
-def status_of(store: Any) -> dict:
-    replicas = getattr(store, "stream_replicas", None)
-    return replicas.status() if replicas is not None else {}

@@ -37,16 +37,13 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import errors
 from ..amqp import spec
 from ..cluster.link import LINK_USER
-from ..message import Message
-from ..publishing import NACKED
 from ..queues.stream import StreamQueue
 from ..streamproto import codec
 from ..streamproto.codec import Command
@@ -59,18 +56,23 @@ from ..streamproto.connection import (
     ServerConnection,
     State,
 )
-from ..streams import record as records
 from ..streams import super as super_streams
-from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, Timestamp
+from ..streams.log import REPLICA_REFERENCE
+from .session_base import NO_QUEUES
+from .stream_consuming import StreamConsuming
+from .stream_core import StreamService
+from .stream_publishing import MAX_REFERENCE, StreamPublishing
+
+__all__ = ["StreamService", "StreamSession"]
+
+# what compressed sub-entries may inflate in one turn of the event loop (a few ms)
+STEP_BYTES = 4 << 20
+# as flow_queues while a frame's inflating waits for its turn: the edge reads at most every
+# 0.1 s meanwhile, and the management API shows the connection in flow
+INFLATING: frozenset = frozenset({"inflating"})
 
 log = logging.getLogger("broker.stream")
 
-# the log's named-offsets table holds publishers' sequences under this prefix (a name no
-# consumer reference is expected to start with)
-PUBLISHER_KEY = "\x00publisher:"
-MAX_REFERENCE = 256
-MAX_CHUNK_ENTRIES = 0xFFFF  # a chunk's entry count is a u16
-RUN_BYTES = 1 << 20  # sub-entries joined into one chunk up to this size
 # Create's arguments as RabbitMQ maps them onto queue arguments
 _CREATE_ARGS = {"max-length-bytes": "x-max-length-bytes", "max-age": "x-max-age",
                 "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
@@ -78,103 +80,20 @@ _CREATE_ARGS = {"max-length-bytes": "x-max-length-bytes", "max-age": "x-max-age"
                 "initial-cluster-size": "x-initial-cluster-size"}
 
 
-class StreamService:
-    """The listener's broker-wide state: sessions and single-active-consumer groups."""
-
-    def __init__(self, broker):
-        self.broker = broker
-        self.stopping = False
-        self.bytes_received = 0  # counted by the edge
-        self.sessions: set[StreamSession] = set()
-        # (vhost, stream, name) -> the group's (session, subscription), the active first
-        self.sac_groups: dict[tuple, list[tuple[StreamSession, Subscription]]] = {}
-
-    def sac_rebalance(self, group: tuple) -> None:
-        """Make the member that should be active the active one: step the current one
-        down first and wait for its answer (``_consumer_update_response`` calls again)."""
-        members = self.sac_groups.get(group)
-        if not members:
-            self.sac_groups.pop(group, None)
-            return
-        if any(s.stepping for _, s in members):
-            return
-        index = members[0][1].partition
-        want_session, want = members[index % len(members)] if index is not None \
-            else members[0]
-        for session, sub in members:
-            if sub.active and sub is not want:
-                sub.active = False
-                sub.stepping = True
-                session._detach(sub)
-                session._consumer_update(sub, False)
-                return
-        if not want.active:
-            want.active = True
-            want_session._consumer_update(want, True)
-
-    def queue_deleted(self, queue, _consumers) -> None:
-        """A vhost's ``on_queue_deleted`` (a stream deleted over AMQP or the HTTP API)."""
-        if isinstance(queue, StreamQueue):
-            self.stream_deleted(queue.vhost.name, queue.name)
-
-    def watch_vhosts(self) -> None:
-        """Follow the deletions of the vhosts there are (a vhost made later is followed
-        lazily: a subscription notices its stream is gone when it is next fed)."""
-        for vhost in self.broker.vhosts.values():
-            if self.queue_deleted not in vhost.on_queue_deleted:
-                vhost.on_queue_deleted.append(self.queue_deleted)
-
-    def stream_deleted(self, vhost: str, name: str) -> None:
-        """Every publisher and subscription on it is told (MetadataUpdate) and dropped."""
-        for session in list(self.sessions):
-            session.stream_gone(vhost, name)
 
 
-class Publisher:
-    __slots__ = ("id", "queue", "reference", "sequence", "stream")
-
-    def __init__(self, pub_id: int, stream: str, queue: StreamQueue, reference: str | None,
-                 sequence: int):
-        self.id = pub_id
-        self.stream = stream
-        self.queue = queue
-        self.reference = reference
-        self.sequence = sequence  # the last publishing id written (dedup), -1: none
 
 
-class Subscription:
-    __slots__ = ("active", "credit", "filter", "group", "id", "listener", "partition", "queue",
-                 "reader", "replica", "stepping", "stream", "update_id")
-
-    def __init__(self, sub_id: int, stream: str, queue: StreamQueue, credit: int, flt):
-        self.id = sub_id
-        self.stream = stream
-        self.queue = queue
-        self.credit = credit
-        self.filter = flt  # (values, match_unfiltered) or None
-        self.reader: Any = None  # the log's Reader (None while waiting to be active)
-        self.active = True
-        self.group: tuple | None = None  # single active consumer group
-        self.update_id = 0  # correlation id of the ConsumerUpdate awaiting its answer
-        self.partition: int | None = None  # index in its super stream (partitioned group)
-        self.replica = False  # another cluster node copying the log: chunks as stored
-        self.stepping = False  # told to step down, its answer awaited
-        self.listener: Any = None
 
 
-def _offset_start(offset_spec: tuple[int, int]):
-    kind, value = offset_spec
-    return {codec.OFFSET_FIRST: "first", codec.OFFSET_LAST: "last",
-            codec.OFFSET_NEXT: "next"}.get(kind) or (
-        value if kind == codec.OFFSET_OFFSET else Timestamp(value))
 
 
-class StreamSession:
+
+
+
+
+class StreamSession(StreamPublishing, StreamConsuming):
     """One connection (and an entry of ``broker.sessions``)."""
-
-    channels: Mapping = MappingProxyType({})
-    metrics_protocol = "stream"  # its publishes count in messages_published, not the path's
-    global_prefetch = 0
 
     def __init__(self, service: StreamService, peer: str, peer_host: str | None,
                  local_host: str, local_port: int, tls: bool = False):
@@ -194,61 +113,89 @@ class StreamSession:
         self._inflate_budget = config.max_message_size  # reset by every read
         self.wake = lambda: None
         self.output_delay = 0.0
-        self.vhost: Any = None
+        self.vhost = None
         self.audit_ctx: tuple | None = None  # (vhost, user, peer, channel) of its events
-        self.user: Any = None
-        self.authz: Any = None
-        self.username: str | None = None
-        self.publishers: dict[int, Publisher] = {}
-        self.subscriptions: dict[int, Subscription] = {}
+        self.user = None
+        self.authz = None
+        self.username = None
+        self.publishers = {}
+        self.subscriptions = {}
         self.delivery_stalled = False
         self.is_publisher = False
         self.blocked_sent = False
-        self.flow_queues: frozenset = frozenset()
+        self.flow_queues: frozenset = NO_QUEUES
+        self.flow_resumed: Callable[[], None] = lambda: None  # (the edge's, when it sets one)
+        # the events received and not yet handled, and the Publish whose inflating waits
+        # for its next turn (None: none)
+        self._events: deque = deque()
+        self._steps: Iterator[None] | None = None
+        self._step_budget = STEP_BYTES
         self.finished = False
         self.ended = False
         self._corr = 0
         # a received batch's sub-entries by log ([entries, records, bytes]) and the
         # confirms waiting for them: written and registered at the batch's end
-        self._runs: dict[Any, list] = {}
-        self._confirms: list[tuple[Any, int, list[int]]] = []
+        self._runs = {}
+        self._confirms = []
         self.messages_published = 0
         self.chunks_delivered = 0
+        self.audit = broker.publishing.audit  # (the login wait's clock)
         # (token, SaslAuthenticate) while the edge introspects an opaque OAuth 2 token;
         # None: no login waiting
-        self.login_wait: tuple[str, AuthenticateRequested] | None = None
+        self.login_wait = None
 
     # ---- input ----
-    def resume_login(self) -> None:
+    def login_resumed(self, request: AuthenticateRequested) -> None:
         """The edge introspected ``login_wait``'s token: SaslAuthenticate is decided now."""
-        wait = self.login_wait
-        self.login_wait = None
-        if wait is None or self.ended:
-            return
-        self._authenticate(wait[1])
+        self._authenticate(request)
+
+    def input_handled(self) -> None:
         if self.conn.state is State.CLOSED:
             self._finish()
-        self.wake()
 
     def data_received(self, data) -> None:
+        # what the compressed sub-entries of one read may inflate to (eight 128 MiB gzip
+        # bombs fit one 1 MiB frame); while a frame's inflating waits for its next turn,
+        # what is read meanwhile shares the budget left
+        if not self._events:
+            self._inflate_budget = self.broker.config.max_message_size
+        self._events.extend(self.conn.receive_data(data))
+        if self._steps is None:
+            self._handle_input()
+
+    def _handle_input(self) -> None:
         audit = self.broker.publishing.audit
         if audit is None:
-            self._received(data)
+            self._handle_events()
             return
         audit.clock_start()  # the batch's events share one time
         try:
-            self._received(data)
+            self._handle_events()
         finally:
             audit.clock_stop()
 
-    def _received(self, data) -> None:
-        # what the compressed sub-entries of one read may inflate to: the check runs on the
-        # event loop, and eight 128 MiB gzip bombs fit one 1 MiB frame (8-13 s of loop)
-        self._inflate_budget = self.broker.config.max_message_size
-        for ev in self.conn.receive_data(data):
-            if self.ended:
-                break
+    def _handle_events(self) -> None:
+        """The events received, in order, until they are done or a frame's inflating used
+        this turn's budget (``STEP_BYTES``): the rest then waits for a later turn of the
+        event loop (the broker's timers), and the edge reads less meanwhile (``flow``)."""
+        self._step_budget = STEP_BYTES
+        events = self._events
+        while not self.ended:
             try:
+                steps = self._steps
+                if steps is not None:
+                    try:
+                        next(steps)
+                    except StopIteration:
+                        self._steps = None
+                        continue
+                    self.flow_queues = INFLATING
+                    self.vhost.timers.call_later(0, self._go_on)
+                    self.wake()
+                    return
+                if not events:
+                    break
+                ev = events.popleft()
                 if isinstance(ev, CommandReceived):
                     self._command(ev.command)
                 elif isinstance(ev, AuthenticateRequested):
@@ -263,13 +210,25 @@ class StreamSession:
                         log.warning("stream connection %s: closed: %s", self.peer, ev.reason)
                     self._finish()
             except Exception:
+                self._steps = None
                 log.exception("stream connection %s: internal error", self.peer)
                 self.conn.close(codec.INTERNAL_ERROR, "internal error")
+        events.clear()
         if self._runs or self._confirms:
             self._flush_publishes()
         if self.conn.state is State.CLOSED:
             self._finish()
+        if self.flow_queues is INFLATING:
+            self.flow_queues = NO_QUEUES
+            self.flow_resumed()
         self.wake()
+
+    def _go_on(self) -> None:
+        if self.ended:
+            self._steps = None
+            self._events.clear()
+            return
+        self._handle_input()
 
     def _authenticate(self, ev: AuthenticateRequested) -> None:
         broker = self.broker
@@ -323,34 +282,9 @@ class StreamSession:
         if handler is None:
             self.conn.close(codec.UNKNOWN_FRAME, "unknown frame")
             return
-        handler(self, cmd)
-
-    def _respond(self, cmd, code: int, *extra) -> None:
-        self.conn.send(codec.encode_response(cmd.KEY, cmd.correlation_id, code, *extra))
-
-    def _stream(self, name: str) -> StreamQueue | None:
-        q = self.vhost.queues.get(name)
-        if isinstance(q, StreamQueue) and not q.deleted:
-            return q
-        return None
-
-    def _readable(self, name: str) -> Any:
-        """The stream to read from: this node's stream queue or, in a cluster, this
-        node's replica of a stream led by another node (``cluster/stream_replicas.py``:
-        subscribe, metadata and stats read it; publishing needs the leader)."""
-        q = self._stream(name)
-        if q is not None:
-            return q
-        replicas = getattr(self.broker.store, "stream_replicas", None)
-        lg = replicas.local_log(self.vhost.name, name) if replicas is not None else None
-        return _Replica(name, lg) if lg is not None else None
-
-    def _allowed(self, name: str, perm: str) -> bool:
-        try:
-            self.authz.check("queue", name, perm)
-        except errors.AMQPError:
-            return False
-        return True
+        steps = handler(self, cmd)
+        if steps is not None:  # a Publish: run by _handle_events, a turn's budget at a time
+            self._steps = steps
 
     # -- streams --
     def _create(self, cmd: codec.Create) -> None:
@@ -461,11 +395,7 @@ class StreamSession:
 
     def _stream_stats(self, cmd: codec.StreamStats) -> None:
         q = self._readable(cmd.stream)
-        if q is None:
-            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
-            return
-        if not self._allowed(cmd.stream, "read"):
-            self._respond(cmd, codec.ACCESS_REFUSED)
+        if not self._usable(q, cmd, "read"):
             return
         lg = q.log
         committed = lg.committed_chunk_id
@@ -492,191 +422,6 @@ class StreamSession:
             return
         self._respond(cmd, codec.OK, [name for name, _k, _o in parts])
 
-    # -- publishing --
-    def _declare_publisher(self, cmd: codec.DeclarePublisher) -> None:
-        q = self._stream(cmd.stream)
-        if q is None:
-            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
-            return
-        if not self._allowed(cmd.stream, "write"):
-            self._respond(cmd, codec.ACCESS_REFUSED)
-            return
-        ref = cmd.reference or None
-        if cmd.publisher_id in self.publishers or (ref is not None and len(ref) > MAX_REFERENCE):
-            self._respond(cmd, codec.PRECONDITION_FAILED)
-            return
-        sequence = -1
-        if ref is not None:
-            stored = q.log.query_offset(PUBLISHER_KEY + ref)
-            sequence = -1 if stored is None else stored
-        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, q, ref,
-                                                      sequence)
-        self.is_publisher = True
-        self._respond(cmd, codec.OK)
-
-    def _delete_publisher(self, cmd: codec.DeletePublisher) -> None:
-        if self.publishers.pop(cmd.publisher_id, None) is None:
-            self._respond(cmd, codec.PUBLISHER_DOES_NOT_EXIST)
-        else:
-            self._respond(cmd, codec.OK)
-
-    def _query_publisher_sequence(self, cmd: codec.QueryPublisherSequence) -> None:
-        q = self._stream(cmd.stream)
-        if q is None:
-            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST, 0)
-            return
-        if not self._allowed(cmd.stream, "read"):
-            self._respond(cmd, codec.ACCESS_REFUSED, 0)
-            return
-        seq = None
-        if cmd.reference:
-            for pub in self.publishers.values():  # ahead of the log's table until commit
-                if pub.reference == cmd.reference and pub.queue is q:
-                    seq = pub.sequence
-            if seq is None:
-                seq = q.log.query_offset(PUBLISHER_KEY + cmd.reference)
-        self._respond(cmd, codec.OK, max(seq or 0, 0))
-
-    def _publish(self, cmd: codec.Publish) -> None:
-        pub = self.publishers.get(cmd.publisher_id)
-        if pub is None or pub.queue.deleted:
-            code = codec.PUBLISHER_DOES_NOT_EXIST if pub is None else codec.STREAM_DOES_NOT_EXIST
-            self.conn.send(codec.encode_publish_error(
-                cmd.publisher_id, [(m.publishing_id, code) for m in cmd.messages]))
-            return
-        lg = pub.queue.log
-        confirms: list[int] = []
-        # registered now: a failed write at the batch's end takes its ids out again
-        self._confirms.append((lg, pub.id, confirms))
-        refused: list[tuple[int, int]] = []
-        limit = self.broker.config.max_message_size
-        dedup = pub.reference is not None
-        sequence = pub.sequence
-        written = 0
-        # the audit trail's records of this frame, built only while it is on
-        audited: list | None = [] if self.broker.publishing.audit is not None else None
-        for m in cmd.messages:
-            pid = m.publishing_id
-            if dedup and pid <= sequence:
-                confirms.append(pid)  # a duplicate: confirmed, not written again
-                continue
-            data = m.data
-            if isinstance(data, codec.SubEntry):
-                if data.compression != codec.COMPRESSION_NONE:
-                    if data.uncompressed_size > self._inflate_budget:
-                        log.info("stream connection %s: compressed sub-entries of one read "
-                                 "past %d bytes refused", self.peer, limit)
-                        refused.append((pid, codec.PRECONDITION_FAILED))
-                        continue
-                    self._inflate_budget -= data.uncompressed_size
-                try:
-                    codec.check_subentry(data, limit)
-                except codec.CompressionError as exc:
-                    log.info("stream connection %s: sub-entry batch refused: %s", self.peer,
-                             exc.reason)
-                    refused.append((pid, exc.code))
-                    continue
-                self._add_subentry(lg, codec.subentry_entry(data), data.count, pub.id, pid)
-                written += data.count
-                if audited is not None:
-                    audited += ((_audit_message(r, pub.stream), pid)
-                                for r in codec.subentry_records(data, limit))
-            else:
-                if len(data) > limit:
-                    refused.append((pid, codec.PRECONDITION_FAILED))
-                    if audited is not None:
-                        self.broker.publishing.appended(
-                            self, pub.queue, [(_audit_message(data, pub.stream), pid)],
-                            NACKED)
-                    continue
-                if lg in self._runs:
-                    self._flush_run(lg)  # in the order published
-                try:
-                    lg.append_record(bytes(data), m.filter_value)
-                except OSError as exc:  # the disk is full or failing: this one is refused
-                    log.warning("stream %r: write failed (%s); publish refused", pub.stream,
-                                exc)
-                    refused.append((pid, codec.INTERNAL_ERROR))
-                    continue
-                written += 1
-                if audited is not None:
-                    audited.append((_audit_message(data, pub.stream), pid))
-            if pid > sequence:
-                sequence = pid
-            confirms.append(pid)
-        if refused and dedup:
-            # a refused id may come again: the sequence stays below it
-            sequence = min(sequence, min(pid for pid, _code in refused) - 1)
-        if dedup and sequence != pub.sequence:
-            pub.sequence = sequence
-            lg.store_offset(PUBLISHER_KEY + pub.reference, sequence)  # type: ignore[operator]
-        q = pub.queue
-        q.stats_published += written
-        self.messages_published += written
-        if audited:
-            self.broker.publishing.appended(self, q, audited)
-        if refused:
-            self.conn.send(codec.encode_publish_error(pub.id, refused))
-
-    def _add_subentry(self, lg, entry: bytes, records: int, pub_id: int, pid: int) -> None:
-        """Sub-entries wait for the end of the received batch to be one chunk (as osiris
-        writes what its mailbox holds at once): a client that sends one Publish frame per
-        sub-entry (rstream) does not make a chunk, a Deliver and a credit of each."""
-        run = self._runs.get(lg)
-        if run is not None and (len(run[0]) == MAX_CHUNK_ENTRIES
-                                or run[2] + len(entry) > RUN_BYTES):
-            self._flush_run(lg)
-            run = None
-        if run is None:
-            run = self._runs[lg] = [[], 0, 0, []]
-        run[0].append(entry)
-        run[1] += records
-        run[2] += len(entry)
-        run[3].append((pub_id, pid))
-
-    def _flush_run(self, lg) -> None:
-        run = self._runs.pop(lg, None)
-        if run is None or lg.closed:
-            return
-        try:
-            lg.append_encoded(b"".join(run[0]), len(run[0]), run[1])
-        except OSError as exc:  # nothing of it was written: its publishes are refused
-            log.warning("stream log %s: write failed (%s); %d publishes refused",
-                        lg.directory, exc, len(run[3]))
-            self._refuse_written(lg, run[3])
-
-    def _refuse_written(self, lg, ids: list[tuple[int, int]]) -> None:
-        by_pub: dict[int, set[int]] = {}
-        for pub_id, pid in ids:
-            by_pub.setdefault(pub_id, set()).add(pid)
-        for lg_, pub_id, confirms in self._confirms:
-            if lg_ is lg and pub_id in by_pub:
-                confirms[:] = [pid for pid in confirms if pid not in by_pub[pub_id]]
-        for pub_id, pids in by_pub.items():
-            self.conn.send(codec.encode_publish_error(
-                pub_id, [(pid, codec.INTERNAL_ERROR) for pid in sorted(pids)]))
-            pub = self.publishers.get(pub_id)
-            if pub is not None and pub.reference is not None and pub.queue.log is lg:
-                pub.sequence = min(pub.sequence, min(pids) - 1)
-                lg.store_offset(PUBLISHER_KEY + pub.reference, pub.sequence)
-
-    def _flush_publishes(self) -> None:
-        """The end of a received batch: its sub-entries written, its confirms registered
-        with the log (each once everything it appended is durable)."""
-        for lg in list(self._runs):
-            self._flush_run(lg)
-        confirms, self._confirms = self._confirms, []
-        for lg, pub_id, ids in confirms:
-            if ids and not lg.closed:
-                lg.when_durable(lg.next_offset - 1,
-                                lambda pub_id=pub_id, ids=ids: self._confirm(pub_id, ids))
-
-    def _confirm(self, pub_id: int, ids: list[int]) -> None:
-        if self.ended:
-            return
-        self.conn.send(codec.encode_publish_confirm(pub_id, ids))
-        self.wake()
-
     # -- offsets --
     def _store_offset(self, cmd: codec.StoreOffset) -> None:
         q = self._stream(cmd.stream)
@@ -691,11 +436,7 @@ class StreamSession:
 
     def _query_offset(self, cmd: codec.QueryOffset) -> None:
         q = self._stream(cmd.stream)
-        if q is None:
-            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST, 0)
-            return
-        if not self._allowed(cmd.stream, "read"):
-            self._respond(cmd, codec.ACCESS_REFUSED, 0)
+        if not self._usable(q, cmd, "read", 0):
             return
         offset = q.log.query_offset(cmd.reference) if cmd.reference else None
         if offset is None:
@@ -703,199 +444,7 @@ class StreamSession:
         else:
             self._respond(cmd, codec.OK, offset)
 
-    # -- consuming --
-    def _subscribe(self, cmd: codec.Subscribe) -> None:
-        q = self._readable(cmd.stream)
-        if q is None:
-            self._respond(cmd, codec.STREAM_DOES_NOT_EXIST)
-            return
-        if not self._allowed(cmd.stream, "read"):
-            self._respond(cmd, codec.ACCESS_REFUSED)
-            return
-        if cmd.subscription_id in self.subscriptions:
-            self._respond(cmd, codec.SUBSCRIPTION_ID_ALREADY_EXISTS)
-            return
-        props = cmd.properties
-        values = [v for k, v in props.items() if k.startswith("filter.") and v is not None]
-        flt = (values, props.get("match-unfiltered") == "true") if values else None
-        sub = Subscription(cmd.subscription_id, cmd.stream, q, cmd.credit, flt)
-        # a replica of another node (cluster/stream_replicas.py), only as the link user
-        sub.replica = REPLICA_PROPERTY in props and self.username == LINK_USER
-        sac = props.get("single-active-consumer") == "true"
-        if sac and not props.get("name"):
-            self._respond(cmd, codec.PRECONDITION_FAILED)
-            return
-        self.subscriptions[sub.id] = sub
-        self._respond(cmd, codec.OK)
-        if sac:
-            group = (self.vhost.name, cmd.stream, props["name"])
-            sub.group = group
-            if props.get("super-stream"):
-                sub.partition = super_streams.partition_index(
-                    self.vhost, props["super-stream"], cmd.stream)
-            sub.active = False
-            self.service.sac_groups.setdefault(group, []).append((self, sub))
-            self.service.sac_rebalance(group)
-            return
-        self._attach(sub, _offset_start(cmd.offset_spec))
-
-    def _attach(self, sub: Subscription, start) -> None:
-        lg = sub.queue.log
-        sub.reader = lg.reader(start, replica=sub.replica)
-        sub.listener = lambda: self._feed(sub)
-        lg.listeners.append(sub.listener)
-        self._feed(sub)
-
-    def _detach(self, sub: Subscription) -> None:
-        if sub.listener is not None:
-            try:
-                sub.queue.log.listeners.remove(sub.listener)
-            except ValueError:
-                pass
-            sub.listener = None
-        if sub.reader is not None:
-            sub.reader.close()
-            sub.reader = None
-
-    def _consumer_update(self, sub: Subscription, active: bool) -> None:
-        self._corr += 1
-        sub.update_id = self._corr
-        self.conn.send(codec.encode_consumer_update(self._corr, sub.id, active))
-        self.wake()
-
-    def _consumer_update_response(self, cmd: codec.ConsumerUpdateResponse) -> None:
-        for sub in self.subscriptions.values():
-            if sub.update_id == cmd.correlation_id:
-                sub.update_id = 0
-                if sub.stepping:  # stepped down: the next one may start now
-                    sub.stepping = False
-                    self.service.sac_rebalance(sub.group)  # type: ignore[arg-type]
-                    return
-                if sub.active and sub.reader is None:
-                    spec_ = cmd.offset_spec if cmd.code == codec.OK else (codec.OFFSET_NEXT, 0)
-                    self._attach(sub, _offset_start(spec_))
-                return
-
-    def _leave_group(self, sub: Subscription) -> None:
-        members = self.service.sac_groups.get(sub.group)  # type: ignore[arg-type]
-        if not members:
-            return
-        members[:] = [m for m in members if m[1] is not sub]
-        self.service.sac_rebalance(sub.group)  # type: ignore[arg-type]
-
-    def _credit(self, cmd: codec.Credit) -> None:
-        sub = self.subscriptions.get(cmd.subscription_id)
-        if sub is None:
-            self.conn.send(codec.encode_credit_error(codec.SUBSCRIPTION_ID_DOES_NOT_EXIST,
-                                                     cmd.subscription_id))
-            return
-        sub.credit = min(sub.credit + cmd.credit, 0xFFFF * 16)
-        self._feed(sub)
-
-    def _unsubscribe(self, cmd: codec.Unsubscribe) -> None:
-        sub = self.subscriptions.pop(cmd.subscription_id, None)
-        if sub is None:
-            self._respond(cmd, codec.SUBSCRIPTION_ID_DOES_NOT_EXIST)
-            return
-        self._drop_subscription(sub)
-        self._respond(cmd, codec.OK)
-
-    def _drop_subscription(self, sub: Subscription) -> None:
-        self._detach(sub)
-        if sub.group is not None:
-            self._leave_group(sub)
-
-    def _feed(self, sub: Subscription) -> None:
-        """Deliver committed chunks while the subscription has credit and the connection's
-        output is under its high-water mark."""
-        if self.ended or sub.reader is None or not sub.active:
-            return
-        if sub.queue.deleted:
-            self.stream_gone(self.vhost.name, sub.stream)
-            return
-        conn = self.conn
-        high = self.output_high_water
-        flt = sub.filter
-        version = conn.deliver_version
-        # the chunk's room in a Deliver frame: frame_max less the frame's own fields (its
-        # size, key, version, subscription id and, in version 2, the committed chunk id)
-        limit = conn.frame_max and conn.frame_max - (9 + (8 if version == 2 else 0))
-        sent = False
-        while sub.credit > 0:
-            if conn.pending_output > high:
-                self.delivery_stalled = True
-                break
-            chunk = sub.reader.next_chunk()
-            if chunk is None:
-                break
-            if flt is not None and not chunk.may_contain(flt[0], flt[1]):
-                continue
-            committed = sub.queue.log.committed_chunk_id
-            if sub.replica:
-                # a replica appends the chunk as the log holds it (filter included), whole
-                raw = chunk.raw()
-                conn.send_buffers([codec.encode_deliver_header(
-                    sub.id, sum(len(b) for b in raw), version, committed), *raw])
-                sub.credit -= 1
-                sent = True
-                continue
-            if limit and len(chunk.header) + len(chunk.data) > limit:
-                # no Deliver frame may exceed the client's frame_max: the chunk goes as
-                # several smaller chunks (one credit each, as the client counts them)
-                pieces = chunk.pieces(limit)
-            else:
-                pieces = [(chunk.header, chunk.data)]
-            for header, data in pieces:
-                conn.send_buffers([codec.encode_deliver_header(
-                    sub.id, len(header) + len(data), version, committed), header, data])
-            sub.credit = max(0, sub.credit - len(pieces))
-            self.chunks_delivered += len(pieces)
-            sent = True
-        if sent:
-            self.wake()
-
-    def output_drained(self) -> None:
-        if self.delivery_stalled and self.conn.pending_output <= self.output_high_water:
-            self.delivery_stalled = False
-            for sub in list(self.subscriptions.values()):
-                self._feed(sub)
-
-    def stream_gone(self, vhost: str, name: str) -> None:
-        if self.vhost is None or self.vhost.name != vhost or self.ended:
-            return
-        told = False
-        for sub_id, sub in list(self.subscriptions.items()):
-            if sub.stream == name:
-                del self.subscriptions[sub_id]
-                self._drop_subscription(sub)
-                told = True
-        for pub_id, pub in list(self.publishers.items()):
-            if pub.stream == name:
-                del self.publishers[pub_id]
-                told = True
-        if told:
-            self.conn.send(codec.encode_metadata_update(codec.STREAM_NOT_AVAILABLE, name))
-            self.wake()
-
-    # ---- as a connection in broker.sessions ----
-    @property
-    def closed(self) -> bool:
-        return self.ended
-
-    @property
-    def session(self) -> StreamSession:
-        return self
-
-    @property
-    def protocol(self) -> str:
-        return "RabbitMQ Stream"
-
-    def connection_info(self) -> dict:
-        return {"protocol": self.protocol, "auth_mechanism": "PLAIN", "channel_max": 0,
-                "frame_max": self.conn.frame_max, "timeout": self.conn.heartbeat,
-                "port": self.local_port, "ssl": self.tls,
-                "client_properties": dict(self.conn.client_properties)}
-
+    # ---- ending ----
     def force_close(self, error: errors.AMQPError) -> None:
         self.close(error.text)
 
@@ -929,33 +478,10 @@ class StreamSession:
             self.broker.session_closed(self)
 
 
-class _Replica:
-    """A replica's log read as a stream (subscriptions only read ``log`` and ``deleted``):
-    gone once its copy stops (the leader changed or the stream was deleted)."""
-
-    __slots__ = ("log", "name")
-
-    def __init__(self, name: str, lg):
-        self.name, self.log = name, lg
-
-    @property
-    def deleted(self) -> bool:
-        return self.log.closed
 
 
-def _audit_message(record, stream: str) -> Message:
-    """A record as the audit trail reads a publish: its properties and body (a record
-    this broker cannot read: its bytes as the body), to the stream's name as routing key,
-    as a publish through the default exchange names its queue; persistent, as every
-    record of a stream's log is."""
-    record = bytes(record)
-    try:
-        exchange, _key, raw, properties, body = records.decode(record)
-    except (ValueError, IndexError, RecursionError, struct.error):
-        exchange, raw, properties, body = "", b"", {}, record
-    message = Message(exchange, stream, raw, properties, body)
-    message.persistent = True
-    return message
+
+
 
 
 def _arguments(create_args: dict) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from .commands import SubEntry
@@ -217,6 +218,14 @@ def _pieces(s: SubEntry):
 def check_subentry(s: SubEntry, limit: int) -> None:
     """What ``subentry_records`` checks, without copying the records out (the publish
     path: the batch is stored as it came), inflating a window at a time."""
+    for _inflated in check_subentry_steps(s, limit):
+        pass
+
+
+def check_subentry_steps(s: SubEntry, limit: int) -> Iterator[int]:
+    """``check_subentry`` a window at a time: yields how many bytes each window inflated,
+    so that the caller can stop between two and go on later (a bomb's inflating is not
+    one hold of the event loop); raises as ``check_subentry`` does."""
     if s.uncompressed_size > limit:
         raise CompressionError(PRECONDITION_FAILED, "sub-entry batch too large")
     unpack = _U32.unpack
@@ -240,6 +249,7 @@ def check_subentry(s: SubEntry, limit: int) -> None:
                 skip = unpack(head)[0]
                 records += 1
                 head = b""
+        yield len(piece)
     if total != s.uncompressed_size:
         raise CompressionError(PRECONDITION_FAILED, "sub-entry size mismatch")
     if records != s.count or skip or head:

@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .log import StreamLog
+
+Address = tuple[str, int]
+
+
+class ReplicaDirectory(Protocol):
+    """Where a cluster keeps copies of streams (``cluster/stream_replicas.py``), as the
+    Stream protocol's readers and Metadata ask it."""
+
+    def local_log(self, vhost: str, name: str) -> StreamLog | None:
+        """This node's copy of a stream led by another node, while it is kept."""
+
+    def placement(self, vhost: str, name: str,
+                  here: Address) -> tuple[Address, list[Address]] | None:
+        """The leader's and the other members' Stream-protocol addresses."""
 
 log = logging.getLogger("triomq.streams")
 
@@ -31,9 +45,10 @@ class StreamStore:
         self._dirty: dict[int, StreamLog] = {}
         self._wake: Any = None  # trio.Event while run() runs
         self.running = False
-        # in a cluster: a log opened waits for a replica before it confirms, until its
-        # replica group is known (``StreamLog.set_replicas``)
-        self.replicated = False
+        # in a cluster (set by it when it installs): the streams' copies on other nodes; a
+        # log opened waits for a replica before it confirms, until its replica group is
+        # known (``StreamLog.set_replicas``)
+        self.replicas: ReplicaDirectory | None = None
 
     def open(self, vhost: str, name: str, **settings) -> StreamLog:
         path = stream_dir(self.data_dir, vhost, name)
@@ -43,7 +58,7 @@ class StreamStore:
             lg = StreamLog(path, **settings)
             lg._store = self
             self.logs[path] = lg
-            if self.replicated:
+            if self.replicas is not None:
                 lg.set_replicas([], 2)
         return lg
 

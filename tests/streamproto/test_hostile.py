@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 
 import trio
 
@@ -123,3 +124,44 @@ async def test_compressed_subentries_of_one_read_inflate_at_most_max_message_siz
     key, _v, payload = await cl.next(c.PUBLISH_CONFIRM)
     assert struct.unpack_from(">BIQ", payload)[2] == 4
     await server.shutdown()
+
+
+async def test_a_bomb_being_inflated_does_not_hold_other_connections(broker):
+    """Inflating a compressed sub-entry batch takes a few MiB per turn of the event loop:
+    while one connection's 128 MiB gzip bomb is checked (and refused: its records do not
+    add up), another connection's round trips stay fast (before: the whole bomb at once
+    on the loop, 0.3-2 s of it for every other client)."""
+    a = await login(broker)
+    b = await login(broker)
+    assert (await a.request(c.Create(a.cid(), "bombed", {})))[0] == c.OK
+    assert (await a.request(c.DeclarePublisher(a.cid(), 1, "", "bombed")))[0] == c.OK
+    mib = 1 << 20
+    size = 96 * mib
+    z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip, a MiB at a time
+    zeros = bytes(mib)
+    data = z.compress(struct.pack(">I", size - 4) + bytes(mib - 4)) + b"".join(
+        z.compress(zeros) for _ in range(size // mib - 1)) + z.flush()
+    bomb = c.SubEntry(c.COMPRESSION_GZIP, 2, size, data)
+    refused = trio.Event()
+
+    async def bomb_refused():
+        _k, _v, payload = await a.next(c.PUBLISH_ERROR, wait=60)
+        assert struct.unpack_from(">BIQH", payload)[2:] == (1, c.PRECONDITION_FAILED)
+        refused.set()
+
+    rtts = []
+    async with trio.open_nursery() as n:
+        n.start_soon(bomb_refused)
+        start = trio.current_time()
+        await a.send(c.Publish(1, [c.PublishedMessage(1, bomb)]))
+        while not refused.is_set():
+            t0 = trio.current_time()
+            code, _ = await b.request(c.QueryOffset(b.cid(), "nobody", "bombed"))
+            assert code == c.NO_OFFSET
+            rtts.append(trio.current_time() - t0)
+            await trio.sleep(0.005)
+        took = trio.current_time() - start
+    assert len(rtts) >= 3, (took, rtts)
+    assert max(rtts) < 0.25 and max(rtts) < took / 3, (took, max(rtts))
+    # the connection reads again and goes on as before
+    assert (await a.request(c.QueryPublisherSequence(a.cid(), "", "bombed")))[0] == c.OK
