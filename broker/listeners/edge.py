@@ -65,6 +65,7 @@ class EdgeListener:
     handlers."""
 
     log: logging.Logger
+    service: Any  # the protocol's broker-wide settings (``stopping``, counters)
 
     def __init__(self, broker):
         self.broker = broker
@@ -100,6 +101,25 @@ class EdgeListener:
             return [trio.SSLListener(lst, ctx, https_compatible=https_compatible)
                     for lst in listeners]
         return listeners
+
+    async def serve_ports(self, listeners: list, ws_listeners: list | None = None,
+                          ws_handle=None, tasks: tuple = ()) -> None:
+        """Serve what ``listeners`` accept (``_handle``) and the WebSocket upgrades of
+        ``ws_listeners`` (``ws_handle``), beside the listener's own ``tasks``; the service
+        is stopping once this ends."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for task in tasks:
+                    nursery.start_soon(task)
+                if ws_listeners:
+                    nursery.start_soon(trio.serve_listeners, ws_handle, ws_listeners)
+                if listeners:
+                    await trio.serve_listeners(self._handle, listeners)
+        finally:
+            self.service.stopping = True
+
+    async def _handle(self, stream) -> None:
+        raise NotImplementedError
 
     async def serve(self, handler: ConnectionEdge) -> None:
         """Run one connection's handler; it is in ``handlers`` meanwhile."""

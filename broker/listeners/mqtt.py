@@ -241,17 +241,9 @@ class MQTTListener(EdgeListener):
             listeners += await self.open_port("mqtts", config.mqtts_port, host, "--mqtts-port")
         ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._flusher)
-                if self.sys_topics is not None:
-                    nursery.start_soon(self.sys_topics.run)
-                if ws_listeners:
-                    nursery.start_soon(trio.serve_listeners, self.websockets.handle, ws_listeners)
-                if listeners:
-                    await trio.serve_listeners(self._handle, listeners)
-        finally:
-            self.service.stopping = True
+        tasks = (self._flusher,) if self.sys_topics is None else (self._flusher,
+                                                                   self.sys_topics.run)
+        await self.serve_ports(listeners, ws_listeners, self.websockets.handle, tasks)
 
     async def _handle(self, stream) -> None:
         sock, tls = tcp_socket(stream)

@@ -79,14 +79,7 @@ class StompListener(EdgeListener):
                                               "--stomps-port")
         ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
-        try:
-            async with trio.open_nursery() as nursery:
-                if ws_listeners:
-                    nursery.start_soon(trio.serve_listeners, self.websockets.handle, ws_listeners)
-                if listeners:
-                    await trio.serve_listeners(self._handle, listeners)
-        finally:
-            self.service.stopping = True
+        await self.serve_ports(listeners, ws_listeners, self.websockets.handle)
 
     async def _handle(self, stream) -> None:
         sock, tls = tcp_socket(stream)

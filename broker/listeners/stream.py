@@ -107,11 +107,7 @@ class StreamListener(EdgeListener):
                                               "--stream-tls-port")
         self.service.watch_vhosts()
         task_status.started(self.ports)
-        try:
-            if listeners:
-                await trio.serve_listeners(self._handle, listeners)
-        finally:
-            self.service.stopping = True
+        await self.serve_ports(listeners)
 
     async def _handle(self, stream) -> None:
         sock, tls = tcp_socket(stream)
