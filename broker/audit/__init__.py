@@ -8,8 +8,13 @@ package does not import trio or the broker core, so the Spark jobs can ship it a
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def install(broker):
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+
+def install(broker: Broker):
     """Turn the trail on if ``--audit-dir`` is set; returns the ``AuditTrail`` or None."""
     from .recorder import install as _install
     return _install(broker)

@@ -21,7 +21,8 @@ import os
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -31,6 +32,9 @@ from . import events
 from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, TRAIL, WIDTH
 from .hooks import CHooks, PyHooks, chosen
 from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.audit")
 
@@ -57,7 +61,11 @@ class AuditTrail:
     (scope ``all``, or the vhost has at least one audited queue).
     """
 
-    def __init__(self, broker, settings) -> None:
+    # the batch clock of the hooks a trail class mixes in (hooks.PyHooks or the C ones)
+    clock_start: Callable[[], None]
+    clock_stop: Callable[[], None]
+
+    def __init__(self, broker: Broker, settings) -> None:
         self.broker = broker
         self.settings = settings
         self.buf: list = []  # flat: WIDTH slots per event
@@ -453,7 +461,7 @@ def last_msg_id(root: str, node: str) -> int:
     return 0
 
 
-def install(broker) -> AuditTrail | None:
+def install(broker: Broker) -> AuditTrail | None:
     """Turn the trail on when ``broker.config.audit.dir`` is set; returns it (or None)."""
     settings = broker.config.audit
     if not settings.dir:

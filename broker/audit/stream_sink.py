@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from ..amqp.fields import encode_properties
 from ..message import Message
 from . import events
 from .spool import loads
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("triomq.audit")
 
@@ -47,7 +51,7 @@ def bodies(frames: list[tuple[int, int, bytes]], node: str) -> list[tuple[int, i
 
 
 class StreamSink:
-    def __init__(self, broker, name: str, node: str) -> None:
+    def __init__(self, broker: Broker, name: str, node: str) -> None:
         self.broker = broker
         self.name = name
         self.node = node

@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..broker import Broker
     from .model import HermesError, SubscriptionDef, TopicDef
     from .service import Hermes
 
@@ -33,7 +34,7 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-def install(broker) -> Hermes:
+def install(broker: Broker) -> Hermes:
     from . import http
     from .frontend import Frontend
     from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes

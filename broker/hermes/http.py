@@ -12,7 +12,7 @@ manage a subscription, write on the exchange to publish (403 otherwise).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,6 +22,9 @@ from .. import errors
 from ..management.auth import require
 from ..management.http import JsonRejected, parse_json
 from .model import HermesError
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 MAX_DEFINITION = 1024 * 1024  # bytes of a management request body
 
@@ -57,7 +60,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def check(broker, user, kind: str, name: str, perm: str) -> None:
+def check(broker: Broker, user, kind: str, name: str, perm: str) -> None:
     """HermesError 403 unless ``user`` (management's ApiUser) has ``perm`` on ``name``."""
     if user.user is None:
         return

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -41,6 +41,9 @@ from ..schemas import ValidationFailed, compiled
 from . import bodies, model
 from .model import HermesError, SubscriptionDef, TopicDef
 from .push import PushSubscriber
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.hermes")
 
@@ -90,7 +93,7 @@ class PublishResult:
 
 
 class Hermes:
-    def __init__(self, broker) -> None:
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.topics: dict[str, TopicDef] = {}
         self.subscriptions: dict[str, dict[str, SubscriptionDef]] = {}  # topic -> name -> def

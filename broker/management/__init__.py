@@ -7,14 +7,19 @@ objects to that list at their install time (the app is built when the listener s
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 
 from .http import ApiError, HttpServer
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 __all__ = ["ApiError", "HttpServer", "install"]
 
 
-def install(broker) -> HttpServer:
+def install(broker: Broker) -> HttpServer:
     from . import api
     from .stats import MessageTotals, Sampler
 

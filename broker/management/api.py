@@ -1,6 +1,8 @@
 """The ``/api`` routes, gathered from one module per area."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import (
     api_access,
     api_connections,
@@ -13,8 +15,11 @@ from . import (
     metrics,
 )
 
+if TYPE_CHECKING:
+    from ..broker import Broker
 
-def add_routes(broker) -> None:
+
+def add_routes(broker: Broker) -> None:
     routes: list = []
     for module in (api_overview, api_entities, api_connections, api_access, api_policies,
                    api_parameters, definitions, api_super_streams):

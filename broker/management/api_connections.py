@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.routing import Route
@@ -28,6 +29,9 @@ from .stats import (
     rate_details,
     with_deliver_get,
 )
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 # first time the API saw each connection (ms since the epoch), for "connected_at"
 _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -56,11 +60,11 @@ def _user_of(session) -> str:
     return session.conn.username or ""
 
 
-def _open_sessions(broker) -> list:
+def _open_sessions(broker: Broker) -> list:
     return [s for s in list(broker.sessions) if s.vhost is not None and not s.closed]
 
 
-def _visible(broker, user, session) -> bool:
+def _visible(broker: Broker, user, session) -> bool:
     if user.sees_all:
         return True
     return _user_of(session) == user.name  # RabbitMQ: management users see their own
@@ -103,7 +107,7 @@ def channel_ref(ch) -> dict:
             "number": ch.number, "peer_host": host, "peer_port": port, "user": _user_of(session)}
 
 
-def channel_json(broker, ch) -> dict:
+def channel_json(broker: Broker, ch) -> dict:
     session = ch.session
     host, port = _peer(session)
     counts = dict(zip(CHANNEL_FIELDS, channel_counts(ch), strict=True))
@@ -169,7 +173,7 @@ async def connection_channels(request: Request):
     return json_response([channel_json(broker, ch) for ch in list(session.channels.values())])
 
 
-def _channels(broker, user, vhost=None) -> list:
+def _channels(broker: Broker, user, vhost=None) -> list:
     out: list = []
     for s in _open_sessions(broker):
         if not _visible(broker, user, s) or (vhost is not None and s.vhost is not vhost):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -29,6 +30,9 @@ from .common import (
 from .entity_json import exchange_name
 from .http import ApiError
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 
 def _payload_bytes(data: dict) -> bytes:
     payload = text(data, "payload", "")
@@ -44,7 +48,7 @@ def _payload_bytes(data: dict) -> bytes:
                         f"{json.dumps(encoding)}")
 
 
-def publish_message(broker, vhost, exchange: str, routing_key: str, properties: dict,
+def publish_message(broker: Broker, vhost, exchange: str, routing_key: str, properties: dict,
                     payload: bytes, user: str | None = None, peer: str | None = None) -> bool:
     """Publish one message through the broker's publish path, as an AMQP publish without
     confirms would (publish hooks: a delay, a half message; audited as published by

@@ -7,6 +7,7 @@ import html
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse
@@ -31,6 +32,9 @@ from .common import (
 from .http import ApiError
 from .listing import paginate
 from .stats import CHURN_FIELDS, churn_counts, rate_details, with_deliver_get
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 STARTED = time.time()
 
@@ -66,7 +70,7 @@ async def whoami(request: Request) -> JSONResponse:
     return JSONResponse({"name": user.name, "tags": sorted(user.tags)})
 
 
-def _totals(broker, vhosts) -> tuple[dict, dict]:
+def _totals(broker: Broker, vhosts) -> tuple[dict, dict]:
     queues = consumers = ready = unacked = exchanges = 0
     for v in vhosts:
         exchanges += len(v.exchanges)
@@ -85,7 +89,7 @@ def _totals(broker, vhosts) -> tuple[dict, dict]:
                      "messages_unacknowledged": unacked}
 
 
-def _listeners(broker) -> list[dict]:
+def _listeners(broker: Broker) -> list[dict]:
     config = broker.config
     http = broker.http_server
     out = [{"node": NODE, "protocol": "amqp", "ip_address": config.host,
@@ -132,7 +136,7 @@ async def overview(request: Request) -> JSONResponse:
     return JSONResponse(out)
 
 
-def _node(broker) -> dict:
+def _node(broker: Broker) -> dict:
     return {
         "name": NODE, "type": "disc", "running": True, "being_drained": False,
         "os_pid": str(os.getpid()), "mem_used": process_rss(), "mem_limit": broker.memory_limit,
@@ -156,7 +160,7 @@ def _node(broker) -> dict:
     }
 
 
-def _contexts(broker) -> list[dict]:
+def _contexts(broker: Broker) -> list[dict]:
     """The HTTP listener as RabbitMQ's node lists its web contexts (the port a string)."""
     http = broker.http_server
     if not http.port:
@@ -183,7 +187,7 @@ def _proc_io() -> dict[str, int]:
         return {}
 
 
-def _node_extras(broker) -> dict:
+def _node_extras(broker: Broker) -> dict:
     """The rest of RabbitMQ's node fields: process counters where this process has them
     (garbage collections, context switches, reads and writes), 0 where the Erlang VM's own
     (mnesia, the message store) have no counterpart here; every counter with
@@ -214,7 +218,7 @@ def _node_extras(broker) -> dict:
     return out
 
 
-def _disk_free(broker) -> int:
+def _disk_free(broker: Broker) -> int:
     try:
         st = os.statvfs(broker.config.data_dir)
     except OSError:
@@ -242,7 +246,7 @@ async def nodes(request: Request) -> JSONResponse:
     return JSONResponse([_node(broker_of(request))])
 
 
-def _memory(broker) -> dict:
+def _memory(broker: Broker) -> dict:
     """RabbitMQ's ``?memory=true`` breakdown, in the categories that have a meaning here:
     message bodies held by queues, bytes waiting in connections' output buffers, the rest of
     the process; ``total`` is the resident set (the strategy memory alarms use)."""
@@ -310,7 +314,7 @@ async def extensions(request: Request) -> JSONResponse:
 # ---- vhosts --------------------------------------------------------------------------------
 
 
-def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None,
+def vhost_json(broker: Broker, name: str, info: dict | None, traffic: dict | None = None,
                octets: dict | None = None) -> dict:
     vhost = broker.vhosts.get(name)
     ready = unacked = 0
@@ -345,7 +349,7 @@ def vhost_json(broker, name: str, info: dict | None, traffic: dict | None = None
             "name": name, "tags": list(info.get("tags", [])), "tracing": False}
 
 
-def _vhost_infos(broker) -> dict:
+def _vhost_infos(broker: Broker) -> dict:
     infos = {v["name"]: v for v in broker.access.list_vhosts()}
     for name in broker.vhosts:
         infos.setdefault(name, {"name": name})

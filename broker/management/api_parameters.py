@@ -4,6 +4,8 @@
 them. Other components (federation, shovel) do not exist here: 400."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -21,10 +23,13 @@ from .common import (
 )
 from .http import ApiError
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 COMPONENTS = ("vhost-limits", "operator_policy")
 
 
-def _all(broker) -> list[dict]:
+def _all(broker: Broker) -> list[dict]:
     out = []
     for v in broker.access.list_vhosts():
         if v.get("limits"):

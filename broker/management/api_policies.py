@@ -2,6 +2,8 @@
 which validates (PolicyError -> 400 with RabbitMQ's text) and applies at once."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -19,6 +21,9 @@ from .common import (
 )
 from .http import ApiError
 from .listing import paginate
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 
 def _kind(request: Request) -> str:
@@ -76,7 +81,7 @@ async def get_policy(request: Request):
         raise ApiError(404, "Not Found") from None
 
 
-def _object_access(broker, user, vhost: str) -> None:
+def _object_access(broker: Broker, user, vhost: str) -> None:
     try:
         check_vhost_access(broker, user, vhost)
     except ApiError:

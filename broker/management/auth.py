@@ -12,6 +12,7 @@ import base64
 import binascii
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 from starlette.requests import Request
@@ -19,6 +20,9 @@ from starlette.requests import Request
 from ..security.login import LOOPBACK_ONLY, shown
 from ..security.model import User
 from .http import ApiError
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.management")
 
@@ -39,7 +43,7 @@ class ApiUser:
     """The authenticated caller: its name, tags, and ``broker.access``'s User (if any)."""
     name: str
     tags: frozenset[str] = field(default_factory=frozenset)
-    user: object = None
+    user: User | None = None
 
     def has(self, level: str) -> bool:
         return bool(self.tags & LEVELS[level])
@@ -66,7 +70,7 @@ def denied(username: str, why: str, peer_host: str | None) -> None:
     log.warning("HTTP access denied: user '%s' - %s (peer %s)", shown(username), why, peer_host)
 
 
-def login(broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
+def login(broker: Broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
     """The user for these credentials, or None (wrong password, unknown user, loopback-only
     user from elsewhere), logged as RabbitMQ's management plugin logs it."""
     user, why = broker.access.check_login(username, password, peer_host, "http")

@@ -7,7 +7,7 @@ import datetime
 import decimal
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from starlette.requests import Request
@@ -16,6 +16,9 @@ from starlette.responses import JSONResponse, Response
 from .. import errors
 from .auth import CHALLENGE, ApiUser, require
 from .http import ApiError, JsonRejected, parse_json
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 NODE = "triomq@localhost"
 
@@ -215,7 +218,7 @@ def json_response(data: Any, status: int = 200) -> Response:
         return Response(dumps_deep(data), status_code=status, media_type="application/json")
 
 
-def check_perm(broker, user: ApiUser, vhost: str, kind: str, name: str, perm: str) -> None:
+def check_perm(broker: Broker, user: ApiUser, vhost: str, kind: str, name: str, perm: str) -> None:
     """broker.access's resource permission check for the API caller (as RabbitMQ's
     management plugin checks a user's AMQP permissions); 401 when refused."""
     if user.user is None:
@@ -226,7 +229,7 @@ def check_perm(broker, user: ApiUser, vhost: str, kind: str, name: str, perm: st
         raise amqp_error(exc) from None
 
 
-def check_vhost_access(broker, user: ApiUser, vhost: str) -> None:
+def check_vhost_access(broker: Broker, user: ApiUser, vhost: str) -> None:
     if user.user is None or user.is_admin:
         return
     try:
@@ -236,7 +239,7 @@ def check_vhost_access(broker, user: ApiUser, vhost: str) -> None:
                        CHALLENGE) from None
 
 
-def visible_vhosts(broker, user: ApiUser) -> list:
+def visible_vhosts(broker: Broker, user: ApiUser) -> list:
     """The vhosts the caller may list objects of."""
     if user.sees_all:
         return list(broker.vhosts.values())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -26,6 +27,9 @@ from .auth import require
 from .common import broker_of, json_of, jsonable, param
 from .http import ApiError
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 log = logging.getLogger("broker.management")
 
 
@@ -33,7 +37,7 @@ class ImportError_(ValueError):
     """One line naming the item and field that is wrong."""
 
 
-def export(broker, vhost_name: str | None = None) -> dict:
+def export(broker: Broker, vhost_name: str | None = None) -> dict:
     out: dict = {"rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8",
                  "product_name": "TrioMQ", "product_version": __version__}
     sec = broker.access.export()
@@ -114,7 +118,7 @@ def _args(item: dict, where: str) -> dict:
     return value
 
 
-def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str | None):
+def check_entities(broker: Broker, defs: dict, vhosts_to_come: set[str], only_vhost: str | None):
     """Validated (exchanges, queues, bindings) lists, each item normalised."""
     def vhost_of(item: dict, where: str) -> str:
         v = only_vhost if only_vhost is not None else _str(item, where, "vhost")
@@ -137,16 +141,17 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
         if name == "" or name.startswith("amq."):
             continue  # as RabbitMQ: the standard exchanges are not imported
         args = _args(item, where)
-        entry = {"vhost": v, "name": name, "type": xtype,
-                 "durable": _bool(item, where, "durable", True),
-                 "auto_delete": _bool(item, where, "auto_delete", False),
-                 "internal": _bool(item, where, "internal", False), "arguments": args}
+        x_durable = _bool(item, where, "durable", True)
+        x_auto_delete = _bool(item, where, "auto_delete", False)
+        x_internal = _bool(item, where, "internal", False)
+        entry = {"vhost": v, "name": name, "type": xtype, "durable": x_durable,
+                 "auto_delete": x_auto_delete, "internal": x_internal, "arguments": args}
         vhost = broker.vhosts.get(v)
         existing = vhost.exchanges.get(name) if vhost is not None else None
         if existing is not None:
             try:
-                existing.check_equivalent(xtype, entry["durable"], entry["auto_delete"],
-                                          entry["internal"], args, vhost.exchange_resource(name))
+                existing.check_equivalent(xtype, x_durable, x_auto_delete, x_internal, args,
+                                          _resource("exchange", name, v))
             except errors.AMQPError as exc:
                 raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
         else:
@@ -179,23 +184,23 @@ def check_entities(broker, defs: dict, vhosts_to_come: set[str], only_vhost: str
         entry = {"vhost": v, "name": name, "durable": durable, "auto_delete": auto_delete,
                  "arguments": args}
         vhost = broker.vhosts.get(v)
-        existing = vhost.find_queue(name) if vhost is not None else None
-        if existing is None:
+        existing_q = vhost.find_queue(name) if vhost is not None else None
+        if existing_q is None:
             try:  # a new queue: what its type refuses (quorum: auto-delete, transient)
                 queue_type_of(args).check_declare(_resource("queue", name, v), durable, False,
                                                   auto_delete, args)
             except errors.AMQPError as exc:
                 raise ImportError_(f"{where}: {exc.text.split(' - ', 1)[-1]}") from None
-        if existing is not None:
-            if existing.exclusive_owner is not None:
+        if existing_q is not None:
+            if existing_q.exclusive_owner is not None:
                 raise ImportError_(f"{where}: queue '{name}' in vhost '{v}' is exclusive to a "
                                    f"connection")
-            for key, value in (("durable", existing.durable),
-                               ("auto_delete", existing.auto_delete)):
+            for key, value in (("durable", existing_q.durable),
+                               ("auto_delete", existing_q.auto_delete)):
                 if value != entry[key]:
                     raise ImportError_(f"{where}.{key}: inequivalent with the existing queue "
                                        f"'{name}' in vhost '{v}'")
-            mismatch = equivalence_mismatch(existing.arguments, args)
+            mismatch = equivalence_mismatch(existing_q.arguments, args)
             if mismatch:
                 raise ImportError_(f"{where}.arguments: "
                                    + mismatch.format(queue=name, vhost=v))
@@ -240,7 +245,7 @@ def _resource(kind: str, name: str, vhost: str):
     return errors.Resource(kind, name, vhost)
 
 
-def import_definitions(broker, defs, only_vhost: str | None = None) -> None:
+def import_definitions(broker: Broker, defs, only_vhost: str | None = None) -> None:
     """Validate everything, then apply; raises ImportError_ (nothing changed)."""
     if not isinstance(defs, dict):
         raise ImportError_("definitions: must be a JSON object")

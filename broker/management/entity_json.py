@@ -7,6 +7,7 @@ import base64
 import datetime
 import hashlib
 import json
+from typing import TYPE_CHECKING
 from urllib.parse import quote_plus
 
 from starlette.requests import Request
@@ -18,6 +19,9 @@ from .common import (
 )
 from .http import ApiError
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, queue_counts, rate_details
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 # ---- rendering ---------------------------------------------------------------------------
 
@@ -37,7 +41,7 @@ def exchange_json(vhost, x, sampler=None) -> dict:
     return out
 
 
-def queue_json(broker, vhost, q) -> dict:
+def queue_json(broker: Broker, vhost, q) -> dict:
     ready = q.message_count
     unacked = q.unacked_count
     sampler = broker.stats_sampler

@@ -21,7 +21,7 @@ import math
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
 import hypercorn.protocol.h11 as _hyper_h11
@@ -38,6 +38,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..malloc import trim
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.management")
 
@@ -353,7 +356,7 @@ async def _api_not_found(request: Request) -> Response:
     return error_response(404, "Not Found")
 
 
-def build_app(broker) -> Starlette:
+def build_app(broker: Broker) -> Starlette:
     routes = list(broker.http_routes)
     # unknown /api paths answer RabbitMQ's JSON 404, not the console's HTML
     routes.append(Route("/api/{rest:path}", _api_not_found,
@@ -420,7 +423,7 @@ class _TLSConfig(HyperConfig):
 class HttpServer:
     """The broker's HTTP listener. ``port`` is the bound port once ``run`` has started."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.broker = broker
         self.port: int | None = None
         self.amqp_port: int | None = None  # the AMQP listener's, once it listens
@@ -431,8 +434,8 @@ class HttpServer:
     def bind(self) -> socket.socket:
         """The listening socket on the configured address; OSError says why not."""
         config = self.broker.config
-        host = config.http_host if config.http_host is not None else config.host
-        host = None if host in ("", "*") else host
+        configured = config.http_host if config.http_host is not None else config.host
+        host = None if configured in ("", "*") else configured
         last: OSError | None = None
         for family, kind, proto, _, addr in socket.getaddrinfo(
                 host, config.http_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):

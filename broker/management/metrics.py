@@ -13,6 +13,8 @@ Here: the HTTP routes and the rendering; the collectors are in metrics_collector
 families in metrics_families."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -24,10 +26,13 @@ from .auth import require
 from .metrics_collectors import BrokerCollector, DetailedCollector
 from .metrics_families import DETAILED_FAMILIES, PROTOCOL, RABBITMQ_VERSION
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 __all__ = ["PROTOCOL", "RABBITMQ_VERSION", "BrokerCollector", "DetailedCollector", "routes"]
 
 
-def make_registry(broker, per_object: bool) -> CollectorRegistry:
+def make_registry(broker: Broker, per_object: bool) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker, per_object))
     return registry
@@ -58,7 +63,7 @@ async def render(collector) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def routes(broker) -> list:
+def routes(broker: Broker) -> list:
     collectors = {per_object: BrokerCollector(broker, per_object) for per_object in (False, True)}
 
     async def scrape(request: Request, per_object: bool) -> Response:

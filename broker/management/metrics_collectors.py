@@ -5,6 +5,7 @@ queues, sessions and channels on the event loop; they do not format text nor ser
 from __future__ import annotations
 
 import shutil
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UntypedMetricFamily
 
@@ -27,9 +28,12 @@ from .metrics_families import (
 )
 from .stats import connection_counts
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 
 class BrokerCollector:
-    def __init__(self, broker, per_object: bool):
+    def __init__(self, broker: Broker, per_object: bool):
         self.broker = broker
         self.per_object = per_object
 
@@ -247,7 +251,7 @@ class DetailedCollector:
     """/metrics/detailed: the families asked for, per object, ``rabbitmq_detailed_*``;
     ``vhosts`` (if any) limits the queue families to those vhosts."""
 
-    def __init__(self, broker, families: set[str], vhosts: set[str]):
+    def __init__(self, broker: Broker, families: set[str], vhosts: set[str]):
         self.broker = broker
         self.families = families
         self.vhosts = vhosts

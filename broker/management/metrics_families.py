@@ -8,6 +8,7 @@ import os
 import platform
 import resource
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,6 +19,9 @@ from prometheus_client.core import (
 
 from ..churn import QUEUE_STATS, queue_stats
 from .common import NODE
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
 PROTOCOL = "amqp091"  # AMQP 0-9-1 channels' (and the API's, STOMP's) protocol label
@@ -101,7 +105,7 @@ def protocol_of(obj) -> str:
     return getattr(obj, "metrics_protocol", None) or PROTOCOL
 
 
-def global_families(broker, sessions: list, totals: dict, unconfirmed: int) -> list:
+def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: int) -> list:
     """rabbitmq_global_publishers/consumers and rabbitmq_global_messages_*{protocol}:
     AMQP 0-9-1 from its channels' counters (and the API's publishes), stream publishes
     from the stream connections, every other protocol from the publish path's count
@@ -171,7 +175,7 @@ def head_timestamp(q) -> int | None:
 QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_queue")
 
 
-def queue_type_families(broker) -> list:
+def queue_type_families(broker: Broker) -> list:
     """The global delivery counters RabbitMQ labels {protocol, queue_type}: summed from the
     queues' own counters (live ones, and deleted ones kept by ``Churn.retire``); the
     deliveries and acks of consumers of other protocols (``Churn.by_protocol``: MQTT, AMQP
@@ -224,7 +228,7 @@ def queue_type_families(broker) -> list:
     return out
 
 
-def churn_families(broker, prefix: str) -> list:
+def churn_families(broker: Broker, prefix: str) -> list:
     """connection_churn_metrics; closed counts are opened minus still open."""
     churn = broker.churn
     open_channels = sum(len(s.channels) for s in list(broker.sessions))
@@ -266,7 +270,7 @@ def recovery_families(recovery) -> list:
     return [active, done, total, seconds]
 
 
-def dead_letter_families(broker) -> list:
+def dead_letter_families(broker: Broker) -> list:
     """rabbitmq_global_messages_dead_lettered_<reason>_total{queue_type, dead_letter_strategy};
     classic at-most-once and disabled always present at 0, as RabbitMQ shows them."""
     counts = broker.churn.dead_lettered

@@ -11,8 +11,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 RING = 120  # overview samples kept: 10 minutes at 5 s
@@ -51,7 +55,7 @@ CHURN_FIELDS = ("connection_created", "connection_closed", "channel_created", "c
                 "queue_declared", "queue_created", "queue_deleted")
 
 
-def churn_counts(broker) -> tuple:
+def churn_counts(broker: Broker) -> tuple:
     """``CHURN_FIELDS`` of the broker: closed counts are opened minus still open."""
     churn = broker.churn
     sessions = list(broker.sessions)
@@ -72,7 +76,7 @@ class MessageTotals:
     """Broker-wide message counters: live channels' counters plus those of closed channels
     (``retire``). Never decreases; what /metrics exports as ``*_total``."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.broker = broker
         self.retired = dict.fromkeys(CHANNEL_FIELDS, 0)
         self.retired_by_vhost: dict[str, dict[str, int]] = {}
@@ -182,7 +186,7 @@ OVERVIEW_FIELDS = (*CHANNEL_FIELDS, "deliver_get", "messages", "messages_ready",
 class Sampler:
     """Samples queues, channels and broker totals every ``INTERVAL`` seconds."""
 
-    def __init__(self, broker, interval: float = INTERVAL):
+    def __init__(self, broker: Broker, interval: float = INTERVAL):
         self.broker = broker
         self.interval = interval
         self.queues: dict = {}  # queue -> latest counters (QUEUE_FIELDS order)

@@ -11,12 +11,16 @@ task to ``broker.background_tasks`` (started by the server). Module map:
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .. import errors
 from ..amqp import spec as amqp_spec
 from ..malloc import trim
 from .core import INTERNAL_QUEUE, ScheduledQueue, Scheduler
 from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
 
@@ -75,13 +79,13 @@ def make_publish_hook(scheduler: Scheduler):
     return hook
 
 
-def _recovered_queue(broker, vhost, name: str, **_queue_kwargs) -> ScheduledQueue:
+def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> ScheduledQueue:
     """Queue-variant factory: the stored internal queue comes back as a ScheduledQueue
     (its arguments are the variant's own, not the stored ones)."""
     return broker.scheduler.new_queue(vhost)
 
 
-def install(broker) -> Scheduler:
+def install(broker: Broker) -> Scheduler:
     from ..exchanges import register_exchange_type
     from ..exchanges.delayed import DelayedMessageExchange
     from ..persistence.recovery import register_queue_variant

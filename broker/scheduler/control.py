@@ -12,8 +12,12 @@ import logging
 import os
 import socket
 import tempfile
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.scheduler.control")
 
@@ -63,7 +67,7 @@ async def _serve_one(stream, scheduler) -> None:
             pass
 
 
-async def serve_control(broker, scheduler) -> None:
+async def serve_control(broker: Broker, scheduler) -> None:
     path = socket_path(broker.config.data_dir)
     try:
         os.unlink(path)  # stale after kill -9

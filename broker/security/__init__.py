@@ -46,14 +46,19 @@ Stored metadata kinds: "user", "vhost", "permission", "topic_permission", "acces
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .access import AccessControl
 from .model import TAGS, DefinitionError, NotFound, Permission, TopicPermission, User
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 __all__ = ["TAGS", "AccessControl", "DefinitionError", "NotFound", "Permission",
            "TopicPermission", "User", "install"]
 
 
-def install(broker) -> AccessControl:
+def install(broker: Broker) -> AccessControl:
     """Create ``broker.access`` from the broker's config (default user, loopback users)."""
     config = broker.config
     access = AccessControl(broker, default_user=config.default_user,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from .. import errors
 from . import model
@@ -15,6 +16,9 @@ from .login import Logins
 from .model import NotFound, Permission, TopicPermission, User
 from .oauth2 import OAuth2, TokenUser
 from .passwords import SHA256, hash_password, scram_credentials
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger("broker.access")
 

@@ -34,11 +34,15 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import trio
 
 from .model import User
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.security.oauth2")
 
@@ -371,7 +375,7 @@ class OAuth2:
             await self.missing_kid.wait()
             self.missing_kid = trio.Event()
 
-    async def run(self, broker) -> None:
+    async def run(self, broker: Broker) -> None:
         """Fetch the JWKS (again on unknown kids) and close connections whose token expired."""
         from .. import errors
         async with trio.open_nursery() as nursery:

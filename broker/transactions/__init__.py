@@ -11,6 +11,8 @@ See docs/transactions.md.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import errors
 from ..scheduler.spec import AMQ_HEADERS, X_DELAY
 from .core import Transactions
@@ -23,6 +25,9 @@ from .spec import (
     default_argument,
     parse_decision,
 )
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 __all__ = ["CONTROL_EXCHANGE", "HELD_QUEUE", "HeldQueue", "Transactions", "install"]
 
@@ -58,12 +63,12 @@ def _refuse_scheduled(channel, message, headers: dict) -> None:
                                f"'{X_TRANSACTION}' cannot be scheduled")
 
 
-def _recovered_queue(broker, vhost, name: str, **_queue_kwargs) -> HeldQueue:
+def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> HeldQueue:
     """Queue-variant factory: the stored internal queue comes back as a HeldQueue."""
     return broker.transactions.new_queue(vhost)
 
 
-def install(broker) -> Transactions:
+def install(broker: Broker) -> Transactions:
     from ..exchanges import EXCHANGE_TYPES
     from ..persistence.recovery import register_queue_variant
     from ..queues.args import register_queue_argument

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from .. import errors
 from ..errors import Resource
@@ -23,6 +24,10 @@ from ..queues.entry import QueueEntry
 from .held_queue import HeldQueue
 from .messages import check_copy, committed_copy, prepared_at_ms, stored_copy
 from .spec import COMMIT, ROLLBACK, Policy, TransactionError, parse_prepare, queue_default, text
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..timers import TimerHandle
 
 log = logging.getLogger("broker.transactions")
 
@@ -43,11 +48,11 @@ class Pending:
         self.policy = policy
         self.attempt = 1  # the next check-back's number; check_max + 1 = the default
         self.due_ms = 0  # wall clock of the next attempt
-        self.handle = None
+        self.handle: TimerHandle | None = None
 
 
 class Transactions:
-    def __init__(self, broker, clock=time.time) -> None:
+    def __init__(self, broker: Broker, clock=time.time) -> None:
         self.broker = broker
         self.timers = broker.timers
         self.clock = clock  # wall clock: prepare times survive restarts
