@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp.fields import encode_properties
 from ..message import Message
@@ -37,9 +37,6 @@ from ..queues.entry import QueueEntry
 from ..queues.fifo import FifoReady
 from ..queues.queue import Queue
 from .base import Binding, Exchange
-
-if TYPE_CHECKING:
-    from ..broker import Broker
 
 log = logging.getLogger("broker.exchanges.dedup")
 
@@ -147,7 +144,7 @@ class CacheQueue(Queue):
                 exchange.forget(entry)
 
 
-def _recovered_cache_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> CacheQueue:
+def _recovered_cache_queue(broker, vhost, name: str, **_queue_kwargs) -> CacheQueue:
     """Queue-variant factory: a stored cache queue comes back serving its exchange
     (exchanges are recovered before queues), or empty and unserved if it is gone."""
     x = vhost.exchanges.get(_CACHE_QUEUES.get(name, ""))
