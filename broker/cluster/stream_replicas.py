@@ -35,8 +35,8 @@ confirmed once a majority of the stream's replica group has the chunk committed.
 * **Metadata** names the leader's listener and the other members' (``placement``), as
   RabbitMQ answers, so a Stream-protocol publisher connected to any node goes on to the
   leader (rstream does).
-* Not built: a replica whose tail is behind the leader's retention stops with a logged
-  ``ReplicaGap``.
+* **Behind retention.** A copy whose tail is behind the leader's first chunk (retention
+  removed what it lacks) starts again from that chunk (``append_from_leader``), as osiris.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ import trio
 
 from ..queues.stream import StreamQueue
 from ..streamproto import codec
-from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, StreamLog
+from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, ReplicaGap, StreamLog
 from .etcd import CoordinationError, CoordinationUnavailable
 from .link import LINK_USER
 from .node import queue_key, split_queue_key
@@ -427,7 +427,7 @@ class _Follower:
                 while True:
                     _k, version, payload = await next_frame(codec.DELIVER)
                     chunk = memoryview(payload)[1 if version == 1 else 9:]
-                    lg.append_replica_chunk(chunk)
+                    append_from_leader(lg, chunk)
                     await stream.send_all(codec.encode(codec.Credit(1, 1)))
 
     async def _report(self, stream, lg: StreamLog) -> None:
@@ -460,3 +460,18 @@ class _Locked:
 
     async def receive_some(self, n: int) -> bytes:
         return await self._stream.receive_some(n)
+
+
+def append_from_leader(lg: StreamLog, chunk) -> None:
+    """A chunk the leader delivered, at this copy's tail; a first chunk past the tail (the
+    leader's retention removed what this copy lacks: its reader starts at its first
+    chunk) makes the copy start again from it, as osiris does."""
+    try:
+        lg.append_replica_chunk(chunk)
+    except ReplicaGap as gap:
+        if gap.first < gap.expected:
+            raise
+        log.warning("stream %s: copy's tail at %d is behind the leader's first chunk %d: "
+                    "starting again from it", lg.directory, gap.expected, gap.first)
+        lg.restart_at(gap.first)
+        lg.append_replica_chunk(chunk)

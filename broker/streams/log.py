@@ -38,6 +38,7 @@ API (for the AMQP stream queue and the Stream protocol):
 * ``append_replica_chunk(chunk)``: a leader's chunk (header, filter, entries) written
   verbatim at the replica's tail (same offsets, chunk ids, timestamps; ``ReplicaGap``
   when it does not start there). ``Chunk.raw()``: a chunk as the log holds it.
+  ``restart_at(offset)``: a replica behind its leader's retention starts again there.
 * ``first_offset``, ``next_offset`` (offset the next record gets, batched ones counted),
   ``committed_offset`` (-1: none), ``last_chunk_offset`` (first offset of the last
   committed chunk, -1: none), ``committed_chunk_id`` (the same), ``size_bytes``,
@@ -78,8 +79,9 @@ from .segment import (
     INDEX_MAGIC,
     SEGMENT_MAGIC,
     Segment,
+    drop_old_segments,
+    fsync_dir,
     index_search,
-    last_index_entry,
     recover_tail,
     segment_name,
 )
@@ -307,6 +309,31 @@ class StreamLog:
             raise ReplicaGap(first, self._next)
         return self._write_chunk(bytes(chunk), first, ts, n_records)
 
+    def restart_at(self, offset: int) -> None:
+        """Drop every chunk and go on from ``offset`` (named offsets kept): a replica behind
+        its leader's first chunk (retention) starts again from that chunk, as osiris does."""
+        if self.closed:
+            raise RuntimeError("stream log closed")
+        if self._batch or offset < self._next:
+            raise ValueError(f"a log restarts only past its tail ({self._next}), not at {offset}")
+        old = self._segments
+        self._retired += (self._seg_fd, self._idx_fd)
+        self._segments, self._firsts = [], []
+        self._new_segment(offset)
+        for seg in old:
+            for path in (seg.path, seg.index_path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        # at once: old segments back after a crash would stand before a gap
+        fsync_dir(self.directory)
+        self._dir_synced = self._dir_version
+        self.committed_offset = offset - 1
+        self.last_chunk_offset = self._pending_last_chunk = -1
+        log.info("stream %s: restarted at offset %d (its leader's first chunk)",
+                 self.directory, offset)
+
     def _append_chunk(self, data: bytes, num_entries: int, num_records: int,
                       timestamp: int | None, filter_values: Iterable) -> tuple[int, int]:
         if not 0 < num_entries <= MAX_ENTRIES or num_records < num_entries:
@@ -427,11 +454,7 @@ class StreamLog:
         for fd in retired:
             os.close(fd)
         if dir_version is not None and offsets is None:
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.directory)
         if offsets is not None:
             path = os.path.join(self.directory, "offsets")
             tmp = path + ".tmp"
@@ -440,11 +463,7 @@ class StreamLog:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.directory)
 
     def end_commit(self, state: tuple) -> None:
         """After the fsyncs (on the loop): confirm, wake readers and listeners."""
@@ -498,30 +517,13 @@ class StreamLog:
     def apply_retention(self, now: float | None = None) -> int:
         """Delete whole segments (never the one being written) while the stream is over
         ``max_bytes`` or their newest chunk is older than ``max_age``; returns how many."""
-        removed = 0
         if self.max_bytes is None and self.max_age is None:
             return 0
-        now = time.time() if now is None else now
-        total = self.size_bytes if self.max_bytes is not None else 0
-        while len(self._segments) > 1:
-            seg = self._segments[0]
-            size = os.path.getsize(seg.path)
-            drop = self.max_bytes is not None and total > self.max_bytes
-            if not drop and self.max_age is not None:
-                newest = last_index_entry(seg.index_path)
-                drop = newest is not None and newest[1] / 1000.0 < now - self.max_age
-            if not drop:
-                break
-            os.unlink(seg.path)
-            try:
-                os.unlink(seg.index_path)
-            except FileNotFoundError:
-                pass
-            del self._segments[0]
-            del self._firsts[0]
-            total -= size
-            removed += 1
+        removed = drop_old_segments(self._segments, self.max_bytes, self.max_age,
+                                    self.size_bytes if self.max_bytes is not None else 0,
+                                    time.time() if now is None else now)
         if removed:
+            del self._firsts[:removed]
             log.info("stream %s: retention removed %d segment(s), first offset now %d",
                      self.directory, removed, self.first_offset)
         return removed

@@ -1,5 +1,6 @@
 """A stream log's segment and index files: names, magic headers and the index entry; the
-binary search over an index with pread; the check of the last segment's tail at open.
+binary search over an index with pread; the check of the last segment's tail at open;
+retention's removal of old segments.
 Not chunk contents (``chunk``) or appending (``log``).
 
 ``<first offset, 20 digits>.segment``: an 8-byte file header, then chunks.
@@ -153,3 +154,37 @@ def _chunk_end(directory: str, seg_fd: int, pos: int, seg_size: int) -> int | No
         log.warning("stream %s: chunk at offset %d fails its CRC", directory, header[6])
         return None
     return end
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_old_segments(segments: list[Segment], max_bytes: int | None, max_age: float | None,
+                      total: int, now: float) -> int:
+    """Delete whole segments, oldest first and never the last (the one being written),
+    while ``total`` bytes are over ``max_bytes`` or a segment's newest chunk is older than
+    ``max_age`` seconds; returns how many went (taken out of ``segments`` too)."""
+    removed = 0
+    while len(segments) > 1:
+        seg = segments[0]
+        size = os.path.getsize(seg.path)
+        drop = max_bytes is not None and total > max_bytes
+        if not drop and max_age is not None:
+            newest = last_index_entry(seg.index_path)
+            drop = newest is not None and newest[1] / 1000.0 < now - max_age
+        if not drop:
+            break
+        os.unlink(seg.path)
+        try:
+            os.unlink(seg.index_path)
+        except FileNotFoundError:
+            pass
+        del segments[0]
+        total -= size
+        removed += 1
+    return removed

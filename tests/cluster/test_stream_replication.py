@@ -294,3 +294,40 @@ def test_replica_placement_and_initial_cluster_size():
     assert initial_cluster_size(Stream({"x-initial-cluster-size": 5}), 4) == 4
     assert initial_cluster_size(Stream({"x-initial-cluster-size": "1"}), 3) == 1
     assert initial_cluster_size(Stream({"x-initial-cluster-size": 0}), 3) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_copy_behind_the_leaders_retention_starts_again_from_its_first_chunk(
+        tmp_path, etcd, secret):
+    """A follower down while the leader's retention removes what it lacks: back, its tail
+    is behind the leader's first chunk, and it copies from that chunk on (as osiris) rather
+    than stopping with a gap (fast version: tests/streams/test_log.py)."""
+    a, b, c = (stream_node(tmp_path, etcd, n, secret) for n in "abc")
+    start_together([a, b, c])
+    try:
+        conn = a.connect()
+        ch = conn.channel()
+        ch.queue_declare("kept", durable=True, arguments={
+            **STREAM, "x-stream-max-segment-size-bytes": 2000, "x-max-length-bytes": 4000})
+        for follower in (b, c):
+            eventually(lambda f=follower: logged(f, "replicating from node 'a'"), timeout=30)
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", "kept", b"early%d" % i, pika.BasicProperties(delivery_mode=2))
+        c.kill()
+        for i in range(200):  # confirmed by a and b
+            ch.basic_publish("", "kept", b"m%03d" % i + bytes(100),
+                             pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        c.start()
+        eventually(lambda: logged(c, "starting again from it"), timeout=60)
+        last = b"m199" + bytes(100)
+        assert last in rstream_bodies(c.stream_port, "kept", {last})
+        assert "ReplicaGap" not in full_log(c)
+    finally:
+        for broker in (a, b, c):
+            broker.stop()
+    leader, copy = chunks(a, "kept"), chunks(c, "kept")
+    assert leader[0][0] > 5  # retention removed the start
+    assert copy == leader

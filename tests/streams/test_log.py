@@ -484,3 +484,35 @@ def test_a_leaders_readers_stop_at_the_majority_and_replicas_read_its_commit(tmp
     lg.append([b"three"])
     lg.commit()
     assert [r for _o, r in consumer.next_chunk().records()] == [b"three"]
+
+
+def test_a_replica_behind_the_leaders_retention_starts_again_from_its_first_chunk(tmp_path):
+    """The leader's reader starts at its first chunk when the copy's tail was removed by
+    retention: the copy drops what it had and goes on from there (before: ReplicaGap, the
+    copy stopped for good)."""
+    from broker.cluster.stream_replicas import append_from_leader
+    leader = StreamLog(str(tmp_path / "leader"), max_segment_size=2000, max_bytes=4000)
+    copy = StreamLog(str(tmp_path / "copy"))
+    for i in range(5):
+        leader.append([b"early-%d" % i])
+    leader.commit()
+    reader = leader.reader(0, replica=True)
+    while (chunk := reader.next_chunk()) is not None:
+        append_from_leader(copy, b"".join(chunk.raw()))
+    copy.commit()
+    assert copy.next_offset == 5
+    for i in range(100):
+        leader.append([b"m%03d" % i + bytes(80)])
+    leader.commit()
+    assert leader.first_offset > copy.next_offset
+    reader = leader.reader(copy.next_offset, replica=True)
+    while (chunk := reader.next_chunk()) is not None:
+        append_from_leader(copy, b"".join(chunk.raw()))
+    copy.commit()
+    assert (copy.first_offset, copy.next_offset) == (leader.first_offset, leader.next_offset)
+    assert _all(copy) == _all(leader)
+    copy.close()
+    reopened = StreamLog(str(tmp_path / "copy"))  # what is on disk says the same
+    assert _all(reopened) == _all(leader)
+    reopened.close()
+    leader.close()
