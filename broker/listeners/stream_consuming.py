@@ -1,4 +1,6 @@
-"""Consuming over the Stream protocol: subscriptions as log readers, credit, filters, single
+"""Stream-protocol consuming (subscriptions, credit, filters, SAC, Deliver); not publishing.
+
+Consuming over the Stream protocol: subscriptions as log readers, credit, filters, single
 active consumer groups, chunks into Deliver frames. Not publishing (``stream_publishing``)
 or the connection (``stream_session``).
 """

@@ -1,4 +1,6 @@
-"""What the parts of a Stream-protocol session share: the listener's broker-wide state
+"""What a Stream-protocol session's parts share (service, look-ups); not command handling.
+
+What the parts of a Stream-protocol session share: the listener's broker-wide state
 (``StreamService``: sessions, single-active-consumer groups) and the session's state and
 look-ups (a stream, a readable replica, a permission, a response), as a member of
 ``broker.sessions``. Not a command's handling (``stream_session``, ``stream_publishing``,

@@ -1,4 +1,6 @@
-"""Publishing over the Stream protocol: publishers, deduplication by reference, messages and
+"""Stream-protocol publishing (publishers, dedup, batches, confirms); not consuming.
+
+Publishing over the Stream protocol: publishers, deduplication by reference, messages and
 sub-entry batches into the stream's log, confirms after the commit, the audit trail's
 records of them. Not consuming (``stream_consuming``) or the connection (``stream_session``).
 """

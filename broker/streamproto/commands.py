@@ -1,4 +1,6 @@
-"""The Stream protocol's client commands, sans-IO: one dataclass a command, each field
+"""Stream protocol client commands, sans-IO, fields typed by wire type; not their (de)coding.
+
+The Stream protocol's client commands, sans-IO: one dataclass a command, each field
 annotated with its wire type, so the field list is the frame layout. Not reading or writing
 them (``codec``).
 """

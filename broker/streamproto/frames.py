@@ -1,4 +1,6 @@
-"""Stream protocol framing, sans-IO: the keys and response codes, ``FrameReader`` (whole
+"""Stream protocol framing, sans-IO: keys, codes, FrameReader, Cursor; not commands or encoding.
+
+Stream protocol framing, sans-IO: the keys and response codes, ``FrameReader`` (whole
 frames out of a byte stream) and ``Cursor`` (checked field reads). Not the commands' fields
 (``commands``), their encoding (``codec``) or chunks and sub-entries (``subentry``).
 

@@ -1,4 +1,6 @@
-"""Stream chunks and sub-entry batches, sans-IO: entries as osiris stores them, a Deliver's
+"""Stream chunks and sub-entry batches, sans-IO, opened within bounds; not frames or commands.
+
+Stream chunks and sub-entry batches, sans-IO: entries as osiris stores them, a Deliver's
 chunk, and opening a (compressed) batch within a bound. Not frame reading or commands.
 
 A sub-entry batch (first bit of the entry set: compression in bits 4-6, record count,

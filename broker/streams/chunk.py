@@ -1,4 +1,6 @@
-"""A stream chunk as osiris lays it out, with no I/O: the 48-byte header, the Bloom filter of
+"""A stream chunk's layout (header, Bloom filter, entries), no I/O; not files or durability.
+
+A stream chunk as osiris lays it out, with no I/O: the 48-byte header, the Bloom filter of
 filter values, the entries (simple, or sub-entry batches). Not files, offsets or durability
 (``log``).
 

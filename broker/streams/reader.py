@@ -1,4 +1,6 @@
-"""A cursor over a stream log's committed chunks, one open segment file at a time. Not
+"""A cursor over a stream log's committed chunks; not appending, committing or where to start.
+
+A cursor over a stream log's committed chunks, one open segment file at a time. Not
 appending, committing or offsets' resolution (``log``).
 
 ``Reader.next_chunk(accept=None) -> Chunk | None`` (None: nothing committed past it yet;

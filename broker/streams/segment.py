@@ -1,4 +1,6 @@
-"""A stream log's segment and index files: names, magic headers and the index entry; the
+"""A stream log's segment and index files, tail check, retention; not chunks or appending.
+
+A stream log's segment and index files: names, magic headers and the index entry; the
 binary search over an index with pread; the check of the last segment's tail at open;
 retention's removal of old segments.
 Not chunk contents (``chunk``) or appending (``log``).

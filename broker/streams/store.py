@@ -1,4 +1,6 @@
-"""The group commit of a broker's stream logs (one trio task, the fsyncs in a worker thread)
+"""The group commit of a broker's stream logs and their registry; not what a commit writes.
+
+The group commit of a broker's stream logs (one trio task, the fsyncs in a worker thread)
 and the registry of open logs by directory. Not what a commit writes (``log``).
 """
 from __future__ import annotations
