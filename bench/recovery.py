@@ -151,8 +151,10 @@ def phases(p: TrioMQProcess) -> str:
         rec = json.load(r).get("recovery")
     if rec is None:  # a broker from before recovery progress (a before/after run)
         return "n/a"
+    # a phase still running when this is read (the SQL store's index past each queue's
+    # first window is read while the broker serves) says so
     return ", ".join(f"{ph['name']} {ph['done']:,} {ph['unit']} {ph['elapsed']:.2f} s"
-                     for ph in rec["phases"])
+                     + (" (running)" if ph.get("running") else "") for ph in rec["phases"])
 
 
 def serving(p: TrioMQProcess, t0: float) -> float:

@@ -4,8 +4,11 @@ Three parts, in delivery order: the head (in memory, up to ``window`` entries), 
 index of entries whose messages are only in the database (seq, message id, expiry,
 body length, delivery count: about 30 bytes each), and the tail (in memory, newer).
 
-* At start-up the SQL store hands a queue the index of its stored entries with the
-  messages of the first ``window`` only (``restore_paged``).
+* At start-up the SQL store hands a queue the messages of its first ``window`` stored
+  entries and the count of the rest (``restore_pending``), whose index it then reads in
+  the background in bounded steps (``index_arrived``, ``index_done``): the broker serves
+  meanwhile. Until the last step, entries published since stay in the tail, behind the
+  part still loading. (``restore_paged`` takes a whole index at once.)
 * While running, entries beyond a full head wait in the tail; once the store has
   committed them (``stored_up_to``), persistent ones move to the index and their
   messages leave memory. A transient message cannot be paged: it stays, and so does
@@ -36,8 +39,9 @@ NAN = float("nan")
 
 
 class SQLPagedFifo(FifoReady):
-    __slots__ = ("_asked", "_blens", "_exps", "_flags", "_gen", "_mids", "_pi", "_queue",
-                 "_seqs", "_store", "_tail", "low", "page", "window")
+    __slots__ = ("_asked", "_blens", "_exps", "_flags", "_gen", "_load_after", "_load_top",
+                 "_mids", "_pending", "_pi", "_queue", "_seqs", "_store", "_tail", "low", "page",
+                 "window")
 
     accepts_paged_index = True
 
@@ -52,6 +56,10 @@ class SQLPagedFifo(FifoReady):
         self.low = page                  # refill the head below this many
         self._tail: deque = deque()
         self._empty_index()
+        # stored entries behind the index not read into it yet (seqs in (_load_after,
+        # _load_top]): the store's background load appends them (index_arrived)
+        self._pending = 0
+        self._load_after = self._load_top = 0
         self._asked = False              # a page is being read (one at a time)
         self._gen = 0                    # bumped when the index is dropped (purge, delete)
 
@@ -65,17 +73,27 @@ class SQLPagedFifo(FifoReady):
 
     @property
     def unread(self) -> int:
-        """Entries whose messages are in the database only."""
-        return len(self._seqs) - self._pi
+        """Entries whose messages are in the database only (indexed or still loading)."""
+        return len(self._seqs) - self._pi + self._pending
+
+    @property
+    def loading(self) -> int:
+        """Stored entries whose index the store has not read yet."""
+        return self._pending
+
+    @property
+    def generation(self) -> int:
+        """Changes when the index is dropped (purge): a load in flight is then discarded."""
+        return self._gen
 
     @property
     def stored_behind(self) -> int:
-        unread = len(self._seqs) - self._pi
+        unread = self.unread
         return unread + len(self._tail) if unread else 0
 
     # ---- ReadyStore ----
     def __len__(self) -> int:
-        if self._pi < len(self._seqs):
+        if self.unread:
             return len(self._q)
         return len(self._q) + len(self._tail)
 
@@ -85,24 +103,24 @@ class SQLPagedFifo(FifoReady):
         yield from self._tail
 
     def append(self, entry) -> None:
-        if self._tail or len(self._q) >= self.window or self._pi < len(self._seqs):
+        if self._tail or len(self._q) >= self.window or self.unread:
             self._tail.append(entry)
         else:
             self._q.append(entry)
 
     def popleft(self):
         q = self._q
-        if not q and self._tail and self._pi >= len(self._seqs):
+        if not q and self._tail and not self.unread:
             self._refill()
         entry = q.popleft()
-        if len(q) < self.low and (self._tail or self._pi < len(self._seqs)):
+        if len(q) < self.low and (self._tail or self.unread):
             self._more()
         return entry
 
     def peek(self):
         if self._q:
             return self._q[0]
-        if self._tail and self._pi >= len(self._seqs):
+        if self._tail and not self.unread:
             return self._tail[0]
         return None
 
@@ -113,8 +131,11 @@ class SQLPagedFifo(FifoReady):
         items.extend(self._tail)
         self._q.clear()
         self._tail.clear()
-        if self.unread:
+        if self._pi < len(self._seqs):
             self._store.forget_unread(self._queue, self._seqs[self._pi:], self._mids[self._pi:])
+        if self._pending:
+            self._store.forget_range(self._queue, self._load_after, self._load_top)
+            self._pending = 0
         self._empty_index()
         self._gen += 1
         self._asked = False
@@ -144,13 +165,47 @@ class SQLPagedFifo(FifoReady):
         if len(self._q) < self.low:
             self._more()
 
+    def restore_pending(self, count: int, after_seq: int, top_seq: int) -> None:
+        """Start-up: ``count`` stored entries with seqs in ``(after_seq, top_seq]`` follow
+        those in memory; the store reads their index later (``index_arrived``)."""
+        if self.unread or self._tail:
+            raise ValueError("SQLPagedFifo.restore_pending: a backlog is already indexed")
+        self._pending = count
+        self._load_after, self._load_top = after_seq, top_seq
+
+    def index_arrived(self, gen: int, seqs, mids, exps, blens, flags) -> bool:
+        """The next part of the index the store is loading (seq order, after the last
+        part); False if the index was dropped since (``gen``: a purge): the load stops."""
+        if gen != self._gen or not self._pending:
+            return False
+        if len(seqs):
+            self._seqs.extend(seqs)
+            self._mids.extend(mids)
+            self._exps.extend(exps)
+            self._blens.extend(blens)
+            self._flags.extend(flags)
+            self._pending = max(0, self._pending - len(seqs))
+            self._load_after = seqs[-1]
+        if len(self._q) < self.low:
+            self._more()
+        return True
+
+    def index_done(self, gen: int) -> None:
+        """The load read its last part: what was published since follows the index."""
+        if gen != self._gen:
+            return
+        self._pending = 0
+        if len(self._q) < self.low:
+            self._more()
+
     # ---- paging out (SQLStore, after a commit) ----
     def stored_up_to(self, seq: int) -> int:
         """The store committed this queue's entries up to ``seq``: with the head full,
         move the persistent ones at the front of the tail to the index (their messages
-        leave memory). Returns how many moved."""
+        leave memory). Returns how many moved. Not while the index loads: the tail must
+        stay behind what is still to be read."""
         tail = self._tail
-        if len(self._q) < self.window or not tail:
+        if len(self._q) < self.window or not tail or self._pending:
             return 0
         wall_minus_mono = time.time() - self._queue.vhost.timers.now()
         moved = 0
@@ -177,7 +232,7 @@ class SQLPagedFifo(FifoReady):
             if not self._asked:
                 self._asked = True
                 self._store.want_page(self)
-        else:
+        elif not self._pending:  # (while it loads, the load's next part calls this again)
             self._refill()
 
     def next_page(self) -> tuple[int, Any, array, array]:
@@ -190,7 +245,7 @@ class SQLPagedFifo(FifoReady):
         generation ``gen``: move those entries to the head. Returns how many; 0 if the
         index changed meanwhile (a purge). Entries whose message is gone are skipped."""
         self._asked = False
-        if gen != self._gen or not self.unread:
+        if gen != self._gen or self._pi >= len(self._seqs):
             return 0
         queue = self._queue
         start = self._pi

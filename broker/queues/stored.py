@@ -99,6 +99,16 @@ class StoredQueue:
                 self._expiry.arm()
         return n
 
+    def restore_behind(self, count: int, nbytes: int, top_seq: int, expiring: bool) -> None:
+        """Start-up, a store reading the rest of this queue's index after the broker listens:
+        count its ``count`` stored entries (``nbytes`` of bodies, seqs up to ``top_seq``,
+        some with an expiry) now; the ready store holds them as ``stored_behind``."""
+        self.ready_bytes += nbytes
+        self._next_seq = max(self._next_seq, top_seq + 1)
+        self.stats_published += count
+        if expiring:
+            self._expiry.arm()
+
     @property
     def next_seq(self) -> int:
         """The seq the next enqueued entry gets (seqs only grow)."""

@@ -7,9 +7,7 @@ import os
 
 from ...queues.ops import Op
 from .. import journal_format as jf
-from ..records import (
-    _MSG_HEAD,
-)
+from ..records import _MSG_HEAD
 
 log = logging.getLogger("broker.journal")
 

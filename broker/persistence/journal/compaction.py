@@ -7,9 +7,7 @@ import time
 
 from ...queues.priority import message_priority
 from .. import journal_format as jf
-from ..records import (
-    encode_message,
-)
+from ..records import encode_message
 from .common import DELIVERED_MAX, ENQ_MIN, log
 from .shared import JournalStoreState
 from .stored import StoredMessage, _body_len

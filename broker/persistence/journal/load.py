@@ -12,9 +12,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .. import journal_format as jf
-from ..base import (
-    StoreUnavailable,
-)
+from ..base import StoreUnavailable
 
 if TYPE_CHECKING:
     from ...recovery_progress import RecoveryProgress

@@ -5,9 +5,7 @@ import mmap
 import os
 
 from .. import journal_format as jf
-from ..records import (
-    decode_message,
-)
+from ..records import decode_message
 from .shared import JournalStoreState
 
 

@@ -45,9 +45,7 @@ from ...message import Message
 from ...queues.entry import QueueEntry
 from ...queues.priority import message_priority
 from ...queues.retry import restore_delivery_count
-from ..base import (
-    StoreUnavailable,
-)
+from ..base import StoreUnavailable
 from .checkpoint import Checkpoints
 from .common import TRIM_AFTER, TRIM_SPACING, UNACKED_PAGE_AFTER, log
 from .compaction import Compaction

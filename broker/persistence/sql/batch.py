@@ -287,6 +287,13 @@ class BatchWriter(SQLStoreState):
             c.execute(delete(B).where(B.c.vhost == vhost, B.c.destination_kind == "queue",
                                       B.c.destination == name))
             self._gc_messages(c, ids)
+        elif kind == "r-":  # a purge of entries whose index was not read yet
+            qid, lo, hi = op[1], op[2], op[3]
+            E = S.entries
+            seqs = (E.c.qid == qid, E.c.seq > lo, E.c.seq <= hi)
+            ids = [r[0] for r in c.execute(select(E.c.message_id).where(*seqs).distinct())]
+            c.execute(delete(E).where(*seqs))
+            self._gc_messages(c, ids)
         elif kind == "b+":
             bd = op[1]
             key = _binding_key(bd)

@@ -27,6 +27,9 @@ PAGER_RETRY = 1.0    # seconds before reading a page again after the database fa
 ORPHAN_GC_DELAY = 5.0  # seconds after start-up before orphaned messages are collected
 ORPHAN_GC_RANGE = 50_000  # message ids per clean-up statement
 IDLE_RECHECK = 20.0  # seconds idle after which the writer's connection is pinged before use
+# index entries read per step once the broker serves (Loader._load_rest): one worker-thread
+# read of about 0.1 s, then a few ms on the event loop to append them
+INDEX_STEP = 50_000
 
 
 class StoreLocked(StoreUnavailable):

@@ -1,18 +1,17 @@
-"""Reading the stored entry index at start-up: per queue, its entries' columns in seq order
-(a binary COPY on PostgreSQL, a streamed cursor elsewhere), and messages by id. Does not
-restore queues (loader.py) nor read pages later (paging.py)."""
+"""Reading the stored entry index: per queue, its totals and its entries' columns in seq order
+by ranges of seqs (a binary COPY on PostgreSQL, a SELECT elsewhere), and messages by id.
+Does not restore queues (loader.py) nor read pages of messages (paging.py)."""
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from ...queues.entry import QueueEntry
 from ...queues.retry import restore_delivery_count
 from .. import sql_schema as S
-from ..records import (
-    decode_message,
-)
+from ..records import decode_message
 from .common import (
     NAN,
     _chunks,
@@ -21,7 +20,7 @@ from .state import SQLStoreState
 
 
 class _QueueIndex:
-    """The stored entries of one queue, as read at start-up (columns, seq order)."""
+    """Stored entries of one queue, as read from the index (columns, seq order)."""
     __slots__ = ("blens", "exps", "flags", "mids", "prios", "seqs", "unsized")
 
     def __init__(self):
@@ -79,94 +78,103 @@ class _QueueIndex:
         self.blens.frombytes(sizes.astype(np.uint32).tobytes())
         self.flags.frombytes(cols[5][start:end].astype(np.uint8).tobytes())
 
+    def extend_index(self, other: _QueueIndex) -> None:
+        """The entries of ``other`` (read after these) appended."""
+        for mine, theirs in zip((self.seqs, self.mids, self.exps, self.blens, self.prios, self.flags),
+                                (other.seqs, other.mids, other.exps, other.blens, other.prios,
+                                 other.flags), strict=True):
+            mine.extend(theirs)
+
     def columns(self, start: int) -> tuple:
         """(seqs, message ids, expiries, body lengths, delivery counts) from ``start``."""
         return (self.seqs[start:], self.mids[start:], self.exps[start:], self.blens[start:],
                 self.flags[start:])
 
 
+class _QueueTotals(NamedTuple):
+    """A queue's stored entries in total, read before the broker serves."""
+    entries: int
+    top: int        # the highest seq
+    nbytes: int     # body bytes of the rows that hold their size
+    unsized: int    # rows an older version wrote without a size
+    expiring: bool  # some row has an expiry
+
+
 class IndexReader(SQLStoreState):
-    """The store's start-up reads of the entry index and of messages."""
+    """The store's reads of the entry index (start-up, and after it) and of messages."""
 
-    # in the primary key's order, without touching the messages
-    _INDEX_SQL = ("SELECT qid, seq, message_id, expires_at, priority, delivered, size, "
-                  "deliveries FROM triomq_entries ORDER BY qid, seq")
+    # per queue, one pass over the entries' rows (the primary key's order, no message read)
+    _TOTALS_SQL = ("SELECT qid, COUNT(*), MAX(seq), COALESCE(SUM(size), 0), COUNT(size), "
+                   "COUNT(expires_at) FROM triomq_entries GROUP BY qid")
 
-    def _load_index(self, c, by_qid: dict) -> tuple[dict, set]:
-        """qid -> _QueueIndex of its entries in seq order, and the qids without a queue.
-        Streamed through the driver's own cursor in chunks turned into columns at C
-        speed: a million entries cost their arrays (~30 bytes each), not row objects."""
-        index: dict[int, _QueueIndex] = {}
+    def _load_index(self, c, by_qid: dict, window: int) -> tuple[dict, dict, set]:
+        """Before the broker serves: per queue of ``by_qid``, the index of its first
+        ``window`` entries and its totals (``_QueueTotals``); and the qids of entries
+        without a queue. What this reads is bounded by the window, not by the backlog: the
+        rest is read by ``_index_part`` once the broker serves (``Loader._load_rest``)."""
+        totals: dict[int, _QueueTotals] = {}
         orphans: set[int] = set()
+        for qid, n, top, nbytes, sized, expiring in c.execute(text(self._TOTALS_SQL)):
+            if qid in by_qid:
+                totals[qid] = _QueueTotals(int(n), int(top), int(nbytes), int(n) - int(sized),
+                                           bool(expiring))
+            else:
+                orphans.add(qid)
         progress = self.progress
         phase = progress.phase("sql index", unit="entries") if progress is not None else None
-        if self.dialect == "postgresql":
-            self._load_index_pg(c, by_qid, index, orphans, phase)
-        for rows in (() if self.dialect == "postgresql" else self._stream(c, self._INDEX_SQL)):
+        heads: dict[int, _QueueIndex] = {}
+        for qid, t in totals.items():
+            heads[qid] = ix = self._index_part(c, qid, -1, t.top, window)
             if phase is not None:
-                phase.advance(len(rows))
-            cols = list(zip(*rows, strict=True))
-            qids = cols[0]
-            start = 0
-            while start < len(qids):
-                qid = qids[start]
-                end = start + 1
-                if qids[-1] == qid:
-                    end = len(qids)
-                else:
-                    while qids[end] == qid:
-                        end += 1
-                if qid in by_qid:
-                    ix = index.get(qid)
-                    if ix is None:
-                        ix = index[qid] = _QueueIndex()
-                    ix.extend(cols, start, end)
-                else:
-                    orphans.add(qid)
-                start = end
-        for ix in index.values():
-            if ix.unsized:  # rows an older version wrote: measured from their messages
-                at = {ix.mids[i]: i for i in ix.unsized}
-                for part in _chunks(list(at), 5000):
-                    for mid, message in self._read_messages(c, part).items():
-                        ix.blens[at[mid]] = len(message.body)
-                ix.unsized = []
+                phase.advance(len(ix.seqs))
         if phase is not None:
             phase.finish()
-        return index, orphans
+        return heads, totals, orphans
 
-    # PostgreSQL: the same columns as one binary COPY of fixed-width rows (no NULL: NaN
+    # PostgreSQL: the same columns as a binary COPY of fixed-width rows (no NULL: NaN
     # expiry, size -1 for an older row, the delivery count computed as ``extend`` does),
     # turned into columns by numpy -- no Python object per row, about 3x faster at 1M
     _INDEX_COPY = ("COPY (SELECT qid, seq, message_id, COALESCE(expires_at, 'NaN'::float8), "
                    "priority::int8, COALESCE(size, -1), (CASE WHEN deliveries > 0 THEN "
                    "LEAST(deliveries, 255) WHEN delivered THEN 1 ELSE 0 END)::int8 "
-                   "FROM triomq_entries ORDER BY qid, seq) TO STDOUT (FORMAT BINARY)")
+                   "FROM triomq_entries WHERE qid = {qid} AND seq > {after} AND seq <= {top} "
+                   "ORDER BY seq LIMIT {limit}) TO STDOUT (FORMAT BINARY)")
 
     _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
-    def _load_index_pg(self, c, by_qid: dict, index: dict, orphans: set, phase) -> None:
-        from itertools import pairwise
+    def _index_part(self, c, qid: int, after: int, top: int, limit: int) -> _QueueIndex:
+        """The index of queue ``qid``'s first ``limit`` entries with seqs in ``(after, top]``,
+        in seq order, each with its body length (an older row's measured from its message)."""
+        ix = _QueueIndex()
+        if self.dialect == "postgresql":
+            sql = self._INDEX_COPY.format(qid=int(qid), after=int(after), top=int(top),
+                                          limit=int(limit))
+            for qids, cols in self._pg_index_chunks(c, sql):
+                ix.extend_arrays(cols, 0, len(qids))
+        else:
+            E = S.entries
+            rows = c.execute(select(E.c.qid, E.c.seq, E.c.message_id, E.c.expires_at,
+                                    E.c.priority, E.c.delivered, E.c.size, E.c.deliveries)
+                             .where(E.c.qid == qid, E.c.seq > after, E.c.seq <= top)
+                             .order_by(E.c.seq).limit(limit)).all()
+            if rows:
+                ix.extend(list(zip(*rows, strict=True)), 0, len(rows))
+        if ix.unsized:
+            at = {ix.mids[i]: i for i in ix.unsized}
+            for part in _chunks(list(at), 5000):
+                for mid, message in self._read_messages(c, part).items():
+                    ix.blens[at[mid]] = len(message.body)
+            ix.unsized = []
+        return ix
 
-        import numpy as np
+    def _read_index_part(self, qid: int, after: int, top: int, limit: int) -> _QueueIndex:
+        """``_index_part`` on a connection of its own (a worker thread, after start-up)."""
+        with self.engine.connect() as c:
+            return self._index_part(c, qid, after, top, limit)
 
-        for qids, cols in self._pg_index_chunks(c):
-            if phase is not None:
-                phase.advance(len(qids))
-            bounds = [0, *(np.flatnonzero(qids[1:] != qids[:-1]) + 1).tolist(), len(qids)]
-            for start, end in pairwise(bounds):
-                qid = int(qids[start])
-                if qid in by_qid:
-                    ix = index.get(qid)
-                    if ix is None:
-                        ix = index[qid] = _QueueIndex()
-                    ix.extend_arrays(cols, start, end)
-                else:
-                    orphans.add(qid)
-
-    def _pg_index_chunks(self, c, chunk_bytes: int = 8 << 20):
-        """(qids, [seqs, mids, exps, prios, sizes, flags]) numpy columns of ``_INDEX_COPY``,
-        a few MB of rows at a time."""
+    def _pg_index_chunks(self, c, sql: str, chunk_bytes: int = 8 << 20):
+        """(qids, [seqs, mids, exps, prios, sizes, flags]) numpy columns of ``sql`` (an
+        ``_INDEX_COPY``), a few MB of rows at a time."""
         import numpy as np
 
         fields = [("n", ">i2")]
@@ -194,7 +202,7 @@ class IndexReader(SQLStoreState):
         buf = bytearray()
         at = -1  # where rows start once the header is read
         try:
-            with cur.copy(self._INDEX_COPY) as copy:
+            with cur.copy(sql) as copy:
                 for data in copy:
                     buf += data
                     if at < 0 and len(buf) >= 19:
@@ -210,25 +218,6 @@ class IndexReader(SQLStoreState):
                 out, used = parse(buf, at)
                 if len(out[0]):
                     yield out
-        finally:
-            cur.close()
-
-    def _stream(self, c, sql: str, size: int = 20_000):
-        """Chunks of rows of ``sql`` from a server-side cursor (PostgreSQL, MariaDB) or
-        SQLite's lazy one, within ``c``'s transaction."""
-        raw = c.connection.dbapi_connection
-        if self.dialect == "postgresql":
-            cur = raw.cursor(name="triomq_index")
-            cur.itersize = size
-        elif self.dialect == "mysql":
-            import pymysql.cursors
-            cur = raw.cursor(pymysql.cursors.SSCursor)
-        else:
-            cur = raw.cursor()
-        try:
-            cur.execute(sql)
-            while rows := cur.fetchmany(size):
-                yield rows
         finally:
             cur.close()
 

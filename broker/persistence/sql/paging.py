@@ -58,6 +58,15 @@ class Paging(SQLStoreState):
         b.rm_msgs.update(mids)
         self._poke()
 
+    def forget_range(self, queue, after_seq: int, top_seq: int) -> None:
+        """A purge dropped stored entries whose index was not read yet (seqs in
+        ``(after_seq, top_seq]``): delete them there."""
+        qid = self._qid(queue)
+        if qid is None:
+            return
+        self._batch.defs.append(("r-", qid, after_seq, top_seq))
+        self._poke()
+
     async def _pager(self) -> None:
         """Read pages of the backlogs left in the database, one at a time, in a worker
         thread; a failed read is retried (the queue waits, nothing is lost)."""

@@ -12,9 +12,7 @@ from sqlalchemy.engine import make_url
 from ...config import SQLSettings
 from .. import sql_schema as S
 from ..base import DURABLE, PAGES_MESSAGES, Store, StoreUnavailable
-from .common import (
-    _safe_url,
-)
+from .common import _safe_url
 
 
 class _Batch:
@@ -99,6 +97,9 @@ class SQLStoreState(Store):
         self._page_wanted = trio.Event()
         self._next_qid = 1
         self._loaded: Any = None
+        # (qid, queue, its SQLPagedFifo, last seq read, top seq, entries left): the index past
+        # each queue's first window, read once the broker serves (Loader._load_rest)
+        self._unloaded: list = []
         self._loaded_meta: list = []         # (kind, key, value JSON) read by open, in write order
         self._meta_seq = 0                   # triomq_meta.seq of the last save_meta
         self.broker: Any = None              # on_store_failure / _backlog / _recovered
@@ -115,6 +116,5 @@ class SQLStoreState(Store):
         def _write(self, batch: _Batch, gen: int) -> str | None: ...   # batch.py
         def _abandon_conn(self) -> None: ...
         def _page_out(self, batch: _Batch) -> None: ...                # paging.py
-        def _load_index(self, c, by_qid: dict) -> tuple[dict, set]: ...  # index.py
         @staticmethod
-        def _read_messages(c, mids) -> dict: ...
+        def _read_messages(c, mids) -> dict: ...                     # index.py

@@ -184,6 +184,7 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
                 nursery.start_soon(self._renewer)
                 nursery.start_soon(self._guard_lease)
             nursery.start_soon(self._pager)
+            nursery.start_soon(self._load_rest)
             nursery.start_soon(self._collect_orphans)
             await self._writer()
 
