@@ -181,6 +181,8 @@ class MQTTPublishing(MQTTSessionState):
             if qos:
                 self._acknowledge(p.packet_id or 0, None if outcome is NACKED or outcome is REFUSED
                                   else outcome is STORING)
+            if self.finished:  # ended while routing (as the per-event loop stops)
+                break
         if count:
             service.publish_received += count
             service.publish_bytes_received += size

@@ -89,6 +89,29 @@ def test_publish_reaches_subscriber_with_puback_order(broker, service):
     assert q1.unacked_count == 0 and q1.message_count == 0
 
 
+def test_one_read_of_mixed_publishes_keeps_order_and_stops_at_a_refused_one(broker, service):
+    """A read's PUBLISHes go in one pass (known topics straight to the publish path, the
+    rest one by one): deliveries and PUBACKs keep PUBLISH order, and a PUBLISH that closes
+    the connection ends the read (what follows it is not routed)."""
+    sub = Client(service, "sub")
+    sub.subscribe(("#", 1))
+    pub = Client(service, "pub")
+    pub.publish("a/b", b"0", qos=1, pid=1)  # "a/b" is a known topic from here on
+    got = pub.send(m.Publish("a/b", b"1", 1, False, False, 2),
+                   m.Publish("new/t", b"2", 1, False, False, 3),
+                   m.Publish("a/b", b"3", 0),
+                   m.Publish("a/b", b"4", 1, True, False, 4),  # retained: one by one
+                   m.Publish("a/b", b"5", 1, False, False, 5),
+                   m.Publish("x" * 300, b"6", 1, False, False, 6),  # too long: closed
+                   m.Publish("a/b", b"7", 1, False, False, 7))
+    assert [p.packet_id for p in got if isinstance(p, m.PacketId)] == [2, 3, 4, 5]
+    assert pub.session.finished
+    # the window (prefetch 3) holds the rest back: "3" to "5" wait, "7" was never routed
+    assert [p.payload for p in sub.output() if isinstance(p, m.Publish)] == [b"0", b"1", b"2"]
+    q = broker.vhosts["/"].queues[queue_names("sub")[1]]
+    assert [e.message.body for e in q.ready] == [b"3", b"4", b"5"]
+
+
 def test_qos1_window_is_the_prefetch(broker, service):
     sub = Client(service, "sub")
     sub.subscribe(("t", 1))
