@@ -318,15 +318,18 @@ class ClusterStore(ClusterDefinitions, Store):
     def forward_started(self):
         """A proxy queue forwards a publish: the callable to call with the master's
         answer; the next ``when_durable`` waits for it."""
-        if self._forwards is None:
-            self._forwards = _Forwards(self.publishing)
-        return self._forwards.started()
+        forwards = self._forwards
+        if forwards is None or forwards.channel is not self.publishing:
+            # left by a publish answered without waiting for them (refused before it was
+            # sent, or not durable): they are not this publish's, whose answer they would
+            # otherwise decide (and send by the other publish's channel)
+            forwards = self._forwards = _Forwards(self.publishing)
+        return forwards.started()
 
     def settle_barrier(self, channel) -> None:
         """``channel``'s tx.commit acknowledged or rejected messages of mirrored queues: the
         next ``when_durable`` (its commit-ok) waits until their mirrors applied that."""
-        if self._forwards is None:
-            self.publishing = channel
+        self.publishing = channel
         self.mirrors.settle_barrier()
 
     @property
