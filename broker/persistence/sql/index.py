@@ -91,6 +91,9 @@ class _QueueIndex:
                 self.flags[start:])
 
 
+COPY_FROM = 20_000  # PostgreSQL reads a range of at least this many entries by binary COPY
+
+
 class _QueueTotals(NamedTuple):
     """A queue's stored entries in total, read before the broker serves."""
     entries: int
@@ -112,6 +115,8 @@ class IndexReader(SQLStoreState):
         ``window`` entries and its totals (``_QueueTotals``); and the qids of entries
         without a queue. What this reads is bounded by the window, not by the backlog: the
         rest is read by ``_index_part`` once the broker serves (``Loader._load_rest``)."""
+        progress = self.progress
+        phase = progress.phase("sql index", unit="entries") if progress is not None else None
         totals: dict[int, _QueueTotals] = {}
         orphans: set[int] = set()
         for qid, n, top, nbytes, sized, expiring in c.execute(text(self._TOTALS_SQL)):
@@ -120,8 +125,6 @@ class IndexReader(SQLStoreState):
                                            bool(expiring))
             else:
                 orphans.add(qid)
-        progress = self.progress
-        phase = progress.phase("sql index", unit="entries") if progress is not None else None
         heads: dict[int, _QueueIndex] = {}
         for qid, t in totals.items():
             heads[qid] = ix = self._index_part(c, qid, -1, t.top, window)
@@ -146,7 +149,8 @@ class IndexReader(SQLStoreState):
         """The index of queue ``qid``'s first ``limit`` entries with seqs in ``(after, top]``,
         in seq order, each with its body length (an older row's measured from its message)."""
         ix = _QueueIndex()
-        if self.dialect == "postgresql":
+        # a window through a SELECT: numpy is not imported before the broker serves
+        if self.dialect == "postgresql" and limit >= COPY_FROM:
             sql = self._INDEX_COPY.format(qid=int(qid), after=int(after), top=int(top),
                                           limit=int(limit))
             for qids, cols in self._pg_index_chunks(c, sql):
