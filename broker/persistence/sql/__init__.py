@@ -5,7 +5,8 @@
 - ``commit``: the writer task: batches committed in order, confirms, outages;
 - ``batch``: a batch's transaction in the worker thread;
 - ``lease``: the lease (ACTIVEMQ_LOCK) and the tasks that renew it and fence the broker;
-- ``index``: the entry index read at start-up; ``loader``: definitions restored into the broker;
+- ``index``: the entry index (totals, ranges of seqs); ``loader``: what start-up reads restored
+  into the broker, then the rest of each index read while it serves;
 - ``paging``: the pager of durable FIFO backlogs; ``report``: ``broker inspect --store``.
 
 This package only re-exports what the rest of the code imports. See docs/sql-store.md.

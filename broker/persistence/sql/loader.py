@@ -32,7 +32,8 @@ from .index import IndexReader, _QueueIndex
 
 
 class Loader(IndexReader):
-    """The store's ``_load`` (worker thread), ``recover`` (trio thread) and orphan clean-up."""
+    """The store's ``_load`` (worker thread), ``recover`` (trio thread), the read of the rest
+    of each index once the broker serves (``_load_rest``) and the orphan clean-up."""
 
     def _load(self) -> None:
         """Definitions, each queue's totals and the index and messages of its first
