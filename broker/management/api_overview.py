@@ -253,7 +253,7 @@ def _memory(broker: Broker) -> dict:
     rss = process_rss()
     queues = sum(q.ready_bytes for v in list(broker.vhosts.values())
                  for q in list(v.queues.values()))
-    output = sum(getattr(s.conn, "pending_output", 0) for s in list(broker.sessions))
+    output = sum(s.conn.pending_output for s in list(broker.sessions))
     return {"queue_procs": queues, "connection_writers": output,
             "other_proc": max(0, rss - queues - output), "strategy": "rss",
             "total": {"rss": rss, "allocated": rss, "erlang": rss}}
