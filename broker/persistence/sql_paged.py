@@ -92,8 +92,9 @@ class SQLPagedFifo(FifoReady):
         return unread + len(self._tail) if unread else 0
 
     # ---- ReadyStore ----
+    # the hot path tests the index inline (no property call per append and popleft)
     def __len__(self) -> int:
-        if self.unread:
+        if self._pi < len(self._seqs) or self._pending:
             return len(self._q)
         return len(self._q) + len(self._tail)
 
@@ -103,17 +104,18 @@ class SQLPagedFifo(FifoReady):
         yield from self._tail
 
     def append(self, entry) -> None:
-        if self._tail or len(self._q) >= self.window or self.unread:
+        if self._tail or len(self._q) >= self.window or self._pi < len(self._seqs) \
+                or self._pending:
             self._tail.append(entry)
         else:
             self._q.append(entry)
 
     def popleft(self):
         q = self._q
-        if not q and self._tail and not self.unread:
+        if not q and self._tail and self._pi >= len(self._seqs) and not self._pending:
             self._refill()
         entry = q.popleft()
-        if len(q) < self.low and (self._tail or self.unread):
+        if len(q) < self.low and (self._tail or self._pi < len(self._seqs) or self._pending):
             self._more()
         return entry
 
