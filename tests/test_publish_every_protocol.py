@@ -1,10 +1,14 @@
-"""AMQP 1.0 publishes through the one publish path as the other protocols do
-(tests/test_publishing.py's every-protocol tests): the publish hooks see the message, it is
-routed to the same queue, and an ``x-delay`` application property is scheduled, not routed
-at once; and a deduplicating exchange drops a repeat whichever protocol (AMQP 0-9-1, STOMP,
-the management API, AMQP 1.0) sent the first copy and the repeat. The broker runs in-process (AMQP 1.0 on its AMQP port); qpid-proton's blocking
-client runs in a worker thread."""
+"""The one publish path, beyond tests/test_publishing.py's same-message tests: AMQP 1.0
+publishes pass the hooks and route as the others (an ``x-delay`` application property is
+scheduled), an MQTT 5 user property reaches the scheduler as an AMQP header does, a
+deduplicating exchange drops a repeat whichever protocol (AMQP 0-9-1, STOMP, the management
+API, AMQP 1.0) sent the first copy and the repeat, and an Avro exchange refuses a bad body
+whichever protocol sent it. The broker runs in-process (test_publishing's fixture: AMQP 0-9-1
+and 1.0, MQTT, STOMP, HTTP); qpid-proton's and paho's blocking clients run in worker
+threads."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 import trio
@@ -146,3 +150,45 @@ def _send_json(port: int, address: str, body: bytes) -> str:
         return "accepted"
     finally:
         c.close()
+
+
+def _mqtt5_publish(port: int, topic: str, body: bytes, user_properties: list) -> int:
+    """An MQTT 5 QoS 1 publish with user properties (AMQP headers on the broker's side);
+    the PUBACK's reason code."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    done = threading.Event()
+    result: list = []
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="delay5",
+                    protocol=mqtt.MQTTv5)
+    c.username_pw_set("guest", "guest")
+    c.on_publish = lambda _c, _u, _mid, reason, _p: (result.append(reason.value), done.set())
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = user_properties
+        c.publish(topic, body, qos=1, properties=props)
+        assert done.wait(10), "no PUBACK"
+    finally:
+        c.loop_stop()
+        c.disconnect()
+    return result[0]
+
+
+async def test_an_mqtt5_scheduled_delay_user_property_is_scheduled_not_routed(in_process):
+    """MQTT 5 user properties travel as AMQP headers, so an ``AMQ_SCHEDULED_DELAY`` one
+    (ActiveMQ's, honoured on any exchange: MQTT publishes to amq.topic) is taken by the
+    path's scheduler hook as the AMQP header is."""
+    broker = in_process
+    vhost = broker.vhosts["/"]
+    q = vhost.declare_queue("later5")
+    vhost.bind("amq.topic", q, "d.#", {})
+    before = broker.scheduler.pending
+    reason = await trio.to_thread.run_sync(_mqtt5_publish, broker.mqtt.ports["mqtt"], "d/x",
+                                           b"mqtt5", [("AMQ_SCHEDULED_DELAY", "60000")])
+    assert reason in (0, 16)  # success (16: no matching subscribers, as MQTT 5 may say)
+    await _wait(lambda: broker.scheduler.pending >= before + 1, "one scheduled")
+    assert q.message_count == 0
