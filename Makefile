@@ -73,7 +73,7 @@ lint: setup
 # Unit and component tests (tests/) and the interop suite against a TrioMQ subprocess it
 # starts itself, in two phases: first everything but the `serial` tests on PYTEST_JOBS
 # pytest-xdist workers (each test file whole on one worker), then the `serial` ones (timed
-# asserts a second worker's load can break: SERIAL_FILES in conftest.py) alone.
+# asserts a second worker's load can break: SERIAL in conftest.py) alone.
 # PYTEST_JOBS=1 runs the first phase without xdist. Exit status 5 (no test selected) is a pass.
 PYTEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider

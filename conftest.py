@@ -23,13 +23,15 @@ except Exception:  # pragma: no cover
     pass
 
 
-# Test files `make test-triomq` runs in its second, serial phase (`-m serial`), after the
-# rest has run on two pytest-xdist workers: their asserts hold a timed bound (lease
-# takeovers, a queue bound while publishers race a consumer, kill-and-restart timings) that a
-# second worker's load can break. A single test can carry @pytest.mark.serial instead.
-SERIAL_FILES = frozenset({
+# Tests `make test-triomq` runs in its second, serial phase (`-m serial`), after the rest
+# has run on two pytest-xdist workers: their asserts hold a timed bound (lease takeovers, a
+# queue bound while publishers race a consumer, overdue messages delivered within seconds of a
+# restart) that a second worker's load can break. Entries are files or `file::test` (all its
+# parametrisations); a single test can also carry @pytest.mark.serial.
+SERIAL = frozenset({
     "interop-tests/test_flow.py",
     "interop-tests/test_half_messages.py",
+    "interop-tests/test_scheduler.py::test_durable_across_restart",
     "tests/persistence/test_sql_faults.py",
     "tests/cluster/test_cluster_nodes.py",
     "tests/cluster/test_coordination.py",
@@ -41,13 +43,33 @@ SERIAL_FILES = frozenset({
     "tests/cluster/test_stream_replication.py",
 })
 
+# The longest files (minutes each: brokers restarted on every store) go first, so that
+# `--dist loadfile` hands them out at the start and the short ones fill in around them,
+# instead of one starting last and leaving the other worker idle.
+LONG_FILES = (
+    "interop-tests/test_durability.py",
+    "tests/persistence/test_store_names.py",
+    "interop-tests/test_scheduler.py",
+    "tests/persistence/test_sql_store.py",
+    "tests/audit/test_spark_incomplete.py",
+)
+
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
+    rank = {}
     for item in items:
-        if item.path.is_relative_to(root) and item.path.relative_to(root).as_posix() in SERIAL_FILES:
+        if not item.path.is_relative_to(root):
+            continue
+        path = item.path.relative_to(root).as_posix()
+        test = path + "::" + item.nodeid.split("::", 1)[-1].split("[")[0]
+        if path in SERIAL or test in SERIAL:
             item.add_marker(pytest.mark.serial)
+        if path in LONG_FILES:
+            rank[item.nodeid] = LONG_FILES.index(path)
+    # a stable sort: the order within each file, and of all other files, is kept
+    items.sort(key=lambda item: rank.get(item.nodeid, len(LONG_FILES)))
 
 
 def pytest_addoption(parser):
