@@ -57,6 +57,7 @@ import bisect
 import json
 import logging
 import os
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -83,6 +84,7 @@ from .segment import (
     fsync_dir,
     index_search,
     recover_tail,
+    replace_file,
     segment_name,
 )
 from .store import StreamStore, stream_dir
@@ -113,7 +115,6 @@ class ReplicaGap(Exception):
         self.first, self.expected = first, expected
 
 
-
 class StreamLog:
     def __init__(self, directory: str, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
                  max_bytes: int | None = None, max_age: float | None = None):
@@ -122,6 +123,9 @@ class StreamLog:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.closed = False
+        # the commit thread's sync vs close: no fsync of a closed fd, no offsets file
+        # written into a directory being deleted
+        self._files_lock = threading.Lock()
         self.listeners: list[Callable[[], None]] = []
         self._durable: list[tuple[int, Callable[[], None]]] = []  # (offset, callback), in order
         # a leader's replicas: node -> last offset it reported committed (None: no group)
@@ -184,8 +188,7 @@ class StreamLog:
         os.write(self._idx_fd, INDEX_MAGIC)
         self._segments.append(seg)
         self._firsts.append(first_offset)
-        self._seg_size = FILE_HEADER
-        self._idx_size = FILE_HEADER
+        self._seg_size = self._idx_size = FILE_HEADER
         self._next = first_offset
         # the directory entry is fsynced by the next commit, in its worker thread and before
         # any confirm: a blocking fsync here held the event loop ~10 ms per stream created
@@ -449,21 +452,17 @@ class StreamLog:
     def sync_files(self, state: tuple) -> None:
         """The fsyncs (any thread)."""
         _upto, _last, seg_fd, idx_fd, offsets, retired, dir_version = state
-        os.fsync(seg_fd)
-        os.fsync(idx_fd)
-        for fd in retired:
-            os.close(fd)
-        if dir_version is not None and offsets is None:
-            fsync_dir(self.directory)
-        if offsets is not None:
-            path = os.path.join(self.directory, "offsets")
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
-                f.write(offsets)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(self.directory)
+        with self._files_lock:
+            for fd in retired:
+                os.close(fd)
+            if self.closed:  # closed (or deleted) since begin_commit: nothing to make durable
+                return
+            os.fsync(seg_fd)
+            os.fsync(idx_fd)
+            if dir_version is not None and offsets is None:
+                fsync_dir(self.directory)
+            if offsets is not None:
+                replace_file(self.directory, "offsets", offsets)
 
     def end_commit(self, state: tuple) -> None:
         """After the fsyncs (on the loop): confirm, wake readers and listeners."""
@@ -582,11 +581,12 @@ class StreamLog:
         if commit and self.needs_commit:
             self.commit()
         self.closed = True
-        for fd in (self._seg_fd, self._idx_fd, *self._retired):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with self._files_lock:  # (waits for a commit thread's fsyncs, a few ms)
+            for fd in (self._seg_fd, self._idx_fd, *self._retired):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         self._retired = []
         waiters, self._waiters = self._waiters, []
         for event in waiters:

@@ -166,6 +166,18 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def replace_file(directory: str, name: str, data: bytes) -> None:
+    """``name`` in ``directory`` replaced atomically and durably by ``data``."""
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(directory)
+
+
 def drop_old_segments(segments: list[Segment], max_bytes: int | None, max_age: float | None,
                       total: int, now: float) -> int:
     """Delete whole segments, oldest first and never the last (the one being written),

@@ -516,3 +516,51 @@ def test_a_replica_behind_the_leaders_retention_starts_again_from_its_first_chun
     assert _all(reopened) == _all(leader)
     reopened.close()
     leader.close()
+
+
+def test_a_log_deleted_while_the_commit_thread_writes_its_offsets(tmp_path, monkeypatch):
+    """The group commit writes ``offsets`` in a worker thread while the loop may delete the
+    stream (a Stream client's StoreOffset, then Delete): the delete waits for that write and
+    removes the whole directory, never failing on a file the thread added or renamed after it
+    listed the directory (the session answered that with an internal error and closed the
+    connection under the client's Close)."""
+    import threading
+
+    directory = str(tmp_path / "s")
+    lg = StreamLog(directory)
+    lg.append([b"a"])
+    lg.commit()
+    lg.store_offset("app", 0)
+    state = lg.begin_commit()
+    in_replace, listed = threading.Event(), threading.Event()
+    real_replace, real_listdir = os.replace, os.listdir
+    errors: list[BaseException] = []
+
+    def replace(src, dst):  # the thread, its offsets.tmp written: waits for delete's listdir
+        if threading.current_thread() is worker:
+            in_replace.set()
+            listed.wait(0.3)  # (fixed: delete waits for this write, so only the timeout ends it)
+        real_replace(src, dst)
+
+    def listdir(path):
+        names = real_listdir(path)
+        if path == directory:
+            listed.set()
+            worker.join(2)
+        return names
+
+    def sync():
+        try:
+            lg.sync_files(state)
+        except BaseException as exc:  # (reported by the assert below)
+            errors.append(exc)
+
+    monkeypatch.setattr(os, "replace", replace)
+    worker = threading.Thread(target=sync)
+    worker.start()
+    assert in_replace.wait(2)
+    monkeypatch.setattr(os, "listdir", listdir)
+    lg.delete()
+    worker.join(2)
+    assert errors == []
+    assert not os.path.exists(directory)
