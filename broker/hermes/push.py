@@ -94,6 +94,7 @@ class PushSubscriber:
     """
 
     global_prefetch = 0  # read by Consumer.can_take as a channel's
+    metrics_protocol = None  # HTTP deliveries are in the subscription's own metrics
 
     def __init__(self, service: Any, sub: SubscriptionDef, topic_schema: str | None, queue):
         self.service = service

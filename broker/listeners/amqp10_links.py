@@ -32,6 +32,7 @@ class InLink:
 
 class OutLink:
     """A link the client consumes on; the ``channel`` of its consumer."""
+    metrics_protocol = "amqp10"  # its deliveries in RabbitMQ's amqp10 counters
     global_prefetch = 0
     prefetch = 0
     number = 0
@@ -49,6 +50,10 @@ class OutLink:
     @property
     def audit_ctx(self):
         return self.session.audit_ctx
+
+    @property
+    def closed(self) -> bool:
+        return self.session.ended
 
     @property
     def can_deliver(self) -> bool:

@@ -1,10 +1,11 @@
 """An MQTT session's attributes, set up once: the typed base of its mixins; no behaviour."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..mqtt import codec, enhanced_auth
 from ..mqtt.connection import ServerConnection
+from ..queues.consumer import ConsumerChannel
 from ..queues.queue import Consumer
 from .mqtt_mapping import NO_DECISIONS, NO_DICT, NO_LIST
 from .mqtt_qos2 import SessionState
@@ -112,6 +113,10 @@ class MQTTSessionState(FlowControlledSession):
         # an enhanced authentication's challenge awaiting the client's AUTH 0x18: (the
         # method's step, the CONNECT it is for, or None when re-authenticating)
         self._auth_step: tuple[enhanced_auth.Step, codec.Connect | None] | None = None
+
+    def as_channel(self) -> ConsumerChannel:
+        """The session as its consumers' channel (the delivering part: mqtt_delivery)."""
+        return cast(ConsumerChannel, self)
 
     if TYPE_CHECKING:  # defined by the session and its mixins
         def close(self, reason: str, reason_code: int = ...) -> None: ...

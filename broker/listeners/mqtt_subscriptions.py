@@ -193,8 +193,8 @@ class MQTTSubscriptions(MQTTSessionState):
             self.consumers[name] = old
             return qos
         prefetch = min(self.service.prefetch, self.receive_max)
-        consumer = Consumer(f"mqtt-{self.client_id}-{name}", self, q, qos == 0, False, 0, prefetch,
-                            args)
+        consumer = Consumer(f"mqtt-{self.client_id}-{name}", self.as_channel(), q, qos == 0, False,
+                            0, prefetch, args)
         self.consumers[name] = consumer
         q.add_consumer(consumer)
         return qos
@@ -289,7 +289,7 @@ class MQTTSubscriptions(MQTTSessionState):
         tag = f"mqtt-{self.client_id}-qos1"
         # a v5 client's Receive Maximum bounds the QoS 1/2 deliveries in flight (3.3.4)
         prefetch = min(self.service.prefetch, self.receive_max)
-        consumer = Consumer(tag, self, q, self._one_qos == 0, False, 0, prefetch, {})
+        consumer = Consumer(tag, self.as_channel(), q, self._one_qos == 0, False, 0, prefetch, {})
         self.consumers[1] = consumer
         q.add_consumer(consumer)
 

@@ -2,10 +2,37 @@
 not delivery or settlement (queue.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .queue import Queue
+
+
+class ConsumerChannel(Protocol):
+    """What a queue may call on the side that consumes (an AMQP channel, an MQTT, STOMP or
+    AMQP 1.0 session's link, a Hermes push subscriber): deliver, cancel, and the credit it
+    reads. Each protocol's class implements it; the queue never looks for anything else."""
+
+    @property
+    def metrics_protocol(self) -> str | None:
+        """RabbitMQ's protocol label for the delivered-message counters; None where the
+        channel counts its own deliveries (AMQP 0-9-1)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def can_deliver(self) -> bool: ...
+
+    @property
+    def global_prefetch(self) -> int: ...
+
+    @property
+    def unacked_count(self) -> int: ...
+
+    def deliver(self, consumer: Consumer, queue: Any, entry: Any) -> None: ...
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
 
 
 class Consumer:
@@ -25,12 +52,12 @@ class Consumer:
         "unacked",
     )
 
-    def __init__(self, tag: str, channel, queue: Queue, no_ack: bool, exclusive: bool,
+    def __init__(self, tag: str, channel: ConsumerChannel, queue: Queue, no_ack: bool, exclusive: bool,
                  priority: int, prefetch: int, arguments: dict, selector=None):
         self.tag = tag
         raw = tag.encode("utf-8", "surrogateescape")
         self.tag_raw = bytes((len(raw),)) + raw
-        self.channel = channel
+        self.channel: ConsumerChannel = channel
         self.queue = queue
         self.no_ack = no_ack
         self.exclusive = exclusive

@@ -30,8 +30,6 @@ from .types import queue_type_of
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
 
-
-
 class Queue(PolicyQueue, StoredQueue):
     kind = "queue"
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
@@ -202,7 +200,17 @@ class Queue(PolicyQueue, StoredQueue):
             if entry.seq >= self._next_seq:
                 self._next_seq = entry.seq + 1
         self.stats_published += 1
-        self.ready.append(entry)
+        ready = self.ready
+        if (self.consumers and not ready and not ready.stored_behind and entry.expires_at is None
+                and self.commit_seq is None and not self._selective):
+            # append + dispatch with nothing else ready, minus the ready list's round trip
+            consumer = self._pick_consumer()
+            if consumer is not None:
+                self.deliver_to(consumer, entry)
+                if self.flow_waiters:
+                    self.flow_check()
+                return True
+        ready.append(entry)
         self.ready_bytes += size
         if self.consumers:
             self.dispatch()
@@ -258,7 +266,7 @@ class Queue(PolicyQueue, StoredQueue):
             self.unacked_count += 1
             self.unacked_bytes += len(entry.message.body)
         consumer.channel.deliver(consumer, self, entry)
-        protocol = getattr(consumer.channel, "metrics_protocol", None)
+        protocol = consumer.channel.metrics_protocol
         if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
             self.vhost.churn.delivered(protocol, self, consumer.no_ack, entry.redelivered)
         if consumer.no_ack:
@@ -341,7 +349,7 @@ class Queue(PolicyQueue, StoredQueue):
         self._unacked_done(consumer)
         self._unacked_bytes_done(entry)
         if consumer is not None:
-            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            protocol = consumer.channel.metrics_protocol
             if protocol is not None and protocol != "amqp091":
                 self.vhost.churn.acked(protocol, self)
         self.settled(entry, reported)

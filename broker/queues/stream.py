@@ -193,7 +193,7 @@ class StreamQueue(Queue):
             self.unacked_count += 1
             self.stats_delivered += 1
             consumer.channel.deliver(consumer, self, entry)
-            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            protocol = consumer.channel.metrics_protocol
             if protocol is not None and protocol != "amqp091":  # (amqp091: the rest)
                 self.vhost.churn.delivered(protocol, self, consumer.no_ack, False)
 
@@ -240,7 +240,7 @@ class StreamQueue(Queue):
         self.stats_acked += 1
         self._unacked_done(consumer)
         if consumer is not None:
-            protocol = getattr(consumer.channel, "metrics_protocol", None)
+            protocol = consumer.channel.metrics_protocol
             if protocol is not None and protocol != "amqp091":
                 self.vhost.churn.acked(protocol, self)
 

@@ -13,6 +13,7 @@ from ..support import bind, declare_exchange, declare_queue, make_message
 
 class FakeChannel:
     """What a queue needs from a channel: credit and a place to deliver to."""
+    metrics_protocol = None  # counts its own deliveries, as an AMQP 0-9-1 channel
 
     def __init__(self):
         self.can_deliver = True

@@ -24,6 +24,8 @@ Q = {"x-queue-type": "quorum"}
 
 
 class FakeChannel:
+    metrics_protocol = None  # counts its own deliveries, as an AMQP 0-9-1 channel
+
     def __init__(self, global_prefetch=0):
         self.can_deliver = True
         self.global_prefetch = global_prefetch
