@@ -382,7 +382,8 @@ class PagedPriority(PriorityReady):
 
     def paged_levels(self):
         """``(seqs, locs, exps, blens, flags, prios)`` of the stored paged entries, or None."""
-        cols = (array("q"), array("q"), array("d"), array("I"), array("B"), array("B"))
+        cols: tuple[array, ...] = (array("q"), array("q"), array("d"), array("I"), array("B"),
+                                   array("B"))
         for level in reversed(self._levels):
             part = level.paged_index()
             if part is None:

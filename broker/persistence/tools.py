@@ -132,7 +132,7 @@ def repair_journal(data_dir: str, out) -> int:
     except OSError:
         raise StoreUnavailable(f"journal {jdir} is in use by a running broker; stop it first") from None
     state = load_state(jdir, salvage=True)
-    maps = {}
+    maps: dict[int, mmap.mmap | bytes] = {}
 
     def buf_of(seg):
         if seg not in maps:

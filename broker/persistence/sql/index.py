@@ -80,10 +80,12 @@ class _QueueIndex:
 
     def extend_index(self, other: _QueueIndex) -> None:
         """The entries of ``other`` (read after these) appended."""
-        for mine, theirs in zip((self.seqs, self.mids, self.exps, self.blens, self.prios, self.flags),
-                                (other.seqs, other.mids, other.exps, other.blens, other.prios,
-                                 other.flags), strict=True):
-            mine.extend(theirs)
+        self.seqs.extend(other.seqs)
+        self.mids.extend(other.mids)
+        self.exps.extend(other.exps)
+        self.blens.extend(other.blens)
+        self.prios.extend(other.prios)
+        self.flags.extend(other.flags)
 
     def columns(self, start: int) -> tuple:
         """(seqs, message ids, expiries, body lengths, delivery counts) from ``start``."""
