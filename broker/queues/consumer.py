@@ -2,6 +2,7 @@
 not delivery or settlement (queue.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ class Consumer:
     )
 
     def __init__(self, tag: str, channel: ConsumerChannel, queue: Queue, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict, selector=None):
+                 priority: int, prefetch: int, arguments: dict[str, Any],
+                 selector: Callable[[Any], bool] | None = None):
         self.tag = tag
         raw = tag.encode("utf-8", "surrogateescape")
         self.tag_raw = bytes((len(raw),)) + raw

@@ -16,11 +16,17 @@ in memory (``unpaged``): a paging store would restore them without reading their
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import ttl
 from .fifo import FifoReady
 from .priority import PriorityReady
+
+if TYPE_CHECKING:
+    from ..message import Message
+    from .entry import QueueEntry
+    from .queue import Queue
+    from .ready import ReadyStore
 
 DEDUP_HEADER = "x-deduplication-header"
 ARGUMENT = "x-message-deduplication"
@@ -45,7 +51,7 @@ def dedup_key(value: Any) -> bytes | None:
     return key
 
 
-def header_key(properties: dict) -> bytes | None:
+def header_key(properties: dict[str, Any]) -> bytes | None:
     headers = properties.get("headers")
     if not headers or DEDUP_HEADER not in headers:
         return None
@@ -66,20 +72,21 @@ class QueueDedup:
 
     __slots__ = ("dropped", "present", "queue")
 
-    def __init__(self, queue):
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
-        self.present: dict[bytes, list] = {}
+        self.present: dict[bytes, list[Any]] = {}  # [int, float | None]
         self.dropped = 0
 
-    def unpaged(self, ready):
+    def unpaged(self, ready: ReadyStore) -> ReadyStore:
         if type(ready) is FifoReady:
             return _HeldFifo()
         if type(ready) is PriorityReady:
             opts = self.queue.opts
-            return _HeldPriority(opts.max_priority, opts.two_level_priority)
+            # a PriorityReady: the queue has an x-max-priority
+            return _HeldPriority(cast("int", opts.max_priority), opts.two_level_priority)
         return ready
 
-    def admit(self, message, entry) -> bool:
+    def admit(self, message: Message, entry: QueueEntry | None) -> bool:
         """False if ``message`` duplicates one in the queue (the caller drops it). A new
         value, or a stored ``entry`` handed back at start-up, is remembered."""
         key = header_key(message.properties)
@@ -104,7 +111,7 @@ class QueueDedup:
             seen[1] = None if deadline is None or seen[1] is None else max(seen[1], deadline)
         return True
 
-    def left(self, entry) -> None:
+    def left(self, entry: QueueEntry) -> None:
         message = entry.message
         if message is None:
             return
@@ -118,5 +125,5 @@ class QueueDedup:
                 del self.present[key]
 
 
-def make_queue_dedup(queue) -> QueueDedup | None:
+def make_queue_dedup(queue: Queue) -> QueueDedup | None:
     return QueueDedup(queue) if queue.opts.extra.get(ARGUMENT) else None

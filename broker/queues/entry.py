@@ -1,6 +1,8 @@
 """A message's place in one queue."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class QueueEntry:
     __slots__ = (
@@ -13,7 +15,8 @@ class QueueEntry:
         "seq",
     )
 
-    def __init__(self, message, seq: int, expires_at: float | None = None, priority: int = 0):
+    def __init__(self, message: Any, seq: int, expires_at: float | None = None, priority: int = 0):
+        # a Message, or a store's placeholder (None) for one not read back yet
         self.message = message
         self.seq = seq  # position in the queue, kept when requeued
         self.redelivered = False

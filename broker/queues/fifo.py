@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entry import QueueEntry
+    from .ready import Relocate
 
 
 class FifoReady:
     __slots__ = ("_q",)
 
-    def __init__(self):
-        self._q: deque = deque()
+    def __init__(self) -> None:
+        self._q: deque[QueueEntry] = deque()
 
     accepts_paged_index = False  # see ready.ReadyStore
 
@@ -23,25 +29,25 @@ class FifoReady:
     def paged_index(self) -> None:
         return None
 
-    def relocate_paged(self, segments, move) -> int:
+    def relocate_paged(self, segments: Collection[int], move: Relocate) -> int:
         return 0
 
     def __len__(self) -> int:
         return len(self._q)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[QueueEntry]:
         return iter(self._q)
 
-    def append(self, entry) -> None:
+    def append(self, entry: QueueEntry) -> None:
         self._q.append(entry)
 
-    def popleft(self):
+    def popleft(self) -> QueueEntry:
         return self._q.popleft()
 
-    def peek(self):
+    def peek(self) -> QueueEntry | None:
         return self._q[0] if self._q else None
 
-    def requeue(self, entry) -> None:
+    def requeue(self, entry: QueueEntry) -> None:
         """Put a returned message back at its original position (RabbitMQ >= 2.7)."""
         q = self._q
         if not q or entry.seq < q[0].seq:
@@ -53,13 +59,13 @@ class FifoReady:
             insort(items, entry, key=lambda e: e.seq)
             self._q = deque(items)
 
-    def clear(self) -> list:
+    def clear(self) -> list[QueueEntry]:
         items = list(self._q)
         self._q.clear()
         return items
 
-    def pop_tail(self):
+    def pop_tail(self) -> QueueEntry:
         return self._q.pop()
 
-    def head_entries(self) -> list:
+    def head_entries(self) -> list[QueueEntry]:
         return list(self._q)

@@ -15,11 +15,15 @@ subclass with its own store. Every store backend persists it as an ordinary dura
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .args import parse_queue_arguments
 from .entry import QueueEntry
 from .queue import Queue
+
+if TYPE_CHECKING:
+    from ..message import Message
+    from ..vhost import VirtualHost
 
 
 class _SystemOwner:
@@ -38,7 +42,7 @@ class InternalQueue(Queue):
     store: Any  # the vhost's persistent store (or None): written by this queue itself
     internal = True
 
-    def __init__(self, vhost, name: str) -> None:
+    def __init__(self, vhost: VirtualHost, name: str) -> None:
         opts = parse_queue_arguments({})
         opts.max_length = 0
         opts.overflow = "reject-publish"
@@ -50,12 +54,12 @@ class InternalQueue(Queue):
     def keeps_definition(self) -> bool:
         return True  # durable although owned by the broker: the vhost stores it
 
-    def attach_store(self, store) -> None:
+    def attach_store(self, store: Any) -> None:
         """Persist through ``store``; the own ready store stays (a paging store does not
         replace it) and writes are this queue's own (``write``/``forget``)."""
         self.store = store
 
-    def enqueue(self, message, *, entry: QueueEntry | None = None,
+    def enqueue(self, message: Message, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
         """A publish routed here is refused (x-max-length 0, reject-publish); a stored
         entry handed back by recovery is adopted by the feature."""
@@ -69,7 +73,7 @@ class InternalQueue(Queue):
         """Take a stored entry back at start-up; True if it is kept."""
         raise NotImplementedError
 
-    def write(self, message) -> QueueEntry:
+    def write(self, message: Message) -> QueueEntry:
         """Store one message (persistent, durable store)."""
         seq = self._stored_seq
         self._stored_seq = seq + 1

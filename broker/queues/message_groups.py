@@ -24,7 +24,8 @@ from .args import bool_arg, register_queue_argument
 
 if TYPE_CHECKING:
     from ..message import Message
-    from .queue import Consumer
+    from .args import QueueOptions
+    from .queue import Consumer, Queue
 
 GROUPS_ARGUMENT = "x-message-groups"
 GROUP_ID = "JMSXGroupID"
@@ -92,11 +93,11 @@ class MessageGroups:
             self._held.pop(consumer, None)
 
 
-def message_groups_of(opts) -> MessageGroups | None:
+def message_groups_of(opts: QueueOptions) -> MessageGroups | None:
     return MessageGroups() if opts.extra.get(GROUPS_ARGUMENT) else None
 
 
-def reconfigure(queue) -> None:
+def reconfigure(queue: Queue) -> None:
     """A policy (``message-groups``) turned groups on or off for ``queue``: on, groups
     start from the next message; off, the owners are forgotten and the queue dispatches
     as any other (the selective path only while consumers have selectors)."""

@@ -19,7 +19,8 @@ operation; nothing is allocated.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, Self, SupportsIndex, cast
 
 if TYPE_CHECKING:
     from .entry import QueueEntry
@@ -75,13 +76,22 @@ class QueueObserver(Protocol):
         ...
 
 
+class ReportedObserver(QueueObserver, Protocol):
+    """An observer with ``reported_by_callers = True`` (the audit trail): callers tell it
+    what the operation stream does not show (``ObserverList``)."""
+
+    def retried(self, queue: Queue, entry: QueueEntry, delay_ms: int) -> None:
+        """The retry policy holds ``entry`` back for ``delay_ms`` (0: requeued now)."""
+        ...
+
+
 #: The store capability (``persistence.base.Store.capabilities``) of a store that pages a
 #: durable FIFO queue's messages: ``Queue.attach_store`` hands its entries to
 #: ``store.paged_ready(queue, entries)``.
 PAGES_MESSAGES = "pages_messages"
 
 
-class ObserverList(list):
+class ObserverList(list["QueueObserver"]):
     """``Queue.observers``: a list that also keeps ``unreported``, the observers without
     a true ``reported_by_callers`` attribute, and ``told``, those with one.
 
@@ -94,34 +104,35 @@ class ObserverList(list):
     refreshes ``unreported`` and ``told``.
     """
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args: Iterable[QueueObserver]) -> None:
         super().__init__(*args)
-        self.unreported: tuple = ()
-        self.told: tuple = ()
+        self.unreported: tuple[QueueObserver, ...] = ()
+        self.told: tuple[ReportedObserver, ...] = ()
         self._sync()
 
     def _sync(self) -> None:
         # an observer declares it with a class attribute; others need not have one
         self.unreported = tuple(o for o in self if not getattr(o, "reported_by_callers", False))
-        self.told = tuple(o for o in self if getattr(o, "reported_by_callers", False))
+        self.told = tuple(cast("ReportedObserver", o) for o in self
+                          if getattr(o, "reported_by_callers", False))
 
-    def append(self, observer) -> None:
+    def append(self, observer: QueueObserver) -> None:
         super().append(observer)
         self._sync()
 
-    def insert(self, index, observer) -> None:  # type: ignore[override]
+    def insert(self, index: SupportsIndex, observer: QueueObserver) -> None:
         super().insert(index, observer)
         self._sync()
 
-    def extend(self, observers) -> None:
+    def extend(self, observers: Iterable[QueueObserver]) -> None:
         super().extend(observers)
         self._sync()
 
-    def remove(self, observer) -> None:
+    def remove(self, observer: QueueObserver) -> None:
         super().remove(observer)
         self._sync()
 
-    def pop(self, index=-1):  # type: ignore[override]
+    def pop(self, index: SupportsIndex = -1) -> QueueObserver:
         observer = super().pop(index)
         self._sync()
         return observer
@@ -130,16 +141,17 @@ class ObserverList(list):
         super().clear()
         self._sync()
 
-    def __iadd__(self, observers):  # type: ignore[override,misc]
+    # typeshed's list.__add__ overloads take any list[_S]; an in-place add keeps the item type
+    def __iadd__(self, observers: Iterable[QueueObserver]) -> Self:  # type: ignore[override,misc]
         super().__iadd__(observers)
         self._sync()
         return self
 
-    def __setitem__(self, index, value) -> None:  # type: ignore[override]
+    def __setitem__(self, index: SupportsIndex | slice, value: Any) -> None:
         super().__setitem__(index, value)
         self._sync()
 
-    def __delitem__(self, index) -> None:  # type: ignore[override]
+    def __delitem__(self, index: SupportsIndex | slice) -> None:
         super().__delitem__(index)
         self._sync()
 

@@ -13,7 +13,14 @@ or recomputes it with ``message_priority``, so the levels survive a restart.
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Any, cast
+
 from .fifo import FifoReady
+
+if TYPE_CHECKING:
+    from .entry import QueueEntry
+    from .ready import ReadyStore, Relocate
 
 # rabbit_fifo_q: priorities above this are high on a quorum queue
 QUORUM_HIGH_ABOVE = 4
@@ -22,9 +29,9 @@ QUORUM_HIGH_ABOVE = 4
 WEIGHT = 2
 
 
-def message_priority(properties: dict, max_priority: int, two_level: bool = False) -> int:
+def message_priority(properties: dict[str, Any], max_priority: int, two_level: bool = False) -> int:
     """The level a message goes to (``QueueEntry.priority``)."""
-    p = properties.get("priority") or 0
+    p: int = properties.get("priority") or 0
     if two_level:
         return 1 if p > QUORUM_HIGH_ABOVE else 0
     return p if p <= max_priority else max_priority
@@ -36,8 +43,9 @@ class PriorityReady:
 
     __slots__ = ("_count", "_counter", "_levels", "_weighted")
 
-    def __init__(self, max_priority: int, weighted: bool = False):
-        self._levels: list = [FifoReady() for _ in range(max_priority + 1)]  # PagedPriority: PagedFifo
+    def __init__(self, max_priority: int, weighted: bool = False) -> None:
+        # Any: PagedPriority (persistence/) puts PagedFifo levels here and uses their own methods
+        self._levels: list[Any] = [FifoReady() for _ in range(max_priority + 1)]  # PagedPriority: PagedFifo
         self._count = 0
         self._weighted = weighted and max_priority == 1
         self._counter = 0
@@ -48,27 +56,31 @@ class PriorityReady:
     def paged_index(self) -> None:
         return None
 
-    def relocate_paged(self, segments, move) -> int:
+    def relocate_paged(self, segments: Collection[int], move: Relocate) -> int:
         return 0
 
     def __len__(self) -> int:
         return self._count
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[QueueEntry]:
         for level in reversed(self._levels):
             yield from level
 
-    def append(self, entry) -> None:
+    def append(self, entry: QueueEntry) -> None:
         self._levels[entry.priority].append(entry)
         self._count += 1
 
-    def _next_level(self):
+    def _next_level(self) -> ReadyStore | None:
         """The level the next delivery comes from (None: empty)."""
+        normal: ReadyStore
+        high: ReadyStore
+        level: ReadyStore
         if self._weighted:
             normal, high = self._levels
             if not len(high):
                 return normal if len(normal) else None
-            if self._counter == WEIGHT and len(normal) and normal.peek().seq < high.peek().seq:
+            if self._counter == WEIGHT and len(normal) \
+                    and cast("QueueEntry", normal.peek()).seq < cast("QueueEntry", high.peek()).seq:
                 return normal
             return high
         for level in reversed(self._levels):
@@ -76,7 +88,7 @@ class PriorityReady:
                 return level
         return None
 
-    def popleft(self):
+    def popleft(self) -> QueueEntry:
         level = self._next_level()
         if level is None:
             raise IndexError("pop from an empty queue")
@@ -85,25 +97,26 @@ class PriorityReady:
         self._count -= 1
         return level.popleft()
 
-    def peek(self):
+    def peek(self) -> QueueEntry | None:
         level = self._next_level()
         return None if level is None else level.peek()
 
-    def requeue(self, entry) -> None:
+    def requeue(self, entry: QueueEntry) -> None:
         self._levels[entry.priority].requeue(entry)
         self._count += 1
 
-    def clear(self) -> list:
-        out = []
+    def clear(self) -> list[QueueEntry]:
+        out: list[QueueEntry] = []
         for level in reversed(self._levels):
             out.extend(level.clear())
         self._count = 0
         return out
 
-    def head_entries(self) -> list:
+    def head_entries(self) -> list[QueueEntry]:
         return list(self)
 
-    def pop_tail(self):
+    def pop_tail(self) -> QueueEntry:
+        level: ReadyStore
         for level in self._levels:
             if len(level):
                 self._count -= 1

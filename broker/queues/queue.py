@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .. import errors
 from . import max_length, ttl
 from .args import QueueOptions
-from .consumer import Consumer
+from .consumer import Consumer as Consumer  # re-exported: callers import it from here
 from .dead_letter import dead_letter, dead_letter_confirmed
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
@@ -26,6 +27,18 @@ from .priority import PriorityReady, message_priority
 from .selective import dispatch_selective
 from .stored import StoredQueue
 from .types import queue_type_of
+
+if TYPE_CHECKING:
+    from ..message import Message
+    from ..timers import TimerHandle
+    from ..vhost import VirtualHost
+    from .consumer import ConsumerChannel
+    from .ready import ReadyStore
+
+    class FlowWaiter(Protocol):
+        """A publishing session held in flow by a queue (``Queue.flow_wait``)."""
+
+        def flow_released(self, queue: Queue) -> None: ...
 
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
@@ -45,8 +58,9 @@ class Queue(PolicyQueue, StoredQueue):
     # queue's leader: not yet on a majority, so a failover could lose them); None: no hold.
     commit_seq: int | None = None
 
-    def __init__(self, vhost, name: str, durable: bool = False, exclusive_owner=None,
-                 auto_delete: bool = False, arguments: dict | None = None,
+    def __init__(self, vhost: VirtualHost, name: str, durable: bool = False,
+                 exclusive_owner: object | None = None,
+                 auto_delete: bool = False, arguments: dict[str, Any] | None = None,
                  opts: QueueOptions | None = None):
         self.vhost = vhost
         self.name = name
@@ -62,7 +76,7 @@ class Queue(PolicyQueue, StoredQueue):
         # the management API; None / {} without one.
         self.policy: str | None = None
         self.operator_policy: str | None = None
-        self.effective_policy_definition: dict = {}
+        self.effective_policy_definition: dict[str, Any] = {}
         # Retry-with-backoff policy (queues/retry.py) when x-retry-delays/x-delivery-limit are set.
         self.retry = make_retry(self)
         self.dedup = make_queue_dedup(self)  # x-message-deduplication (queues/dedup.py)
@@ -70,7 +84,7 @@ class Queue(PolicyQueue, StoredQueue):
         self.observers = ObserverList()
         # The audit trail's context while it follows this queue (broker/audit), and the id
         # of the last message this queue refused (overflow, duplicate): the trail reads it.
-        self.audit_ctx: tuple | None = None
+        self.audit_ctx: tuple[str, str] | None = None
         self.refused_id = 0
         # Why the entries of the leaving ops being emitted by ``discard`` leave ("rejected",
         # "expired", "maxlen", "delivery_limit"), else None: observers may read it (ops.py).
@@ -81,21 +95,24 @@ class Queue(PolicyQueue, StoredQueue):
         self.unacked_bytes = 0  # bodies delivered and not yet settled (Prometheus, the API)
         self.consumers: list[Consumer] = []  # registration order
         self._selective = 0  # consumers with an x-filter: dispatch then looks past the head
-        self._groups: list[tuple[int, deque]] = []  # (priority, consumers) highest first
+        self._groups: list[tuple[int, deque[Consumer]]] = []  # (priority, consumers) highest first
         self._next_seq = 1
-        self.bindings: set = set()  # (exchange name, binding key) pointing here
+        # (exchange name, binding key) pointing here
+        self.bindings: set[tuple[str, tuple[Any, ...]]] = set()
         self.deleted = False
         self._had_consumer = False
         self._expiry = ttl.ExpiryTimer(self)
-        self._expires_handle = None
+        self._expires_handle: TimerHandle | None = None
         self.stats_published = 0
         self.stats_delivered = 0
         self.stats_acked = 0
         # (stats_delivered counts every delivery and get; these split it as RabbitMQ does)
         self.stats_deliver_no_ack = self.stats_get = self.stats_get_no_ack = 0
         self.stats_get_empty = self.stats_redeliver = 0
-        self.store = None  # set by attach_store for durable queues with a persistent store
-        self.flow_waiters: set | None = None  # sessions in flow because of this queue
+        # set by attach_store for durable queues with a persistent store (persistence/base.py's
+        # MessageStore, which the core may not import)
+        self.store: Any = None
+        self.flow_waiters: set[FlowWaiter] | None = None  # sessions in flow because of this queue
         # x-consumer-group: a partition whose active consumer the group chooses (group.py)
         self.group = group_of(self)
         # x-message-groups: JMSXGroupID groups, one consumer each (message_groups.py); the
@@ -107,15 +124,15 @@ class Queue(PolicyQueue, StoredQueue):
         self._flow_low_bytes: float = math.inf
         self.touch()
 
-    def _new_ready(self):
+    def _new_ready(self) -> ReadyStore:
         """The ready-message store (``ready.ReadyStore``) this queue starts with.
 
         Queue variants override it. ``self.opts`` and ``self.retry`` are set when
         it is called; an ordered retry policy wraps the store it is given.
         """
         opts = self.opts
-        ready = (PriorityReady(opts.max_priority, opts.two_level_priority) if opts.max_priority
-                 else FifoReady())
+        ready: ReadyStore = (PriorityReady(opts.max_priority, opts.two_level_priority)
+                             if opts.max_priority else FifoReady())
         if self.dedup is not None:
             ready = self.dedup.unpaged(ready)
         if self.retry is not None:
@@ -128,7 +145,7 @@ class Queue(PolicyQueue, StoredQueue):
         connection, so they are never stored, as in RabbitMQ)."""
         return self.durable and self.exclusive_owner is None
 
-    def attach_store(self, store) -> None:
+    def attach_store(self, store: Any) -> None:
         """Make ``store`` the persistence of this (durable) queue and its observer.
 
         A store declaring the ``PAGES_MESSAGES`` capability offers
@@ -151,7 +168,7 @@ class Queue(PolicyQueue, StoredQueue):
         ready = self.ready
         return len(ready) + ready.stored_behind
 
-    def type_info(self) -> dict:
+    def type_info(self) -> dict[str, Any]:
         """What the management API lists beside the common queue fields (a type's own)."""
         return {}
 
@@ -164,7 +181,7 @@ class Queue(PolicyQueue, StoredQueue):
         return bool(self.consumers)
 
     # ---- publishing ----
-    def enqueue(self, message, *, entry: QueueEntry | None = None,
+    def enqueue(self, message: Message, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
         """Add a message; False if refused by x-overflow=reject-publish(-dlx).
 
@@ -234,7 +251,7 @@ class Queue(PolicyQueue, StoredQueue):
         expired = None
         commit = self.commit_seq
         while ready:
-            if commit is not None and ready.peek().seq > commit:
+            if commit is not None and cast("QueueEntry", ready.peek()).seq > commit:
                 break
             consumer = self._pick_consumer()
             if consumer is None:
@@ -310,7 +327,7 @@ class Queue(PolicyQueue, StoredQueue):
             consumer.parked = False
             self._group(consumer.priority).append(consumer)
 
-    def _group(self, priority: int) -> deque:
+    def _group(self, priority: int) -> deque[Consumer]:
         for prio, group in self._groups:
             if prio == priority:
                 return group
@@ -319,7 +336,7 @@ class Queue(PolicyQueue, StoredQueue):
         self._groups.sort(key=lambda g: -g[0])
         return group
 
-    def get(self):
+    def get(self) -> QueueEntry | None:
         """basic.get: the next live entry, or None."""
         self.touch()
         now = self.vhost.timers.now()
@@ -327,7 +344,7 @@ class Queue(PolicyQueue, StoredQueue):
         result = None
         commit = self.commit_seq
         while self.ready:
-            if commit is not None and self.ready.peek().seq > commit:
+            if commit is not None and cast("QueueEntry", self.ready.peek()).seq > commit:
                 break
             entry = self.ready.popleft()
             self.ready_bytes -= len(entry.message.body)
@@ -365,7 +382,7 @@ class Queue(PolicyQueue, StoredQueue):
             return
         self.discard([entry], "rejected")
 
-    def requeue(self, entries: list) -> None:
+    def requeue(self, entries: list[tuple[QueueEntry, Consumer | None]]) -> None:
         """Return unacked messages to their original positions, marked redelivered."""
         for entry, consumer in entries:
             self._unacked_done(consumer)
@@ -419,7 +436,7 @@ class Queue(PolicyQueue, StoredQueue):
         if self.dedup is not None:
             self.dedup.left(entry)
 
-    def discard(self, entries: list, reason: str) -> None:
+    def discard(self, entries: list[QueueEntry], reason: str) -> None:
         """Entries leave: dead-lettered if the queue has a DLX, else dropped."""
         dlx = self.opts.dead_letter_exchange is not None
         if dlx and self.queue_type.dead_letters_at_least_once(self.opts):
@@ -432,7 +449,7 @@ class Queue(PolicyQueue, StoredQueue):
             self._left(entry, op)
         self.leave_reason = None
 
-    def withdraw(self, entries: list) -> int:
+    def withdraw(self, entries: list[QueueEntry]) -> int:
         """Take back entries still in the ready list whose publish was nacked (the
         store could not write them): they leave with SETTLE, never delivered, never
         dead-lettered. Entries already delivered are left alone. Returns how many left.
@@ -463,7 +480,7 @@ class Queue(PolicyQueue, StoredQueue):
         expired = []
         ready = self.ready
         while ready:
-            head = ready.peek()
+            head = cast("QueueEntry", ready.peek())
             if head.expires_at is None or head.expires_at > now:
                 break
             ready.popleft()
@@ -473,7 +490,8 @@ class Queue(PolicyQueue, StoredQueue):
             self.discard(expired, "expired")
 
     # ---- consumers ----
-    def admit_consumer(self, channel, no_ack: bool = False, arguments: dict | None = None) -> None:
+    def admit_consumer(self, channel: ConsumerChannel, no_ack: bool = False,
+                       arguments: dict[str, Any] | None = None) -> None:
         """basic.consume, before anything changes: a queue type without global QoS refuses
         a channel that has a global prefetch (RabbitMQ: 540, the connection closes); a
         queue type may refuse no_ack or the consumer's arguments (streams)."""
@@ -554,7 +572,7 @@ class Queue(PolicyQueue, StoredQueue):
             return
         self.vhost.delete_queue(self, reason="expired")
 
-    def on_deleted(self) -> list:
+    def on_deleted(self) -> list[Consumer]:
         """Tear down; returns the consumers that must be told (basic.cancel)."""
         self.deleted = True
         self._expiry.cancel()
@@ -574,7 +592,7 @@ class Queue(PolicyQueue, StoredQueue):
         return consumers
 
     # ---- flow control (amqp_session.py "in flow", docs/architecture.md "Back-pressure") ----
-    def flow_wait(self, session, low: int, low_bytes: float = math.inf) -> None:
+    def flow_wait(self, session: FlowWaiter, low: int, low_bytes: float = math.inf) -> None:
         """``session`` published into this queue while it grew past its flow threshold:
         call ``session.flow_released(self)`` once the ready list is at most ``low`` messages
         and ``low_bytes`` of bodies, the queue has no consumers left, or it is deleted. No
@@ -586,7 +604,7 @@ class Queue(PolicyQueue, StoredQueue):
         self._flow_low = low
         self._flow_low_bytes = low_bytes
 
-    def flow_forget(self, session) -> None:
+    def flow_forget(self, session: FlowWaiter) -> None:
         if self.flow_waiters:
             self.flow_waiters.discard(session)
 

@@ -14,11 +14,16 @@ back from its store's files when it pages entries in.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .entry import QueueEntry
+
+#: A store's paged index: ``(seqs, locs, exps, blens, flags)`` columns (arrays).
+PagedIndex = tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[int], Sequence[int]]
+#: ``relocate_paged``'s ``move(loc, seq, exp_wall, blen, flags)``: the entry's new location.
+Relocate = Callable[[int, int, "float | None", int, int], int]
 
 
 class ReadyStore(Protocol):
@@ -30,7 +35,8 @@ class ReadyStore(Protocol):
     #: Ready entries not deliverable yet because their messages are still being read
     #: from the store (``persistence.sql_paged``); counted in message counts and
     #: max-length, not in ``len``. 0 for every other ready store.
-    stored_behind: int
+    @property
+    def stored_behind(self) -> int: ...
 
     def __len__(self) -> int:
         """How many entries may be delivered now (a blocked ordered retry store says 0)."""
@@ -68,15 +74,24 @@ class ReadyStore(Protocol):
         """The entries held in memory, in order (all of them, unless the store pages)."""
         ...
 
-    def paged_index(self):
+    def paged_index(self) -> PagedIndex | None:
         """The stored entries kept only as an index (not in memory): ``(seqs, locs,
         exps, blens, flags)`` arrays (expiry in wall-clock seconds, NaN = none;
         flags = delivery count so far, saturated at 255, 0 = never delivered), or
         None for a store that does not page."""
         ...
 
-    def relocate_paged(self, segments, move) -> int:
+    def relocate_paged(self, segments: Collection[int], move: Relocate) -> int:
         """Compaction: give every paged entry stored in ``segments`` the location
         ``move(loc, seq, exp_wall, blen, flags)`` returns; returns how many moved
         (0 for a store that does not page)."""
+        ...
+
+
+class PagingReadyStore(ReadyStore, Protocol):
+    """A ready store whose ``accepts_paged_index`` is True."""
+
+    def restore_paged(self, *columns: Sequence[Any]) -> None:
+        """Rebuild it from a store's paged index (``PagedIndex``'s columns, and each
+        entry's priority for ``PagedPriority``)."""
         ...

@@ -22,14 +22,23 @@ restart is ready again at once; its next rejection uses the next level.
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
+
 from ..amqp.fields import Long, encode_properties
 from ..message import Message
 from .args import ArgumentError, amqp_type_name, bool_arg, int_arg, register_queue_argument
 
+if TYPE_CHECKING:
+    from ..timers import TimerHandle
+    from .entry import QueueEntry
+    from .queue import Queue
+    from .ready import PagedIndex, ReadyStore, Relocate
+
 MAX_DELAY_MS = 2**32 - 1
 
 
-def retry_delays(name: str, value) -> tuple:
+def retry_delays(name: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
     if not value:
@@ -68,7 +77,7 @@ class RetryReady:
     def stored_behind(self) -> int:
         return self._inner.stored_behind
 
-    def __init__(self, inner, policy):
+    def __init__(self, inner: ReadyStore, policy: RetryPolicy) -> None:
         self._inner = inner
         self._policy = policy
 
@@ -79,45 +88,46 @@ class RetryReady:
             return len(inner)
         return 1 if len(inner) and inner.peek() is blocked else 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[QueueEntry]:
         return iter(self._inner)
 
-    def append(self, entry) -> None:
+    def append(self, entry: QueueEntry) -> None:
         self._inner.append(entry)
 
-    def popleft(self):
+    def popleft(self) -> QueueEntry:
         return self._inner.popleft()
 
-    def peek(self):
+    def peek(self) -> QueueEntry | None:
         return self._inner.peek()
 
-    def requeue(self, entry) -> None:
+    def requeue(self, entry: QueueEntry) -> None:
         self._inner.requeue(entry)
 
-    def clear(self) -> list:
+    def clear(self) -> list[QueueEntry]:
         return self._inner.clear()
 
-    def pop_tail(self):
+    def pop_tail(self) -> QueueEntry:
         return self._inner.pop_tail()
 
-    def head_entries(self) -> list:
+    def head_entries(self) -> list[QueueEntry]:
         return self._inner.head_entries()
 
-    def paged_index(self):
+    def paged_index(self) -> PagedIndex | None:
         return self._inner.paged_index()
 
-    def relocate_paged(self, segments, move) -> int:
+    def relocate_paged(self, segments: Collection[int], move: Relocate) -> int:
         return self._inner.relocate_paged(segments, move)
 
 
 class RetryPolicy:
-    def __init__(self, queue, delays: tuple, limit: int | None, ordered: bool):
+    def __init__(self, queue: Queue, delays: tuple[int, ...], limit: int | None,
+                 ordered: bool) -> None:
         self.queue = queue
         self.delays = delays
         self.limit = limit
         self.ordered = ordered
-        self.blocked_by = None
-        self.waiting: dict = {}  # entry -> timer handle (see waiting_entries)
+        self.blocked_by: QueueEntry | None = None
+        self.waiting: dict[QueueEntry, TimerHandle] = {}  # see waiting_entries
         self.retried = 0
         self.dead_lettered = 0
 
@@ -132,22 +142,22 @@ class RetryPolicy:
             and not self.queue.queue_type.delivery_count_header
 
     # ---- seams of Queue ----
-    def wrap_ready(self, ready):
+    def wrap_ready(self, ready: ReadyStore) -> ReadyStore:
         """Called by ``Queue._new_ready``: the ready store the queue should use."""
         return RetryReady(ready, self) if self.ordered else ready
 
-    def on_settled(self, entry) -> None:
+    def on_settled(self, entry: QueueEntry) -> None:
         """Called by the queue whenever an entry leaves it (settle, expire, DLX, ...)."""
         if self.blocked_by is entry:
             self.blocked_by = None
             self.queue.vhost.timers.call_later(0, self._kick)
 
-    def waiting_entries(self) -> list:
+    def waiting_entries(self) -> list[QueueEntry]:
         """Rejected entries waiting for their retry delay (delivered, still in the queue)."""
         return list(self.waiting)
 
     # called by Queue.reject (requeue=False) and Queue.requeue (requeue=True)
-    def on_rejected(self, entry, requeue: bool) -> bool:
+    def on_rejected(self, entry: QueueEntry, requeue: bool) -> bool:
         q = self.queue
         if q.deleted:
             return False
@@ -179,13 +189,13 @@ class RetryPolicy:
                                                             lambda: self._due(entry))
         return True
 
-    def restored(self, entry) -> None:
+    def restored(self, entry: QueueEntry) -> None:
         """A stored entry came back at start-up with ``entry.delivery_count`` > 0: give
         its message the ``x-delivery-count`` header it had before the restart."""
         if entry.delivery_count:
             self._mark(entry, entry.delivery_count)
 
-    def _mark(self, entry, failures: int) -> None:
+    def _mark(self, entry: QueueEntry, failures: int) -> None:
         old = entry.message
         props = dict(old.properties)
         headers = dict(props.get("headers") or {})
@@ -195,11 +205,11 @@ class RetryPolicy:
                                 old.body, msg_id=old.id)
         entry.redelivered = True
 
-    def _dead_letter(self, entry, reason: str) -> None:
+    def _dead_letter(self, entry: QueueEntry, reason: str) -> None:
         self.dead_lettered += 1
         self.queue.discard([entry], reason)  # dead-letters (if a DLX is set) and settles
 
-    def _due(self, entry) -> None:
+    def _due(self, entry: QueueEntry) -> None:
         self.waiting.pop(entry, None)
         q = self.queue
         if q.deleted:
@@ -207,7 +217,7 @@ class RetryPolicy:
             return
         self._put_back(entry, dispatch=True)
 
-    def _put_back(self, entry, dispatch: bool) -> None:
+    def _put_back(self, entry: QueueEntry, dispatch: bool) -> None:
         q = self.queue
         q.put_back(entry)
         if dispatch:
@@ -218,7 +228,7 @@ class RetryPolicy:
             self.queue.dispatch()
 
 
-def restore_delivery_count(queue, entry, count: int) -> None:
+def restore_delivery_count(queue: Queue, entry: QueueEntry, count: int) -> None:
     """Recovery (every store): ``entry`` was delivered ``count`` times before the
     restart. Sets its count and redelivered flag and, on a queue with a retry policy,
     its ``x-delivery-count`` header."""
@@ -230,7 +240,7 @@ def restore_delivery_count(queue, entry, count: int) -> None:
         queue.retry.restored(entry)
 
 
-def make_retry_policy(queue):
+def make_retry_policy(queue: Queue) -> RetryPolicy | None:
     extra = queue.opts.extra
     delays = extra.get("x-retry-delays") or ()
     limit = extra.get("x-delivery-limit")

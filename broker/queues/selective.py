@@ -2,7 +2,7 @@
 groups: looks past the head; not the plain dispatch (queue.py) nor selector parsing."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .entry import QueueEntry
 from .ops import Op
@@ -28,7 +28,7 @@ def dispatch_selective(queue: Queue) -> None:
     groups = queue.message_groups
     commit = queue.commit_seq
     while ready and len(kept) < SELECT_WINDOW:
-        if commit is not None and ready.peek().seq > commit:
+        if commit is not None and cast("QueueEntry", ready.peek()).seq > commit:
             break
         entry = ready.popleft()
         queue.ready_bytes -= len(entry.message.body)

@@ -354,7 +354,7 @@ def _connective(operands: tuple[Expr, ...], decisive: bool) -> Expr:
     def f(m: Message) -> bool | None:
         result: bool | None = neutral
         for op in operands:
-            v = op(m)
+            v: object = op(m)
             if v is decisive:
                 return decisive
             if v is not neutral:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from .entry import QueueEntry
+
+if TYPE_CHECKING:
+    from .ready import PagedIndex, PagingReadyStore, ReadyStore, Relocate
+    from .ttl import ExpiryTimer
 
 _NAN_BYTES = array("d", [math.nan]).tobytes()
 
 
-def _some_expiry(exps) -> bool:
+def _some_expiry(exps: Sequence[float]) -> bool:
     """Whether recovered wall-clock expiries (NaN = none) hold one; a recovered index of
     millions of entries without TTL is told by one comparison of its bytes."""
     if isinstance(exps, array) and exps.typecode == "d":
@@ -25,7 +30,7 @@ def _some_expiry(exps) -> bool:
     return any(e == e for e in exps)
 
 
-def _max_and_sum(seqs, blens) -> tuple[int, int]:
+def _max_and_sum(seqs: Sequence[int], blens: Sequence[int]) -> tuple[int, int]:
     """The highest seq and the body bytes of a recovered index. A long one (arrays of the
     index's typecodes) is reduced by numpy, which the store loading it has imported: the
     builtins walk ten million items in ~0.3 s."""
@@ -40,11 +45,11 @@ def _max_and_sum(seqs, blens) -> tuple[int, int]:
 class StoredQueue:
     """Mixed into ``Queue``: what these methods use of it."""
     name: str
-    ready: Any
+    ready: ReadyStore
     ready_bytes: int
     stats_published: int
     _next_seq: int
-    _expiry: Any
+    _expiry: ExpiryTimer
 
     def enqueue(self, message: Any, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
@@ -58,12 +63,12 @@ class StoredQueue:
         to track from the operation stream: from DELIVER to REQUEUE or a leave."""
         return self.ready.head_entries()
 
-    def paged_index(self):
+    def paged_index(self) -> PagedIndex | None:
         """The stored part of the ready store's paged index (``(seqs, locs, exps,
         blens, flags)`` arrays, see ``PagedFifo.paged_index``), or None."""
         return self.ready.paged_index()
 
-    def relocate_paged(self, segments, move) -> int:
+    def relocate_paged(self, segments: Collection[int], move: Relocate) -> int:
         """Store compaction: see ``ReadyStore.relocate_paged``."""
         return self.ready.relocate_paged(segments, move)
 
@@ -72,7 +77,8 @@ class StoredQueue:
         """True if ``restore(paged=...)`` accepts a paged index for this queue."""
         return self.ready.accepts_paged_index
 
-    def restore(self, entries=(), *, paged=None) -> int:
+    def restore(self, entries: Iterable[QueueEntry] = (),
+                *, paged: tuple[Sequence[Any], ...] | None = None) -> int:
         """Rebuild the ready list from stored records at start-up; returns how many.
 
         ``entries``: QueueEntry objects in ``seq`` order (not announced to observers:
@@ -89,7 +95,7 @@ class StoredQueue:
             if not self.restores_paged:
                 raise TypeError(f"queue {self.name!r}: its ready store cannot restore a paged index")
             seqs = paged[0]
-            self.ready.restore_paged(*paged)
+            cast("PagingReadyStore", self.ready).restore_paged(*paged)
             top, nbytes = _max_and_sum(seqs, paged[3])
             self.ready_bytes += nbytes
             self._next_seq = max(self._next_seq, top + 1)

@@ -6,14 +6,21 @@ long-lived message can shelter shorter ones behind it); a TTL of 0 means
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .args import MAX_EXPIRY_MS
+
+if TYPE_CHECKING:
+    from ..timers import TimerHandle
+    from .entry import QueueEntry
+    from .queue import Queue
 
 
 class ExpirationError(ValueError):
     pass
 
 
-def parse_expiration(value) -> int | None:
+def parse_expiration(value: object) -> int | None:
     """The per-message expiration property in ms; RabbitMQ requires a non-negative integer string."""
     if value is None:
         return None
@@ -26,7 +33,7 @@ def parse_expiration(value) -> int | None:
     return ms
 
 
-def deadline(queue_ttl: int | None, properties: dict, now: float) -> float | None:
+def deadline(queue_ttl: int | None, properties: dict[str, Any], now: float) -> float | None:
     per_message = parse_expiration(properties.get("expiration"))
     ttls = [t for t in (queue_ttl, per_message) if t is not None]
     if not ttls:
@@ -34,7 +41,7 @@ def deadline(queue_ttl: int | None, properties: dict, now: float) -> float | Non
     return now + min(ttls) / 1000.0
 
 
-def is_expired(entry, now: float) -> bool:
+def is_expired(entry: QueueEntry, now: float) -> bool:
     return entry.expires_at is not None and entry.expires_at < now
 
 
@@ -43,10 +50,10 @@ class ExpiryTimer:
 
     __slots__ = ("at", "handle", "queue")
 
-    def __init__(self, queue):
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
-        self.handle = None
-        self.at = None
+        self.handle: TimerHandle | None = None
+        self.at: float | None = None
 
     def arm(self) -> None:
         head = self.queue.ready.peek()

@@ -31,6 +31,8 @@ INTERNAL_QUEUE = "amq.triomq.scheduled"
 class ScheduledQueue(InternalQueue):
     """The internal queue of one vhost; created by ``Scheduler.new_queue``."""
 
+    ready: SlotTable  # from _new_ready
+
     def __init__(self, scheduler, vhost, name: str = INTERNAL_QUEUE):
         self.scheduler = scheduler  # before Queue.__init__: _new_ready() asks it for the table
         super().__init__(vhost, name)
