@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..amqp.fields import Long, Timestamp
 
@@ -22,7 +23,7 @@ class ArgumentError(ValueError):
         self.detail = detail
 
 
-def amqp_type_name(value) -> str:
+def amqp_type_name(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, Timestamp):
@@ -44,7 +45,7 @@ def amqp_type_name(value) -> str:
     return type(value).__name__
 
 
-def _as_text(value) -> str | None:
+def _as_text(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, str):
@@ -52,41 +53,41 @@ def _as_text(value) -> str | None:
     return None
 
 
-def _erl(value) -> str:
+def _erl(value: object) -> str:
     if isinstance(value, (bytes, str)):
         return f'<<"{_as_text(value)}">>'
     return str(value)
 
 
-def int_arg(name: str, value) -> int:
+def int_arg(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(name, f'"expected integer, got {amqp_type_name(value)}"')
     return value
 
 
-def non_neg_int(name: str, value) -> int:
-    int_arg(name, value)
+def non_neg_int(name: str, value: object) -> int:
+    value = int_arg(name, value)
     if value < 0:
         raise ArgumentError(name, f"{{value_negative,{value}}}")
     return value
 
 
-def positive_int(name: str, value) -> int:
-    non_neg_int(name, value)
+def positive_int(name: str, value: object) -> int:
+    value = non_neg_int(name, value)
     if value == 0:
         raise ArgumentError(name, "{value_zero,0}")
     return value
 
 
-def text_arg(name: str, value) -> str:
+def text_arg(name: str, value: object) -> str:
     text = _as_text(value)
     if text is None:
         raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
     return text
 
 
-def one_of(*choices: str, reason: str | None = None) -> Callable:
-    def check(name: str, value) -> str:
+def one_of(*choices: str, reason: str | None = None) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
         text = text_arg(name, value)
         if text not in choices:
             raise ArgumentError(name, reason or f"{{invalid_value,{_erl(value)}}}")
@@ -98,21 +99,21 @@ class TypeArgumentError(ArgumentError):
     """RabbitMQ words a wrong type for some arguments differently (whole text given)."""
 
 
-def exchange_name_arg(name: str, value) -> str:
+def exchange_name_arg(name: str, value: object) -> str:
     text = _as_text(value)
     if text is None:
         raise TypeArgumentError(name, amqp_type_name(value))
     return text
 
 
-def bool_arg(name: str, value) -> bool:
+def bool_arg(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ArgumentError(name, f"{{unacceptable_type,{amqp_type_name(value)}}}")
     return value
 
 
-def max_priority(name: str, value) -> int:
-    non_neg_int(name, value)
+def max_priority(name: str, value: object) -> int:
+    value = non_neg_int(name, value)
     if value > 255:
         raise ArgumentError(name, f"{{max_value_exceeded,{value}}}")
     return value
@@ -123,15 +124,15 @@ def max_priority(name: str, value) -> int:
 MAX_EXPIRY_MS = 315_360_000_000
 
 
-def message_ttl(name: str, value) -> int:
-    non_neg_int(name, value)
+def message_ttl(name: str, value: object) -> int:
+    value = non_neg_int(name, value)
     if value > MAX_EXPIRY_MS:
         raise ArgumentError(name, f"{{value_too_large,{value}}}")
     return value
 
 
-def expires(name: str, value) -> int:
-    positive_int(name, value)
+def expires(name: str, value: object) -> int:
+    value = positive_int(name, value)
     if value > MAX_EXPIRY_MS:
         raise ArgumentError(name, f"{{value_too_large,{value}}}")
     return value
@@ -140,15 +141,18 @@ def expires(name: str, value) -> int:
 QUEUE_TYPE_NAMES = ("classic", "quorum", "stream")  # what queues/types.py defines
 
 
-def queue_type_arg(name: str, value) -> str:
+def queue_type_arg(name: str, value: object) -> str:
     text = text_arg(name, value)
     if text not in QUEUE_TYPE_NAMES:
         raise ArgumentError(name, f'"unsupported queue type \'{text}\'"')
     return text
 
 
+#: A validator: (argument name, value) -> the normalised value; raises ArgumentError.
+Validator = Callable[[str, Any], Any]
+
 # name -> validator returning the normalised value
-QUEUE_ARGUMENTS: dict[str, Callable] = {
+QUEUE_ARGUMENTS: dict[str, Validator] = {
     "x-message-ttl": message_ttl,
     "x-expires": expires,
     "x-max-length": non_neg_int,
@@ -174,7 +178,7 @@ EQUIVALENCE_CHECKED = frozenset({
 })
 
 
-def register_queue_argument(name: str, validator: Callable, equivalence: bool = True) -> None:
+def register_queue_argument(name: str, validator: Validator, equivalence: bool = True) -> None:
     global EQUIVALENCE_CHECKED
     QUEUE_ARGUMENTS[name] = validator
     if equivalence:
@@ -195,7 +199,7 @@ class QueueOptions:
     # quorum queues: two levels (0-4 normal, 5+ high) served 2:1 (``priority.py``)
     two_level_priority: bool = False
     single_active_consumer: bool = False
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _OPTION_FIELDS = {
@@ -211,7 +215,7 @@ _OPTION_FIELDS = {
 }
 
 
-def parse_queue_arguments(arguments: dict) -> QueueOptions:
+def parse_queue_arguments(arguments: dict[str, Any]) -> QueueOptions:
     """Validate and normalise; raises ArgumentError naming the first bad argument."""
     opts = QueueOptions()
     for name, value in (arguments or {}).items():
@@ -229,7 +233,7 @@ def parse_queue_arguments(arguments: dict) -> QueueOptions:
     return opts
 
 
-def describe(value, verbose: bool = False) -> str:
+def describe(value: object, verbose: bool = False) -> str:
     """RabbitMQ: plain 'v' when both sides have a value, typed when the other side is none."""
     if value is None:
         return "none"
@@ -241,7 +245,7 @@ def describe(value, verbose: bool = False) -> str:
     return f"'{shown}'"
 
 
-def equivalence_mismatch(current: dict, received: dict) -> str | None:
+def equivalence_mismatch(current: dict[str, Any], received: dict[str, Any]) -> str | None:
     """Name and texts of the first checked argument that differs, as RabbitMQ words it."""
     for name in sorted(EQUIVALENCE_CHECKED):
         a, b = current.get(name), received.get(name)
@@ -253,7 +257,7 @@ def equivalence_mismatch(current: dict, received: dict) -> str | None:
     return None
 
 
-def _norm(value):
+def _norm(value: object) -> object:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value
@@ -268,7 +272,8 @@ _POLICY_ARG_WINS = (("overflow", "overflow"), ("dead-letter-exchange", "dead_let
                     ("dead-letter-routing-key", "dead_letter_routing_key"))
 
 
-def with_policy(base: QueueOptions, arguments: dict, definition: dict) -> QueueOptions:
+def with_policy(base: QueueOptions, arguments: dict[str, Any],
+                definition: dict[str, Any]) -> QueueOptions:
     """The options a queue runs with: ``base`` (parsed from its ``arguments``) combined
     with a policy ``definition`` (already validated, operator policy merged in). Numeric
     limits take the lower of argument and policy; overflow and dead-lettering keep the

@@ -9,14 +9,21 @@ removed; x-first-death-{reason,queue,exchange} are set once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..amqp.fields import Long, Timestamp
 from ..publishing import ROUTED, STORING, Source, when_all
 
+if TYPE_CHECKING:
+    from ..message import Message
+    from .entry import QueueEntry
+    from .queue import Queue
+
 AUTOMATIC_REASONS = ("expired", "maxlen", "delivery_limit")
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
@@ -25,14 +32,14 @@ def _raw(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
 
 
-def _is_name(value, name: str) -> bool:
+def _is_name(value: object, name: str) -> bool:
     """Whether an x-death field (bytes, or text a client wrote) is the name ``name``."""
     if isinstance(value, str):
         value = value.encode("utf-8", "surrogateescape")
     return isinstance(value, (bytes, bytearray)) and bytes(value) == _raw(name)
 
 
-def routing_keys_of(message) -> list:
+def routing_keys_of(message: Message) -> list[str]:
     keys = [message.routing_key]
     headers = message.headers
     for name in ("CC", "BCC"):
@@ -42,8 +49,8 @@ def routing_keys_of(message) -> list:
     return keys
 
 
-def dead_lettered_message(message, queue_name: str, reason: str, dlx: str,
-                          dlx_routing_key: str | None):
+def dead_lettered_message(message: Message, queue_name: str, reason: str, dlx: str,
+                          dlx_routing_key: str | None) -> Message:
     props = dict(message.properties)
     headers = dict(props.get("headers") or {})
     headers.pop("BCC", None)
@@ -84,7 +91,7 @@ def dead_lettered_message(message, queue_name: str, reason: str, dlx: str,
                                 properties=props)
 
 
-def is_cycle(message, target_queue: str) -> bool:
+def is_cycle(message: Message, target_queue: str) -> bool:
     """Drop rather than loop: the target already dead-lettered this message and
     no client rejection happened along the way (RabbitMQ's rule)."""
     seen = False
@@ -98,7 +105,7 @@ def is_cycle(message, target_queue: str) -> bool:
     return seen
 
 
-def dead_letter(queue, entries, reason: str) -> None:
+def dead_letter(queue: Queue, entries: list[QueueEntry], reason: str) -> None:
     """Republish ``entries`` from ``queue`` to its DLX (if it has one and it exists)."""
     dlx = queue.opts.dead_letter_exchange
     if not entries:
@@ -116,13 +123,13 @@ def dead_letter(queue, entries, reason: str) -> None:
                                  drop=_cycle_filter(message, reason))
 
 
-def _origin(queue):
+def _origin(queue: Queue) -> Source:
     """Dead letters are published by no client: a ``Source`` of the queue's vhost, without
     user or connection (nothing to confirm, return or slow down)."""
     return Source(None, queue.vhost, None, None)
 
 
-def _cycle_filter(message, reason: str):
+def _cycle_filter(message: Message, reason: str) -> Callable[[Queue], bool] | None:
     """The targets left out of routing: a cycle without a client's rejection."""
     if reason not in AUTOMATIC_REASONS:
         return None
@@ -135,7 +142,8 @@ RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 
 
-def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRST_S,
+def dead_letter_confirmed(queue: Queue, entries: list[QueueEntry], reason: str,
+                          delay: float = RETRY_FIRST_S,
                           again: bool = False) -> None:
     """``x-dead-letter-strategy: at-least-once`` (queues/types.py decides when): each entry
     stays in ``queue`` -- unsettled, so a restart brings it back -- until every queue its
@@ -143,7 +151,8 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
     (``when_durable``). A dead letter that no queue took (no binding yet, a target
     refusing at its limit) is routed again later; the copies targets already took may
     then arrive twice, which at-least-once allows."""
-    dlx = queue.opts.dead_letter_exchange
+    # at-least-once needs a DLX (QueueType.dead_letters_at_least_once)
+    dlx = cast("str", queue.opts.dead_letter_exchange)
     vhost = queue.vhost
     if not again:  # a dead letter routed again is counted once
         vhost.churn.dead_letters(queue, "at_least_once", reason, len(entries))
@@ -162,7 +171,7 @@ def dead_letter_confirmed(queue, entries, reason: str, delay: float = RETRY_FIRS
         # every target's store, whatever the message's persistence (a transient message is
         # confirmed by the store's next write); a queue durable on its own (a stream: its
         # log) instead of its store, which never gets its messages
-        waits = {}
+        waits: dict[int, Any] = {}  # stores and logs (persistence/, streams/)
         for t in targets.kept:
             w = t.durability if t.durability is not None else t.store
             if w is not None:
@@ -176,18 +185,18 @@ class _Targets:
 
     __slots__ = ("automatic", "kept", "message")
 
-    def __init__(self, message, reason: str):
+    def __init__(self, message: Message, reason: str) -> None:
         self.message, self.automatic = message, reason in AUTOMATIC_REASONS
-        self.kept: list = []
+        self.kept: list[Queue] = []
 
-    def __call__(self, target) -> bool:
+    def __call__(self, target: Queue) -> bool:
         if self.automatic and is_cycle(self.message, target.name):
             return True
         self.kept.append(target)
         return False
 
 
-def _again(queue, entry, reason: str, delay: float) -> None:
+def _again(queue: Queue, entry: QueueEntry, reason: str, delay: float) -> None:
     if not queue.deleted:
         dead_letter_confirmed(queue, [entry], reason, min(delay * 2, RETRY_MAX_S), again=True)
 
@@ -198,7 +207,7 @@ class _Leave:
 
     __slots__ = ("entry", "queue", "reason")
 
-    def __init__(self, queue, entry, reason: str):
+    def __init__(self, queue: Queue, entry: QueueEntry, reason: str) -> None:
         self.queue, self.entry, self.reason = queue, entry, reason
 
     def __call__(self) -> None:

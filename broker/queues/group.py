@@ -21,12 +21,14 @@ from weakref import WeakKeyDictionary
 from .args import ArgumentError, register_queue_argument, text_arg
 
 if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+    from .consumer import ConsumerChannel
     from .queue import Consumer, Queue
 
 GROUP_ARGUMENT = "x-consumer-group"
 
 
-def _group_name(name: str, value) -> str:
+def _group_name(name: str, value: object) -> str:
     text = text_arg(name, value)
     if not text:
         raise ArgumentError(name, "{empty_name,<<>>}")
@@ -109,7 +111,7 @@ class ConsumerGroup:
         for queue in changed:
             queue.dispatch()
 
-    def _members(self) -> list:
+    def _members(self) -> list[ConsumerChannel]:
         present = {c.channel for q in self.partitions for c in q.consumers}
         for gone in [m for m in self._joined if m not in present]:
             del self._joined[gone]
@@ -119,7 +121,7 @@ class ConsumerGroup:
                 self._joined[member] = self._joins
         return sorted(present, key=self._joined.__getitem__)
 
-    def _assign(self, members: list) -> dict:
+    def _assign(self, members: list[ConsumerChannel]) -> dict[Queue, ConsumerChannel]:
         """Even shares in join order (the first ``P mod M`` members take one more); a
         partition stays with its current owner while that owner is under its share."""
         if not members:
@@ -129,7 +131,7 @@ class ConsumerGroup:
         share = {m: base + (1 if i < extra else 0) for i, m in enumerate(members)}
         load = dict.fromkeys(members, 0)
         order = {m: i for i, m in enumerate(members)}
-        assignment: dict = {}
+        assignment: dict[Queue, ConsumerChannel] = {}
         for queue in parts:
             owner = self.owner_of(queue)
             member = owner.channel if owner is not None else None
@@ -150,7 +152,7 @@ class ConsumerGroup:
         return assignment
 
 
-_GROUPS: WeakKeyDictionary = WeakKeyDictionary()  # vhost -> {name: ConsumerGroup}
+_GROUPS: WeakKeyDictionary[VirtualHost, dict[str, ConsumerGroup]] = WeakKeyDictionary()
 
 
 def group_of(queue: Queue) -> ConsumerGroup | None:
@@ -166,5 +168,5 @@ def group_of(queue: Queue) -> ConsumerGroup | None:
     return group
 
 
-def find_group(vhost, name: str) -> ConsumerGroup | None:
+def find_group(vhost: VirtualHost, name: str) -> ConsumerGroup | None:
     return _GROUPS.get(vhost, {}).get(name)

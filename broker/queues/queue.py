@@ -29,11 +29,27 @@ from .stored import StoredQueue
 from .types import queue_type_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..message import Message
     from ..timers import TimerHandle
     from ..vhost import VirtualHost
-    from .consumer import ConsumerChannel
     from .ready import ReadyStore
+
+    class AdmittedChannel(Protocol):
+        """What ``admit_consumer`` reads of the AMQP channel a basic.consume came on."""
+
+        @property
+        def global_prefetch(self) -> int: ...
+
+        @property
+        def prefetch(self) -> int: ...
+
+    class Durability(Protocol):
+        """``Queue.durability``: what publisher confirms wait for instead of the store."""
+
+        def when_durable(self, callback: Callable[[], None],
+                         on_failure: Callable[[], None] | None = None) -> None: ...
 
     class FlowWaiter(Protocol):
         """A publishing session held in flow by a queue (``Queue.flow_wait``)."""
@@ -53,7 +69,7 @@ class Queue(PolicyQueue, StoredQueue):
     confirms_later = False
     # A queue with its own durability (a stream's log): an object whose
     # ``when_durable(callback, on_failure)`` publisher confirms wait for instead of the store's.
-    durability = None
+    durability: Durability | None = None
     # Messages with a higher seq are held from consumers and basic.get (a replicated quorum
     # queue's leader: not yet on a majority, so a failover could lose them); None: no hold.
     commit_seq: int | None = None
@@ -490,7 +506,7 @@ class Queue(PolicyQueue, StoredQueue):
             self.discard(expired, "expired")
 
     # ---- consumers ----
-    def admit_consumer(self, channel: ConsumerChannel, no_ack: bool = False,
+    def admit_consumer(self, channel: AdmittedChannel, no_ack: bool = False,
                        arguments: dict[str, Any] | None = None) -> None:
         """basic.consume, before anything changes: a queue type without global QoS refuses
         a channel that has a global prefetch (RabbitMQ: 540, the connection closes); a

@@ -26,6 +26,8 @@ import logging
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..amqp.fields import Long, encode_properties
@@ -37,6 +39,11 @@ from .queue import Consumer, Queue
 from .stream_args import OffsetSpecError, age_seconds, offset_spec, stream_filter
 from .types import NODE_NAME
 
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+    from .args import QueueOptions
+    from .queue import AdmittedChannel
+
 logger = logging.getLogger("triomq.streams")
 
 
@@ -46,20 +53,21 @@ CHUNKS_PER_DISPATCH = 16  # chunks one consumer reads per dispatch at most (then
 class _Cursor:
     __slots__ = ("accept", "filter", "pending", "reader", "start")
 
-    def __init__(self, reader: Reader, start: int, flt):
+    def __init__(self, reader: Reader, start: int, flt: tuple[frozenset[str], bool] | None) -> None:
         self.reader = reader
         self.start = start  # records before it (in the first chunk) are skipped
         self.filter = flt  # (values, match_unfiltered) or None
         # chunks whose Bloom filter cannot match are skipped unread
         self.accept = None if flt is None else (
             lambda bloom: bloom_accepts(bloom, flt[0], flt[1]))
-        self.pending: deque = deque()  # (offset, record) of the chunk being read
+        self.pending: deque[tuple[int, bytes]] = deque()  # (offset, record) of the chunk being read
 
 
 class StreamQueue(Queue):
-    def __init__(self, vhost, name: str, durable: bool = True, exclusive_owner=None,
-                 auto_delete: bool = False, arguments: dict | None = None, opts=None,
-                 fresh: bool = False):
+    def __init__(self, vhost: VirtualHost, name: str, durable: bool = True,
+                 exclusive_owner: object | None = None, auto_delete: bool = False,
+                 arguments: dict[str, Any] | None = None, opts: QueueOptions | None = None,
+                 fresh: bool = False) -> None:
         super().__init__(vhost, name, durable=durable, exclusive_owner=exclusive_owner,
                          auto_delete=auto_delete, arguments=arguments, opts=opts)
         streams = vhost.streams
@@ -81,9 +89,9 @@ class StreamQueue(Queue):
         self._cursors: dict[Consumer, _Cursor] = {}
         self._last_appended = -1
         self._resume_pending = False
-        self.durability = self  # type: ignore[assignment]  # confirms wait for the log
+        self.durability = self  # confirms wait for the log
 
-    def _log_settings(self) -> dict:
+    def _log_settings(self) -> dict[str, Any]:
         arguments, policy = self.arguments, self.effective_policy_definition
         segment = arguments.get("x-stream-max-segment-size-bytes",
                                 policy.get("stream-max-segment-size-bytes"))
@@ -99,18 +107,18 @@ class StreamQueue(Queue):
     def message_count(self) -> int:
         return self.log.message_count
 
-    def type_info(self) -> dict:
+    def type_info(self) -> dict[str, Any]:
         log = self.log
         return {"segments": log.segment_count, "first_offset": log.first_offset,
                 "committed_offset": log.committed_offset, "stream_bytes": log.size_bytes,
                 "readers": {NODE_NAME: len(self.consumers)}}
 
-    def attach_store(self, store) -> None:
+    def attach_store(self, store: Any) -> None:
         # the store keeps the definition only: messages are the log's, not its
         self.store = store
 
     # ---- publishing ----
-    def enqueue(self, message, *, entry: QueueEntry | None = None,
+    def enqueue(self, message: Message, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
         try:
             self._last_appended = self.log.append_record(records.encode(message),
@@ -121,7 +129,8 @@ class StreamQueue(Queue):
         self.stats_published += 1
         return True
 
-    def when_durable(self, callback, on_failure=None) -> None:
+    def when_durable(self, callback: Callable[[], None],
+                     on_failure: Callable[[], None] | None = None) -> None:
         """Call ``callback`` once everything published to this stream so far is durable."""
         self.log.when_durable(self._last_appended, callback)
 
@@ -130,7 +139,8 @@ class StreamQueue(Queue):
             self.dispatch()
 
     # ---- consumers ----
-    def admit_consumer(self, channel, no_ack: bool = False, arguments: dict | None = None) -> None:
+    def admit_consumer(self, channel: AdmittedChannel, no_ack: bool = False,
+                       arguments: dict[str, Any] | None = None) -> None:
         resource = self.vhost.queue_resource(self.name)
         if no_ack:
             raise errors.not_implemented(
@@ -218,7 +228,7 @@ class StreamQueue(Queue):
             self.dispatch()
 
     @staticmethod
-    def _message(offset: int, raw: bytes, flt) -> Message | None:
+    def _message(offset: int, raw: bytes, flt: tuple[frozenset[str], bool] | None) -> Message | None:
         try:
             exchange, routing_key, _raw, properties, body = records.decode(raw)
         except (ValueError, IndexError, RecursionError, struct.error):
@@ -252,7 +262,7 @@ class StreamQueue(Queue):
     def reject(self, entry: QueueEntry, consumer: Consumer | None) -> None:
         self._unacked_done(consumer)
 
-    def requeue(self, entries: list) -> None:
+    def requeue(self, entries: list[tuple[QueueEntry, Consumer | None]]) -> None:
         # a closed channel's deliveries: only their credit comes back
         for _entry, consumer in entries:
             self._unacked_done(consumer)
@@ -266,7 +276,7 @@ class StreamQueue(Queue):
     def credit_changed(self, consumer: Consumer) -> None:
         pass  # dispatch() after the ack feeds every consumer with credit
 
-    def get(self):
+    def get(self) -> QueueEntry | None:
         raise errors.not_implemented("basic.get not supported by stream queues %s",
                                      self.vhost.queue_resource(self.name))
 
@@ -276,7 +286,7 @@ class StreamQueue(Queue):
 
     # ---- policies, deletion ----
     def apply_policy(self, policy: str | None, operator_policy: str | None,
-                     definition: dict) -> None:
+                     definition: dict[str, Any]) -> None:
         super().apply_policy(policy, operator_policy, definition)
         settings = self._log_settings()
         log = self.log
@@ -285,10 +295,10 @@ class StreamQueue(Queue):
         log.max_age = settings["max_age"]
         log.apply_retention()
 
-    def reconfigure(self, opts) -> None:
+    def reconfigure(self, opts: QueueOptions) -> None:
         self.opts = opts  # no TTL, length limit or expiry of classic queues applies
 
-    def on_deleted(self) -> list:
+    def on_deleted(self) -> list[Consumer]:
         self.deleted = True
         consumers = list(self.consumers)
         self.consumers.clear()

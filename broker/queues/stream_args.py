@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import re
 import time
+from typing import TYPE_CHECKING, Any
 
 from .args import ArgumentError, non_neg_int, register_queue_argument, text_arg
+
+if TYPE_CHECKING:
+    from ..streams import log
 
 # RabbitMQ's units of x-max-age and of x-stream-offset intervals (rabbit_amqqueue)
 _UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
@@ -21,7 +25,7 @@ def age_seconds(text: str) -> int | None:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def max_age(name: str, value) -> str:
+def max_age(name: str, value: object) -> str:
     text = text_arg(name, value)
     if age_seconds(text) is None:
         raise ArgumentError(name, "invalid_max_age")
@@ -36,7 +40,7 @@ class OffsetSpecError(ValueError):
     """An x-stream-offset RabbitMQ cannot read (its channel crashes: 541)."""
 
 
-def offset_spec(value, now: float | None = None):
+def offset_spec(value: object, now: float | None = None) -> str | int | log.Timestamp:
     """The log's start (``"first"``, ``"last"``, ``"next"``, an offset, or a
     ``log.Timestamp``) for an ``x-stream-offset`` consumer argument; absent: ``"next"``."""
     from ..amqp.fields import Timestamp as AmqpTimestamp
@@ -61,7 +65,7 @@ def offset_spec(value, now: float | None = None):
     raise OffsetSpecError(value)
 
 
-def stream_filter(arguments: dict) -> tuple[frozenset, bool] | None:
+def stream_filter(arguments: dict[str, Any]) -> tuple[frozenset[str], bool] | None:
     """``x-stream-filter`` (a value or a list of values) and ``x-stream-match-unfiltered``
     of a consumer (RabbitMQ 3.13), or None without a filter."""
     raw = arguments.get("x-stream-filter")

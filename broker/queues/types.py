@@ -27,7 +27,9 @@ Texts are RabbitMQ 3.10's (checked against a running 3.10 with pika).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import errors
 from ..errors import Resource
@@ -40,6 +42,10 @@ from .args import (
     positive_int,
     register_queue_argument,
 )
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+    from .queue import Queue
 
 # Every queue argument RabbitMQ itself knows (rabbit_amqqueue's declare_args plus the
 # queue types' own): one of these that a type does not accept is refused with
@@ -67,7 +73,7 @@ register_queue_argument("x-max-in-memory-bytes", non_neg_int, equivalence=False)
 class QueueType:
     name: str
     module: str  # RabbitMQ's name for it in error texts
-    arguments: frozenset  # the RABBIT_ARGUMENTS it accepts
+    arguments: frozenset[str]  # the RABBIT_ARGUMENTS it accepts
     policy_apply_to: str  # the policy apply-to selecting only this type
     exclusive: bool = True
     transient: bool = True  # may be non-durable
@@ -76,8 +82,8 @@ class QueueType:
     mirrored: bool = True  # ha-* policies replicate it (a cluster's classic mirroring)
     default_delivery_limit: int | None = None
     delivery_count_header: bool = False  # x-delivery-count on every redelivery
-    dead_letter_strategies: tuple = ("at-most-once",)
-    overflow: tuple = ("drop-head", "reject-publish", "reject-publish-dlx")
+    dead_letter_strategies: tuple[str, ...] = ("at-most-once",)
+    overflow: tuple[str, ...] = ("drop-head", "reject-publish", "reject-publish-dlx")
     available: bool = True
     # the argument naming the node a new queue goes to in a cluster (its values mapped onto
     # the cluster's placement strategies by ``placement_locator``)
@@ -91,7 +97,7 @@ class QueueType:
 
     # ---- declare ----
     def check_declare(self, resource: Resource, durable: bool, exclusive: bool,
-                      auto_delete: bool, arguments: dict) -> None:
+                      auto_delete: bool, arguments: dict[str, Any]) -> None:
         """A new queue of this type: RabbitMQ's checks in RabbitMQ's order (arguments,
         auto-delete, exclusive, durable, then whether the type is enabled)."""
         for name in arguments:
@@ -125,7 +131,7 @@ class QueueType:
         quorum queue warns and uses drop-head for reject-publish-dlx)."""
         extra = opts.extra
         limit = extra.get("x-delivery-limit", self.default_delivery_limit)
-        changes: dict = {}
+        changes: dict[str, Any] = {}
         if limit != extra.get("x-delivery-limit") or (limit is not None and limit < 0):
             extra = dict(extra)
             if limit is None or limit < 0:
@@ -147,7 +153,7 @@ class QueueType:
                 and opts.extra.get("x-dead-letter-strategy") == "at-least-once"
                 and opts.dead_letter_exchange is not None and opts.overflow == "reject-publish")
 
-    def placement_locator(self, arguments: dict):
+    def placement_locator(self, arguments: dict[str, Any]) -> object:
         """The cluster's placement strategy for a new queue with these arguments (None:
         no argument; an unknown value is returned as it is, for the caller's refusal)."""
         value = arguments.get(self.locator_argument)
@@ -157,7 +163,7 @@ class QueueType:
             return _LEADER_LOCATORS.get(value, value)
         return value
 
-    def initial_group_size(self, arguments: dict) -> int | None:
+    def initial_group_size(self, arguments: dict[str, Any]) -> int | None:
         """How many nodes a replicated type starts on (the cluster's placement)."""
         if self.mirrored:
             return None
@@ -209,7 +215,7 @@ QUEUE_TYPES: dict[str, QueueType] = {t.name: t for t in (CLASSIC, QUORUM, STREAM
 QUEUE_APPLY_TO = {"queues": None, **{t.policy_apply_to: t for t in QUEUE_TYPES.values()}}
 
 
-def queue_type_of(arguments: dict | None) -> QueueType:
+def queue_type_of(arguments: dict[str, Any] | None) -> QueueType:
     """The type of a queue with these (validated) arguments; classic without one."""
     value = (arguments or {}).get("x-queue-type")
     if isinstance(value, bytes):
@@ -221,15 +227,15 @@ def queue_type_of(arguments: dict | None) -> QueueType:
 # ScheduledQueue for ``amq.triomq.scheduled`` -- is recreated at recovery as that variant,
 # not as a plain Queue (``persistence.recovery.new_queue``).
 # name -> factory(broker, vhost, name, **Queue keyword arguments) -> Queue
-QUEUE_VARIANTS: dict = {}
+QUEUE_VARIANTS: dict[str, Callable[..., Queue]] = {}
 
 
-def register_queue_variant(name: str, factory) -> None:
+def register_queue_variant(name: str, factory: Callable[..., Queue]) -> None:
     """Recreate the stored queue ``name`` with ``factory`` (see QUEUE_VARIANTS)."""
     QUEUE_VARIANTS[name] = factory
 
 
-def make_queue(vhost, name: str, *, fresh: bool = False, **kwargs):
+def make_queue(vhost: VirtualHost, name: str, *, fresh: bool = False, **kwargs: Any) -> Queue:
     """The queue for a declaration (``Queue`` keyword arguments): the type's own class
     where it has one. ``fresh``: a new queue (not recovered), whose type may drop what an
     earlier queue of the same name left in its own storage."""
@@ -237,6 +243,7 @@ def make_queue(vhost, name: str, *, fresh: bool = False, **kwargs):
     qtype = queue_type_of(kwargs.get("arguments"))
     if qtype.queue_class:
         module, cls = qtype.queue_class.split(":")
-        return getattr(importlib.import_module(module), cls)(vhost, name, fresh=fresh, **kwargs)
+        return cast("Queue", getattr(importlib.import_module(module), cls)(vhost, name, fresh=fresh,
+                                                                            **kwargs))
     from .queue import Queue
     return Queue(vhost, name, **kwargs)
