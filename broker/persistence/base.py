@@ -15,13 +15,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import JournalSettings, SQLSettings
-from ..queues.ops import PAGES_MESSAGES, Op  # noqa: F401 - re-exported
+from ..queues.ops import PAGES_MESSAGES as PAGES_MESSAGES  # re-exported
+from ..queues.ops import Op
 from .records import unstorable
 
 if TYPE_CHECKING:
+    from ..exchanges.base import Binding, Exchange
     from ..queues.entry import QueueEntry
     from ..queues.queue import Queue
     from ..recovery_progress import RecoveryProgress
+    from ..vhost import VirtualHost
 
 # ---- optional capabilities a store declares in ``Store.capabilities`` ----
 #: State survives a restart (every store but ``memory``). The vhost only hands
@@ -47,7 +50,7 @@ class FlushStats:
 
     BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.counts = [0] * (len(self.BUCKETS) + 1)
         self.seconds = 0.0
         self.commits = 0
@@ -156,15 +159,15 @@ class Store:
         return None
 
     # ---- definitions (from the vhost) ----
-    def save_exchange(self, vhost, exchange) -> None: ...
-    def delete_exchange(self, vhost, exchange) -> None: ...
-    def save_queue(self, vhost, queue) -> None: ...
-    def delete_queue(self, vhost, queue) -> None: ...
-    def save_binding(self, vhost, binding) -> None: ...
-    def delete_binding(self, vhost, binding) -> None: ...
+    def save_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None: ...
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None: ...
+    def save_queue(self, vhost: VirtualHost, queue: Queue) -> None: ...
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None: ...
+    def save_binding(self, vhost: VirtualHost, binding: Binding) -> None: ...
+    def delete_binding(self, vhost: VirtualHost, binding: Binding) -> None: ...
 
     # ---- metadata (features: users, vhosts, permissions, policies, ...) ----
-    def save_meta(self, kind: str, key: str, value: dict) -> None:
+    def save_meta(self, kind: str, key: str, value: dict[str, Any]) -> None:
         """Store the record ``(kind, key)``, replacing an earlier one with the same pair.
 
         ``kind`` names the owner's record type ("user", "vhost", "permission",
@@ -229,7 +232,8 @@ class Store:
         (``Queue.confirms_later``): the next ``when_durable`` waits until that is
         applied elsewhere too (a cluster's mirrors). Nothing to wait for here."""
 
-    def unstorable(self, name: str, arguments: dict | None, key: bool = False) -> str | None:
+    def unstorable(self, name: str, arguments: dict[str, Any] | None,
+                   key: bool = False) -> str | None:
         """Why a durable definition named ``name`` with ``arguments`` could not be stored
         here (``records.unstorable``: names past ``name_max``; ``key``, a binding's
         routing key, has no such bound), or None: the vhost refuses it before ok."""
@@ -277,7 +281,7 @@ def store_scheme(url: str | None) -> str:
     return head.split("+", 1)[0].lower()
 
 
-def _lookup(url: str | None):
+def _lookup(url: str | None) -> tuple[_Factory, Callable[[], type]]:
     backend = _BACKENDS.get(store_scheme(url))
     if backend is None:
         raise StoreUnavailable(f"unsupported store URL {url!r} (journal, memory, sqlite:///..., "
