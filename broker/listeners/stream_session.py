@@ -376,7 +376,7 @@ class StreamSession(StreamPublishing, StreamConsuming):
 
         def ref(address: tuple[str, int]) -> int:
             return refs.setdefault(address, len(refs))
-        replicas = getattr(self.broker.store, "stream_replicas", None)
+        replicas = self.broker.streams.replicas
         for name in cmd.streams:
             if self._readable(name) is None:
                 streams.append((name, codec.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
