@@ -50,19 +50,12 @@ cluster: setup system-deps
 
 ## Set up and run every test: lint (ruff, mypy), unit, CLI, storage, scheduler and the interop suite against
 ## TrioMQ, then the same interop suite against the reference RabbitMQ when one is reachable.
-## The reference run (mostly RabbitMQ's own work) runs beside the TrioMQ suite's parallel phase, its
-## output kept in a file and printed after; the serial phase runs alone. Fails if any part fails.
+## The reference run stays after the TrioMQ suite: beside its parallel phase it saved minutes,
+## but a TrioMQ kill -9 test in it failed there once (docs/performance.md, "CI run time").
 test: setup system-deps
 	$(MAKE) --no-print-directory lint
-	@ref_log=$$(mktemp); \
-	$(MAKE) --no-print-directory test-rabbitmq >$$ref_log 2>&1 & ref=$$!; \
-	$(MAKE) --no-print-directory test-triomq-parallel; rc=$$?; \
-	wait $$ref; ref_rc=$$?; \
-	echo "=== test-rabbitmq (ran beside the parallel phase) ==="; cat $$ref_log; rm -f $$ref_log; \
-	$(MAKE) --no-print-directory test-triomq-serial || rc=1; \
-	if [ $$ref_rc != 0 ]; then echo "test-rabbitmq FAILED (exit $$ref_rc)"; fi; \
-	if [ $$rc != 0 ]; then echo "test-triomq FAILED"; fi; \
-	[ $$rc = 0 ] && [ $$ref_rc = 0 ]
+	$(MAKE) --no-print-directory test-triomq
+	$(MAKE) --no-print-directory test-rabbitmq
 
 lint: setup
 	$(PY) -m ruff check .
