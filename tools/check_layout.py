@@ -13,14 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 600
 # modules still over MAX_LINES, each to be split (empty: every module is under it)
-KNOWN_LONG: frozenset[str] = frozenset()
-# the size rule is switched on once every module is under it (the getattr rule holds now)
-CHECK_LINES = False
-# lines still probing through the broker, each to become a declared attribute or capability
-KNOWN_GETATTR: frozenset[str] = frozenset({
-    # the stream listener asks the store for replicas: to be declared on persistence's Store
-    'replicas = getattr(self.broker.store, "stream_replicas", None)',
+KNOWN_LONG: frozenset[str] = frozenset({
+    "broker/queues/queue.py",  # 634 lines: grew past the limit while the rule was off
 })
+CHECK_LINES = True
+# lines still probing through the broker, each to become a declared attribute or capability
+KNOWN_GETATTR: frozenset[str] = frozenset()
 BROKER_GETATTR = re.compile(r"\bgetattr\(\s*(?:self\.)?broker\b")
 
 
