@@ -27,10 +27,10 @@ Its stages, in this order (one call, on the loop's thread, no await):
 
 What comes before is the protocol's own (its frame's checks with its own error codes:
 permissions, the exchange, ``user_id``, ``expiration``, AMQP transactions' buffering; the
-AMQP 0-9-1 channel also checks the Avro schema first, to nack in confirm mode); alarms stop a publisher's reads at the edge. The outcome tells
-the origin what to answer when it is not an AMQP confirm (a PUBACK, a STOMP receipt, an
-HTTP status). This module is core: it knows the audit trail and the store only through
-the calls above.
+AMQP 0-9-1 channel also checks the Avro schema first, to nack in confirm mode); alarms
+stop a publisher's reads at the edge. The outcome tells the origin what to answer when it
+is not an AMQP confirm (a PUBACK, a STOMP receipt, an HTTP status). This module is core:
+it knows the audit trail and the store only through the calls above.
 
 The Stream protocol writes its records into a stream's log itself (chunks stay opaque:
 the broker never builds a message to store one); only its audit stage runs here
