@@ -11,6 +11,8 @@ import decimal
 import struct
 from typing import Any, Final, TypeAlias
 
+from .. import bigendian
+
 # A field table as decoded from / encoded to the wire. Values are arbitrary wire data
 # (bytes for 'S', int, bool, Decimal, nested tables and lists, ...) checked by whoever
 # reads them, so they are ``Any``; a TypedDict would not fit the dict-mutating callers.
@@ -20,16 +22,9 @@ Properties: TypeAlias = dict[str, Any]
 # What the decoders read from: a frame payload or a slice of one.
 ReadableBuffer: TypeAlias = bytes | bytearray | memoryview
 
-_B = struct.Struct(">B")
-_b = struct.Struct(">b")
-_h = struct.Struct(">h")
-_H = struct.Struct(">H")
-_i = struct.Struct(">i")
-_I = struct.Struct(">I")
-_q = struct.Struct(">q")
-_Q = struct.Struct(">Q")
-_f = struct.Struct(">f")
-_d = struct.Struct(">d")
+_B, _b, _h, _H = bigendian.U8, bigendian.I8, bigendian.I16, bigendian.U16
+_i, _I, _q, _Q = bigendian.I32, bigendian.U32, bigendian.I64, bigendian.U64
+_f, _d = bigendian.F32, bigendian.F64
 
 
 class FieldError(ValueError):

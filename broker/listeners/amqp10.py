@@ -125,12 +125,8 @@ class Amqp10Listener(EdgeListener):
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
         host = listen_host(config)
-        listeners = []
-        if config.amqp10_port is not None:
-            listeners += await self.open_port("amqp10", config.amqp10_port, host)
-        if config.amqps10_port is not None:
-            listeners += await self.open_port("amqps10", config.amqps10_port, host,
-                                              "--amqps10-port")
+        listeners = await self.open_pair(host, ("amqp10", config.amqp10_port),
+                                         ("amqps10", config.amqps10_port, "--amqps10-port"))
         task_status.started(self.ports)
         try:
             if listeners:

@@ -49,7 +49,7 @@ from .amqp10_mgmt import ManagementNode
 from .amqp10_publish import PUBLISH_CREDIT, Amqp10Publishing, condition_of, description_of
 from .amqp10_tx import Coordinator, TxnError
 from .amqp_channel import Unacked, _selector
-from .session_base import NO_QUEUES, FlowControlledSession
+from .session_base import FlowControlledSession
 
 log = logging.getLogger("broker.amqp10")
 
@@ -92,13 +92,7 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         self.audit = self.broker.audit
         self.audit_ctx: tuple | None = None
         self.output_delay = 0.0
-        self.wake = lambda: None
-        self.flow_resumed = lambda: None
-        self.flow_queues: set | frozenset = NO_QUEUES
-        self.vhost: Any = None
-        self.user: Any = None
-        self.authz: Any = None
-        self.username: str | None = None
+        self.start_unauthenticated()
         self.container = ""
         self.in_links: dict[Any, InLink] = {}
         self.out_links: dict[Any, OutLink] = {}

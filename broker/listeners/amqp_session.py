@@ -26,6 +26,7 @@ from ..amqp.events import (
 )
 from ..security.oauth2 import TokenUser
 from .amqp_channel import Channel
+from .session_base import clocked
 
 log = logging.getLogger("broker.connection")
 
@@ -152,15 +153,7 @@ class Session:
                 self.broker.bodies_grew(partial - self._partial_seen)
             self._partial_seen = partial
         if events:
-            audit = self.audit
-            if audit is None:
-                self._handle_events(events)
-            else:
-                audit.clock_start()  # the batch's events share one time
-                try:
-                    self._handle_events(events)
-                finally:
-                    audit.clock_stop()
+            clocked(self.audit, self._handle_events, events)
         if self._confirming:
             self.flush_confirms()
         if self.conn.has_output:

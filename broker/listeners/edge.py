@@ -102,6 +102,17 @@ class EdgeListener:
                     for lst in listeners]
         return listeners
 
+    async def open_pair(self, host: str | None, plain: tuple[str, int | None],
+                        tls: tuple[str, int | None, str]) -> list:
+        """A protocol's plain port and its TLS port (``tls``: name, port, the option that
+        asked for it), each where configured."""
+        listeners: list = []
+        if plain[1] is not None:
+            listeners += await self.open_port(plain[0], plain[1], host)
+        if tls[1] is not None:
+            listeners += await self.open_port(tls[0], tls[1], host, tls[2])
+        return listeners
+
     async def serve_ports(self, listeners: list, ws_listeners: list | None = None,
                           ws_handle=None, tasks: tuple = ()) -> None:
         """Serve what ``listeners`` accept (``_handle``) and the WebSocket upgrades of

@@ -234,11 +234,8 @@ class MQTTListener(EdgeListener):
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
         host = listen_host(config)
-        listeners = []
-        if config.mqtt_port is not None:
-            listeners += await self.open_port("mqtt", config.mqtt_port, host)
-        if config.mqtts_port is not None:
-            listeners += await self.open_port("mqtts", config.mqtts_port, host, "--mqtts-port")
+        listeners = await self.open_pair(host, ("mqtt", config.mqtt_port),
+                                         ("mqtts", config.mqtts_port, "--mqtts-port"))
         ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
         tasks = (self._flusher,) if self.sys_topics is None else (self._flusher,

@@ -32,6 +32,22 @@ from typing import Any
 NO_QUEUES: frozenset = frozenset()
 
 
+def _nothing() -> None:
+    pass
+
+
+def clocked(audit: Any, handle: Callable[[Any], None], arg: Any) -> None:
+    """``handle(arg)`` with the audit clock running: one read's events share one time."""
+    if audit is None:
+        handle(arg)
+        return
+    audit.clock_start()
+    try:
+        handle(arg)
+    finally:
+        audit.clock_stop()
+
+
 class ProtocolSession:
     """One connection of a protocol other than AMQP 0-9-1, as the broker lists it."""
 
@@ -89,15 +105,7 @@ class ProtocolSession:
 
     # ---- input ----
     def data_received(self, data: bytes) -> None:
-        audit = self.audit
-        if audit is None:
-            self.handle_input(data)
-        else:
-            audit.clock_start()  # the batch's events share one time
-            try:
-                self.handle_input(data)
-            finally:
-                audit.clock_stop()
+        clocked(self.audit, self.handle_input, data)
         self.input_handled()
 
     # ---- the login wait (the edge introspects an opaque OAuth 2 token) ----
@@ -158,6 +166,21 @@ class FlowControlledSession(ProtocolSession):
     flow_queues: set | frozenset
     flow_resumed: Callable[[], None]  # set by the edge: "read again"
     consumers: dict
+    vhost: Any
+    user: Any
+    authz: Any
+    username: str | None
+
+    def start_unauthenticated(self) -> None:
+        """Before login: no vhost, user or permissions; the edge's hooks not yet wired."""
+        self.wake = _nothing
+        self.flow_resumed = _nothing
+        self.flow_queues = NO_QUEUES
+        # (a subclass's slots or __dict__ hold these)
+        self.vhost = None  # type: ignore[misc]
+        self.user = None  # type: ignore[misc]
+        self.authz = None  # type: ignore[misc]
+        self.username = None  # type: ignore[misc]
 
     def flow_lifted(self) -> None:
         """The last queue let the publisher go (before the edge reads again)."""

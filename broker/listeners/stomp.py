@@ -71,12 +71,8 @@ class StompListener(EdgeListener):
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
         host = listen_host(config)
-        listeners = []
-        if config.stomp_port is not None:
-            listeners += await self.open_port("stomp", config.stomp_port, host)
-        if config.stomps_port is not None:
-            listeners += await self.open_port("stomps", config.stomps_port, host,
-                                              "--stomps-port")
+        listeners = await self.open_pair(host, ("stomp", config.stomp_port),
+                                         ("stomps", config.stomps_port, "--stomps-port"))
         ws_listeners = await self.websockets.open(host)
         task_status.started(self.ports)
         await self.serve_ports(listeners, ws_listeners, self.websockets.handle)

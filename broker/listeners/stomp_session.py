@@ -36,7 +36,7 @@ from ..queues.queue import Consumer
 from ..stomp.codec import Frame
 from ..stomp.connection import ConnectRequested, FrameReceived, ProtocolError, ServerConnection
 from .amqp_channel import Unacked, _selector
-from .session_base import NO_QUEUES, FlowControlledSession
+from .session_base import FlowControlledSession
 from .stomp_deliveries import StompDeliveries, Subscription
 from .stomp_mapping import (
     StompError,
@@ -85,13 +85,7 @@ class StompSession(StompDeliveries, FlowControlledSession):
         # events that came behind it; None: no login waiting
         self.login_wait: tuple[str, Frame] | None = None
         self._held_events: list = []
-        self.wake = lambda: None
-        self.flow_resumed = lambda: None
-        self.flow_queues: set | frozenset = NO_QUEUES
-        self.vhost: Any = None
-        self.user: Any = None
-        self.authz: Any = None
-        self.username: str | None = None
+        self.start_unauthenticated()
         self.client_id = ""
         self.subscriptions: dict[str, Subscription] = {}
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer

@@ -98,13 +98,9 @@ class StreamListener(EdgeListener):
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.broker.config
-        host = listen_host(config)
-        listeners = []
-        if config.stream_port is not None:
-            listeners += await self.open_port("stream", config.stream_port, host)
-        if config.stream_tls_port is not None:
-            listeners += await self.open_port("stream-tls", config.stream_tls_port, host,
-                                              "--stream-tls-port")
+        listeners = await self.open_pair(
+            listen_host(config), ("stream", config.stream_port),
+            ("stream-tls", config.stream_tls_port, "--stream-tls-port"))
         self.service.watch_vhosts()
         task_status.started(self.ports)
         await self.serve_ports(listeners)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import struct
 
+from .. import bigendian
+
 # ---- keys (responses are key | 0x8000) ----
 DECLARE_PUBLISHER = 1
 PUBLISH = 2
@@ -82,13 +84,8 @@ CHUNK_MAGIC_VERSION = 0x50
 CHUNK_HEADER = struct.Struct(">bbHIqQQiIII")  # 48 bytes
 CHUNK_HEADER_SIZE = CHUNK_HEADER.size
 
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_I16 = struct.Struct(">h")
-_U32 = struct.Struct(">I")
-_I32 = struct.Struct(">i")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
+_U8, _U16, _I16, _U32 = bigendian.U8, bigendian.U16, bigendian.I16, bigendian.U32
+_I32, _U64, _I64 = bigendian.I32, bigendian.U64, bigendian.I64
 _HEAD = struct.Struct(">IHH")
 _ENTRY_ID = struct.Struct(">Qi")
 _SUBENTRY = struct.Struct(">BHII")
