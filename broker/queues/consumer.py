@@ -20,6 +20,12 @@ class ConsumerChannel(Protocol):
         channel counts its own deliveries (AMQP 0-9-1)."""
 
     @property
+    def session(self) -> Any:
+        """Its connection (the management API's and the metrics' view of a consumer); the
+        channel itself where it is its own (an MQTT, STOMP or Stream session, a Hermes push
+        subscriber)."""
+
+    @property
     def closed(self) -> bool: ...
 
     @property
