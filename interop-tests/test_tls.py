@@ -54,7 +54,7 @@ def pki(tmp_path_factory):
     return d
 
 
-def _start(pki, tmp, *extra: str) -> tuple[BrokerProc, int]:
+def _start(pki, tmp, *extra: str, http: bool = False) -> tuple[BrokerProc, int]:
     defs = {"users": [{"name": "tls-user", "password_hash": "", "tags": []}],
             "permissions": [{"user": "tls-user", "vhost": "/", "configure": ".*",
                              "write": ".*", "read": ".*"}]}
@@ -63,14 +63,15 @@ def _start(pki, tmp, *extra: str) -> tuple[BrokerProc, int]:
     bp = BrokerProc(tmp / "data", store="memory", extra=[
         "--tls-port", str(tls_port), "--tls-cert", str(pki / "server.pem"),
         "--tls-key", str(pki / "server.key"), "--tls-ca", str(pki / "ca.pem"),
-        "--load-definitions", str(tmp / "defs.json"), *extra], wait_ports=[tls_port])
+        "--load-definitions", str(tmp / "defs.json"), *extra], wait_ports=[tls_port],
+        http=http)
     bp.start()
     return bp, tls_port
 
 
 @pytest.fixture(scope="module")
 def tls_broker(pki, tmp_path_factory):
-    bp, port = _start(pki, tmp_path_factory.mktemp("tls"))
+    bp, port = _start(pki, tmp_path_factory.mktemp("tls"), http=True)
     yield bp, port
     bp.stop()
 
@@ -113,6 +114,28 @@ def test_pika_plain_and_external_over_tls(pki, tls_broker):
     conn.close()
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         _pika(pki, port, cert=None, credentials=ExternalCredentials())  # no certificate: no user
+
+
+def test_amqps_connection_shows_ssl_in_management_api(pki, tls_broker):
+    """As RabbitMQ's: an amqps connection's object in GET /api/connections has ssl true."""
+    import httpx
+    bp, port = tls_broker
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", port, client_properties={"connection_name": "tls-listed"},
+        ssl_options=pika.SSLOptions(_context(pki), server_hostname="localhost"),
+        connection_attempts=1, socket_timeout=10))
+    try:
+        listed = []
+        for _ in range(50):  # the API lists it once the connection is open
+            listed = [c for c in httpx.get(bp.http_url + "/api/connections",
+                                           auth=("guest", "guest"), timeout=10).json()
+                      if c.get("user_provided_name") == "tls-listed"]
+            if listed:
+                break
+            time.sleep(0.05)
+        assert [(c["protocol"], c["ssl"]) for c in listed] == [("AMQP 0-9-1", True)]
+    finally:
+        conn.close()
 
 
 def test_aio_pika_amqps_url(pki, tls_broker):

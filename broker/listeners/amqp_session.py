@@ -34,12 +34,17 @@ _PUBLISH = spec.Basic.Publish()
 
 
 class Session:
+    # its channels count their own deliveries and publishes (stats_*): the amqp091 ones
+    metrics_protocol: str | None = None
+    messages_published = 0  # a stream protocol counter: none here
+
     def __init__(self, broker, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None, tls: bool = False):
         self.broker = broker
         self.audit = broker.audit  # the audit trail, or None
         self.peer = peer
         self.peer_host = peer_host
+        self.tls = tls  # the management API's ``ssl``
         # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified
         self.peer_cert_user = peer_cert_user
         self.user = None  # security.User once logged in

@@ -80,7 +80,7 @@ def connection_json(session) -> dict:
            "name": connection_name(session), "node": NODE, "peer_cert_issuer": None,
            "peer_cert_subject": None, "peer_cert_validity": None, "peer_host": host,
            "peer_port": port,
-           "send_pend": conn.pending_output, "ssl": bool(getattr(session, "tls", False)),
+           "send_pend": conn.pending_output, "ssl": session.tls,
            "ssl_cipher": None, "ssl_hash": None, "ssl_key_exchange": None,
            "ssl_protocol": None, "state": state,
            "type": "network", "user": _user_of(session),
