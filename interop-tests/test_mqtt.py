@@ -383,6 +383,32 @@ def test_large_messages_to_a_slow_reader(mq):
     s.close()
 
 
+def _octets(http, match) -> tuple[int, int]:
+    """``(recv_oct, send_oct)`` of the one listed connection ``match`` picks."""
+    mine = [c for c in http.get("/api/connections").json() if match(c)]
+    assert len(mine) == 1, mine
+    return mine[0]["recv_oct"], mine[0]["send_oct"]
+
+
+def test_mqtt_connection_octets_grow(mq):
+    """As RabbitMQ's: an MQTT connection's recv_oct and send_oct count its socket's bytes."""
+    http = httpx.Client(base_url=mq.http_url, auth=("guest", "guest"), timeout=10)
+    cid = uid()
+    client = Paho(mq.mqtt_port, client_id=cid)
+    try:
+        def mine(c):
+            return c["client_properties"].get("client_id") == cid
+        recv0, send0 = _octets(http, mine)
+        assert recv0 > 0 and send0 > 0  # CONNECT in, CONNACK out
+        client.subscribe(("octets/" + cid, 1))
+        client.publish("octets/" + cid, b"x" * 5000, qos=1)
+        assert len(client.wait_for(1)) == 1
+        recv1, send1 = _octets(http, mine)
+        assert recv1 >= recv0 + 5000 and send1 >= send0 + 5000
+    finally:
+        client.close()
+
+
 def test_mqtt_connections_listed_counted_and_closed_with_amqp_ones(mq, capsys):
     """An MQTT connection is one of the broker's connections: the management API, ctl and
     /metrics show it next to AMQP ones, and closing it there ends it (will published)."""

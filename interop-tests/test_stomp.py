@@ -40,7 +40,8 @@ def tls_files(tmp_path_factory):
 
 class Target:
     def __init__(self, stomp_port: int, amqp_url: str, rabbit: bool, stomps_port: int = 0,
-                 ws_port: int = 0):
+                 ws_port: int = 0, http_url: str = ""):
+        self.http_url = http_url  # TrioMQ's management API ("": not here)
         self.stomp_port = stomp_port
         self.stomps_port = stomps_port
         self.ws_port = ws_port
@@ -66,10 +67,10 @@ def target(tmp_path_factory, external_broker, broker_url, tls_files):
                       extra=["--stomp-port", str(port), "--stomps-port", str(tls_port),
                              "--stomp-ws-port", str(ws_port),
                              "--tls-cert", str(cert), "--tls-key", str(key)],
-                      wait_ports=(port, tls_port, ws_port))
+                      wait_ports=(port, tls_port, ws_port), http=True)
     proc.start()
     try:
-        yield Target(port, proc.url, False, tls_port, ws_port)
+        yield Target(port, proc.url, False, tls_port, ws_port, proc.http_url)
     finally:
         proc.stop()
 
@@ -636,3 +637,26 @@ def test_web_stomp_from_a_browser_page(triomq):
         assert back == [(b"HELLO PAGE", "from the page"), (b"SECOND ONE", "from the page")]
         # everything the page took was acked: nothing left to redeliver
         assert ch.queue_declare(q_in, passive=True).method.message_count == 0
+
+
+def test_stomp_connection_octets_grow(connect, target):
+    """As RabbitMQ's: a STOMP connection's recv_oct and send_oct count its socket's bytes."""
+    if not target.http_url:
+        pytest.skip("TrioMQ's management API (the reference's is not reached here)")
+    import httpx
+    http = httpx.Client(base_url=target.http_url, auth=("guest", "guest"), timeout=10)
+    conn, listener = connect()
+    port = conn.transport.socket.getsockname()[1]
+
+    def octets() -> tuple[int, int]:
+        mine = [c for c in http.get("/api/connections").json() if c["peer_port"] == port]
+        assert len(mine) == 1, mine
+        return mine[0]["recv_oct"], mine[0]["send_oct"]
+    recv0, send0 = octets()
+    assert recv0 > 0 and send0 > 0  # CONNECT in, CONNECTED out
+    dest = "/queue/octets-" + uuid.uuid4().hex[:8]
+    conn.subscribe(dest, id="1", ack="auto")
+    conn.send(dest, "x" * 5000)
+    assert len(listener.message().body) == 5000
+    recv1, send1 = octets()
+    assert recv1 >= recv0 + 5000 and send1 >= send0 + 5000

@@ -60,6 +60,8 @@ class ProtocolSession:
     # these protocols have no AMQP channels: read-only, shared by every session
     channels: Mapping = MappingProxyType({})
     auth_mechanism = "PLAIN"
+    # messages written by its stream publishers (the Stream protocol's session counts them)
+    messages_published = 0
 
     # set by every session's __init__ (and the edge: local_port, tls, wake)
     broker: Any
@@ -72,6 +74,7 @@ class ProtocolSession:
     finished: bool
     local_port: int
     tls: bool
+    metrics_protocol: str | None  # RabbitMQ's protocol label of its counters
     login_wait: tuple[str, Any] | None
     wake: Callable[[], None]
 

@@ -45,9 +45,9 @@ def queue_counts(q) -> tuple:
 
 
 def connection_counts(session) -> tuple:
-    """``CONNECTION_COUNTS`` of a connection (0 for a protocol that does not count them)."""
+    """``CONNECTION_COUNTS`` of a connection (every protocol's connection counts them)."""
     conn = session.conn
-    return tuple(getattr(conn, name, 0) for name in CONNECTION_COUNTS)
+    return (conn.recv_oct, conn.recv_cnt, conn.send_oct, conn.send_cnt)
 
 
 # RabbitMQ's churn_rates (overview) and node counters of the same names
@@ -104,7 +104,7 @@ class MessageTotals:
 
     def retire_connection(self, session) -> None:
         """A closed connection's octets stay in its vhost's totals, as RabbitMQ's do."""
-        self.retired_stream_published += getattr(session, "messages_published", 0)
+        self.retired_stream_published += session.messages_published
         if session.vhost is None:
             return
         counts = connection_counts(session)
@@ -115,7 +115,7 @@ class MessageTotals:
     def stream_published(self) -> int:
         """Messages written by stream protocol publishers, closed connections included."""
         return self.retired_stream_published + sum(
-            getattr(s, "messages_published", 0) for s in list(self.broker.sessions))
+            s.messages_published for s in list(self.broker.sessions))
 
     def octets_by_vhost(self) -> dict[str, tuple[int, int]]:
         """``(recv_oct, send_oct)`` per vhost name, closed connections included (vhosts

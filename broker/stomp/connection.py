@@ -81,11 +81,16 @@ class ServerConnection:
         self.session_id = "session-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         self._out: list[bytes] = []
         self.pending_output = 0
+        # octets and reads / writes (the management API's recv_oct, recv_cnt, send_oct,
+        # send_cnt): once per read or write, not per frame
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
 
     # ---- input ----
     def receive_data(self, data: bytes) -> list:
         if self.state is State.CLOSED:
             return []
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         events: list = []
         error: FrameError | None = None
         try:
@@ -194,4 +199,9 @@ class ServerConnection:
     def data_to_send(self) -> bytes:
         out, self._out = self._out, []
         self.pending_output = 0
-        return b"".join(out)
+        if not out:
+            return b""
+        data = b"".join(out)
+        self.send_oct += len(data)
+        self.send_cnt += 1
+        return data
