@@ -126,6 +126,11 @@ class PushSubscriber:
 
     # ---- what the queue needs of a consumer's channel ----
     @property
+    def session(self) -> PushSubscriber:
+        """No connection: it is its own (its metrics label, as a consumer's)."""
+        return self
+
+    @property
     def can_deliver(self) -> bool:
         return not self.closed
 

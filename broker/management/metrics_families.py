@@ -102,7 +102,7 @@ def fd_limit() -> int:
 
 def protocol_of(obj) -> str:
     """The ``protocol`` label of a connection or a consumer's channel."""
-    return getattr(obj, "metrics_protocol", None) or PROTOCOL
+    return obj.metrics_protocol or PROTOCOL
 
 
 def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: int) -> list:
@@ -135,8 +135,7 @@ def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: i
         for q in list(vhost.queues.values()):
             if not q.internal:
                 for consumer in q.consumers:
-                    consumers[protocol_of(getattr(consumer.channel, "session", None)
-                                          or consumer.channel)] += 1
+                    consumers[protocol_of(consumer.channel.session)] += 1
     out: list = []
     for name, doc, values in (
             ("rabbitmq_global_publishers", "Current number of publishers", publishers),

@@ -115,6 +115,9 @@ class Store:
     #: opens it before listening, as a slave of ActiveMQ's master/slave does: a client
     #: with several hosts must find the standby closed, not accepted and kept waiting.
     standby: bool = False
+    #: ``--flush``: "sync" confirms after the fsync, "async" at once (a periodic fsync);
+    #: a store without a group commit of its own is "sync".
+    flush: str = "sync"
 
     @classmethod
     def inspect(cls, target: str, out: Any) -> int | str:

@@ -170,7 +170,7 @@ class Scheduler:
         covered = snap.log_gen if snap is not None else checkpoint.covered_log_gen(path)
         self.index_log = indexlog.IndexLog(os.path.dirname(path) or ".", covered + 1)
         store = q.store
-        self._log_store = store if getattr(store, "flush", "sync") != "async" else None
+        self._log_store = store if store is not None and store.flush != "async" else None
         return self.index_log
 
     def _flush_index_log(self) -> None:
