@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 from . import spec
 from .fields import FieldTable, Properties
@@ -26,6 +26,7 @@ class State(enum.Enum):
 
 @dataclass(slots=True)
 class ConnectionOpened:
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
     vhost: str
     username: str
     client_properties: FieldTable
@@ -77,6 +78,7 @@ class ContentReceived:
 class ConnectionClosedByPeer:
     """The client closed the connection; nothing more is read. Write what is owed, then
     answer with ``accept_close``."""
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
     reply_code: int
     reply_text: str
 
@@ -84,17 +86,20 @@ class ConnectionClosedByPeer:
 @dataclass(slots=True)
 class ConnectionCloseCompleted:
     """Our connection.close was answered, or the connection must now be dropped."""
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
 
 
 @dataclass(slots=True)
 class ProtocolError:
     """We closed the connection for a protocol violation (for the log)."""
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
     reply_code: int
     reply_text: str
 
 
 @dataclass(slots=True)
 class AuthenticationFailed:
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
     username: str
     reply_text: str
 
@@ -103,6 +108,7 @@ class AuthenticationFailed:
 class LoginNeeded:
     """The authenticator answered ``LOGIN_PENDING``: the edge awaits its check (an OAuth 2
     token introspection) and then calls ``resume_login``; nothing is read meanwhile."""
+    channel: ClassVar[int] = 0  # the connection's own (a channel error names channel 0)
 
 
 # What ``receive_data`` returns.

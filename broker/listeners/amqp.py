@@ -503,7 +503,7 @@ class Server:
     async def _open_tls(self, host: str) -> list:
         """The amqps listeners of ``config.tls_port`` (none when it is None)."""
         config = self.broker.config
-        port = getattr(config, "tls_port", None)
+        port = config.tls_port
         if port is None:
             return []
         self.tls_context = tls.server_context(config)

@@ -216,7 +216,7 @@ class Session:
                     log.warning("connection %s: authentication failed: %s", self.peer,
                                 ev.reply_text)
             except errors.AMQPError as exc:
-                number = getattr(ev, "channel", 0)
+                number = ev.channel
                 # The failing method is known here, not at the raise site.
                 exc.for_method(ev.method if kind is MethodReceived
                                else _PUBLISH if kind is ContentReceived or kind is ContentStarted
