@@ -226,6 +226,7 @@ class Method:
             raise TypeError(f"{self.NAME}: unknown fields {sorted(kwargs)}")
 
     def __repr__(self) -> str:
+        # the fields the spec table names (generic over every method class)
         inner = ", ".join(f"{f}={getattr(self, f)!r}" for f, _ in self.FIELDS)
         return f"<{self.NAME}({inner})>"
 
@@ -267,7 +268,7 @@ def _encode_args(method: Method) -> bytes:
     bits = 0
     nbits = 0
     for fname, ftype in method.FIELDS:
-        value = getattr(method, fname)
+        value = getattr(method, fname)  # the spec table drives encoding: fields by name
         if ftype == "bit":
             if value:
                 bits |= 1 << nbits

@@ -115,7 +115,7 @@ class SysTopics:
         """Mosquitto's load averages: the per-minute rate since the last round, decayed
         into a 1, 5 and 15 minute exponential moving average."""
         service = self.service
-        counts = {attr: getattr(service, attr) for _, attr in LOADS}
+        counts = {attr: getattr(service, attr) for _, attr in LOADS}  # counters LOADS names
         last_time, self._last_time = self._last_time, now
         last_counts, self._last_counts = self._last_counts, counts
         out: dict[str, str] = {}

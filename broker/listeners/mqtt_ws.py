@@ -203,6 +203,7 @@ def _take_trailing(ws: WSConnection) -> None:
     """Bytes a client sent right behind its upgrade request (before the 101, which RFC 6455
     says it must wait for) stay in h11's buffer, which wsproto does not hand on: fed to
     the WebSocket connection here so they are not lost."""
+    # wsproto's private h11 connection: absent in a version that does not keep one
     h11_conn = getattr(ws.handshake, "_h11_connection", None)
     trailing = getattr(h11_conn, "trailing_data", (b"", False))[0]
     if trailing and ws.connection is not None:

@@ -110,7 +110,7 @@ def _stored_in_seq_order(ti: TableIndex) -> None:
     seqs = np.frombuffer(ti.seq, dtype=np.int64)
     keep = np.flatnonzero(np.frombuffer(ti.loc, dtype=np.int64))
     order = keep[np.argsort(seqs[keep], kind="stable")]
-    for name, code in _COLUMNS:
+    for name, code in _COLUMNS:  # the index's columns, by the file format's names
         column = np.frombuffer(getattr(ti, name), dtype=_DTYPES[code])
         sorted_column = array(code)
         sorted_column.frombytes(column[order].tobytes())
@@ -131,6 +131,7 @@ def write(path: str, snap: Snapshot) -> None:
     }).encode()
     parts = [MAGIC, _LEN.pack(len(header)), header]
     for ti in snap.tables.values():
+        # the index's columns, in the file format's order
         parts.extend(getattr(ti, name).tobytes() for name, _code in _COLUMNS)
     crc = 0
     for part in parts:
@@ -248,7 +249,7 @@ def merge(ti: TableIndex | None, prefixes: list[str], vhost: str, fixed, rows: l
     cols: dict[str, list] = {name: [] for name, _code in _COLUMNS}
     complex_: dict[int, list] = {}
     if ti is not None:
-        for name, code in _COLUMNS:
+        for name, code in _COLUMNS:  # the index's columns, by the file format's names
             cols[name].append(np.frombuffer(getattr(ti, name), dtype=_DTYPES[code]))
         complex_.update(ti.complex)
     if len(recs):

@@ -94,7 +94,7 @@ def _load(scheduler, t, ti: checkpoint.TableIndex, hits, prefixes: list[str]) ->
     when None); -1 if the rows do not describe valid slots."""
     names = ("seq", "loc", "blen", "due", "kind", "delay", "sidp", "sidn")
     if hits is None:
-        cols = [getattr(ti, name) for name in names]
+        cols = [getattr(ti, name) for name in names]  # the index's columns, by name
     else:
         import numpy as np
 

@@ -97,7 +97,7 @@ def _read(cur: Cursor, tp) -> Any:
         raise _unknown(f"unknown offset specification {kind}")
     if tp == "versions":
         return [(cur.u16(), cur.u16(), cur.u16()) for _ in range(cur.count(6))]
-    return getattr(cur, tp)()
+    return getattr(cur, tp)()  # the command table names the reader of each field type
 
 
 def decode(key: int, version: int, payload) -> Command:
@@ -216,6 +216,7 @@ def encode(cmd: Command) -> bytes:
                 out.append(bytes(m.data))
         body = b"".join(out)
         return _HEAD.pack(len(body) + 4, PUBLISH, cmd.version) + body
+    # each dataclass field by its name, in the command table's order
     values = [getattr(cmd, f.name) for f in fields(cmd) if f.name != "version"]
     return frame(cmd.KEY, cmd.version, cmd.FIELDS, values)
 

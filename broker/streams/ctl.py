@@ -30,7 +30,7 @@ def add_super_stream(api: Api, a) -> None:
         "binding_keys": a.binding_keys}
     arguments: dict = {}
     for opt, arg in _ARGS.items():
-        value = getattr(a, opt)
+        value = getattr(a, opt)  # an argparse option, by the table's name
         if value is None:
             continue
         if opt in ("max_length_bytes", "stream_max_segment_size_bytes"):
