@@ -21,7 +21,6 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=10000)
     ap.add_argument("--runs", type=int, default=30)
     args = ap.parse_args()
-    from broker.amqp import spec
     from broker.broker import Broker
     from broker.config import Config
     from broker.management.stats import MessageTotals, Sampler
@@ -32,8 +31,7 @@ def main() -> None:
         broker.message_totals = MessageTotals(broker)
         vhost = broker.vhosts["/"]
         for i in range(args.queues):
-            vhost.declare_queue(spec.Queue.Declare(queue=f"q{i}", durable=False, exclusive=False,
-                                                   auto_delete=False, arguments={}), None)
+            vhost.declare_queue(f"q{i}", None, arguments={})
         sampler = Sampler(broker)
         sampler.sample()
         times = []

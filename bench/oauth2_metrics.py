@@ -20,7 +20,6 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker.amqp import spec
 from broker.broker import Broker
 from broker.config import Config
 from broker.management.metrics import BrokerCollector, DetailedCollector, _render
@@ -74,7 +73,7 @@ def scrapes(queues: int) -> None:
     broker = Broker(Config())
     vhost = broker.vhosts["/"]
     for i in range(queues):
-        vhost.declare_queue(spec.Queue.Declare(queue=f"q{i}"), None)
+        vhost.declare_queue(f"q{i}", None)
     for name, collector in (
             ("/metrics (aggregated)", BrokerCollector(broker, False)),
             ("/metrics/per-object", BrokerCollector(broker, True)),

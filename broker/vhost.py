@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import errors
 from .churn import Churn
@@ -125,16 +125,11 @@ class VirtualHost:
             raise errors.resource_locked(self.queue_resource(q.name))
 
     # ---- exchanges ----
-    def declare_exchange(self, name: str | Any, type: str = "direct", *, passive: bool = False,
+    def declare_exchange(self, name: str, type: str = "direct", *, passive: bool = False,
                          durable: bool = False, auto_delete: bool = False,
                          internal: bool = False, arguments: dict | None = None,
                          persist: bool = True) -> Exchange:
-        """exchange.declare, in plain keywords. ``name`` may still be an AMQP
-        ``exchange.declare`` (callers not moved to keywords yet)."""
-        if not isinstance(name, str):
-            m = name
-            name, type, passive, durable, auto_delete, internal, arguments = (
-                m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments)
+        """exchange.declare, in plain keywords."""
         if passive:
             if name == "":
                 return self.exchanges[""]
@@ -169,10 +164,8 @@ class VirtualHost:
             x.declared(self)
         return x
 
-    def delete_exchange(self, name: str | Any, *, if_unused: bool = False) -> None:
-        """exchange.delete; ``name`` may still be an AMQP ``exchange.delete``."""
-        if not isinstance(name, str):
-            name, if_unused = name.exchange, name.if_unused
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        """exchange.delete."""
         if name == "":
             raise errors.access_refused("operation not permitted on the default exchange")
         if name.startswith("amq."):
@@ -250,17 +243,12 @@ class VirtualHost:
             self._remove_exchange(source)
 
     # ---- queues ----
-    def declare_queue(self, name: str | Any = "", owner=None,
+    def declare_queue(self, name: str = "", owner=None,
                       authorize: Callable[[str], None] | None = None, *, passive: bool = False,
                       durable: bool = False, exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict | None = None) -> Queue:
         """queue.declare, in plain keywords (``name`` "": server-named); ``authorize(name)``
-        (permissions, limits) runs once the name is known, before anything is created.
-        ``name`` may still be an AMQP ``queue.declare`` (callers not moved to keywords yet)."""
-        if not isinstance(name, str):
-            m = name
-            name, passive, durable, exclusive, auto_delete, arguments = (
-                m.queue, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments)
+        (permissions, limits) runs once the name is known, before anything is created."""
         self.churn.queues_declared += 1
         server_named = name == ""
         if passive:
@@ -388,11 +376,9 @@ class VirtualHost:
         log.debug("queue %r deleted (%s)", q.name, reason)
         return count
 
-    def delete_queue_checked(self, name: str | Any, owner, *, if_unused: bool = False,
+    def delete_queue_checked(self, name: str, owner, *, if_unused: bool = False,
                              if_empty: bool = False) -> int:
-        """queue.delete; ``name`` may still be an AMQP ``queue.delete``."""
-        if not isinstance(name, str):
-            name, if_unused, if_empty = name.queue, name.if_unused, name.if_empty
+        """queue.delete."""
         q = self.find_queue(name)
         if q is None:
             return 0

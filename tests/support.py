@@ -9,7 +9,6 @@ builders, an error matcher, and two clients that speak AMQP to the broker withou
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass, field
 
 import trio
@@ -47,19 +46,15 @@ def make_message(body: bytes = b"m", exchange: str = "", routing_key: str = "",
 
 
 def declare_queue(vhost, name: str = "", owner=None, **fields):
-    """``vhost.declare_queue`` for a queue.declare with ``fields`` (durable, exclusive, arguments...)."""
-    return vhost.declare_queue(spec.Queue.Declare(queue=name, **fields), owner)
+    """``vhost.declare_queue`` with ``fields`` (durable, exclusive, arguments...)."""
+    return vhost.declare_queue(name, owner, **fields)
 
 
 def declare_exchange(vhost, name: str, type: str = "direct", **fields):
-    return vhost.declare_exchange(spec.Exchange.Declare(exchange=name, type=type, **fields))
+    return vhost.declare_exchange(name, type, **fields)
 
 
 def bind(vhost, source: str, destination, routing_key: str = "", arguments: dict | None = None):
-    """``vhost.bind`` whether or not it still takes the failing method for error texts."""
-    params = inspect.signature(vhost.bind).parameters
-    if "m" in params and params["m"].default is inspect.Parameter.empty:
-        return vhost.bind(source, destination, routing_key, arguments or {}, None)
     return vhost.bind(source, destination, routing_key, arguments or {})
 
 

@@ -15,8 +15,6 @@ import trio
 from proton import Delivery, Message
 from proton.utils import BlockingConnection, SendException
 
-from broker.amqp import spec
-
 from .test_publishing import (  # noqa: F401  (every_protocol: a fixture)
     _amqp,
     _http,
@@ -52,7 +50,7 @@ async def test_an_amqp10_publish_passes_the_hooks_and_routes_as_the_others(in_pr
     broker = in_process
     vhost = broker.vhosts["/"]
     seen = _record_hook(broker)
-    q = vhost.declare_queue(spec.Queue.Declare(queue="same", arguments={}), None)
+    q = vhost.declare_queue("same", None, arguments={})
     vhost.bind("amq.topic", q, "t.same", {})
     assert await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/amq.topic/t.same",
                                          b"same-amqp10") == "accepted"
@@ -64,9 +62,8 @@ async def test_an_amqp10_publish_passes_the_hooks_and_routes_as_the_others(in_pr
 async def test_an_amqp10_x_delay_is_scheduled_not_routed(in_process):
     broker = in_process
     vhost = broker.vhosts["/"]
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="later", type="x-delayed-message",
-                                                 arguments={"x-delayed-type": "direct"}))
-    q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
+    vhost.declare_exchange("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    q = vhost.declare_queue("later", None, arguments={})
     vhost.bind("later", q, "k", {})
     before = broker.scheduler.pending
     assert await trio.to_thread.run_sync(_send, broker.amqp_port, "/exchange/later/k",

@@ -123,7 +123,7 @@ async def test_every_protocol_publishes_through_the_hooks_and_routes_alike(every
     broker = every_protocol
     vhost = broker.vhosts["/"]
     seen = _record_hook(broker)
-    q = vhost.declare_queue(spec.Queue.Declare(queue="same", arguments={}), None)
+    q = vhost.declare_queue("same", None, arguments={})
     vhost.bind("amq.topic", q, "t.same", {})
     await _amqp(broker, "amq.topic", "t.same", b"same-amqp")
     await _mqtt(broker, "t/same", b"same-mqtt")
@@ -159,9 +159,8 @@ async def test_x_delay_is_scheduled_whichever_protocol_published(every_protocol)
     """The issue's measurement: through the management API an x-delay was routed at once."""
     broker = every_protocol
     vhost = broker.vhosts["/"]
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="later", type="x-delayed-message",
-                                                 arguments={"x-delayed-type": "direct"}))
-    q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
+    vhost.declare_exchange("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    q = vhost.declare_queue("later", None, arguments={})
     vhost.bind("later", q, "k", {})
     before = broker.scheduler.pending
     await _amqp(broker, "later", "k", b"amqp", headers={"x-delay": 60_000})
@@ -185,7 +184,7 @@ async def test_x_delay_is_scheduled_whichever_protocol_published(every_protocol)
 def test_a_source_publish_reports_its_outcome(broker):
     """The path's outcome, for callers that answer it themselves (HTTP)."""
     vhost = broker.vhosts["/"]
-    vhost.declare_queue(spec.Queue.Declare(queue="q", arguments={}), None)
+    vhost.declare_queue("q", None, arguments={})
     source = Source(broker, vhost, "guest", "test")
     delayed = {"headers": {"AMQ_SCHEDULED_DELAY": 60_000}}
     routed = broker.publishing.publish(source, Message("", "q", b"", {}, b"x"))
@@ -222,7 +221,7 @@ async def test_a_qos1_publish_is_refused_like_a_confirmed_one_while_the_store_fa
         while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110
             await trio.sleep(0.01)
     vhost = broker.vhosts["/"]
-    q = vhost.declare_queue(spec.Queue.Declare(queue="kept", durable=True, arguments={}), None)
+    q = vhost.declare_queue("kept", None, durable=True, arguments={})
     vhost.bind("amq.topic", q, "t.kept", {})
     assert q.store is not None
     stream = await trio.open_tcp_stream("127.0.0.1", broker.mqtt.ports["mqtt"])
@@ -253,7 +252,7 @@ def test_http_publishes_are_audited_as_amqp_ones_and_sys_is_not(tmp_path):
     broker = Broker(Config(data_dir=str(tmp_path / "data"), mqtt_port=0, mqtt_sys_interval=3600,
                            audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
     vhost = broker.vhosts["/"]
-    q = vhost.declare_queue(spec.Queue.Declare(queue="audited", arguments={}), None)
+    q = vhost.declare_queue("audited", None, arguments={})
     vhost.bind("amq.topic", q, "t.audited", {})
     assert publish_message(broker, vhost, "amq.topic", "t.audited", {"message_id": "http"},
                            b"x", "guest", "10.0.0.1")
@@ -303,12 +302,11 @@ def test_an_at_least_once_dead_letter_is_refused_while_its_target_store_fails(br
     and routes it again once the store recovered (before: enqueued into the failing
     store's queue at once)."""
     vhost = broker.vhosts["/"]
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="dlx", type="fanout"))
-    src = vhost.declare_queue(spec.Queue.Declare(queue="src", durable=True, arguments={
+    vhost.declare_exchange("dlx", "fanout")
+    src = vhost.declare_queue("src", None, durable=True, arguments={
         "x-queue-type": "quorum", "x-dead-letter-exchange": "dlx",
-        "x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once"}), None)
-    target = vhost.declare_queue(spec.Queue.Declare(queue="dlq", durable=True, arguments={}),
-                                 None)
+        "x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once"})
+    target = vhost.declare_queue("dlq", None, durable=True, arguments={})
     vhost.bind("dlx", target, "", {})
     store = _FailingStore()
     target.store = store  # what attach_store does for a stored queue
@@ -336,10 +334,10 @@ def test_a_dead_letter_passes_no_hook_and_is_audited_as_an_enqueue_only(tmp_path
                            audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
     vhost = broker.vhosts["/"]
     seen = _record_hook(broker)
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="dlx", type="fanout"))
-    src = vhost.declare_queue(spec.Queue.Declare(queue="src", arguments={
-        "x-dead-letter-exchange": "dlx"}), None)
-    target = vhost.declare_queue(spec.Queue.Declare(queue="dlq", arguments={}), None)
+    vhost.declare_exchange("dlx", "fanout")
+    src = vhost.declare_queue("src", None, arguments={
+        "x-dead-letter-exchange": "dlx"})
+    target = vhost.declare_queue("dlq", None, arguments={})
     vhost.bind("dlx", target, "", {})
     props = {"headers": {"x-delay": 60_000}, "message_id": "dl"}
     source = Source(broker, vhost, "guest", "test")
@@ -361,7 +359,7 @@ async def test_the_management_publish_is_refused_during_an_alarm(every_protocol)
     which RabbitMQ keeps working under an alarm, still passes."""
     broker = every_protocol
     vhost = broker.vhosts["/"]
-    q = vhost.declare_queue(spec.Queue.Declare(queue="alarmed", arguments={}), None)
+    q = vhost.declare_queue("alarmed", None, arguments={})
     broker.set_alarm("disk", True)
     try:
         async with _http(broker) as http:
@@ -396,8 +394,8 @@ def test_a_transactions_check_back_and_default_commit_are_published_by_the_broke
     clock.timers = broker.timers
     broker.transactions.clock = clock
     vhost = broker.vhosts["/"]
-    orders = vhost.declare_queue(spec.Queue.Declare(queue="orders", arguments={}), None)
-    checks = vhost.declare_queue(spec.Queue.Declare(queue="checks", arguments={}), None)
+    orders = vhost.declare_queue("orders", None, arguments={})
+    checks = vhost.declare_queue("checks", None, arguments={})
     props = {"message_id": "tx-1", "reply_to": "checks",
              "headers": {"x-transaction": "prepare", "x-transaction-timeout": 100,
                          "x-transaction-check-max": 1, "x-transaction-default": "commit"}}
@@ -431,7 +429,7 @@ def test_a_scheduled_firing_goes_through_the_path_and_is_audited_as_fired(tmp_pa
                            audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
     scheduler = Scheduler(broker, clock=lambda: now[0])
     vhost = broker.vhosts["/"]
-    q = vhost.declare_queue(spec.Queue.Declare(queue="later", arguments={}), None)
+    q = vhost.declare_queue("later", None, arguments={})
     calls: list = []
     publish = broker.publishing.publish
 

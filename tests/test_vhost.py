@@ -78,22 +78,22 @@ def test_delete_exchange(vhost):
     q = declare_queue(vhost, "q")
     bind(vhost, "e", q)
     with amqp_error(spec.PRECONDITION_FAILED, "exchange 'e' in vhost '/' in use"):
-        vhost.delete_exchange(spec.Exchange.Delete(exchange="e", if_unused=True))
-    vhost.delete_exchange(spec.Exchange.Delete(exchange="e"))
+        vhost.delete_exchange("e", if_unused=True)
+    vhost.delete_exchange("e")
     assert "e" not in vhost.exchanges
     assert q.bindings == set()
-    vhost.delete_exchange(spec.Exchange.Delete(exchange="e"))  # idempotent
+    vhost.delete_exchange("e")  # idempotent
     with amqp_error(spec.ACCESS_REFUSED, "deletion of system exchange 'amq.direct'"):
-        vhost.delete_exchange(spec.Exchange.Delete(exchange="amq.direct"))
+        vhost.delete_exchange("amq.direct")
     with amqp_error(spec.ACCESS_REFUSED):
-        vhost.delete_exchange(spec.Exchange.Delete(exchange=""))
+        vhost.delete_exchange("")
 
 
 def test_deleting_a_destination_exchange_removes_bindings_to_it(vhost):
     declare_exchange(vhost, "src", "fanout")
     dst = declare_exchange(vhost, "dst", "fanout")
     bind(vhost, "src", dst)
-    vhost.delete_exchange(spec.Exchange.Delete(exchange="dst"))
+    vhost.delete_exchange("dst")
     assert not vhost.exchanges["src"].has_bindings
 
 
@@ -180,7 +180,7 @@ def test_exclusive_queue_belongs_to_its_connection(vhost):
     with amqp_error(spec.RESOURCE_LOCKED):
         vhost.get_queue("ex", OTHER)
     with amqp_error(spec.RESOURCE_LOCKED):
-        vhost.delete_queue_checked(spec.Queue.Delete(queue="ex"), OTHER)
+        vhost.delete_queue_checked("ex", OTHER)
     # the owner redeclaring it non-exclusive is refused too
     with amqp_error(spec.RESOURCE_LOCKED):
         declare_queue(vhost, "ex", owner=OWNER)
@@ -210,10 +210,10 @@ def test_delete_queue_checked(vhost):
     q = declare_queue(vhost, "q")
     q.enqueue(make_message())
     with amqp_error(spec.PRECONDITION_FAILED, "queue 'q' in vhost '/' not empty"):
-        vhost.delete_queue_checked(spec.Queue.Delete(queue="q", if_empty=True), None)
-    assert vhost.delete_queue_checked(spec.Queue.Delete(queue="q"), None) == 1
+        vhost.delete_queue_checked("q", None, if_empty=True)
+    assert vhost.delete_queue_checked("q", None) == 1
     assert q.deleted and "q" not in vhost.queues
-    assert vhost.delete_queue_checked(spec.Queue.Delete(queue="q"), None) == 0  # idempotent
+    assert vhost.delete_queue_checked("q", None) == 0  # idempotent
 
 
 def test_deleted_queue_callbacks_get_its_consumers(vhost):
@@ -317,7 +317,7 @@ def test_alternate_exchange_only_when_unrouted(vhost):
     bind(vhost, "ae", lost)
     assert routed(vhost, "main", "k") == ["hit"]
     assert routed(vhost, "main", "other") == ["lost"]
-    vhost.delete_exchange(spec.Exchange.Delete(exchange="ae"))
+    vhost.delete_exchange("ae")
     assert routed(vhost, "main", "other") == []  # a missing alternate exchange is no error
 
 

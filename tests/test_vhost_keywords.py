@@ -57,3 +57,24 @@ def test_the_default_queue_type_applies_to_keyword_declares(vhost):
     assert vhost.declare_queue("transient-one").queue_type is QUEUE_TYPES["classic"]
     assert vhost.declare_queue("", OWNER, exclusive=True, durable=True).queue_type \
         is QUEUE_TYPES["classic"]
+
+
+def test_no_caller_builds_amqp_methods_to_talk_to_the_vhost():
+    """Only the AMQP 0-9-1 edge parses methods (and unpacks them into keywords); the
+    cluster's link sends real ones to another node. Nothing fakes a frame for the core."""
+    import inspect
+    import pathlib
+    import re
+
+    from broker.vhost import VirtualHost
+
+    for meth in ("declare_queue", "declare_exchange", "delete_exchange", "delete_queue_checked"):
+        assert inspect.signature(getattr(VirtualHost, meth)).parameters["name"].annotation \
+            == "str", meth
+    root = pathlib.Path(__file__).resolve().parent.parent / "broker"
+    allowed = {"amqp", "cluster/forward.py", "cluster/store.py"}
+    fake = re.compile(r"spec\.(Queue|Exchange)\.(Declare|Delete)\(|SimpleNamespace\(\s*(queue|exchange)=")
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if not any(str(p.relative_to(root)).startswith(a) for a in allowed)
+             and fake.search(p.read_text())]
+    assert found == []

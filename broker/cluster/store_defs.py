@@ -9,7 +9,6 @@ import base64
 import hashlib
 import json
 import logging
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -145,7 +144,7 @@ class ClusterDefinitions:
                 for x in list(vhost.exchanges.values()):
                     if x.durable and x.name and not x.name.startswith("amq.") \
                             and (vhost.name, x.name) not in exchanges:
-                        vhost.delete_exchange(SimpleNamespace(exchange=x.name, if_unused=False))
+                        vhost.delete_exchange(x.name)
                         dropped.append(f"exchange {x.name}")
         finally:
             self._applying = False
@@ -340,10 +339,10 @@ class ClusterDefinitions:
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is None or value["name"] in vhost.exchanges:
                 return
-            vhost.declare_exchange(SimpleNamespace(
-                exchange=value["name"], type=value["type"], passive=False, durable=True,
+            vhost.declare_exchange(
+                value["name"], value["type"], durable=True,
                 auto_delete=value.get("auto_delete", False), internal=value.get("internal", False),
-                arguments=_args_in(value.get("arguments", ""))), persist=False)
+                arguments=_args_in(value.get("arguments", "")), persist=False)
         elif section == "queue":
             vhost = broker.vhosts.get(value["vhost"])
             master = str(value.get("master", ""))
@@ -421,7 +420,7 @@ class ClusterDefinitions:
         elif section == "exchange":
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is not None and value["name"] in vhost.exchanges:
-                vhost.delete_exchange(SimpleNamespace(exchange=value["name"], if_unused=False))
+                vhost.delete_exchange(value["name"])
         elif section == "queue":
             vhost = broker.vhosts.get(value["vhost"])
             q = vhost.queues.get(value["name"]) if vhost is not None else None

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from proton import Disposition, uint, ulong
 
 from .. import errors
-from ..amqp import spec
 from ..amqp10 import management as http
 from ..amqp10.events import MessageReceived
 
@@ -244,10 +243,10 @@ class ManagementNode:
 
         if existed:
             authz.check("queue", name, "configure")
-        m = spec.Queue.Declare(queue=name, durable=durable, auto_delete=auto_delete,
-                               exclusive=exclusive, arguments=args)
         try:
-            q = vhost.declare_queue(m, session if exclusive else None, authorize)
+            q = vhost.declare_queue(name, session if exclusive else None, authorize,
+                                    durable=durable, auto_delete=auto_delete,
+                                    exclusive=exclusive, arguments=args)
         except errors.AMQPError as exc:
             if exc.code == 406:
                 raise http.RequestError("409", _text(exc)) from None
@@ -262,8 +261,7 @@ class ManagementNode:
         _check_name(name)
         session.authz.check("queue", name, "configure")
         try:
-            count = vhost.delete_queue_checked(
-                spec.Queue.Delete(queue=name, if_unused=False, if_empty=False), session)
+            count = vhost.delete_queue_checked(name, session)
         except errors.AMQPError as exc:
             raise http.RequestError("400", _text(exc)) from None
         return "200", {"message_count": ulong(count)}
@@ -299,9 +297,8 @@ class ManagementNode:
                 raise http.RequestError(
                     "403", f"{vhost.exchange_resource(name)} starts with reserved prefix 'amq.'")
         try:
-            vhost.declare_exchange(spec.Exchange.Declare(
-                exchange=name, type=str(xtype), passive=False, durable=durable,
-                auto_delete=auto_delete, internal=internal, arguments=args))
+            vhost.declare_exchange(name, xtype, durable=durable, auto_delete=auto_delete,
+                                   internal=internal, arguments=args)
         except errors.AMQPError as exc:
             if exc.code == 406:
                 raise http.RequestError("409", _text(exc)) from None
@@ -320,7 +317,7 @@ class ManagementNode:
                 "403", f"{session.vhost.exchange_resource(name)} starts with reserved prefix "
                 "'amq.'")
         session.authz.check("exchange", name, "configure")
-        session.vhost.delete_exchange(spec.Exchange.Delete(exchange=name, if_unused=False))
+        session.vhost.delete_exchange(name)
         return "204", None
 
     # ---- bindings ----

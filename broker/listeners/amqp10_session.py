@@ -26,7 +26,6 @@ from typing import Any
 from proton import Disposition, symbol
 
 from .. import __version__, errors
-from ..amqp import spec
 from ..amqp10 import addresses
 from ..amqp10.connection import ServerConnection
 from ..amqp10.events import (
@@ -308,9 +307,9 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         def authorize(qname: str) -> None:
             authz.check("queue", qname, "configure")
 
-        m = spec.Queue.Declare(queue=name, durable=durable, auto_delete=auto_delete,
-                               exclusive=exclusive, arguments={})
-        return self.vhost.declare_queue(m, self if exclusive else None, authorize)
+        return self.vhost.declare_queue(name, self if exclusive else None, authorize,
+                                        durable=durable, auto_delete=auto_delete,
+                                        exclusive=exclusive, arguments={})
 
     def _ensure_queue(self, name: str) -> None:
         if self.vhost.find_queue(name) is None:

@@ -2,17 +2,20 @@
 their permission checks; not basic.*, publishing or settlement (amqp_channel.py)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..amqp import spec
 from ..direct_reply import REPLY_PREFIX, REPLY_QUEUE
 
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+
 
 class EntityMethods:
     """Mixed into ``Channel``: what these methods use of it."""
     authz: Any
-    vhost: Any
+    vhost: VirtualHost
     session: Any
     last_queue: str | None
     _deferred_cancels: list | None
@@ -29,14 +32,16 @@ class EntityMethods:
             if isinstance(ae, (str, bytes)) and m.exchange not in self.vhost.exchanges:
                 authz.check("exchange", m.exchange, "read")
                 authz.check("exchange", ae.decode() if isinstance(ae, bytes) else ae, "write")
-        self.vhost.declare_exchange(m)
+        self.vhost.declare_exchange(m.exchange, m.type, passive=m.passive, durable=m.durable,
+                                    auto_delete=m.auto_delete, internal=m.internal,
+                                    arguments=m.arguments)
         if not m.nowait:
             self.reply(spec.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m) -> None:
         if self.authz is not None and m.exchange and not m.exchange.startswith("amq."):
             self.authz.check("exchange", m.exchange, "configure")
-        self.vhost.delete_exchange(m)
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.reply(spec.Exchange.DeleteOk())
 
@@ -98,9 +103,11 @@ class EntityMethods:
         if m.queue.startswith(REPLY_QUEUE) and self._declare_reply_queue(m):
             return
         q = self.vhost.declare_queue(
-            m, self.session,
-            authorize=None if self.authz is None or m.passive
-            else lambda name: self._authorize_queue(name, m.arguments))
+            m.queue, self.session,
+            None if self.authz is None or m.passive
+            else lambda name: self._authorize_queue(name, m.arguments),
+            passive=m.passive, durable=m.durable, exclusive=m.exclusive,
+            auto_delete=m.auto_delete, arguments=m.arguments)
         self.last_queue = q.name
         if not m.nowait:
             self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
@@ -143,13 +150,14 @@ class EntityMethods:
             self.reply(spec.Queue.PurgeOk(count))
 
     def on_queue_delete(self, m) -> None:
-        m.queue = self._queue_name(m.queue)
+        name = self._queue_name(m.queue)
         if self.authz is not None:
-            self.authz.check("queue", m.queue, "configure")
+            self.authz.check("queue", name, "configure")
         # RabbitMQ sends delete-ok before the basic.cancel of this channel's own consumers.
         self._deferred_cancels = []
         try:
-            count = self.vhost.delete_queue_checked(m, self.session)
+            count = self.vhost.delete_queue_checked(name, self.session, if_unused=m.if_unused,
+                                                    if_empty=m.if_empty)
         finally:
             deferred, self._deferred_cancels = self._deferred_cancels, None
         if not m.nowait:

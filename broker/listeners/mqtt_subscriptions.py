@@ -5,7 +5,6 @@ import logging
 from typing import Any
 
 from .. import errors
-from ..amqp import spec
 from ..exchanges.topic import MQTT_SUBSCRIPTION_ARG
 from ..mqtt import codec
 from ..mqtt import properties as P
@@ -176,8 +175,7 @@ class MQTTSubscriptions(MQTTSessionState):
             q = vhost.find_queue(name)
             if q is None:
                 # lives while it has members: the last one leaving deletes it
-                m = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
-                q = vhost.declare_queue(m, None)
+                q = vhost.declare_queue(name, None, durable=False, auto_delete=True)
             vhost.bind(exchange, q, key, {MQTT_SUBSCRIPTION_ARG: topic_filter, SHARED_ARG: group})
         except errors.AMQPError as exc:
             log.warning("mqtt client %r: shared subscription %r refused: %s", self.client_id,
@@ -281,9 +279,8 @@ class MQTTSubscriptions(MQTTSessionState):
             # an MQTT 5 session expires that long after its last connection ends: the queue's
             # x-expires (unused that long: no consumer) is exactly that (section 3.1.2.11.2)
             args["x-expires"] = self.expiry * 1000
-        m = spec.Queue.Declare(queue=name, durable=not self.clean, auto_delete=self.clean,
-                               arguments=args)
-        return self.vhost.declare_queue(m, None)
+        return self.vhost.declare_queue(name, None, durable=not self.clean,
+                                        auto_delete=self.clean, arguments=args)
 
     def _consume(self, q) -> None:
         tag = f"mqtt-{self.client_id}-qos1"

@@ -28,7 +28,6 @@ import logging
 from typing import Any
 
 from .. import errors
-from ..amqp import spec
 from ..amqp.fields import encode_properties
 from ..message import Message
 from ..publishing import NACKED, REFUSED, STORING
@@ -289,9 +288,9 @@ class StompSession(StompDeliveries, FlowControlledSession):
         def authorize(qname: str) -> None:
             authz.check("queue", qname, "configure")
 
-        m = spec.Queue.Declare(queue=name, durable=durable, auto_delete=auto_delete,
-                               exclusive=exclusive, arguments=arguments or {})
-        return self.vhost.declare_queue(m, self if exclusive else None, authorize)
+        return self.vhost.declare_queue(name, self if exclusive else None, authorize,
+                                        durable=durable, auto_delete=auto_delete,
+                                        exclusive=exclusive, arguments=arguments or {})
 
     def _temp_queue(self, name: str):
         q = self.temp_queues.get(name)

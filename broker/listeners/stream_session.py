@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import errors
-from ..amqp import spec
 from ..cluster.link import LINK_USER
 from ..queues.stream import StreamQueue
 from ..streamproto import codec
@@ -308,9 +307,8 @@ class StreamSession(StreamPublishing, StreamConsuming):
 
     def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
         arguments: dict[str, Any] = {"x-queue-type": "stream", **_arguments(create_args)}
-        m = spec.Queue.Declare(queue=name, durable=True, auto_delete=False, exclusive=False,
-                               arguments=arguments)
-        return self.vhost.declare_queue(m, None)  # type: ignore[return-value]
+        return self.vhost.declare_queue(  # type: ignore[return-value]
+            name, None, durable=True, arguments=arguments)
 
     def _create_super_stream(self, cmd: codec.CreateSuperStream) -> None:
         """A direct exchange named after the super stream, a stream per partition, bound

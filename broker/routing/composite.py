@@ -12,7 +12,6 @@ deletable.
 from __future__ import annotations
 
 from .. import errors
-from ..amqp import spec
 
 QUEUE_SCHEME = "queue://"
 TOPIC_SCHEME = "topic://"
@@ -59,7 +58,7 @@ class CompositeDestinations:
                     dest = vhost.resolve_queue(member) or vhost.ensure_queue(member, durable=True,
                                                                                arguments={})
             destinations.append(dest)
-        x = vhost.declare_exchange(spec.Exchange.Declare(exchange=name, type="fanout", durable=True))
+        x = vhost.declare_exchange(name, "fanout", durable=True)
         for dest in destinations:
             vhost.bind(name, dest, "", {})
         return x

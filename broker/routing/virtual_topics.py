@@ -10,8 +10,6 @@ as such; an AMQP client may bind more queues to the exchange.
 """
 from __future__ import annotations
 
-from ..amqp import spec
-
 TOPIC_PREFIX = "VirtualTopic."
 CONSUMER_PREFIX = "Consumer."
 
@@ -38,8 +36,7 @@ class VirtualTopics:
             return None
         x = vhost.exchanges.get(name)
         if x is None:
-            x = vhost.declare_exchange(spec.Exchange.Declare(exchange=name, type=self.exchange_type,
-                                                             durable=True))
+            x = vhost.declare_exchange(name, self.exchange_type, durable=True)
         return x
 
     def queue(self, vhost, name: str):

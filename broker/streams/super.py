@@ -11,11 +11,13 @@ partitions in order) or ask Route for a binding key, and publish to the partitio
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ..amqp import spec
 from ..queues.stream import StreamQueue
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
 
 ORDER_ARG = "x-stream-partition-order"
 SUPER_ARG = "x-super-stream"
@@ -43,7 +45,7 @@ def layout(name: str, partitions: int | None = None,
     return [f"{name}-{k}" for k in keys], keys
 
 
-def declare(vhost, name: str, partitions: list[str], keys: list[str],
+def declare(vhost: VirtualHost, name: str, partitions: list[str], keys: list[str],
             queue_arguments: dict[str, Any] | None = None) -> None:
     """Exchange, partition streams, bindings; all or nothing (raises the AMQP error of
     the step that failed after undoing the ones done)."""
@@ -51,19 +53,16 @@ def declare(vhost, name: str, partitions: list[str], keys: list[str],
         raise errors.precondition_failed("super stream '%s': %d partitions, at most %d",
                                          name, len(partitions), MAX_PARTITIONS)
     made: list = []
-    vhost.declare_exchange(spec.Exchange.Declare(
-        exchange=name, type="direct", durable=True, arguments={SUPER_ARG: True}))
+    vhost.declare_exchange(name, "direct", durable=True, arguments={SUPER_ARG: True})
     try:
         for order, (part, key) in enumerate(zip(partitions, keys, strict=True)):
             arguments = {**(queue_arguments or {}), "x-queue-type": "stream"}
-            made.append(vhost.declare_queue(spec.Queue.Declare(
-                queue=part, durable=True, auto_delete=False, exclusive=False,
-                arguments=arguments), None))
+            made.append(vhost.declare_queue(part, None, durable=True, arguments=arguments))
             vhost.bind(name, made[-1], key, {ORDER_ARG: order})
     except Exception:
         for q in made:
             vhost.delete_queue(q)
-        vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
+        vhost.delete_exchange(name)
         raise
 
 
@@ -103,10 +102,10 @@ def partition_index(vhost, name: str, stream: str) -> int | None:
     return None
 
 
-def delete(vhost, name: str) -> list[str]:
+def delete(vhost: VirtualHost, name: str) -> list[str]:
     """Delete the exchange and its partition streams; the partitions' names."""
     parts = partitions_of(vhost, name) or []
-    vhost.delete_exchange(spec.Exchange.Delete(exchange=name))
+    vhost.delete_exchange(name)
     for part, _k, _o in parts:
         q = vhost.queues.get(part)
         if isinstance(q, StreamQueue):

@@ -152,11 +152,10 @@ def test_values_seen_before_the_exchange_had_a_queue_are_written_once_it_has_one
 
 
 def test_a_redeclared_exchange_does_not_inherit_the_deleted_ones_cache(vhost):
-    from broker.amqp import spec
     declare_exchange(vhost, "d", "x-message-deduplication", durable=True, arguments=DISK)
     bind(vhost, "d", declare_queue(vhost, "q"))
     publish(vhost, "a")
-    vhost.delete_exchange(spec.Exchange.Delete(exchange="d"))
+    vhost.delete_exchange("d")
     x = declare_exchange(vhost, "d", "x-message-deduplication", durable=True, arguments=DISK)
     bind(vhost, "d", vhost.queues["q"])
     assert publish(vhost, "a") == ["q"]
@@ -201,14 +200,13 @@ def test_disk_cache_survives_a_restart_on_every_store(store_url, tmp_path):
 
 
 def test_the_cache_of_an_exchange_deleted_before_a_restart_is_dropped(store_url, tmp_path):
-    from broker.amqp import spec
     seen = {}
 
     def first(vhost):
         declare_exchange(vhost, "d", "x-message-deduplication", durable=True, arguments=DISK)
         bind(vhost, "d", declare_queue(vhost, "q", durable=True))
         publish(vhost, "a")
-        vhost.delete_exchange(spec.Exchange.Delete(exchange="d"))
+        vhost.delete_exchange("d")
 
     def second(vhost):
         cq = vhost.queues.get(cache_queue_name("d"))

@@ -144,7 +144,7 @@ def test_policy_key_validates_exchanges(session_client, broker):
 def test_policy_schema_change_is_checked_for_backward_compatibility(broker):
     from broker.policies.validate import PolicyError
     vhost = broker.vhosts["/"]
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="orders.in", type="fanout"))
+    vhost.declare_exchange("orders.in", "fanout")
     broker.policies.set_policy("/", "avro", "^orders\\.", {"avro-schema": json.dumps(ORDER)},
                                apply_to="exchanges")
     added_default = dict(ORDER, fields=ORDER["fields"] + [

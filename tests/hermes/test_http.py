@@ -184,6 +184,6 @@ async def test_overload_and_a_deleted_exchange(hermes_broker):
     finally:
         broker.set_alarm("memory", False)
     # an AMQP client deleted the topic's exchange: it comes back, with the subscription's binding
-    hermes_broker.vhost.delete_exchange(spec.Exchange.Delete(exchange="shop.orders"))
+    hermes_broker.vhost.delete_exchange("shop.orders")
     assert (await http.post("/topics/shop.orders", content=b"{}")).status_code == 201
     assert hermes_broker.vhost.queues["shop.orders.s"].message_count == 1

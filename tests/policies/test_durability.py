@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from broker.amqp import spec
-
 from ..persistence.test_sql_store import _make_db
 from ..support import broker_life, make_message
 
@@ -15,7 +13,7 @@ def _lives(url, data_dir):
 
     def first(vhost):
         pol = vhost.policies
-        q = vhost.declare_queue(spec.Queue.Declare(queue="q", durable=True), None)
+        q = vhost.declare_queue("q", None, durable=True)
         for i in range(5):
             q.enqueue(make_message(b"%d" % i, routing_key="q", delivery_mode=2))
         pol.set_policy("/", "p", "^q$", {"max-length": 3, "ha-mode": "exactly", "ha-params": 2},
@@ -24,7 +22,7 @@ def _lives(url, data_dir):
         pol.set_policy("/", "gone", ".*", {"max-length": 1})
         pol.clear_policy("/", "gone")
         assert q.message_count == 3
-        vhost.declare_exchange(spec.Exchange.Declare(exchange="x", type="direct", durable=True))
+        vhost.declare_exchange("x", "direct", durable=True)
         pol.set_policy("/", "ae", "^x$", {"alternate-exchange": "ae"}, apply_to="exchanges")
 
     def second(vhost):

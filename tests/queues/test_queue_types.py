@@ -8,7 +8,6 @@ import os
 import pytest
 import trio
 
-from broker.amqp import spec
 from broker.amqp.fields import encode_properties
 from broker.broker import Broker
 from broker.config import Config
@@ -231,8 +230,7 @@ def test_quorum_queue_recovered_from_the_journal(tmp_path):
         return trio.run(main)
 
     def first(vhost):
-        q = vhost.declare_queue(spec.Queue.Declare(queue="qq", durable=True,
-                                                   arguments={**Q, "x-delivery-limit": 5}), None)
+        q = vhost.declare_queue("qq", None, durable=True, arguments={**Q, "x-delivery-limit": 5})
         props = {"delivery_mode": 2}
         q.enqueue(Message("", "qq", encode_properties(props), props, b"kept"))
         entry = q.get()

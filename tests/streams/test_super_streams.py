@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from broker import errors
-from broker.amqp import spec
 from broker.queues.stream import StreamQueue
 from broker.streams import super as ss
 
@@ -35,11 +34,9 @@ def test_declare_route_partitions_delete(broker):
 def test_partition_order_comes_from_the_binding_argument(broker):
     """Bound out of order (as over AMQP 0-9-1): Partitions answers by x-stream-partition-order."""
     vhost = broker.vhosts["/"]
-    vhost.declare_exchange(spec.Exchange.Declare(exchange="x", type="direct", durable=True,
-                                                 arguments={"x-super-stream": True}))
+    vhost.declare_exchange("x", "direct", durable=True, arguments={"x-super-stream": True})
     for i in (2, 0, 1):
-        q = vhost.declare_queue(spec.Queue.Declare(
-            queue=f"z-{i}", durable=True, arguments={"x-queue-type": "stream"}), None)
+        q = vhost.declare_queue(f"z-{i}", None, durable=True, arguments={"x-queue-type": "stream"})
         vhost.bind("x", q, str(i), {"x-stream-partition-order": i})
     assert [p for p, _k, _o in ss.partitions_of(vhost, "x")] == ["z-0", "z-1", "z-2"]
 
