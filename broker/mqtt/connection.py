@@ -100,11 +100,10 @@ class ServerConnection:
     """``max_packet`` bounds a packet's remaining length (a larger one is a violation)."""
 
     __slots__ = ("_aliases", "_aliases_out", "_challenged", "_held", "_inbound", "_next_id",
-                 "_out",
-                 "alias_max_out", "auth_method", "close_reason", "inflight", "keep_alive", "max_out",
-                 "pending_output", "protocol_level", "qos2_out", "reader", "receive_max",
-                 "recv_cnt", "recv_oct", "releasing", "send_cnt", "send_oct", "state",
-                 "topic_alias_max", "username", "v5")
+                 "_out", "alias_max_out", "auth_method", "close_reason", "inflight",
+                 "keep_alive", "max_out", "pending_output", "protocol_level", "qos2_out",
+                 "reader", "receive_max", "recv_cnt", "recv_oct", "releasing", "send_cnt",
+                 "send_oct", "state", "topic_alias_max", "username", "v5")
 
     def __init__(self, max_packet: int = codec.MAX_REMAINING_LENGTH):
         self.reader = PacketReader(max_packet)
@@ -114,8 +113,7 @@ class ServerConnection:
         self.username: str | None = None  # as authenticated (``accept``)
         self._out: list[bytes] = []
         self.pending_output = 0
-        # octets and reads / writes (the management API's recv_oct, recv_cnt, send_oct,
-        # send_cnt): once per read or write, not per packet
+        # the management API's socket counters: once per read or write, not per packet
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         # packet id -> token of a QoS 1 delivery without PUBACK or a QoS 2 one without PUBREC
         # (the shared empty ``_NO_INFLIGHT`` until the first QoS 1/2 delivery: idle
@@ -149,8 +147,7 @@ class ServerConnection:
         """Events for every complete packet in ``data``; nothing after the connection closed."""
         if self.state is State.CLOSED:
             return []
-        self.recv_oct += len(data)
-        self.recv_cnt += 1
+        self.recv_oct, self.recv_cnt = self.recv_oct + len(data), self.recv_cnt + 1
         try:
             packets = self.reader.feed(data)
         except UnsupportedProtocol as exc:
@@ -589,8 +586,7 @@ class ServerConnection:
         data = b"".join(self._out)
         self._out.clear()
         self.pending_output = 0
-        self.send_oct += len(data)
-        self.send_cnt += 1
+        self.send_oct, self.send_cnt = self.send_oct + len(data), self.send_cnt + 1
         return data
 
 
