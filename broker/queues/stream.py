@@ -90,6 +90,10 @@ class StreamQueue(Queue):
         self._last_appended = -1
         self._resume_pending = False
         self.durability = self  # confirms wait for the log
+        # A new queue's definition is written by the store's group commit, not the log's:
+        # until the store has made it durable, a confirm waits for both (a confirmed
+        # message of a stream whose definition a crash lost would be gone at the restart).
+        self._definition_unstored = fresh
 
     def _log_settings(self) -> dict[str, Any]:
         arguments, policy = self.arguments, self.effective_policy_definition
@@ -131,8 +135,18 @@ class StreamQueue(Queue):
 
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:
-        """Call ``callback`` once everything published to this stream so far is durable."""
-        self.log.when_durable(self._last_appended, callback)
+        """Call ``callback`` once everything published to this stream so far is durable,
+        and the queue's definition too (``on_failure``: the store could not write it)."""
+        offset = self._last_appended
+        store = self.store
+        if not self._definition_unstored or store is None:
+            self.log.when_durable(offset, callback)
+            return
+
+        def stored() -> None:
+            self._definition_unstored = False
+            self.log.when_durable(offset, callback)
+        store.when_durable(stored, on_failure=on_failure)
 
     def _committed(self) -> None:
         if self.consumers:
