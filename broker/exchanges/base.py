@@ -7,10 +7,20 @@ type to validate its declaration, its bindings and a redeclaration's equivalence
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
 from .. import errors
 from ..errors import Resource
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
+
+    #: Where a binding points, what routing returns: a queue or an exchange.
+    Destination: TypeAlias = "Queue | Exchange"
+    #: A binding's identity: (destination kind, destination name, routing key, arguments
+    #: frozen by ``_freeze``).
+    BindingKey: TypeAlias = tuple[str, str, str, Any]
 
 
 @runtime_checkable
@@ -28,12 +38,12 @@ class ExchangeType(Protocol):
     durable: bool
     auto_delete: bool
     internal: bool
-    arguments: dict
+    arguments: dict[str, Any]
     alternate_exchange: str | None
-    bindings: dict
+    bindings: dict[BindingKey, Binding]
 
     @classmethod
-    def validate(cls, arguments: dict, resource: Resource) -> None:
+    def validate(cls, arguments: dict[str, Any], resource: Resource) -> None:
         """Check the arguments of exchange.declare before anything is created.
 
         Returns None. Raises ``errors.AMQPError`` (406 PRECONDITION_FAILED, naming
@@ -41,14 +51,14 @@ class ExchangeType(Protocol):
         """
 
     def check_equivalent(self, type_name: str, durable: bool, auto_delete: bool, internal: bool,
-                         arguments: dict, resource: Resource) -> None:
+                         arguments: dict[str, Any], resource: Resource) -> None:
         """Check a redeclaration against this exchange, as RabbitMQ's equivalence rules.
 
         Returns None when equivalent. Raises ``errors.AMQPError`` 406 naming the first
         inequivalent argument; the exchange is unchanged either way.
         """
 
-    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         """Check a binding's key and arguments (headers' x-match, consistent-hash's weight).
 
         Returns None. Raises ``errors.AMQPError`` 406; no binding is added then.
@@ -57,11 +67,11 @@ class ExchangeType(Protocol):
     def add_binding(self, binding: Binding) -> bool:
         """Index ``binding``; False (and no change) when an identical one exists."""
 
-    def remove_binding(self, key: tuple) -> Binding | None:
+    def remove_binding(self, key: BindingKey) -> Binding | None:
         """Remove the binding with this key from the table and the index; None if absent."""
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         """Destinations (queues or exchanges) a message with this key/headers reaches
         (``properties``: the message's basic properties, for types that route on them).
 
@@ -75,11 +85,11 @@ class ExchangeType(Protocol):
     def has_bindings(self) -> bool:
         """True while any binding has this exchange as its source."""
 
-    def apply_policy(self, policy: str | None, definition: dict) -> None:
+    def apply_policy(self, policy: str | None, definition: dict[str, Any]) -> None:
         """Run with the policy ``policy`` (its validated ``definition``; None and ``{}``
         when none applies) from the next publish on. Never raises."""
 
-    def declared(self, vhost: Any) -> None:
+    def declared(self, vhost: VirtualHost) -> None:
         """Called once after a client declared this (new) exchange, not at recovery: a
         type may create what it owns through ``vhost``'s public methods (the
         consistent-hash exchange's partition queues). Raises ``errors.AMQPError``."""
@@ -88,19 +98,20 @@ class ExchangeType(Protocol):
 class Binding:
     __slots__ = ("arguments", "destination", "key", "routing_key", "source")
 
-    def __init__(self, source: str, destination, routing_key: str, arguments: dict):
+    def __init__(self, source: str, destination: Destination, routing_key: str,
+                 arguments: dict[str, Any]) -> None:
         self.source = source
         self.destination = destination  # a Queue or an Exchange object
         self.routing_key = routing_key
         self.arguments = arguments or {}
-        self.key = (destination.kind, destination.name, routing_key, _freeze(self.arguments))
+        self.key: BindingKey = (destination.kind, destination.name, routing_key, _freeze(self.arguments))
 
 
 # markers of a frozen table/array's bounds: equal to nothing a client can send
 _TABLE, _ARRAY, _END = object(), object(), object()
 
 
-def _freeze(value) -> Any:
+def _freeze(value: object) -> Any:
     """Binding arguments as a hashable key: tables and arrays flattened into one tuple of
     tokens (a table's keys sorted), walked with an explicit stack. Nested tuples would
     need recursion to build and to compare, and arguments may be nested as deep as a
@@ -109,8 +120,8 @@ def _freeze(value) -> Any:
         return bytes(value) if isinstance(value, bytearray) else value
     if not value:
         return ()  # no arguments: the common case
-    out: list = []
-    stack: list = [value]
+    out: list[object] = []
+    stack: list[object] = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
@@ -146,29 +157,29 @@ class Exchange:
     A type overrides ``_index_add``/``_index_remove``/``route``, and
     ``argument_problem``/``validate_binding`` when it has arguments of its own.
     """
-    kind: ClassVar[str] = "exchange"
+    kind: ClassVar[Literal["exchange"]] = "exchange"
     type_name: ClassVar[str] = ""
     # left out of the management API's listings and the exported definitions
     hidden: ClassVar[bool] = False
 
     def __init__(self, name: str, durable: bool = False, auto_delete: bool = False,
-                 internal: bool = False, arguments: dict | None = None):
+                 internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
         self.name = name
         self.durable = durable
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
-        self.bindings: dict[tuple, Binding] = {}
+        self.bindings: dict[BindingKey, Binding] = {}
         alt = self.arguments.get("alternate-exchange")
         self.alternate_exchange = alt.decode() if isinstance(alt, bytes) else alt
         self.policy: str | None = None  # the policy in force (broker/policies), for the API
-        self.effective_policy_definition: dict = {}
+        self.effective_policy_definition: dict[str, Any] = {}
         # messages routed from here (vhost.route) and the queues they reached, for the API
         self.stats_publish_in = self.stats_publish_out = 0
 
     # ---- declaration checks ----
     @classmethod
-    def validate(cls, arguments: dict, resource: Resource) -> None:
+    def validate(cls, arguments: dict[str, Any], resource: Resource) -> None:
         ae = arguments.get("alternate-exchange")
         if ae is not None and not isinstance(ae, (bytes, str)):
             raise errors.precondition_failed(
@@ -179,12 +190,12 @@ class Exchange:
             raise errors.precondition_failed(problem)
 
     @classmethod
-    def argument_problem(cls, arguments: dict) -> str | None:
+    def argument_problem(cls, arguments: dict[str, Any]) -> str | None:
         """RabbitMQ's explanation of why this type refuses ``arguments``; None if fine."""
         return None
 
     def check_equivalent(self, type_name: str, durable: bool, auto_delete: bool, internal: bool,
-                         arguments: dict, resource: Resource) -> None:
+                         arguments: dict[str, Any], resource: Resource) -> None:
         for arg, have, want in (("type", self.type_name, type_name),
                                 ("durable", _b(self.durable), _b(durable)),
                                 ("auto_delete", _b(self.auto_delete), _b(auto_delete)),
@@ -200,10 +211,10 @@ class Exchange:
                 "inequivalent arg 'alternate-exchange' for %s: received %s but current is %s",
                 resource, _quoted(want_ae), _quoted(have_ae))
 
-    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         return None
 
-    def apply_policy(self, policy: str | None, definition: dict) -> None:
+    def apply_policy(self, policy: str | None, definition: dict[str, Any]) -> None:
         """Run with this (validated) policy definition from the next publish on (``{}``:
         none). Its ``alternate-exchange`` applies unless the exchange's own argument sets
         one, as RabbitMQ's ``rabbit_policy:get_arg``."""
@@ -221,8 +232,8 @@ class Exchange:
     def _index_remove(self, binding: Binding) -> None:
         raise NotImplementedError
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         """Destinations (queues or exchanges) matching; may contain duplicates."""
         raise NotImplementedError
 
@@ -233,7 +244,7 @@ class Exchange:
         self._index_add(binding)
         return True
 
-    def remove_binding(self, key: tuple) -> Binding | None:
+    def remove_binding(self, key: BindingKey) -> Binding | None:
         binding = self.bindings.pop(key, None)
         if binding is not None:
             self._index_remove(binding)
@@ -243,5 +254,5 @@ class Exchange:
     def has_bindings(self) -> bool:
         return bool(self.bindings)
 
-    def declared(self, vhost: Any) -> None:
+    def declared(self, vhost: VirtualHost) -> None:
         return None

@@ -20,11 +20,15 @@ same as RabbitMQ's for a given key.
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..queues.group import GROUP_ARGUMENT
 from .base import Binding, Exchange
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+    from .base import BindingKey, Destination
 
 HASH_PROPERTIES = ("message_id", "correlation_id", "timestamp")
 PARTITIONS = "x-partitions"  # partition queues the exchange declares for one consumer group
@@ -62,19 +66,19 @@ def weight_of(routing_key: str) -> int:
 class ConsistentHashExchange(Exchange):
     type_name = "x-consistent-hash"
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hash_header: str | None = _text(self.arguments.get("hash-header"))
         self.hash_property: str | None = _text(self.arguments.get("hash-property"))
-        self._buckets: list = []  # bucket -> destination
-        self._owner: list[tuple] = []  # bucket -> binding key that owns it
+        self._buckets: list[Destination] = []  # bucket -> destination
+        self._owner: list[BindingKey] = []  # bucket -> binding key that owns it
         # routing key -> destination, for exchanges hashing the routing key: partition keys
         # repeat, and a dict lookup is cheaper than CRC-32 plus the jump loop. Dropped on
         # every binding change, and whole when it reaches MEMO_SIZE keys.
-        self._memo: dict[str, Any] = {}
+        self._memo: dict[str, Destination] = {}
 
     @classmethod
-    def argument_problem(cls, arguments: dict) -> str | None:
+    def argument_problem(cls, arguments: dict[str, Any]) -> str | None:
         parts = arguments.get(PARTITIONS)
         if parts is not None and (isinstance(parts, bool) or not isinstance(parts, int)
                                   or not 1 <= parts <= MAX_PARTITIONS):
@@ -90,10 +94,10 @@ class ConsistentHashExchange(Exchange):
                     f"got {_text(prop)!r}")
         return None
 
-    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         weight_of(routing_key)
 
-    def declared(self, vhost: Any) -> None:
+    def declared(self, vhost: VirtualHost) -> None:
         """With ``x-partitions: N``, declare the partitions ``<name>-0`` … ``<name>-N-1``
         (as RabbitMQ names a super stream's), each bound with weight 1 and one consumer
         group named after the exchange (queues/group.py); durable if the exchange is."""
@@ -125,8 +129,8 @@ class ConsistentHashExchange(Exchange):
         del owner[keep:]
         del self._buckets[keep:]
 
-    def _key_of(self, routing_key: str, headers: dict | None,
-                properties: dict | None = None) -> bytes | None:
+    def _key_of(self, routing_key: str, headers: dict[str, Any] | None,
+                properties: dict[str, Any] | None = None) -> bytes | None:
         if self.hash_header is not None:
             value = (headers or {}).get(self.hash_header)
         elif self.hash_property is not None:
@@ -139,8 +143,8 @@ class ConsistentHashExchange(Exchange):
             return bytes(value)
         return str(value).encode("utf-8", "surrogateescape")
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         buckets = self._buckets
         if not buckets:
             return []

@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..amqp.fields import encode_properties
 from ..message import Message
@@ -37,6 +37,10 @@ from ..queues.entry import QueueEntry
 from ..queues.fifo import FifoReady
 from ..queues.queue import Queue
 from .base import Binding, Exchange
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
+    from .base import Destination
 
 log = logging.getLogger("broker.exchanges.dedup")
 
@@ -99,7 +103,7 @@ class CacheQueue(Queue):
 
     internal = True  # invisible to clients: 404, never routed to by name
 
-    def __init__(self, vhost, name: str, durable: bool, size: int):
+    def __init__(self, vhost: VirtualHost, name: str, durable: bool, size: int) -> None:
         opts = parse_queue_arguments({})
         opts.max_length = size
         self.exchange: MessageDeduplicationExchange | None = None
@@ -113,7 +117,7 @@ class CacheQueue(Queue):
 
     def write(self, key: bytes, ttl_ms: int | None) -> QueueEntry:
         """Store a marker for ``key``; returns its entry (the newest, at the tail)."""
-        props: dict = {"delivery_mode": 2}
+        props: dict[str, Any] = {"delivery_mode": 2}
         if ttl_ms is not None:
             props["expiration"] = str(ttl_ms)
         super().enqueue(Message("", self.name, encode_properties(props), props, key))
@@ -121,7 +125,7 @@ class CacheQueue(Queue):
         assert isinstance(ready, _HeldFifo)
         return ready.last()
 
-    def enqueue(self, message, *, entry: QueueEntry | None = None,
+    def enqueue(self, message: Message, *, entry: QueueEntry | None = None,
                 reported: bool = False) -> bool:
         """A routed message is a duplicate parked here only so that its confirm waits for
         the store: dropped. A stored marker handed back at start-up is adopted."""
@@ -136,7 +140,7 @@ class CacheQueue(Queue):
         exchange.adopt(entry, self.vhost.timers.now())
         return True
 
-    def discard(self, entries: list, reason: str) -> None:
+    def discard(self, entries: list[QueueEntry], reason: str) -> None:
         super().discard(entries, reason)
         exchange = self.exchange
         if exchange is not None:
@@ -144,7 +148,8 @@ class CacheQueue(Queue):
                 exchange.forget(entry)
 
 
-def _recovered_cache_queue(broker, vhost, name: str, **_queue_kwargs) -> CacheQueue:
+def _recovered_cache_queue(broker: object, vhost: VirtualHost, name: str,
+                           **_queue_kwargs: Any) -> CacheQueue:
     """Queue-variant factory: a stored cache queue comes back serving its exchange
     (exchanges are recovered before queues), or empty and unserved if it is gone."""
     x = vhost.exchanges.get(_CACHE_QUEUES.get(name, ""))
@@ -180,7 +185,7 @@ class MessageDeduplicationExchange(Exchange):
             register_queue_variant(cache_queue_name(self.name), _recovered_cache_queue)
 
     @classmethod
-    def argument_problem(cls, arguments: dict) -> str | None:
+    def argument_problem(cls, arguments: dict[str, Any]) -> str | None:
         # the plugin's texts
         if _whole(arguments.get("x-cache-size")) is None:
             return "Missing or invalid argument, 'x-cache-size' must be an integer greater than 0"
@@ -207,7 +212,7 @@ class MessageDeduplicationExchange(Exchange):
     def cached(self) -> int:
         return len(self._seen) if self.persistent_cache else len(self._mem)
 
-    def is_duplicate(self, headers: dict | None) -> bool:
+    def is_duplicate(self, headers: dict[str, Any] | None) -> bool:
         """Whether a message with these headers repeats one seen within the TTL; a new
         value is remembered (so this is called once per message, by ``route``)."""
         if not headers:
@@ -234,7 +239,7 @@ class MessageDeduplicationExchange(Exchange):
         self._remember(key, now + ttl / 1000 if ttl else _FOREVER, ttl)
         return False
 
-    def _memory_duplicate(self, value: Any, headers: dict) -> bool:
+    def _memory_duplicate(self, value: Any, headers: dict[str, Any]) -> bool:
         """``is_duplicate`` for a memory cache: value -> expiry in a plain dict (insertion
         ordered: the oldest first). The common short bytes value is its own key (nothing
         allocated); the clock is read only for values that can expire. The oldest values
@@ -267,8 +272,8 @@ class MessageDeduplicationExchange(Exchange):
         # the queue's x-max-length evicts the oldest marker, and forget() follows it
         self._seen[key] = (expiry, q.write(key, ttl))
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         if headers and not self.persistent_cache:
             # the memory cache's common case inline: a short bytes value, seen forever
             value = headers.get(DEDUP_HEADER)
@@ -309,7 +314,7 @@ class MessageDeduplicationExchange(Exchange):
                 visited.add(id(dest))
                 stack.extend(dest.bindings.values())
 
-    def _attach(self, vhost) -> None:
+    def _attach(self, vhost: VirtualHost) -> None:
         name = cache_queue_name(self.name)
         left = vhost.queues.get(name)
         if left is not None:  # the cache of a deleted exchange of the same name

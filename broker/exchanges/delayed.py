@@ -9,19 +9,24 @@ table and the routing index, and this exchange shows that same table as its own.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .base import Binding, Exchange
+
+if TYPE_CHECKING:
+    from .base import BindingKey, Destination
 
 DELAYABLE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
-def _text(value):
+def _text(value: object) -> object:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 class DelayedMessageExchange(Exchange):
     type_name = "x-delayed-message"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from . import EXCHANGE_TYPES
         inner_type = _text(self.arguments.get("x-delayed-type"))
@@ -32,7 +37,7 @@ class DelayedMessageExchange(Exchange):
         self.bindings = self.inner.bindings  # one table: the inner exchange's
 
     @classmethod
-    def argument_problem(cls, args: dict) -> str | None:
+    def argument_problem(cls, args: dict[str, Any]) -> str | None:
         value = _text(args.get("x-delayed-type"))
         if value not in DELAYABLE_TYPES:
             return "Invalid argument, 'x-delayed-type' must be an existing exchange type"
@@ -41,9 +46,9 @@ class DelayedMessageExchange(Exchange):
     def add_binding(self, binding: Binding) -> bool:
         return self.inner.add_binding(binding)
 
-    def remove_binding(self, key: tuple) -> Binding | None:
+    def remove_binding(self, key: BindingKey) -> Binding | None:
         return self.inner.remove_binding(key)
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         return self.inner.route(routing_key, headers, properties)

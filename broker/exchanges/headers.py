@@ -1,24 +1,29 @@
 """headers: match on message headers with x-match all/any (and the -with-x variants)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .. import errors
 from .base import Binding, Exchange
+
+if TYPE_CHECKING:
+    from .base import Destination
 
 MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
 
-def match_mode(arguments: dict) -> str | None:
+def match_mode(arguments: dict[str, Any]) -> str | None:
     mode = arguments.get("x-match", "all")
     if isinstance(mode, bytes):
         mode = mode.decode("utf-8", "replace")
     return mode if mode in MATCH_MODES else None
 
 
-def _norm(value):
+def _norm(value: object) -> object:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, (bytes, bytearray)) else value
 
 
-def headers_match(arguments: dict, headers: dict) -> bool:
+def headers_match(arguments: dict[str, Any], headers: dict[str, Any]) -> bool:
     mode = match_mode(arguments) or "all"
     with_x = mode.endswith("-with-x")
     want_all = mode.startswith("all")
@@ -43,7 +48,7 @@ def headers_match(arguments: dict, headers: dict) -> bool:
 class HeadersExchange(Exchange):
     type_name = "headers"
 
-    def validate_binding(self, routing_key: str, arguments: dict) -> None:
+    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         if match_mode(arguments or {}) is None:
             mode = arguments.get("x-match")
             raise errors.precondition_failed(
@@ -56,7 +61,7 @@ class HeadersExchange(Exchange):
     def _index_remove(self, binding: Binding) -> None:
         pass
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         headers = headers or {}
         return [b.destination for b in self.bindings.values() if headers_match(b.arguments, headers)]

@@ -6,12 +6,15 @@ path, not on how many bindings there are (100,000 bindings route as fast as 10).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Binding, Exchange
 
+if TYPE_CHECKING:
+    from .base import BindingKey, Destination
 
-def _words(key: str) -> list:
+
+def _words(key: str) -> list[str]:
     # RabbitMQ: the empty key has no words (so '*' does not match it, '#' does)
     return key.split(".") if key else []
 
@@ -21,7 +24,7 @@ class _Node:
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
-        self.bindings: dict[tuple, object] = {}
+        self.bindings: dict[BindingKey, Destination] = {}
 
 
 CACHE_KEYS = 4096  # routing keys whose destinations a topic exchange remembers
@@ -40,11 +43,11 @@ class TopicExchange(Exchange):
         self._root = _Node()
         # MQTT subscriptions whose filter starts with a wildcard: they never match a key
         # starting with '$' (MQTT-4.7.2-1); AMQP bindings keep AMQP's meaning
-        self._no_dollar: set[tuple] = set()
+        self._no_dollar: set[BindingKey] = set()
         # routing key -> destinations: publishers repeat keys (a device its topic, a service
         # its event names), and the trie walk costs several microseconds with wildcards on
         # the path. Any binding change empties it; bounded by emptying when full.
-        self._cache: dict[str, tuple] = {}
+        self._cache: dict[str, tuple[Destination, ...]] = {}
 
     def _index_add(self, binding: Binding) -> None:
         self._cache.clear()
@@ -76,12 +79,12 @@ class TopicExchange(Exchange):
                 break
             del path[i].children[words[i]]
 
-    def route(self, routing_key: str, headers: dict | None,
-              properties: dict | None = None) -> list:
+    def route(self, routing_key: str, headers: dict[str, Any] | None,
+              properties: dict[str, Any] | None = None) -> list[Destination]:
         cache = self._cache
         found = cache.get(routing_key)
         if found is None:
-            out: dict = {}
+            out: dict[BindingKey, Destination] = {}
             self._match(self._root, _words(routing_key), 0, out)
             if self._no_dollar and routing_key[:1] == "$":
                 for key in self._no_dollar.intersection(out):
@@ -91,7 +94,8 @@ class TopicExchange(Exchange):
             found = cache[routing_key] = tuple(out.values())
         return list(found)
 
-    def _match(self, node: _Node, words: list, i: int, out: dict) -> None:
+    def _match(self, node: _Node, words: list[str], i: int,
+               out: dict[BindingKey, Destination]) -> None:
         children = node.children
         hash_node = children.get("#")
         if hash_node is not None:

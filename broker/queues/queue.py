@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
 
 from .. import errors
 from . import max_length, ttl
@@ -31,6 +31,7 @@ from .types import queue_type_of
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..exchanges.base import BindingKey
     from ..message import Message
     from ..timers import TimerHandle
     from ..vhost import VirtualHost
@@ -60,7 +61,7 @@ _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.S
 
 
 class Queue(PolicyQueue, StoredQueue):
-    kind = "queue"
+    kind: ClassVar[Literal["queue"]] = "queue"
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
     # internal entities are: 404 to every operation, never routed to by name.
     internal = False
@@ -114,7 +115,7 @@ class Queue(PolicyQueue, StoredQueue):
         self._groups: list[tuple[int, deque[Consumer]]] = []  # (priority, consumers) highest first
         self._next_seq = 1
         # (exchange name, binding key) pointing here
-        self.bindings: set[tuple[str, tuple[Any, ...]]] = set()
+        self.bindings: set[tuple[str, BindingKey]] = set()
         self.deleted = False
         self._had_consumer = False
         self._expiry = ttl.ExpiryTimer(self)
