@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 from collections import deque
+from typing import Any
 
 from .. import errors
 from ..amqp import spec
@@ -72,6 +73,9 @@ class Channel(EntityMethods, ConfirmTxMethods):
         self.closed = False  # no more deliveries or replies on this channel
         self.released = False  # unacked messages handed back, consumers gone
         self._deferred_cancels: list | None = None
+        # while a reply waits for the store (reply_when_durable): the channel's replies from
+        # it on, in request order, as [method] (None until that reply may go)
+        self._held_replies: deque[list] | None = None
         self.reply_consumer: ReplyConsumer | None = None  # of amq.rabbitmq.reply-to
         self.timeouts = session.broker.consumer_timeouts
         self.timeouts.watch(self)
@@ -121,7 +125,30 @@ class Channel(EntityMethods, ConfirmTxMethods):
         handler(self, method)
 
     def reply(self, method: spec.Method) -> None:
+        if self._held_replies is not None:
+            self._held_replies.append([method])
+            return
         self.conn.send_method(self.number, method)
+
+    def reply_when_durable(self, store: Any, method: spec.Method) -> None:
+        """``method`` once ``store`` has made durable what it holds now (a declare-ok after
+        its definition's group commit); the channel's later replies wait behind it."""
+        if self._held_replies is None:
+            self._held_replies = deque()
+        slot: list = [None]
+        self._held_replies.append(slot)
+
+        def durable() -> None:
+            slot[0] = method
+            held = self._held_replies
+            if self.closed or held is None:
+                return
+            while held and held[0][0] is not None:
+                self.conn.send_method(self.number, held.popleft()[0])
+            if not held:
+                self._held_replies = None
+            self.session.wake()
+        store.when_durable(durable)
 
     # ---- channel class ----
     def on_flow(self, m) -> None:

@@ -23,6 +23,9 @@ class EntityMethods:
     def reply(self, method: spec.Method) -> None:
         raise NotImplementedError
 
+    def reply_when_durable(self, store: Any, method: spec.Method) -> None:
+        raise NotImplementedError
+
     # ---- exchange class ----
     def on_exchange_declare(self, m) -> None:
         authz = self.authz
@@ -109,8 +112,14 @@ class EntityMethods:
             passive=m.passive, durable=m.durable, exclusive=m.exclusive,
             auto_delete=m.auto_delete, arguments=m.arguments)
         self.last_queue = q.name
-        if not m.nowait:
-            self.reply(spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count))
+        if m.nowait:
+            return
+        ok = spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count)
+        if q.store is None:  # transient, exclusive, or no store: nothing to wait for
+            self.reply(ok)
+        else:
+            # acknowledged once the definition is durable: a crash must not lose the queue
+            self.reply_when_durable(q.store, ok)
 
     def _declare_reply_queue(self, m) -> bool:
         """RabbitMQ's answers for the direct reply-to pseudo-queue (0 messages, 1 consumer)
