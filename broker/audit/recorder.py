@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..message import set_message_id_floor
-from ..queues.ops import Op
+from ..queues.ops import CallerReported, Op
 from . import events
 from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, TRAIL, WIDTH
 from .hooks import CHooks, PyHooks, chosen
@@ -52,7 +52,7 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class AuditTrail:
+class AuditTrail(CallerReported):
     """Records lifecycle events of audited queues and vhosts; owns the writer process.
 
     Selection: a queue is audited when its effective policy (``broker.policies``) has the
@@ -248,8 +248,8 @@ class AuditTrail:
 
     # ---- hooks: the queue operation stream (queues/ops.py QueueObserver) ----
     # Deliveries, clients' publishes and acks are recorded by the sessions, which know the
-    # consumer, the channel and the delivery tag: the queue does not report them here.
-    reported_by_callers = True
+    # consumer, the channel and the delivery tag: the queue does not report them here
+    # (CallerReported).
 
     def queue_op(self, queue, op, entry) -> None:
         if op is _ENQUEUE:

@@ -53,8 +53,8 @@ class QueueObserver(Protocol):
     """Something that follows a queue's operation stream (a store, a test recorder).
 
     Register with ``queue.observers.append(observer)`` (``Queue.attach_store``
-    does it for the queue's store). An observer with a class attribute
-    ``reported_by_callers = True`` is not called for what callers report (``ObserverList``).
+    does it for the queue's store). An observer derived from ``CallerReported`` is not
+    called for what callers report (``ObserverList``).
     """
 
     def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
@@ -77,7 +77,7 @@ class QueueObserver(Protocol):
 
 
 class ReportedObserver(QueueObserver, Protocol):
-    """An observer with ``reported_by_callers = True`` (the audit trail): callers tell it
+    """A ``CallerReported`` observer (the audit trail): callers tell it
     what the operation stream does not show (``ObserverList``)."""
 
     def retried(self, queue: Queue, entry: QueueEntry, delay_ms: int) -> None:
@@ -91,9 +91,16 @@ class ReportedObserver(QueueObserver, Protocol):
 PAGES_MESSAGES = "pages_messages"
 
 
+class CallerReported:
+    """The base of an observer that its callers tell what they report (the audit trail):
+    ``ObserverList`` keeps it in ``told``, out of ``unreported``."""
+
+    __slots__ = ()
+
+
 class ObserverList(list["QueueObserver"]):
     """``Queue.observers``: a list that also keeps ``unreported``, the observers without
-    a true ``reported_by_callers`` attribute, and ``told``, those with one.
+    a ``CallerReported`` base, and ``told``, those with one.
 
     Such an observer (the audit trail) learns of the most frequent operations from their
     callers, which know more (the session, the consumer, the delivery tag): the queue does
@@ -111,10 +118,9 @@ class ObserverList(list["QueueObserver"]):
         self._sync()
 
     def _sync(self) -> None:
-        # an observer declares it with a class attribute; others need not have one
-        self.unreported = tuple(o for o in self if not getattr(o, "reported_by_callers", False))
+        self.unreported = tuple(o for o in self if not isinstance(o, CallerReported))
         self.told = tuple(cast("ReportedObserver", o) for o in self
-                          if getattr(o, "reported_by_callers", False))
+                          if isinstance(o, CallerReported))
 
     def append(self, observer: QueueObserver) -> None:
         super().append(observer)

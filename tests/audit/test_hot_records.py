@@ -12,7 +12,7 @@ from broker.audit.events import ACKC, DACK, DELC, PUBC, WIDTH
 from broker.audit.spool import loads
 from broker.broker import Broker
 from broker.config import AuditSettings, Config
-from broker.queues.ops import ObserverList, Op, OpRecorder
+from broker.queues.ops import CallerReported, ObserverList, Op, OpRecorder
 
 from ..support import SessionClient, declare_queue, make_message
 
@@ -107,8 +107,8 @@ def test_a_queue_that_refuses_a_publish_is_not_among_its_queues(tmp_path):
 
 
 def test_a_queue_leaves_what_callers_report_to_an_observer_that_says_so(tmp_path):
-    class Reported(OpRecorder):
-        reported_by_callers = True
+    class Reported(OpRecorder, CallerReported):
+        pass
 
     broker = Broker(Config(data_dir=str(tmp_path)))
     q = declare_queue(broker.vhosts["/"], "q")
