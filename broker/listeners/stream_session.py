@@ -298,12 +298,25 @@ class StreamSession(StreamPublishing, StreamConsuming):
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
         try:
-            self._declare_stream(name, cmd.arguments)
+            q = self._declare_stream(name, cmd.arguments)
         except errors.AMQPError as exc:
             log.info("stream connection %s: create %r refused: %s", self.peer, name, exc.text)
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
-        self._respond(cmd, codec.OK)
+        self._respond_when_durable(cmd, q.store)
+
+    def _respond_when_durable(self, cmd: Any, store: Any) -> None:
+        """OK once ``store`` (None: nothing stored) has made the new definitions durable: a
+        crash after the answer must not lose the stream."""
+        if store is None:
+            self._respond(cmd, codec.OK)
+            return
+
+        def durable() -> None:
+            if not self.ended:
+                self._respond(cmd, codec.OK)
+                self.wake()
+        store.when_durable(durable)
 
     def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
         arguments: dict[str, Any] = {"x-queue-type": "stream", **_arguments(create_args)}
@@ -336,7 +349,7 @@ class StreamSession(StreamPublishing, StreamConsuming):
                      exc.text)
             self._respond(cmd, codec.PRECONDITION_FAILED)
             return
-        self._respond(cmd, codec.OK)
+        self._respond_when_durable(cmd, vhost.queues[parts[-1]].store)
 
     def _delete_super_stream(self, cmd: codec.DeleteSuperStream) -> None:
         name = cmd.name
