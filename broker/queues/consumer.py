@@ -9,6 +9,16 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 
+class AdmittedChannel(Protocol):
+    """What ``Queue.admit_consumer`` reads of the AMQP channel a basic.consume came on."""
+
+    @property
+    def global_prefetch(self) -> int: ...
+
+    @property
+    def prefetch(self) -> int: ...
+
+
 class ConsumerChannel(Protocol):
     """What a queue may call on the side that consumes (an AMQP channel, an MQTT, STOMP or
     AMQP 1.0 session's link, a Hermes push subscriber): deliver, cancel, and the credit it

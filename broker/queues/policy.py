@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from ..timers import TimerHandle
     from ..vhost import VirtualHost
     from .entry import QueueEntry
-    from .queue import FlowWaiter, Queue
+    from .flow import FlowWaiter
+    from .queue import Queue
     from .retry import RetryPolicy
     from .ttl import ExpiryTimer
     from .types import QueueType

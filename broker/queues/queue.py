@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from .. import errors
 from . import max_length, ttl
@@ -19,6 +19,7 @@ from .dead_letter import dead_letter, dead_letter_confirmed
 from .dedup import make_queue_dedup
 from .entry import QueueEntry
 from .fifo import FifoReady
+from .flow import FlowQueue
 from .group import group_of
 from .message_groups import message_groups_of
 from .ops import PAGES_MESSAGES, ObserverList, Op
@@ -29,38 +30,20 @@ from .stored import StoredQueue
 from .types import queue_type_of
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from ..exchanges.base import BindingKey
     from ..message import Message
     from ..timers import TimerHandle
     from ..vhost import VirtualHost
+    from .consumer import AdmittedChannel
+    from .flow import FlowWaiter
     from .ready import ReadyStore
-
-    class AdmittedChannel(Protocol):
-        """What ``admit_consumer`` reads of the AMQP channel a basic.consume came on."""
-
-        @property
-        def global_prefetch(self) -> int: ...
-
-        @property
-        def prefetch(self) -> int: ...
-
-    class Durability(Protocol):
-        """``Queue.durability``: what publisher confirms wait for instead of the store."""
-
-        def when_durable(self, callback: Callable[[], None],
-                         on_failure: Callable[[], None] | None = None) -> None: ...
-
-    class FlowWaiter(Protocol):
-        """A publishing session held in flow by a queue (``Queue.flow_wait``)."""
-
-        def flow_released(self, queue: Queue) -> None: ...
+    from .stored import Durability
 
 _ENQUEUE, _DELIVER, _REQUEUE, _SETTLE = Op.ENQUEUE, Op.DELIVER, Op.REQUEUE, Op.SETTLE
 
 
-class Queue(PolicyQueue, StoredQueue):
+class Queue(FlowQueue, PolicyQueue, StoredQueue):
     kind: ClassVar[Literal["queue"]] = "queue"
     # A broker-internal queue (the scheduler's) is invisible to clients, as RabbitMQ's
     # internal entities are: 404 to every operation, never routed to by name.
@@ -607,29 +590,3 @@ class Queue(PolicyQueue, StoredQueue):
         if self.flow_waiters:
             self.flow_check()
         return consumers
-
-    # ---- flow control (amqp_session.py "in flow", docs/architecture.md "Back-pressure") ----
-    def flow_wait(self, session: FlowWaiter, low: int, low_bytes: float = math.inf) -> None:
-        """``session`` published into this queue while it grew past its flow threshold:
-        call ``session.flow_released(self)`` once the ready list is at most ``low`` messages
-        and ``low_bytes`` of bodies, the queue has no consumers left, or it is deleted. No
-        task, no timer: checked where the ready list shrinks (dispatch, purge) and where
-        consumers leave."""
-        if self.flow_waiters is None:
-            self.flow_waiters = set()
-        self.flow_waiters.add(session)
-        self._flow_low = low
-        self._flow_low_bytes = low_bytes
-
-    def flow_forget(self, session: FlowWaiter) -> None:
-        if self.flow_waiters:
-            self.flow_waiters.discard(session)
-
-    def flow_check(self) -> None:
-        waiters = self.flow_waiters
-        if waiters and ((len(self.ready) <= self._flow_low
-                         and self.ready_bytes <= self._flow_low_bytes)
-                        or not self.consumers or self.deleted):
-            self.flow_waiters = None
-            for session in waiters:
-                session.flow_released(self)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .entry import QueueEntry
 
@@ -40,6 +40,13 @@ def _max_and_sum(seqs: Sequence[int], blens: Sequence[int]) -> tuple[int, int]:
         return (int(np.frombuffer(seqs, np.int64).max()),
                 int(np.frombuffer(blens, np.uint32).sum(dtype=np.int64)))
     return max(seqs), sum(blens)
+
+
+class Durability(Protocol):
+    """``Queue.durability``: what publisher confirms wait for instead of the store."""
+
+    def when_durable(self, callback: Callable[[], None],
+                     on_failure: Callable[[], None] | None = None) -> None: ...
 
 
 class StoredQueue:

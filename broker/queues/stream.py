@@ -42,7 +42,7 @@ from .types import NODE_NAME
 if TYPE_CHECKING:
     from ..vhost import VirtualHost
     from .args import QueueOptions
-    from .queue import AdmittedChannel
+    from .consumer import AdmittedChannel
 
 logger = logging.getLogger("triomq.streams")
 
