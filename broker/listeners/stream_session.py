@@ -312,11 +312,12 @@ class StreamSession(StreamPublishing, StreamConsuming):
             self._respond(cmd, codec.OK)
             return
 
-        def durable() -> None:
+        def answer(code: int) -> None:
             if not self.ended:
-                self._respond(cmd, codec.OK)
+                self._respond(cmd, code)
                 self.wake()
-        store.when_durable(durable)
+        # a definition the store could not write: not OK (the stream may not survive a restart)
+        store.when_durable(lambda: answer(codec.OK), lambda: answer(codec.INTERNAL_ERROR))
 
     def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
         arguments: dict[str, Any] = {"x-queue-type": "stream", **_arguments(create_args)}
