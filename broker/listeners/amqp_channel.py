@@ -148,14 +148,7 @@ class Channel(EntityMethods, ConfirmTxMethods):
             if not held:
                 self._held_replies = None
             self.session.wake()
-
-        def failed() -> None:
-            # neither the reply nor a refusal would be true: the queue exists here, but may
-            # not after a restart; the replies held behind it must not wait forever
-            if not self.closed:
-                self.session.force_close(errors.internal_error(
-                    "%s: the store could not make the definition durable", method.NAME))
-        store.when_durable(durable, failed)
+        store.when_durable(durable)
 
     # ---- channel class ----
     def on_flow(self, m) -> None:

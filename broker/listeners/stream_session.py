@@ -312,12 +312,11 @@ class StreamSession(StreamPublishing, StreamConsuming):
             self._respond(cmd, codec.OK)
             return
 
-        def answer(code: int) -> None:
+        def durable() -> None:
             if not self.ended:
-                self._respond(cmd, code)
+                self._respond(cmd, codec.OK)
                 self.wake()
-        # a definition the store could not write: not OK (the stream may not survive a restart)
-        store.when_durable(lambda: answer(codec.OK), lambda: answer(codec.INTERNAL_ERROR))
+        store.when_durable(durable)
 
     def _declare_stream(self, name: str, create_args: dict) -> StreamQueue:
         arguments: dict[str, Any] = {"x-queue-type": "stream", **_arguments(create_args)}

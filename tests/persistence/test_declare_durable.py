@@ -84,29 +84,3 @@ async def test_stream_protocol_create_answers_once_the_definition_is_durable(tmp
     finally:
         disk.set()
         await server.shutdown()
-
-
-async def test_declare_ok_whose_definition_cannot_be_written_closes_with_541(tmp_path, nursery):
-    """A store that fails the definition's write (the SQL stores call ``on_failure``): the
-    declare-ok would not be true and the channel's later replies wait behind it, so the
-    connection is closed with 541, as for a tx.commit that cannot be made durable."""
-    data = str(tmp_path / "data")
-    config = Config(host="127.0.0.1", port=0, data_dir=data, memory_limit_bytes=1 << 50,
-                    disk_free_limit=0, heartbeat=0)
-    store = open_store("journal", data, config.flush, config.journal)
-    server = Server(Broker(config, store))
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    try:
-        c = await TrioClient.connect(port)
-        await c.call(1, spec.Channel.Open(), spec.Channel.OpenOk)
-
-        def failing(callback, on_failure=None) -> None:
-            if on_failure is not None:
-                on_failure()
-        store.when_durable = failing  # type: ignore[method-assign]
-        await c.call(1, spec.Queue.Declare(queue="dq", durable=True))
-        close = await c.expect(spec.Connection.Close, within=5)
-        assert close.method.reply_code == 541
-        assert "could not make the definition durable" in close.method.reply_text
-    finally:
-        await server.shutdown()
