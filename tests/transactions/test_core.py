@@ -329,7 +329,10 @@ def test_bad_queue_default_argument_is_refused(session_client):
 def life(path, body, crash=False):
     """One broker lifetime on a journal in ``path`` (as tests/persistence do)."""
     async def main():
-        store = JournalStore(str(path))
+        # flush "async": a durable queue's declare-ok waits for the group commit, which no
+        # task runs here while ``body`` (synchronous) works; what reaches the journal is
+        # written by the explicit flush or close below, as a kill -9 would find it
+        store = JournalStore(str(path), flush="async")
         broker = Broker(Config(data_dir=str(path)), store)
         await store.open()
         broker.recover()
