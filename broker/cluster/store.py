@@ -464,6 +464,9 @@ class ClusterStore(ClusterDefinitions, Store):
         self.inner.save_queue(vhost, queue)
         if not self._applying:
             self._claims[(vhost.name, queue.name)] = True
+            # counted at once: the watch brings this node's own record back later, and a
+            # locator placing the next queue must already see this one (min-masters)
+            self._homes[(vhost.name, queue.name)] = self.node.name
             self._queue_write(self._queue_key(vhost, queue.name), self._queue_def(vhost, queue))
             self._wake.set()
 
@@ -473,6 +476,7 @@ class ClusterStore(ClusterDefinitions, Store):
         self.inner.delete_queue(vhost, queue)
         if not self._applying:
             self._claims[(vhost.name, queue.name)] = False
+            self._homes.pop((vhost.name, queue.name), None)
             self._queue_write(self._queue_key(vhost, queue.name), None)
             # its bindings went with it (the vhost drops them without a store call each)
             head = self._defs("binding", _q(vhost.name), "")
