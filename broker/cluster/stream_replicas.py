@@ -201,7 +201,9 @@ class StreamReplicas:
                 self._followers.pop(key).cancel()
                 del self._following[key]
                 replaced[key] = follower.finished
-                if key not in groups:  # the stream was deleted: so is this copy
+                # the stream was deleted, or this node removed from its group
+                # (delete_replica): so is this copy
+                if node.name not in groups.get(key, {}).get("members", ()):
                     follower.drop = True
         for key, leader in wanted.items():
             if key not in self._followers and self._nursery is not None:

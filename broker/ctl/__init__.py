@@ -22,7 +22,12 @@ import os
 import sys
 import types
 
-from . import access_verbs, entity_verbs, node_verbs  # noqa: F401  (they register their verbs)
+from . import (  # noqa: F401  (they register their verbs)
+    access_verbs,
+    entity_verbs,
+    node_verbs,
+    stream_verbs,
+)
 from .core import (  # noqa: F401  (the verb API other features import)
     EX_DATAERR,
     EX_NOPERM,

@@ -27,4 +27,6 @@ def add_routes(broker: Broker) -> None:
     routes.extend(metrics.routes(broker))
     from ..cluster.members import routes as member_routes  # quorum members (cluster only)
     routes.extend(member_routes())
+    from ..cluster.stream_members import routes as stream_member_routes  # stream replicas
+    routes.extend(stream_member_routes())
     broker.http_routes.extend(routes)
