@@ -20,6 +20,7 @@ from .persistence import DURABLE, MemoryStore, Store
 from .persistence.base import BLOCKS_ON_FAILURE
 from .publishing import Publishing
 from .recovery_progress import RecoveryProgress
+from .services import Services
 from .streams.log import StreamStore
 from .timers import TimerQueue
 from .vhost import VirtualHost
@@ -58,19 +59,18 @@ def process_rss() -> int:
 
 
 class Broker:
-    """The composition root: ``__init__`` builds every service and hands the broker to
-    each feature's ``install``. A service is a typed attribute, never looked up with
-    ``getattr``; the ones an ``install`` sets are declared here."""
+    """The composition root: ``__init__`` builds every service, hands the features
+    (scheduler, half messages, Hermes, the audit trail) the typed ``Services`` they use
+    (never the broker itself) and each feature's ``install`` the broker to wire its hooks
+    and tasks into. A service is a typed attribute, never looked up with ``getattr``; the
+    ones an ``install`` sets are declared here."""
 
     access: AccessControl  # security.install: users, vhosts, permissions, limits
-    scheduler: Scheduler  # scheduler.install: delayed and scheduled messages
-    transactions: Transactions  # transactions.install: half messages
     http_server: HttpServer  # management.install: the HTTP listener (API, /metrics, Hermes)
     amqp_listening: trio.Event  # management.install: set once AMQP listens
     on_amqp_listening: Callable[[int], None]  # management.install; called by Server.serve
     message_totals: MessageTotals  # management.install: counters outliving channels
     stats_sampler: Sampler  # management.install: message rates
-    hermes: Hermes  # hermes.install
 
     def __init__(self, config: Config | None = None, store: Store | None = None):
         self.config = config or Config()
@@ -130,13 +130,22 @@ class Broker:
         self.definition_sections: list = []
         self.audit: AuditTrail | None = None  # set below, once the features it follows exist
         security.install(self)  # broker.access: users, vhosts, permissions, limits
-        scheduler.install(self)  # delayed/scheduled delivery and its control socket
-        transactions.install(self)  # half messages: prepare, commit/rollback, check-back
+        # what the features are handed instead of the broker (services.py)
+        self.services = Services(
+            config=self.config, timers=self.timers, vhosts=self.vhosts, store=self.store,
+            publishing=self.publishing, recovery=self.recovery, access=self.access,
+            alarms=self.alarms, set_alarm=self.set_alarm)
+        # delayed/scheduled delivery and its control socket
+        self.scheduler: Scheduler = scheduler.install(self, self.services)
+        # half messages: prepare, commit/rollback, check-back
+        self.transactions: Transactions = transactions.install(self, self.services)
         self.policies = policies.install(self)  # policies and operator policies per vhost
         management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
-        hermes.install(self)  # Hermes-style HTTP publishing and push subscriptions (broker.hermes)
-        self.audit = audit.install(self)  # the audit trail (--audit-dir), or None
-        self.publishing.audit = self.audit
+        # Hermes-style HTTP publishing and push subscriptions
+        self.hermes: Hermes = hermes.install(self, self.services)
+        # the audit trail (--audit-dir), or None; set on the services it follows
+        self.audit = audit.install(self, self.services)
+        self.services.audit = self.publishing.audit = self.audit
         self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
         self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
         self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None

@@ -38,8 +38,8 @@ the broker never builds a message to store one); only its audit stage runs here
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from .schemas import exchange as avro_exchange
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .direct_reply import DirectReply
     from .message import Message
     from .queues.queue import Queue
+    from .queues.stored import Durability
     from .vhost import VirtualHost
 
 # outcomes of Publishing.publish
@@ -58,7 +59,7 @@ ROUTED = "routed"  # every queue took it; nothing to wait for
 STORING = "storing"  # every queue took it; durable once the store (or a stream's log) says so
 
 _INF = float("inf")
-Hook = Callable[[Any, "Message", bool, int], bool]
+Hook = Callable[["PublishOrigin", "Message", bool, int], bool]
 
 
 class PublishOrigin(Protocol):
@@ -81,18 +82,34 @@ class PublishOrigin(Protocol):
     def queue_over_threshold(self, queue: Queue) -> None: ...
 
 
+class PublishAudit(Protocol):
+    """What the path asks of the audit trail (``audit.recorder.AuditTrail``)."""
+
+    def published(self, origin: PublishOrigin, message: Message, queues: list[Queue],
+                  outcome: str, tag: int | None) -> None: ...
+
+
+class FlowLimits(Protocol):
+    """The flow-control thresholds the path reads per publish (``Config``'s, which may
+    change at run time)."""
+
+    @property
+    def flow_high(self) -> int: ...
+    @property
+    def flow_high_bytes(self) -> int: ...
+
+
 class Source:
     """An origin without a connection: an HTTP publish (Hermes, the management API) or a
     message the broker makes itself (MQTT ``$SYS``). It has nothing to confirm, return or
     slow down: its caller answers from the outcome."""
 
-    __slots__ = ("audit_ctx", "broker", "vhost")
+    __slots__ = ("audit_ctx", "vhost")
     closed = False
     user = None
     metrics_protocol: str | None = None  # the API's publishes count as amqp091 elsewhere
 
-    def __init__(self, broker: Any, vhost: VirtualHost, user: str | None, peer: str | None):
-        self.broker = broker
+    def __init__(self, vhost: VirtualHost, user: str | None, peer: str | None) -> None:
         self.vhost = vhost
         self.audit_ctx = (vhost.name, user, peer, None)
 
@@ -124,10 +141,10 @@ class Publishing:
     by ``Broker.__init__`` after the trail's install; ``hooks``, by each feature's
     install)."""
 
-    def __init__(self, config: Any, direct_reply: DirectReply,
-                 refuses_persistent: Callable[[list], bool]):
+    def __init__(self, config: FlowLimits, direct_reply: DirectReply,
+                 refuses_persistent: Callable[[list[Queue]], bool]) -> None:
         self.hooks: list[Hook] = []
-        self.audit: Any = None  # the audit trail, or None
+        self.audit: PublishAudit | None = None  # the audit trail, or None
         self.direct_reply = direct_reply
         self.refuses_persistent = refuses_persistent
         self.config = config  # flow_high / flow_high_bytes, read per publish (may change)
@@ -140,7 +157,8 @@ class Publishing:
     def bare(cls) -> Publishing:
         """The path of a vhost no broker owns (white-box tests): no hooks, no audit, no
         flow control, a store that never refuses."""
-        return cls(_NoFlow(), None, lambda queues: False)  # type: ignore[arg-type]
+        from .direct_reply import DirectReply
+        return cls(_NoFlow(), DirectReply(), lambda queues: False)
 
     def _flow(self, origin: PublishOrigin, q: Queue) -> None:
         """Flow control, for a queue with consumers and ready messages: over ``flow_high``
@@ -156,9 +174,9 @@ class Publishing:
     def publish(self, origin: PublishOrigin, message: Message, mandatory: bool = False,
                 seq: int = 0, *, hooks: bool = True, answered: bool = False,
                 tag: int | None = None, audited: bool = True,
-                waits: list | None = None, drop: Callable[[Queue], bool] | None = None,
-                queues_report: bool = False,
-                on_routed: Callable[[list], None] | None = None) -> str:
+                waits: list[Durability] | None = None,
+                drop: Callable[[Queue], bool] | None = None, queues_report: bool = False,
+                on_routed: Callable[[list[Queue]], None] | None = None) -> str:
         """Run ``message`` through the stages; returns the outcome (module constants).
 
         ``seq``: the AMQP confirm number (0: none); the path confirms it. ``answered``:
@@ -260,7 +278,8 @@ class Publishing:
         return STORING
 
 
-    def appended(self, origin: PublishOrigin, queue: Queue, messages: list,
+    def appended(self, origin: PublishOrigin, queue: Queue,
+                 messages: list[tuple[Message, int | None]],
                  outcome: str = ROUTED) -> None:
         """Messages a protocol wrote into a stream's log itself (the Stream protocol:
         opaque records, no exchange, no routing, no hooks), recorded by the audit trail as
@@ -276,7 +295,8 @@ class Publishing:
             audit.published(origin, message, queues, outcome, tag)
 
 
-def when_all(waits: list, callback, on_failure) -> None:
+def when_all(waits: Sequence[Durability], callback: Callable[[], None],
+             on_failure: Callable[[], None]) -> None:
     """``callback`` once every one of ``waits`` (stores, streams: ``when_durable``) has
     made the message durable; ``on_failure`` once, at the first that fails. The same
     store or log named twice is waited for once."""

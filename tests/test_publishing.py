@@ -185,7 +185,7 @@ def test_a_source_publish_reports_its_outcome(broker):
     """The path's outcome, for callers that answer it themselves (HTTP)."""
     vhost = broker.vhosts["/"]
     vhost.declare_queue("q", None, arguments={})
-    source = Source(broker, vhost, "guest", "test")
+    source = Source(vhost, "guest", "test")
     delayed = {"headers": {"AMQ_SCHEDULED_DELAY": 60_000}}
     routed = broker.publishing.publish(source, Message("", "q", b"", {}, b"x"))
     nowhere = broker.publishing.publish(source, Message("", "none", b"", {}, b"x"))
@@ -340,7 +340,7 @@ def test_a_dead_letter_passes_no_hook_and_is_audited_as_an_enqueue_only(tmp_path
     target = vhost.declare_queue("dlq", None, arguments={})
     vhost.bind("dlx", target, "", {})
     props = {"headers": {"x-delay": 60_000}, "message_id": "dl"}
-    source = Source(broker, vhost, "guest", "test")
+    source = Source(vhost, "guest", "test")
     assert broker.publishing.publish(source, Message("", "src", encode_properties(props),
                                                      props, b"same")) == ROUTED
     src.reject(src.get(), None)
@@ -399,7 +399,7 @@ def test_a_transactions_check_back_and_default_commit_are_published_by_the_broke
     props = {"message_id": "tx-1", "reply_to": "checks",
              "headers": {"x-transaction": "prepare", "x-transaction-timeout": 100,
                          "x-transaction-check-max": 1, "x-transaction-default": "commit"}}
-    source = Source(broker, vhost, "guest", "test")
+    source = Source(vhost, "guest", "test")
     assert broker.publishing.publish(source, Message("", "orders", encode_properties(props),
                                                      props, b"order")) == TAKEN
     for _ in range(50):  # a check-back, then the default commit

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import AuditServices
 
 
-def install(broker: Broker):
+def install(broker: Broker, services: AuditServices):
     """Turn the trail on if ``--audit-dir`` is set; returns the ``AuditTrail`` or None."""
     from .recorder import install as _install
-    return _install(broker)
+    return _install(broker, services)

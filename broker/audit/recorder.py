@@ -35,6 +35,8 @@ from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..policies import Policies
+    from ..services import AuditServices
 
 log = logging.getLogger("broker.audit")
 
@@ -64,9 +66,11 @@ class AuditTrail(CallerReported):
     # the batch clock of the hooks a trail class mixes in (hooks.PyHooks or the C ones)
     clock_start: Callable[[], None]
     clock_stop: Callable[[], None]
+    published: Callable[..., None]  # and its publish hook (publishing.PublishAudit)
 
-    def __init__(self, broker: Broker, settings) -> None:
-        self.broker = broker
+    def __init__(self, services: AuditServices, policies: Policies, settings) -> None:
+        self.services = services  # the composition root's, never the whole broker
+        self.policies = policies
         self.settings = settings
         self.buf: list = []  # flat: WIDTH slots per event
         # serialised chunks of events, (count, data), waiting for the drain task
@@ -97,11 +101,11 @@ class AuditTrail(CallerReported):
         self.sink: Any = None
         if settings.stream:
             from .stream_sink import StreamSink
-            self.sink = StreamSink(broker, settings.stream, settings.node)
+            self.sink = StreamSink(services, settings.stream, settings.node)
 
     # ---- selection ----
     def _policy_audit(self, q):
-        policies = self.broker.policies
+        policies = self.policies
         try:
             definition = policies.effective(q.vhost.name, "queue", q.name)[2]
         except Exception:  # a policy store that is not ready must not break declares
@@ -125,11 +129,11 @@ class AuditTrail(CallerReported):
 
     def hook_vhosts(self) -> None:
         """Follow every vhost's queues (new vhosts are picked up by the drain task)."""
-        policies = self.broker.policies
+        policies = self.policies
         if not self._policies_hooked:
             self._policies_hooked = True
             policies.on_change.append(self.policies_changed)
-        for vhost in list(self.broker.vhosts.values()):
+        for vhost in list(self.services.vhosts.values()):
             if vhost.name in self._hooked:
                 continue
             self._hooked.add(vhost.name)
@@ -172,7 +176,7 @@ class AuditTrail(CallerReported):
 
     def policies_changed(self, vhost_name: str) -> None:
         """``broker.policies.on_change`` callback: re-select the vhost's queues."""
-        vhost = self.broker.vhosts.get(vhost_name)
+        vhost = self.services.vhosts.get(vhost_name)
         if vhost is None:
             return
         for q in list(vhost.queues.values()):
@@ -209,7 +213,7 @@ class AuditTrail(CallerReported):
                 return
             if not self.blocking:
                 self.blocking = True
-                self.broker.set_alarm(ALARM, True)
+                self.services.set_alarm(ALARM, True)
         if len(self.buf) >= self.limit:
             self._seal(self.chunk)
 
@@ -405,7 +409,7 @@ class AuditTrail(CallerReported):
             self._spool_full or (pending > self.settings.buffer_events // 2 and self.blocking))
         if want != self.blocking:
             self.blocking = want
-            self.broker.set_alarm(ALARM, want)
+            self.services.set_alarm(ALARM, want)
 
     async def run(self) -> None:
         """The drain task: one frame per ``flush_interval``; at shutdown, the tail."""
@@ -434,7 +438,7 @@ class AuditTrail(CallerReported):
                 await trio.to_thread.run_sync(self.spool.close, True)
                 if self.blocking:
                     self.blocking = False
-                    self.broker.set_alarm(ALARM, False)
+                    self.services.set_alarm(ALARM, False)
                 # the converter finishes what is spooled and exits; what it cannot convert
                 # in time stays in the spool for the next start
                 with trio.move_on_after(self.settings.stop_timeout):
@@ -461,14 +465,14 @@ def last_msg_id(root: str, node: str) -> int:
     return 0
 
 
-def install(broker: Broker) -> AuditTrail | None:
+def install(broker: Broker, services: AuditServices) -> AuditTrail | None:
     """Turn the trail on when ``broker.config.audit.dir`` is set; returns it (or None)."""
     settings = broker.config.audit
     if not settings.dir:
         return None
     if not settings.node:
         settings.node = socket.gethostname()
-    trail = (CTrail if chosen() is CHooks else PyTrail)(broker, settings)
+    trail = (CTrail if chosen() is CHooks else PyTrail)(services, broker.policies, settings)
     # Message ids restart at 1 in a broker without stored messages: continue above the
     # trail's, so (node, vhost, queue, msg) names one message copy across restarts.
     set_message_id_floor(last_msg_id(settings.dir, settings.node))

@@ -28,7 +28,7 @@ from . import events
 from .spool import loads
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..services import AuditServices
 
 log = logging.getLogger("triomq.audit")
 
@@ -51,8 +51,8 @@ def bodies(frames: list[tuple[int, int, bytes]], node: str) -> list[tuple[int, i
 
 
 class StreamSink:
-    def __init__(self, broker: Broker, name: str, node: str) -> None:
-        self.broker = broker
+    def __init__(self, services: AuditServices, name: str, node: str) -> None:
+        self.services = services  # the composition root's, never the whole broker
         self.name = name
         self.node = node
         self._failed = False
@@ -62,7 +62,7 @@ class StreamSink:
 
     def _vhost(self):
         """The vhost of the stream, which is declared if missing."""
-        vhost = self.broker.vhosts.get(VHOST)
+        vhost = self.services.vhosts.get(VHOST)
         if vhost is None:
             return None
         if vhost.find_queue(self.name) is None:
@@ -82,13 +82,13 @@ class StreamSink:
             return
         if vhost is None:
             return
-        source = Source(self.broker, vhost, None, "audit")
+        source = Source(vhost, None, "audit")
         for first, count, body in messages:
             props = {"content_type": "application/x-ndjson", "delivery_mode": 2,
                      "headers": {"x-audit-node": self.node, "x-audit-first-seq": first,
                                  "x-audit-count": count}}
             message = Message("", self.name, encode_properties(props), props, body)
-            outcome = self.broker.publishing.publish(source, message, audited=False)
+            outcome = self.services.publishing.publish(source, message, audited=False)
             stored = outcome in (ROUTED, STORING)
             if not stored and not self._failed:
                 log.error("audit stream %r: events %d-%d not stored (%s)", self.name,

@@ -32,7 +32,9 @@ from ..queues.queue import Queue
 from .link import LINK_USER, ROUTE_HEADER, Link, RemoteConsumer
 
 if TYPE_CHECKING:
+    from ..direct_reply import DirectReply
     from ..queues.queue import Consumer
+    from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.forward")
 
@@ -264,15 +266,15 @@ def forward_reply(link: Link, message: Message) -> None:
                  _reply_sent)
 
 
-def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> bool:
-    """Publish hook on the master: a publish forwarded by another node's link goes into
-    the queue it names, with its original exchange and routing key; anything else is not
-    taken (False)."""
-    session = channel.session
-    user = session.user
+def forwarded_publish(store: ClusterStore, direct_reply: DirectReply, channel, message: Message,
+                      mandatory: bool, seq: int) -> bool:
+    """Publish hook on the master (``store`` and ``direct_reply`` bound by the cluster
+    store's recovery): a publish forwarded by another node's link goes into the queue it
+    names, with its original exchange and routing key; anything else is not taken (False)."""
+    user = channel.session.user
     if user is None or user.name != LINK_USER:
         # whose publish a forward or a mirror op now started belongs to (in doubt: closed)
-        session.broker.store.publishing = channel
+        store.publishing = channel
         return False
     headers = message.properties.get("headers")
     route = headers.get(ROUTE_HEADER) if isinstance(headers, dict) else None
@@ -284,21 +286,18 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
     from .view import STATS_ANSWER, STATS_REQUEST
     stats = headers.get(STATS_REQUEST), headers.get(STATS_ANSWER)  # type: ignore[union-attr]
     if stats != (None, None):  # a queue view asked by another node, or its answer (view.py)
-        from .store import ClusterStore
-        store = session.broker.store
-        if isinstance(store, ClusterStore):
-            if isinstance(stats[0], list) and len(stats[0]) == 2:
-                asking = stats[0][1]
-                store.views.answer(asking.decode() if isinstance(asking, bytes) else str(asking),
-                                   vhost.name, stats[0], message.body)
-            elif isinstance(stats[1], list):
-                store.views.answered(stats[1], message.body)
+        if isinstance(stats[0], list) and len(stats[0]) == 2:
+            asking = stats[0][1]
+            store.views.answer(asking.decode() if isinstance(asking, bytes) else str(asking),
+                               vhost.name, stats[0], message.body)
+        elif isinstance(stats[1], list):
+            store.views.answered(stats[1], message.body)
         if seq:
             channel.confirm_decided(seq, True)
         return True
     mirror_op = headers.get(MIRROR_HEADER)  # type: ignore[union-attr]
     if mirror_op is not None:  # an op of a queue this node mirrors (mirror.py)
-        mirrors = session.broker.store.mirrors  # the cluster's store installed this hook
+        mirrors = store.mirrors
         seqs = route[1].decode() if isinstance(route[1], bytes) else str(route[1])
         ok = isinstance(mirror_op, list) and mirrors is not None and mirrors.apply(
             vhost.name, message.routing_key, mirror_op, seqs, message.body)
@@ -318,11 +317,11 @@ def forwarded_publish(channel, message: Message, mandatory: bool, seq: int) -> b
                      for r in route)
     original = Message(exchange, key, encode_properties(props), props, message.body)
     if key.startswith(REPLY_PREFIX) and not exchange:  # a direct reply (forward_reply)
-        session.broker.direct_reply.deliver_here(original)
+        direct_reply.deliver_here(original)
         if seq:
             channel.confirm_decided(seq, True)
         return True
-    session.broker.store.publishing = channel  # the link's: in doubt, the link is closed
+    store.publishing = channel  # the link's: in doubt, the link is closed
     q = vhost.queues.get(message.routing_key)
     if q is None or isinstance(q, ProxyQueue):
         # not (or no longer) mastered here: the forwarding node's publisher gets a nack

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any, ClassVar
 
 import trio
@@ -183,7 +184,7 @@ class ClusterStore(ClusterDefinitions, Store):
         broker.drain_hooks.append(self.mirrors.shutdown)  # ha-promote-on-shutdown
         self._drop_superseded()
         # before the other hooks: a forwarded publish is the queue's, nobody else's
-        broker.publish_hooks.insert(0, forwarded_publish)
+        broker.publish_hooks.insert(0, partial(forwarded_publish, self, broker.direct_reply))
         # direct reply-to: reply names say which node the requester is on
         broker.direct_reply.node = self.node.name
         broker.direct_reply.forward = self._forward_reply

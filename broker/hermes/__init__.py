@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import HermesServices
     from .model import HermesError, SubscriptionDef, TopicDef
     from .service import Hermes
 
@@ -34,13 +35,14 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-def install(broker: Broker) -> Hermes:
+def install(broker: Broker, services: HermesServices) -> Hermes:
+    """Hermes on the root's ``services``, wired into ``broker``'s routes, tasks, hooks and
+    restorers; ``Broker.__init__`` keeps it as ``broker.hermes``."""
     from . import http
     from .frontend import Frontend
     from .service import SUBSCRIPTION_KIND, TOPIC_KIND, Hermes
 
-    hermes = Hermes(broker)
-    broker.hermes = hermes
+    hermes = Hermes(services)
     broker.http_routes.extend(http.routes(hermes))
     broker.background_tasks.append(hermes.run)
     broker.drain_hooks.append(hermes.drain)

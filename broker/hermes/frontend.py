@@ -135,9 +135,9 @@ class Frontend:
             except (binascii.Error, UnicodeDecodeError):
                 sep = ""
             if sep:
-                user = login(self.hermes.broker, name, password, peer)
+                user = login(self.hermes.services.access, name, password, peer)
         if user is None:
-            await trio.sleep(self.hermes.broker.access.failure_delay)
+            await trio.sleep(self.hermes.services.access.failure_delay)
             return None
         cache.clear()
         cache[header] = user
@@ -190,7 +190,7 @@ class Frontend:
             return _error(HermesError(401, "Login failed", "UNAUTHORIZED",
                                       {"WWW-Authenticate": 'Basic realm="TrioMQ"'}), True), True
         try:
-            check(hermes.broker, user, "exchange", name, "write")
+            check(hermes.services.access, user, "exchange", name, "write")
             topic = hermes.get_topic(name)
             if length > topic.maxMessageSize or length < 0:
                 raise HermesError(413, f"Message size {length} exceeds the topic's maximum "

@@ -24,7 +24,7 @@ from ..management.http import JsonRejected, parse_json
 from .model import HermesError
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..security import AccessControl
 
 MAX_DEFINITION = 1024 * 1024  # bytes of a management request body
 
@@ -60,18 +60,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def check(broker: Broker, user, kind: str, name: str, perm: str) -> None:
+def check(access: AccessControl, user, kind: str, name: str, perm: str) -> None:
     """HermesError 403 unless ``user`` (management's ApiUser) has ``perm`` on ``name``."""
     if user.user is None:
         return
     try:
-        broker.access.check(user.user, "/", kind, name, perm)
+        access.check(user.user, "/", kind, name, perm)
     except errors.AMQPError as exc:
         raise HermesError(403, exc.text, "FORBIDDEN") from None
 
 
 def routes(hermes) -> list:
-    broker = hermes.broker
+    access = hermes.services.access
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
@@ -83,7 +83,7 @@ def routes(hermes) -> list:
         return endpoint
 
     def may(user, kind: str, name: str, perm: str = "configure") -> None:
-        check(broker, user, kind, name, perm)
+        check(access, user, kind, name, perm)
 
     async def topics(request: Request, user) -> Response:
         if request.method == "GET":

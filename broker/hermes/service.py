@@ -43,7 +43,7 @@ from .model import HermesError, SubscriptionDef, TopicDef
 from .push import PushSubscriber
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..services import HermesServices
 
 log = logging.getLogger("broker.hermes")
 
@@ -93,8 +93,8 @@ class PublishResult:
 
 
 class Hermes:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, services: HermesServices) -> None:
+        self.services = services  # the composition root's, never the whole broker
         self.topics: dict[str, TopicDef] = {}
         self.subscriptions: dict[str, dict[str, SubscriptionDef]] = {}  # topic -> name -> def
         self.subscribers: dict[str, PushSubscriber] = {}  # qualified name -> running
@@ -105,14 +105,14 @@ class Hermes:
 
     @property
     def vhost(self):
-        return self.broker.vhosts[VHOST]
+        return self.services.vhosts[VHOST]
 
     # ---- stored definitions ----
     def _save(self, kind: str, key: str, value: dict) -> None:
-        self.broker.store.save_meta(kind, key, value)
+        self.services.store.save_meta(kind, key, value)
 
     def _forget(self, kind: str, key: str) -> None:
-        self.broker.store.delete_meta(kind, key)
+        self.services.store.delete_meta(kind, key)
 
     def restore_topic(self, key: str, value: dict) -> None:
         topic = model.topic_from_record(value)
@@ -138,7 +138,7 @@ class Hermes:
         return topic
 
     def create_topic(self, data: Any) -> TopicDef:
-        topic = model.parse_topic(data, max_size=self.broker.config.max_message_size)
+        topic = model.parse_topic(data, max_size=self.services.config.max_message_size)
         if topic.name in self.topics:
             raise HermesError(409, f"Topic {topic.name} already exists", "TOPIC_ALREADY_EXISTS")
         try:
@@ -154,7 +154,7 @@ class Hermes:
 
     def update_topic(self, name: str, data: Any) -> TopicDef:
         current = self.get_topic(name)
-        topic = model.parse_topic(data, current, max_size=self.broker.config.max_message_size)
+        topic = model.parse_topic(data, current, max_size=self.services.config.max_message_size)
         self._replace_topic(topic)
         return topic
 
@@ -339,9 +339,9 @@ class Hermes:
         if len(body) > topic.maxMessageSize:
             raise HermesError(413, f"Message size {len(body)} exceeds the topic's maximum "
                                    f"{topic.maxMessageSize} bytes", "MESSAGE_TOO_LARGE")
-        if self.broker.alarms:
+        if self.services.alarms:
             raise HermesError(503, "Broker is blocking publishers: "
-                                   + ", ".join(sorted(self.broker.alarms)),
+                                   + ", ".join(sorted(self.services.alarms)),
                               "SERVICE_UNAVAILABLE", {"Retry-After": "1"})
         if self.pending_publishes >= MAX_PENDING_PUBLISHES:
             raise HermesError(429, "Too many publishes waiting to be stored", "TOO_MANY_REQUESTS",
@@ -381,13 +381,13 @@ class Hermes:
         message = Message(topic.name, topic.name, encode_properties(props), props, body)
         if topic.name not in self.vhost.exchanges:
             self._heal(topic)
-        audit = self.broker.audit
+        audit = self.services.audit
         if audit is not None:
             audit.clock_start()
         try:
             # the one publish path: hooks (scheduler, cluster, Avro), route, enqueue, audit
-            outcome = self.broker.publishing.publish(
-                Source(self.broker, self.vhost, user, peer or "http"), message, answered=True)
+            outcome = self.services.publishing.publish(
+                Source(self.vhost, user, peer or "http"), message, answered=True)
         except errors.AMQPError as exc:  # a publish hook refused it
             raise HermesError(400, f"Invalid message: {exc.explanation}", "VALIDATION_ERROR") from None
         finally:
@@ -409,7 +409,7 @@ class Hermes:
         if not accepted:
             raise HermesError(503, "A subscription queue refused the message (full)",
                               "SERVICE_UNAVAILABLE", {"Retry-After": "1"})
-        store = self.broker.store
+        store = self.services.store
         if not durable or DURABLE not in store.capabilities:
             return PublishResult(202 if topic.ack == "LEADER" else 201, mid)
         if topic.ack == "LEADER":

@@ -171,5 +171,5 @@ class SysTopics:
         self.service.retained.set_volatile(vhost.name, topic, payload, 0)
         key = to_routing_key(topic)
         message = Message(self.service.exchange, key, _RAW, _PROPS, payload)
-        self.broker.publishing.publish(Source(self.broker, vhost, None, "$SYS"), message,
+        self.broker.publishing.publish(Source(vhost, None, "$SYS"), message,
                                        audited=False)

@@ -62,7 +62,7 @@ def publish_message(broker: Broker, vhost, exchange: str, routing_key: str, prop
     if audit is not None:
         audit.clock_start()
     try:
-        outcome = broker.publishing.publish(Source(broker, vhost, user, peer), message)
+        outcome = broker.publishing.publish(Source(vhost, user, peer), message)
     except errors.AMQPError as exc:  # a publish hook refused it (an invalid x-delay, ...)
         raise amqp_error(exc) from None
     finally:

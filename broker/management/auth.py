@@ -22,7 +22,7 @@ from ..security.model import User
 from .http import ApiError
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..security import AccessControl
 
 log = logging.getLogger("broker.management")
 
@@ -70,10 +70,11 @@ def denied(username: str, why: str, peer_host: str | None) -> None:
     log.warning("HTTP access denied: user '%s' - %s (peer %s)", shown(username), why, peer_host)
 
 
-def login(broker: Broker, username: str, password: str, peer_host: str | None) -> ApiUser | None:
+def login(access: AccessControl, username: str, password: str,
+          peer_host: str | None) -> ApiUser | None:
     """The user for these credentials, or None (wrong password, unknown user, loopback-only
     user from elsewhere), logged as RabbitMQ's management plugin logs it."""
-    user, why = broker.access.check_login(username, password, peer_host, "http")
+    user, why = access.check_login(username, password, peer_host, "http")
     if user is None:
         denied(username, "User can only log in via localhost" if why == LOOPBACK_ONLY
                else "invalid credentials", peer_host)
@@ -117,7 +118,7 @@ async def authenticate(request: Request) -> ApiUser:
     broker = request.app.state.broker
     if broker.access.needs_introspection(creds[0], creds[1]):
         await broker.access.introspect(creds[1])  # an opaque OAuth 2 token
-    user = login(broker, creds[0], creds[1], peer)
+    user = login(broker.access, creds[0], creds[1], peer)
     if user is None:
         await trio.sleep(request.app.state.broker.access.failure_delay)
         raise ApiError(401, "Login failed", "not_authorized", CHALLENGE)

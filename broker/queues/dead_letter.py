@@ -126,7 +126,7 @@ def dead_letter(queue: Queue, entries: list[QueueEntry], reason: str) -> None:
 def _origin(queue: Queue) -> Source:
     """Dead letters are published by no client: a ``Source`` of the queue's vhost, without
     user or connection (nothing to confirm, return or slow down)."""
-    return Source(None, queue.vhost, None, None)
+    return Source(queue.vhost, None, None)
 
 
 def _cycle_filter(message: Message, reason: str) -> Callable[[Queue], bool] | None:

@@ -21,6 +21,7 @@ from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import SchedulerServices
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
 
@@ -85,15 +86,16 @@ def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> Sched
     return broker.scheduler.new_queue(vhost)
 
 
-def install(broker: Broker) -> Scheduler:
+def install(broker: Broker, services: SchedulerServices) -> Scheduler:
+    """The scheduler on the root's ``services``, wired into ``broker``'s hooks and tasks;
+    ``Broker.__init__`` keeps it as ``broker.scheduler``."""
     from ..exchanges import register_exchange_type
     from ..exchanges.delayed import DelayedMessageExchange
     from ..persistence.recovery import register_queue_variant
     from ..queues import retry  # noqa: F401  registers x-retry-delays & co.
 
     register_exchange_type(DelayedMessageExchange)
-    scheduler = Scheduler(broker)
-    broker.scheduler = scheduler
+    scheduler = Scheduler(services)
     broker.publish_hooks.append(make_publish_hook(scheduler))
 
     register_queue_variant(INTERNAL_QUEUE, _recovered_queue)
@@ -102,7 +104,7 @@ def install(broker: Broker) -> Scheduler:
     from .control import serve_control
 
     async def control_task():
-        await serve_control(broker, scheduler)
+        await serve_control(services.config.data_dir, scheduler)
 
     broker.background_tasks.append(control_task)
     broker.background_tasks.append(lambda: write_index(scheduler))

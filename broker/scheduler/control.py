@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from .core import Scheduler
 
 log = logging.getLogger("broker.scheduler.control")
 
@@ -67,8 +67,8 @@ async def _serve_one(stream, scheduler) -> None:
             pass
 
 
-async def serve_control(broker: Broker, scheduler) -> None:
-    path = socket_path(broker.config.data_dir)
+async def serve_control(data_dir: str, scheduler: Scheduler) -> None:
+    path = socket_path(data_dir)
     try:
         os.unlink(path)  # stale after kill -9
     except FileNotFoundError:

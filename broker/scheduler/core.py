@@ -36,7 +36,7 @@ from .slots import K_COMPLEX, K_DELAY, VH_MASK, SlotTable
 from .spec import Schedule
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..services import SchedulerServices
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler"]
 
@@ -48,13 +48,13 @@ RELEASE_MAPS_EVERY = 1.0  # seconds: at most this long's worth of read pages sta
 
 
 class Scheduler:
-    def __init__(self, broker: Broker, clock=time.time):
-        self.broker = broker
-        self.timers = broker.timers
+    def __init__(self, services: SchedulerServices, clock=time.time):
+        self.services = services  # the composition root's, never the whole broker
+        self.timers = services.timers
         self.tables: list[SlotTable] = []  # indexed by vhost index
         self.sids = SidIndex(self.tables)
-        self.engine = TimerEngine(broker.timers, clock, self.tables, self._fire,
-                                  self._after_batch, broker.config.scheduler_fire_batch)
+        self.engine = TimerEngine(services.timers, clock, self.tables, self._fire,
+                                  self._after_batch, services.config.scheduler_fire_batch)
         self.queues: InternalQueues[ScheduledQueue] = InternalQueues(
             lambda vhost: ScheduledQueue(self, vhost))
         self.items = views.ItemsView(self)
@@ -209,8 +209,8 @@ class Scheduler:
         else:
             t.held[slot] = pack_blob(message)
         self.engine.push(t, slot, due)
-        if self.broker.audit is not None:
-            self.broker.audit.scheduled(vhost, message, due)
+        if self.services.audit is not None:
+            self.services.audit.scheduled(vhost, message, due)
         self.scheduled += 1
         self.changes += 1
         self.engine.arm()
@@ -229,7 +229,7 @@ class Scheduler:
                     q.release_read_maps()
 
     def _fire(self, t: SlotTable, slot: int, due: float, now: float) -> None:
-        vhost = self.broker.vhosts.get(t.vhost_name)
+        vhost = self.services.vhosts.get(t.vhost_name)
         q = t.queue
         held = t.held[slot]
         stored_msg = None
@@ -247,9 +247,9 @@ class Scheduler:
                 out = stored_delivery(stored_msg, t.delivered_as_delayed(slot), t.delay[slot])
             # the publish path past its hooks (the scheduler's own took it when it was
             # published); the trail records it as fired, the targets their enqueues
-            audit = self.broker.audit
-            self.broker.publishing.publish(
-                Source(self.broker, vhost, None, "scheduler"), out, hooks=False,
+            audit = self.services.audit
+            self.services.publishing.publish(
+                Source(vhost, None, "scheduler"), out, hooks=False,
                 queues_report=True, on_routed=None if audit is None else
                 lambda targets: audit.fired(vhost.name, out, due, targets))
         self.fired += 1
@@ -292,8 +292,8 @@ class Scheduler:
         if found is None:
             return False
         t, slot = found
-        if self.broker.audit is not None:
-            self.broker.audit.cancelled(t.vhost_name, sid)
+        if self.services.audit is not None:
+            self.services.audit.cancelled(t.vhost_name, sid)
         self._forget(t, slot)
         self.removed += 1
         self.changes += 1
@@ -338,14 +338,14 @@ class Scheduler:
         for q in self.queues.values():
             if q.reads_back:
                 return q.sidecar_path(checkpoint.FILE_NAME)
-        store = self.broker.store
+        store = self.services.store
         if READS_BACK in store.capabilities:
             return store.sidecar_path(checkpoint.FILE_NAME)
         return None
 
     def recovery_phase(self, name: str, total: int):
         """A phase of the broker's recovery progress."""
-        return self.broker.recovery.phase(name, total, "messages")
+        return self.services.recovery.phase(name, total, "messages")
 
     def merged_index(self, q: ScheduledQueue, ti: checkpoint.TableIndex | None):
         """The snapshot's table of ``q``'s vhost plus the index log's records of it since

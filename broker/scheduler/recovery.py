@@ -137,7 +137,7 @@ def finish(scheduler) -> int:
     """After the store has handed everything back: arm the timer. Returns how many
     pending occurrences were recovered."""
     restored, scheduler.recovering = scheduler.recovering, 0
-    for vhost in scheduler.broker.vhosts.values():
+    for vhost in scheduler.services.vhosts.values():
         q = vhost.queues.get(INTERNAL_QUEUE)
         if q is not None and not isinstance(q, ScheduledQueue):
             log.error("scheduler: %r in vhost %r was recovered as a plain queue (the queue "

@@ -28,6 +28,7 @@ from .spec import (
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import TransactionServices
 
 __all__ = ["CONTROL_EXCHANGE", "HELD_QUEUE", "HeldQueue", "Transactions", "install"]
 
@@ -68,14 +69,15 @@ def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> HeldQ
     return broker.transactions.new_queue(vhost)
 
 
-def install(broker: Broker) -> Transactions:
+def install(broker: Broker, services: TransactionServices) -> Transactions:
+    """Half messages on the root's ``services``, wired into ``broker``'s hooks;
+    ``Broker.__init__`` keeps them as ``broker.transactions``."""
     from ..exchanges import EXCHANGE_TYPES
     from ..persistence.recovery import register_queue_variant
     from ..queues.args import register_queue_argument
 
     register_queue_argument(X_DEFAULT, default_argument)
-    transactions = Transactions(broker)
-    broker.transactions = transactions
+    transactions = Transactions(services)
     for vhost in broker.vhosts.values():
         if CONTROL_EXCHANGE not in vhost.exchanges:
             vhost.exchanges[CONTROL_EXCHANGE] = EXCHANGE_TYPES["direct"](CONTROL_EXCHANGE,

@@ -26,7 +26,7 @@ from .messages import check_copy, committed_copy, prepared_at_ms, stored_copy
 from .spec import COMMIT, ROLLBACK, Policy, TransactionError, parse_prepare, queue_default, text
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..services import TransactionServices
     from ..timers import TimerHandle
 
 log = logging.getLogger("broker.transactions")
@@ -52,9 +52,9 @@ class Pending:
 
 
 class Transactions:
-    def __init__(self, broker: Broker, clock=time.time) -> None:
-        self.broker = broker
-        self.timers = broker.timers
+    def __init__(self, services: TransactionServices, clock=time.time) -> None:
+        self.services = services  # the composition root's, never the whole broker
+        self.timers = services.timers
         self.clock = clock  # wall clock: prepare times survive restarts
         self.tables: dict[str, dict[str, Pending]] = {}  # vhost -> txid -> Pending
         self.decided: dict[str, OrderedDict[str, str]] = {}  # vhost -> txid -> outcome
@@ -140,7 +140,7 @@ class Transactions:
             if only is not None:
                 kept = {id(q) for q in only}
                 drop = lambda q: id(q) not in kept  # noqa: E731
-            self.broker.publishing.publish(channel or self._origin(vhost), out, hooks=False,
+            self.services.publishing.publish(channel or self._origin(vhost), out, hooks=False,
                                            drop=drop)
             self.stats["committed"] += 1
         else:
@@ -159,7 +159,7 @@ class Transactions:
     def _origin(self, vhost) -> Source:
         """The publisher of what the broker decides without a client (a default decision,
         a check-back): a ``Source`` the audit trail records as the peer ``transactions``."""
-        return Source(self.broker, vhost, None, "transactions")
+        return Source(vhost, None, "transactions")
 
     def _confirm(self, channel, seq: int, stored_in: HeldQueue | None) -> None:
         if not seq:
@@ -182,7 +182,7 @@ class Transactions:
         if self.table(p.vhost).get(p.txid) is not p:
             return
         p.handle = None
-        vhost = self.broker.vhosts.get(p.vhost)
+        vhost = self.services.vhosts.get(p.vhost)
         policy = p.policy
         if p.attempt > policy.check_max:
             self.stats["defaults"] += 1
@@ -207,7 +207,7 @@ class Transactions:
             check = check_copy(p.message, p.txid, p.attempt, wait)
             # the broker's own message: no hook takes it over (an x-delay the half message
             # carries is for its commit, not its check-backs)
-            self.broker.publishing.publish(self._origin(vhost), check, hooks=False)
+            self.services.publishing.publish(self._origin(vhost), check, hooks=False)
             self.stats["checks"] += 1
         self._arm(p, p.attempt + 1, p.due_ms + wait)
 

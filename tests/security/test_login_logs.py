@@ -57,7 +57,7 @@ async def test_failed_logins_name_the_user(nursery, tmp_path, caplog):
     assert any("user 'evil\\nPLAIN" in line for line in lines), lines
     # guest from elsewhere: refused on its loopback restriction, said in each protocol's words
     from broker.management.auth import login
-    assert login(hb.broker, "guest", "guest", "10.1.2.3") is None
+    assert login(hb.broker.access, "guest", "guest", "10.1.2.3") is None
     assert hb.broker.access.login("PLAIN", b"\0guest\0guest", "10.1.2.3")[0] is None
     lines = _lines(caplog)
     assert any(line.startswith("HTTP access denied: user 'guest' - User can only log in via "
