@@ -1,5 +1,6 @@
-"""``tools.check_layout`` (run by ``make lint``): a module over the size limit and a service
-found with getattr on the broker are reported with their place; the tree passes."""
+"""``tools.check_layout`` (run by ``make lint``): a module over the size limit, a service
+found with getattr on the broker and a feature constructor taking the whole broker are
+reported with their place; the tree passes."""
 from __future__ import annotations
 
 from tools import check_layout
@@ -29,6 +30,34 @@ def test_getattr_on_the_broker_is_reported_with_its_line(tmp_path, monkeypatch):
                                           "d = getattr(config, 'tls_cert', None)\n")
     found = check_layout.problems([path])
     assert [p.split(": ")[0] for p in found] == ["broker/feature.py:2", "broker/feature.py:3"]
+
+
+def test_a_feature_constructor_taking_the_broker_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(check_layout, "ROOT", tmp_path)
+    path = tmp_path / "broker" / "scheduler" / "core.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("class Scheduler:\n"
+                    "    def __init__(self, services: SchedulerServices, clock=None):\n"
+                    "        pass\n"
+                    "class Held:\n"
+                    "    def __init__(self, owner: 'broker.Broker | None'):\n"
+                    "        pass\n"
+                    "class Sink:\n"
+                    "    def __init__(self, *, broker, name: str):\n"
+                    "        pass\n"
+                    "def install(broker: Broker, services: SchedulerServices) -> None:\n"
+                    "    pass\n")
+    found = check_layout.problems([path])
+    assert found == [
+        "broker/scheduler/core.py:5: Held() takes the broker (owner): hand it the services "
+        "it uses (broker/services.py)",
+        "broker/scheduler/core.py:8: Sink() takes the broker (broker): hand it the services "
+        "it uses (broker/services.py)"]
+    # outside the service-fed modules (a listener, the management API) it is not judged
+    edge = tmp_path / "broker" / "listeners" / "x.py"
+    edge.parent.mkdir()
+    edge.write_text("class Edge:\n    def __init__(self, broker: Broker):\n        pass\n")
+    assert check_layout.problems([edge]) == []
 
 
 def test_the_tree_passes():

@@ -1,11 +1,14 @@
 """The shape rules of ``broker/`` (``make lint``, through ``tools.check_docs``): no module over
 ``MAX_LINES`` lines (a bigger one is split by concept, each part with a header saying what it
-does not do), and no service found with ``getattr(broker, ...)`` / ``getattr(self.broker,
-...)`` (services are typed attributes of ``Broker``). Prints ``file:line: ...`` for each
-breach and exits 1. Does not judge what the modules contain otherwise (import-linter holds
-the layers, ``duplicates`` the copies)."""
+does not do), no service found with ``getattr(broker, ...)`` / ``getattr(self.broker,
+...)`` (services are typed attributes of ``Broker``), and no constructor of a feature
+handed its services (``SERVICE_FED``: the core and the features ``services.py`` serves)
+that takes the whole broker (a ``broker`` parameter or one annotated ``Broker``). Prints
+``file:line: ...`` for each breach and exits 1. Does not judge what the modules contain
+otherwise (import-linter holds the layers, ``duplicates`` the copies)."""
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -18,6 +21,44 @@ CHECK_LINES = True
 # lines still probing through the broker, each to become a declared attribute or capability
 KNOWN_GETATTR: frozenset[str] = frozenset()
 BROKER_GETATTR = re.compile(r"\bgetattr\(\s*(?:self\.)?broker\b")
+# Modules (a trailing "/": packages) whose classes get the services they use from the
+# composition root (``services.Services``, or their own arguments), never the ``Broker``;
+# its listeners, management, policies, security and cluster still take it.
+SERVICE_FED = ("broker/publishing.py", "broker/services.py", "broker/vhost.py", "broker/routing/",
+               "broker/queues/", "broker/exchanges/", "broker/scheduler/", "broker/transactions/",
+               "broker/hermes/", "broker/audit/")
+
+
+def _takes_broker(arg: ast.arg) -> bool:
+    if arg.arg == "broker":
+        return True
+    if arg.annotation is None:
+        return False
+    text = ast.unparse(arg.annotation).strip("'\"")
+    return re.search(r"(?<![\w.])(?:\w+\.)*Broker\b", text) is not None
+
+
+def broker_constructors(rel: str, text: str) -> list[str]:
+    """``rel:line: ...`` for each ``__init__`` in ``text`` (module ``rel``) taking the broker."""
+    if not rel.startswith(SERVICE_FED):
+        return []
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name != "__init__":
+                continue
+            args = fn.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                if _takes_broker(arg):
+                    out.append(f"{rel}:{fn.lineno}: {cls.name}() takes the broker ({arg.arg}): "
+                               f"hand it the services it uses (broker/services.py)")
+    return out
 
 
 def modules() -> list[Path]:
@@ -39,6 +80,7 @@ def problems(paths: list[Path] | None = None, check_lines: bool | None = None) -
             if BROKER_GETATTR.search(line) and line.strip() not in KNOWN_GETATTR:
                 out.append(f"{rel}:{n}: getattr on the broker: declare the service on Broker "
                            f"(or the capability on its class) and read the attribute")
+        out.extend(broker_constructors(rel, "\n".join(lines)))
     return out
 
 
