@@ -20,6 +20,70 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.cluster.mirror")
 
 
+class _Nodes(dict):
+    """mirror node -> state; ``version`` changes with every change (the batches of
+    confirm tokens and the majority are computed again only then)."""
+
+    version = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self.version += 1
+        return super().pop(*args)
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def update(self, *args, **kw) -> None:
+        self.version += 1
+        super().update(*args, **kw)
+
+
+class _Batch:
+    """The confirm tokens of the messages one flush sends while the same members were in
+    sync (``owed``): one token per message, resolved once every owing member answered
+    (or, for one that left the in-sync set, once the smaller set is recorded) -- not one
+    token per message and member. ``answer`` is itself a token (True, or None: in doubt)."""
+
+    __slots__ = ("left", "m", "owed", "seqs", "tokens", "version")
+
+    def __init__(self, m: Mirroring, owed: tuple[str, ...], version: int):
+        self.m = m
+        self.owed = owed
+        self.left = len(owed)
+        self.version = version
+        self.tokens: list = []  # the publishes' tokens (``ClusterStore.forward_started``)
+        self.seqs: list[int] = []  # the held messages' seqs (the commit index)
+
+    def answer(self, ok: bool | None) -> None:
+        if self.left <= 0:
+            return
+        if ok:
+            self.left -= 1
+            if self.left:
+                return
+        else:
+            self.left = 0
+        tokens, self.tokens = self.tokens, []
+        for token in tokens:
+            token(ok)
+        if ok and self.seqs:
+            pending = self.m._pending
+            for seq in self.seqs:
+                n = pending.get(seq)
+                if n:
+                    pending[seq] = n - 1
+            self.m._advance()
+
+
 class Mirroring:
     """The master side of one queue: an observer of its operation stream."""
 
@@ -28,7 +92,8 @@ class Mirroring:
         self.queue = queue
         self.epoch = epoch
         self.outside: dict[int, Any] = {}  # seq -> entry delivered and not settled
-        self.nodes: dict[str, str] = {}  # mirror node -> "syncing" | "in_sync" | "failed"
+        # mirror node -> "probing" | "syncing" | "in_sync" | "manual" | "failed"
+        self.nodes: _Nodes = _Nodes()
         self.generation: dict[str, int] = {}  # per node: failures of an older sync are void
         self.isr_dirty = True  # the in-sync set in etcd may be larger than the real one
         self._isr_waiters: list = []  # confirms that wait for the in-sync record
@@ -37,7 +102,10 @@ class Mirroring:
         self._leaves: list[int] = []  # seqs that left, sent together (Mirrors.flusher)
         self._enqueued: list = []  # entries that entered, sent together
         self._returns: dict[int, int] = {}  # seq -> delivery count of entries that came back
-        self._tokens: dict[str, list] = {}  # in-sync node -> confirm tokens of _enqueued
+        self._batches: list[_Batch] = []  # the confirm tokens of _enqueued
+        self._batch: _Batch | None = None  # the one new messages join (nodes' version ...)
+        self._batch_version = -1  # ... as of this one)
+        self._majority: tuple | None = None  # (nodes' version, members) -> majority()
         self._leave_tokens: dict[str, list] = {}  # in-sync node -> tx.commit tokens of _leaves
         self.syncs: dict[str, Sync] = {}  # syncing node -> its sync
         self.gone: set[int] = set()  # seqs that left while a sync runs (not sent after)
@@ -76,11 +144,18 @@ class Mirroring:
         message the in-sync mirrors confirmed; always true for a classic mirrored queue."""
         if not self.quorum:
             return True
-        if self.members is None:
+        members = self.members
+        if members is None:
             return False
+        key = (self.nodes.version, id(members), len(members))
+        cached = self._majority
+        if cached is not None and cached[0] == key:
+            return cached[1]
         me = self.owner.store.node.name
-        have = 1 + sum(1 for n in self.members if n != me and self.nodes.get(n) == "in_sync")
-        return have >= len(self.members) // 2 + 1
+        have = 1 + sum(1 for n in members if n != me and self.nodes.get(n) == "in_sync")
+        yes = have >= len(members) // 2 + 1
+        self._majority = (key, yes)
+        return yes
 
     # ---- the commit index ----
     def _token(self):
@@ -176,9 +251,20 @@ class Mirroring:
         self._enqueued.append(entry)
         if self.isr_dirty:
             self._isr_waiters.append(self._token())
-        for node, state in self.nodes.items():
-            if state == "in_sync":
-                self._tokens.setdefault(node, []).append(self._token())
+        nodes = self.nodes
+        batch = self._batch
+        if self._batch_version != nodes.version:
+            owed = tuple(n for n, state in nodes.items() if state == "in_sync")
+            batch = self._batch = _Batch(self, owed, nodes.version) if owed else None
+            self._batch_version = nodes.version
+            if batch is not None:
+                self._batches.append(batch)
+        if batch is not None:
+            batch.tokens.append(self.owner.store.forward_started())
+            seq = self._holding
+            if seq is not None:
+                batch.seqs.append(seq)
+                self._pending[seq] += 1
 
     def flush(self) -> None:
         """Send what the stream produced since the last flush: the new messages (their
@@ -186,31 +272,35 @@ class Mirroring:
         enqueued, self._enqueued = self._enqueued, []
         leaves, self._leaves = self._leaves, []
         returns, self._returns = self._returns, {}
-        tokens, self._tokens = self._tokens, {}
+        batches, self._batches = self._batches, []
+        self._batch, self._batch_version = None, -1
         leave_tokens, self._leave_tokens = self._leave_tokens, {}
         packed = entry_chunks(enqueued) if enqueued else []
         left = seq_chunks(leaves) if leaves else []
         for node, state in self.nodes.items():
-            mine = tokens.get(node, [])
-            if state == "failed":
-                self._park(mine)
+            owed = [b.answer for b in batches if node in b.owed]
+            if state in ("failed", "probing"):
+                # out of the in-sync set since its tokens were taken (a probing member
+                # failed, then started its catch-up, which begins from a snapshot taken
+                # once it answered, so it gets no op): what it owed waits for the record
+                # of the smaller set
+                self._park(owed)
                 self._park(leave_tokens.get(node, []))
                 continue
-            if state == "probing":
-                continue  # its catch-up starts from a snapshot taken once it answered
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if packed:
                 self.send_all(node, ENQUEUES, packed,
-                               self._batch_done(node, mine, enqueued[-1].seq))
+                               self._batch_done(node, owed, enqueued[-1].seq))
             if returns:
                 self.send(node, RETURNED, pack_counts(returns), self.done_for(node))
             if left:
                 self.send_all(node, LEFT, left,
                                self._batch_done(node, leave_tokens.get(node, [])))
-        for table in (tokens, leave_tokens):
-            for node, mine in table.items():
-                if node not in self.nodes:
-                    self._park(mine)
+        for batch in batches:
+            self._park([batch.answer for node in batch.owed if node not in self.nodes])
+        for node, mine in leave_tokens.items():
+            if node not in self.nodes:
+                self._park(mine)
 
     def settle_barrier(self) -> None:
         """A tx.commit settled messages of this queue: its commit-ok waits (through the
@@ -404,6 +494,7 @@ class Mirroring:
             self.members.remove(name)
         else:
             return 0
+        self._majority = None
         log.info("queue %r in vhost %r: member %r %s (members: %s)", self.queue.name,
                  self.queue.vhost.name, name, "added" if verb == "add" else "removed",
                  ", ".join(self.members))
