@@ -31,6 +31,15 @@ class TimerQueue:
         self._heap: list = []
         self._seq = itertools.count()
         self.on_earlier_deadline: Callable[[float], None] | None = None
+        #: when (``now()``) the input being handled was read from its socket: set by a
+        #: listener around the synchronous handling of one read, None outside it. A delay
+        #: counted from it starts when the message arrived, not when its turn in a burst came.
+        self.received_at: float | None = None
+
+    def since_received(self) -> float:
+        """Seconds since the input being handled was read (0.0 outside a listener's read)."""
+        received = self.received_at
+        return 0.0 if received is None else max(0.0, self.now() - received)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         handle = TimerHandle(when, callback)

@@ -26,6 +26,7 @@ from ..broker import Broker
 from ..persistence import StoreUnavailable
 from ..security import tls
 from . import amqp10 as amqp10_listener
+from .amqp_receive import arrived_ago, stamp_arrivals
 from .amqp_send import send_buffers
 from .amqp_session import Session
 
@@ -50,6 +51,7 @@ class ConnectionHandler:
         self.stream: Any = stream
         # plain TCP: read with recv_into and write with sendmsg on the socket itself
         self.sock: Any = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self.anc_size = 0 if self.sock is None else stamp_arrivals(self.sock)
         tls = isinstance(stream, trio.SSLStream)
         raw: Any = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         try:
@@ -70,6 +72,7 @@ class ConnectionHandler:
         self._read_scope: trio.CancelScope | None = None  # around a plain socket's receive
         self.last_received = time.monotonic()
         self.last_sent = time.monotonic()
+        self.read_at = 0.0  # broker.timers.now() of the last read (its input may wait in slices)
 
     def _wake(self) -> None:
         self._wake_event.set()
@@ -127,9 +130,9 @@ class ConnectionHandler:
         broker = self.server.broker
         stream = self.stream
         sock = self.sock
+        timers = broker.timers
         # Frames other than body frames handled per go, with a yield to other connections
-        # between goes: a chunk of small publishes is routed a slice at a time, a large
-        # message's body frames cost no extra round trip.
+        # between goes (a chunk of small publishes routed a slice at a time).
         conn.input_budget = broker.config.flow_read_slice
         ready = False  # the last read filled its buffer: more is probably waiting
         if self.prefix:
@@ -148,7 +151,7 @@ class ConnectionHandler:
                 await self._flow_pause()
                 if session.flow_queues:
                     size = BLOCKED_READ_SIZE
-            data = b""
+            data, anc = b"", []
             try:
                 if sock is None:
                     data = await stream.receive_some(size)
@@ -156,17 +159,15 @@ class ConnectionHandler:
                 elif ready:
                     # more is waiting: receive into the frame buffer (or a body) itself
                     buf = conn.get_buffer(size)
-                    n = await sock.recv_into(buf)
+                    n, anc, _flags, _addr = await sock.recvmsg_into([buf], self.anc_size)
                     ready = n == len(buf)
                     buf.release()
                 else:
-                    # an idle or trickling connection: the kernel allocates what arrives, so
-                    # that no buffer is held while waiting (copied into the frame buffer).
-                    # The wait can be ended by an alarm (stop_reading); a read with data
-                    # waiting (above) returns at once.
+                    # an idle or trickling connection: the kernel allocates what arrives (no
+                    # buffer held while waiting); an alarm can end the wait (stop_reading)
                     with trio.CancelScope() as scope:
                         self._read_scope = scope
-                        data = await sock.recv(size)
+                        data, anc, _flags, _addr = await sock.recvmsg(size, self.anc_size)
                     self._read_scope = None
                     if scope.cancelled_caught:
                         continue  # nothing was read: blocked before the next read
@@ -180,7 +181,12 @@ class ConnectionHandler:
             self.last_received = time.monotonic()
             if not data:
                 conn.buffer_updated(n)
-            session.data_received(data)
+            # what this read carries arrived by then (the kernel's time of its last segment)
+            timers.received_at = self.read_at = timers.now() - arrived_ago(anc)
+            try:
+                session.data_received(data)
+            finally:
+                timers.received_at = None
             if session.login_wait is not None:
                 await self._login()
             if conn.input_pending:
@@ -211,6 +217,7 @@ class ConnectionHandler:
         receive_size)."""
         session = self.session
         conn = session.conn
+        timers = self.server.broker.timers
         budget = conn.input_budget
         while conn.input_pending and not session.finished:
             if session.flow_queues:
@@ -218,7 +225,11 @@ class ConnectionHandler:
                 conn.input_budget = BLOCKED_READ_SIZE if session.flow_queues else budget
             else:
                 await trio.lowlevel.checkpoint()
-            session.data_received(b"")
+            timers.received_at = self.read_at  # the rest of the same read
+            try:
+                session.data_received(b"")
+            finally:
+                timers.received_at = None
             if session.login_wait is not None:
                 await self._login()
         conn.input_budget = budget

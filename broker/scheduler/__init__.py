@@ -63,7 +63,11 @@ def make_publish_hook(scheduler: Scheduler):
             if seq:
                 channel.confirm_decided(seq, True)
             return True
-        scheduler.schedule(vhost, message, schedule)
+        # the delay runs from the message's arrival: the time its bytes were read, not the
+        # moment the broker's turn came for it (later in a burst of publishes)
+        lag = scheduler.timers.since_received()
+        scheduler.schedule(vhost, message, schedule,
+                           scheduler.clock() - lag if lag else None)
         if schedule.kind == "delay" and mandatory:
             # the plugin cannot route at publish time: mandatory always comes back NO_ROUTE
             channel.send_return(message, amqp_spec.NO_ROUTE, "NO_ROUTE")
