@@ -4,7 +4,10 @@ not what settling them does to queues (amqp_channel.py, queues/queue.py).
 A delivery is acked within a sweep of the consumer timeouts (a second) on the hot path: an
 ``Unacked`` in a dict, as cheap to add and pop as anything. One still out at a sweep moves
 to ``Aged``: a few columns (tag, entry, consumer or queue, when its period ended) of eight
-octets each, instead of an object of six slots, its int tag and a dict slot (~160 B).
+octets each, instead of an object of six slots, its int tag and a dict slot (~160 B). Its
+queue's store may park the entry itself (``Store.park``: the journal keeps it as a row):
+the entry column then holds the store and a slot column the row, and taking the delivery
+takes the entry back (``Store.unpark``).
 """
 from __future__ import annotations
 
@@ -35,14 +38,15 @@ class Aged:
     """Deliveries older than a sweep, in tag order. A settled one leaves a hole (its entry
     None) until the holes are the larger part or lead the columns."""
 
-    __slots__ = ("audit", "entries", "head", "live", "owners", "sent", "tags")
+    __slots__ = ("audit", "entries", "head", "live", "owners", "parked", "sent", "tags")
 
     def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
         self.tags = array("q")
-        self.entries: list[Any] = []
+        self.entries: list[Any] = []  # the entry, or the store it is parked in
+        self.parked = array("q")  # the store's slot of a parked entry, -1 for none
         # the consumer, or the queue of a basic.get (no consumer): one column for both
         self.owners: list[Any] = []
         self.sent = array("d")  # when the delivery's period ended (NaN: unknown)
@@ -56,22 +60,31 @@ class Aged:
         at = item.at
         sent = at.end if at is not None and at.end is not None else _NAN
         owner = item.consumer if item.consumer is not None else item.queue
+        entry: Any = item.entry
+        store = item.queue.store
+        slot = -1 if store is None else store.park(item.queue, entry)
+        if slot >= 0:
+            entry = store
         if not tags or tags[-1] < tag:
             tags.append(tag)
-            self.entries.append(item.entry)
+            self.entries.append(entry)
+            self.parked.append(slot)
             self.owners.append(owner)
             self.sent.append(sent)
         else:  # a transaction's rollback gave back an older one: its place in tag order
             i = bisect_left(tags, tag, self.head)
             tags.insert(i, tag)
-            self.entries.insert(i, item.entry)
+            self.entries.insert(i, entry)
+            self.parked.insert(i, slot)
             self.owners.insert(i, owner)
             self.sent.insert(i, sent)
         if item.audit_pos >= 0:
             self.audit[tag] = item.audit_pos
         self.live += 1
 
-    def _item(self, i: int) -> Unacked:
+    def _item(self, i: int, take: bool = False) -> Unacked:
+        """The delivery in slot ``i``; its entry None if it is parked, unless ``take``
+        (which takes it back from the store)."""
         owner = self.owners[i]
         if isinstance(owner, Consumer):
             consumer, queue = owner, owner.queue
@@ -83,14 +96,19 @@ class Aged:
             at = Period()
             at.end = sent
         tag = self.tags[i]
-        item = Unacked(tag, self.entries[i], queue, consumer, at)
+        entry = self.entries[i]
+        slot = self.parked[i]
+        if slot >= 0:
+            entry = entry.unpark(queue, slot) if take else None
+        item = Unacked(tag, entry, queue, consumer, at)
         if self.audit:
             item.audit_pos = self.audit.get(tag, -1)
         return item
 
     def _take(self, i: int) -> Unacked:
-        item = self._item(i)
+        item = self._item(i, take=True)
         self.entries[i] = None
+        self.parked[i] = -1
         self.owners[i] = None
         if self.audit:
             self.audit.pop(item.tag, None)
@@ -108,11 +126,13 @@ class Aged:
             self._reset()
         elif head >= 1024 and head * 2 >= end:
             del self.tags[:head], self.entries[:head], self.owners[:head], self.sent[:head]
+            del self.parked[:head]
             self.head = 0
         elif end - head >= 2048 and self.live * 2 < end - head:
             keep = [i for i in range(head, end) if entries[i] is not None]
             self.tags = array("q", [self.tags[i] for i in keep])
             self.entries = [entries[i] for i in keep]
+            self.parked = array("q", [self.parked[i] for i in keep])
             self.owners = [self.owners[i] for i in keep]
             self.sent = array("d", [self.sent[i] for i in keep])
             self.head = 0
@@ -150,6 +170,7 @@ class Aged:
         return taken
 
     def oldest(self) -> Unacked | None:
+        """The oldest delivery, left in place (its entry None if parked)."""
         entries = self.entries
         for i in range(self.head, len(entries)):
             if entries[i] is not None:
@@ -232,6 +253,7 @@ class UnackedDeliveries(dict):
         return aged + recent
 
     def oldest(self) -> Unacked | None:
+        """The oldest delivery, left in place (its entry None if its store parked it)."""
         aged = self.aged.oldest() if self.aged.live else None
         if dict.__len__(self):
             first = next(iter(dict.values(self)))

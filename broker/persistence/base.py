@@ -210,6 +210,17 @@ class Store:
     def remove(self, queue: Queue, entry: QueueEntry) -> None:
         """The message left the queue for good (acked, dropped, expired, dead-lettered)."""
 
+    def park(self, queue: Queue, entry: QueueEntry) -> int:
+        """``entry``, delivered from ``queue`` and not settled, has been held for a while
+        (a channel's consumer-timeout sweep): the store may keep it as a compact row of its
+        own instead of the object. Returns the row's slot, which the holder keeps in place
+        of the entry and gives to ``unpark`` to settle it; -1: not parked, keep the entry."""
+        return -1
+
+    def unpark(self, queue: Queue, slot: int) -> QueueEntry:
+        """The entry parked at ``slot`` (``park``), rebuilt; the slot is free again."""
+        raise KeyError(slot)
+
     def when_durable(self, callback: Callable[[], None],
                      on_failure: Callable[[], None] | None = None) -> None:
         """Call ``callback`` once all writes issued so far are durable, or ``on_failure``

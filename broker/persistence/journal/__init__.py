@@ -7,7 +7,8 @@ docs/durability.md), one module per job:
   writes, confirms and a failed write's retry; ``reader``: messages read back by location;
 - ``checkpoint``, ``compaction``: the two kinds of background rewrite;
 - ``load`` and ``state``: what recovery reads (checkpoint + replayed log) and holds;
-- ``stored``: unacked deliveries' messages kept by location; ``common``: shared constants.
+- ``stored``: unacked deliveries' messages kept by location; ``parked`` and ``parking``:
+  deliveries a channel holds for long kept as rows; ``common``: shared constants.
 
 This package only re-exports what the rest of the code imports.
 """

@@ -49,6 +49,20 @@ class Checkpoints(JournalStoreState):
                     out[qid] = _columns(q)
                     per_q.setdefault(qid, []).append(out[qid])
                 self._add_entries(out[qid], [e], now_wall - q.vhost.timers.now(), delivered=1)
+        if self._parked.live:  # the same, parked as rows
+            by_qid = {qid: q for q, qid in self._qids.items()}
+            for _slot, qid, seq, loc, exp_wall, prio, blen, count in self._parked_rows(by_qid):
+                if qid not in out:
+                    out[qid] = _columns(by_qid[qid])
+                    per_q.setdefault(qid, []).append(out[qid])
+                row = out[qid]
+                row[0].append(seq)
+                row[1].append(loc)
+                row[2].append(NAN if exp_wall is None else exp_wall)
+                row[3].append(blen)
+                row[4].append(jf.count_flags(count, True))
+                if len(row) > 5:
+                    row[5].append(prio)
         recs: list = [jf.pack_record(jf.T_CKPT_HEAD, json.dumps(
             {"seg": self._seg, "off": self._off, "next_qid": self._next_qid,
              "format": jf.FORMAT_VERSION,

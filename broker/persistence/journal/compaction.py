@@ -61,6 +61,9 @@ class Compaction(JournalStoreState):
                 entries.append((qid, e, 1, now_wall - q.vhost.timers.now()))
         for _qid, e, delivered, _delta in entries:
             measure(e.loc, e.delivery_count or delivered or e.redelivered)
+        parked = [row for row in self._parked_rows() if (row[3] >> 32) in cands]
+        for row in parked:
+            measure(row[3], row[7])
         victims = {s for s, n in sizes.items() if n <= limit}
         if not victims:
             return 0
@@ -116,6 +119,10 @@ class Compaction(JournalStoreState):
                          e.delivery_count or (1 if delivered or e.redelivered else 0))
             if isinstance(e.message, StoredMessage):
                 e.message._loc = e.loc  # the old segment goes
+        locs = self._parked.locs
+        for slot, qid, seq, loc, exp_wall, prio, blen, count in parked:
+            if (loc >> 32) in victims:
+                locs[slot] = move(qid, loc, seq, exp_wall, prio, blen, count)
         self.compact_written += written
         self._compacted |= victims
         self._prev_seg_bytes = dict(live_bytes)

@@ -3,6 +3,7 @@ up from its settings. No behaviour of its own."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import trio
@@ -17,6 +18,7 @@ from ..base import (
     FlushStats,
     Store,
 )
+from .parked import Parked
 from .state import JournalState
 from .stored import StoredMessage, _malloc_trim
 
@@ -83,6 +85,9 @@ class JournalStoreState(Store):
         self._queues: dict = {}    # qid -> QueueDef
         self._qids: dict = {}      # Queue -> qid (this store's id of a live queue)
         self._out: dict = {}       # stored QueueEntry delivered, not yet settled -> Queue
+        # the same, parked by a channel that held them past a sweep: rows, not objects
+        self._parked = Parked()
+        self._parked_since = 0  # entries parked since _out's table was last rebuilt
         self._bindings: dict = {}
         self._meta: dict = {}      # (kind, key) -> value JSON text (for checkpoints)
         self._next_qid = 1
@@ -92,4 +97,6 @@ class JournalStoreState(Store):
         def _append(self, rtype: int, payload: bytes) -> int: ...     # writer.py
         def _stored_body_len(self, loc: int) -> int: ...             # reader.py
         def read_message(self, loc: int) -> Message: ...
+        def _buffer_at(self, loc: int) -> tuple: ...
+        def _parked_rows(self, qids=None) -> Iterator[tuple]: ...    # parking.py
         async def checkpoint(self) -> None: ...                      # checkpoint.py

@@ -29,7 +29,9 @@ See docs/durability.md. In short:
 * Compaction rewrites an old segment only if at least ``compact_dead_fraction`` of it
   is dead, and only if the disk has room for it.
 * Deliveries left unacked keep their message by location only (``StoredMessage``);
-  the heap their bodies leave is handed back to the system (``malloc_trim``).
+  the heap their bodies leave is handed back to the system (``malloc_trim``). Those a
+  channel holds past a consumer-timeout sweep are parked: a row of columns each
+  (``parked``), the entry rebuilt when it is settled (``parking``).
 """
 from __future__ import annotations
 
@@ -51,12 +53,13 @@ from .common import TRIM_AFTER, TRIM_SPACING, UNACKED_PAGE_AFTER, log
 from .compaction import Compaction
 from .hooks import JournalHooks
 from .load import load_state
+from .parking import Parking
 from .reader import JournalReader
 from .state import _count_live
 from .writer import JournalWriter
 
 
-class JournalStore(JournalHooks, Checkpoints, Compaction, JournalWriter, JournalReader):
+class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter, JournalReader):
     async def open(self) -> None:
         try:
             os.makedirs(self.jdir, exist_ok=True)

@@ -78,6 +78,19 @@ class StoredMessage(Message):
         m._loc = loc
         return m
 
+    @classmethod
+    def make(cls, msg_id: int, exchange: str, routing_key: str, blen: int,
+             loc: int) -> StoredMessage:
+        """The message of a parked delivery taken back (a persistent one, by definition)."""
+        m = object.__new__(cls)
+        m.id = msg_id
+        m.exchange = exchange
+        m.routing_key = routing_key
+        m.persistent = True
+        m._blen = _shared_length(blen)
+        m._loc = loc
+        return m
+
     @property
     def size(self) -> int:
         return self._blen
