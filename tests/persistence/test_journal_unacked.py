@@ -281,3 +281,30 @@ def test_parked_deliveries_come_back_after_a_checkpoint_and_kill_9(tmp_path):
             back.append((body, m.redelivered))
         c.close()
     assert back == [(b"ua-%02d" % i, True) for i in range(10, 30)]
+
+
+def test_parked_deliveries_of_a_purged_or_deleted_queue(broker, clock):
+    c = SessionClient(broker)
+    bodies = [b"pd-%03d" % i + b"w" * 100 for i in range(6)]
+    tags = _deliver(c, broker, bodies)
+    _age(clock)
+    store = broker.store
+    assert store._parked.live == 6
+    c.ok(1, spec.Queue.Purge(queue="q"), spec.Queue.PurgeOk)  # the ready ones only
+    c.call(1, spec.Basic.Cancel("t"))
+    c.ok(1, spec.Basic.Recover(requeue=True), spec.Basic.RecoverOk)  # all six back
+    assert store._parked.live == 0
+    tags = [m.delivery_tag for m in methods(c.consume(1, "q", tag="t2"), spec.Basic.Deliver)]
+    assert len(tags) == 6
+    _age(clock)
+    assert store._parked.live == 6
+    c.call(1, spec.Basic.Ack(tags[1], False))
+    c.open_channel(2)
+    written = c.send(method_frame(2, spec.Queue.Delete(queue="q")))
+    _flush(broker)
+    assert methods(written + c.output(), spec.Queue.DeleteOk)
+    c.call(1, spec.Basic.Ack(tags[2], False))  # settled after the queue went
+    c.close_connection()  # the rest: returned to a queue that is gone
+    assert store._parked.live == 0 and not store._out
+    _flush(broker)
+    assert not store._seg_live  # nothing of theirs counted live any more
