@@ -24,7 +24,8 @@ confirmed once a majority of the stream's replica group has the chunk committed.
   is known waits for one replica (``StreamStore.replicas``) rather than confirming alone.
 * **Failover.** When the leader's lease ends (kill -9, a partition from etcd), its master
   key goes; each live member posts its committed tail and, once a majority of the group
-  has, the longest log (ties: by name) claims the master key (``_elect``) and its copy
+  has, the longest log (ties: by name; the copy of the latest leader first:
+  ``stream_divergence.py``) claims the master key (``_elect``) and its copy
   becomes the stream queue (``_promote``): the home moves to it, the other members follow
   it, and every other node's proxy follows the new master. A deposed leader that comes
   back finds its stream mastered elsewhere: its store's stale copy is dropped (with its
@@ -35,6 +36,8 @@ confirmed once a majority of the stream's replica group has the chunk committed.
 * **Metadata** names the leader's listener and the other members' (``placement``), as
   RabbitMQ answers, so a Stream-protocol publisher connected to any node goes on to the
   leader (rstream does).
+* **Diverged.** A copy holding chunks of an old leader past what later leaders kept is
+  cut back before it copies (``_Follower._agree``, ``stream_divergence.py``).
 * **Behind retention.** A copy whose tail is behind the leader's first chunk (retention
   removed what it lacks) starts again from that chunk (``append_from_leader``), as osiris.
 """
@@ -53,6 +56,13 @@ from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, ReplicaGap, Strea
 from .etcd import CoordinationError, CoordinationUnavailable
 from .link import LINK_USER
 from .node import queue_key, split_queue_key
+from .stream_divergence import (
+    leader_start,
+    read_label,
+    truncate_log_files,
+    truncation_point,
+    write_label,
+)
 
 if TYPE_CHECKING:
     from .store import ClusterStore
@@ -194,6 +204,11 @@ class StreamReplicas:
             elif node.name in group.get("members", ()) and leader not in (None, node.name) \
                     and key[0] in broker.vhosts:
                 wanted[key] = leader
+            elif leader is None and node.name in group.get("members", ()) \
+                    and group.get("leader") not in (None, node.name) and key[0] in broker.vhosts:
+                # no leader, and this node restarted: its copy is opened for the election
+                # (the recorded leader's, whose pulls fail until a leader is there)
+                wanted[key] = group["leader"]
         replaced: dict[tuple[str, str], trio.Event] = {}
         for key in list(self._followers):
             follower = self._following[key]
@@ -234,20 +249,24 @@ class StreamReplicas:
                 continue  # its leader is up (its master key comes back with its claims)
             qk = queue_key(*key)
             await coord.put(self._key("streamtails", qk, node.name),
-                            json.dumps({"tail": follower.log.committed_offset}).encode(),
+                            json.dumps({"tail": follower.log.committed_offset,
+                                        "epoch": follower.label}).encode(),
                             node.lease)
             kvs, _rev = await coord.get_prefix(self._key("streamtails", qk, ""))
-            tails = {}
+            tails: dict[str, tuple[int, int]] = {}  # node -> (label, tail)
             for kv in kvs:
                 name = kv.key.rsplit("/", 1)[-1]
                 if name in members and name in live:
                     try:
-                        tails[name] = int(kv.json()["tail"])
-                    except (ValueError, KeyError, TypeError):
+                        post = kv.json()
+                        label = post.get("epoch")
+                        tails[name] = (-1 if label is None else int(label), int(post["tail"]))
+                    except (ValueError, KeyError, TypeError, AttributeError):
                         continue
             if len(tails) < len(members) // 2 + 1:
                 continue  # no majority of the group: a confirmed chunk may be missing
-            best = min(tails, key=lambda n: (-tails[n], n))
+            # the latest leader's copy first (stream_divergence.py), then the longest
+            best = min(tails, key=lambda n: (-tails[n][0], -tails[n][1], n))
             if best != node.name:
                 continue
             m = await node.claim_if_free(*key)
@@ -266,6 +285,7 @@ class StreamReplicas:
         if not isinstance(proxy, ProxyQueue):
             return
         follower.handover = True
+        start = follower.log.next_offset if follower.log is not None else 0
         self._followers.pop(key).cancel()
         del self._following[key]
         arguments = dict(proxy.arguments)
@@ -284,7 +304,9 @@ class StreamReplicas:
             # its offset spec would start it again from where it began: it subscribes anew
             if not consumer.channel.closed:
                 consumer.channel.consumer_cancelled_by_broker(consumer)
-        group = {"members": group.get("members", []), "leader": node.name}
+        # its own chunks start at its tail: a copy that holds others past it cuts them
+        group = {"members": group.get("members", []), "leader": node.name, "epoch": epoch,
+                 "history": [*group.get("history", []), [epoch, start]]}
         self.groups[key] = group
         await store.coord.put(node.home_key(*key),
                               json.dumps({"node": node.name}).encode())
@@ -339,6 +361,8 @@ class _Follower:
         self.handover = False  # promoted: the stream queue takes the log as it is
         self.log: StreamLog | None = None
         self.after: trio.Event | None = None  # the previous follower of the stream is done
+        self.label: int | None = None  # stream_divergence.py: whose log this copy holds
+        self._relabel: tuple[int, int] | None = None  # (epoch, start): once committed there
         self.finished = trio.Event()
         self._warned = ""
 
@@ -354,10 +378,11 @@ class _Follower:
     async def _follow(self) -> None:
         lg = self.log = self.broker.streams.open(self.vhost, self.name)
         lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
+        self.label = read_label(lg.directory)
         try:
             while True:
                 try:
-                    await self._pull(lg)
+                    await self._pull(self.log)
                 except Exception as exc:  # a copy's failure never stops the node
                     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1 \
                             and isinstance(exc.exceptions[0], Exception):
@@ -369,6 +394,7 @@ class _Follower:
                         self._warned = text
                 await trio.sleep(1.0)
         finally:
+            lg = self.log
             if not self.handover:
                 self.broker.streams.forget(lg)
                 if self.drop:
@@ -412,6 +438,7 @@ class _Follower:
             _k, _v, p = await next_frame(0x8000 | codec.OPEN)
             if struct.unpack_from(">H", p, 4)[0] != codec.OK:
                 raise ConnectionError(f"the leader refused vhost {self.vhost!r}")
+            lg = self._agree(lg)
             start = lg.next_offset
             await stream.send_all(codec.encode(codec.Subscribe(
                 5, 1, self.name, (codec.OFFSET_OFFSET, start), CREDIT,
@@ -437,11 +464,43 @@ class _Follower:
         reference = REPLICA_REFERENCE + self.owner.store.node.name
         reported = -1
         while not lg.closed:
+            if self._relabel is not None and lg.committed_offset + 1 >= self._relabel[1]:
+                # a prefix of the current leader's log now, up to its own chunks
+                self.label = self._relabel[0]
+                await trio.to_thread.run_sync(write_label, lg.directory, self.label)
+                self._relabel = None
             if lg.committed_offset > reported:
                 reported = self.committed = lg.committed_offset
                 await stream.send_all(codec.encode(codec.StoreOffset(
                     reference, self.name, reported)))
             await lg.wait_committed(reported + 1)
+
+    def _agree(self, lg: StreamLog) -> StreamLog:
+        """Before copying from the leader: its group record must name it (its history
+        entry written: the leader of an epoch whose start is unknown is not copied yet);
+        this copy's chunks past what every leader since its label kept are cut
+        (stream_divergence.py). The log returned is the one to copy into."""
+        group = self.owner.groups.get((self.vhost, self.name)) or {}
+        history = group.get("history", [])
+        epoch = int(group.get("epoch", 0))
+        start = leader_start(history, epoch)
+        if group.get("leader") != self.leader or start is None:
+            raise ConnectionError("the leader's group record does not name it yet")
+        cut = truncation_point(lg.next_offset, self.label, history)
+        if cut < lg.next_offset:
+            log.warning("stream %r in vhost %r: copy holds chunks up to offset %d that "
+                        "leaders since epoch %s may not have: cut back to offset %d",
+                        self.name, self.vhost, lg.next_offset - 1, self.label, cut)
+            streams = self.broker.streams
+            streams.forget(lg)
+            lg.close()
+            empty = truncate_log_files(lg.directory, cut)
+            lg = self.log = streams.open(self.vhost, self.name)
+            lg.set_replicas(None)
+            if empty and cut > lg.next_offset:
+                lg.restart_at(cut)
+        self._relabel = (epoch, start) if epoch != self.label else None
+        return lg
 
     async def _heartbeats(self, stream) -> None:
         while True:
