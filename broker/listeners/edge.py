@@ -17,12 +17,17 @@ import logging
 import math
 import socket
 import ssl
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 import trio.lowlevel
 
 from . import ListenError
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..config import Config
 
 BLOCKED_READ_INTERVAL = 0.1  # the alarm poll, and the longest wait on a flow release
 BLOCKED_READ_SIZE = 4096
@@ -30,13 +35,14 @@ BLOCKED_READ_SIZE = 4096
 DROPPED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError)
 
 
-def listen_host(config) -> str | None:
+def listen_host(config: Config) -> str | None:
     return None if config.host in ("", "*", "0.0.0.0") else config.host
 
 
-def tcp_socket(stream) -> tuple[Any, bool]:
+def tcp_socket(stream: trio.abc.Stream) -> tuple[trio.socket.SocketType, bool]:
     """The socket under an accepted stream (TLS or not), and whether it is TLS; Nagle off."""
-    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    # a trio.SocketStream (its ``socket``), plain or under TLS
+    raw: Any = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
     sock = raw.socket
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
@@ -45,7 +51,7 @@ def tcp_socket(stream) -> tuple[Any, bool]:
     return sock, raw is not stream
 
 
-def peer_of(sock) -> tuple[str | None, str]:
+def peer_of(sock: trio.socket.SocketType) -> tuple[str | None, str]:
     """(host, "host:port") of the socket's peer; (None, "?") once it is gone."""
     try:
         host, port = sock.getpeername()[:2]
@@ -54,7 +60,7 @@ def peer_of(sock) -> tuple[str | None, str]:
     return host, f"{host}:{port}"
 
 
-async def close_stream(stream) -> None:
+async def close_stream(stream: trio.abc.AsyncResource) -> None:
     """Close, shielded and bounded: a peer that stopped reading holds nothing up."""
     with trio.CancelScope(shield=True), trio.move_on_after(1):
         await stream.aclose()
@@ -67,9 +73,9 @@ class EdgeListener:
     log: logging.Logger
     service: Any  # the protocol's broker-wide settings (``stopping``, counters)
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.handlers: set = set()
+        self.handlers: set[ConnectionEdge[Any]] = set()
         self.ports: dict[str, int] = {}
 
     def ssl_context(self, option: str) -> ssl.SSLContext:
@@ -86,7 +92,7 @@ class EdgeListener:
 
     async def open_port(self, name: str, port: int, host: str | None,
                         tls_option: str | None = None, https_compatible: bool = False,
-                        label: str | None = None) -> list:
+                        label: str | None = None) -> list[trio.abc.Listener[Any]]:
         """Listen on ``port`` (TLS when ``tls_option`` names the setting that asked for it;
         ``https_compatible``: peers may end TLS without close_notify, as browsers do)."""
         try:
@@ -100,21 +106,23 @@ class EdgeListener:
             ctx = self.ssl_context(tls_option)
             return [trio.SSLListener(lst, ctx, https_compatible=https_compatible)
                     for lst in listeners]
-        return listeners
+        return list(listeners)
 
     async def open_pair(self, host: str | None, plain: tuple[str, int | None],
-                        tls: tuple[str, int | None, str]) -> list:
+                        tls: tuple[str, int | None, str]) -> list[trio.abc.Listener[Any]]:
         """A protocol's plain port and its TLS port (``tls``: name, port, the option that
         asked for it), each where configured."""
-        listeners: list = []
+        listeners: list[trio.abc.Listener[Any]] = []
         if plain[1] is not None:
             listeners += await self.open_port(plain[0], plain[1], host)
         if tls[1] is not None:
             listeners += await self.open_port(tls[0], tls[1], host, tls[2])
         return listeners
 
-    async def serve_ports(self, listeners: list, ws_listeners: list | None = None,
-                          ws_handle=None, tasks: tuple = ()) -> None:
+    async def serve_ports(self, listeners: list[trio.abc.Listener[Any]],
+                          ws_listeners: list[trio.abc.Listener[Any]] | None = None,
+                          ws_handle: Callable[[Any], Awaitable[None]] | None = None,
+                          tasks: tuple[Callable[[], Awaitable[None]], ...] = ()) -> None:
         """Serve what ``listeners`` accept (``_handle``) and the WebSocket upgrades of
         ``ws_listeners`` (``ws_handle``), beside the listener's own ``tasks``; the service
         is stopping once this ends."""
@@ -123,16 +131,17 @@ class EdgeListener:
                 for task in tasks:
                     nursery.start_soon(task)
                 if ws_listeners:
+                    assert ws_handle is not None, "WebSocket listeners without their handler"
                     nursery.start_soon(trio.serve_listeners, ws_handle, ws_listeners)
                 if listeners:
                     await trio.serve_listeners(self._handle, listeners)
         finally:
             self.service.stopping = True
 
-    async def _handle(self, stream) -> None:
+    async def _handle(self, stream: trio.abc.Stream) -> None:
         raise NotImplementedError
 
-    async def serve(self, handler: ConnectionEdge) -> None:
+    async def serve(self, handler: ConnectionEdge[Any]) -> None:
         """Run one connection's handler; it is in ``handlers`` meanwhile."""
         self.handlers.add(handler)
         try:
@@ -143,10 +152,14 @@ class EdgeListener:
             self.handlers.discard(handler)
 
 
-class ConnectionEdge:
+ListenerT = TypeVar("ListenerT", bound=EdgeListener)
+
+
+class ConnectionEdge(Generic[ListenerT]):
     """One connection's trio side: its reader in the connection's task, its writer in the
     connection's nursery. The session is synchronous: the edge feeds it what it reads
-    (``data_received``) and writes what its connection queued when it calls ``wake``."""
+    (``data_received``) and writes what its connection queued when it calls ``wake``.
+    ``ListenerT``: the protocol's listener class (what ``self.listener`` is)."""
 
     # __slots__ for MQTT's handler (one per device, thousands idle); the others add a dict
     __slots__ = ("_drained", "_flow_event", "_last_received", "_output", "_started",
@@ -163,7 +176,8 @@ class ConnectionEdge:
     # a schedule point after each read, whether or not the socket made one
     yield_after_read = False
 
-    def __init__(self, listener, stream, sock) -> None:
+    def __init__(self, listener: ListenerT, stream: trio.abc.Stream,
+                 sock: trio.socket.SocketType) -> None:
         self.listener = listener
         self.stream = stream
         self.peer = "?"
@@ -173,7 +187,7 @@ class ConnectionEdge:
         self._flow_event: trio.Event | None = None
         self._started = self._last_received = trio.current_time()
 
-    def attach(self, session, sock, tls: bool) -> None:
+    def attach(self, session: Any, sock: trio.socket.SocketType, tls: bool) -> None:
         """The session this edge serves, on ``sock``."""
         self.session = session
         try:
@@ -197,7 +211,8 @@ class ConnectionEdge:
 
     def output(self) -> bytes:
         """What the session's connection queued (the event-woken writer's)."""
-        return self.session.conn.data_to_send()
+        data: bytes = self.session.conn.data_to_send()
+        return data
 
     def written(self, nursery: trio.Nursery) -> None:
         """The writer wrote ``output`` (or found none)."""
@@ -319,13 +334,14 @@ class ConnectionEdge:
             self._drained.set()
 
 
-class HeartbeatEdge(ConnectionEdge):
+class HeartbeatEdge(ConnectionEdge[ListenerT]):
     """An edge that sends the server's heartbeats whenever nothing else was written for the
     negotiated interval, and reads the client's."""
 
     __slots__ = ("_heartbeats_started", "_last_sent")
 
-    def __init__(self, listener, stream, sock) -> None:
+    def __init__(self, listener: ListenerT, stream: trio.abc.Stream,
+                 sock: trio.socket.SocketType) -> None:
         super().__init__(listener, stream, sock)
         self._last_sent = self._started
         self._heartbeats_started = False

@@ -27,16 +27,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-NO_QUEUES: frozenset = frozenset()
+if TYPE_CHECKING:
+    from ..audit.recorder import AuditTrail
+    from ..queues.queue import Consumer, Queue
+    from ..security.authz import Authz
+    from ..security.model import User
+    from ..vhost import VirtualHost
+
+NO_QUEUES: frozenset[Queue] = frozenset()
 
 
 def _nothing() -> None:
     pass
 
 
-def clocked(audit: Any, handle: Callable[[Any], None], arg: Any) -> None:
+Input = TypeVar("Input")
+
+
+def clocked(audit: AuditTrail | None, handle: Callable[[Input], None], arg: Input) -> None:
     """``handle(arg)`` with the audit clock running: one read's events share one time."""
     if audit is None:
         handle(arg)
@@ -58,14 +68,14 @@ class ProtocolSession:
     prefetch = 0  # as a channel: the limit is per consumer (``Consumer.prefetch``)
     number = 0  # as a channel, in the management API's consumer details
     # these protocols have no AMQP channels: read-only, shared by every session
-    channels: Mapping = MappingProxyType({})
+    channels: Mapping[int, Any] = MappingProxyType({})
     auth_mechanism = "PLAIN"
     # messages written by its stream publishers (the Stream protocol's session counts them)
     messages_published = 0
 
     # set by every session's __init__ (and the edge: local_port, tls, wake)
-    broker: Any
-    conn: Any
+    broker: Any  # the Broker (typed once MQTT and Stream origins match PublishOrigin)
+    conn: Any  # the protocol's sans-IO connection
     audit: Any
     delivering: bool
     delivery_stalled: bool
@@ -83,7 +93,7 @@ class ProtocolSession:
     def protocol(self) -> str:
         raise NotImplementedError
 
-    def client_properties(self) -> dict:
+    def client_properties(self) -> dict[str, Any]:
         """The management API's ``client_properties`` of the connection."""
         raise NotImplementedError
 
@@ -150,7 +160,7 @@ class ProtocolSession:
         """As the channel of its consumers: its connection is itself."""
         return self
 
-    def connection_info(self) -> dict:
+    def connection_info(self) -> dict[str, Any]:
         """The protocol's own fields of the management API's connection object."""
         return {"protocol": self.protocol, "auth_mechanism": self.auth_mechanism,
                 "channel_max": 0, "frame_max": self.negotiated_frame_max(),
@@ -166,12 +176,12 @@ class FlowControlledSession(ProtocolSession):
 
     # the queues holding this publisher: a set made when first needed (an empty set costs
     # 216 bytes on each of thousands of idle connections)
-    flow_queues: set | frozenset
+    flow_queues: set[Queue] | frozenset[Queue]
     flow_resumed: Callable[[], None]  # set by the edge: "read again"
-    consumers: dict
-    vhost: Any
-    user: Any
-    authz: Any
+    consumers: dict[Any, Consumer]
+    vhost: VirtualHost | None  # None before the login
+    user: User | None
+    authz: Authz | None
     username: str | None
 
     def start_unauthenticated(self) -> None:
@@ -179,7 +189,7 @@ class FlowControlledSession(ProtocolSession):
         self.wake = _nothing
         self.flow_resumed = _nothing
         self.flow_queues = NO_QUEUES
-        # (a subclass's slots or __dict__ hold these)
+        # (a subclass's slots or __dict__ hold these: mypy sees only this class's slots)
         self.vhost = None  # type: ignore[misc]
         self.user = None  # type: ignore[misc]
         self.authz = None  # type: ignore[misc]
@@ -188,20 +198,22 @@ class FlowControlledSession(ProtocolSession):
     def flow_lifted(self) -> None:
         """The last queue let the publisher go (before the edge reads again)."""
 
-    def queue_over_threshold(self, q) -> None:
+    def queue_over_threshold(self, q: Queue) -> None:
         """Flow control (the publish path): a session that consumes is never stopped (its
         acks may be what the queue waits for)."""
-        if q in self.flow_queues or self.ended or self.consumers:
+        queues = self.flow_queues
+        if q in queues or self.ended or self.consumers:
             return
-        if self.flow_queues is NO_QUEUES:
-            self.flow_queues = set()
-        self.flow_queues.add(q)  # type: ignore[union-attr]
+        if not isinstance(queues, set):  # NO_QUEUES
+            queues = self.flow_queues = set()
+        queues.add(q)
         q.flow_wait(self, self.broker.config.flow_low)
 
-    def flow_released(self, queue) -> None:
-        if queue in self.flow_queues:
-            self.flow_queues.discard(queue)  # type: ignore[union-attr]
-            if not self.flow_queues:
+    def flow_released(self, queue: Queue) -> None:
+        queues = self.flow_queues
+        if queue in queues and isinstance(queues, set):  # (NO_QUEUES holds none)
+            queues.discard(queue)
+            if not queues:
                 self.flow_lifted()
                 self.flow_resumed()
 

@@ -25,7 +25,7 @@ publish without confirms or mandatory.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..amqp.fields import encode_properties
@@ -46,6 +46,10 @@ from .stomp_mapping import (
     parse_destination,
     queue_arguments,
 )
+
+if TYPE_CHECKING:
+    from ..security.authz import Authz
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.stomp")
 
@@ -281,16 +285,23 @@ class StompSession(StompDeliveries, FlowControlledSession):
                  vhost_name, conn.version)
 
     # ---- destinations ----
+    def _open(self) -> tuple[VirtualHost, Authz]:
+        """The vhost and permissions of the logged-in session (every frame but CONNECT is
+        handled after the login)."""
+        vhost, authz = self.vhost, self.authz
+        assert vhost is not None and authz is not None, "a frame handled before the login"
+        return vhost, authz
+
     def _declare(self, name: str, durable: bool, auto_delete: bool, exclusive: bool,
                  arguments: dict | None = None):
-        authz = self.authz
+        vhost, authz = self._open()
 
         def authorize(qname: str) -> None:
             authz.check("queue", qname, "configure")
 
-        return self.vhost.declare_queue(name, self if exclusive else None, authorize,
-                                        durable=durable, auto_delete=auto_delete,
-                                        exclusive=exclusive, arguments=arguments or {})
+        return vhost.declare_queue(name, self if exclusive else None, authorize,
+                                   durable=durable, auto_delete=auto_delete,
+                                   exclusive=exclusive, arguments=arguments or {})
 
     def _temp_queue(self, name: str):
         q = self.temp_queues.get(name)
@@ -318,13 +329,13 @@ class StompSession(StompDeliveries, FlowControlledSession):
             exchange = name
         if len(key.encode()) > MAX_KEY:
             raise errors.precondition_failed("routing key longer than %d bytes", MAX_KEY)
-        authz = self.authz
+        vhost, authz = self._open()
         if exchange not in authz.write_ok:
             authz.check("exchange", exchange, "write")
         if authz.topics:
             authz.check_topic(exchange, key, "write")
-        if self.vhost.exchanges.get(exchange) is None:
-            raise errors.not_found(self.vhost.exchange_resource(exchange))
+        if vhost.exchanges.get(exchange) is None:
+            raise errors.not_found(vhost.exchange_resource(exchange))
         props = message_properties(h, self._temp_queue)
         if "user_id" in props and props["user_id"] != self.username:
             raise errors.precondition_failed(
@@ -342,7 +353,7 @@ class StompSession(StompDeliveries, FlowControlledSession):
         return bool(needs_store)
 
     def _ensure_queue(self, name: str, headers: dict) -> None:
-        if self.vhost.find_queue(name) is None:
+        if self._open()[0].find_queue(name) is None:
             self._declare(name, True, False, False, queue_arguments(headers))
 
     def _route(self, message: Message) -> bool | None:
@@ -369,8 +380,7 @@ class StompSession(StompDeliveries, FlowControlledSession):
             raise StompError("Bad ack header",
                              f'"{ack}" is not a valid ack mode (auto, client or client-individual)\n')
         prefetch = int_header(h, "prefetch-count") or int_header(h, "activemq.prefetchSize")
-        authz = self.authz
-        vhost = self.vhost
+        vhost, authz = self._open()
         durable_queue = False
         if kind in ("queue", "amq-queue", "reply-queue"):
             if kind == "queue":
@@ -432,9 +442,10 @@ class StompSession(StompDeliveries, FlowControlledSession):
         if sub.durable_queue and any(h.get(k, "").lower() == "true"
                                      for k in ("durable", "persistent")):
             # a durable subscription ends for good only when asked to (RabbitMQ's rule)
-            self.authz.check("queue", sub.queue.name, "configure")
+            vhost, authz = self._open()
+            authz.check("queue", sub.queue.name, "configure")
             if not sub.queue.deleted:
-                self.vhost.delete_queue(sub.queue, reason="durable STOMP subscription removed")
+                vhost.delete_queue(sub.queue, reason="durable STOMP subscription removed")
 
     def _cancel(self, sub: Subscription) -> None:
         # as basic.cancel: its unacknowledged deliveries stay the client's to ACK or NACK
