@@ -9,7 +9,7 @@ all rows at once, or a column of strings looked up in a cache of encoded bytes. 
 fields' bytes are laid side by side in one padded matrix with a mask of the bytes in use;
 the mask, read row by row, yields the records in batch order.
 
-The output is plain Avro binary for ``audit_event_v1.avsc``, readable by any Avro reader
+The output is plain Avro binary for ``audit_event_v2.avsc``, readable by any Avro reader
 (the tests decode every kind with fastavro). A new schema version appends fields, so each
 layout only grows at its end.
 """
@@ -23,7 +23,25 @@ from typing import Any
 import numpy as np
 
 from . import events
-from .events import ACK, CAN, DEL, ENQ, FIRE, LEFT, PUB, REJ, RETRY, SCH, TRAIL, _int, _text
+from .events import (
+    ACK,
+    CAN,
+    DEL,
+    ENQ,
+    FIRE,
+    LEFT,
+    PUB,
+    REJ,
+    RETRY,
+    SCH,
+    STRA,
+    STRD,
+    STRK,
+    STRT,
+    TRAIL,
+    _int,
+    _text,
+)
 
 _CACHE_MAX = 50_000
 _FIRST = itemgetter(0)
@@ -69,7 +87,8 @@ def _props(j: int) -> list:
 _HEAD = [("seq",), ("ts",), ("node",)]
 # vhost queue exchange routing_key msg | 6 props | body_size persistent user connection channel
 # confirm_seq outcome queues | consumer_tag delivery_tag redelivered delivery_count requeue
-# reason target due_us count detail
+# reason target due_us count detail | (version 2) stream_offset stream_count
+_V2 = [N, N]  # the fields version 2 added, null for every kind but the streams'
 _LAYOUTS = {
     PUB: _HEAD + [_ev("published"), ("s", 2), N, ("s", 3), ("s", 4), ("l", 5)] + _props(6)
     + [("l", 7), ("b", 8), ("s", 9), ("s", 10), ("l", 11), ("l", 12), ("s", 14), ("q", 13)]
@@ -92,6 +111,18 @@ _LAYOUTS = {
     + [("l", 5)] + [N] * 5 + [("x", 6)],
     TRAIL: _HEAD + [("S", 2)] + [N] * 27 + [("l", 3), ("x", 4)],
 }
+_LAYOUTS = {kind: layout + _V2 for kind, layout in _LAYOUTS.items()}
+_LAYOUTS.update({
+    STRA: _HEAD + [_ev("appended"), ("s", 2), ("s", 3), N, N, ("l", 4)] + [N] * 24
+    + [("l", 5), N],
+    STRD: _HEAD + [_ev("delivered"), ("s", 2), ("s", 3), N, N, N] + [N] * 9
+    + [("s", 8), ("l", 9), N, N, N, ("s", 4), ("l", 5)] + [N] * 7 + [("x", 10)]
+    + [("l", 6), ("l", 7)],
+    STRK: _HEAD + [_ev("acked"), ("s", 2), ("s", 3), N, N, N] + [N] * 9
+    + [("s", 7), ("l", 8), N, N, N, ("s", 4), ("l", 5)] + [N] * 8 + [("l", 6), N],
+    STRT: _HEAD + [_ev("truncated"), ("s", 2), ("s", 3), N, N, N] + [N] * 19 + [("s", 6)]
+    + [N] * 4 + [("l", 4), ("l", 5)],
+})
 _NFIELDS = len(events.load_schema()["fields"])
 _COMPACT = (events.PUBC, events.DELC, events.ACKC)
 _PUBLISHED, _DELIVERED, _ACKED = (_string(e) for e in ("published", "delivered", "acked"))
@@ -286,15 +317,18 @@ class BatchEncoder:
             cseq = np.array([v or 0 for v in cols[9]], np.int64)
             pieces.append(_Piece(*_varints(cseq, cseq != 0)))
             tail = self._table("pubout", lambda k: b"".join(
-                (u(k[0]), self._queue_list(events.queue_names(k[1])), b"\x00" * 10)))
+                (u(k[0]), self._queue_list(events.queue_names(k[1])), b"\x00" * 12)))
             # queues: mostly one name (a str); a list of several is keyed as a tuple
             qs = [q if q is None or q.__class__ is str else tuple(q) for q in cols[10]]
             pieces.append(tail.piece(zip(cols[11], qs, strict=False), n))
             return pieces
         # DELC / ACKC: seq ts | node event vhost queue, 2 nulls | msg | 9 nulls, connection,
         # channel, 3 nulls, consumer_tag | delivery_tag | DELC: redelivered delivery_count,
-        # 6 nulls; ACKC: 8 nulls
+        # 8 nulls; ACKC: 10 nulls. A stream's (a third item in the queue's context): the
+        # generic path, as STRD / STRK (``events.expand``)
         qpos, chpos, event = (2, 8, _DELIVERED) if kind == events.DELC else (2, 6, _ACKED)
+        if max(map(len, cols[qpos])) > 2:
+            raise ValueError("a stream's deliveries")
         head = self._table(f"q{kind}", lambda k: b"".join(
             (node, event, u(k[0]), u(k[1]), b"\x00\x00\x02")))
         pieces.append(head.piece(cols[qpos], n))
@@ -305,10 +339,10 @@ class BatchEncoder:
         pieces.append(_Piece(*_varints(np.array(cols[5], np.int64), None)))
         if kind == events.DELC:
             tail = self._table("redelivered", lambda k: b"".join(
-                (_bool(k[0]), _uint(k[1]), b"\x00" * 6)))
+                (_bool(k[0]), _uint(k[1]), b"\x00" * 8)))
             pieces.append(tail.piece(zip(cols[6], cols[7], strict=False), n))
         else:
-            pieces.append(_const_piece(b"\x00" * 8, n))
+            pieces.append(_const_piece(b"\x00" * 10, n))
         return pieces
 
     def _generic(self, kind: int, rows, seqs: np.ndarray) -> list[_Piece]:
@@ -338,6 +372,21 @@ class BatchEncoder:
             pieces.append(_const_piece(const, len(rows)))
         return pieces
 
+    def _expanded(self, idx, n: int, rows, gseqs: np.ndarray) -> list:
+        """(indexes, pieces) of compact rows the compact path refused, expanded into flat
+        kinds and encoded a kind at a time (``idx`` None: the whole batch)."""
+        flat = events.expand(list(rows))
+        kinds = np.fromiter(map(_FIRST, flat), np.int8, len(flat))
+        whole = np.arange(n) if idx is None else idx
+        if (kinds == kinds[0]).all():
+            return [(idx, self._generic(int(kinds[0]), flat, gseqs))]
+        out = []
+        for kind in np.unique(kinds).tolist():
+            sel = np.flatnonzero(kinds == kind)
+            out.append((whole[sel], self._generic(kind, [flat[i] for i in sel.tolist()],
+                                                  gseqs[sel])))
+        return out
+
     def encode(self, batch: list) -> bytes:
         """The Avro binary records of ``batch``, in order; sequence numbers assigned."""
         n = len(batch)
@@ -363,22 +412,23 @@ class BatchEncoder:
                 idx = np.flatnonzero(kinds == kind)
                 rows = itemgetter(*idx.tolist())(batch) if len(idx) > 1 else (batch[idx[0]],)
                 gseqs = seqs[idx]
-            pieces = None
+            parts: list = []
             if kind in _COMPACT:
                 try:
-                    pieces = self._compact(kind, rows, gseqs)
+                    parts = [(idx, self._compact(kind, rows, gseqs))]
                 except (TypeError, ValueError, OverflowError):
-                    # a value of an unusual type or size: the generic path handles it
-                    rows = events.expand(list(rows))
-                    kind = rows[0][0]
-            if pieces is None:
-                pieces = self._generic(kind, rows, gseqs)
-            m = np.hstack([p.m for p in pieces])
-            mask = np.hstack([_COLS16(p.m.shape[1]) < p.lens[:, None] for p in pieces])
-            if idx is None:
-                return m[mask].tobytes()
-            groups.append((idx, m, mask))
-            width = max(width, m.shape[1])
+                    # a value of an unusual type or size, a stream's delivery: the generic
+                    # path handles it, kind by kind of the expanded rows
+                    parts = self._expanded(idx, n, rows, gseqs)
+            else:
+                parts = [(idx, self._generic(kind, rows, gseqs))]
+            for part_idx, pieces in parts:
+                m = np.hstack([p.m for p in pieces])
+                mask = np.hstack([_COLS16(p.m.shape[1]) < p.lens[:, None] for p in pieces])
+                if part_idx is None:
+                    return m[mask].tobytes()
+                groups.append((part_idx, m, mask))
+                width = max(width, m.shape[1])
         big = np.zeros((n, width), np.uint8)
         bigmask = np.zeros((n, width), bool)
         for idx, m, mask in groups:

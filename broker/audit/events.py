@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: version 1 and stream_offset, stream_count at the end
 SCHEMA_PATH = os.path.join(os.path.dirname(__file__), f"audit_event_v{SCHEMA_VERSION}.avsc")
 
 # kind codes (first element of every tuple)
@@ -29,10 +29,22 @@ PUBC, DELC, ACKC = 11, 12, 13
 # record, its kind changed and the ack's time in slot 9. ``rows`` turns it into the DELC
 # and the ACKC it stands for (so the ack's sequence number follows its delivery's).
 DACK = 14
+# A stream's records (schema version 2) are named by their offsets, the same on every
+# replica; a message read back from a stream has its offset as its id, and a stream queue's
+# context tuple has a third item (``STREAM``): the DELC and ACKC records of an AMQP 0-9-1
+# stream consumer hold the offset in their msg slot, and ``expand`` makes them STRD/STRK.
+#   (STRA, t, vhost, stream, msg, offset)  appended: msg is the record at offset
+#   (STRD, t, vhost, stream, consumer_tag, delivery_tag, first offset, count, connection,
+#    channel, detail)  delivered: records first..first+count-1 (a chunk, or one record)
+#   (STRK, t, vhost, stream, consumer_tag, delivery_tag, offset, connection, channel)
+#   (STRT, t, vhost, stream, first offset, count, reason)  truncated: retention, deletion
+STRA, STRD, STRK, STRT = 15, 16, 17, 18
+STREAM = "stream"
 # The recorder's buffer is flat: every event takes WIDTH slots (the tuple above, padded
 # with None), so the hooks leave no tuple behind and a batch is cut into rows in C.
 ARITY = {PUB: 15, ENQ: 6, DEL: 11, ACK: 9, REJ: 11, LEFT: 8, SCH: 8, FIRE: 9, CAN: 4,
-         RETRY: 7, TRAIL: 5, PUBC: 12, DELC: 9, ACKC: 7, DACK: 10}
+         RETRY: 7, TRAIL: 5, PUBC: 12, DELC: 9, ACKC: 7, DACK: 10, STRA: 6, STRD: 11, STRK: 9,
+         STRT: 7}
 WIDTH = 12
 
 
@@ -120,11 +132,18 @@ def expand(batch: list) -> list:
     for ev in batch:
         kind = ev[0]
         if kind == DELC:
-            _, t, (vhost, queue), msg, ctag, tag, redelivered, count, ch = ev[:9]
-            append((DEL, t, vhost, queue, msg, ctag, tag, redelivered, count, ch[2], ch[3]))
+            _, t, qctx, msg, ctag, tag, redelivered, count, ch = ev[:9]
+            if len(qctx) > 2:  # a stream's: msg is the record's offset
+                append((STRD, t, qctx[0], qctx[1], ctag, tag, msg, 1, ch[2], ch[3], None))
+            else:
+                append((DEL, t, qctx[0], qctx[1], msg, ctag, tag, redelivered, count, ch[2],
+                        ch[3]))
         elif kind == ACKC:
-            _, t, (vhost, queue), msg, ctag, tag, ch = ev[:7]
-            append((ACK, t, vhost, queue, msg, ctag, tag, ch[2], ch[3]))
+            _, t, qctx, msg, ctag, tag, ch = ev[:7]
+            if len(qctx) > 2:
+                append((STRK, t, qctx[0], qctx[1], ctag, tag, msg, ch[2], ch[3]))
+            else:
+                append((ACK, t, qctx[0], qctx[1], msg, ctag, tag, ch[2], ch[3]))
         elif kind == PUBC:
             _, t, ch, x, rk, msg, props, size, persistent, cseq, queues, outcome = ev
             append((PUB, t, ch[0], x, rk, msg, props, size, persistent, ch[1], ch[2], ch[3],
@@ -184,6 +203,22 @@ def to_record(ev: tuple, node: str, seq: int) -> dict:
         rec["event"] = "retried"
     elif kind == TRAIL:
         _, _, rec["event"], rec["count"], rec["detail"] = ev
+    elif kind == STRA:
+        _, _, rec["vhost"], rec["queue"], rec["msg"], rec["stream_offset"] = ev
+        rec["event"] = "appended"
+    elif kind == STRD:
+        (_, _, rec["vhost"], rec["queue"], rec["consumer_tag"], rec["delivery_tag"],
+         rec["stream_offset"], rec["stream_count"], rec["connection"], rec["channel"],
+         rec["detail"]) = ev
+        rec["event"] = "delivered"
+    elif kind == STRK:
+        (_, _, rec["vhost"], rec["queue"], rec["consumer_tag"], rec["delivery_tag"],
+         rec["stream_offset"], rec["connection"], rec["channel"]) = ev
+        rec["event"] = "acked"
+    elif kind == STRT:
+        (_, _, rec["vhost"], rec["queue"], rec["stream_offset"], rec["stream_count"],
+         rec["reason"]) = ev
+        rec["event"] = "truncated"
     else:  # pragma: no cover - a broker bug, never a client's input
         raise ValueError(f"unknown audit event kind {kind!r}")
     return rec

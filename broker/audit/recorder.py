@@ -29,7 +29,7 @@ import trio
 from ..message import set_message_id_floor
 from ..queues.ops import CallerReported, Op
 from . import events
-from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, TRAIL, WIDTH
+from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, STRA, STRD, STREAM, STRT, TRAIL, WIDTH
 from .hooks import CHooks, PyHooks, chosen
 from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 
@@ -150,7 +150,15 @@ class AuditTrail(CallerReported):
         if q in self._audited:
             return
         self._audited.add(q)
-        q.audit_ctx = (q.vhost.name, q.name)  # shared by the queue's events (events.DELC)
+        if q.queue_type.name == STREAM:
+            # a stream's deliveries name records by offset (events.STREAM); what retention
+            # removed before (at the start, while not audited) is truncated, once more
+            q.audit_ctx = (q.vhost.name, q.name, STREAM)
+            if q.log.first_offset > 0:
+                self._add((STRT, _time(), q.vhost.name, q.name, 0, q.log.first_offset,
+                           "retention"))
+        else:
+            q.audit_ctx = (q.vhost.name, q.name)  # shared by the queue's events (events.DELC)
         q.observers.append(self)
         name = q.vhost.name
         self._vhosts_on[name] = self._vhosts_on.get(name, 0) + 1
@@ -282,6 +290,37 @@ class AuditTrail(CallerReported):
         elif op is _DELETE:
             self._add((LEFT, _time(), queue.vhost.name, queue.name, entry.message.id,
                        "deleted", None, None))
+
+    # ---- hooks: streams, whose records are named by their offsets ----
+    def stream_appended(self, queue, pairs) -> None:
+        """``pairs``: (message id, offset) of records just appended to the stream
+        ``queue`` (after their ``published`` events)."""
+        qctx = queue.audit_ctx
+        if qctx is None:
+            return
+        t = self.now or _time()
+        vhost, name = qctx[0], qctx[1]
+        for msg, offset in pairs:
+            self._add((STRA, t, vhost, name, msg, offset))
+
+    def stream_delivered(self, origin, queue, ctag: str, first: int, count: int,
+                         detail: str | None = None) -> None:
+        """A Stream-protocol subscription (``ctag``, its id; ``detail``, its name) was
+        sent the records ``first`` .. ``first + count - 1`` of ``queue`` (a chunk)."""
+        qctx = queue.audit_ctx
+        if qctx is None or count <= 0:
+            return
+        ctx = origin.audit_ctx
+        self._add((STRD, self.now or _time(), qctx[0], qctx[1], ctag, None, first, count,
+                   ctx[2], ctx[3], detail))
+
+    def stream_truncated(self, queue, first: int, count: int, reason: str) -> None:
+        """Records ``first`` .. ``first + count - 1`` left the stream ``queue`` (retention,
+        the stream deleted)."""
+        qctx = queue.audit_ctx
+        if qctx is None or count <= 0:
+            return
+        self._add((STRT, _time(), qctx[0], qctx[1], first, count, reason))
 
     # ---- hooks: scheduler and retries ----
     def scheduled(self, vhost, message, due: float) -> None:

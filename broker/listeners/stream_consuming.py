@@ -31,6 +31,8 @@ class Subscription:
     replica: bool = False  # another cluster node copying the log: chunks as stored
     stepping: bool = False  # told to step down, its answer awaited
     listener: Any = None
+    start: int = 0  # the first offset asked for (a chunk's records before it: not its own)
+    name: str | None = None  # its consumer name, if any (the audit trail's detail)
 
 
 def _offset_start(offset_spec: tuple[int, int]):
@@ -53,7 +55,8 @@ class StreamConsuming(StreamSessionCore):
         props = cmd.properties
         values = [v for k, v in props.items() if k.startswith("filter.") and v is not None]
         flt = (values, props.get("match-unfiltered") == "true") if values else None
-        sub = Subscription(cmd.subscription_id, cmd.stream, q, cmd.credit, flt)
+        sub = Subscription(cmd.subscription_id, cmd.stream, q, cmd.credit, flt,
+                           name=props.get("name"))
         # a replica of another node (cluster/stream_replicas.py), only as the link user
         sub.replica = REPLICA_PROPERTY in props and self.username == LINK_USER
         sac = props.get("single-active-consumer") == "true"
@@ -77,6 +80,7 @@ class StreamConsuming(StreamSessionCore):
     def _attach(self, sub: Subscription, start) -> None:
         lg = sub.queue.log
         sub.reader = lg.reader(start, replica=sub.replica)
+        sub.start = sub.reader.next_offset
         sub.listener = lambda: self._feed(sub)
         lg.listeners.append(sub.listener)
         self._feed(sub)
@@ -152,6 +156,7 @@ class StreamConsuming(StreamSessionCore):
         high = self.output_high_water
         flt = sub.filter
         version = conn.deliver_version
+        audit = self.audit if sub.queue.audit_ctx is not None else None
         # the chunk's room in a Deliver frame: frame_max less the frame's own fields (its
         # size, key, version, subscription id and, in version 2, the committed chunk id)
         limit = conn.frame_max and conn.frame_max - (9 + (8 if version == 2 else 0))
@@ -186,6 +191,11 @@ class StreamConsuming(StreamSessionCore):
             sub.credit = max(0, sub.credit - len(pieces))
             self.chunks_delivered += len(pieces)
             sent = True
+            if audit is not None:  # the chunk's records, from the offset asked for on
+                start = max(chunk.first_offset, sub.start)
+                audit.stream_delivered(self, sub.queue, str(sub.id), start,
+                                       chunk.first_offset + chunk.num_records - start,
+                                       sub.name)
         if sent:
             self.wake()
 

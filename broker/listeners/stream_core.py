@@ -159,6 +159,7 @@ class _Replica:
     gone once its copy stops (the leader changed or the stream was deleted)."""
 
     __slots__ = ("log", "name")
+    audit_ctx = None  # the leader's trail records what its copy is read for
 
     def __init__(self, name: str, lg):
         self.name, self.log = name, lg

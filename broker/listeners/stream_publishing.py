@@ -97,6 +97,7 @@ class StreamPublishing(StreamSessionCore):
         written = 0
         # the audit trail's records of this frame, built only while it is on
         audited: list | None = [] if self.broker.publishing.audit is not None else None
+        located: list[tuple[int, int]] = []  # (msg, offset) of what ``audited`` appended
         for m in cmd.messages:
             pid = m.publishing_id
             if lg.closed:  # deleted while this frame's inflating waited for its turn
@@ -130,11 +131,15 @@ class StreamPublishing(StreamSessionCore):
                              exc.reason)
                     refused.append((pid, exc.code))
                     continue
-                self._add_subentry(lg, codec.subentry_entry(data), data.count, pub.id, pid)
-                written += data.count
+                ids = None
                 if audited is not None:
-                    audited += ((_audit_message(r, pub.stream), pid)
-                                for r in codec.subentry_records(data, limit))
+                    batch = [_audit_message(r, pub.stream)
+                             for r in codec.subentry_records(data, limit)]
+                    audited += ((message, pid) for message in batch)
+                    ids = [message.id for message in batch]  # their offsets at the flush
+                self._add_subentry(lg, codec.subentry_entry(data), data.count, pub.id, pid,
+                                   (pub.queue, ids))
+                written += data.count
             else:
                 if len(data) > limit:
                     refused.append((pid, codec.PRECONDITION_FAILED))
@@ -146,7 +151,7 @@ class StreamPublishing(StreamSessionCore):
                 if lg in self._runs:
                     self._flush_run(lg)  # in the order published
                 try:
-                    lg.append_record(bytes(data), m.filter_value)
+                    offset = lg.append_record(bytes(data), m.filter_value)
                 except OSError as exc:  # the disk is full or failing: this one is refused
                     log.warning("stream %r: write failed (%s); publish refused", pub.stream,
                                 exc)
@@ -154,7 +159,9 @@ class StreamPublishing(StreamSessionCore):
                     continue
                 written += 1
                 if audited is not None:
-                    audited.append((_audit_message(data, pub.stream), pid))
+                    message = _audit_message(data, pub.stream)
+                    audited.append((message, pid))
+                    located.append((message.id, offset))
             if pid > sequence:
                 sequence = pid
             confirms.append(pid)
@@ -169,10 +176,13 @@ class StreamPublishing(StreamSessionCore):
         self.messages_published += written
         if audited:
             self.broker.publishing.appended(self, q, audited)
+            if located:
+                self.broker.publishing.audit.stream_appended(q, located)
         if refused:
             self.conn.send(codec.encode_publish_error(pub.id, refused))
 
-    def _add_subentry(self, lg, entry: bytes, records: int, pub_id: int, pid: int) -> None:
+    def _add_subentry(self, lg, entry: bytes, records: int, pub_id: int, pid: int,
+                      audited: tuple) -> None:
         """Sub-entries wait for the end of the received batch to be one chunk (as osiris
         writes what its mailbox holds at once): a client that sends one Publish frame per
         sub-entry (rstream) does not make a chunk, a Deliver and a credit of each."""
@@ -182,22 +192,29 @@ class StreamPublishing(StreamSessionCore):
             self._flush_run(lg)
             run = None
         if run is None:
-            run = self._runs[lg] = [[], 0, 0, []]
+            run = self._runs[lg] = [[], 0, 0, [], audited[0], []]
         run[0].append(entry)
         run[1] += records
         run[2] += len(entry)
         run[3].append((pub_id, pid))
+        if audited[1] is not None:  # the audit trail's message ids of its records
+            run[5] += audited[1]
 
     def _flush_run(self, lg) -> None:
         run = self._runs.pop(lg, None)
         if run is None or lg.closed:
             return
+        first = lg.next_offset  # its records take the offsets from here on
         try:
             lg.append_encoded(b"".join(run[0]), len(run[0]), run[1])
         except OSError as exc:  # nothing of it was written: its publishes are refused
             log.warning("stream log %s: write failed (%s); %d publishes refused",
                         lg.directory, exc, len(run[3]))
             self._refuse_written(lg, run[3])
+            return
+        audit = self.broker.publishing.audit
+        if run[5] and audit is not None:
+            audit.stream_appended(run[4], [(msg, first + i) for i, msg in enumerate(run[5])])
 
     def _refuse_written(self, lg, ids: list[tuple[int, int]]) -> None:
         by_pub: dict[int, set[int]] = {}

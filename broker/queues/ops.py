@@ -84,6 +84,15 @@ class ReportedObserver(QueueObserver, Protocol):
         """The retry policy holds ``entry`` back for ``delay_ms`` (0: requeued now)."""
         ...
 
+    def stream_appended(self, queue: Queue, pairs: Iterable[tuple[int, int]]) -> None:
+        """A stream queue appended records: (message id, offset) pairs."""
+        ...
+
+    def stream_truncated(self, queue: Queue, first: int, count: int, reason: str) -> None:
+        """Records ``first`` .. ``first + count - 1`` left a stream queue (``reason``:
+        retention, deleted)."""
+        ...
+
 
 #: The store capability (``persistence.base.Store.capabilities``) of a store that pages a
 #: durable FIFO queue's messages: ``Queue.attach_store`` hands its entries to

@@ -88,6 +88,7 @@ class StreamQueue(Queue):
         self._streams = streams
         self._cursors: dict[Consumer, _Cursor] = {}
         self._last_appended = -1
+        self._first_told = self.log.first_offset  # below it: told to observers as truncated
         self._resume_pending = False
         self.durability = self  # confirms wait for the log
         # A new queue's definition is written by the store's group commit, not the log's:
@@ -131,6 +132,10 @@ class StreamQueue(Queue):
             logger.exception("stream %r: append failed; the publish is refused", self.name)
             return False  # nacked, as a queue refusing a publish
         self.stats_published += 1
+        told = self.observers.told
+        if told:  # the audit trail: which record the message is
+            for observer in told:
+                observer.stream_appended(self, ((message.id, self._last_appended),))
         return True
 
     def when_durable(self, callback: Callable[[], None],
@@ -149,8 +154,15 @@ class StreamQueue(Queue):
         store.when_durable(stored, on_failure=on_failure)
 
     def _committed(self) -> None:
+        if self.log.first_offset != self._first_told:
+            self._tell_truncated("retention")
         if self.consumers:
             self.dispatch()
+
+    def _tell_truncated(self, reason: str, upto: int | None = None) -> None:
+        first, self._first_told = self._first_told, upto or self.log.first_offset
+        for observer in self.observers.told:
+            observer.stream_truncated(self, first, self._first_told - first, reason)
 
     # ---- consumers ----
     def admit_consumer(self, channel: AdmittedChannel, no_ack: bool = False,
@@ -257,7 +269,9 @@ class StreamQueue(Queue):
                 return None
         headers["x-stream-offset"] = Long(offset)
         properties = {**properties, "headers": headers}
-        return Message(exchange, routing_key, encode_properties(properties), properties, body)
+        # a record read back is named by its offset (the audit trail's deliveries of it)
+        return Message(exchange, routing_key, encode_properties(properties), properties, body,
+                       msg_id=offset)
 
     # ---- settlement: acks return credit, nothing leaves the stream ----
     def ack(self, entry: QueueEntry, consumer: Consumer | None, reported: bool = False) -> None:
@@ -308,6 +322,8 @@ class StreamQueue(Queue):
         log.max_bytes = settings["max_bytes"]
         log.max_age = settings["max_age"]
         log.apply_retention()
+        if log.first_offset != self._first_told:
+            self._tell_truncated("retention")
 
     def reconfigure(self, opts: QueueOptions) -> None:
         self.opts = opts  # no TTL, length limit or expiry of classic queues applies
@@ -319,6 +335,7 @@ class StreamQueue(Queue):
         for cursor in self._cursors.values():
             cursor.reader.close()
         self._cursors.clear()
+        self._tell_truncated("deleted", self.log.next_offset)
         self._streams.forget(self.log)
         self.log.delete()
         return consumers

@@ -8,6 +8,16 @@ A *queue copy* is one message in one queue: ``(node, vhost, queue, msg)``. It en
 leaves with one final event: ``acked``, ``settled`` (no-ack delivery, rejected without a
 dead-letter exchange: ``reason`` rejected), ``dropped`` (max-length), ``expired``,
 ``dead_lettered``, ``purged`` or ``deleted``.
+
+A *stream copy* is one message in one stream: it is named by its offset (the ``appended``
+event maps ``msg`` to ``stream_offset``), it never leaves by a consumer's doing, and any
+number of consumers read it: a ``delivered`` event from a stream names a range of offsets
+(``stream_offset``, ``stream_count``: a chunk sent to a Stream-protocol subscription, or one
+record to an AMQP 0-9-1 consumer), and a ``truncated`` event the range retention (or the
+stream's deletion) removed. A stream copy is delivered to every consumer whose ranges hold
+its offset; it ends ``truncated`` (not lost) or is still in the stream. Stream copies are not
+queue copies; a publish that lists a stream without an ``appended`` record of it stays a
+queue copy without a final state: unaccounted.
 """
 from __future__ import annotations
 
@@ -16,17 +26,19 @@ from pyspark.sql import functions as F
 
 FINAL = ("acked", "settled", "dropped", "expired", "dead_lettered", "purged", "deleted")
 # The trail's columns each job reads: decoding and caching a column costs time per event.
-_COPIES = ("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason", "queues")
+_COPIES = ("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason", "queues",
+           "stream_offset")
+_STREAMS = ("stream_count", "consumer_tag", "connection")
 _IDS = ("message_id", "ref_key", "routing_key")
 COLUMNS = {
-    "reconcile": _COPIES + _IDS + ("outcome", "persistent", "count"),
+    "reconcile": _COPIES + _IDS + _STREAMS + ("outcome", "persistent", "count"),
     "sequence": _COPIES + _IDS + ("producer", "producer_seq", "app_id"),
     "latency": (*_COPIES, "due_us"),
     "deadletters": _COPIES + _IDS + ("target",),
     "track": ("seq", "node", "event", "vhost", "queue", "exchange", "routing_key", "msg",
               "message_id", "ref_key", "consumer_tag", "delivery_tag", "redelivered",
               "delivery_count", "requeue", "reason", "target", "outcome", "queues",
-              "connection", "user", "ts_us"),
+              "connection", "user", "ts_us", "stream_offset", "stream_count"),
 }
 HOUR_US = 3_600_000_000
 
@@ -78,11 +90,14 @@ def queue_copies(ev: DataFrame) -> DataFrame:
               .select("node", "vhost", F.explode("queues").alias("queue"), "msg", "ts_us",
                       "seq", F.lit("enqueued").alias("event"),
                       F.lit(None).cast("string").alias("reason")))
-    own = (ev.filter(F.col("queue").isNotNull())
+    own = (ev.filter(F.col("queue").isNotNull() & F.col("stream_offset").isNull())
            .select("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason"))
     e = F.col("event")
     final = e.isin(*FINAL)
-    return (own.unionByName(listed).groupBy("node", "vhost", "queue", "msg").agg(
+    located = (ev.filter(e == "appended").select("node", "vhost", "queue", "msg"))
+    return (own.unionByName(listed)
+            .join(located, ["node", "vhost", "queue", "msg"], "left_anti")
+            .groupBy("node", "vhost", "queue", "msg").agg(
         F.min(F.when(e == "enqueued", F.col("ts_us"))).alias("enq_ts"),
         F.min("ts_us").alias("first_ts"),
         F.min(F.when(e == "delivered", F.col("ts_us"))).alias("first_delivery_ts"),
@@ -210,7 +225,81 @@ def reconcile(ev: DataFrame, window_minutes: int = 60, grace_s: float = 60.0,
     }
     tables = {"by_queue": by_queue, "publishes": publishes, "unaccounted": unaccounted,
               "trail": integrity}
+    stream_tables, summary["streams"] = reconcile_streams(ev, width)
+    tables.update(stream_tables)
     return tables, summary
+
+
+def stream_copies(ev: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(copies, per consumer): one row per stream copy (vhost, queue, offset) with its
+    message, the consumers it was delivered to and whether retention removed it; one row per
+    stream consumer (connection, consumer tag) with the copies it got. Offsets are the
+    stream's, the same on every node: a copy is matched by offset, not by node."""
+    e = F.col("event")
+    appended = (ev.filter(e == "appended")
+                .select("vhost", "queue", F.col("stream_offset").alias("offset"), "node", "msg",
+                        F.col("ts_us").alias("appended_ts")))
+    reads = (ev.filter((e == "delivered") & F.col("stream_offset").isNotNull())
+             .select("vhost", "queue", "connection", "consumer_tag", "ts_us",
+                     F.explode(F.sequence(
+                         F.col("stream_offset"),
+                         F.col("stream_offset") + F.coalesce("stream_count", F.lit(1)) - 1))
+                     .alias("offset")))
+    got = (reads.join(appended.select("vhost", "queue", "offset"),
+                      ["vhost", "queue", "offset"], "left_semi")
+           .groupBy("vhost", "queue", "offset", "connection", "consumer_tag")
+           .agg(F.min("ts_us").alias("first_delivery_ts"), F.count(F.lit(1)).alias("sent")))
+    cut = (ev.filter(e == "truncated")
+           .select("vhost", "queue", F.col("stream_offset").alias("cut_from"),
+                   (F.col("stream_offset") + F.col("stream_count")).alias("cut_to"),
+                   F.col("reason").alias("cut_reason"), F.col("ts_us").alias("cut_ts")))
+    truncated = (appended.alias("a").join(
+        F.broadcast(cut).alias("t"),
+        (F.col("a.vhost") == F.col("t.vhost")) & (F.col("a.queue") == F.col("t.queue"))
+        & (F.col("a.offset") >= F.col("t.cut_from")) & (F.col("a.offset") < F.col("t.cut_to")))
+        .groupBy("a.vhost", "a.queue", "a.offset")
+        .agg(F.min("t.cut_ts").alias("truncated_ts"),
+             F.min_by("t.cut_reason", "t.cut_ts").alias("truncated_reason")))
+    per_copy = got.groupBy("vhost", "queue", "offset").agg(
+        F.count(F.lit(1)).alias("consumers"), F.sum("sent").alias("deliveries"),
+        F.min("first_delivery_ts").alias("first_delivery_ts"))
+    copies = (appended.join(per_copy, ["vhost", "queue", "offset"], "left")
+              .join(truncated, ["vhost", "queue", "offset"], "left")
+              .fillna(0, ["consumers", "deliveries"]))
+    consumers = got.groupBy("vhost", "queue", "connection", "consumer_tag").agg(
+        F.count(F.lit(1)).alias("delivered"), F.min("offset").alias("first_offset"),
+        F.max("offset").alias("last_offset"))
+    return copies, consumers
+
+
+def reconcile_streams(ev: DataFrame, width: int) -> tuple[dict, dict]:
+    """Per stream and window (by append time): appended, delivered (to at least one
+    consumer), deliveries (one per consumer), truncated, still in the stream; and per
+    consumer what it was delivered."""
+    copies, consumers = stream_copies(ev)
+    copies = copies.withColumn("window_start", F.floor(F.col("appended_ts") / width) * width)
+
+    def count(cond):
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    by_stream = (copies.groupBy("vhost", "queue", "window_start").agg(
+        F.count(F.lit(1)).alias("appended"),
+        count(F.col("consumers") > 0).alias("delivered"),
+        F.sum("consumers").alias("deliveries"),
+        count(F.col("truncated_ts").isNotNull()
+              & (F.col("truncated_reason") == "retention")).alias("truncated"),
+        count(F.col("truncated_ts").isNotNull()
+              & (F.col("truncated_reason") == "deleted")).alias("deleted"),
+        count(F.col("truncated_ts").isNull()).alias("in_stream_at_end"))
+        .withColumn("window", _iso("window_start"))
+        .transform(_sorted, "vhost", "queue", "window_start").cache())
+    consumers = consumers.transform(_sorted, "vhost", "queue", "connection",
+                                    "consumer_tag").cache()
+    rows = _rows(by_stream)
+    totals = {c: int(sum(r[c] or 0 for r in rows)) for c in (
+        "appended", "delivered", "deliveries", "truncated", "deleted", "in_stream_at_end")}
+    summary = {**totals, "consumers": _rows(consumers, 1000)}
+    return {"streams": by_stream, "stream_consumers": consumers}, summary
 
 
 def _producer(ev: DataFrame, key: str):

@@ -24,7 +24,8 @@ from pyspark.sql import types as T
 
 UNKNOWN_VERSION = "unknown schema version"
 
-# The columns of the trail (audit_event_v1.avsc) and their Spark types.
+# The columns of the trail (audit_event_v2.avsc; a version 1 file has no stream_offset
+# and stream_count: None) and their Spark types.
 _TYPES = {
     "seq": T.LongType(), "ts_us": T.LongType(), "node": T.StringType(),
     "event": T.StringType(), "vhost": T.StringType(), "queue": T.StringType(),
@@ -38,6 +39,7 @@ _TYPES = {
     "redelivered": T.BooleanType(), "delivery_count": T.IntegerType(),
     "requeue": T.BooleanType(), "reason": T.StringType(), "target": T.StringType(),
     "due_us": T.LongType(), "count": T.LongType(), "detail": T.StringType(),
+    "stream_offset": T.LongType(), "stream_count": T.LongType(),  # version 2
 }
 COLUMNS = tuple(_TYPES)
 _BATCH_ROWS = 65536

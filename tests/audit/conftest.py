@@ -11,8 +11,8 @@ import pytest
 
 from broker.audit import hooks
 
-ONE_BUILD = {"test_e2e", "test_spark_incomplete", "test_spark_shares", "test_hooks_accel",
-             "test_hooks_equal"}
+ONE_BUILD = {"test_e2e", "test_spark_incomplete", "test_spark_shares", "test_spark_streams",
+             "test_hooks_accel", "test_hooks_equal"}
 
 
 def pytest_generate_tests(metafunc):

@@ -58,4 +58,4 @@ def test_unknown_schema_version_names_the_file(tmp_path):
     code, lines = run("report", "--input", str(tmp_path), "--output", str(tmp_path / "o"))
     assert code == 2
     assert lines == [f"spark.audit: error: {path}: audit schema version 9 is newer than this "
-                     "reader's (1); upgrade the jobs"]
+                     f"reader's ({events.SCHEMA_VERSION}); upgrade the jobs"]

@@ -38,6 +38,12 @@ EVERY_KIND = [
     (events.RETRY, T, "/", "q", 1, 2, "delay 5 ms"),
     (events.TRAIL, T, "node_started", None, "first run"),
     (events.TRAIL, T, "audit_dropped", 7, "policy drop"),
+    (events.STRA, T, "/", "s", 11, 0),
+    (events.STRA, T, "/", "s", 12, 2 ** 40),
+    (events.STRD, T, "/", "s", "3", None, 0, 100, "127.0.0.1:2", None, "reader-1"),
+    (events.STRD, T, "/", "s", "amq.ctag-1", 7, 2 ** 40, 1, "c", 1, None),
+    (events.STRK, T, "/", "s", "amq.ctag-1", 7, 2 ** 40, "c", 1),
+    (events.STRT, T, "/", "s", 0, 4096, "retention"),
 ]
 FIELDS = [f["name"] for f in events.load_schema()["fields"]]
 
@@ -99,6 +105,40 @@ def _compact_kinds() -> list:
     return [(events.PUBC, T, ch, "x", "rk", 9, PROPS, 64, True, 5, ["q"], "routed"),
             (events.DELC, T, q, 9, "ctag", 4, False, 1, ch),
             (events.ACKC, T, q, 9, "ctag", 4, ch)]
+
+
+def test_a_stream_consumers_compact_records_name_the_offset():
+    ch = ("/", "guest", "127.0.0.1:1", 3)
+    sq = ("/", "s", events.STREAM)
+    dl = events.to_record((events.DELC, T, sq, 41, "sc", 7, False, 1, ch), "n", 1)
+    ack = events.to_record((events.ACKC, T, sq, 41, "sc", 7, ch), "n", 2)
+    assert (dl["event"], dl["queue"], dl.get("msg"), dl["stream_offset"], dl["stream_count"],
+            dl["consumer_tag"], dl["delivery_tag"]) == ("delivered", "s", None, 41, 1, "sc", 7)
+    assert (ack["event"], ack.get("msg"), ack["stream_offset"], ack["delivery_tag"]) == \
+        ("acked", None, 41, 7)
+
+
+def test_version_1_files_stay_readable(tmp_path):
+    """A trail written before the streams' fields (schema version 1, fastavro's own
+    writer): every record reads, the new columns as None, by records and by columns."""
+    with open(os.path.join(os.path.dirname(events.SCHEMA_PATH), "audit_event_v1.avsc")) as f:
+        v1 = json.load(f)
+    names = [f["name"] for f in v1["fields"]]
+    assert names == FIELDS[:len(names)] and len(FIELDS) == len(names) + 2
+    old = [{f: r.get(f) for f in names}
+           for r in (events.to_record(ev, "n1", i) for i, ev in enumerate(EVERY_KIND[:16], 1))]
+    path = tmp_path / "part-00000000000000000001.avro"
+    with open(path, "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(v1), old, codec="deflate",
+                        metadata={VERSION_KEY: "1"})
+    reader = FileReader(str(path))
+    assert reader.version == 1 and not reader.problems
+    got = list(reader)
+    assert [{f: r.get(f) for f in names} for r in got] == old
+    assert all(r.get("stream_offset") is None for r in got)
+    columns = ("seq", "event", "msg", "stream_offset", "stream_count")
+    rows = [r for block in FileReader(str(path)).rows_iter(columns) for r in block]
+    assert rows == [(r["seq"], r["event"], r["msg"], None, None) for r in old]
 
 
 def test_compact_kinds_expand_to_the_flat_ones():
@@ -163,7 +203,8 @@ def test_garbage_and_empty_files_are_one_problem_each(tmp_path):
 def test_newer_schema_version_is_refused_by_name(tmp_path):
     path = tmp_path / "part.avro"
     _write(path, [EVERY_KIND], version=events.SCHEMA_VERSION + 1)
-    with pytest.raises(UnknownSchemaVersion, match=r"part\.avro.*version 2"):
+    with pytest.raises(UnknownSchemaVersion,
+                       match=rf"part\.avro.*version {events.SCHEMA_VERSION + 1}"):
         FileReader(str(path))
 
 
@@ -248,11 +289,17 @@ def test_flat_buffer_of_compact_kinds_encodes_as_the_flat_records():
            (events.ACKC, T + 1, q, 9, "ctag", 4, ch),
            (events.ACKC, T, q, 10, None, 5, ch),
            (events.LEFT, T, "/", "q", 1, "settled", None, None)]
+    # an AMQP 0-9-1 stream consumer's: the queue's context says stream, msg is the offset
+    sq = ("/", "s", events.STREAM)
+    evs += [(events.DELC, T, sq, 40, "sc", 6, False, 1, ch),
+            (events.ACKC, T, sq, 40, "sc", 6, ch),
+            (events.DACK, T, sq, 41, "sc", 7, False, 1, ch, T + 1)]
     flat = [x for ev in evs for x in ev + (None,) * (pad - len(ev))]
     odd = [x for ev in [(events.DELC, T, q, 2 ** 62, "t", None, False, 1, mq)]
            for x in ev + (None,) * (pad - len(ev))]
-    for buf in (flat, flat * 3, odd + flat):
-        batch = loads(dumps(buf))
+    streamed = [x for ev in evs[-3:-1] for x in ev + (None,) * (pad - len(ev))]
+    for buf in (flat, flat * 3, odd + flat, streamed):
+        batch = loads(dumps(buf))  # as the converter reads it: a DACK is two events
         assert all(len(ev) == pad for ev in batch)
         data = BatchEncoder("n1", 7).encode(batch)
         bio = io.BytesIO(data)
