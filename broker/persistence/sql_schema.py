@@ -6,6 +6,8 @@ ACTIVEMQ_ACKS   ->  triomq_entries   one row per (durable queue, message) still 
 ACTIVEMQ_LOCK   ->  triomq_lock      the lease of the running broker (owner, expires_at)
 (destinations)  ->  triomq_exchanges, triomq_queues, triomq_bindings
 (metadata)      ->  triomq_meta      users, vhosts, permissions, policies... (Store.save_meta)
+(statistics)    ->  triomq_totals    per queue: stored entries, body bytes, highest seq, kept by
+                                     triggers on triomq_entries (sql_totals.py)
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ from sqlalchemy.dialects import mysql
 
 # 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at);
 # 3: triomq_entries.size (body bytes) and .deliveries; 4: names escaped (sql_names: NUL, lone
-# surrogates and U+F700..U+F7FF). ``migrate`` adds the columns and rewrites the rare names in
+# surrogates and U+F700..U+F7FF); 5: triomq_totals and its triggers (sql_totals.install, at open
+# when missing). ``migrate`` adds the columns and rewrites the rare names in
 # place: an older database opens unchanged otherwise.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # MariaDB/MySQL: case- and accent-sensitive names, and blobs over 64 KiB.
 NAME_MAX = 255
@@ -118,7 +121,19 @@ meta = Table(
     Column("seq", BigInteger, nullable=False),  # write order, so recovery replays it in order
 )
 
-ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings, meta)
+# what a start reads instead of grouping every entry: one row per queue, kept exact by
+# triggers in each transaction that inserts or deletes entries (sql_totals.py)
+totals = Table(
+    "triomq_totals", metadata,
+    Column("qid", BigInteger, primary_key=True, autoincrement=False),
+    Column("entries", BigInteger, nullable=False, default=0),
+    Column("top_seq", BigInteger, nullable=False, default=0),
+    Column("nbytes", BigInteger, nullable=False, default=0),   # of rows with their size
+    Column("unsized", BigInteger, nullable=False, default=0),  # rows without (older versions)
+    Column("expiring", BigInteger, nullable=False, default=0),  # rows with an expiry
+)
+
+ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings, meta, totals)
 
 
 def migrate(conn) -> None:

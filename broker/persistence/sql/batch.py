@@ -283,6 +283,7 @@ class BatchWriter(SQLStoreState):
             E, Q, B = S.entries, S.queues, S.bindings
             ids = [r[0] for r in c.execute(select(E.c.message_id).where(E.c.qid == qid).distinct())]
             c.execute(delete(E).where(E.c.qid == qid))
+            c.execute(delete(S.totals).where(S.totals.c.qid == qid))  # a later start reuses qids
             c.execute(delete(Q).where(Q.c.qid == qid))
             c.execute(delete(B).where(B.c.vhost == vhost, B.c.destination_kind == "queue",
                                       B.c.destination == name))

@@ -11,6 +11,7 @@ from sqlalchemy import select, text
 from ...queues.entry import QueueEntry
 from ...queues.retry import restore_delivery_count
 from .. import sql_schema as S
+from .. import sql_totals
 from ..records import decode_message
 from .common import (
     NAN,
@@ -111,6 +112,8 @@ class IndexReader(SQLStoreState):
     # per queue, one pass over the entries' rows (the primary key's order, no message read)
     _TOTALS_SQL = ("SELECT qid, COUNT(*), MAX(seq), COALESCE(SUM(size), 0), COUNT(size), "
                    "COUNT(expires_at) FROM triomq_entries GROUP BY qid")
+    _TOTALS_KEPT_SQL = ("SELECT qid, entries, top_seq, nbytes, entries - unsized, expiring "
+                        "FROM triomq_totals")
 
     def _load_index(self, c, by_qid: dict, window: int) -> tuple[dict, dict, set]:
         """Before the broker serves: per queue of ``by_qid``, the index of its first
@@ -121,7 +124,14 @@ class IndexReader(SQLStoreState):
         phase = progress.phase("sql index", unit="entries") if progress is not None else None
         totals: dict[int, _QueueTotals] = {}
         orphans: set[int] = set()
-        for qid, n, top, nbytes, sized, expiring in c.execute(text(self._TOTALS_SQL)):
+        # one row per queue where the database keeps the totals (sql_totals.py), else a
+        # pass over every stored entry
+        sql = self._TOTALS_KEPT_SQL if sql_totals.kept(self.dialect) else self._TOTALS_SQL
+        for qid, n, top, nbytes, sized, expiring in c.execute(text(sql)):
+            if not n:
+                if qid not in by_qid:
+                    orphans.add(qid)  # a queue deleted (its row goes with it) or never written
+                continue
             if qid in by_qid:
                 totals[qid] = _QueueTotals(int(n), int(top), int(nbytes), int(n) - int(sized),
                                            bool(expiring))

@@ -53,6 +53,7 @@ class Loader(IndexReader):
             heads, totals, orphans = self._load_index(c, by_qid, self.settings.page_window)
             for qid in orphans:
                 c.execute(delete(S.entries).where(S.entries.c.qid == qid))
+                c.execute(delete(S.totals).where(S.totals.c.qid == qid))
             messages = self._read_messages(c, {mid for ix in heads.values() for mid in ix.mids})
             max_id = c.execute(select(func.max(S.msgs.c.id))).scalar() or 0
             meta = [(r.kind, D(r.name), r.value, r.seq)

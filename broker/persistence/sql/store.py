@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from .. import sql_schema as S
+from .. import sql_totals as T
 from ..base import StoreUnavailable
 from .batch import BatchWriter
 from .commit import Committer
@@ -163,6 +164,8 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
         S.metadata.create_all(self.engine)
         with self.engine.begin() as c:
             S.migrate(c)
+            if T.kept(self.dialect) and not T.installed(c, self.dialect):
+                T.install(c, self.dialect)
         self._lock = _Lock(self)
         try:
             self._lock.acquire()
