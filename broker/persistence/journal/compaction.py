@@ -26,7 +26,9 @@ class Compaction(JournalStoreState):
         in-memory locations updated, so the next checkpoint deletes the file: compaction
         writes at most ``1 - compact_dead_fraction`` of the bytes it frees. The bytes are
         counted exactly (record headers) before anything is written, and a compaction
-        that would not fit in the free space left is not started.
+        that would not fit in the free space left is not started. A pass moves at most half
+        a checkpoint interval of records (the rest waits for the next checkpoint's pass),
+        so a kill -9 before its checkpoint leaves a bounded log to replay.
         """
         if self.broker is None:
             return 0
@@ -43,11 +45,13 @@ class Compaction(JournalStoreState):
         now_wall = time.time()
         entries = []  # (qid, entry, delivered, wall - monotonic)
         sizes = dict.fromkeys(cands, 0)  # exact bytes moving each candidate's entries writes
+        records = dict.fromkeys(cands, 0)  # and the records
 
         def measure(loc, count) -> None:
             buf, off = self._buffer_at(loc)
             sizes[loc >> 32] += jf.HDR_SIZE + jf.HDR.unpack_from(buf, off)[0] \
                 + (DELIVERED_MAX if count else 0)
+            records[loc >> 32] += 2 if count else 1
 
         for q in self._qids:
             delta = now_wall - q.vhost.timers.now()
@@ -64,7 +68,16 @@ class Compaction(JournalStoreState):
         parked = [row for row in self._parked_rows() if (row[3] >> 32) in cands]
         for row in parked:
             measure(row[3], row[7])
-        victims = {s for s, n in sizes.items() if n <= limit}
+        # A kill -9 before the checkpoint that follows replays what this pass appends, on
+        # top of the checkpoint interval: oldest segments first, at most half an interval
+        # of records (at least one segment, whatever it holds: the bound stays a constant)
+        victims: set[int] = set()
+        budget = max(1, self.settings.checkpoint_records // 2)
+        for s in sorted(s for s, n in sizes.items() if n <= limit):
+            if victims and records[s] > budget:
+                break
+            victims.add(s)
+            budget -= records[s]
         if not victims:
             return 0
         planned = sum(sizes[s] for s in victims)
