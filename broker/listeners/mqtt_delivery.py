@@ -219,6 +219,26 @@ class MQTTDelivery(MQTTSessionState):
             self._touched = {}
         self._touched[queue] = None
 
+    def _on_deliveries_acked(self, events: list, start: int, end: int) -> None:
+        """``_on_delivery_acked`` for a read's run of PUBACKs (``events[start:end]``)."""
+        if self.audit is not None:
+            for i in range(start, end):
+                self._on_delivery_acked(events[i].token)
+            return
+        touched = self._touched
+        last = None
+        for i in range(start, end):
+            token = events[i].token
+            if token is None:
+                continue  # a retained message sent at subscribe time: nothing to settle
+            queue, entry, consumer, _ = token
+            queue.ack(entry, consumer, reported=True)
+            if queue is not last:
+                if touched is NO_DICT:
+                    touched = self._touched = {}
+                touched[queue] = None
+                last = queue
+
     def _on_delivery_received(self, token, packet_id: int) -> None:
         """PUBREC: the message is the client's; the queue entry is settled and the PUBREL
         phase carries on until the PUBCOMP. A persistent session's PUBREL state is stored

@@ -52,6 +52,8 @@ def amqp_props(qos: int, dup: bool, retain: bool = False) -> tuple[dict, bytes]:
 # such message (a Message's properties are never changed once routed: a header is changed
 # on a copy, Message.with_changes); retained publishes say so (Retain As Published)
 PROPS = {(q, d): amqp_props(q, d) for q in (0, 1, 2) for d in (False, True)}
+# the same, indexed [qos][dup] (the publish loop's lookup: no key tuple)
+PROPS_BY_QOS = [[PROPS[(q, False)], PROPS[(q, True)]] for q in (0, 1, 2)]
 PROPS_RETAINED = {(q, d): amqp_props(q, d, True) for q in (0, 1, 2) for d in (False, True)}
 
 

@@ -10,13 +10,14 @@ from ..mqtt import properties as P
 from ..mqtt.connection import FORMAT_INVALID_BIT, NO_MATCH_BIT, PUBREC_BIT
 from ..mqtt.topics import to_routing_key
 from ..persistence import DURABLE
-from ..publishing import NACKED, REFUSED, STORING, UNROUTABLE
+from ..publishing import NACKED, REFUSED, ROUTED, STORING, UNROUTABLE
 from .mqtt_mapping import (
     MAX_KEY,
     NO_DECISIONS,
     NO_DICT,
     NO_LIST,
     PROPS,
+    PROPS_BY_QOS,
     PROPS_RETAINED,
     is_utf8,
     v5_message_props,
@@ -149,7 +150,8 @@ class MQTTPublishing(MQTTSessionState):
     def _on_publishes(self, events: list, start: int, end: int) -> None:
         """A read's run of PUBLISHes (``events[start:end]``) in one pass: what holds for the
         whole read is looked up once; a 3.1.1 QoS 0/1 PUBLISH to a known topic the client
-        may write goes straight to the publish path, any other through ``_on_publish``."""
+        may write goes straight to the publish path, any other through ``_on_publish``. A
+        PUBACK that waits for nothing (the usual case) is collected here without a call."""
         service = self.service
         exchange = service.exchange
         authz = self.authz
@@ -157,32 +159,50 @@ class MQTTPublishing(MQTTSessionState):
         fast = self.expiry is None and (
             authz is None or (exchange in authz.write_ok and not authz.topics))
         publish = self.broker.publishing.publish
+        props_of = PROPS_BY_QOS
+        ack_now = None  # the PUBACKs decided now, while none waits for the store
         count = size = 0
         for i in range(start, end):
             p = events[i]
             key = keys.get(p.topic) if fast else None
-            if key is None or p.retain or p.qos == 2 or key[:1] == "$":
+            qos = p.qos
+            if key is None or p.retain or qos == 2 or key[0] == "$":
+                if ack_now:
+                    self._ack_now, ack_now = ack_now, None  # in PUBLISH order, before it
                 self._on_publish(p)
                 if self.finished:
                     break
                 keys = self._keys  # (made on the first PUBLISH)
                 continue
-            self.is_publisher = True
             count += 1
-            size += len(p.payload)
-            qos = p.qos
-            props, raw = PROPS[(qos, p.dup)]
+            if count == 1:
+                self.is_publisher = True
+            payload = p.payload
+            size += len(payload)
+            props, raw = props_of[qos][p.dup]
             try:
-                outcome = publish(self, Message(exchange, key, raw, props, p.payload),
+                outcome = publish(self, Message(exchange, key, raw, props, payload),
                                   answered=qos > 0, tag=p.packet_id)
             except errors.AMQPError as exc:  # a publish hook refused it (as a channel error)
                 self.close(exc.text, P.IMPLEMENTATION_SPECIFIC_ERROR)
                 break
             if qos:
-                self._acknowledge(p.packet_id or 0, None if outcome is NACKED or outcome is REFUSED
-                                  else outcome is STORING)
+                if outcome is ROUTED and not self._pubacks:
+                    if ack_now is None:
+                        ack_now = self._ack_now
+                        if ack_now is NO_LIST:
+                            ack_now = []
+                    ack_now.append(p.packet_id)
+                else:
+                    if ack_now:
+                        self._ack_now, ack_now = ack_now, None
+                    self._acknowledge(p.packet_id or 0,
+                                      None if outcome is NACKED or outcome is REFUSED
+                                      else outcome is STORING)
             if self.finished:  # ended while routing (as the per-event loop stops)
                 break
+        if ack_now:
+            self._ack_now = ack_now
         if count:
             service.publish_received += count
             service.publish_bytes_received += size

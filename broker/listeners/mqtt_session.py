@@ -139,8 +139,12 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
                     j += 1
                 self._on_publishes(events, i - 1, j)
                 i = j
-            elif isinstance(ev, DeliveryAcked):
-                self._on_delivery_acked(ev.token)
+            elif type(ev) is DeliveryAcked:  # a run of PUBACKs: one pass too
+                j = i
+                while j < n and type(events[j]) is DeliveryAcked:
+                    j += 1
+                self._on_deliveries_acked(events, i - 1, j)
+                i = j
             elif isinstance(ev, ReleaseReceived):
                 self._on_release(ev.packet_id)
             elif isinstance(ev, DeliveryReceived):

@@ -10,26 +10,24 @@ back. Bytes to write accumulate until ``data_to_send()``.
 
 QoS 2 (section 4.3.3): inbound, a QoS 2 PUBLISH is handed out (as every PUBLISH, as its
 ``Publish`` packet) and the broker answers it with PUBREC (``pubacks`` with ``PUBREC_BIT``),
-the client's PUBREL a ``ReleaseReceived``
-answered with ``pubcomp``; whether a packet id was already received is the broker's
-session state, not the connection's. Outbound, a PUBREC of a QoS 2 delivery is answered
-by the broker with PUBREL (``pubrels``) and its packet id stays in ``releasing`` until the
-PUBCOMP (``DeliveryCompleted``); ``releasing`` may be the set of a persistent session, shared
-across its connections, and ``resend_pubrel`` sends PUBREL again for each on a reconnect.
+the client's PUBREL a ``ReleaseReceived`` answered with ``pubcomp``; whether a packet id
+was already received is the broker's session state, not the connection's. Outbound, a
+PUBREC of a QoS 2 delivery is answered by the broker with PUBREL (``pubrels``) and its
+packet id stays in ``releasing`` until the PUBCOMP (``DeliveryCompleted``); ``releasing``
+may be a persistent session's set, shared across its connections: ``resend_pubrel`` sends
+PUBREL again for each on a reconnect.
 
-After a protocol violation the connection is ``closed``: the edge drops the socket
-without a reply (section 4.8), except for an unsupported protocol level, which gets
-CONNACK 1 first (section 3.1.2.2). No sockets, clocks or broker state here.
+After a protocol violation the connection is ``closed``: the edge drops the socket without
+a reply (4.8), but an unsupported protocol level gets CONNACK 1 first (3.1.2.2).
 
 MQTT 5.0 (``v5``, from the CONNECT's protocol level): answers carry reason codes and
-properties; a violation is answered with a DISCONNECT carrying its reason code (a CONNACK
-when the CONNECT itself was bad) before the close (section 4.13), and ``close`` sends a
-DISCONNECT with the server's reason. Inbound topic aliases are resolved here (up to
-``topic_alias_max``, stated in the CONNACK), and the Receive Maximum stated there is
-enforced: more QoS 1/2 PUBLISHes without PUBACK/PUBCOMP than that is 0x93. Outbound, a
-packet larger than the client's Maximum Packet Size is not sent (section 3.1.2.25):
-``publish`` returns -1 and the broker settles it as if it had been.
-"""
+properties; a violation is answered with a DISCONNECT with its reason code (a CONNACK when
+the CONNECT was bad) before the close (4.13); ``close`` sends one with the server's
+reason. Inbound topic aliases are resolved here (up to ``topic_alias_max``, stated in the
+CONNACK), and the Receive Maximum stated there is enforced: more QoS 1/2 PUBLISHes without
+PUBACK/PUBCOMP than that is 0x93. Outbound, a packet larger than the client's Maximum
+Packet Size is not sent (3.1.2.25): ``publish`` returns -1 and the broker settles it as if
+it had been. Sans-IO: no sockets, clocks or broker state here."""
 from __future__ import annotations
 
 import struct
@@ -74,7 +72,6 @@ from .events import (
     UnsubscribeRequested,
 )
 
-_H = struct.Struct(">H")
 _PUBACK = struct.Struct(">BBH")
 _PUBREL = _PUBACK  # the same layout; PUBREL's first byte is 0x62 (reserved flags 0010)
 _PINGRESP = codec.encode(Bare(PINGRESP))
@@ -113,8 +110,7 @@ class ServerConnection:
         self.username: str | None = None  # as authenticated (``accept``)
         self._out: list[bytes] = []
         self.pending_output = 0
-        # the management API's socket counters: once per read or write, not per packet
-        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0  # per read/write
         # packet id -> token of a QoS 1 delivery without PUBACK or a QoS 2 one without PUBREC
         # (the shared empty ``_NO_INFLIGHT`` until the first QoS 1/2 delivery: idle
         # connections are many)
@@ -398,9 +394,6 @@ class ServerConnection:
         else:
             self._write(codec.encode(PacketId(UNSUBACK, packet_id)))
 
-    def puback(self, packet_id: int) -> None:
-        self._write(b"\x40\x02" + _H.pack(packet_id))
-
     def pubacks(self, packet_ids: list[int]) -> None:
         """PUBACK for each of ``packet_ids``, in that order; PUBREC for an id carrying
         ``PUBREC_BIT`` (the answer to a QoS 2 PUBLISH)."""
@@ -465,9 +458,7 @@ class ServerConnection:
         self._write(b"".join([pack(0x62, 2, pid) for pid in sorted(self.releasing)]))
 
     def send_blocked(self, reason: str) -> bool:
-        """MQTT 3.1.1 cannot tell a client the server is blocked (AMQP's connection.blocked):
-        nothing is sent; the server just reads slowly."""
-        return False
+        return False  # MQTT cannot say it (AMQP's connection.blocked): the server reads slowly
 
     def send_unblocked(self) -> bool:
         return False
@@ -503,7 +494,16 @@ class ServerConnection:
         if self.v5:
             return self._publish_v5_out(topic_raw, payload, qos, token, retain, dup, packet_id,
                                         props)
-        pid = self.publish_id(qos, token, packet_id) if qos else 0
+        pid = 0
+        if qos:
+            pid = self._next_id
+            inflight = self.inflight
+            if (qos == 2 or packet_id or pid in inflight or inflight is _NO_INFLIGHT
+                    or self.releasing):
+                pid = self.publish_id(qos, token, packet_id)
+            else:  # QoS 1, the next id free (so some id is): ``publish_id``'s usual answer
+                self._next_id = pid % 65535 + 1
+                inflight[pid] = token
         data = encode_publish(topic_raw, payload, qos, pid, retain, dup)
         self._out.append(data)
         self.pending_output += len(data)
