@@ -242,6 +242,8 @@ class IndexReader(SQLStoreState):
         """id -> Message for the ids ``mids`` (those still stored)."""
         messages = {}
         for part in _chunks(sorted(mids)):
-            for mid, body in c.execute(select(S.msgs.c.id, S.msgs.c.body).where(S.msgs.c.id.in_(part))):
+            # fetched whole: iterating a result fetches row by row (psycopg: ~50 us a row)
+            for mid, body in c.execute(select(S.msgs.c.id, S.msgs.c.body)
+                                       .where(S.msgs.c.id.in_(part))).all():
                 messages[mid] = decode_message(bytes(body))
         return messages
