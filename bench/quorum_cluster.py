@@ -8,8 +8,12 @@ the clients share its cores and its one disk). Per queue, clients on the leader'
 * **consume**: the same messages with manual acks (prefetch 200);
 * **confirm latency**: ``--latency-n`` publishes one at a time (each waits for its
   confirm), p50 / p99;
+* **confirm+ack**: the publish and the consume timed together, msg/s (the ratio x3 / x1
+  of this is the replication issue's figure);
 * **broker CPU**: CPU seconds of the TrioMQ processes (all three nodes) over the publish
-  and consume, per 1,000 messages (from /proc).
+  and consume, per 1,000 messages (from /proc);
+* **the disk**: an 8 KiB append + fsync on the nodes' disk, 100 times, before and after
+  the four measurements (x3 waits for three fsync streams on the one disk, x1 for one).
 
 Queues: ``quorum x3`` (x-quorum-initial-group-size 3: confirmed once a majority has it on
 disk), ``quorum x1`` (group size 1 on the same cluster: no replica, the unreplicated
@@ -77,6 +81,24 @@ def _wait(cluster: str, queue: str, check, timeout: float = 120.0) -> dict:
         time.sleep(0.2)
 
 
+def fsync_ms(directory: Path, rounds: int = 100) -> dict:
+    """The disk under the nodes' data, now: p50 / p90 ms of an 8 KiB append and fsync (a
+    quorum x3 publish waits for three such streams on this one disk, x1 for one)."""
+    path = directory / "fsync-probe"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(rounds):
+            os.write(fd, b"x" * 8192)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"p50": _pct(times, 50), "p90": _pct(times, 90)}
+
+
 def _cpu(pids: list[int]) -> float:
     return sum(cpu_seconds(pid) or 0.0 for pid in pids)
 
@@ -85,6 +107,7 @@ def measure(url: str, queue: str, args, pids: list[int]) -> dict:
     body = b"x" * args.size
     c0 = _cpu(pids)
     each0 = [cpu_seconds(pid) or 0.0 for pid in pids]
+    t0 = time.perf_counter()
     pub = _publish(url, queue, args.n, args.window, body)
     # per node over the publish alone: the leader's cost and each follower's
     each = [((cpu_seconds(pid) or 0.0) - t) / args.n * 1e6
@@ -92,6 +115,7 @@ def measure(url: str, queue: str, args, pids: list[int]) -> dict:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     con = _consume(ch, queue, args.n)
+    both = time.perf_counter() - t0  # publish with confirms, then consume with acks
     cpu = _cpu(pids) - c0
     ch.confirm_delivery()
     lat = []
@@ -102,6 +126,7 @@ def measure(url: str, queue: str, args, pids: list[int]) -> dict:
     ch.queue_purge(queue)
     conn.close()
     return {"publish_msgs_per_s": args.n / pub, "consume_msgs_per_s": args.n / con,
+            "confirm_ack_msgs_per_s": args.n / both,
             "confirm_ms_p50": statistics.median(lat), "confirm_ms_p99": _pct(lat, 99),
             "broker_cpu_s_per_1000": cpu / args.n * 1000 if pids else None,
             "publish_cpu_us_per_msg_by_node": [round(x) for x in each]}
@@ -205,10 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         _declare(url, "bench-q3", {"x-queue-type": "quorum"})
         _declare(url, "bench-q1", {"x-queue-type": "quorum", "x-quorum-initial-group-size": 1})
         _wait(cluster, "bench-q3", lambda v: v["in_sync"] == ["node2", "node3"])
+        out["fsync_ms_before"] = fsync_ms(work)
         for queue, label in (("bench-q1", "quorum x1"), ("bench-q3", "quorum x3"),
                              ("bench-q1", "quorum x1 (again)"),
                              ("bench-q3", "quorum x3 (again)")):
             out[label] = measure(url, queue, args, pids)
+        out["fsync_ms_after"] = fsync_ms(work)
         if args.rabbit_url:
             try:
                 _declare(args.rabbit_url, "bench-qq-ref", {"x-queue-type": "quorum"})
@@ -249,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         if a_ in out and b_ in out:
             print(f"ratio {a_} / {b_}: publish "
                   f"{out[a_]['publish_msgs_per_s'] / out[b_]['publish_msgs_per_s']:.2f}, "
-                  f"consume {out[a_]['consume_msgs_per_s'] / out[b_]['consume_msgs_per_s']:.2f}")
+                  f"consume {out[a_]['consume_msgs_per_s'] / out[b_]['consume_msgs_per_s']:.2f}, "
+                  f"confirm+ack {out[a_]['confirm_ack_msgs_per_s'] / out[b_]['confirm_ack_msgs_per_s']:.2f}")
+    for key in ("fsync_ms_before", "fsync_ms_after"):
+        if key in out:
+            print(f"{key}: 8 KiB append + fsync on the nodes' disk, p50 {out[key]['p50']:.2f} "
+                  f"p90 {out[key]['p90']:.2f} ms")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if "failover_s" in out:
         f = out["failover_s"]
         print(f"failover (kill -9 of the leader -> first confirm on another node), TTL "
