@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 
     from .audit.recorder import AuditTrail
     from .hermes import Hermes
+    from .listeners.amqp_session import Session
+    from .listeners.session_base import ProtocolSession
     from .management.http import HttpServer
     from .management.stats import MessageTotals, Sampler
+    from .queues.queue import Queue
     from .scheduler import Scheduler
     from .security import AccessControl
     from .transactions import Transactions
@@ -195,18 +198,18 @@ class Broker:
         publish is nacked before it is blocked."""
         return bool(self.alarms)
 
-    def session_opened(self, session) -> None:
+    def session_opened(self, session: Session | ProtocolSession) -> None:
         self.sessions.add(session)
         self.churn.connections_opened += 1
 
-    def notify_blocked(self, session) -> None:
+    def notify_blocked(self, session: Session | ProtocolSession) -> None:
         """As RabbitMQ: a connection is told it is blocked once it publishes during an alarm."""
         if self.alarms and not session.blocked_sent:
             session.blocked_sent = True
             if session.conn.send_blocked(self._alarm_reason()):
                 session.wake()
 
-    def session_closed(self, session) -> None:
+    def session_closed(self, session: Session | ProtocolSession) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
             self.message_totals.retire_connection(session)
@@ -279,7 +282,7 @@ class Broker:
         if BLOCKS_ON_FAILURE in store.capabilities:
             self.set_alarm(store.name, False)
 
-    def _queue_deleted(self, queue, consumers) -> None:
+    def _queue_deleted(self, queue: Queue, consumers) -> None:
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .queues.queue import Queue
 
 # the per-queue delivery counters the global queue_type-labelled counters are summed from
 QUEUE_STATS = ("stats_delivered", "stats_deliver_no_ack", "stats_get", "stats_get_no_ack",
@@ -31,7 +35,7 @@ class Churn:
     # the rest of the queues' own counters)
     by_protocol: dict = field(default_factory=dict)
 
-    def delivered(self, protocol: str, queue, no_ack: bool, redelivered: bool) -> None:
+    def delivered(self, protocol: str, queue: Queue, no_ack: bool, redelivered: bool) -> None:
         key = (protocol, queue.queue_type.module)
         c = self.by_protocol.get(key)
         if c is None:
@@ -40,20 +44,20 @@ class Churn:
         if redelivered:
             c[2] += 1
 
-    def acked(self, protocol: str, queue) -> None:
+    def acked(self, protocol: str, queue: Queue) -> None:
         key = (protocol, queue.queue_type.module)
         c = self.by_protocol.get(key)
         if c is None:
             c = self.by_protocol[key] = [0, 0, 0, 0]
         c[3] += 1
 
-    def retire(self, queue) -> None:
+    def retire(self, queue: Queue) -> None:
         """Keep a deleted queue's delivery counters in its type's totals."""
         totals = self.retired.setdefault(queue.queue_type.module, Counter())
         for name, value in zip(QUEUE_STATS, queue_stats(queue), strict=True):
             totals[name] += value
 
-    def dead_letters(self, queue, strategy: str, reason: str, n: int) -> None:
+    def dead_letters(self, queue: Queue, strategy: str, reason: str, n: int) -> None:
         """``n`` messages dead-lettered by ``queue`` (strategy as RabbitMQ's label:
         at_most_once, at_least_once, disabled)."""
         self.dead_lettered[(queue.queue_type.module, strategy, reason)] += n

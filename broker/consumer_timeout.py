@@ -24,6 +24,7 @@ from .queues.args import non_neg_int, register_queue_argument
 
 if TYPE_CHECKING:
     from .listeners.amqp_channel import Channel
+    from .queues.queue import Queue
     from .timers import TimerHandle, TimerQueue
 
 log = logging.getLogger("broker.consumer_timeout")
@@ -41,7 +42,7 @@ def _ms(value) -> int | None:
         else None
 
 
-def delivery_timeout_ms(consumer, queue) -> int | None:
+def delivery_timeout_ms(consumer, queue: Queue) -> int | None:
     """The timeout of a delivery by ``consumer`` (None: basic.get) from ``queue``; None: the
     broker's."""
     if consumer is not None and consumer.arguments:
@@ -51,7 +52,7 @@ def delivery_timeout_ms(consumer, queue) -> int | None:
     return queue_timeout_ms(queue)
 
 
-def queue_timeout_ms(queue) -> int | None:
+def queue_timeout_ms(queue: Queue) -> int | None:
     """The queue's own timeout (argument, policy; the lower of both), None: the broker's."""
     arg = _ms(queue.arguments.get(ARGUMENT)) if queue.arguments else None
     policy = _ms(queue.effective_policy_definition.get(POLICY_KEY))

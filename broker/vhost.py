@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import errors
 from .churn import Churn
@@ -54,6 +54,14 @@ def _text(value):
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
 
+class EntityPolicies(Protocol):
+    """What a vhost tells the policies (``broker/policies``) of its new entities."""
+
+    def exchange_added(self, vhost: VirtualHost, exchange: Exchange) -> None: ...
+
+    def queue_added(self, vhost: VirtualHost, queue: Queue) -> None: ...
+
+
 @dataclass
 class QueueDeclaration:
     """A queue a client declares, as a store's placement (``Store.check_placement``) reads
@@ -78,7 +86,8 @@ class VirtualHost:
         self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []  # (queue, consumers)
         self.on_queue_added: list[Callable[[Queue], None]] = []  # declared or recovered (audit)
         self.churn = Churn()  # the broker's own, once it owns this vhost
-        self.policies = None  # broker/policies, once this vhost has any: new entities ask it
+        # broker/policies, once this vhost has any: new entities ask it
+        self.policies: EntityPolicies | None = None
         # metadata default_queue_type (RabbitMQ 3.11+): the type of a new queue declared
         # without x-queue-type, where the type allows the declare (``with_default_type``)
         self.default_queue_type: str | None = None

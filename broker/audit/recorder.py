@@ -66,7 +66,9 @@ class AuditTrail(CallerReported):
     # the batch clock of the hooks a trail class mixes in (hooks.PyHooks or the C ones)
     clock_start: Callable[[], None]
     clock_stop: Callable[[], None]
-    published: Callable[..., None]  # and its publish hook (publishing.PublishAudit)
+    published: Callable[..., None]  # and its publish hook (publishing.PublishAudit),
+    delivered: Callable[..., int]  # the delivery hook (its position, for the ack)
+    acked: Callable[..., None]
 
     def __init__(self, services: AuditServices, policies: Policies, settings) -> None:
         self.services = services  # the composition root's, never the whole broker

@@ -47,6 +47,7 @@ from .mirror_master import Mirroring
 from .mirror_policy import replica_group, wanted_mirrors
 
 if TYPE_CHECKING:
+    from ..queues.queue import Queue
     from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.mirror")
@@ -63,7 +64,7 @@ class _Promoted:
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}  # id of the message -> its deliveries returned
 
-    def queue_op(self, queue, op: Op, entry) -> None:
+    def queue_op(self, queue: Queue, op: Op, entry) -> None:
         if op is Op.ENQUEUE:
             entry.redelivered = True
             count = self.counts.pop(id(entry.message), 0)

@@ -15,6 +15,7 @@ from .mirror_policy import replica_group
 from .mirror_sync import Sync, catch_up, full_sync
 
 if TYPE_CHECKING:
+    from ..queues.queue import Queue
     from .mirror import Mirrors
 
 log = logging.getLogger("broker.cluster.mirror")
@@ -87,7 +88,7 @@ class _Batch:
 class Mirroring:
     """The master side of one queue: an observer of its operation stream."""
 
-    def __init__(self, owner: Mirrors, queue, epoch: int):
+    def __init__(self, owner: Mirrors, queue: Queue, epoch: int):
         self.owner = owner
         self.queue = queue
         self.epoch = epoch
@@ -208,7 +209,7 @@ class Mirroring:
                 for n in self.members or [me]}
 
     # ---- the operation stream ----
-    def queue_op(self, queue, op: Op, entry) -> None:
+    def queue_op(self, queue: Queue, op: Op, entry) -> None:
         if op is Op.ENQUEUE and self.quorum and not self.deposed:
             self._pending[entry.seq] = 0
             self._holding = entry.seq
@@ -221,7 +222,7 @@ class Mirroring:
             return
         self._queue_op(queue, op, entry)
 
-    def _queue_op(self, queue, op: Op, entry) -> None:
+    def _queue_op(self, queue: Queue, op: Op, entry) -> None:
         if self.deposed and op is Op.ENQUEUE:
             self.owner.store.forward_started()(None)  # in doubt: its connection is closed
         if op is Op.DELIVER:

@@ -4,6 +4,10 @@ replication itself (``mirror_master.py``, ``mirror_copy.py``)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 log = logging.getLogger("broker.cluster.mirror")
 
@@ -76,7 +80,7 @@ def _register_check() -> None:
 _register_check()
 
 
-def replica_group(queue) -> bool:
+def replica_group(queue: Queue) -> bool:
     """A queue the cluster replicates on a member group with majority confirms (its
     type's ``initial_group_size`` argument: quorum queues), not by ha-* policies."""
     return queue.queue_type.name == "quorum"

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
@@ -47,6 +47,10 @@ from .node import ClusterJoinError, ClusterNode
 from .store_defs import LOCAL_KINDS, ClusterDefinitions, _args_out, _q
 from .stream_replicas import StreamReplicas
 from .view import QueueViews
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..queues.queue import Queue
 
 log = logging.getLogger("broker.cluster.defs")
 
@@ -150,7 +154,7 @@ class ClusterStore(ClusterDefinitions, Store):
             await self.coord.aclose()
             raise
 
-    def recover(self, broker) -> None:
+    def recover(self, broker: Broker) -> None:
         self.broker = broker
         self.inner.recover(broker)
         records = []
@@ -459,7 +463,7 @@ class ClusterStore(ClusterDefinitions, Store):
         self.inner.delete_exchange(vhost, exchange)
         self._queue_write(self._exchange_key(vhost, exchange), None)
 
-    def save_queue(self, vhost, queue) -> None:
+    def save_queue(self, vhost, queue: Queue) -> None:
         if isinstance(queue, ProxyQueue):
             return  # its master's node stores it
         self.inner.save_queue(vhost, queue)
@@ -471,7 +475,7 @@ class ClusterStore(ClusterDefinitions, Store):
             self._queue_write(self._queue_key(vhost, queue.name), self._queue_def(vhost, queue))
             self._wake.set()
 
-    def delete_queue(self, vhost, queue) -> None:
+    def delete_queue(self, vhost, queue: Queue) -> None:
         if isinstance(queue, ProxyQueue):
             return  # deleted on its master through the link (ProxyQueue.on_deleted)
         self.inner.delete_queue(vhost, queue)
@@ -512,16 +516,16 @@ class ClusterStore(ClusterDefinitions, Store):
             self._queue_write(self._defs("meta", _q(kind), _q(key)), None)
 
     # ---- messages: the inner store's ----
-    def queue_op(self, queue, op, entry) -> None:
+    def queue_op(self, queue: Queue, op, entry) -> None:
         self.inner.queue_op(queue, op, entry)
 
-    def enqueue(self, queue, entry) -> None:
+    def enqueue(self, queue: Queue, entry) -> None:
         self.inner.enqueue(queue, entry)
 
-    def delivered(self, queue, entry) -> None:
+    def delivered(self, queue: Queue, entry) -> None:
         self.inner.delivered(queue, entry)
 
-    def remove(self, queue, entry) -> None:
+    def remove(self, queue: Queue, entry) -> None:
         self.inner.remove(queue, entry)
 
     def sidecar_path(self, name: str) -> str | None:

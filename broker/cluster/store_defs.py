@@ -20,6 +20,9 @@ from .forward import ProxyQueue
 from .link import Link
 
 if TYPE_CHECKING:
+    from ..exchanges.base import Binding, Exchange
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
     from .mirror import Mirrors
     from .node import ClusterNode
 
@@ -71,7 +74,7 @@ class ClusterDefinitions:
         self._links: dict[tuple[str, str], Link] = {}  # (node, vhost) -> link
         self._masters: dict[tuple[str, str], str] = {}  # queue -> its master node (etcd)
 
-    def _add_proxy(self, vhost, name: str, master: str, auto_delete: bool,
+    def _add_proxy(self, vhost: VirtualHost, name: str, master: str, auto_delete: bool,
                    arguments: dict) -> ProxyQueue:
         """This node's proxy of a queue mastered on ``master`` (the store's: it links)."""
         raise NotImplementedError
@@ -184,10 +187,10 @@ class ClusterDefinitions:
                     key = json.dumps([p["vhost"], p["name"]], ensure_ascii=False)
                     self._queue_write(self._defs("meta", kind, _q(key)), p)
 
-    def _queue_key(self, vhost, name: str) -> str:
+    def _queue_key(self, vhost: VirtualHost, name: str) -> str:
         return self._defs("queue", _q(vhost.name), _q(name))
 
-    def _queue_def(self, vhost, q) -> dict:
+    def _queue_def(self, vhost: VirtualHost, q: Queue) -> dict:
         return {"vhost": vhost.name, "name": q.name, "master": self.node.name,
                 "auto_delete": q.auto_delete, "arguments": _args_out(q.arguments)}
 
@@ -438,10 +441,10 @@ class ClusterDefinitions:
                          _args_in(value.get("arguments", "")))
 
     # ---- definitions (the vhost) ----
-    def _exchange_key(self, vhost, x) -> str:
+    def _exchange_key(self, vhost: VirtualHost, x: Exchange) -> str:
         return self._defs("exchange", _q(vhost.name), _q(x.name))
 
-    def _binding_key(self, vhost, b) -> str:
+    def _binding_key(self, vhost: VirtualHost, b: Binding) -> str:
         ident = json.dumps([b.source, b.destination.kind, b.destination.name, b.routing_key,
                             _args_out(b.arguments)])
         return self._defs("binding", _q(vhost.name), hashlib.sha1(ident.encode()).hexdigest())

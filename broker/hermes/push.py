@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -39,6 +39,9 @@ from ..queues.queue import Consumer
 from ..schemas import compiled
 from .client import Connection, Endpoint, PushError, Watchdog
 from .model import SubscriptionDef
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 log = logging.getLogger("broker.hermes.push")
 
@@ -96,7 +99,7 @@ class PushSubscriber:
     global_prefetch = 0  # read by Consumer.can_take as a channel's
     metrics_protocol = None  # HTTP deliveries are in the subscription's own metrics
 
-    def __init__(self, service: Any, sub: SubscriptionDef, topic_schema: str | None, queue):
+    def __init__(self, service: Any, sub: SubscriptionDef, topic_schema: str | None, queue: Queue):
         self.service = service
         self.sub = sub
         self.queue = queue
@@ -138,7 +141,7 @@ class PushSubscriber:
     def unacked_count(self) -> int:
         return len(self._held)
 
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
+    def deliver(self, consumer: Consumer, queue: Queue, entry) -> None:
         self._held[id(entry)] = entry
         try:
             self._send.send_nowait(entry)  # never full: the prefetch is the channel's capacity

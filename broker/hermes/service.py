@@ -43,6 +43,7 @@ from .model import HermesError, SubscriptionDef, TopicDef
 from .push import PushSubscriber
 
 if TYPE_CHECKING:
+    from ..queues.queue import Queue
     from ..services import HermesServices
 
 log = logging.getLogger("broker.hermes")
@@ -65,7 +66,7 @@ def retention_ms(topic: TopicDef) -> int:
     return min(ms, model.MAX_RETENTION_MS)  # definitions stored before the limit was checked
 
 
-def retain(q, ttl_ms: int) -> None:
+def retain(q: Queue, ttl_ms: int) -> None:
     """Run queue ``q`` with a message TTL of ``ttl_ms`` on top of its arguments and policy
     (which may still lower it, as with any x-message-ttl). Messages already in the queue keep
     the deadline they were enqueued with; new ones get the TTL."""

@@ -25,6 +25,7 @@ from .edge import (
 )
 
 if TYPE_CHECKING:
+    from ..broker import Broker
     from .amqp10_session import Amqp10Service
 
 log = logging.getLogger("broker.amqp10")
@@ -109,7 +110,7 @@ class Amqp10Listener(EdgeListener):
 
     log = log
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         super().__init__(broker)
         self._service: Amqp10Service | None = None
 
@@ -162,7 +163,7 @@ class Amqp10Listener(EdgeListener):
         await self.serve(Amqp10ConnectionHandler(self, stream, sock, tls, prefix, cert_user))
 
 
-def install(broker) -> Amqp10Listener | None:
+def install(broker: Broker) -> Amqp10Listener | None:
     """The AMQP 1.0 listener (``broker.amqp10``): on the AMQP port by protocol header unless
     ``config.amqp10`` is off, and on its own ports when set."""
     config = broker.config

@@ -13,6 +13,7 @@ from ..queues.queue import Consumer
 from .amqp_channel import Unacked
 
 if TYPE_CHECKING:
+    from ..queues.queue import Queue
     from .amqp10_session import Amqp10Session
 
 # The encoded AMQP 1.0 form of messages published over AMQP 1.0, for AMQP 1.0 consumers:
@@ -37,7 +38,7 @@ class OutLink:
     prefetch = 0
     number = 0
 
-    def __init__(self, session: Amqp10Session, link, queue, settled: bool):
+    def __init__(self, session: Amqp10Session, link, queue: Queue, settled: bool):
         self.session = session
         self.link = link
         self.queue = queue
@@ -63,7 +64,7 @@ class OutLink:
     def unacked_count(self) -> int:
         return len(self.unacked)
 
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
+    def deliver(self, consumer: Consumer, queue: Queue, entry) -> None:
         session = self.session
         message = entry.message
         payload = ORIGINAL.get(message)

@@ -30,6 +30,7 @@ from ..amqp10 import management as http
 from ..amqp10.events import MessageReceived
 
 if TYPE_CHECKING:
+    from ..queues.queue import Queue
     from .amqp10_session import Amqp10Session
 
 log = logging.getLogger("broker.amqp10")
@@ -200,7 +201,7 @@ class ManagementNode:
         raise http.RequestError("400", f"unsupported request {method} /{'/'.join(seg)}")
 
     # ---- queues ----
-    def _info(self, q) -> dict:
+    def _info(self, q: Queue) -> dict:
         return {"message_count": ulong(q.message_count), "consumer_count": uint(q.consumer_count),
                 "name": q.name, "vhost": self.session.vhost.name, "durable": q.durable,
                 "auto_delete": q.auto_delete, "exclusive": q.exclusive_owner is not None,

@@ -21,7 +21,7 @@ publishing is ``amqp10_publish``'s (a mixin), the links' types ``amqp10_links``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proton import Disposition, symbol
 
@@ -50,6 +50,9 @@ from .amqp10_tx import Coordinator, TxnError
 from .amqp_channel import Unacked, _selector
 from .session_base import FlowControlledSession
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 log = logging.getLogger("broker.amqp10")
 
 MANAGEMENT = "/management"  # RabbitMQ 4's HTTP-over-AMQP management node
@@ -57,7 +60,7 @@ MAX_LINKS = 1024  # links per connection (each holds a little state)
 class Amqp10Service:
     """The listener's broker-wide settings."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.broker = broker
         self.max_message_size = broker.config.max_message_size
         self.anonymous_user: str | None = broker.config.amqp10_anonymous_user

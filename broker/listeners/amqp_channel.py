@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import os
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..amqp import spec
@@ -23,6 +23,9 @@ from ..schemas import exchange as avro
 from .amqp_confirm_tx import ConfirmTxMethods
 from .amqp_entities import EntityMethods
 from .amqp_unacked import Unacked, UnackedDeliveries
+
+if TYPE_CHECKING:
+    from .amqp_session import Session
 
 
 def _selector(value):
@@ -46,10 +49,12 @@ def _random_tag(prefix: str) -> str:
 class Channel(EntityMethods, ConfirmTxMethods):
     metrics_protocol = None  # its own counters (stats_*) are the amqp091 ones
 
-    def __init__(self, session, number: int):
+    def __init__(self, session: Session, number: int):
         self.session = session
         self.conn = session.conn
-        self.vhost = session.vhost
+        vhost = session.vhost
+        assert vhost is not None, "a channel before connection.open"  # (the sans-IO's order)
+        self.vhost = vhost
         # the user's cached permission checks in this vhost (security.authz; None: no login)
         self.authz = session.authz
         self.number = number
@@ -97,7 +102,7 @@ class Channel(EntityMethods, ConfirmTxMethods):
     def unacked_count(self) -> int:
         return len(self.unacked)
 
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
+    def deliver(self, consumer: Consumer, queue: Queue, entry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message

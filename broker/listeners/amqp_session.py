@@ -6,6 +6,7 @@ sans-IO connection has queued whenever ``wake`` is called.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .. import __version__, errors
 from ..amqp import spec
@@ -28,6 +29,13 @@ from ..security.oauth2 import TokenUser
 from .amqp_channel import Channel
 from .session_base import clocked
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..queues.queue import Queue
+    from ..security.authz import Authz
+    from ..security.model import User
+    from ..vhost import VirtualHost
+
 log = logging.getLogger("broker.connection")
 
 _PUBLISH = spec.Basic.Publish()
@@ -38,7 +46,7 @@ class Session:
     metrics_protocol: str | None = None
     messages_published = 0  # a stream protocol counter: none here
 
-    def __init__(self, broker, peer: str, peer_host: str | None,
+    def __init__(self, broker: Broker, peer: str, peer_host: str | None,
                  peer_cert_user: str | None = None, tls: bool = False):
         self.broker = broker
         self.audit = broker.audit  # the audit trail, or None
@@ -47,11 +55,11 @@ class Session:
         self.tls = tls  # the management API's ``ssl``
         # TLS: the client certificate's CN (the EXTERNAL mechanism's user), if verified
         self.peer_cert_user = peer_cert_user
-        self.user = None  # security.User once logged in
+        self.user: User | None = None  # once logged in
         # an opaque OAuth 2 token the edge introspects before start-ok is decided (None: no
         # login waiting); ``resume_login`` once it is done
         self.login_wait: str | None = None
-        self.authz = None  # its cached permission checks in the vhost (security.authz)
+        self.authz: Authz | None = None  # its cached permission checks in the vhost
         # seconds the edge waits before writing out a failed login's answer
         self.output_delay = 0.0
         self.conn = ServerConnection(
@@ -72,7 +80,7 @@ class Session:
         # and that have not drained since. Non-empty = "in flow": the edge stops reading.
         self.flow_queues: set = set()
         self.flow_resumed = lambda: None  # set by the edge: "read again"
-        self.vhost = None
+        self.vhost: VirtualHost | None = None
         self.channels: dict[int, Channel] = {}
         self._confirming: set = set()
         self.wake = lambda: None  # set by the edge: "there is output to write"
@@ -127,10 +135,12 @@ class Session:
         user without permissions there (RabbitMQ's order)."""
         if name not in self.broker.vhosts:
             return False
+        user = self.user
+        assert user is not None, "connection.open before the login"  # (the sans-IO's order)
         access = self.broker.access
-        access.check_connection_limits(self.user, name, self.broker.sessions)
-        access.check_vhost(self.user, name)
-        self.authz = access.authz(self.user, name)
+        access.check_connection_limits(user, name, self.broker.sessions)
+        access.check_vhost(user, name)
+        self.authz = access.authz(user, name)
         return True
 
     @property
@@ -263,7 +273,7 @@ class Session:
         """``"flow"`` while throttled by credit flow, else ``"running"`` (management API)."""
         return "flow" if self.flow_queues else "running"
 
-    def queue_over_threshold(self, queue) -> None:
+    def queue_over_threshold(self, queue: Queue) -> None:
         """This connection published into ``queue`` (which has consumers) above its flow
         threshold: put it in flow until the queue drains -- unless it consumes or holds
         unacknowledged messages itself, since then its unread acks could be what the queue
@@ -279,7 +289,7 @@ class Session:
         self.flow_queues.add(queue)
         queue.flow_wait(self, self.flow_low, self.flow_low_bytes)
 
-    def flow_released(self, queue) -> None:
+    def flow_released(self, queue: Queue) -> None:
         """``queue`` drained below its low-water mark (or lost its consumers)."""
         flow = self.flow_queues
         if queue in flow:

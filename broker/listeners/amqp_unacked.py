@@ -14,10 +14,13 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..consumer_timeout import Period
 from ..queues.consumer import Consumer
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 _NAN = math.nan
 
@@ -25,7 +28,7 @@ _NAN = math.nan
 class Unacked:
     __slots__ = ("at", "audit_pos", "consumer", "entry", "queue", "tag")
 
-    def __init__(self, tag, entry, queue, consumer, at: Period | None = None):
+    def __init__(self, tag, entry, queue: Queue, consumer, at: Period | None = None):
         self.tag = tag
         self.entry = entry
         self.queue = queue

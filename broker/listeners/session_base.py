@@ -85,6 +85,12 @@ class ProtocolSession:
     local_port: int
     tls: bool
     metrics_protocol: str | None  # RabbitMQ's protocol label of its counters
+    peer: str  # "host:port"
+    blocked_sent: bool  # told it is blocked (an alarm)
+    vhost: VirtualHost | None  # None before the login
+    # the queues holding this publisher: a set made when first needed (an empty set costs
+    # 216 bytes on each of thousands of idle connections)
+    flow_queues: set[Queue] | frozenset[Queue]
     login_wait: tuple[str, Any] | None
     wake: Callable[[], None]
 
@@ -174,12 +180,8 @@ class FlowControlledSession(ProtocolSession):
 
     __slots__ = ("flow_queues", "flow_resumed")
 
-    # the queues holding this publisher: a set made when first needed (an empty set costs
-    # 216 bytes on each of thousands of idle connections)
-    flow_queues: set[Queue] | frozenset[Queue]
     flow_resumed: Callable[[], None]  # set by the edge: "read again"
     consumers: dict[Any, Consumer]
-    vhost: VirtualHost | None  # None before the login
     user: User | None
     authz: Authz | None
     username: str | None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,6 +19,9 @@ from ..stomp.connection import State
 from .edge import EdgeListener, HeartbeatEdge, listen_host, peer_of, tcp_socket
 from .stomp_session import StompService, StompSession
 from .stomp_ws import WebStompListeners
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.stomp")
 
@@ -63,7 +67,7 @@ class StompListener(EdgeListener):
 
     log = log
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         super().__init__(broker)
         self.service = StompService(broker)
         self.websockets = WebStompListeners(self)
@@ -87,7 +91,7 @@ class StompListener(EdgeListener):
         await self.serve(StompConnectionHandler(self, stream, sock, tls, session_class))
 
 
-def install(broker) -> StompListener | None:
+def install(broker: Broker) -> StompListener | None:
     """Start the STOMP listener(s) with the broker when configured (``broker.stomp``)."""
     config = broker.config
     if all(port is None for port in (config.stomp_port, config.stomps_port,

@@ -6,18 +6,21 @@ ended by the broker. Not subscribing (``stomp_session``) nor the headers' mappin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..queues.queue import Consumer
 from ..stomp.codec import Frame
 from .amqp_channel import Unacked
 from .stomp_mapping import StompError, delivery_number, destination_of, message_headers
 
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
+
 
 class Subscription:
     __slots__ = ("ack", "consumer", "destination", "durable_queue", "id", "queue")
 
-    def __init__(self, sub_id: str, destination: str, ack: str, queue, consumer: Consumer,
+    def __init__(self, sub_id: str, destination: str, ack: str, queue: Queue, consumer: Consumer,
                  durable_queue: bool):
         self.id = sub_id
         self.destination = destination
@@ -94,7 +97,7 @@ class StompDeliveries:
     def unacked_count(self) -> int:
         return len(self.unacked)
 
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
+    def deliver(self, consumer: Consumer, queue: Queue, entry) -> None:
         was_empty = not self.conn.pending_output
         sub = self.subscriptions.get(consumer.tag[2:])
         message = entry.message

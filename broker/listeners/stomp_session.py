@@ -48,6 +48,8 @@ from .stomp_mapping import (
 )
 
 if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..queues.queue import Queue
     from ..security.authz import Authz
     from ..vhost import VirtualHost
 
@@ -58,7 +60,7 @@ MAX_KEY = 255
 class StompService:
     """The listener's broker-wide settings."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.broker = broker
         self.max_body = broker.config.max_message_size
         self.stopping = False
@@ -421,7 +423,7 @@ class StompSession(StompDeliveries, FlowControlledSession):
         self._add_subscription(sub_id, destination, ack, q, durable_queue, prefetch or 0,
                                _selector(selector), args)
 
-    def _add_subscription(self, sub_id: str, destination: str, ack: str, q,
+    def _add_subscription(self, sub_id: str, destination: str, ack: str, q: Queue,
                           durable_queue: bool, prefetch: int, selector,
                           args: dict | None = None) -> None:
         consumer = Consumer("T_" + sub_id, self, q, ack == "auto", False, 0, prefetch,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -21,6 +22,9 @@ from ..streamproto.connection import State
 from . import ListenError
 from .edge import EdgeListener, HeartbeatEdge, listen_host, peer_of, tcp_socket
 from .stream_session import StreamService, StreamSession
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.stream")
 
@@ -80,7 +84,7 @@ class StreamListener(EdgeListener):
 
     log = log
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         super().__init__(broker)
         self.service = StreamService(broker)
         self.advertised_host: str | None = broker.config.stream_advertised_host
@@ -110,7 +114,7 @@ class StreamListener(EdgeListener):
         await self.serve(StreamConnectionHandler(self, stream, sock, tls))
 
 
-def install(broker) -> StreamListener | None:
+def install(broker: Broker) -> StreamListener | None:
     """Start the Stream-protocol listener(s) with the broker when configured
     (``broker.stream``)."""
     config = broker.config

@@ -18,6 +18,8 @@ from ..streamproto.connection import ServerConnection
 from .session_base import ProtocolSession
 
 if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..queues.queue import Queue
     from .stream_consuming import StreamConsuming, Subscription
     from .stream_publishing import Publisher
     from .stream_session import StreamSession
@@ -28,7 +30,7 @@ log = logging.getLogger("broker.stream")
 class StreamService:
     """The listener's broker-wide state: sessions and single-active-consumer groups."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.broker = broker
         self.stopping = False
         self.bytes_received = 0  # counted by the edge
@@ -59,7 +61,7 @@ class StreamService:
             want.active = True
             want_session._consumer_update(want, True)
 
-    def queue_deleted(self, queue, _consumers) -> None:
+    def queue_deleted(self, queue: Queue, _consumers) -> None:
         """A vhost's ``on_queue_deleted`` (a stream deleted over AMQP or the HTTP API)."""
         if isinstance(queue, StreamQueue):
             self.stream_deleted(queue.vhost.name, queue.name)

@@ -32,23 +32,25 @@ from .stats import (
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..listeners.amqp_session import Session
+    from ..listeners.session_base import ProtocolSession
 
 # first time the API saw each connection (ms since the epoch), for "connected_at"
 _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _local_port(session, info: dict | None = None) -> int:
+def _local_port(session: Session | ProtocolSession, info: dict | None = None) -> int:
     """The listener port of the connection: its protocol's (``connection_info``), else
     the AMQP port."""
     port = (info if info is not None else session.connection_info()).get("port")
     return port or session.broker.http_server.amqp_port or session.broker.config.port
 
 
-def connection_name(session) -> str:
+def connection_name(session: Session | ProtocolSession) -> str:
     return f"{session.peer} -> 127.0.0.1:{_local_port(session)}"
 
 
-def _peer(session) -> tuple[str, int]:
+def _peer(session: Session | ProtocolSession) -> tuple[str, int]:
     host, _, port = session.peer.rpartition(":")
     try:
         return host, int(port)
@@ -56,7 +58,7 @@ def _peer(session) -> tuple[str, int]:
         return session.peer, 0
 
 
-def _user_of(session) -> str:
+def _user_of(session: Session | ProtocolSession) -> str:
     return session.conn.username or ""
 
 
@@ -64,13 +66,13 @@ def _open_sessions(broker: Broker) -> list:
     return [s for s in list(broker.sessions) if s.vhost is not None and not s.closed]
 
 
-def _visible(broker: Broker, user, session) -> bool:
+def _visible(broker: Broker, user, session: Session | ProtocolSession) -> bool:
     if user.sees_all:
         return True
     return _user_of(session) == user.name  # RabbitMQ: management users see their own
 
 
-def connection_json(session) -> dict:
+def connection_json(session: Session | ProtocolSession) -> dict:
     conn = session.conn
     host, port = _peer(session)
     connected = _first_seen.setdefault(session, int(time.time() * 1000))

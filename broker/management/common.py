@@ -37,7 +37,7 @@ def param(request: Request, name: str) -> str:
         raise ApiError(400, f"path segment '{name}' is not valid UTF-8") from None
 
 
-def vhost_or_404(broker, name: str, creating: bool = False):
+def vhost_or_404(broker: Broker, name: str, creating: bool = False):
     """The vhost; 404 as RabbitMQ words it (``vhost_not_found`` when creating in it)."""
     vhost = broker.vhosts.get(name)
     if vhost is None:

@@ -22,6 +22,7 @@ from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, queue_counts, rate_details
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..queues.queue import Queue
 
 # ---- rendering ---------------------------------------------------------------------------
 
@@ -41,7 +42,7 @@ def exchange_json(vhost, x, sampler=None) -> dict:
     return out
 
 
-def queue_json(broker: Broker, vhost, q) -> dict:
+def queue_json(broker: Broker, vhost, q: Queue) -> dict:
     ready = q.message_count
     unacked = q.unacked_count
     sampler = broker.stats_sampler
@@ -98,7 +99,7 @@ def queue_json(broker: Broker, vhost, q) -> dict:
     }
 
 
-def _idle_since(sampler, q) -> dict:
+def _idle_since(sampler, q: Queue) -> dict:
     """RabbitMQ's ``idle_since`` (present only while idle), in its local-time format."""
     since = sampler.queue_idle_since(q)
     if since is None:
@@ -107,7 +108,7 @@ def _idle_since(sampler, q) -> dict:
     return {"idle_since": stamp.isoformat(timespec="milliseconds")}
 
 
-def _queue_message_stats(q, rates: dict) -> dict:
+def _queue_message_stats(q: Queue, rates: dict) -> dict:
     """RabbitMQ's queue counters: deliver is what remains of deliver_get (every delivery and
     get) once the no-ack deliveries and the gets are taken out."""
     counts = dict(zip(QUEUE_FIELDS, queue_counts(q), strict=False))

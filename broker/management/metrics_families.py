@@ -22,6 +22,7 @@ from .common import NODE
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..queues.queue import Queue
 
 RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
 PROTOCOL = "amqp091"  # AMQP 0-9-1 channels' (and the API's, STOMP's) protocol label
@@ -162,7 +163,7 @@ def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: i
     return out
 
 
-def head_timestamp(q) -> int | None:
+def head_timestamp(q: Queue) -> int | None:
     """The timestamp property of the queue's next message (None: empty, or no timestamp)."""
     entry = q.ready.peek()
     if entry is None:

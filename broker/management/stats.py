@@ -17,6 +17,9 @@ import trio
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..listeners.amqp_session import Session
+    from ..listeners.session_base import ProtocolSession
+    from ..queues.queue import Queue
 
 INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 RING = 120  # overview samples kept: 10 minutes at 5 s
@@ -38,13 +41,13 @@ def channel_counts(ch) -> tuple:
             ch.stats_get_no_ack, ch.stats_get_empty, ch.stats_redeliver, ch.stats_ack)
 
 
-def queue_counts(q) -> tuple:
+def queue_counts(q: Queue) -> tuple:
     """A queue's counters in ``QUEUE_FIELDS`` order, without the two lengths."""
     return (q.stats_published, q.stats_delivered, q.stats_acked, q.stats_deliver_no_ack,
             q.stats_get, q.stats_get_no_ack, q.stats_get_empty, q.stats_redeliver)
 
 
-def connection_counts(session) -> tuple:
+def connection_counts(session: Session | ProtocolSession) -> tuple:
     """``CONNECTION_COUNTS`` of a connection (every protocol's connection counts them)."""
     conn = session.conn
     return (conn.recv_oct, conn.recv_cnt, conn.send_oct, conn.send_cnt)
@@ -102,7 +105,7 @@ class MessageTotals:
             r[name] += value
             self.retired[name] += value
 
-    def retire_connection(self, session) -> None:
+    def retire_connection(self, session: Session | ProtocolSession) -> None:
         """A closed connection's octets stay in its vhost's totals, as RabbitMQ's do."""
         self.retired_stream_published += session.messages_published
         if session.vhost is None:
@@ -272,14 +275,14 @@ class Sampler:
             await trio.sleep(self.interval)
 
     # ---- readers ----
-    def queue_rates(self, q) -> dict:
+    def queue_rates(self, q: Queue) -> dict:
         cur, prev = self.queues.get(q), self.queues_prev.get(q)
         if cur is None or prev is None:
             return dict.fromkeys(QUEUE_FIELDS, 0.0)
         t0, t1 = self.queue_time
         return _rates(Sample(t0, prev), Sample(t1, cur), QUEUE_FIELDS)
 
-    def queue_idle_since(self, q) -> float | None:
+    def queue_idle_since(self, q: Queue) -> float | None:
         """Wall time since which the queue saw no traffic (no publish, delivery, ack or
         length change), or None if it had some in the last interval or is not sampled yet:
         RabbitMQ's ``idle_since``."""
@@ -308,7 +311,7 @@ class Sampler:
     def exchange_rates(self, x) -> dict:
         return self._pair_rates(self.exchanges.get(x), EXCHANGE_FIELDS)
 
-    def connection_rates(self, session) -> dict:
+    def connection_rates(self, session: Session | ProtocolSession) -> dict:
         return self._pair_rates(self.connections.get(session), CONNECTION_FIELDS)
 
     @staticmethod

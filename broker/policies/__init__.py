@@ -11,6 +11,8 @@ See docs/policies.md.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .registry import MissingKey, Policies, Policy, merge_operator, parse_policy
 from .validate import (
     OPERATOR_POLICY_KEYS,
@@ -20,6 +22,9 @@ from .validate import (
     VhostNotFound,
     validate_definition,
 )
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 __all__ = [
     "OPERATOR_POLICY_KEYS",
@@ -37,7 +42,7 @@ __all__ = [
 ]
 
 
-def install(broker) -> Policies:
+def install(broker: Broker) -> Policies:
     policies = Policies(broker)
     broker.policies = policies
     for vhost in broker.vhosts.values():

@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .validate import (
     POLICY_CHECKS,
@@ -32,6 +32,9 @@ from .validate import (
     validate_name,
     validate_priority,
 )
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 log = logging.getLogger("broker.policies")
 
@@ -178,7 +181,7 @@ class Policies:
         return (policy.name if policy is not None else None,
                 operator.name if operator is not None else None, dict(definition))
 
-    def queue_added(self, vhost, queue) -> None:
+    def queue_added(self, vhost, queue: Queue) -> None:
         """Called by the vhost for each new queue (declared or recovered)."""
         self._apply_queue(vhost, queue)
 
@@ -342,7 +345,7 @@ class Policies:
                 return policy
         return None
 
-    def _apply_queue(self, vhost, queue) -> None:
+    def _apply_queue(self, vhost, queue: Queue) -> None:
         policy, operator, definition = self.effective(vhost.name, "queue", queue.name,
                                                       queue.queue_type)
         if (policy, operator, definition) != (queue.policy, queue.operator_policy,

@@ -11,10 +11,15 @@ methods: the result is durable and visible as plain exchanges and bindings.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .composite import CompositeDestinations
 from .virtual_topics import VirtualTopics
+
+if TYPE_CHECKING:
+    from ..exchanges.base import Exchange
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 
 class DestinationResolver(Protocol):
@@ -26,17 +31,17 @@ class DestinationResolver(Protocol):
     raises ``errors.AMQPError`` only for a name of its own that is invalid.
     """
 
-    def exchange(self, vhost: Any, name: str) -> Any:
+    def exchange(self, vhost: VirtualHost, name: str) -> Exchange | None:
         """The exchange ``name`` stands for, created now; None if not this resolver's."""
 
-    def queue(self, vhost: Any, name: str) -> Any:
+    def queue(self, vhost: VirtualHost, name: str) -> Queue | None:
         """The queue ``name`` stands for, created (and bound) now; None if not this resolver's."""
 
-    def route_key(self, vhost: Any, routing_key: str) -> str | None:
+    def route_key(self, vhost: VirtualHost, routing_key: str) -> str | None:
         """For a default-exchange publish whose key matches no queue: the name of the
         exchange (created now) the message is routed through instead, or None."""
 
-    def queue_declared(self, vhost: Any, queue: Any) -> None:
+    def queue_declared(self, vhost: VirtualHost, queue: Queue) -> None:
         """A client declared the new queue ``queue``: bind it if its name asks for it."""
 
 

@@ -11,7 +11,14 @@ deletable.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import errors
+
+if TYPE_CHECKING:
+    from ..exchanges.base import Destination, Exchange
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 QUEUE_SCHEME = "queue://"
 TOPIC_SCHEME = "topic://"
@@ -36,7 +43,7 @@ def members(name: str) -> list[tuple[str, str]] | None:
 
 
 class CompositeDestinations:
-    def exchange(self, vhost, name: str):
+    def exchange(self, vhost: VirtualHost, name: str) -> Exchange | None:
         parts = members(name)
         if parts is None:
             return None
@@ -46,8 +53,9 @@ class CompositeDestinations:
         for kind, member in parts:
             if kind == "queue" and member.startswith("amq.") and vhost.find_queue(member) is None:
                 raise errors.access_refused(f"queue name '{member}' contains reserved prefix 'amq.*'")
-        destinations = []
+        destinations: list[Destination] = []
         for kind, member in parts:
+            dest: Destination | None
             if kind == "exchange":
                 dest = vhost.exchanges.get(member) or vhost.resolve_exchange(member)
                 if dest is None:
@@ -63,10 +71,10 @@ class CompositeDestinations:
             vhost.bind(name, dest, "", {})
         return x
 
-    def queue(self, vhost, name: str):
+    def queue(self, vhost: VirtualHost, name: str) -> Queue | None:
         return None  # a composite is something to publish to, never to consume from
 
-    def route_key(self, vhost, routing_key: str) -> str | None:
+    def route_key(self, vhost: VirtualHost, routing_key: str) -> str | None:
         if "," not in routing_key:
             return None
         try:
@@ -75,5 +83,5 @@ class CompositeDestinations:
             return None  # unroutable, as any key that names no queue
         return x.name if x is not None else None
 
-    def queue_declared(self, vhost, queue) -> None:
+    def queue_declared(self, vhost: VirtualHost, queue: Queue) -> None:
         return None

@@ -10,6 +10,13 @@ as such; an AMQP client may bind more queues to the exchange.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..exchanges.base import Exchange
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
+
 TOPIC_PREFIX = "VirtualTopic."
 CONSUMER_PREFIX = "Consumer."
 
@@ -31,7 +38,7 @@ def is_topic(name: str) -> bool:
 class VirtualTopics:
     exchange_type = "fanout"
 
-    def exchange(self, vhost, name: str):
+    def exchange(self, vhost: VirtualHost, name: str) -> Exchange | None:
         if not is_topic(name):
             return None
         x = vhost.exchanges.get(name)
@@ -39,7 +46,7 @@ class VirtualTopics:
             x = vhost.declare_exchange(name, self.exchange_type, durable=True)
         return x
 
-    def queue(self, vhost, name: str):
+    def queue(self, vhost: VirtualHost, name: str) -> Queue | None:
         topic = topic_of_queue(name)
         if topic is None:
             return None
@@ -47,14 +54,14 @@ class VirtualTopics:
         self._bind(vhost, topic, q)
         return q
 
-    def route_key(self, vhost, routing_key: str) -> str | None:
+    def route_key(self, vhost: VirtualHost, routing_key: str) -> str | None:
         return routing_key if self.exchange(vhost, routing_key) is not None else None
 
-    def queue_declared(self, vhost, queue) -> None:
+    def queue_declared(self, vhost: VirtualHost, queue: Queue) -> None:
         topic = topic_of_queue(queue.name)
         if topic is not None:
             self._bind(vhost, topic, queue)
 
-    def _bind(self, vhost, topic: str, queue) -> None:
+    def _bind(self, vhost: VirtualHost, topic: str, queue: Queue) -> None:
         if self.exchange(vhost, topic) is not None:
             vhost.bind(topic, queue, "", {})

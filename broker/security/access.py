@@ -18,6 +18,7 @@ from .oauth2 import OAuth2, TokenUser
 from .passwords import SHA256, hash_password, scram_credentials
 
 if TYPE_CHECKING:
+    from ..broker import Broker
     pass
 
 log = logging.getLogger("broker.access")
@@ -35,7 +36,7 @@ def _pkey(*parts: str) -> str:
 
 
 class AccessControl(Logins, Limits):
-    def __init__(self, broker, default_user: str = "guest", default_pass: str = "guest",
+    def __init__(self, broker: Broker, default_user: str = "guest", default_pass: str = "guest",
                  loopback_users: tuple[str, ...] | list[str] = ("guest",),
                  failure_delay: float = 1.0):
         self.broker = broker

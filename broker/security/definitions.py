@@ -5,9 +5,14 @@
 exchanges, bindings, policies, other parameters) are left to them."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import model
 from .model import USER_LIMITS, VHOST_LIMITS, DefinitionError
 from .passwords import SHA256, hash_password
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 _USER_KEYS = {"name", "password_hash", "hashing_algorithm", "tags", "limits", "password"}
 _VHOST_KEYS = {"name", "description", "tags", "metadata", "default_queue_type", "limits",
@@ -153,6 +158,7 @@ def read_definitions(path: str) -> dict:
     it refers to must be defined in it, or be the defaults); raises DefinitionError."""
     import json
     from types import SimpleNamespace
+    from typing import cast
 
     from .access import AccessControl
     try:
@@ -162,7 +168,9 @@ def read_definitions(path: str) -> dict:
         raise DefinitionError("file", exc.strerror or str(exc)) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DefinitionError("file", f"not valid JSON: {exc}") from None
-    scratch = AccessControl(SimpleNamespace(vhosts={"/": None}, meta_restorers={},
-                                            recovery_hooks=[]))
+    # a scratch AccessControl that only validates: of a broker it reads the vhosts and
+    # registers restorers and a recovery hook that never run
+    scratch = AccessControl(cast("Broker", SimpleNamespace(vhosts={"/": None}, meta_restorers={},
+                                                           recovery_hooks=[])))
     validate(scratch, defs)
     return defs

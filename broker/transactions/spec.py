@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 CONTROL_EXCHANGE = "amq.triomq.transaction"
 COMMIT = "commit"
@@ -139,7 +143,7 @@ def default_argument(name: str, value) -> str:
     return decision
 
 
-def queue_default(queue) -> str:
+def queue_default(queue: Queue) -> str:
     """A destination queue's default decision: its ``x-transaction-default``, else rollback."""
     return queue.opts.extra.get(X_DEFAULT) or ROLLBACK
 
