@@ -7,7 +7,8 @@ from typing import Any
 from ..mqtt import properties as P
 from ..mqtt.encoding import topic_field
 from ..mqtt.topics import matches, to_mqtt_topic
-from ..queues.queue import Consumer
+from ..queues.entry import QueueEntry
+from ..queues.queue import Consumer, Queue
 from .amqp_channel import Unacked
 from .mqtt_mapping import (
     NO_DICT,
@@ -24,6 +25,10 @@ from .mqtt_qos2 import OUTBOUND
 from .mqtt_state import MQTTSessionState
 
 log = logging.getLogger("broker.mqtt")
+
+# what a QoS 1/2 delivery leaves in the connection's in-flight map until the client's PUBACK
+# (PUBREC): [its queue, the entry, the consumer, the packet id (set once sent)]
+DeliveryToken = list[Any]
 
 
 class MQTTDelivery(MQTTSessionState):
@@ -45,7 +50,7 @@ class MQTTDelivery(MQTTSessionState):
     def unacked_count(self) -> int:
         return len(self.conn.inflight)
 
-    def deliver(self, consumer: Consumer, queue, entry) -> None:
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         # whoever queued output before this since the edge last took it has called (or
         # will call, before going back to the loop) ``wake``: one wake per batch
         was_empty = not self.conn.pending_output
@@ -108,8 +113,8 @@ class MQTTDelivery(MQTTSessionState):
         if was_empty:
             self.wake()
 
-    def _deliver_v5(self, consumer: Consumer, queue, entry, topic: bytes,
-                    was_empty: bool) -> None:
+    def _deliver_v5(self, consumer: Consumer, queue: Queue, entry: QueueEntry,
+                    topic: bytes, was_empty: bool) -> None:
         """A delivery to a v5 session: the message's properties mapped back, then as
         ``deliver`` (through ``_deliver_with_options`` when filters have options)."""
         message = entry.message
@@ -123,8 +128,8 @@ class MQTTDelivery(MQTTSessionState):
             qos = self._subscription_qos(message.routing_key) if one is None else one
         self._send(consumer, queue, entry, topic, qos, False, encode_v5_props(v5props), was_empty)
 
-    def _deliver_with_options(self, consumer: Consumer, queue, entry, topic: bytes,
-                              v5props: dict[int, Any], was_empty: bool) -> None:
+    def _deliver_with_options(self, consumer: Consumer, queue: Queue, entry: QueueEntry,
+                              topic: bytes, v5props: dict[int, Any], was_empty: bool) -> None:
         """A delivery to a v5 session with subscription options: the QoS of the matching
         filters that take it (No Local: not those of a client's own messages), RETAIN as
         published if one of them says so, and their Subscription Identifiers."""
@@ -160,8 +165,8 @@ class MQTTDelivery(MQTTSessionState):
             v5props[P.SUBSCRIPTION_IDENTIFIER] = ids
         self._send(consumer, queue, entry, topic, qos, retain, encode_v5_props(v5props), was_empty)
 
-    def _deliver_shared(self, consumer: Consumer, queue, entry, topic: bytes,
-                        was_empty: bool) -> None:
+    def _deliver_shared(self, consumer: Consumer, queue: Queue, entry: QueueEntry,
+                        topic: bytes, was_empty: bool) -> None:
         """A delivery of a shared subscription's queue: at its granted QoS (lowered to the
         publish's), with its identifier."""
         args = consumer.arguments
@@ -174,8 +179,8 @@ class MQTTDelivery(MQTTSessionState):
             props = encode_v5_props(v5props)
         self._send(consumer, queue, entry, topic, args.get(QOS_ARG, 1), False, props, was_empty)
 
-    def _send(self, consumer: Consumer, queue, entry, topic: bytes, qos: int, retain: bool,
-              props: bytes, was_empty: bool) -> None:
+    def _send(self, consumer: Consumer, queue: Queue, entry: QueueEntry, topic: bytes,
+              qos: int, retain: bool, props: bytes, was_empty: bool) -> None:
         """The slow paths' delivery: ``qos`` lowered to the publish's, then as ``deliver``."""
         message = entry.message
         headers = message.properties.get("headers") or NO_DICT
@@ -208,7 +213,7 @@ class MQTTDelivery(MQTTSessionState):
         if was_empty:
             self.wake()
 
-    def _on_delivery_acked(self, token) -> None:
+    def _on_delivery_acked(self, token: DeliveryToken | None) -> None:
         if token is None:
             return  # a retained message sent at subscribe time: nothing to settle
         queue, entry, consumer, pid = token
@@ -239,7 +244,7 @@ class MQTTDelivery(MQTTSessionState):
                 touched[queue] = None
                 last = queue
 
-    def _on_delivery_received(self, token, packet_id: int) -> None:
+    def _on_delivery_received(self, token: DeliveryToken, packet_id: int) -> None:
         """PUBREC: the message is the client's; the queue entry is settled and the PUBREL
         phase carries on until the PUBCOMP. A persistent session's PUBREL state is stored
         before the ack (which never lands without it) and PUBREL is sent once it is

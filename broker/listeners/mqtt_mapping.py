@@ -5,9 +5,11 @@ import math
 from typing import Any
 
 from ..amqp.fields import encode_properties
+from ..message import Message
 from ..mqtt import properties as P
 from ..mqtt.topics import to_mqtt_topic, to_routing_key
 from ..queues.args import MAX_EXPIRY_MS
+from ..queues.entry import QueueEntry
 
 MAX_KEY = 255  # an AMQP shortstr: routing keys and queue names
 NO_QUEUES: frozenset = frozenset()
@@ -125,7 +127,7 @@ def v5_message_props(qos: int, dup: bool, v5: dict, retain: bool = False,
     return props, encode_properties(props)
 
 
-def v5_delivery_props(message, entry, now: float) -> dict[int, Any]:
+def v5_delivery_props(message: Message, entry: QueueEntry, now: float) -> dict[int, Any]:
     """A v5 PUBLISH's encoded properties from an AMQP message: the mapping back of
     ``v5_message_props`` (any AMQP header that is not the broker's becomes a user
     property), and the Message Expiry Interval left (section 3.3.2.3.3)."""

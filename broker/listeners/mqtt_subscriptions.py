@@ -10,7 +10,7 @@ from ..mqtt import codec
 from ..mqtt import properties as P
 from ..mqtt.encoding import topic_field
 from ..mqtt.topics import matches, to_mqtt_topic, to_routing_key
-from ..queues.queue import Consumer
+from ..queues.queue import Consumer, Queue
 from .mqtt_mapping import (
     MAX_KEY,
     NEVER_EXPIRES,
@@ -37,7 +37,7 @@ class MQTTSubscriptions(MQTTSessionState):
 
     __slots__ = ()
 
-    def _restore_filters(self, q) -> None:
+    def _restore_filters(self, q: Queue) -> None:
         """The subscriptions of a stored session, from its queue's bindings."""
         exchanges = self.vhost.exchanges
         for source, bkey in list(q.bindings):
@@ -58,7 +58,7 @@ class MQTTSubscriptions(MQTTSessionState):
                 self._set_options(topic_filter, bits, sub_id)
         self._filters_changed()
 
-    def _adopt_legacy_queue(self, q0, q1):
+    def _adopt_legacy_queue(self, q0: Queue, q1: Queue | None) -> Queue | None:
         """A session stored by a version with a separate QoS 0 queue: its subscriptions
         become QoS 0 bindings of the subscription queue, and the queue goes (with what
         it held: transient QoS 0 messages, which at most once allows to lose)."""
@@ -282,7 +282,7 @@ class MQTTSubscriptions(MQTTSessionState):
         return self.vhost.declare_queue(name, None, durable=not self.clean,
                                         auto_delete=self.clean, arguments=args)
 
-    def _consume(self, q) -> None:
+    def _consume(self, q: Queue) -> None:
         tag = f"mqtt-{self.client_id}-qos1"
         # a v5 client's Receive Maximum bounds the QoS 1/2 deliveries in flight (3.3.4)
         prefetch = min(self.service.prefetch, self.receive_max)
