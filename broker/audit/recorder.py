@@ -28,6 +28,7 @@ import trio
 
 from ..message import set_message_id_floor
 from ..queues.ops import CallerReported, Op
+from ..queues.stream import StreamQueue
 from . import events
 from .events import CAN, DACK, ENQ, FIRE, LEFT, REJ, RETRY, SCH, STRA, STRD, STREAM, STRT, TRAIL, WIDTH
 from .hooks import CHooks, PyHooks, chosen
@@ -123,6 +124,8 @@ class AuditTrail(CallerReported):
     def queue_audited(self, q) -> bool:
         if q.internal or (self.sink is not None and self.sink.is_sink(q)):
             return False
+        if q.queue_type.name == STREAM and not isinstance(q, StreamQueue):
+            return False  # another node's stream: its own trail has its records' offsets
         chosen = self._policy_audit(q)
         return self.settings.scope == "all" if chosen is None else chosen
 

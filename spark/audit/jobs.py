@@ -302,6 +302,21 @@ def reconcile_streams(ev: DataFrame, width: int) -> tuple[dict, dict]:
     return {"streams": by_stream, "stream_consumers": consumers}, summary
 
 
+def _stream_reads_of(ev: DataFrame, history: DataFrame) -> DataFrame:
+    """The events of streams' offset ranges (deliveries, acks, truncations: no msg of their
+    own) that hold a record of ``history``'s messages, each named by that message."""
+    loc = (history.filter(F.col("event") == "appended")
+           .select(F.col("vhost").alias("l_vhost"), F.col("queue").alias("l_queue"),
+                   F.col("stream_offset").alias("l_offset"), F.col("msg").alias("l_msg")))
+    start = F.col("stream_offset")
+    return (ev.filter(start.isNotNull() & F.col("msg").isNull())
+            .join(F.broadcast(loc), (F.col("vhost") == F.col("l_vhost"))
+                  & (F.col("queue") == F.col("l_queue")) & (F.col("l_offset") >= start)
+                  & (F.col("l_offset") < start + F.coalesce("stream_count", F.lit(1))))
+            .withColumn("msg", F.col("l_msg"))
+            .drop("l_vhost", "l_queue", "l_offset", "l_msg"))
+
+
 def _producer(ev: DataFrame, key: str):
     if key == "app_id":
         return F.col("app_id")
@@ -454,10 +469,11 @@ def track(ev: DataFrame, message_id: str | None = None, ref_key: str | None = No
     cols = ["seq", "node", "event", "vhost", "queue", "exchange", "routing_key", "msg",
             "message_id", "ref_key", "consumer_tag", "delivery_tag", "redelivered",
             "delivery_count", "requeue", "reason", "target", "outcome", "queues", "connection",
-            "user", "ts_us"]
+            "user", "ts_us", "stream_offset", "stream_count"]
     if cond is not None:
         keys = ev.filter(cond).select("node", "msg").distinct()
         history = ev.join(keys, ["node", "msg"], "inner")
+        history = history.unionByName(_stream_reads_of(ev, history))
     elif consumer is not None:
         history = ev.filter(F.col("consumer_tag") == consumer).drop("message_id", "ref_key").join(
             _message_ids(ev).drop("routing_key"), ["node", "msg"], "left")

@@ -132,6 +132,10 @@ def write_html(result: dict, path: str) -> None:
         f"<h3 class='{'bad' if rec.get('unaccounted') else 'ok'}'>Unaccounted messages: "
         f"{rec.get('unaccounted', 0)}</h3>",
         _table(rec.get("unaccounted_messages", [])),
+        "<h3>Stream copies</h3>",
+        _table([{k: v for k, v in rec["streams"].items() if k != "consumers"}]
+               if rec.get("streams") else []),
+        "<h3>Stream consumers</h3>", _table((rec.get("streams") or {}).get("consumers", [])),
         "<h3>The trail itself</h3>", _table((rec.get("trail") or {}).get("nodes", [])),
         "<h2>Producer sequences</h2>", _table(seq.get("producers", [])),
         f"<h3 class='{'bad' if seq.get('gaps') else 'ok'}'>Gaps ({seq.get('missing', 0)} "

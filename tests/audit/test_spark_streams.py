@@ -67,6 +67,8 @@ def test_reconcile_counts_stream_deliveries_per_consumer(tmp_path):
                                   window=60 * 24 * 366 * 5, grace=0.0, producer_key="auto", message_id=None,
                                   ref_key=None, msg=None, consumer=None)
         result, status = run_job(spark, "reconcile", args, str(tmp_path / "out"))
+        args.message_id = "m-4"
+        tracked, _ = run_job(spark, "track", args, str(tmp_path / "track"))
     finally:
         spark.stop()
     rec = result["reconcile"]
@@ -82,3 +84,12 @@ def test_reconcile_counts_stream_deliveries_per_consumer(tmp_path):
     per = sorted((c["queue"], c["delivered"], c["first_offset"], c["last_offset"])
                  for c in streams["consumers"])
     assert per == [("sb", 3, 0, 2)] + [("st", 7, 0, 6)] * 3
+    # one message's history: its publish, its offset, each consumer's delivery of it (a
+    # range holding offset 4), the AMQP 0-9-1 consumer's ack
+    history = tracked["track"]["history"]
+    assert sorted(h["event"] for h in history) == [
+        "acked", "appended", "delivered", "delivered", "delivered", "published"]
+    assert len({h["msg"] for h in history}) == 1
+    assert all(h["stream_offset"] <= 4 < h["stream_offset"] + (h["stream_count"] or 1)
+               for h in history if h["event"] in ("appended", "delivered", "acked"))
+    assert "pika-reader" in {h["consumer_tag"] for h in history if h["event"] == "delivered"}
