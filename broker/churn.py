@@ -27,13 +27,13 @@ class Churn:
     queues_created: int = 0
     queues_deleted: int = 0
     # (queue type module, dead-letter strategy, reason) -> messages dead-lettered
-    dead_lettered: Counter = field(default_factory=Counter)
+    dead_lettered: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     # queue type module -> the delivery counters of its deleted queues (QUEUE_STATS)
-    retired: dict = field(default_factory=dict)
+    retired: dict[str, Counter[str]] = field(default_factory=dict)
     # (protocol, queue type module) -> [delivered with manual ack, with auto ack,
     # redelivered, acknowledged] of consumers that are not AMQP 0-9-1 channels (theirs are
     # the rest of the queues' own counters)
-    by_protocol: dict = field(default_factory=dict)
+    by_protocol: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
     def delivered(self, protocol: str, queue: Queue, no_ack: bool, redelivered: bool) -> None:
         key = (protocol, queue.queue_type.module)

@@ -24,7 +24,7 @@ from .queues.args import non_neg_int, register_queue_argument
 
 if TYPE_CHECKING:
     from .listeners.amqp_channel import Channel
-    from .queues.queue import Queue
+    from .queues.queue import Consumer, Queue
     from .timers import TimerHandle, TimerQueue
 
 log = logging.getLogger("broker.consumer_timeout")
@@ -37,12 +37,12 @@ POLICY_KEY = "consumer-timeout"
 register_queue_argument(ARGUMENT, non_neg_int, equivalence=False)
 
 
-def _ms(value) -> int | None:
+def _ms(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None
 
 
-def delivery_timeout_ms(consumer, queue: Queue) -> int | None:
+def delivery_timeout_ms(consumer: Consumer | None, queue: Queue) -> int | None:
     """The timeout of a delivery by ``consumer`` (None: basic.get) from ``queue``; None: the
     broker's."""
     if consumer is not None and consumer.arguments:

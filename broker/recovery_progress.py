@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger("broker.recovery")
 
@@ -57,7 +58,7 @@ class Phase:
     def elapsed(self) -> float:
         return (self.finished if self.finished is not None else time.monotonic()) - self.started
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "done": self.done, "total": self.total,
                 "running": self.running, "started": self.started_wall,
                 "elapsed": round(self.elapsed(), 3)}
@@ -120,7 +121,7 @@ class RecoveryProgress:
         if phase.elapsed() >= LOG_INTERVAL:
             log.info("recovered %s in %.1f s", phase.describe(), phase.elapsed())
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The ``recovery`` key of ``/api/overview``."""
         return {"active": self.active or not self.ready,
                 "ready": self.ready,

@@ -88,6 +88,7 @@ class ProtocolSession:
     peer: str  # "host:port"
     blocked_sent: bool  # told it is blocked (an alarm)
     vhost: VirtualHost | None  # None before the login
+    user: User | None
     # the queues holding this publisher: a set made when first needed (an empty set costs
     # 216 bytes on each of thousands of idle connections)
     flow_queues: set[Queue] | frozenset[Queue]
@@ -182,7 +183,6 @@ class FlowControlledSession(ProtocolSession):
 
     flow_resumed: Callable[[], None]  # set by the edge: "read again"
     consumers: dict[Any, Consumer]
-    user: User | None
     authz: Authz | None
     username: str | None
 

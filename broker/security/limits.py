@@ -4,17 +4,26 @@ part of ``AccessControl``; setting and clearing limits is in access (they are st
 the user or vhost)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 from .. import errors
 from .model import User
+
+if TYPE_CHECKING:
+    from ..listeners.amqp_session import Session
+    from ..listeners.session_base import ProtocolSession
+    from ..vhost import VirtualHost
 
 
 class Limits:
     """The limit checks of ``AccessControl`` (which sets these attributes)."""
 
     users: dict[str, User]
-    vhost_info: dict[str, dict]
+    vhost_info: dict[str, dict[str, Any]]
 
-    def check_connection_limits(self, user: User, vhost_name: str, sessions) -> None:
+    def check_connection_limits(self, user: User, vhost_name: str,
+                                sessions: Iterable[Session | ProtocolSession]) -> None:
         """530 NOT_ALLOWED if opening one more connection of ``user`` on ``vhost_name``
         passes the vhost's or the user's max-connections (``sessions``: the open ones)."""
         vlimit = self.vhost_info.get(vhost_name, {}).get("limits", {}).get("max-connections", -1)
@@ -34,7 +43,8 @@ class Limits:
                     "connection refused for user '%s': user connection limit (%d) is reached",
                     user.name, ulimit)
 
-    def check_channel_limit(self, user: User, sessions) -> None:
+    def check_channel_limit(self, user: User,
+                            sessions: Iterable[Session | ProtocolSession]) -> None:
         """530 NOT_ALLOWED if the user's channels (the one just opened included) pass
         their max-channels."""
         user = self.users.get(user.name, user)
@@ -47,7 +57,7 @@ class Limits:
             raise errors.not_allowed("number of channels opened for user '%s' has reached the "
                                      "maximum allowed user limit of (%d)", user.name, limit)
 
-    def check_queue_limit(self, vhost, name: str) -> None:
+    def check_queue_limit(self, vhost: VirtualHost, name: str) -> None:
         """406 PRECONDITION_FAILED if declaring the new queue ``name`` passes the vhost's
         max-queues."""
         limit = self.vhost_info.get(vhost.name, {}).get("limits", {}).get("max-queues", -1)
