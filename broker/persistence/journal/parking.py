@@ -1,6 +1,7 @@
 """The journal store's ``park`` / ``unpark``: a delivered-unsettled stored entry handed over
-as a row of ``parked.Parked`` and rebuilt from it and its record's header (id, exchange,
-routing key) when it is settled. Does not decide when to park (the channel does)."""
+as a row of ``parked.Parked`` and rebuilt from it when it is settled (its message's id,
+exchange and routing key read from the record's header on first use). Does not decide when
+to park (the channel does)."""
 from __future__ import annotations
 
 import time
@@ -47,18 +48,16 @@ class Parking(JournalStoreState):
 
     def unpark(self, queue: Any, slot: int) -> QueueEntry:
         seq, loc, blen, qid, count, redelivered, prio, exp_wall = self._parked.take(slot)
-        try:
-            msg_id, exchange, routing_key = self._names_at(loc)
-        except (OSError, ValueError):
-            # its queue was deleted and its segment with it: only the ack's accounting is left
-            if qid in self._queues:
-                raise
-            msg_id, exchange, routing_key = 0, "", ""
+        msg = self._stored.make(blen, loc)  # id, exchange and routing key: on first use
+        if qid not in self._queues:  # its queue is gone: read them now, while they are there
+            try:
+                msg.set_names(*self._names_at(loc))
+            except (OSError, ValueError):
+                msg.set_names(0, "", "")
         expires_at = None
         if exp_wall is not None:
             expires_at = exp_wall - (time.time() - queue.vhost.timers.now())
-        entry = QueueEntry(self._stored.make(msg_id, exchange, routing_key, blen, loc), seq,
-                           expires_at, prio)
+        entry = QueueEntry(msg, seq, expires_at, prio)
         entry.loc = loc
         entry.delivery_count = count
         entry.redelivered = redelivered

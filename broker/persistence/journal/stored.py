@@ -41,8 +41,12 @@ def _shared_length(n: int) -> int:
     return n
 
 
-# Message's slot descriptors, which StoredMessage's properties shadow
+# Message's slot descriptors, which StoredMessage's properties shadow: the record's payload,
+# read back whole, and its names (id, exchange, routing key), read from its header alone
 _SLOTS: dict[str, Any] = {name: Message.__dict__[name] for name in ("body", "properties", "props_raw")}
+_NAMES: dict[str, Any] = {name: Message.__dict__[name] for name in ("id", "exchange", "routing_key")}
+_ANY = {**_SLOTS, **_NAMES}
+_ID, _EXCHANGE, _KEY = _NAMES["id"], _NAMES["exchange"], _NAMES["routing_key"]
 
 
 class StoredMessage(Message):
@@ -51,7 +55,9 @@ class StoredMessage(Message):
     Body, properties and raw properties are read back from the journal on first use (a
     requeue, a dead letter) and kept from then on; id, exchange, routing key and
     persistence stay in memory, so an ack reads nothing. A consumer holding many
-    deliveries then costs about what a paged queue entry does, not its payload.
+    deliveries then costs about what a paged queue entry does, not its payload. The
+    message of a parked delivery taken back (``make``) has not even those: id, exchange
+    and routing key are read from the record's header on first use (an ack needs none).
 
     Each store makes its own subclass (``for_store``) holding the store as a class
     attribute: a slot less per delivery puts the object in a smaller allocator class
@@ -70,22 +76,18 @@ class StoredMessage(Message):
     @classmethod
     def of(cls, message: Message, loc: int) -> StoredMessage:
         m = object.__new__(cls)
-        m.id = message.id
-        m.exchange = message.exchange
-        m.routing_key = message.routing_key
+        _ID.__set__(m, message.id)
+        _EXCHANGE.__set__(m, message.exchange)
+        _KEY.__set__(m, message.routing_key)
         m.persistent = message.persistent
         m._blen = _shared_length(len(message.body))
         m._loc = loc
         return m
 
     @classmethod
-    def make(cls, msg_id: int, exchange: str, routing_key: str, blen: int,
-             loc: int) -> StoredMessage:
+    def make(cls, blen: int, loc: int) -> StoredMessage:
         """The message of a parked delivery taken back (a persistent one, by definition)."""
         m = object.__new__(cls)
-        m.id = msg_id
-        m.exchange = exchange
-        m.routing_key = routing_key
         m.persistent = True
         m._blen = _shared_length(blen)
         m._loc = loc
@@ -95,11 +97,19 @@ class StoredMessage(Message):
     def size(self) -> int:
         return self._blen
 
+    def set_names(self, msg_id: int, exchange: str, routing_key: str) -> None:
+        _ID.__set__(self, msg_id)
+        _EXCHANGE.__set__(self, exchange)
+        _KEY.__set__(self, routing_key)
+
     def _slot(self, name: str):
-        slot = _SLOTS[name]
+        slot = _ANY[name]
         try:
             return slot.__get__(self)
         except AttributeError:  # not read back yet
+            if name in _NAMES:
+                self.set_names(*self._store._names_at(self._loc))
+                return slot.__get__(self)
             real = self._store.read_message(self._loc)
             _SLOTS["body"].__set__(self, real.body)
             _SLOTS["properties"].__set__(self, real.properties)
@@ -113,7 +123,7 @@ def _lazy(name: str) -> property:
     return property(get)
 
 
-for _name in _SLOTS:  # (set here: a property over a slot of the base class)
+for _name in _ANY:  # (set here: a property over a slot of the base class)
     setattr(StoredMessage, _name, _lazy(_name))
 
 
