@@ -25,47 +25,42 @@ if TYPE_CHECKING:
     from .vhost import VirtualHost
 
 
-class SchedulerServices(Protocol):
+class RoutingServices(Protocol):
+    """What every feature here uses: the vhosts registry and the one publish path."""
+
+    @property
+    def vhosts(self) -> dict[str, VirtualHost]: ...
+    @property
+    def publishing(self) -> Publishing: ...
+
+
+class TransactionServices(RoutingServices, Protocol):
+    """What the half messages (``transactions.core.Transactions``) use."""
+
+    @property
+    def timers(self) -> TimerQueue: ...
+
+
+class SchedulerServices(TransactionServices, Protocol):
     """What the scheduler (``scheduler.core.Scheduler``) uses."""
 
     @property
     def config(self) -> Config: ...
     @property
-    def timers(self) -> TimerQueue: ...
-    @property
-    def vhosts(self) -> dict[str, VirtualHost]: ...
-    @property
     def store(self) -> Store: ...
-    @property
-    def publishing(self) -> Publishing: ...
     @property
     def recovery(self) -> RecoveryProgress: ...
     @property
     def audit(self) -> AuditTrail | None: ...
 
 
-class TransactionServices(Protocol):
-    """What the half messages (``transactions.core.Transactions``) use."""
-
-    @property
-    def timers(self) -> TimerQueue: ...
-    @property
-    def vhosts(self) -> dict[str, VirtualHost]: ...
-    @property
-    def publishing(self) -> Publishing: ...
-
-
-class HermesServices(Protocol):
+class HermesServices(RoutingServices, Protocol):
     """What Hermes (``hermes.service.Hermes``, its HTTP routes and front end) uses."""
 
     @property
     def config(self) -> Config: ...
     @property
-    def vhosts(self) -> dict[str, VirtualHost]: ...
-    @property
     def store(self) -> Store: ...
-    @property
-    def publishing(self) -> Publishing: ...
     @property
     def access(self) -> AccessControl: ...
     @property
@@ -74,14 +69,10 @@ class HermesServices(Protocol):
     def audit(self) -> AuditTrail | None: ...
 
 
-class AuditServices(Protocol):
+class AuditServices(RoutingServices, Protocol):
     """What the audit trail (``audit.recorder.AuditTrail``, its stream sink) uses besides
     the policies (its own constructor argument)."""
 
-    @property
-    def vhosts(self) -> dict[str, VirtualHost]: ...
-    @property
-    def publishing(self) -> Publishing: ...
     @property
     def set_alarm(self) -> Callable[[str, bool], None]: ...
 
