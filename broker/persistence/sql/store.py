@@ -161,9 +161,10 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
             if d and not os.path.isdir(d):
                 raise StoreUnavailable(f"cannot open store {self.safe_url}: directory {d} does not exist")
         self._make_engines()
-        S.metadata.create_all(self.engine)
         with self.engine.begin() as c:
-            S.migrate(c)
+            if not S.up_to_date(c):
+                S.metadata.create_all(c)
+                S.migrate(c)
             if T.kept(self.dialect) and not T.installed(c, self.dialect):
                 T.install(c, self.dialect)
         self._lock = _Lock(self)
