@@ -1,8 +1,10 @@
 """Where the memory of never-acked persistent deliveries goes: a broker (journal store) in
 this process under tracemalloc, ``--n`` persistent messages delivered to a consumer that
 never acks; after the journal paged them out (4 s), the growth per delivery by source line.
+``--paged``: the same messages left in the queue, no consumer, paged out past a 1 MiB
+queue memory budget: what a paged queue's message costs (the target for an unacked one).
 
-    .venv/bin/python -m bench.unacked_memory [--n 50000] [--size 1024] [--top 15]
+    .venv/bin/python -m bench.unacked_memory [--n 50000] [--size 1024] [--top 15] [--paged]
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import tracemalloc
 import trio
 
 from broker.broker import Broker
-from broker.config import Config
+from broker.config import Config, JournalSettings
 from broker.listeners.amqp import Server
 from broker.persistence import open_store
 
@@ -28,11 +30,14 @@ def main(argv=None) -> None:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--trace", action="store_true", help="tracemalloc: growth by source line")
+    p.add_argument("--paged", action="store_true",
+                   help="no consumer: the messages stay in a paged queue (1 MiB budget)")
     args = p.parse_args(argv)
     data = tempfile.mkdtemp(prefix="triomq-unacked-")
     config = Config(host="127.0.0.1", port=0, data_dir=data, memory_limit_bytes=1 << 50,
                     disk_free_limit=0, heartbeat=0)
-    broker = Broker(config, open_store("journal", data))
+    settings = JournalSettings(queue_memory_budget=1 << 20) if args.paged else None
+    broker = Broker(config, open_store("journal", data, journal=settings))
     server = Server(broker)
     port: list[int] = []
     up = threading.Event()
@@ -66,14 +71,19 @@ def main(argv=None) -> None:
         tracemalloc.start(1)
     before = tracemalloc.take_snapshot() if args.trace else None
     done = threading.Event()
-    threading.Thread(target=_consume_never_ack, args=(url, "u", args.n, done), daemon=True).start()
+    if args.paged:
+        done.set()
+    else:
+        threading.Thread(target=_consume_never_ack, args=(url, "u", args.n, done),
+                         daemon=True).start()
     _blast(url, "u", args.n, args.size)
     done.wait(600)
     time.sleep(4.0)
     grown = rss() - base
     libc.malloc_trim(0)
     trimmed = rss() - base
-    print(f"RSS +{grown / args.n:.0f} B per delivery ({grown / args.n / args.size:.2f}x the "
+    what = "message in a paged queue" if args.paged else "delivery"
+    print(f"RSS +{grown / args.n:.0f} B per {what} ({grown / args.n / args.size:.2f}x the "
           f"payload); {trimmed / args.n:.0f} B after malloc_trim(0)")
     if not args.trace:
         stop.set()
@@ -83,8 +93,9 @@ def main(argv=None) -> None:
     keep = [tracemalloc.Filter(True, "*/broker/*")]
     stats = after.filter_traces(keep).compare_to(before.filter_traces(keep), "lineno")
     total = sum(s.size_diff for s in stats)
-    print(f"{args.n} never-acked deliveries of {args.size} B: broker code allocated "
-          f"{total / args.n:.0f} B per delivery (tracemalloc, live after 4 s)")
+    print(f"{args.n} {'paged messages' if args.paged else 'never-acked deliveries'} of "
+          f"{args.size} B: broker code allocated {total / args.n:.0f} B per {what} "
+          f"(tracemalloc, live after 4 s)")
     for s in stats[:args.top]:
         fr = s.traceback[0]
         print(f"  {s.size_diff / args.n:7.1f} B  {s.count_diff / args.n:5.2f} blocks  "
