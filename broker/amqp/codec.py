@@ -104,6 +104,31 @@ class FrameReader:
     def body_received(self, nbytes: int) -> None:
         self._part_left -= nbytes
 
+    @property
+    def part_left(self) -> int:
+        """Payload octets still to come of the body frame being streamed (0: its end octet
+        only; -1: at a frame boundary)."""
+        return self._part_left
+
+    @property
+    def part_channel(self) -> int:
+        return self._part_channel
+
+    def set_part(self, channel: int, left: int) -> None:
+        """A body frame of ``channel`` was read up to its last ``left`` payload octets (then
+        its end octet) elsewhere: the buffer continues inside it (a scattering read)."""
+        self._part_channel = channel
+        self._part_left = left
+
+    @property
+    def free_at(self) -> int:
+        """Where the octets of the next ``buffer_updated`` go in the buffer."""
+        return self._end
+
+    def peek_at(self, offset: int, n: int) -> bytes:
+        """A copy of ``n`` octets of the buffer from ``offset`` (received but not reported)."""
+        return bytes(self._mv[offset:offset + n])
+
     def get_buffer(self, size: int) -> memoryview:
         """Writable space for up to ``size`` octets (at least one, and at least half of
         ``size`` unless that means growing a buffer that has room)."""

@@ -46,6 +46,7 @@ from .events import (
 from .fields import FieldError, FieldTable, Properties, ReadableBuffer, decode_properties
 from .handshake import Handshake
 from .output import FrameOutput
+from .scatter import CH_OPEN, BodyScatter, _Plan
 from .spec import MethodDecodeError, UnknownMethod
 
 SERVER_CAPABILITIES: Final[dict[str, bool]] = {
@@ -74,7 +75,7 @@ _SPARE_MAX = 8 * 1024 * 1024
 
 # ---- per channel --------------------------------------------------------------
 
-_CH_OPEN = 1
+_CH_OPEN = CH_OPEN
 # While closing, only close / close-ok are looked at (everything else is discarded unparsed).
 _CONNECTION_CLOSE_IDS = (b"\x00\x0a\x00\x32", b"\x00\x0a\x00\x33")
 _CHANNEL_CLOSE_IDS = (b"\x00\x14\x00\x28", b"\x00\x14\x00\x29")
@@ -100,7 +101,7 @@ class _ChannelState:
         self.received = 0
 
 
-class ServerConnection(FrameOutput, Handshake):
+class ServerConnection(FrameOutput, Handshake, BodyScatter):
     def __init__(self, authenticate: Authenticator, vhost_exists: Callable[[str], bool],
                  server_properties: FieldTable | None = None, frame_max: int = DEFAULT_FRAME_MAX,
                  channel_max: int = DEFAULT_CHANNEL_MAX, heartbeat: int = DEFAULT_HEARTBEAT,
@@ -144,6 +145,8 @@ class ServerConnection(FrameOutput, Handshake):
         self.input_budget = 0
         # the content whose body part the last ``get_buffer`` handed out (else None)
         self._direct: _ChannelState | None = None
+        self._plan: _Plan | None = None  # the frames the last get_buffers expected (scatter.py)
+        self._receiving = 0
         self._last_read = 0
         # the body buffer of the last large content, reused by the next one (a buffer in use
         # stays warm in the cache and is not allocated again); dropped when input goes idle
@@ -240,6 +243,12 @@ class ServerConnection(FrameOutput, Handshake):
         handles them."""
         self.recv_oct += nbytes
         self.recv_cnt += 1
+        plan = self._plan
+        if plan is not None:
+            self._plan = None
+            self._last_read = nbytes
+            self._scatter_updated(plan, nbytes)
+            return
         ch = self._direct
         if ch is not None:
             self._direct = None
@@ -506,6 +515,7 @@ class ServerConnection(FrameOutput, Handshake):
                 self._complete(ch, channel, b"", events)
             elif body_size > self.frame_max - 8:
                 # more than one frame: the broker may refuse it before reading the body
+                self._receiving = channel
                 events.append(ContentStarted(channel, ch.pending[0], body_size))  # type: ignore[index]
             return
         if ftype != FRAME_BODY and ftype != FRAME_BODY_PART:

@@ -359,7 +359,9 @@ class ClusterStore(ClusterDefinitions, Store):
 
     def _add_proxy(self, vhost, name: str, master: str, auto_delete: bool,
                    arguments: dict) -> ProxyQueue:
-        proxy = ProxyQueue(vhost, name, True, auto_delete, arguments, master, self.link_for, self)
+        from .stream_reads import proxy_class  # a stream's proxy reads this node's copy
+        proxy = proxy_class(arguments)(vhost, name, True, auto_delete, arguments, master,
+                                       self.link_for, self)
         vhost.add_queue(proxy, persist=False)
         return proxy
 

@@ -31,8 +31,8 @@ confirmed once a majority of the stream's replica group has the chunk committed.
   back finds its stream mastered elsewhere: its store's stale copy is dropped (with its
   log: it may hold chunks never confirmed) and it copies the stream again from the start.
 * **Reads.** Stream-protocol consumers on a follower's node read its replica (Subscribe,
-  Metadata and StreamStats find it: ``StreamSession._readable``); AMQP consumers read
-  through the leader (forwarding).
+  Metadata and StreamStats find it: ``StreamSession._readable``); so do AMQP 0-9-1
+  consumers (``stream_reads.StreamProxyQueue``; through the leader where there is no copy).
 * **Metadata** names the leader's listener and the other members' (``placement``), as
   RabbitMQ answers, so a Stream-protocol publisher connected to any node goes on to the
   leader (rstream does).
@@ -209,22 +209,24 @@ class StreamReplicas:
                 # no leader, and this node restarted: its copy is opened for the election
                 # (the recorded leader's, whose pulls fail until a leader is there)
                 wanted[key] = group["leader"]
-        replaced: dict[tuple[str, str], trio.Event] = {}
+        replaced: dict[tuple[str, str], _Follower] = {}
         for key in list(self._followers):
             follower = self._following[key]
             if wanted.get(key) != follower.leader:
                 self._followers.pop(key).cancel()
                 del self._following[key]
-                replaced[key] = follower.finished
+                replaced[key] = follower
                 # the stream was deleted, or this node removed from its group
                 # (delete_replica): so is this copy
                 if node.name not in groups.get(key, {}).get("members", ()):
                     follower.drop = True
+                else:  # another leader: the next follower copies on into the open log
+                    follower.passing = key in wanted
         for key, leader in wanted.items():
             if key not in self._followers and self._nursery is not None:
                 follower = _Follower(self, broker, key[0], key[1], leader)
-                # the log is the previous follower's until its task has closed it
-                follower.after = replaced.get(key)
+                # the log is the previous follower's until its task is done with it
+                follower.previous = replaced.get(key)
                 scope = trio.CancelScope()
                 self._followers[key] = scope
                 self._following[key] = follower
@@ -360,7 +362,10 @@ class _Follower:
         self.drop = False
         self.handover = False  # promoted: the stream queue takes the log as it is
         self.log: StreamLog | None = None
-        self.after: trio.Event | None = None  # the previous follower of the stream is done
+        self.previous: _Follower | None = None  # the stream's follower before this one
+        # replaced by a follower of another leader: the log stays open for it (its
+        # readers on this node, Stream protocol and AMQP, read on undisturbed)
+        self.passing = False
         self.label: int | None = None  # stream_divergence.py: whose log this copy holds
         self._relabel: tuple[int, int] | None = None  # (epoch, start): once committed there
         self.finished = trio.Event()
@@ -369,15 +374,21 @@ class _Follower:
     async def run(self, scope: trio.CancelScope) -> None:
         try:
             with scope:
-                if self.after is not None:
-                    await self.after.wait()
+                if self.previous is not None:
+                    await self.previous.finished.wait()
                 await self._follow()
         finally:
             self.finished.set()
 
     async def _follow(self) -> None:
-        lg = self.log = self.broker.streams.open(self.vhost, self.name)
-        lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
+        previous, self.previous = self.previous, None
+        if previous is not None and previous.passing and previous.log is not None \
+                and not previous.log.closed:
+            lg = self.log = previous.log  # handed on open
+        else:
+            lg = self.log = self.broker.streams.open(self.vhost, self.name)
+            lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
+            self._opened(lg)
         self.label = read_label(lg.directory)
         try:
             while True:
@@ -395,7 +406,8 @@ class _Follower:
                 await trio.sleep(1.0)
         finally:
             lg = self.log
-            if not self.handover:
+            if not self.handover and not self.passing:
+                self._closing(lg, reopening=not self.drop)
                 self.broker.streams.forget(lg)
                 if self.drop:
                     lg.delete()
@@ -492,15 +504,35 @@ class _Follower:
                         "leaders since epoch %s may not have: cut back to offset %d",
                         self.name, self.vhost, lg.next_offset - 1, self.label, cut)
             streams = self.broker.streams
+            self._closing(lg)
             streams.forget(lg)
             lg.close()
             empty = truncate_log_files(lg.directory, cut)
             lg = self.log = streams.open(self.vhost, self.name)
             lg.set_replicas(None)
+            self._opened(lg)
             if empty and cut > lg.next_offset:
                 lg.restart_at(cut)
         self._relabel = (epoch, start) if epoch != self.label else None
         return lg
+
+    def _proxy(self):
+        from .stream_reads import StreamProxyQueue
+        vhost = self.broker.vhosts.get(self.vhost)
+        proxy = vhost.queues.get(self.name) if vhost is not None else None
+        return proxy if isinstance(proxy, StreamProxyQueue) else None
+
+    def _closing(self, lg: StreamLog, reopening: bool = True) -> None:
+        """AMQP consumers of this node reading the copy (stream_reads.py) wait for it to
+        open again, or are cancelled."""
+        proxy = self._proxy()
+        if proxy is not None:
+            proxy.copy_closing(lg, reopening)
+
+    def _opened(self, lg: StreamLog) -> None:
+        proxy = self._proxy()
+        if proxy is not None:
+            proxy.copy_opened(lg)
 
     async def _heartbeats(self, stream) -> None:
         while True:

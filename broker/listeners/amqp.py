@@ -27,7 +27,7 @@ from ..malloc import keep_free_heap
 from ..persistence import StoreUnavailable
 from ..security import tls
 from . import amqp10 as amqp10_listener
-from .amqp_receive import arrived_ago, stamp_arrivals
+from .amqp_receive import arrived_ago, release_all, stamp_arrivals
 from .amqp_send import send_buffers
 from .amqp_session import Session
 
@@ -156,11 +156,11 @@ class ConnectionHandler:
                     data = await stream.receive_some(size)
                     n = len(data)
                 elif ready:
-                    # more is waiting: receive into the frame buffer (or a body) itself
-                    buf = conn.get_buffer(size)
-                    n, anc, _flags, _addr = await sock.recvmsg_into([buf], self.anc_size)
-                    ready = n == len(buf)
-                    buf.release()
+                    # more is waiting: receive into the frame buffer or a body's frames
+                    bufs = conn.get_buffers(size)
+                    n, anc, _flags, _addr = await sock.recvmsg_into(bufs, self.anc_size)
+                    ready = n == sum(map(len, bufs))
+                    release_all(bufs)
                 else:
                     # an idle or trickling connection: the kernel allocates what arrives (no
                     # buffer held while waiting); an alarm can end the wait (stop_reading)

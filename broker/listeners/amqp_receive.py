@@ -39,3 +39,9 @@ def arrived_ago(ancdata: list) -> float:
             sec, usec = _TIMEVAL.unpack_from(data)
             return max(0.0, time.time() - (sec + usec * 1e-6))
     return 0.0
+
+
+def release_all(bufs: list[memoryview]) -> None:
+    """Let go of the buffers a read received into (a body may be handed on next)."""
+    for buf in bufs:
+        buf.release()

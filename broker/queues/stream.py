@@ -63,6 +63,25 @@ class _Cursor:
         self.pending: deque[tuple[int, bytes]] = deque()  # (offset, record) of the chunk being read
 
 
+def refuse_consumer(resource: errors.Resource, channel: AdmittedChannel, no_ack: bool,
+                    arguments: dict[str, Any] | None) -> None:
+    """What a stream refuses of a basic.consume, with RabbitMQ's codes (a stream's reader
+    on any node: this queue, or a cluster node's copy)."""
+    if no_ack:
+        raise errors.not_implemented(
+            "automatic acknowledgement not supported by stream queues %s", resource)
+    if not channel.prefetch:
+        raise errors.precondition_failed("consumer prefetch count is not set for '%s'",
+                                         resource)
+    try:
+        offset_spec((arguments or {}).get("x-stream-offset"))
+    except OffsetSpecError:
+        # RabbitMQ's channel process crashes on an offset it cannot read
+        err = errors.internal_error("")
+        err.text = "INTERNAL_ERROR"
+        raise err from None
+
+
 class StreamQueue(Queue):
     def __init__(self, vhost: VirtualHost, name: str, durable: bool = True,
                  exclusive_owner: object | None = None, auto_delete: bool = False,
@@ -167,20 +186,7 @@ class StreamQueue(Queue):
     # ---- consumers ----
     def admit_consumer(self, channel: AdmittedChannel, no_ack: bool = False,
                        arguments: dict[str, Any] | None = None) -> None:
-        resource = self.vhost.queue_resource(self.name)
-        if no_ack:
-            raise errors.not_implemented(
-                "automatic acknowledgement not supported by stream queues %s", resource)
-        if not channel.prefetch:
-            raise errors.precondition_failed("consumer prefetch count is not set for '%s'",
-                                             resource)
-        try:
-            offset_spec((arguments or {}).get("x-stream-offset"))
-        except OffsetSpecError:
-            # RabbitMQ's channel process crashes on an offset it cannot read
-            err = errors.internal_error("")
-            err.text = "INTERNAL_ERROR"
-            raise err from None
+        refuse_consumer(self.vhost.queue_resource(self.name), channel, no_ack, arguments)
         super().admit_consumer(channel)
 
     def add_consumer(self, consumer: Consumer) -> None:
