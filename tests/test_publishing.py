@@ -427,7 +427,7 @@ def test_a_scheduled_firing_goes_through_the_path_and_is_audited_as_fired(tmp_pa
     now = [1_000_000.0]
     broker = Broker(Config(data_dir=str(tmp_path / "data"),
                            audit=AuditSettings(dir=str(tmp_path / "trail"))), MemoryStore())
-    scheduler = Scheduler(broker, clock=lambda: now[0])
+    scheduler = Scheduler(broker.services, clock=lambda: now[0])
     vhost = broker.vhosts["/"]
     q = vhost.declare_queue("later", None, arguments={})
     calls: list = []

@@ -42,7 +42,7 @@ class FakeStore(Store):
 
 def make(clock, store=None):
     b = Broker()
-    s = Scheduler(b, clock=clock)
+    s = Scheduler(b.services, clock=clock)
     v = b.vhosts["/"]
     v.store = store
     q = Queue(v, "out", opts=parse_queue_arguments({}))
