@@ -74,7 +74,10 @@ class ProtocolSession:
     messages_published = 0
 
     # set by every session's __init__ (and the edge: local_port, tls, wake)
-    broker: Any  # the Broker (typed once MQTT and Stream origins match PublishOrigin)
+    # the Broker; typed so once every session is a publishing.PublishOrigin to mypy (MQTT's
+    # lacks confirm_decided/send_return, the Stream protocol's queue_over_threshold, and a
+    # session's vhost is None before its login)
+    broker: Any
     conn: Any  # the protocol's sans-IO connection
     audit: Any
     delivering: bool
