@@ -79,7 +79,7 @@ class ProtocolSession:
     # session's vhost is None before its login)
     broker: Any
     conn: Any  # the protocol's sans-IO connection
-    audit: Any
+    audit: AuditTrail | None
     delivering: bool
     delivery_stalled: bool
     output_high_water: int

@@ -138,7 +138,7 @@ class StreamSession(StreamPublishing, StreamConsuming):
         self._confirms = []
         self.messages_published = 0
         self.chunks_delivered = 0
-        self.audit = broker.publishing.audit  # (the login wait's clock)
+        self.audit = broker.audit  # (the login wait's clock)
         # (token, SaslAuthenticate) while the edge introspects an opaque OAuth 2 token;
         # None: no login waiting
         self.login_wait = None
