@@ -76,11 +76,11 @@ def test_reconcile_counts_stream_deliveries_per_consumer(tmp_path):
     # the old file's queue copy: published, delivered, acked
     assert rec["queues"]["enqueued"] == 1 and rec["queues"]["acked"] == 1
     streams = rec["streams"]
-    # st: 7 records, each to its 3 consumers (rstream, rbfly, pika); sb: 3 to one; short: 60
-    # appended, the oldest removed by retention, the rest still there, none read
+    # st: 7 records, each to its 3 consumers (rstream, rbfly, pika); sb: 3 to one, then the
+    # stream deleted; short: 60 appended, the oldest removed by retention, none read
     assert (streams["appended"], streams["delivered"], streams["deliveries"]) == (70, 10, 24)
-    assert streams["truncated"] > 0
-    assert streams["truncated"] + streams["in_stream_at_end"] == 70
+    assert streams["truncated"] > 0 and streams["deleted"] == 3  # sb's, with the stream
+    assert streams["truncated"] + streams["deleted"] + streams["in_stream_at_end"] == 70
     per = sorted((c["queue"], c["delivered"], c["first_offset"], c["last_offset"])
                  for c in streams["consumers"])
     assert per == [("sb", 3, 0, 2)] + [("st", 7, 0, 6)] * 3

@@ -73,7 +73,8 @@ async def _stream_traffic(port: int) -> None:
 
 
 async def _reads(port: int) -> None:
-    """``st`` (7 records by now) read whole by an rstream and an rbfly subscription."""
+    """``st`` (7 records by now) read whole by an rstream and an rbfly subscription; ``sb``
+    deleted."""
     assert await _read(port, "st", 7) == list(range(7))
     client = rbs.streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{port}/")
     try:
@@ -85,6 +86,8 @@ async def _reads(port: int) -> None:
         assert len(read) == 7
     finally:
         await client.disconnect()
+    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+        await p.delete_stream("sb")  # its records leave with it
 
 
 def _amqp_traffic(port: int) -> None:
@@ -167,6 +170,9 @@ def test_stream_publishes_and_deliveries_by_offset(tmp_path):
     assert [(r["event"], r["stream_offset"]) for r in amqp if r["event"] == "delivered"] == \
         [("delivered", o) for o in range(7)]
     assert sorted(r["stream_offset"] for r in amqp if r["event"] == "acked") == list(range(7))
+    gone = [(r["stream_offset"], r["stream_count"], r["reason"]) for r in records
+            if r["event"] == "truncated" and r["queue"] == "sb"]
+    assert gone == [(0, 3, "deleted")]
     # retention: the removed records' range, below every record still in the stream
     short = [r for r in records if r["queue"] == "short"]
     cut = [r for r in short if r["event"] == "truncated"]
