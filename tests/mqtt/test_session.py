@@ -112,6 +112,38 @@ def test_one_read_of_mixed_publishes_keeps_order_and_stops_at_a_refused_one(brok
     assert [e.message.body for e in q.ready] == [b"3", b"4", b"5"]
 
 
+def test_acks_of_one_read_keep_publish_order_across_qos(broker, service):
+    """The publish loop collects a read's immediate PUBACKs itself; a QoS 2 PUBLISH (PUBREC)
+    and a retained one between them, which take the one-by-one path, keep their place."""
+    Client(service, "sub").subscribe(("#", 2))
+    pub = Client(service, "pub")
+    pub.publish("a/b", b"0")  # a known topic from here on (at QoS 0: no PUBACK list yet)
+    got = pub.send(m.Publish("a/b", b"1", 1, False, False, 2),
+                   m.Publish("a/b", b"2", 2, False, False, 3),
+                   m.Publish("a/b", b"3", 1, False, False, 4),
+                   m.Publish("a/b", b"4", 1, True, False, 5),
+                   m.Publish("a/b", b"5", 1, False, False, 6))
+    assert [(p.type, p.packet_id) for p in got] == [
+        (m.PUBACK, 2), (m.PUBREC, 3), (m.PUBACK, 4), (m.PUBACK, 5), (m.PUBACK, 6)]
+
+
+def test_a_read_of_pubacks_settles_each_and_refills_the_window(broker, service):
+    sub = Client(service, "sub")
+    sub.subscribe(("t", 1))
+    pub = Client(service, "pub")
+    for i in range(7):
+        pub.publish("t", b"%d" % i, qos=1, pid=i + 1)
+    first = sub.output()
+    assert [p.payload for p in first] == [b"0", b"1", b"2"]  # prefetch 3
+    q = broker.vhosts["/"].queues[queue_names("sub")[1]]
+    # all three PUBACKs in one read, one of them twice (the second settles nothing)
+    more = sub.send(*[m.PacketId(m.PUBACK, p.packet_id) for p in first],
+                    m.PacketId(m.PUBACK, first[0].packet_id))
+    assert [p.payload for p in more] == [b"3", b"4", b"5"]
+    assert q.unacked_count == 3 and [e.message.body for e in q.ready] == [b"6"]
+    assert q.stats_acked == 3
+
+
 def test_qos1_window_is_the_prefetch(broker, service):
     sub = Client(service, "sub")
     sub.subscribe(("t", 1))
