@@ -106,6 +106,7 @@ class StompSession(StompDeliveries, FlowControlledSession):
         self.finished = False
         self.ended = False
         self._receipts_waiting = 0  # receipts held for the store: later ones queue behind
+        self._declared = False  # the frame being handled declared a durable queue
         self.disconnecting = False  # DISCONNECT seen, its receipt waits behind others
 
     # ---- input ----
@@ -139,6 +140,8 @@ class StompSession(StompDeliveries, FlowControlledSession):
 
     def _on_frame(self, frame: Frame, in_tx: bool = False) -> None:
         receipt = frame.headers.get("receipt")
+        if not in_tx:
+            self._declared = False
         try:
             waits = self._dispatch(frame, in_tx)
         except errors.AMQPError as exc:
@@ -152,7 +155,10 @@ class StompSession(StompDeliveries, FlowControlledSession):
             self._receipt(receipt, waits)
 
     def _receipt(self, receipt: str, waits: bool) -> None:
-        if waits or self._receipts_waiting:
+        # a durable queue the frame declared: its RECEIPT once its definition is durable (as
+        # a queue.declare-ok); while the store's writes fail, it waits for the retry
+        declared = self._declared and not waits
+        if waits or declared or self._receipts_waiting:
             self._receipts_waiting += 1
 
             def send() -> None:
@@ -160,7 +166,10 @@ class StompSession(StompDeliveries, FlowControlledSession):
                 if not self.ended:
                     self.conn.receipt(receipt)
                     self.wake()
-            self.broker.store.when_durable(send, on_failure=self._store_failed)
+            if declared:
+                self.broker.store.when_durable(send)
+            else:
+                self.broker.store.when_durable(send, on_failure=self._store_failed)
         else:
             self.conn.receipt(receipt)
 
@@ -301,9 +310,12 @@ class StompSession(StompDeliveries, FlowControlledSession):
         def authorize(qname: str) -> None:
             authz.check("queue", qname, "configure")
 
-        return vhost.declare_queue(name, self if exclusive else None, authorize,
-                                   durable=durable, auto_delete=auto_delete,
-                                   exclusive=exclusive, arguments=arguments or {})
+        q = vhost.declare_queue(name, self if exclusive else None, authorize,
+                                durable=durable, auto_delete=auto_delete,
+                                exclusive=exclusive, arguments=arguments or {})
+        if q.store is not None:
+            self._declared = True
+        return q
 
     def _temp_queue(self, name: str):
         q = self.temp_queues.get(name)
