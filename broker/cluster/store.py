@@ -46,6 +46,7 @@ from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
 from .store_defs import LOCAL_KINDS, ClusterDefinitions, _args_out, _q
 from .stream_replicas import StreamReplicas
+from .stream_stepdown import keeping_copy
 from .view import QueueViews
 
 if TYPE_CHECKING:
@@ -247,7 +248,8 @@ class ClusterStore(ClusterDefinitions, Store):
                             q.message_count)
                 self._applying = True
                 try:
-                    vhost.delete_queue(q, reason="superseded by a promoted mirror")
+                    with keeping_copy(q):  # a stream's log is cut back, not copied again
+                        vhost.delete_queue(q, reason="superseded by a promoted mirror")
                 finally:
                     self._applying = False
                 self._add_proxy(vhost, q.name, master, q.auto_delete, dict(q.arguments))

@@ -8,14 +8,14 @@ change is a compare-and-swap on it (``replace`` at the revision read: two change
 do not lose one). The nodes reconcile with the record each round: the leader's log leads
 the new group (``StreamLog.set_replicas``: a majority of the new group confirms), an added
 node copies the leader's log from its first chunk, a removed node stops copying and
-deletes its copy.
+deletes its copy. The leader removed steps down and the others elect the next one, as
+RabbitMQ elects another leader first (``stream_stepdown.py``).
 
 Answers, with RabbitMQ's texts where RabbitMQ has one (``rabbit_stream_queue``,
 rabbitmq-streams): 204 done (adding a member, removing a node that is not one: nothing to
 do); 404 no such queue; 400 ``Cannot add replicas to a classic queue`` / ``... quorum
 queue`` (and ``Cannot delete replicas from ...``), ``Cannot delete the last member of a
-stream``, the leader to remove (RabbitMQ elects another leader first; not built here);
-503 ``node_not_running`` (the node to add is not a live member of the cluster), or the
+stream``; 503 ``node_not_running`` (the node to add is not a live member of the cluster), or the
 stream has no group record yet.
 """
 from __future__ import annotations
@@ -72,9 +72,6 @@ async def change_replicas(store: ClusterStore, vhost, name: str, node: str, add:
             return False  # already a member / not one: nothing to do, as RabbitMQ
         if not add and len(members) <= 1:
             raise MemberChangeError(400, "Cannot delete the last member of a stream")
-        if not add and node == group.get("leader"):
-            raise MemberChangeError(400, f"{node} is the leader of stream '{name}': not "
-                                         f"removed (a member that is not the leader can be)")
         members = [*members, node] if add else [m for m in members if m != node]
         group["members"] = members
         if await store.coord.replace(key, json.dumps(group).encode(), kv.mod_revision):

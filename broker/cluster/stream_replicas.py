@@ -28,8 +28,11 @@ confirmed once a majority of the stream's replica group has the chunk committed.
   ``stream_divergence.py``) claims the master key (``_elect``) and its copy
   becomes the stream queue (``_promote``): the home moves to it, the other members follow
   it, and every other node's proxy follows the new master. A deposed leader that comes
-  back finds its stream mastered elsewhere: its store's stale copy is dropped (with its
-  log: it may hold chunks never confirmed) and it copies the stream again from the start.
+  back finds its stream mastered elsewhere: its stream queue becomes a proxy, but its
+  log stays (``stream_stepdown.keeping_copy``): cut back to what the new leader kept (it
+  may hold chunks never confirmed: ``stream_divergence.py``), it copies only what it lacks.
+* **Leader removed.** ``delete_replica`` of the leader: it steps down once its log is
+  confirmed, and the others elect a leader (``stream_stepdown.step_down``).
 * **Reads.** Stream-protocol consumers on a follower's node read its replica (Subscribe,
   Metadata and StreamStats find it: ``StreamSession._readable``); so do AMQP 0-9-1
   consumers (``stream_reads.StreamProxyQueue``; through the leader where there is no copy).
@@ -63,6 +66,7 @@ from .stream_divergence import (
     truncation_point,
     write_label,
 )
+from .stream_stepdown import step_down
 
 if TYPE_CHECKING:
     from .store import ClusterStore
@@ -178,6 +182,9 @@ class StreamReplicas:
                     groups[key] = group
                     log.info("stream %r in vhost %r: replicas on %s", q.name, vhost.name,
                              ", ".join(members))
+                if node.name not in group.get("members", ()):  # delete_replica of it
+                    await step_down(self, vhost, q, group)
+                    continue
                 followers = [m for m in group["members"] if m != node.name]
                 lg = q.log
                 current = lg.replica_offsets
@@ -247,7 +254,8 @@ class StreamReplicas:
             if follower is None or follower.log is None or store.master_of(*key) is not None:
                 continue
             members = group.get("members", [])
-            if group.get("leader") in live and group.get("leader") != node.name:
+            leader = group.get("leader")
+            if leader in live and leader != node.name and leader in members:
                 continue  # its leader is up (its master key comes back with its claims)
             qk = queue_key(*key)
             await coord.put(self._key("streamtails", qk, node.name),
@@ -315,6 +323,8 @@ class StreamReplicas:
         await store.coord.put(self._key("streams", queue_key(*key)), json.dumps(group).encode())
         followers = [n for n in group["members"] if n != node.name]
         q.log.set_replicas(followers, len(group["members"]))
+        # deposed later, this log is cut back from here (stream_stepdown.keeping_copy)
+        await trio.to_thread.run_sync(write_label, q.log.directory, epoch)
         log.warning("stream %r in vhost %r: leader on this node now (epoch %d, log up to "
                     "offset %d, old leader %r)", key[1], key[0], epoch,
                     q.log.committed_offset, follower.leader)
@@ -413,6 +423,7 @@ class _Follower:
                     lg.delete()
                 else:
                     lg.close()
+                _readers_told(lg)
 
     async def _pull(self, lg: StreamLog) -> None:
         address = self.owner.addresses.get(self.leader)
@@ -507,6 +518,7 @@ class _Follower:
             self._closing(lg)
             streams.forget(lg)
             lg.close()
+            _readers_told(lg)
             empty = truncate_log_files(lg.directory, cut)
             lg = self.log = streams.open(self.vhost, self.name)
             lg.set_replicas(None)
@@ -538,6 +550,15 @@ class _Follower:
         while True:
             await trio.sleep(HEARTBEAT_S)
             await stream.send_all(codec.encode_heartbeat())
+
+
+def _readers_told(lg: StreamLog) -> None:
+    """A copy closed (cut back, dropped, stopped): its Stream-protocol readers on this node
+    see it (their listener finds the log closed) and get a MetadataUpdate, as
+    rabbit_stream_reader tells them when their member goes down; the client subscribes
+    again, to the copy as it is now."""
+    for listener in list(lg.listeners):
+        listener()
 
 
 class _Locked:

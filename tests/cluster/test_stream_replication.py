@@ -4,6 +4,7 @@ the same offsets on their own disks, a publish confirmed only once a majority ha
 follower that was down catching up from its own last chunk."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -250,12 +251,19 @@ def test_stream_leader_killed_the_longest_replica_takes_over(tmp_path, etcd, sec
         # leader, where its publish is confirmed
         rstream_publish(other.stream_port, "s", b"via-stream")
 
-        # the deposed leader comes back: its stale copy (it may hold chunks never
-        # confirmed) is dropped and it copies the new leader's log from the start
+        # the deposed leader comes back: its copy (it may hold chunks never confirmed)
+        # is cut back to where the new leader's own chunks start, and it copies only
+        # what it lacks from there
         a.start()
         new_name = "b" if leader is b else "c"
-        eventually(lambda: logged(a, f"replicating from node '{new_name}', from offset 0"),
-                   timeout=60)
+        took = re.search(r"leader on this node now \(epoch \d+, log up to offset (\d+)",
+                         full_log(leader))
+        assert took is not None
+        start = int(took.group(1)) + 1  # where the new leader's own chunks start
+        assert start >= len(confirmed)
+        eventually(lambda: logged(
+            a, f"replicating from node '{new_name}', from offset {start}"), timeout=60)
+        assert f"replicating from node '{new_name}', from offset 0" not in full_log(a)
         tail = len(got) + 2  # at least: what was read, "after" and "via-stream"
         view = {}
 
