@@ -2,8 +2,10 @@
 Does not render a binding (entity_json) nor touch exchanges or queues themselves."""
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
+import trio
 from starlette.requests import Request
 
 from .. import errors
@@ -23,6 +25,17 @@ from .common import (
 from .entity_json import exchange_name, properties_key, queue_of, vhost_bindings
 from .http import ApiError
 from .listing import paginate
+
+
+async def until_durable(store: Any) -> None:
+    """Returns once ``store`` (None: nothing stored) has made durable what it holds now: a
+    declare's 201/204 is sent after the new definition is durable, as a queue.declare-ok
+    (docs/durability.md). While the store's writes fail, it waits for the retry."""
+    if store is None:
+        return
+    done = trio.Event()
+    store.when_durable(done.set)
+    await done.wait()
 
 
 async def list_bindings(request: Request):
@@ -90,6 +103,9 @@ async def create_binding(request: Request):
         vhost.bind(source, dest, routing_key, arguments)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
+    stored = dest.store is not None if kind == "queue" else dest.durable
+    if stored and vhost.exchanges[source].durable:
+        await until_durable(vhost.store)
     location = properties_key(routing_key, arguments)
     resp = created()
     resp.headers["location"] = location

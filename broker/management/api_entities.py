@@ -17,6 +17,7 @@ from .api_bindings import (
     list_bindings,
     list_pair_bindings,
     queue_bindings,
+    until_durable,
 )
 from .api_messages import get_messages, publish, publish_message
 from .common import (
@@ -87,12 +88,14 @@ async def put_exchange(request: Request):
     check_perm(broker, user, vhost.name, "exchange", name, "configure")
     existed = name in vhost.exchanges
     try:
-        vhost.declare_exchange(
+        x = vhost.declare_exchange(
             name, xtype, durable=flag(data, "durable", True),
             auto_delete=flag(data, "auto_delete", False), internal=flag(data, "internal", False),
             arguments=table(data, "arguments"))
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
+    if x.durable:
+        await until_durable(vhost.store)
     return no_content() if existed else created()
 
 
@@ -166,10 +169,12 @@ async def put_queue(request: Request):
     check_perm(broker, user, vhost.name, "queue", name, "configure")
     existed = vhost.find_queue(name) is not None
     try:
-        vhost.declare_queue(name, durable=flag(data, "durable", True),
-                            auto_delete=flag(data, "auto_delete", False), arguments=arguments)
+        q = vhost.declare_queue(name, durable=flag(data, "durable", True),
+                                auto_delete=flag(data, "auto_delete", False),
+                                arguments=arguments)
     except errors.AMQPError as exc:
         raise amqp_error(exc) from None
+    await until_durable(q.store)  # (None: transient, nothing stored)
     return no_content() if existed else created()
 
 
