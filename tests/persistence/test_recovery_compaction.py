@@ -60,3 +60,39 @@ def test_kill_9_mid_compaction_loses_nothing_and_replays_a_bounded_log(tmp_path)
     # the records since the last checkpoint (the publishes after it and the compaction's),
     # not every live message of every old segment
     assert replayed <= 2 * CKPT_RECORDS, (replayed, moved)
+
+
+def test_a_bounded_compaction_catches_up_over_passes(tmp_path):
+    """The bound spreads the work over checkpoints, it does not drop it: pass after pass
+    every mostly dead old segment is compacted and deleted, each pass appending at most
+    half an interval of records (or one segment's), and nothing is lost."""
+    n = 3000
+
+    async def main():
+        h = Harness(tmp_path, checkpoint_records=CKPT_RECORDS)
+        await h.start()
+        q = h.queue()
+        await h.publish(q, n)
+        ack_three_in_four(q, n)
+        await h.store._flush_once()
+        await h.store.checkpoint()
+        old = set(h.segments())
+        passes = []
+        for i in range(40):
+            await h.publish(q, 10, first=n + 10 * i)
+            before = h.store._records_since_ckpt
+            moved = h.store._compact()
+            passes.append((moved, h.store._records_since_ckpt - before))
+            await h.store.checkpoint()
+            if not old & set(h.segments()):
+                break
+        left = old & set(h.segments())
+        got = _bodies(h.queue())
+        await h.store.close()
+        return passes, left, got, i
+
+    passes, left, got, i = trio.run(main)
+    assert not left, (left, passes)
+    assert len([p for p in passes if p[0]]) > 1  # spread over several passes
+    assert max(records for _moved, records in passes) <= CKPT_RECORDS // 2, passes
+    assert got == [k for k in range(n) if k % 4 == 0] + list(range(n, n + 10 * (i + 1)))
