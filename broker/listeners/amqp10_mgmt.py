@@ -91,6 +91,7 @@ class ManagementNode:
         self.responses: dict[str, Any] = {}  # response links by name
         self.pending: dict[str, deque] = {}  # answers waiting for credit, by link name
         self._tag = 0
+        self._store: Any = None  # the store a durable declare's answer waits for
 
     @property
     def link_count(self) -> int:
@@ -157,6 +158,7 @@ class ManagementNode:
             conn.settle_incoming(ev.delivery, Disposition.REJECTED,
                                  ("amqp:decode-error", exc.text))
             return
+        self._store = None
         try:
             status, body = self._handle(req)
         except http.RequestError as exc:
@@ -166,9 +168,16 @@ class ManagementNode:
         if not status.startswith("2"):
             log.warning("amqp 1.0 connection %s: request %s %s failed: %s", session.peer,
                         req.method, "/".join(req.segments), body)
-        conn.settle_incoming(ev.delivery, Disposition.ACCEPTED)
-        self.pending[name].append(http.encode_response(req.message_id, status, body))
-        self._flush(name)
+        response = http.encode_response(req.message_id, status, body)
+
+        def answer() -> None:
+            conn.settle_incoming(ev.delivery, Disposition.ACCEPTED)
+            queue = self.pending.get(name)
+            if queue is not None:  # (None: the response link went while the answer waited)
+                queue.append(response)
+                self._flush(name)
+        # a durable definition's answer once it is durable, as a queue.declare-ok
+        session.answer_when_durable(self._store, answer)
 
     def _handle(self, req: http.Request) -> tuple[str, object]:
         seg, method = req.segments, req.method
@@ -254,6 +263,7 @@ class ManagementNode:
             if exc.code in (403, 530, 404):
                 raise
             raise http.RequestError("400", _text(exc)) from None
+        self._store = q.store
         return ("200" if existed else "201"), self._info(q)
 
     def _delete_queue(self, name: str) -> tuple[str, object]:
@@ -298,14 +308,15 @@ class ManagementNode:
                 raise http.RequestError(
                     "403", f"{vhost.exchange_resource(name)} starts with reserved prefix 'amq.'")
         try:
-            vhost.declare_exchange(name, xtype, durable=durable, auto_delete=auto_delete,
-                                   internal=internal, arguments=args)
+            x = vhost.declare_exchange(name, xtype, durable=durable, auto_delete=auto_delete,
+                                       internal=internal, arguments=args)
         except errors.AMQPError as exc:
             if exc.code == 406:
                 raise http.RequestError("409", _text(exc)) from None
             if exc.code in (403, 530):
                 raise
             raise http.RequestError("400", _text(exc)) from None
+        self._store = vhost.store if x.durable else None
         return "204", None
 
     def _delete_exchange(self, name: str) -> tuple[str, object]:
@@ -361,12 +372,17 @@ class ManagementNode:
             raise http.RequestError("400", "source, destination and binding_key are strings")
         args = _args(body)
         self._authorize_binding(kind, dest, source, key)
+        vhost = self.session.vhost
+        destination = self._destination(kind, dest)
         try:
-            self.session.vhost.bind(source, self._destination(kind, dest), key, args)
+            vhost.bind(source, destination, key, args)
         except errors.AMQPError as exc:
             if exc.code in (403, 530, 404):
                 raise
             raise http.RequestError("400", _text(exc)) from None
+        stored = destination.store is not None if kind == "queue" else destination.durable
+        if stored and vhost.exchanges[source].durable:
+            self._store = vhost.store
         return "204", None
 
     def _unbind(self, seg: str) -> tuple[str, object]:

@@ -73,7 +73,7 @@ class Amqp10Publishing:
     coordinator: Any
     management: Any
     wake: Callable[[], None]
-    _check_target: Callable[[addresses.Target], None]
+    _check_target: Callable[[addresses.Target], Any]
 
     # ---- publishing ----
     def _on_message(self, ev: MessageReceived) -> None:

@@ -21,6 +21,7 @@ publishing is ``amqp10_publish``'s (a mixin), the links' types ``amqp10_links``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proton import Disposition, symbol
@@ -42,7 +43,7 @@ from ..amqp10.events import (
     SessionEnded,
 )
 from ..amqp10.sasl import plain_credentials
-from ..queues.queue import Consumer
+from ..queues.queue import Consumer, Queue
 from .amqp10_links import InLink, OutLink
 from .amqp10_mgmt import ManagementNode
 from .amqp10_publish import PUBLISH_CREDIT, Amqp10Publishing, condition_of, description_of
@@ -111,6 +112,10 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         # (token, sasl-init) while the edge introspects an opaque OAuth 2 token (the
         # connection holds what came behind it); None: no login waiting
         self.login_wait: tuple[str, SaslInit] | None = None
+        # an answer waits for the store (answer_when_durable): the events that came after
+        # it wait too, in order, so no later answer overtakes it
+        self._answer_waits = False
+        self._held_events: list = []
 
     # ---- input ----
     def login_resumed(self, request: SaslInit) -> None:
@@ -127,9 +132,12 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         self.wake()
 
     def _handle(self, events: list) -> None:
-        for ev in events:
+        for i, ev in enumerate(events):
             if self.ended:
                 break
+            if self._answer_waits:
+                self._held_events.extend(events[i:])
+                return
             t = type(ev)
             if t is MessageReceived:
                 self._on_message(ev)
@@ -156,6 +164,26 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
             elif t is ProtocolError:
                 log.warning("amqp 1.0 connection %s: %s", self.peer, ev.description)
                 self.finished = True
+
+    def answer_when_durable(self, store: Any, answer: Callable[[], None]) -> None:
+        """``answer()`` (an attach, a management response) once ``store`` (None: nothing
+        stored) has made durable what it holds now, such as a new durable queue's
+        definition: a crash after the answer must not lose the queue. The connection's
+        later events are handled after it, so their answers cannot overtake it."""
+        if store is None:
+            answer()
+            return
+        self._answer_waits = True
+
+        def durable() -> None:
+            self._answer_waits = False
+            if self.ended:
+                return
+            answer()
+            held, self._held_events = self._held_events, []
+            self._handle(held)
+            self.wake()
+        store.when_durable(durable)
 
     # ---- login ----
     def _login_failed(self, why: str) -> None:
@@ -285,17 +313,23 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
 
     def _attach_publisher(self, link, address: str | None) -> None:
         target = None
+        store = None
         if address is not None:
             target = addresses.parse_target(address)
-            self._check_target(target)
+            store = self._check_target(target)
         self.in_links[link.key] = InLink(link, target)
-        self.conn.attach_receiver(link, address, 0 if self.flow_queues else PUBLISH_CREDIT)
+        # (the credit as it is when the attach is answered)
+        self.answer_when_durable(store, lambda: self.conn.attach_receiver(
+            link, address, 0 if self.flow_queues else PUBLISH_CREDIT))
 
-    def _check_target(self, target: addresses.Target) -> None:
+    def _check_target(self, target: addresses.Target) -> Any:
+        """Refuses a target the link may not publish to; returns the store of a durable
+        queue it declared (None: none)."""
         vhost = self.vhost
+        store = None
         if target.queue is not None:
             if target.declare:
-                self._ensure_queue(target.queue)
+                store = self._ensure_queue(target.queue)
             elif vhost.find_queue(target.queue) is None:
                 raise errors.not_found(vhost.queue_resource(target.queue))
         elif vhost.exchanges.get(target.exchange) is None:
@@ -303,6 +337,7 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         authz = self.authz
         if target.exchange not in authz.write_ok:
             authz.check("exchange", target.exchange, "write")
+        return store
 
     def _declare(self, name: str, durable: bool, auto_delete: bool, exclusive: bool):
         authz = self.authz
@@ -314,14 +349,18 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
                                         durable=durable, auto_delete=auto_delete,
                                         exclusive=exclusive, arguments={})
 
-    def _ensure_queue(self, name: str) -> None:
+    def _ensure_queue(self, name: str) -> Any:
+        """Declares the durable queue ``name`` when it is missing, as ActiveMQ creates a
+        queue on use; the store its definition went to (None: none, or it existed)."""
         if self.vhost.find_queue(name) is None:
-            self._declare(name, True, False, False)  # as ActiveMQ creates a queue on use
+            return self._declare(name, True, False, False).store
+        return None
 
     def _attach_consumer(self, link, address: str | None, dynamic: bool,
                          selector: str | None = None) -> None:
         vhost = self.vhost
         authz = self.authz
+        store = None
         if dynamic:
             q = self._declare("", False, True, True)
             address = addresses.queue_address(q.name)
@@ -331,7 +370,7 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
             source = addresses.parse_source(address)
             if source.queue is not None:
                 if source.declare:
-                    self._ensure_queue(source.queue)
+                    store = self._ensure_queue(source.queue)
                 q = vhost.get_queue(source.queue, self)
             else:
                 assert source.exchange is not None
@@ -344,6 +383,16 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
                 vhost.bind(source.exchange, q, source.key, {})
         authz.check("queue", q.name, "read")
         compiled = _selector(selector)  # 406 (amqp:precondition-failed) when it is invalid
+        self.answer_when_durable(store, lambda: self._consume(link, address, q, selector,
+                                                              compiled))
+
+    def _consume(self, link, address: str | None, q: Queue, selector: str | None,
+                 compiled: Any) -> None:
+        """Answers a consumer's attach: the link consumes ``q`` from now on."""
+        if q.deleted:  # (deleted while the attach waited for the store)
+            self.conn.refuse_link(link, "amqp:resource-deleted",
+                                  f"queue '{q.name}' in vhost '{q.vhost.name}' deleted")
+            return
         self.conn.attach_sender(link, address)
         settled = link.snd_settle_mode == link.SND_SETTLED
         out = OutLink(self, link, q, settled)
