@@ -28,11 +28,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = Broker(Config(data_dir=tmp), MemoryStore())
-        broker.message_totals = MessageTotals(broker)
+        broker.message_totals = MessageTotals(broker.services)
         vhost = broker.vhosts["/"]
         for i in range(args.queues):
             vhost.declare_queue(f"q{i}", None, arguments={})
-        sampler = Sampler(broker)
+        sampler = Sampler(broker.services, broker.message_totals)
         sampler.sample()
         times = []
         for _ in range(args.runs):

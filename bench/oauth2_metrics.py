@@ -74,11 +74,17 @@ def scrapes(queues: int) -> None:
     vhost = broker.vhosts["/"]
     for i in range(queues):
         vhost.declare_queue(f"q{i}", None)
+    services = broker.services
+
+    def broker_collector(per_object: bool) -> BrokerCollector:
+        return BrokerCollector(services, broker.message_totals, broker.scheduler,
+                               lambda: broker.memory_limit, per_object)
+
     for name, collector in (
-            ("/metrics (aggregated)", BrokerCollector(broker, False)),
-            ("/metrics/per-object", BrokerCollector(broker, True)),
+            ("/metrics (aggregated)", broker_collector(False)),
+            ("/metrics/per-object", broker_collector(True)),
             ("/metrics/detailed queue_coarse",
-             DetailedCollector(broker, {"queue_coarse_metrics"}, set()))):
+             DetailedCollector(services, {"queue_coarse_metrics"}, set()))):
         _render(list(collector.collect()))  # warm
         t0 = time.perf_counter()
         families = list(collector.collect())  # on the event loop

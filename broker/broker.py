@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import audit, errors, hermes, management, policies, scheduler, security, transactions
 from .churn import Churn
@@ -63,7 +63,8 @@ def process_rss() -> int:
 
 class Broker:
     """The composition root: ``__init__`` builds every service, hands the features
-    (scheduler, half messages, Hermes, the audit trail) the typed ``Services`` they use
+    (access control, scheduler, half messages, policies, management, Hermes, the audit
+    trail) the typed ``Services`` they use
     (never the broker itself) and each feature's ``install`` the broker to wire its hooks
     and tasks into. A service is a typed attribute, never looked up with ``getattr``; the
     ones an ``install`` sets are declared here."""
@@ -94,7 +95,7 @@ class Broker:
             vhost.churn = self.churn
             vhost.direct_reply = self.direct_reply
             vhost.on_queue_deleted.append(self._queue_deleted)
-        self.sessions: set = set()
+        self.sessions: set[Any] = set()
         # the one publish path (publishing.py); its hooks, (origin, message, mandatory, seq)
         # -> bool, True = taken over (e.g. delayed), are appended by the features' install
         self.publishing = Publishing(self.config, self.direct_reply, self.refuses_persistent)
@@ -132,18 +133,21 @@ class Broker:
         # definitions export/import sections of features (management/definitions.py)
         self.definition_sections: list = []
         self.audit: AuditTrail | None = None  # set below, once the features it follows exist
-        security.install(self)  # broker.access: users, vhosts, permissions, limits
         # what the features are handed instead of the broker (services.py)
         self.services = Services(
             config=self.config, timers=self.timers, vhosts=self.vhosts, store=self.store,
-            publishing=self.publishing, recovery=self.recovery, access=self.access,
-            alarms=self.alarms, set_alarm=self.set_alarm)
+            publishing=self.publishing, recovery=self.recovery, alarms=self.alarms,
+            set_alarm=self.set_alarm, sessions=self.sessions, churn=self.churn,
+            create_vhost=self.create_vhost)
+        # broker.access: users, vhosts, permissions, limits
+        self.services.access = security.install(self, self.services)
         # delayed/scheduled delivery and its control socket
         self.scheduler: Scheduler = scheduler.install(self, self.services)
         # half messages: prepare, commit/rollback, check-back
         self.transactions: Transactions = transactions.install(self, self.services)
-        self.policies = policies.install(self)  # policies and operator policies per vhost
-        management.install(self)  # HTTP API, /metrics, console (its listener, if configured)
+        # policies and operator policies per vhost
+        self.policies = policies.install(self, self.services)
+        management.install(self, self.services)  # HTTP API, /metrics, console (its listener, if configured)
         # Hermes-style HTTP publishing and push subscriptions
         self.hermes: Hermes = hermes.install(self, self.services)
         # the audit trail (--audit-dir), or None; set on the services it follows

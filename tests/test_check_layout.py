@@ -60,5 +60,23 @@ def test_a_feature_constructor_taking_the_broker_is_reported(tmp_path, monkeypat
     assert check_layout.problems([edge]) == []
 
 
+def test_policies_security_and_management_constructors_taking_the_broker_are_reported(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(check_layout, "ROOT", tmp_path)
+    found = []
+    for rel, cls in (("policies/registry.py", "Policies"), ("security/access.py", "AccessControl"),
+                     ("management/http.py", "HttpServer"), ("management/stats.py", "Sampler")):
+        path = tmp_path / "broker" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"class {cls}:\n    def __init__(self, broker: Broker):\n        pass\n")
+        found += check_layout.problems([path])
+    assert found == [
+        f"broker/{rel}:2: {cls}() takes the broker (broker): hand it the services it uses "
+        f"(broker/services.py)"
+        for rel, cls in (("policies/registry.py", "Policies"),
+                         ("security/access.py", "AccessControl"),
+                         ("management/http.py", "HttpServer"), ("management/stats.py", "Sampler"))]
+
+
 def test_the_tree_passes():
     assert check_layout.problems() == []

@@ -23,10 +23,12 @@ KNOWN_GETATTR: frozenset[str] = frozenset()
 BROKER_GETATTR = re.compile(r"\bgetattr\(\s*(?:self\.)?broker\b")
 # Modules (a trailing "/": packages) whose classes get the services they use from the
 # composition root (``services.Services``, or their own arguments), never the ``Broker``;
-# its listeners, management, policies, security and cluster still take it.
+# the protocol listeners (the edge: docs/architecture.md, "Extension points") and the cluster
+# still take it.
 SERVICE_FED = ("broker/publishing.py", "broker/services.py", "broker/vhost.py", "broker/routing/",
                "broker/queues/", "broker/exchanges/", "broker/scheduler/", "broker/transactions/",
-               "broker/hermes/", "broker/audit/")
+               "broker/hermes/", "broker/audit/", "broker/policies/", "broker/security/",
+               "broker/management/")
 
 
 def _takes_broker(arg: ast.arg) -> bool:

@@ -56,7 +56,7 @@ def check_ha_nodes(policies, index: int, policy) -> None:
                     "(x-queue-type: quorum) instead (docs/cluster.md)", policy.name)
     if definition.get("ha-mode") != "nodes":
         return
-    members = policies.broker.store.known_members()
+    members = policies.services.store.known_members()
     params = definition.get("ha-params")
     if members is None or not isinstance(params, list):
         return

@@ -24,7 +24,8 @@ def add_routes(broker: Broker) -> None:
     for module in (api_overview, api_entities, api_connections, api_access, api_policies,
                    api_parameters, definitions, api_super_streams):
         routes.extend(module.routes())
-    routes.extend(metrics.routes(broker))
+    routes.extend(metrics.routes(broker.services, broker.message_totals, broker.scheduler,
+                                 lambda: broker.memory_limit))
     from ..cluster.members import routes as member_routes  # quorum members (cluster only)
     routes.extend(member_routes())
     from ..cluster.stream_members import routes as stream_member_routes  # stream replicas

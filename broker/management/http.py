@@ -40,7 +40,11 @@ from starlette.staticfiles import StaticFiles
 from ..malloc import trim
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..broker import Broker
+    from ..config import Config
+    from ..recovery_progress import RecoveryProgress
 
 log = logging.getLogger("broker.management")
 
@@ -421,19 +425,25 @@ class _TLSConfig(HyperConfig):
 
 
 class HttpServer:
-    """The broker's HTTP listener. ``port`` is the bound port once ``run`` has started."""
+    """The broker's HTTP listener. ``port`` is the bound port once ``run`` has started.
+    It binds once ``amqp_listening`` is set, answers 503 while ``recovery`` runs, and serves
+    the app ``app()`` builds (the routes the features appended by then)."""
 
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, config: Config, recovery: RecoveryProgress, amqp_listening: trio.Event,
+                 app: Callable[[], Starlette]):
+        self.config = config
+        self.recovery = recovery
+        self.amqp_listening = amqp_listening
+        self.app = app
         self.port: int | None = None
         self.amqp_port: int | None = None  # the AMQP listener's, once it listens
         # body bytes held over all requests, the Hermes frontend's too
-        self.bodies = BodyBudget(broker.config.http_max_body)
+        self.bodies = BodyBudget(config.http_max_body)
         self.started = trio.Event()
 
     def bind(self) -> socket.socket:
         """The listening socket on the configured address; OSError says why not."""
-        config = self.broker.config
+        config = self.config
         configured = config.http_host if config.http_host is not None else config.host
         host = None if configured in ("", "*") else configured
         last: OSError | None = None
@@ -454,10 +464,10 @@ class HttpServer:
         raise last or OSError(errno.EADDRNOTAVAIL, f"no address for {host}")
 
     async def run(self) -> None:
-        config = self.broker.config
+        config = self.config
         host = config.http_host if config.http_host is not None else config.host
         # bind once AMQP listens: a broker that cannot serve AMQP stops with that one error
-        await self.broker.amqp_listening.wait()
+        await self.amqp_listening.wait()
         try:
             sock = self.bind()
         except OSError as exc:
@@ -467,7 +477,7 @@ class HttpServer:
             if config.http_optional:
                 # said once the broker serves: one that cannot open its store (read back
                 # while this binds) stops with that one error line
-                while not self.broker.recovery.ready:  # noqa: ASYNC110 - until recovered
+                while not self.recovery.ready:  # noqa: ASYNC110 - until recovered
                     await trio.sleep(0.1)
                 log.warning("%s; the management HTTP API is not served (--http-port)", text)
                 return
@@ -492,9 +502,9 @@ class HttpServer:
         hyper.keep_alive_timeout = 5
         hyper.graceful_timeout = 1
         hyper.h11_max_incomplete_size = 16 * 1024
-        app = RecoveryGate(LimitsMiddleware(build_app(self.broker), config.http_max_body,
+        app = RecoveryGate(LimitsMiddleware(self.app(), config.http_max_body,
                                             config.http_timeout, self.bodies),
-                           self.broker.recovery)
+                           self.recovery)
         log.info("management HTTP API listening on %s:%s", host, self.port)
         started = self.started
 

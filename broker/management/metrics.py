@@ -27,15 +27,13 @@ from .metrics_collectors import BrokerCollector, DetailedCollector
 from .metrics_families import DETAILED_FAMILIES, PROTOCOL, RABBITMQ_VERSION
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from collections.abc import Callable
+
+    from ..scheduler import Scheduler
+    from ..services import MetricsServices
+    from .stats import MessageTotals
 
 __all__ = ["PROTOCOL", "RABBITMQ_VERSION", "BrokerCollector", "DetailedCollector", "routes"]
-
-
-def make_registry(broker: Broker, per_object: bool) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker, per_object))
-    return registry
 
 
 class _Snapshot:
@@ -63,26 +61,30 @@ async def render(collector) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def routes(broker: Broker) -> list:
-    collectors = {per_object: BrokerCollector(broker, per_object) for per_object in (False, True)}
+def routes(services: MetricsServices, totals: MessageTotals, scheduler: Scheduler,
+           memory_limit: Callable[[], int]) -> list:
+    collectors = {per_object: BrokerCollector(services, totals, scheduler, memory_limit,
+                                              per_object)
+                  for per_object in (False, True)}
+    config = services.config
 
     async def scrape(request: Request, per_object: bool) -> Response:
-        if broker.config.metrics_auth:
+        if config.metrics_auth:
             await require(request, "monitoring")
         return await render(collectors[per_object])
 
     async def metrics(request: Request) -> Response:
-        return await scrape(request, broker.config.metrics_per_object)
+        return await scrape(request, config.metrics_per_object)
 
     async def per_object(request: Request) -> Response:
         return await scrape(request, True)
 
     async def detailed(request: Request) -> Response:
-        if broker.config.metrics_auth:
+        if config.metrics_auth:
             await require(request, "monitoring")
         families = {f for f in request.query_params.getlist("family") if f in DETAILED_FAMILIES}
         vhosts = set(request.query_params.getlist("vhost"))
-        return await render(DetailedCollector(broker, families, vhosts))
+        return await render(DetailedCollector(services, families, vhosts))
 
     return [Route("/metrics", metrics), Route("/metrics/per-object", per_object),
             Route("/metrics/detailed", detailed)]

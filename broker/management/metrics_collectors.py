@@ -29,19 +29,30 @@ from .metrics_families import (
 from .stats import connection_counts
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from collections.abc import Callable
+
+    from ..scheduler import Scheduler
+    from ..services import MetricsServices
+    from .stats import MessageTotals
 
 
 class BrokerCollector:
-    def __init__(self, broker: Broker, per_object: bool):
-        self.broker = broker
+    """/metrics: the broker's services, the message totals, the scheduler's backlog and the
+    memory limit (``memory_limit()``: read at each scrape, as the alarm check reads it)."""
+
+    def __init__(self, services: MetricsServices, totals: MessageTotals, scheduler: Scheduler,
+                 memory_limit: Callable[[], int], per_object: bool):
+        self.services = services
+        self.totals = totals
+        self.scheduler = scheduler
+        self.memory_limit = memory_limit
         self.per_object = per_object
 
     def collect(self):
-        broker = self.broker
+        services = self.services
         yield from identity()
-        totals = broker.message_totals.current()
-        sessions = [s for s in list(broker.sessions) if s.vhost is not None]
+        totals = self.totals.current()
+        sessions = [s for s in list(services.sessions) if s.vhost is not None]
         channels = sum(len(s.channels) for s in sessions)
         consumers = 0
         labels = ["vhost", "queue"] if self.per_object else None
@@ -70,7 +81,7 @@ class BrokerCollector:
         queues = 0
         sums = [0, 0, 0, 0, 0, 0]  # ready, unacked, consumers, ready bytes, published,
         # unacked bytes
-        for vhost in list(broker.vhosts.values()):
+        for vhost in list(services.vhosts.values()):
             for q in list(vhost.queues.values()):
                 if q.internal:
                     continue
@@ -112,7 +123,7 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected",
                                 value=consumers)
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=queues)
-        yield from churn_families(broker, "rabbitmq_")
+        yield from churn_families(services, "rabbitmq_")
         chans = [ch for s in sessions for ch in list(s.channels.values())]
         yield GaugeMetricFamily("rabbitmq_channel_consumers", "Consumers on a channel",
                                 value=sum(len(ch.consumers) for ch in chans))
@@ -132,11 +143,12 @@ class BrokerCollector:
                                           for c in list(ch.consumers.values())))
         yield GaugeMetricFamily("rabbitmq_connection_channels", "Channels on a connection",
                                 value=channels)
-        yield from auth_families(broker.access, "rabbitmq_")
-        yield from global_families(broker, sessions, totals, unconfirmed)
-        yield from queue_type_families(broker)
-        yield from dead_letter_families(broker)
-        yield from recovery_families(broker.recovery)
+        yield from auth_families(services.access, "rabbitmq_")
+        yield from global_families(services, sessions, totals, unconfirmed,
+                                   self.totals.stream_published())
+        yield from queue_type_families(services)
+        yield from dead_letter_families(services)
+        yield from recovery_families(services.recovery)
         # rabbitmq_prometheus's channel counters (its "get" and "delivered" are the no-ack
         # ones, "get_ack" and "delivered_ack" the ack-mode ones); closed channels included
         for name, doc, value in (
@@ -180,7 +192,7 @@ class BrokerCollector:
                 ("rabbitmq_connection_outgoing_packets", "Total number of packets sent on a "
                  "connection", octets[3])):
             yield CounterMetricFamily(name, doc, value=value)
-        alarms = broker.alarms
+        alarms = services.alarms
         # untyped, as rabbitmq_prometheus serves its alarm families
         for name, doc, value in (
                 ("rabbitmq_alarms_memory_used_watermark",
@@ -203,18 +215,18 @@ class BrokerCollector:
         yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
                                 "Memory used in bytes", value=process_rss())
         yield GaugeMetricFamily("rabbitmq_resident_memory_limit_bytes",
-                                "Memory high watermark in bytes", value=broker.memory_limit)
+                                "Memory high watermark in bytes", value=self.memory_limit())
         yield GaugeMetricFamily("rabbitmq_process_open_fds", "Open file descriptors",
                                 value=open_fds)
         yield GaugeMetricFamily("rabbitmq_process_max_fds", "Open file descriptors limit",
                                 value=max_fds)
         yield GaugeMetricFamily("rabbitmq_process_open_tcp_sockets", "Open TCP sockets",
-                                value=len(broker.sessions))
+                                value=len(services.sessions))
         # no separate socket limit: sockets are file descriptors; RabbitMQ keeps ~10% of
         # them for files, so does this figure
         yield GaugeMetricFamily("rabbitmq_process_max_tcp_sockets", "Open TCP sockets limit",
                                 value=int(max_fds * 0.9))
-        config = broker.config
+        config = services.config
         try:
             free = shutil.disk_usage(config.data_dir).free
         except OSError:
@@ -225,7 +237,7 @@ class BrokerCollector:
                                 "Free disk space low watermark in bytes",
                                 value=config.disk_free_limit)
         # ---- this broker's own ----
-        store = broker.store
+        store = services.store
         stats = store.flush_stats
         if stats is not None:
             buckets = []
@@ -243,7 +255,7 @@ class BrokerCollector:
                            stats.errors)
         yield GaugeMetricFamily("triomq_scheduler_pending",
                                 "Scheduled messages waiting for their time",
-                                value=broker.scheduler.pending)
+                                value=self.scheduler.pending)
         yield GaugeMetricFamily("triomq_alarms", "Resource alarms in effect", value=len(alarms))
 
 
@@ -251,19 +263,19 @@ class DetailedCollector:
     """/metrics/detailed: the families asked for, per object, ``rabbitmq_detailed_*``;
     ``vhosts`` (if any) limits the queue families to those vhosts."""
 
-    def __init__(self, broker: Broker, families: set[str], vhosts: set[str]):
-        self.broker = broker
+    def __init__(self, services: MetricsServices, families: set[str], vhosts: set[str]):
+        self.services = services
         self.families = families
         self.vhosts = vhosts
 
     def collect(self):
-        broker = self.broker
+        services = self.services
         yield from identity()
         fam = self.families
         if "connection_churn_metrics" in fam:
-            yield from churn_families(broker, "rabbitmq_detailed_")
+            yield from churn_families(services, "rabbitmq_detailed_")
         if "auth_attempt_metrics" in fam:
-            yield from auth_families(broker.access, "rabbitmq_detailed_")
+            yield from auth_families(services.access, "rabbitmq_detailed_")
         queue_families = fam & {"queue_coarse_metrics", "queue_consumer_count", "queue_metrics"}
         if queue_families:
             labels = ["vhost", "queue"]
@@ -289,7 +301,7 @@ class DetailedCollector:
             head = GaugeMetricFamily("rabbitmq_detailed_queue_head_message_timestamp",
                                      "Timestamp of the first message in the queue, if any",
                                      labels=labels)
-            for vhost in list(broker.vhosts.values()):
+            for vhost in list(services.vhosts.values()):
                 if self.vhosts and vhost.name not in self.vhosts:
                     continue
                 for q in list(vhost.queues.values()):
@@ -318,7 +330,7 @@ class DetailedCollector:
                                      "Consumers on a channel", labels=labels)
             unconfirmed = GaugeMetricFamily("rabbitmq_detailed_channel_messages_unconfirmed",
                                             "Published but not yet confirmed", labels=labels)
-            for s in list(broker.sessions):
+            for s in list(services.sessions):
                 if s.vhost is None or (self.vhosts and s.vhost.name not in self.vhosts):
                     continue
                 for number, ch in list(s.channels.items()):

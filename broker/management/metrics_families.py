@@ -21,8 +21,8 @@ from ..churn import QUEUE_STATS, queue_stats
 from .common import NODE
 
 if TYPE_CHECKING:
-    from ..broker import Broker
     from ..queues.queue import Queue
+    from ..services import MetricsServices, StatsServices
 
 RABBITMQ_VERSION = "3.10.8"  # the version this broker answers as (server properties, /api)
 PROTOCOL = "amqp091"  # AMQP 0-9-1 channels' (and the API's, STOMP's) protocol label
@@ -106,7 +106,8 @@ def protocol_of(obj) -> str:
     return obj.metrics_protocol or PROTOCOL
 
 
-def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: int) -> list:
+def global_families(services: MetricsServices, sessions: list, totals: dict, unconfirmed: int,
+                    stream_published: int) -> list:
     """rabbitmq_global_publishers/consumers and rabbitmq_global_messages_*{protocol}:
     AMQP 0-9-1 from its channels' counters (and the API's publishes), stream publishes
     from the stream connections, every other protocol from the publish path's count
@@ -118,10 +119,9 @@ def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: i
                 unroutable_returned=totals["return_unroutable"],
                 unroutable_dropped=totals["drop_unroutable"],
                 received_confirm=totals["confirm"] + unconfirmed)
-    stream = broker.message_totals.stream_published()
-    counts["stream"].update(received=stream)
+    counts["stream"].update(received=stream_published)
     for protocol, (received, dropped, returned) in list(
-            broker.publishing.by_protocol.items()):
+            services.publishing.by_protocol.items()):
         n = counts.setdefault(protocol, Counter())
         n.update(received=received, unroutable_dropped=dropped, unroutable_returned=returned)
     for n in counts.values():
@@ -132,7 +132,7 @@ def global_families(broker: Broker, sessions: list, totals: dict, unconfirmed: i
     for s in sessions:
         if s.is_publisher:
             publishers[protocol_of(s)] += 1
-    for vhost in list(broker.vhosts.values()):
+    for vhost in list(services.vhosts.values()):
         for q in list(vhost.queues.values()):
             if not q.internal:
                 for consumer in q.consumers:
@@ -175,13 +175,13 @@ def head_timestamp(q: Queue) -> int | None:
 QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_queue")
 
 
-def queue_type_families(broker: Broker) -> list:
+def queue_type_families(services: StatsServices) -> list:
     """The global delivery counters RabbitMQ labels {protocol, queue_type}: summed from the
     queues' own counters (live ones, and deleted ones kept by ``Churn.retire``); the
     deliveries and acks of consumers of other protocols (``Churn.by_protocol``: MQTT, AMQP
     1.0 ...) under their label, the rest under amqp091."""
-    sums = {qt: Counter(counts) for qt, counts in broker.churn.retired.items()}
-    for vhost in list(broker.vhosts.values()):
+    sums = {qt: Counter(counts) for qt, counts in services.churn.retired.items()}
+    for vhost in list(services.vhosts.values()):
         for q in list(vhost.queues.values()):
             if q.internal:
                 continue
@@ -191,7 +191,7 @@ def queue_type_families(broker: Broker) -> list:
     # per (protocol, queue type): Counter of the QUEUE_STATS names
     split: dict[tuple[str, str], Counter] = {}
     for (protocol, qt), (manual, auto, redelivered, acked) in list(
-            broker.churn.by_protocol.items()):
+            services.churn.by_protocol.items()):
         other = Counter(stats_delivered=manual + auto, stats_deliver_no_ack=auto,
                         stats_redeliver=redelivered, stats_acked=acked)
         split[(protocol, qt)] = other
@@ -228,16 +228,16 @@ def queue_type_families(broker: Broker) -> list:
     return out
 
 
-def churn_families(broker: Broker, prefix: str) -> list:
+def churn_families(services: StatsServices, prefix: str) -> list:
     """connection_churn_metrics; closed counts are opened minus still open."""
-    churn = broker.churn
-    open_channels = sum(len(s.channels) for s in list(broker.sessions))
+    churn = services.churn
+    open_channels = sum(len(s.channels) for s in list(services.sessions))
     out = []
     for name, doc, value in (
             ("connections_opened", "Total number of connections opened",
              churn.connections_opened),
             ("connections_closed", "Total number of connections closed or terminated",
-             max(0, churn.connections_opened - len(broker.sessions))),
+             max(0, churn.connections_opened - len(services.sessions))),
             ("channels_opened", "Total number of channels opened", churn.channels_opened),
             ("channels_closed", "Total number of channels closed",
              max(0, churn.channels_opened - open_channels)),
@@ -270,10 +270,10 @@ def recovery_families(recovery) -> list:
     return [active, done, total, seconds]
 
 
-def dead_letter_families(broker: Broker) -> list:
+def dead_letter_families(services: StatsServices) -> list:
     """rabbitmq_global_messages_dead_lettered_<reason>_total{queue_type, dead_letter_strategy};
     classic at-most-once and disabled always present at 0, as RabbitMQ shows them."""
-    counts = broker.churn.dead_lettered
+    counts = services.churn.dead_lettered
     out = []
     for reason, name in DEAD_LETTER_REASONS.items():
         c = CounterMetricFamily("rabbitmq_global_messages_dead_lettered_" + name,

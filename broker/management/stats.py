@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from ..broker import Broker
     from ..listeners.amqp_session import Session
     from ..listeners.session_base import ProtocolSession
     from ..queues.queue import Queue
+    from ..services import StatsServices
 
 INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 RING = 120  # overview samples kept: 10 minutes at 5 s
@@ -58,10 +58,10 @@ CHURN_FIELDS = ("connection_created", "connection_closed", "channel_created", "c
                 "queue_declared", "queue_created", "queue_deleted")
 
 
-def churn_counts(broker: Broker) -> tuple:
+def churn_counts(services: StatsServices) -> tuple:
     """``CHURN_FIELDS`` of the broker: closed counts are opened minus still open."""
-    churn = broker.churn
-    sessions = list(broker.sessions)
+    churn = services.churn
+    sessions = list(services.sessions)
     open_channels = sum(len(s.channels) for s in sessions)
     return (churn.connections_opened, max(0, churn.connections_opened - len(sessions)),
             churn.channels_opened, max(0, churn.channels_opened - open_channels),
@@ -79,8 +79,8 @@ class MessageTotals:
     """Broker-wide message counters: live channels' counters plus those of closed channels
     (``retire``). Never decreases; what /metrics exports as ``*_total``."""
 
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: StatsServices):
+        self.services = services
         self.retired = dict.fromkeys(CHANNEL_FIELDS, 0)
         self.retired_by_vhost: dict[str, dict[str, int]] = {}
         self.retired_octets: dict[str, list[int]] = {}  # vhost -> [recv_oct, send_oct]
@@ -118,13 +118,13 @@ class MessageTotals:
     def stream_published(self) -> int:
         """Messages written by stream protocol publishers, closed connections included."""
         return self.retired_stream_published + sum(
-            s.messages_published for s in list(self.broker.sessions))
+            s.messages_published for s in list(self.services.sessions))
 
     def octets_by_vhost(self) -> dict[str, tuple[int, int]]:
         """``(recv_oct, send_oct)`` per vhost name, closed connections included (vhosts
         that never had a connection are missing)."""
         out = {name: list(r) for name, r in self.retired_octets.items()}
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             if session.vhost is None:
                 continue
             counts = connection_counts(session)
@@ -136,7 +136,7 @@ class MessageTotals:
     def by_vhost(self) -> dict[str, dict[str, int]]:
         """The same counters per vhost name (vhosts without traffic are missing)."""
         out = {name: dict(r) for name, r in self.retired_by_vhost.items()}
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             if session.vhost is None:
                 continue
             r = out.setdefault(session.vhost.name, dict.fromkeys(CHANNEL_FIELDS, 0))
@@ -149,7 +149,7 @@ class MessageTotals:
 
     def current(self) -> dict[str, int]:
         out = dict(self.retired)
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             for ch in list(session.channels.values()):
                 if ch.released:
                     continue
@@ -187,10 +187,12 @@ OVERVIEW_FIELDS = (*CHANNEL_FIELDS, "deliver_get", "messages", "messages_ready",
 
 
 class Sampler:
-    """Samples queues, channels and broker totals every ``INTERVAL`` seconds."""
+    """Samples queues, channels and broker totals (``totals``) every ``INTERVAL`` seconds."""
 
-    def __init__(self, broker: Broker, interval: float = INTERVAL):
-        self.broker = broker
+    def __init__(self, services: StatsServices, totals: MessageTotals,
+                 interval: float = INTERVAL):
+        self.services = services
+        self.totals = totals
         self.interval = interval
         self.queues: dict = {}  # queue -> latest counters (QUEUE_FIELDS order)
         self.queues_prev: dict = {}  # the sample before
@@ -216,7 +218,7 @@ class Sampler:
         self.queue_time = (self.queue_time[1], now)
         latest: dict = {}
         ready = unacked = 0
-        for vhost in list(self.broker.vhosts.values()):
+        for vhost in list(self.services.vhosts.values()):
             for q in list(vhost.queues.values()):
                 r, u = q.message_count, q.unacked_count
                 latest[q] = (*queue_counts(q), r, u)
@@ -234,26 +236,26 @@ class Sampler:
             self.queue_changed = {q: changed[q] for q in latest}
         self.queues_prev, self.queues = self.queues, latest
         channels: dict = {}
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             for ch in list(session.channels.values()):
                 cur = Sample(now, channel_counts(ch))
                 old = self.channels.get(ch)
                 channels[ch] = (old[1] if old else None, cur)
         self.channels = channels
         connections: dict = {}
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             oct_ = connection_counts(session)
             old = self.connections.get(session)
             connections[session] = (old[1] if old else None, Sample(now, (oct_[0], oct_[2])))
         self.connections = connections
         exchanges: dict = {}
-        for vhost in list(self.broker.vhosts.values()):
+        for vhost in list(self.services.vhosts.values()):
             for x in list(vhost.exchanges.values()):
                 old = self.exchanges.get(x)
                 exchanges[x] = (old[1] if old else None,
                                 Sample(now, (x.stats_publish_in, x.stats_publish_out)))
         self.exchanges = exchanges
-        totals = self.broker.message_totals
+        totals = self.totals
         self.vhosts_prev = self.vhosts
         self.vhosts = {name: tuple(r[f] for f in CHANNEL_FIELDS)
                        for name, r in totals.by_vhost().items()}
@@ -263,7 +265,7 @@ class Sampler:
         values = (*(t[f] for f in CHANNEL_FIELDS), with_deliver_get(t)["deliver_get"],
                   ready + unacked, ready, unacked)
         self._overview_prev, self._overview_cur = self._overview_cur, Sample(now, values)
-        churn = Sample(now, churn_counts(self.broker))
+        churn = Sample(now, churn_counts(self.services))
         self._churn_prev, self._churn_cur = self._churn_cur, churn
         self.overview.append((time.time(), {**dict(zip(OVERVIEW_FIELDS, values, strict=True)),
                                             **dict(zip(CHURN_FIELDS, churn.values,

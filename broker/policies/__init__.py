@@ -1,10 +1,11 @@
 """Policies and operator policies (RabbitMQ's), at ``broker.policies``.
 
-``install(broker)`` is called from ``Broker.__init__``: it creates the registry
-(``registry.Policies``), lets the vhosts ask it for the policy of each new queue and
-exchange, follows vhosts created and deleted in ``broker.access`` (a deleted
-vhost's policies go with it), takes its stored records back at recovery (metadata kinds ``policy`` and
-``operator_policy``) and applies them once queues and exchanges are recreated.
+``install(broker, services)`` is called from ``Broker.__init__``: it creates the registry
+(``registry.Policies``, on the vhosts and store of ``services.PolicyServices``), lets the
+vhosts ask it for the policy of each new queue and exchange, follows vhosts created and
+deleted in ``broker.access`` (a deleted vhost's policies go with it), takes its stored
+records back at recovery (metadata kinds ``policy`` and ``operator_policy``) and applies
+them once queues and exchanges are recreated.
 Validation (``validate``) is apart from behaviour; the queue and the exchange
 reconfigure themselves (``Queue.apply_policy``, ``Exchange.apply_policy``).
 See docs/policies.md.
@@ -25,6 +26,7 @@ from .validate import (
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import PolicyServices
 
 __all__ = [
     "OPERATOR_POLICY_KEYS",
@@ -42,8 +44,8 @@ __all__ = [
 ]
 
 
-def install(broker: Broker) -> Policies:
-    policies = Policies(broker)
+def install(broker: Broker, services: PolicyServices) -> Policies:
+    policies = Policies(services)
     broker.policies = policies
     for vhost in broker.vhosts.values():
         vhost.policies = policies

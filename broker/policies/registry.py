@@ -35,6 +35,7 @@ from .validate import (
 
 if TYPE_CHECKING:
     from ..queues.queue import Queue
+    from ..services import PolicyServices
 
 log = logging.getLogger("broker.policies")
 
@@ -120,8 +121,8 @@ class Policies:
     broker's loop, synchronously.
     """
 
-    def __init__(self, broker: Any):
-        self.broker = broker
+    def __init__(self, services: PolicyServices):
+        self.services = services
         # vhost name -> policy name -> Policy; index 0 policies, 1 operator policies
         self._tables: tuple[dict[str, dict[str, Policy]], dict[str, dict[str, Policy]]] = ({}, {})
         self._ranked: dict[tuple[int, str], list[Policy]] = {}  # cache, by priority
@@ -191,7 +192,7 @@ class Policies:
 
     def apply_all(self, vhost_name: str) -> None:
         """Bring every queue and exchange of the vhost in line with its policies."""
-        vhost = self.broker.vhosts.get(vhost_name)
+        vhost = self.services.vhosts.get(vhost_name)
         if vhost is None:
             return
         vhost.policies = self
@@ -203,7 +204,7 @@ class Policies:
 
     def vhost_added(self, vhost_name: str) -> None:
         """A new vhost: its queues and exchanges will ask for their policy."""
-        vhost = self.broker.vhosts.get(vhost_name)
+        vhost = self.services.vhosts.get(vhost_name)
         if vhost is not None:
             vhost.policies = self
 
@@ -229,7 +230,7 @@ class Policies:
         the item, or VhostNotFound."""
         if not isinstance(defs, dict):
             raise PolicyError("definitions should be a JSON object", None)
-        known = set(self.broker.vhosts) | set(vhosts_to_come)
+        known = set(self.services.vhosts) | set(vhosts_to_come)
         for v in defs.get("vhosts") or ():
             if isinstance(v, dict) and isinstance(v.get("name"), str):
                 known.add(v["name"])
@@ -263,7 +264,7 @@ class Policies:
         items = self.check_import(defs, vhosts_to_come)
         touched: set[str] = set()
         for _index, policy in items:
-            if policy.vhost not in self.broker.vhosts:
+            if policy.vhost not in self.services.vhosts:
                 raise VhostNotFound(policy.vhost)  # the caller did not create it after all
         for index, policy in items:
             self._store(index, policy)
@@ -287,7 +288,7 @@ class Policies:
     # ---- internals ----
     def _put(self, index: int, vhost: str, name: str, body: Any) -> dict:
         policy = parse_policy(vhost, name, body, operator=bool(index))
-        if vhost not in self.broker.vhosts:
+        if vhost not in self.services.vhosts:
             raise VhostNotFound(vhost)
         for check in POLICY_CHECKS:
             check(self, index, policy)
@@ -298,7 +299,7 @@ class Policies:
     def _store(self, index: int, policy: Policy) -> None:
         self._tables[index].setdefault(policy.vhost, {})[policy.name] = policy
         self._ranked.pop((index, policy.vhost), None)
-        self.broker.store.save_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
+        self.services.store.save_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
                                     _meta_key(policy.vhost, policy.name), policy.as_dict())
 
     def _clear(self, index: int, vhost: str, name: str) -> None:
@@ -313,7 +314,7 @@ class Policies:
         self._changed(vhost)
 
     def _forget(self, index: int, vhost: str, name: str) -> None:
-        self.broker.store.delete_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
+        self.services.store.delete_meta((POLICY_KIND, OPERATOR_POLICY_KIND)[index],
                                       _meta_key(vhost, name))
 
     def _get(self, index: int, vhost: str, name: str) -> dict:

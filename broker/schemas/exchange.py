@@ -46,7 +46,7 @@ def _policy_evolution(policies, index: int, policy) -> None:
     exchange otherwise. Exchanges with their own ``x-avro-schema`` argument keep it and
     are not affected; neither are those where another policy keeps precedence."""
     new = policy.definition.get(POLICY_KEY)
-    vhost = policies.broker.vhosts.get(policy.vhost)
+    vhost = policies.services.vhosts.get(policy.vhost)
     if index != 0 or not isinstance(new, str) or vhost is None:
         return
     for x in list(vhost.exchanges.values()):

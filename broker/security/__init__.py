@@ -53,19 +53,23 @@ from .model import TAGS, DefinitionError, NotFound, Permission, TopicPermission,
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..services import AccessServices
 
 __all__ = ["TAGS", "AccessControl", "DefinitionError", "NotFound", "Permission",
            "TopicPermission", "User", "install"]
 
 
-def install(broker: Broker) -> AccessControl:
-    """Create ``broker.access`` from the broker's config (default user, loopback users)."""
+def install(broker: Broker, services: AccessServices) -> AccessControl:
+    """Create ``broker.access`` from the broker's config (default user, loopback users), on
+    ``services``; its stored records come back through ``broker.meta_restorers``."""
     config = broker.config
-    access = AccessControl(broker, default_user=config.default_user,
+    access = AccessControl(services, default_user=config.default_user,
                            default_pass=config.default_pass,
                            loopback_users=tuple(config.loopback_users),
                            failure_delay=config.auth_failure_delay)
     broker.access = access
+    broker.meta_restorers.update(access.restorers())
+    broker.recovery_hooks.append(access.recovered)
     if config.oauth2_resource_server_id:
         from functools import partial
 

@@ -18,8 +18,9 @@ from .oauth2 import OAuth2, TokenUser
 from .passwords import SHA256, hash_password, scram_credentials
 
 if TYPE_CHECKING:
-    from ..broker import Broker
-    pass
+    from collections.abc import Callable
+
+    from ..services import AccessServices
 
 log = logging.getLogger("broker.access")
 
@@ -36,10 +37,11 @@ def _pkey(*parts: str) -> str:
 
 
 class AccessControl(Logins, Limits):
-    def __init__(self, broker: Broker, default_user: str = "guest", default_pass: str = "guest",
+    def __init__(self, services: AccessServices, default_user: str = "guest",
+                 default_pass: str = "guest",
                  loopback_users: tuple[str, ...] | list[str] = ("guest",),
                  failure_delay: float = 1.0):
-        self.broker = broker
+        self.services = services
         self.default_user = default_user
         self.default_pass = default_pass
         self.loopback_users = set(loopback_users)
@@ -63,12 +65,13 @@ class AccessControl(Logins, Limits):
         self.on_change: list = []
         self._restored = False
         self._defaults()
-        for kind, restorer in ((KIND_USER, self._restore_user), (KIND_VHOST, self._restore_vhost),
-                               (KIND_PERMISSION, self._restore_permission),
-                               (KIND_TOPIC, self._restore_topic),
-                               (KIND_STATE, self._restore_state)):
-            broker.meta_restorers[kind] = restorer
-        broker.recovery_hooks.append(self._after_recovery)
+
+    def restorers(self) -> dict[str, Callable[[str, dict], None]]:
+        """The stored metadata kinds this takes back at recovery, each with its restorer
+        (``security.install`` registers them; ``recovered`` runs after them)."""
+        return {KIND_USER: self._restore_user, KIND_VHOST: self._restore_vhost,
+                KIND_PERMISSION: self._restore_permission, KIND_TOPIC: self._restore_topic,
+                KIND_STATE: self._restore_state}
 
     # ------------------------------------------------------------------ first start
     def _defaults(self) -> None:
@@ -77,21 +80,23 @@ class AccessControl(Logins, Limits):
         self.users = {self.default_user: User(self.default_user, hash_password(self.default_pass),
                                               SHA256, ("administrator",))}
         self.vhost_info = {name: {"description": "Default virtual host" if name == "/" else "",
-                                  "tags": [], "limits": {}} for name in self.broker.vhosts}
+                                  "tags": [], "limits": {}} for name in self.services.vhosts}
         self.perms = {(self.default_user, v): Permission(".*", ".*", ".*") for v in self.vhost_info}
         self.topic_perms = {}
 
-    def _after_recovery(self) -> None:
-        store = self.broker.store
+    def recovered(self) -> None:
+        """After recovery: the records read back replace the first start's defaults (or
+        the defaults are stored, on a store that had none)."""
+        store = self.services.store
         if self._restored:
-            for name in [n for n in self.broker.vhosts if n not in self.vhost_info]:
-                if not self.broker.vhosts[name].queues:
-                    del self.broker.vhosts[name]  # deleted before the restart
+            for name in [n for n in self.services.vhosts if n not in self.vhost_info]:
+                if not self.services.vhosts[name].queues:
+                    del self.services.vhosts[name]  # deleted before the restart
                 else:
                     self.vhost_info[name] = {"description": "", "tags": [], "limits": {}}
                     self._save_vhost(name)
         else:
-            for name in self.broker.vhosts:
+            for name in self.services.vhosts:
                 self.vhost_info.setdefault(name, {"description": "", "tags": [], "limits": {}})
                 self._save_vhost(name)
             for user in self.users.values():
@@ -125,7 +130,7 @@ class AccessControl(Logins, Limits):
                                 "limits": dict(value.get("limits", {}))}
         if value.get("default_queue_type"):
             self.vhost_info[key]["default_queue_type"] = value["default_queue_type"]
-        self.broker.create_vhost(key).default_queue_type = value.get("default_queue_type")
+        self.services.create_vhost(key).default_queue_type = value.get("default_queue_type")
 
     def _restore_permission(self, key: str, value: dict) -> None:
         self._first_record()
@@ -139,10 +144,10 @@ class AccessControl(Logins, Limits):
 
     # ------------------------------------------------------------------ persistence helpers
     def _save_vhost(self, name: str) -> None:
-        self.broker.store.save_meta(KIND_VHOST, name, dict(self.vhost_info[name]))
+        self.services.store.save_meta(KIND_VHOST, name, dict(self.vhost_info[name]))
 
     def _save_user(self, user: User) -> None:
-        self.broker.store.save_meta(KIND_USER, user.name, user.stored())
+        self.services.store.save_meta(KIND_USER, user.name, user.stored())
 
     def _changed(self, username: str | None = None) -> None:
         """Reload the cached checks (of ``username``, or everyone's)."""
@@ -248,11 +253,11 @@ class AccessControl(Logins, Limits):
         the user's open connections are closed (320), as RabbitMQ does since 3.7."""
         self._user(name)
         del self.users[name]
-        for session in list(self.broker.sessions):
+        for session in list(self.services.sessions):
             user = session.user
             if user is not None and user.name == name:
                 session.force_close(errors.connection_forced("user '%s' is deleted", name))
-        store = self.broker.store
+        store = self.services.store
         store.delete_meta(KIND_USER, name)
         for key in [k for k in self.perms if k[0] == name]:
             del self.perms[key]
@@ -311,9 +316,9 @@ class AccessControl(Logins, Limits):
         info = dict(info, description=description, tags=list(tags or info.get("tags", [])))
         if default_queue_type:
             info["default_queue_type"] = default_queue_type
-        created = name not in self.broker.vhosts
+        created = name not in self.services.vhosts
         self.vhost_info[name] = info
-        self.broker.create_vhost(name).default_queue_type = info.get("default_queue_type")
+        self.services.create_vhost(name).default_queue_type = info.get("default_queue_type")
         self._save_vhost(name)
         if created:
             for callback in self.on_vhost_added:
@@ -322,13 +327,13 @@ class AccessControl(Logins, Limits):
     def delete_vhost(self, name: str) -> None:
         """Delete a vhost and everything in it: its connections are closed (320), its
         queues (with their messages) and exchanges deleted, permissions dropped."""
-        if name not in self.vhost_info and name not in self.broker.vhosts:
+        if name not in self.vhost_info and name not in self.services.vhosts:
             raise NotFound(f"no such vhost '{name}'")
-        vhost = self.broker.vhosts.pop(name, None)
+        vhost = self.services.vhosts.pop(name, None)
         self.vhost_info.pop(name, None)
-        store = self.broker.store
+        store = self.services.store
         if vhost is not None:
-            for session in list(self.broker.sessions):
+            for session in list(self.services.sessions):
                 if session.vhost is vhost:
                     session.force_close(errors.connection_forced("vhost '%s' is deleted", name))
             for q in list(vhost.queues.values()):
@@ -378,13 +383,13 @@ class AccessControl(Logins, Limits):
         p = Permission(model.pattern("configure", configure), model.pattern("write", write),
                        model.pattern("read", read))
         self.perms[(user, vhost)] = p
-        self.broker.store.save_meta(KIND_PERMISSION, _pkey(user, vhost), p.record(user, vhost))
+        self.services.store.save_meta(KIND_PERMISSION, _pkey(user, vhost), p.record(user, vhost))
         self._changed(user)
 
     def clear_permissions(self, user: str, vhost: str) -> None:
         if self.perms.pop((user, vhost), None) is None:
             raise NotFound(f"no permissions for user '{user}' in vhost '{vhost}'")
-        self.broker.store.delete_meta(KIND_PERMISSION, _pkey(user, vhost))
+        self.services.store.delete_meta(KIND_PERMISSION, _pkey(user, vhost))
         self._changed(user)
 
     def list_permissions(self, user: str | None = None, vhost: str | None = None) -> list[dict]:
@@ -398,7 +403,7 @@ class AccessControl(Logins, Limits):
         tp = TopicPermission(model.name("exchange", exchange), model.pattern("write", write),
                              model.pattern("read", read))
         self.topic_perms.setdefault((user, vhost), {})[exchange] = tp
-        self.broker.store.save_meta(KIND_TOPIC, _pkey(user, vhost, exchange), tp.record(user, vhost))
+        self.services.store.save_meta(KIND_TOPIC, _pkey(user, vhost, exchange), tp.record(user, vhost))
         self._changed(user)
 
     def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
@@ -407,7 +412,7 @@ class AccessControl(Logins, Limits):
             raise NotFound(f"no topic permissions for user '{user}' in vhost '{vhost}'")
         for x in [exchange] if exchange is not None else list(perms):
             del perms[x]
-            self.broker.store.delete_meta(KIND_TOPIC, _pkey(user, vhost, x))
+            self.services.store.delete_meta(KIND_TOPIC, _pkey(user, vhost, x))
         if not perms:
             del self.topic_perms[(user, vhost)]
         self._changed(user)

@@ -12,7 +12,7 @@ from .model import USER_LIMITS, VHOST_LIMITS, DefinitionError
 from .passwords import SHA256, hash_password
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..services import AccessServices
 
 _USER_KEYS = {"name", "password_hash", "hashing_algorithm", "tags", "limits", "password"}
 _VHOST_KEYS = {"name", "description", "tags", "metadata", "default_queue_type", "limits",
@@ -168,9 +168,7 @@ def read_definitions(path: str) -> dict:
         raise DefinitionError("file", exc.strerror or str(exc)) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DefinitionError("file", f"not valid JSON: {exc}") from None
-    # a scratch AccessControl that only validates: of a broker it reads the vhosts and
-    # registers restorers and a recovery hook that never run
-    scratch = AccessControl(cast("Broker", SimpleNamespace(vhosts={"/": None}, meta_restorers={},
-                                                           recovery_hooks=[])))
+    # a scratch AccessControl that only validates: of its services it reads the vhosts
+    scratch = AccessControl(cast("AccessServices", SimpleNamespace(vhosts={"/": None})))
     validate(scratch, defs)
     return defs
