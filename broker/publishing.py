@@ -68,7 +68,10 @@ class PublishOrigin(Protocol):
     connection: ``broker``, ``user``, ``force_close``); the audit trail reads
     ``audit_ctx``."""
 
-    vhost: VirtualHost
+    @property
+    def vhost(self) -> VirtualHost | None:
+        """Where it publishes; None only for a protocol session before its login, which
+        publishes nothing then (``publish`` refuses such an origin)."""
 
     @property
     def metrics_protocol(self) -> str | None:
@@ -197,6 +200,9 @@ class Publishing:
         ``dead_lettered``). ``on_routed(queues)``: a feature's own record of where the
         message goes, after routing and before any enqueue (the scheduler's firing, which
         the audit trail records as ``fired``, not ``published``)."""
+        vhost = origin.vhost
+        if vhost is None:  # a session's publish before its login: a bug of that session
+            raise RuntimeError("publish from an origin without a vhost (not logged in)")
         audit = self.audit if audited and not queues_report else None
         protocol = origin.metrics_protocol
         counts = None
@@ -206,18 +212,18 @@ class Publishing:
                 counts = self.by_protocol[protocol] = [0, 0, 0]
             counts[0] += 1
         if hooks:
-            x = origin.vhost.exchanges.get(message.exchange)
+            x = vhost.exchanges.get(message.exchange)
             # an Avro schema, by argument or policy (usually both empty: nothing to check)
             if x is not None and (x.arguments or x.effective_policy_definition):
                 problem = avro_exchange.exchange_problem(x, message.body, message.properties)
                 if problem is not None:
-                    raise avro_exchange.publish_refused(origin.vhost, message.exchange, problem)
+                    raise avro_exchange.publish_refused(vhost, message.exchange, problem)
             for hook in self.hooks:
                 if hook(origin, message, mandatory, seq):
                     if audit is not None:
                         audit.published(origin, message, [], TAKEN, seq if tag is None else tag)
                     return TAKEN
-        queues = origin.vhost.route(message.exchange, message.routing_key, message)
+        queues = vhost.route(message.exchange, message.routing_key, message)
         if drop is not None and queues:
             queues = [q for q in queues if not drop(q)]
         if on_routed is not None:
@@ -267,12 +273,12 @@ class Publishing:
         if seq:
             pending = own or []
             if durable:
-                pending.append(origin.vhost.store)
+                pending.append(vhost.store)
             when_all(pending, lambda: origin.confirm_decided(seq, True, external=True),
                      lambda: origin.confirm_decided(seq, False, external=True))
         elif waits is not None:
             if durable:
-                waits.append(origin.vhost.store)
+                waits.append(vhost.store)
             if own is not None:
                 waits.extend(own)
         return STORING

@@ -195,6 +195,18 @@ def test_a_source_publish_reports_its_outcome(broker):
     assert vhost.queues["q"].message_count == 1
 
 
+def test_an_origin_without_a_vhost_is_refused_before_any_stage(broker):
+    """A protocol session's vhost is None until its login: the path says so at once (no
+    hook, queue or counter sees the message) instead of failing inside a stage."""
+    vhost = broker.vhosts["/"]
+    vhost.declare_queue("q", None, arguments={})
+    source = Source(vhost, "guest", "test")
+    source.vhost = None  # as a session before its login
+    with pytest.raises(RuntimeError, match="not logged in"):
+        broker.publishing.publish(source, Message("", "q", b"", {}, b"x"))
+    assert vhost.queues["q"].message_count == 0
+
+
 async def _mqtt_acks(stream, reader, want: int) -> list:
     got: list = []
     with trio.fail_after(10):  # a hang guard only

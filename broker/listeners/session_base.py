@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ..audit.recorder import AuditTrail
+    from ..broker import Broker
+    from ..message import Message
     from ..queues.queue import Consumer, Queue
     from ..security.authz import Authz
     from ..security.model import User
@@ -74,10 +76,7 @@ class ProtocolSession:
     messages_published = 0
 
     # set by every session's __init__ (and the edge: local_port, tls, wake)
-    # the Broker; typed so once every session is a publishing.PublishOrigin to mypy (MQTT's
-    # lacks confirm_decided/send_return, the Stream protocol's queue_over_threshold, and a
-    # session's vhost is None before its login)
-    broker: Any
+    broker: Broker  # the edge keeps the broker (docs/architecture.md, "Extension points")
     conn: Any  # the protocol's sans-IO connection
     audit: AuditTrail | None
     delivering: bool
@@ -159,6 +158,19 @@ class ProtocolSession:
             self.delivery_stalled = True  # type: ignore[misc]
             return False
         return True
+
+    # ---- as the origin of its publishes (publishing.PublishOrigin) ----
+    def confirm_decided(self, seq: int, ok: bool, external: bool = False) -> None:
+        """No AMQP publisher confirms: these sessions publish with ``seq`` 0 and answer
+        their client from the path's outcome (a PUBACK, a receipt, a disposition)."""
+
+    def send_return(self, message: Message, code: int, text: str) -> None:
+        """No mandatory returns: these sessions publish with ``mandatory`` False (an
+        unroutable message is the outcome's to answer)."""
+
+    def queue_over_threshold(self, queue: Queue) -> None:
+        """Flow control: not held by a queue's flow (the Stream protocol's publishers,
+        whose records go into a log); ``FlowControlledSession`` holds its publishers."""
 
     # ---- as a connection in broker.sessions ----
     @property

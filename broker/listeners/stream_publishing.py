@@ -96,7 +96,7 @@ class StreamPublishing(StreamSessionCore):
         sequence = pub.sequence
         written = 0
         # the audit trail's records of this frame, built only while it is on
-        audited: list | None = [] if self.broker.publishing.audit is not None else None
+        audited: list | None = [] if self.audit is not None else None
         located: list[tuple[int, int]] = []  # (msg, offset) of what ``audited`` appended
         for m in cmd.messages:
             pid = m.publishing_id
@@ -174,10 +174,11 @@ class StreamPublishing(StreamSessionCore):
         q = pub.queue
         q.stats_published += written
         self.messages_published += written
-        if audited:
+        audit = self.audit
+        if audited and audit is not None:
             self.broker.publishing.appended(self, q, audited)
             if located:
-                self.broker.publishing.audit.stream_appended(q, located)
+                audit.stream_appended(q, located)
         if refused:
             self.conn.send(codec.encode_publish_error(pub.id, refused))
 
@@ -212,7 +213,7 @@ class StreamPublishing(StreamSessionCore):
                         lg.directory, exc, len(run[3]))
             self._refuse_written(lg, run[3])
             return
-        audit = self.broker.publishing.audit
+        audit = self.audit
         if run[5] and audit is not None:
             audit.stream_appended(run[4], [(msg, first + i) for i, msg in enumerate(run[5])])
 

@@ -163,7 +163,7 @@ class StreamSession(StreamPublishing, StreamConsuming):
             self._handle_input()
 
     def _handle_input(self) -> None:
-        audit = self.broker.publishing.audit
+        audit = self.audit
         if audit is None:
             self._handle_events()
             return
