@@ -143,20 +143,26 @@ def test_delete_replica_of_the_leader_elects_another_and_loses_nothing_confirmed
         eventually(lambda: assert_has(reader.got, set(confirmed) | {b"after"}), timeout=60)
         assert reader.closed == []
 
-        # c leaves the group (a follower's copy deleted, or the leader steps down): its
-        # reader is told, as RabbitMQ's reader is when its member goes
-        r = ctl(b, "delete_replica", "s", "c")
+        # the follower leaves the group: its copy closes and goes, and the reader of that
+        # copy is told, as RabbitMQ's reader is when its member goes
+        second = Reader(other.stream_port, "s")
+        second.start()
+        assert second.subscribed.wait(30)
+        eventually(lambda: assert_has(second.got, {b"after"}), timeout=60)
+        r = ctl(leader, "delete_replica", "s", "c" if view["leader"] == "b" else "b")
         assert r.returncode == 0, r.stdout + r.stderr
-        eventually(lambda: assert_has(reader.closed, {"Metadata Update"}), timeout=60)
-        eventually(lambda: assert_has(api_stream(b, "s")["members"], {"b"}), timeout=60)
-        assert "ReplicaGap" not in full_log(b)
+        eventually(lambda: assert_has(second.closed, {"Metadata Update"}), timeout=60)
+        assert api_stream(leader, "s")["members"] == [view["leader"]]
+        assert "ReplicaGap" not in full_log(leader)
+        second.stop.set()
+        second.join(15)
     finally:
         if reader is not None:
             reader.stop.set()
             reader.join(15)
         for broker in (a, b, c):
             broker.stop()
-    kept = chunks(b, "s")
+    kept = chunks(leader, "s")
     records = [r for _i, rs in kept for _o, r in rs]
     assert len(records) >= len(confirmed) + 1
 
