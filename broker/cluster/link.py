@@ -74,6 +74,21 @@ _CONSUMER_ARGS = frozenset(("x-priority", "x-stream-offset", "x-stream-filter",
                             "x-stream-match-unfiltered"))
 
 
+def forward_properties(properties: dict, exchange: str, routing_key: str,
+                       extra: dict | None = None) -> bytes:
+    """A forwarded publish's encoded properties: its own, with the route header (and
+    ``extra`` headers) added (``Link.publish_raw`` takes them encoded, so a publish sent
+    on several links is encoded once)."""
+    from ..amqp.fields import encode_properties
+    props = dict(properties)
+    headers = dict(props.get("headers") or {})
+    headers[ROUTE_HEADER] = [exchange, routing_key]
+    if extra:
+        headers.update(extra)
+    props["headers"] = headers
+    return encode_properties(props)
+
+
 class LinkClosed(Exception):
     """The link's connection ended (peer closed, socket error, refused login)."""
 
@@ -210,31 +225,47 @@ class Link:
         for the first time or again after a clean break. The body is cut in frames of the
         negotiated size."""
         if not self.connected:
-            if self.failing or len(self._held) >= self.max_inflight:
-                return False
-            if not self._held:
-                self._held_since = trio.current_time()
-            self._held.append((queue, exchange, routing_key, properties, body, done, extra))
-            return True
-        from ..amqp.fields import encode_properties
-        props = dict(properties)
-        headers = dict(props.get("headers") or {})
-        headers[ROUTE_HEADER] = [exchange, routing_key]
-        if extra:
-            headers.update(extra)
-        props["headers"] = headers
-        props_raw = encode_properties(props)
+            return self._hold((queue, exchange, routing_key, properties, body, done, extra))
+        return self.publish_raw(queue, forward_properties(properties, exchange, routing_key,
+                                                          extra), body, done)
+
+    def publish_raw(self, queue: str, props_raw: bytes, body: bytes,
+                    done: Callable[[bool | None], None], frames: dict | None = None) -> bool:
+        """``publish`` with its properties encoded (``forward_properties``). ``frames``: a
+        dict the callers sending the same publish on several links share (frame size ->
+        the publish's frames), so its frames are built once."""
+        if not self.connected:
+            return self._hold((queue, None, props_raw, None, body, done, frames))
         if len(props_raw) + 21 > self.frame_max:
             # a content header is one frame: the peer would close the link (501), so this
             # publish is refused (nacked) instead; callers keep their headers small
             return False
         self._seq += 1
         self._pending[self._seq] = (done, trio.current_time())
-        frames = [method_frame(_PUBLISH, spec.Basic.Publish(0, "", queue, False, False))]
-        frames.extend(content_frames(_PUBLISH, props_raw, body, self.frame_max))
+        built = frames.get(self.frame_max) if frames is not None else None
+        if built is None:
+            built = [method_frame(_PUBLISH, spec.Basic.Publish(0, "", queue, False, False)),
+                     *content_frames(_PUBLISH, props_raw, body, self.frame_max)]
+            if frames is not None:
+                frames[self.frame_max] = built
         self.forwarded += 1
-        self._send_many(frames)
+        self._send_many(built)
         return True
+
+    def _hold(self, item: tuple) -> bool:
+        """A publish made while the link connects (``item[5]`` its ``done``; ``item[1]``
+        None: a ``publish_raw``), sent once it is up; False when it cannot wait."""
+        if self.failing or len(self._held) >= self.max_inflight:
+            return False
+        if not self._held:
+            self._held_since = trio.current_time()
+        self._held.append(item)
+        return True
+
+    def _replay(self, item: tuple) -> bool:
+        if item[1] is None:
+            return self.publish_raw(item[0], item[2], item[4], item[5], item[6])
+        return self.publish(*item)
 
     def consume(self, rc: RemoteConsumer) -> None:
         if self.connected:
@@ -379,7 +410,7 @@ class Link:
             self.last_error = ""
             held, self._held = self._held, []
             for item in held:
-                if not self.publish(*item):
+                if not self._replay(item):
                     item[5](False)  # too large a header for this peer: nacked
             log.info("link to node %r (%s, vhost %r) up", self.node, self.address, self.vhost)
             waiting, self._waiting = self._waiting, []

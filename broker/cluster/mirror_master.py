@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..queues.ops import Op
 from .etcd import CoordinationError, CoordinationUnavailable
+from .link import forward_properties
 from .mirror_ops import ENQUEUES, LEFT, MIRROR_HEADER, RESET, RETURNED, entry_chunks, pack_counts, seq_chunks
 from .mirror_policy import replica_group
 from .mirror_sync import Sync, catch_up, full_sync
@@ -278,6 +279,9 @@ class Mirroring:
         leave_tokens, self._leave_tokens = self._leave_tokens, {}
         packed = entry_chunks(enqueued) if enqueued else []
         left = seq_chunks(leaves) if leaves else []
+        # each op's properties and frames are built once for every node (``send``)
+        packed_shared: list[dict] = [{} for _ in packed]
+        left_shared: list[dict] = [{} for _ in left]
         for node, state in self.nodes.items():
             owed = [b.answer for b in batches if node in b.owed]
             if state in ("failed", "probing"):
@@ -291,12 +295,12 @@ class Mirroring:
             # a syncing or manual mirror gets the live ops too (it holds no confirm)
             if packed:
                 self.send_all(node, ENQUEUES, packed,
-                               self._batch_done(node, owed, enqueued[-1].seq))
+                               self._batch_done(node, owed, enqueued[-1].seq), packed_shared)
             if returns:
                 self.send(node, RETURNED, pack_counts(returns), self.done_for(node))
             if left:
                 self.send_all(node, LEFT, left,
-                               self._batch_done(node, leave_tokens.get(node, [])))
+                               self._batch_done(node, leave_tokens.get(node, [])), left_shared)
         for batch in batches:
             self._park([batch.answer for node in batch.owed if node not in self.nodes])
         for node, mine in leave_tokens.items():
@@ -336,20 +340,31 @@ class Mirroring:
             self._park(tokens)
         return done
 
-    def send(self, node: str, op: int, body: bytes, done) -> None:
+    def send(self, node: str, op: int, body: bytes, done, shared: dict | None = None) -> None:
+        """``op`` with ``body`` to ``node``; ``shared``: what the nodes a flush sends the
+        same op to share (its encoded properties and frames: built once)."""
         link = self.owner.store.link_for(node, self.queue.vhost.name)
-        # the third field: 1 for a quorum queue's op (the member fsyncs its copy); the fifth:
-        # the leader's commit index (a promoted member knows what it holds is committed)
-        extra = {MIRROR_HEADER: [self.epoch, op, 1 if self.quorum else 0,
-                                 self.owner.store.node.name, self.queue.commit_seq or 0]}
-        if not link.publish(self.queue.name, "", "", {}, body, done, extra):
+        props_raw = shared.get("props") if shared is not None else None
+        if props_raw is None:
+            # the third field: 1 for a quorum queue's op (the member fsyncs its copy); the
+            # fifth: the leader's commit index (a promoted member knows what it holds is
+            # committed)
+            props_raw = forward_properties({}, "", "", {MIRROR_HEADER: [
+                self.epoch, op, 1 if self.quorum else 0, self.owner.store.node.name,
+                self.queue.commit_seq or 0]})
+            if shared is not None:
+                shared["props"] = props_raw
+        frames = shared.setdefault("frames", {}) if shared is not None else None
+        if not link.publish_raw(self.queue.name, props_raw, body, done, frames):
             done(False)
 
-    def send_all(self, node: str, op: int, bodies: list[bytes], done) -> None:
+    def send_all(self, node: str, op: int, bodies: list[bytes], done,
+                 shared: list[dict] | None = None) -> None:
         """One op in several link messages: ``done(True)`` once the mirror took every
-        part, ``done(ok)`` at the first part it did not."""
+        part, ``done(ok)`` at the first part it did not. ``shared``: one dict per body
+        (``send``)."""
         if len(bodies) == 1:
-            self.send(node, op, bodies[0], done)
+            self.send(node, op, bodies[0], done, shared[0] if shared else None)
             return
         left = [len(bodies)]
 
@@ -363,8 +378,8 @@ class Mirroring:
             left[0] -= 1
             if left[0] == 0:
                 done(True)
-        for body in bodies:
-            self.send(node, op, body, part)
+        for i, body in enumerate(bodies):
+            self.send(node, op, body, part, shared[i] if shared else None)
 
     def done_for(self, node: str):
         generation = self.generation.get(node, 0)

@@ -118,7 +118,9 @@ def next_batch(m: Mirroring, sync: Sync, size: int) -> list:
     live), one that comes later goes live."""
     top = sync.top
     if sync.snapshot is None:
-        got = m.queue.ready.entries_after(sync.cursor, size)
+        ready = m.queue.ready
+        assert isinstance(ready, PagedFifo)  # ``snapshot`` is None for a paged one only
+        got = ready.entries_after(sync.cursor, size)
         if len(got) < size or got[-1].seq >= top:
             sync.exhausted = True
         got = [e for e in got if e.seq <= top]
