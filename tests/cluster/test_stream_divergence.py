@@ -116,7 +116,8 @@ def test_a_stale_member_is_cut_back_to_what_the_new_leader_kept(tmp_path, etcd, 
     and d are killed too; the three come back and elect a leader among them (their copies
     opened at restart for it), which confirms other messages at the same offsets. d comes
     back holding the old leader's chunks past the new leader's start: it cuts them and
-    copies the new log; every node ends with the same chunks, nothing confirmed lost,
+    copies the new log; so does the deposed leader (a), which holds the same stale chunks;
+    every node ends with the same chunks, nothing confirmed lost,
     nothing unconfirmed kept. Before the cut d stopped on a ReplicaGap (or, had the chunk
     bounds matched, kept a log that differs from the leader's at the same offsets)."""
     nodes = {n: stream_node(tmp_path, etcd, n, secret) for n in "abcde"}
@@ -167,9 +168,10 @@ def test_a_stale_member_is_cut_back_to_what_the_new_leader_kept(tmp_path, etcd, 
         eventually(lambda: logged(d, "cut back to offset 100"), timeout=60)
         got = rstream_bodies(d.stream_port, "s", set(early + later))  # d's own copy
         assert got == early + later
-        a.start()  # the deposed leader: its copy is dropped, copied again from 0
-        eventually(lambda: logged(a, f"replicating from node '{name}', from offset 0"),
+        a.start()  # the deposed leader: cut back as d, it copies only what it lacks
+        eventually(lambda: logged(a, f"replicating from node '{name}', from offset 100"),
                    timeout=60)
+        logged(a, "cut back to offset 100")
 
         def caught_up() -> None:
             offsets = api_stream(leader, "s").get("log_index") or {}
