@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     run.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672)")
     run.add_argument("--data-dir", default="./data", help="data directory (default ./data)")
+    run.add_argument("--workers", default="1", metavar="N|auto",
+                     help="broker processes sharing the client ports, one broker to clients "
+                          "(default 1; auto: one per core; docs/performance.md)")
+    run.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    run.add_argument("--private-port", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--store", default=None,
                      help="storage backend (persistence.base registry): journal (default), "
                           "journal:DIR, memory, sqlite:///file, postgresql+psycopg://..., "
@@ -274,6 +279,9 @@ def _extensions():
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
+        if args.workers != "1":
+            from .cluster.workers import supervise
+            return supervise(args, list(sys.argv[1:] if argv is None else argv))
         return _run(args)
     handler = getattr(args, "handler", None)  # set by the subcommands that have one
     if handler is not None:
@@ -413,6 +421,7 @@ def _run(args) -> int:
                   file=sys.stderr)
             return 2
     config = Config(host=args.host, port=args.port, data_dir=args.data_dir, store=args.store,
+                    reuse_port=args.reuse_port, private_port=args.private_port,
                     heartbeat=args.heartbeat, memory_limit_bytes=args.memory_limit,
                     flush=args.flush, max_message_size=args.max_message_size,
                     consumer_timeout=args.consumer_timeout,

@@ -75,6 +75,10 @@ class AuditSettings:
 class Config:
     host: str = "0.0.0.0"
     port: int = 5672
+    # --workers: SO_REUSEPORT on the AMQP and HTTP listeners (the kernel spreads connections
+    # over the processes), and a second AMQP listener on 127.0.0.1:private_port for the links
+    reuse_port: bool = False
+    private_port: int | None = None
     data_dir: str = "./data"
     store: str | None = None  # None: the embedded journal
     flush: str = "sync"  # sync: fsync before confirm; async: periodic fsync

@@ -30,6 +30,7 @@ from . import amqp10 as amqp10_listener
 from .amqp_receive import arrived_ago, release_all, stamp_arrivals
 from .amqp_send import send_buffers
 from .amqp_session import Session
+from .reuseport import open_amqp_listeners
 
 log = logging.getLogger("broker.server")
 
@@ -483,8 +484,7 @@ class Server:
             await broker.store.prepare()
             if broker.store.standby:
                 await self._open_store()
-            listeners = await trio.open_tcp_listeners(port, host=None if host in ("", "*") else host)
-            self.listeners = listeners
+            self.listeners = listeners = await open_amqp_listeners(broker.config, port, host)
             self.port = listeners[0].socket.getsockname()[1]
             tls_listeners = await self._open_tls(host)
             broker.on_amqp_listening(self.port)  # management: its HTTP port binds after AMQP's
