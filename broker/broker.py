@@ -12,8 +12,7 @@ from .config import Config
 from .consumer_timeout import ConsumerTimeouts
 from .direct_reply import DirectReply
 from .listeners import amqp10 as amqp10_listener
-from .listeners import mqtt as mqtt_listener
-from .listeners import stomp as stomp_listener
+from .listeners import mqtt_configured, stomp_configured
 from .listeners import stream as stream_listener
 from .malloc import give_back
 from .persistence import DURABLE, MemoryStore, Store
@@ -31,7 +30,9 @@ if TYPE_CHECKING:
     from .audit.recorder import AuditTrail
     from .hermes import Hermes
     from .listeners.amqp_session import Session
+    from .listeners.mqtt import MQTTListener
     from .listeners.session_base import ProtocolSession
+    from .listeners.stomp import StompListener
     from .management.http import HttpServer
     from .management.stats import MessageTotals, Sampler
     from .queues.queue import Queue
@@ -153,8 +154,16 @@ class Broker:
         # the audit trail (--audit-dir), or None; set on the services it follows
         self.audit = audit.install(self, self.services)
         self.services.audit = self.publishing.audit = self.audit
-        self.mqtt = mqtt_listener.install(self)  # MQTT listener (--mqtt-port), or None
-        self.stomp = stomp_listener.install(self)  # STOMP listener (--stomp-port), or None
+        # MQTT and STOMP listeners (--mqtt-port, --stomp-port), or None: their modules are
+        # imported only when one of their ports is set (the start does not pay for them)
+        self.mqtt: MQTTListener | None = None
+        if mqtt_configured(self.config):
+            from .listeners import mqtt as mqtt_listener
+            self.mqtt = mqtt_listener.install(self)
+        self.stomp: StompListener | None = None
+        if stomp_configured(self.config):
+            from .listeners import stomp as stomp_listener
+            self.stomp = stomp_listener.install(self)
         self.stream = stream_listener.install(self)  # Stream protocol (--stream-port), or None
         # AMQP 1.0: on the AMQP port by protocol header, and --amqp10-port; or None
         self.amqp10 = amqp10_listener.install(self)

@@ -17,5 +17,7 @@ if TYPE_CHECKING:
 
 def install(broker: Broker, services: AuditServices):
     """Turn the trail on if ``--audit-dir`` is set; returns the ``AuditTrail`` or None."""
+    if not broker.config.audit.dir:
+        return None  # the trail's modules (hooks, Avro events) are imported only when it is on
     from .recorder import install as _install
     return _install(broker, services)

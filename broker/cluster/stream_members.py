@@ -28,7 +28,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..queues.stream import StreamQueue
-from .node import queue_key
 
 if TYPE_CHECKING:
     from .store import ClusterStore
@@ -60,6 +59,7 @@ async def change_replicas(store: ClusterStore, vhost, name: str, node: str, add:
                                 else f"Cannot delete replicas from a {kind} queue")
     if add and node not in store.live_nodes():
         raise MemberChangeError(503, "node_not_running")
+    from .node import queue_key  # the coordinator (etcd, httpx): imported in a cluster only
     key = store.node.key("streams", queue_key(vhost.name, name))
     for _ in range(ATTEMPTS):
         kv = await store.coord.get(key)

@@ -17,7 +17,6 @@ from ..direct_reply import REPLY_QUEUE, ReplyConsumer
 from ..message import Message
 from ..publishing import UNROUTABLE
 from ..queues.queue import Consumer, Queue
-from ..queues.selector import SelectorError, compile_selector
 from ..queues.ttl import ExpirationError, parse_expiration
 from ..schemas import exchange as avro
 from .amqp_confirm_tx import ConfirmTxMethods
@@ -36,6 +35,8 @@ def _selector(value):
         value = bytes(value).decode("utf-8", "replace")
     if not isinstance(value, str):
         raise errors.precondition_failed("invalid arg 'x-filter' for consumer: must be a string")
+    # imported at the first selector (its parser, lark, is not needed to start the broker)
+    from ..queues.selector import SelectorError, compile_selector
     try:
         return compile_selector(value)
     except SelectorError as exc:

@@ -19,6 +19,7 @@ import trio.lowlevel
 from ..mqtt.codec import MAX_UNAUTHENTICATED
 from ..mqtt.connection import State
 from ..mqtt.properties import KEEP_ALIVE_TIMEOUT, SERVER_SHUTTING_DOWN
+from . import mqtt_configured
 from .edge import (
     BLOCKED_READ_INTERVAL,
     BLOCKED_READ_SIZE,
@@ -339,9 +340,7 @@ class MQTTListener(EdgeListener):
 
 def install(broker) -> MQTTListener | None:
     """Start the MQTT listener(s) with the broker when configured (``broker.mqtt``)."""
-    config = broker.config
-    if all(port is None for port in (config.mqtt_port, config.mqtts_port,
-                                      config.mqtt_ws_port, config.mqtt_wss_port)):
+    if not mqtt_configured(broker.config):
         return None
     listener = MQTTListener(broker)
     broker.background_tasks.append(listener.run)

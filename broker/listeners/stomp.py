@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..stomp.connection import State
+from . import stomp_configured
 from .edge import EdgeListener, HeartbeatEdge, listen_host, peer_of, tcp_socket
 from .stomp_session import StompService, StompSession
 from .stomp_ws import WebStompListeners
@@ -93,9 +94,7 @@ class StompListener(EdgeListener):
 
 def install(broker: Broker) -> StompListener | None:
     """Start the STOMP listener(s) with the broker when configured (``broker.stomp``)."""
-    config = broker.config
-    if all(port is None for port in (config.stomp_port, config.stomps_port,
-                                      config.stomp_ws_port, config.stomp_wss_port)):
+    if not stomp_configured(broker.config):
         return None
     listener = StompListener(broker)
     broker.background_tasks.append(listener.run)

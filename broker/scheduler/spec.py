@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from croniter import croniter  # type: ignore[import-untyped]
-
 X_DELAY = "x-delay"
 AMQ_DELAY = "AMQ_SCHEDULED_DELAY"
 AMQ_PERIOD = "AMQ_SCHEDULED_PERIOD"
@@ -69,6 +67,7 @@ def _shown(value) -> str:
 
 
 def cron_valid(expr: str) -> bool:
+    from croniter import croniter  # type: ignore[import-untyped]  # at first use: a faster start
     try:
         return bool(croniter.is_valid(expr))
     except Exception:
@@ -77,6 +76,7 @@ def cron_valid(expr: str) -> bool:
 
 def cron_next(expr: str, after: float) -> float:
     """Next trigger strictly after ``after`` (wall seconds), evaluated in local time."""
+    from croniter import croniter  # type: ignore[import-untyped]
     base = datetime.fromtimestamp(after).astimezone()
     return float(croniter(expr, base).get_next(float))
 

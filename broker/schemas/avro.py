@@ -22,8 +22,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-import fastavro
-from fastavro.validation import ValidationError, validate
+# fastavro is imported by the methods, at the first schema: starting a broker does not need it
 
 _MAX_JSON_DEPTH = 64
 
@@ -58,6 +57,7 @@ class AvroSchema:
                 definition = text.strip()
         else:
             definition = text
+        import fastavro
         try:
             self.parsed = fastavro.parse_schema(definition)
         except Exception as exc:  # fastavro raises several types for bad schemas
@@ -79,6 +79,7 @@ class AvroSchema:
         return path or "(root)"
 
     def validate(self, datum: Any) -> None:
+        from fastavro.validation import ValidationError, validate
         try:
             validate(datum, self.parsed, raise_errors=True)
         except ValidationError as exc:
@@ -100,6 +101,7 @@ class AvroSchema:
         except RecursionError:
             raise ValidationFailed("invalid JSON: nested too deeply") from None
         self.validate(datum)
+        import fastavro
         out = io.BytesIO()
         try:
             fastavro.schemaless_writer(out, self.parsed, datum)
@@ -108,6 +110,7 @@ class AvroSchema:
         return out.getvalue()
 
     def check_binary(self, body: bytes) -> None:
+        import fastavro
         buf = io.BytesIO(body)
         try:
             fastavro.schemaless_reader(buf, self.parsed, None)
@@ -120,6 +123,7 @@ class AvroSchema:
                 f"invalid Avro binary: {len(body) - buf.tell()} bytes after the record")
 
     def to_json(self, body: bytes) -> Any:
+        import fastavro
         return fastavro.schemaless_reader(io.BytesIO(body), self.parsed, None)
 
 
