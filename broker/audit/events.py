@@ -40,6 +40,10 @@ DACK = 14
 #   (STRT, t, vhost, stream, first offset, count, reason)  truncated: retention, deletion
 STRA, STRD, STRK, STRT = 15, 16, 17, 18
 STREAM = "stream"
+# A channel's context has a fifth item on another node's link (``recorder._channel_ctx``):
+# a stream's delivery to it is a hop to that node, whose trail records the consumer's
+# delivery; the hop's ``delivered`` event has this detail.
+FORWARDED = "forwarded"
 # The recorder's buffer is flat: every event takes WIDTH slots (the tuple above, padded
 # with None), so the hooks leave no tuple behind and a batch is cut into rows in C.
 ARITY = {PUB: 15, ENQ: 6, DEL: 11, ACK: 9, REJ: 11, LEFT: 8, SCH: 8, FIRE: 9, CAN: 4,
@@ -134,7 +138,8 @@ def expand(batch: list) -> list:
         if kind == DELC:
             _, t, qctx, msg, ctag, tag, redelivered, count, ch = ev[:9]
             if len(qctx) > 2:  # a stream's: msg is the record's offset
-                append((STRD, t, qctx[0], qctx[1], ctag, tag, msg, 1, ch[2], ch[3], None))
+                append((STRD, t, qctx[0], qctx[1], ctag, tag, msg, 1, ch[2], ch[3],
+                        ch[4] if len(ch) > 4 else None))
             else:
                 append((DEL, t, qctx[0], qctx[1], msg, ctag, tag, redelivered, count, ch[2],
                         ch[3]))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..cluster.link import LINK_USER
 from ..message import set_message_id_floor
 from ..queues.ops import CallerReported, Op
 from ..queues.stream import StreamQueue
@@ -124,8 +125,6 @@ class AuditTrail(CallerReported):
     def queue_audited(self, q) -> bool:
         if q.internal or (self.sink is not None and self.sink.is_sink(q)):
             return False
-        if q.queue_type.name == STREAM and not isinstance(q, StreamQueue):
-            return False  # another node's stream: its own trail has its records' offsets
         chosen = self._policy_audit(q)
         return self.settings.scope == "all" if chosen is None else chosen
 
@@ -158,8 +157,11 @@ class AuditTrail(CallerReported):
         if q.queue_type.name == STREAM:
             # a stream's deliveries name records by offset (events.STREAM); what retention
             # removed before (at the start, while not audited) is truncated, once more
+            # (another node's stream, read here from this node's copy or through the link
+            # to its leader, is followed the same way: its deliveries name offsets too; the
+            # leader's trail has its appends and truncations)
             q.audit_ctx = (q.vhost.name, q.name, STREAM)
-            if q.log.first_offset > 0:
+            if isinstance(q, StreamQueue) and q.log.first_offset > 0:
                 self._add((STRT, _time(), q.vhost.name, q.name, 0, q.log.first_offset,
                            "retention"))
         else:
@@ -248,8 +250,13 @@ class AuditTrail(CallerReported):
     def _channel_ctx(channel) -> tuple:
         """The channel's part of its events, one shared tuple (``events.PUBC``)."""
         session = channel.session
-        ctx = channel.audit_ctx = (channel.vhost.name, session.conn.username, session.peer,
-                                   channel.number)
+        user = session.conn.username
+        ctx: tuple = (channel.vhost.name, user, session.peer, channel.number)
+        if user == LINK_USER:
+            # another node's link: what it is delivered goes on to a consumer of that node,
+            # whose trail records the delivery (a stream's: detail ``forwarded`` here)
+            ctx += (events.FORWARDED,)
+        channel.audit_ctx = ctx
         return ctx
 
     def rejected(self, channel, taken: list, requeue: bool, name: str) -> None:

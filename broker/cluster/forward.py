@@ -66,11 +66,10 @@ class _Proxied:
 
     def remote_delivered(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                          props_raw: bytes, body: bytes) -> None:
-        from ..amqp.fields import decode_properties
         remote = self.remote
         if remote is None:
             return
-        message = Message(exchange, routing_key, props_raw, decode_properties(props_raw), body)
+        message = self.proxy.delivered_message(exchange, routing_key, props_raw, body)
         entry = QueueEntry(message, tag)
         entry.redelivered = redelivered
         entry.loc = remote.generation * _TAG_SPAN + tag
@@ -159,6 +158,12 @@ class ProxyQueue(Queue):
         return True
 
     # ---- consuming ----
+    def delivered_message(self, exchange: str, routing_key: str, props_raw: bytes,
+                          body: bytes) -> Message:
+        """A delivery that came over the link, as a message of this node."""
+        from ..amqp.fields import decode_properties
+        return Message(exchange, routing_key, props_raw, decode_properties(props_raw), body)
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         proxied = _Proxied(self, consumer, None)

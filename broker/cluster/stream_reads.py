@@ -15,12 +15,16 @@ its local consumers wait and go on from the offset each was to read next; when i
 deleted (the node removed from the group, the stream deleted) they are cancelled
 (basic.cancel); when this node becomes the leader they are cancelled as the promoted
 node's consumers are (they consume again from the offset they want).
+
+This node's audit trail follows the proxy as the leader's follows the stream: a delivery,
+read here or forwarded by the leader, names its record by offset (the message's id).
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..message import Message
 from ..queues.entry import QueueEntry
 from ..queues.stream import StreamQueue, _Cursor, refuse_consumer
 from ..queues.stream_args import OffsetSpecError, offset_spec, stream_filter
@@ -59,6 +63,26 @@ class StreamProxyQueue(ProxyQueue):
         here or on the leader."""
         refuse_consumer(self.vhost.queue_resource(self.name), channel, no_ack, arguments)
         super().admit_consumer(channel, no_ack, arguments)
+
+    def enqueue(self, message, *, entry: QueueEntry | None = None,
+                reported: bool = False) -> bool:
+        if not super().enqueue(message, entry=entry, reported=reported):
+            return False
+        # the record is the leader's: its trail names it (appended, by offset); this node's
+        # trail lists no copy of it in the publish's queues, as for a queue that refused it
+        self.refused_id = message.id
+        return True
+
+    def delivered_message(self, exchange: str, routing_key: str, props_raw: bytes,
+                          body: bytes) -> Message:
+        """A record the leader delivered over the link is named by its offset, as one read
+        from a copy (the audit trail's deliveries and acks of it)."""
+        message = super().delivered_message(exchange, routing_key, props_raw, body)
+        headers = message.properties.get("headers")
+        offset = headers.get("x-stream-offset") if isinstance(headers, dict) else None
+        if isinstance(offset, int) and not isinstance(offset, bool):
+            message.id = offset
+        return message
 
     def add_consumer(self, consumer: Consumer) -> None:
         lg = self._copy()

@@ -135,7 +135,7 @@ class StreamSessionCore(ProtocolSession):
             return q
         replicas = self.broker.streams.replicas
         lg = replicas.local_log(self.vhost.name, name) if replicas is not None else None
-        return _Replica(name, lg) if lg is not None else None
+        return _Replica(name, lg, self.vhost.queues.get(name)) if lg is not None else None
 
     def _usable(self, q: Any, cmd, perm: str, *extra) -> TypeGuard[StreamQueue]:
         """The command's stream ``q`` exists and may be used for ``perm``; if not, the
@@ -160,11 +160,17 @@ class _Replica:
     """A replica's log read as a stream (subscriptions only read ``log`` and ``deleted``):
     gone once its copy stops (the leader changed or the stream was deleted)."""
 
-    __slots__ = ("log", "name")
-    audit_ctx = None  # the leader's trail records what its copy is read for
+    __slots__ = ("log", "name", "proxy")
 
-    def __init__(self, name: str, lg):
+    def __init__(self, name: str, lg, proxy: Any):
         self.name, self.log = name, lg
+        self.proxy = proxy  # the stream's queue on this node (its leader's proxy), or None
+
+    @property
+    def audit_ctx(self) -> tuple | None:
+        """This node's trail records the chunks read from its copy when it follows the
+        stream (by offset, as the leader's trail records its own readers')."""
+        return self.proxy.audit_ctx if self.proxy is not None else None
 
     @property
     def deleted(self) -> bool:

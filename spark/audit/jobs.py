@@ -24,11 +24,13 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from broker.audit.events import FORWARDED
+
 FINAL = ("acked", "settled", "dropped", "expired", "dead_lettered", "purged", "deleted")
 # The trail's columns each job reads: decoding and caching a column costs time per event.
 _COPIES = ("node", "vhost", "queue", "msg", "ts_us", "seq", "event", "reason", "queues",
            "stream_offset")
-_STREAMS = ("stream_count", "consumer_tag", "connection")
+_STREAMS = ("stream_count", "consumer_tag", "connection", "detail")
 _IDS = ("message_id", "ref_key", "routing_key")
 COLUMNS = {
     "reconcile": _COPIES + _IDS + _STREAMS + ("outcome", "persistent", "count"),
@@ -239,15 +241,18 @@ def stream_copies(ev: DataFrame) -> tuple[DataFrame, DataFrame]:
     appended = (ev.filter(e == "appended")
                 .select("vhost", "queue", F.col("stream_offset").alias("offset"), "node", "msg",
                         F.col("ts_us").alias("appended_ts")))
-    reads = (ev.filter((e == "delivered") & F.col("stream_offset").isNotNull())
-             .select("vhost", "queue", "connection", "consumer_tag", "ts_us",
+    # a delivery to another node's link (detail forwarded) is a hop: that node's trail
+    # has the consumer's delivery of it
+    hop = F.coalesce(F.col("detail") == FORWARDED, F.lit(False))
+    reads = (ev.filter((e == "delivered") & F.col("stream_offset").isNotNull() & ~hop)
+             .select("vhost", "queue", "node", "connection", "consumer_tag", "ts_us",
                      F.explode(F.sequence(
                          F.col("stream_offset"),
                          F.col("stream_offset") + F.coalesce("stream_count", F.lit(1)) - 1))
                      .alias("offset")))
     got = (reads.join(appended.select("vhost", "queue", "offset"),
                       ["vhost", "queue", "offset"], "left_semi")
-           .groupBy("vhost", "queue", "offset", "connection", "consumer_tag")
+           .groupBy("vhost", "queue", "offset", "node", "connection", "consumer_tag")
            .agg(F.min("ts_us").alias("first_delivery_ts"), F.count(F.lit(1)).alias("sent")))
     cut = (ev.filter(e == "truncated")
            .select("vhost", "queue", F.col("stream_offset").alias("cut_from"),
@@ -266,7 +271,7 @@ def stream_copies(ev: DataFrame) -> tuple[DataFrame, DataFrame]:
     copies = (appended.join(per_copy, ["vhost", "queue", "offset"], "left")
               .join(truncated, ["vhost", "queue", "offset"], "left")
               .fillna(0, ["consumers", "deliveries"]))
-    consumers = got.groupBy("vhost", "queue", "connection", "consumer_tag").agg(
+    consumers = got.groupBy("vhost", "queue", "node", "connection", "consumer_tag").agg(
         F.count(F.lit(1)).alias("delivered"), F.min("offset").alias("first_offset"),
         F.max("offset").alias("last_offset"))
     return copies, consumers
@@ -293,7 +298,7 @@ def reconcile_streams(ev: DataFrame, width: int) -> tuple[dict, dict]:
         count(F.col("truncated_ts").isNull()).alias("in_stream_at_end"))
         .withColumn("window", _iso("window_start"))
         .transform(_sorted, "vhost", "queue", "window_start").cache())
-    consumers = consumers.transform(_sorted, "vhost", "queue", "connection",
+    consumers = consumers.transform(_sorted, "vhost", "queue", "node", "connection",
                                     "consumer_tag").cache()
     rows = _rows(by_stream)
     totals = {c: int(sum(r[c] or 0 for r in rows)) for c in (

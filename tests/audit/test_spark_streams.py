@@ -42,30 +42,47 @@ def _v1_file(trail: str) -> None:
                         codec="deflate", metadata={VERSION_KEY: "1"})
 
 
-def test_reconcile_counts_stream_deliveries_per_consumer(tmp_path):
-    from spark.audit.cli import run_job, spark_session
-    box: dict = {}
+class SparkStarting:
+    """A local Spark session started in a thread, so that the JVM starts while the traffic
+    runs; ``session()`` waits for it (and raises what its start raised)."""
 
-    def start() -> None:  # the JVM starts while the traffic runs
+    def __init__(self, name: str):
+        self._box: dict = {}
+        self._thread = threading.Thread(target=self._start, args=(name,), name="spark-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _start(self, name: str) -> None:
+        from spark.audit.cli import spark_session
         try:
-            box["session"] = spark_session("local[2]", "triomq-audit-streams")
-        except BaseException as exc:  # re-raised below
-            box["error"] = exc
+            self._box["session"] = spark_session("local[2]", name)
+        except BaseException as exc:  # re-raised by session()
+            self._box["error"] = exc
 
-    thread = threading.Thread(target=start, name="spark-start", daemon=True)
-    thread.start()
+    def session(self):
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["session"]
+
+
+def job_args(trail: str) -> argparse.Namespace:
+    """The jobs' arguments over the whole of ``trail`` (one window, no grace)."""
+    return argparse.Namespace(input=trail, from_us=None, to_us=None, window=60 * 24 * 366 * 5,
+                              grace=0.0, producer_key="auto", message_id=None, ref_key=None,
+                              msg=None, consumer=None)
+
+
+def test_reconcile_counts_stream_deliveries_per_consumer(tmp_path):
+    from spark.audit.cli import run_job
+    starting = SparkStarting("triomq-audit-streams")
     try:
         trail = run_traffic(tmp_path)
         _v1_file(trail)
     finally:
-        thread.join()
-    if "error" in box:
-        raise box["error"]
-    spark = box["session"]
+        spark = starting.session()
     try:
-        args = argparse.Namespace(input=trail, from_us=None, to_us=None,
-                                  window=60 * 24 * 366 * 5, grace=0.0, producer_key="auto", message_id=None,
-                                  ref_key=None, msg=None, consumer=None)
+        args = job_args(trail)
         result, status = run_job(spark, "reconcile", args, str(tmp_path / "out"))
         args.message_id = "m-4"
         tracked, _ = run_job(spark, "track", args, str(tmp_path / "track"))
