@@ -56,6 +56,7 @@ import trio
 from ..queues.stream import StreamQueue
 from ..streamproto import codec
 from ..streams.log import REPLICA_PROPERTY, REPLICA_REFERENCE, ReplicaGap, StreamLog
+from ..streams.store import stream_dir
 from .etcd import CoordinationError, CoordinationUnavailable
 from .link import LINK_USER
 from .node import queue_key, split_queue_key
@@ -66,7 +67,7 @@ from .stream_divergence import (
     truncation_point,
     write_label,
 )
-from .stream_stepdown import step_down
+from .stream_stepdown import restore_kept, step_down
 
 if TYPE_CHECKING:
     from .store import ClusterStore
@@ -396,7 +397,9 @@ class _Follower:
                 and not previous.log.closed:
             lg = self.log = previous.log  # handed on open
         else:
-            lg = self.log = self.broker.streams.open(self.vhost, self.name)
+            streams = self.broker.streams
+            restore_kept(stream_dir(streams.data_dir, self.vhost, self.name))
+            lg = self.log = streams.open(self.vhost, self.name)
             lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
             self._opened(lg)
         self.label = read_label(lg.directory)

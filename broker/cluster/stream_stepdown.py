@@ -95,6 +95,17 @@ def keeping_copy(q) -> Iterator[None]:
             os.rename(aside, directory)
 
 
+def restore_kept(directory: str) -> None:
+    """A stop between the deletion and the link back (``keeping_copy``) left the files
+    aside: they are the copy again."""
+    aside = directory + KEPT
+    if os.path.isdir(aside):
+        if os.path.isdir(directory):
+            _remove(aside)
+        else:
+            os.rename(aside, directory)
+
+
 def _remove(directory: str) -> None:
     if os.path.isdir(directory):
         for name in os.listdir(directory):

@@ -169,3 +169,27 @@ def test_delete_replica_of_the_leader_elects_another_and_loses_nothing_confirmed
 
 def assert_has(items, want: set) -> None:
     assert want <= set(items), (len(items), len(want - set(items)))
+
+
+def test_a_copy_left_aside_by_a_stop_is_the_copy_again(tmp_path):
+    """A deposed leader stopped between its queue's deletion and the link back of its log
+    (stream_stepdown.keeping_copy): its follower finds the files aside and reads them."""
+    from broker.cluster.stream_stepdown import KEPT, restore_kept
+    from broker.streams.log import StreamLog
+
+    directory = str(tmp_path / "s")
+    lg = StreamLog(directory)
+    lg.append([b"one", b"two"])
+    lg.commit()
+    lg.close()
+    Path(directory).rename(directory + KEPT)
+    restore_kept(directory)
+    assert not Path(directory + KEPT).exists()
+    lg = StreamLog(directory)
+    assert lg.next_offset == 2
+    lg.close()
+    # a copy there already (a later one): what was aside goes
+    Path(directory + KEPT).mkdir()
+    (Path(directory + KEPT) / "x.segment").write_bytes(b"")
+    restore_kept(directory)
+    assert not Path(directory + KEPT).exists() and StreamLog(directory).next_offset == 2
