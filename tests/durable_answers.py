@@ -59,10 +59,16 @@ async def journal_broker(nursery, tmp_path, **config):
     return broker, server, store, port
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now (held open together: never the same one twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _reachable(port: int) -> bool:
@@ -78,11 +84,20 @@ class SlowDiskBroker:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.port, self.stomp_port, self.http_port = _free_port(), _free_port(), _free_port()
+        self.port = self.stomp_port = self.http_port = 0
         self.proc: subprocess.Popen | None = None
         self.log = data_dir.parent / "broker.log"
 
     def start(self) -> None:
+        """On ports free now (a restart's may differ); again on new ones when another
+        process took one of them in between."""
+        for _ in range(5):
+            self.port, self.stomp_port, self.http_port = _free_ports(3)
+            if self._start():
+                return
+        raise AssertionError(f"no free ports: {self.log.read_text()}")
+
+    def _start(self) -> bool:
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.durable_answers", str(self.port),
@@ -90,9 +105,13 @@ class SlowDiskBroker:
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while not all(_reachable(p) for p in (self.port, self.stomp_port, self.http_port)):
+            if self.proc.poll() is not None and "address already in use" in \
+                    self.log.read_text():
+                return False
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"broker did not start: {self.log.read_text()}")
             time.sleep(0.05)
+        return True
 
     def slow_disk(self, slow: bool) -> None:
         flag = self.data_dir / "slow-disk"
@@ -105,6 +124,12 @@ class SlowDiskBroker:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
+
+    def crash_and_restart(self) -> None:
+        """kill -9 now, then a restart on a disk no longer slow."""
+        self.kill9()
+        self.slow_disk(False)
+        self.start()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

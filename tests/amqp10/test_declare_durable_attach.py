@@ -120,9 +120,7 @@ def test_kill_9_right_after_the_attach_keeps_the_queue(tmp_path):
         c = _connect(b.port)
         b.slow_disk(True)
         c.create_sender("/queue/survivor")  # returns once the attach is answered
-        b.kill9()
-        b.slow_disk(False)
-        b.start()
+        b.crash_and_restart()
         assert b.queue_exists("survivor")
     finally:
         b.stop()

@@ -88,9 +88,7 @@ def test_kill_9_right_after_the_201_keeps_the_queue(tmp_path):
         r = httpx.put(f"http://127.0.0.1:{b.http_port}/api/queues/%2F/survivor",
                       json={"durable": True}, auth=("guest", "guest"), timeout=60)
         assert r.status_code == 201
-        b.kill9()
-        b.slow_disk(False)
-        b.start()
+        b.crash_and_restart()
         assert b.queue_exists("survivor")
     finally:
         b.stop()

@@ -87,9 +87,7 @@ def test_kill_9_right_after_the_receipt_keeps_the_queue(tmp_path):
             sock.sendall(encode(Frame("SUBSCRIBE", {"destination": "/queue/survivor",
                                                     "id": "1", "receipt": "r1"})))
             _receipt(sock, "r1")
-            b.kill9()
-        b.slow_disk(False)
-        b.start()
+            b.crash_and_restart()
         assert b.queue_exists("survivor")
     finally:
         b.stop()
