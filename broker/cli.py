@@ -364,10 +364,9 @@ def _leaf(exc: BaseException) -> BaseException:
 def _run(args) -> int:
     # The server's modules are imported here, not at the top: every other subcommand (ctl,
     # store and scheduler tools) is a short-lived process that would pay ~1.5 s to import them.
-    from .broker import Broker
+    # The broker's own (below) once its store has started connecting (Store.open_early): the
+    # round trips to a database overlap them.
     from .listeners import ListenError
-    from .listeners.amqp import describe_listen_error, run_server
-    from .management.http import HttpListenError
     from .persistence import StoreUnavailable, open_store
 
     logging.basicConfig(level=args.log_level.upper(),
@@ -493,11 +492,17 @@ def _run(args) -> int:
         if args.cluster:
             from .cluster import clustered_store
             store = clustered_store(store, args)
+        else:
+            store.open_early()
+        from .broker import Broker
+        from .listeners.amqp import run_server
         broker = Broker(config, store)
         trio.run(run_server, broker, config.host, config.port)
     except KeyboardInterrupt:
         pass
     except BaseException as exc:  # trio wraps failures of its tasks in exception groups
+        from .listeners.amqp import describe_listen_error
+        from .management.http import HttpListenError
         leaf = _leaf(exc)
         if isinstance(leaf, StoreUnavailable):
             print(f"triomq: error: {leaf}", file=sys.stderr)

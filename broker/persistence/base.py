@@ -129,6 +129,11 @@ class Store:
         """What must succeed before the broker listens (a cluster node's join); a failure
         here stops the broker with its one line before any listener opens."""
 
+    def open_early(self) -> None:
+        """Optionally start connecting now, in a thread, while the process still imports and
+        builds the broker (its waits on a database overlap that start); ``open`` then takes
+        the connection over, or reports its failure. Reads nothing the broker recovers."""
+
     # ---- life cycle (edge, async) ----
     async def open(self) -> None:
         """Connect / open files and load what is stored.

@@ -19,6 +19,7 @@ flush="async" : a batch is committed every ``async_interval`` (20 ms); confirms
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import trio
@@ -49,6 +50,9 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
 
     Durable FIFO queues page (``PAGES_MESSAGES``): a backlog stays in the database and is
     read ahead in pages as consumers drain it (``sql_paged.SQLPagedFifo``, ``_pager``)."""
+
+    # open_early's thread and what it raised, until open joins it
+    _early: tuple[threading.Thread, list[BaseException]] | None = None
 
     @classmethod
     def inspect(cls, url: str, out=None):
@@ -140,6 +144,35 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
                     waiting = True
                 await trio.sleep(self.settings.renew)
 
+    def open_early(self) -> None:
+        """The engine, the schema check and the lease, in a thread started now (not for a
+        standby, which waits for the lease in ``open``): ``_open_once`` joins it."""
+        if self.settings.standby or self._early is not None:
+            return
+        failed: list[BaseException] = []
+
+        def connect() -> None:
+            try:
+                self._connect_sync()
+            except BaseException as exc:  # re-raised by the open that joins it
+                failed.append(exc)
+
+        thread = threading.Thread(target=connect, name="sql store open", daemon=True)
+        self._early = (thread, failed)
+        thread.start()
+
+    def _join_early(self) -> bool:
+        """Wait for ``open_early``'s thread: True if it connected, its failure raised, False
+        if there was none."""
+        early, self._early = self._early, None
+        if early is None:
+            return False
+        thread, failed = early
+        thread.join()
+        if failed:
+            raise failed[0]
+        return True
+
     async def _open_once(self) -> None:
         try:
             await trio.to_thread.run_sync(self._open_sync)
@@ -153,6 +186,21 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
                 f"cannot open store {self.safe_url}: driver missing ({exc.name})") from None
 
     def _open_sync(self) -> None:
+        if not self._join_early():
+            self._connect_sync()
+        try:
+            self._load()
+            # loading a large backlog's index can take most of a lease: extend it now, so
+            # the broker does not start serving with a lease about to run out
+            if not self._lock.renew():
+                raise StoreLocked(f"store {self.safe_url}: {self._lease_error()}")
+        except BaseException:
+            self._lock.release()
+            self._dispose()
+            raise
+
+    def _connect_sync(self) -> None:
+        """The engine, the schema (created or migrated) and the lease."""
         if self.dialect == "sqlite" and not self.sqlite_path:
             raise StoreUnavailable(f"cannot open store {self.safe_url}: an in-memory SQLite "
                                    f"database is not a store (use sqlite:///path/to/file.db)")
@@ -170,11 +218,6 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
         self._lock = _Lock(self)
         try:
             self._lock.acquire()
-            self._load()
-            # loading a large backlog's index can take most of a lease: extend it now, so
-            # the broker does not start serving with a lease about to run out
-            if not self._lock.renew():
-                raise StoreLocked(f"store {self.safe_url}: {self._lease_error()}")
         except BaseException:
             self._lock.release()
             self._dispose()
