@@ -67,6 +67,23 @@ def workers(tmp_path):
         w.stop()
 
 
+def _private_port(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+    except OSError:
+        return None
+    return int(argv[argv.index("--private-port") + 1]) if "--private-port" in argv else None
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -180,3 +197,45 @@ def test_workers_refuses_what_it_does_not_share(tmp_path):
                          cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--mqtt-port" in out.stderr and "--workers 1" in out.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_crashed_worker_is_started_again_and_serves(tmp_path):
+    w = Workers(tmp_path)
+    try:
+        conn = _connect(w)
+        conn.channel().queue_declare("kept", durable=True)
+        conn.close()
+        victim = w.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        assert w.proc.stdout is not None
+        for line in w.proc.stdout:
+            if "starting it again" in line:
+                assert f"pid {victim}" in line
+                break
+        else:
+            raise AssertionError(f"the supervisor exited: {w.proc.wait()}")
+        assert w.proc.poll() is None
+        # the new process serves: 20 connections land on both processes again
+        deadline = time.monotonic() + 60
+        while True:
+            with open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+            new = [p for p in children if p not in w.pids and _private_port(p)]
+            if new and _listening(_private_port(new[0])):
+                break
+            assert time.monotonic() < deadline, "the restarted worker does not listen"
+            time.sleep(0.2)
+        w.pids = [new[0], w.pids[1]]
+        conns = [_connect(w) for _ in range(20)]
+        try:
+            groups = _by_process(w, conns)
+            assert all(groups.values()), {p: len(g) for p, g in groups.items()}
+            for c in conns:
+                c.channel().queue_declare("kept", durable=True, passive=True)
+        finally:
+            for c in conns:
+                if c.is_open:
+                    c.close()
+    finally:
+        w.stop()
