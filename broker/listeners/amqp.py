@@ -70,9 +70,9 @@ class ConnectionHandler:
         self.closing = False
         self.alarm_blocked = False  # not read while a resource alarm holds (see _reader)
         self._read_scope: trio.CancelScope | None = None  # around a plain socket's receive
-        self.last_received = time.monotonic()
-        self.last_sent = time.monotonic()
+        self.last_received = self.last_sent = time.monotonic()
         self.read_at = 0.0  # broker.timers.now() of the last read (its input may wait in slices)
+        self.drained_at = server.broker.timers.now()  # of the last read that emptied the socket
 
     def _wake(self) -> None:
         self._wake_event.set()
@@ -131,8 +131,7 @@ class ConnectionHandler:
         stream = self.stream
         sock = self.sock
         timers = broker.timers
-        # Frames other than body frames handled per go, with a yield to other connections
-        # between goes (a chunk of small publishes routed a slice at a time).
+        # Frames other than body frames handled per go, a yield to others between goes.
         conn.input_budget = broker.config.flow_read_slice
         ready = False  # the last read filled its buffer: more is probably waiting
         if self.prefix:
@@ -181,8 +180,9 @@ class ConnectionHandler:
             self.last_received = time.monotonic()
             if not data:
                 conn.buffer_updated(n)
-            # what this read carries arrived by then (the kernel's time of its last segment)
-            timers.received_at = self.read_at = timers.now() - arrived_ago(anc)
+            now = timers.now()  # arrived (kernel's time) after the last read that emptied it
+            timers.received_at = self.read_at = now - arrived_ago(anc, now - self.drained_at)
+            self.drained_at = self.drained_at if ready else now
             try:
                 session.data_received(data)
             finally:

@@ -32,12 +32,16 @@ def stamp_arrivals(sock) -> int:
     return ANC_SIZE
 
 
-def arrived_ago(ancdata: list) -> float:
-    """Seconds since the last segment of a read arrived (0.0 when the read has no time)."""
+def arrived_ago(ancdata: list, within: float = float("inf")) -> float:
+    """Seconds since the last segment of a read arrived (0.0 when the read has no time), at
+    most ``within``: the monotonic time since the socket was last read empty, when all of
+    this read was still to come. The kernel's time is the wall clock, so a clock step
+    between the arrival and the read would otherwise count in full (a step forward made a
+    delay start hours early, its message due at once); a step back counts as no wait."""
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
             sec, usec = _TIMEVAL.unpack_from(data)
-            return max(0.0, time.time() - (sec + usec * 1e-6))
+            return min(max(0.0, within), max(0.0, time.time() - (sec + usec * 1e-6)))
     return 0.0
 
 

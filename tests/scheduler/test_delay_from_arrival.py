@@ -76,3 +76,39 @@ def test_the_kernel_tells_when_a_read_arrived():
                 assert data == b"x" * 100
                 assert arrived_ago(anc) >= 0.3
                 assert arrived_ago([]) == 0.0
+
+
+class _SteppedClock:
+    """The wall clock after a step of an hour forward (NTP, an operator), as the receive code
+    sees it: the kernel stamped the publish before the step."""
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + 3600.0
+
+
+async def test_a_wall_clock_step_does_not_make_a_delay_start_early(inprocess_broker, monkeypatch):
+    from broker.listeners import amqp_receive
+
+    server = inprocess_broker.server
+    broker = server.broker
+    pub = TrioClient(await trio.open_tcp_stream("127.0.0.1", inprocess_broker.port))
+    await pub.handshake()
+    await pub.call(1, spec.Channel.Open(), spec.Channel.OpenOk)
+    await pub.call(1, spec.Exchange.Declare(exchange="step.x", type="x-delayed-message",
+                                            arguments={"x-delayed-type": "direct"}),
+                   spec.Exchange.DeclareOk)
+    await pub.call(1, spec.Queue.Declare(queue="step.q"), spec.Queue.DeclareOk)
+    await pub.call(1, spec.Queue.Bind(queue="step.q", exchange="step.x", routing_key="k"),
+                   spec.Queue.BindOk)
+    monkeypatch.setattr(amqp_receive, "time", _SteppedClock)
+    sent = time.time()
+    await pub.publish(1, b"delayed", exchange="step.x", routing_key="k",
+                      headers={"x-delay": DELAY_MS})
+    await _wait_for(lambda: broker.scheduler.pending + broker.scheduler.fired == 1,
+                    "the delayed publish read")
+    assert broker.scheduler.fired == 0  # it fired at once: due an hour before its arrival
+    (item,) = broker.scheduler.items.values()
+    # the hour of the step is not counted as a wait in the socket (it would be due at once)
+    assert item.due > sent + 60.0 - 30.0, item.due - sent
+    await pub.aclose()
