@@ -308,3 +308,66 @@ def test_parked_deliveries_of_a_purged_or_deleted_queue(broker, clock):
     assert store._parked.live == 0 and not store._out
     _flush(broker)
     assert not store._seg_live  # nothing of theirs counted live any more
+
+
+def test_parked_deliveries_of_a_queue_deleted_and_declared_again(tmp_path, clock):
+    """The queue of parked deliveries is deleted and declared again with the same name: the
+    new queue is another (its own id), so the old deliveries, settled or requeued later, or
+    written in a checkpoint before a crash, never turn up in it."""
+    broker = _open(tmp_path, clock)
+    c = SessionClient(broker)
+    bodies = [b"rd-%03d" % i + b"v" * 100 for i in range(6)]
+    tags = _deliver(c, broker, bodies)
+    _age(clock)
+    store = broker.store
+    assert store._parked.live == 6
+    c.open_channel(2)
+    written = c.send(method_frame(2, spec.Queue.Delete(queue="q")))
+    _flush(broker)
+    assert methods(written + c.output(), spec.Queue.DeleteOk)
+    c.send(method_frame(2, spec.Queue.Declare(queue="q", durable=True)))
+    _flush(broker)
+    c.publish(2, b"new-one", routing_key="q", delivery_mode=2, headers={"n": b"new-one"})
+    _flush(broker)
+    trio.run(store.checkpoint)  # the old rows, still parked, are not the new queue's
+    c.call(1, spec.Basic.Nack(tags[0], False, True))  # requeued to a queue that is gone
+    c.call(1, spec.Basic.Ack(tags[1], False))
+    q = broker.vhosts["/"].queues["q"]
+    assert q.message_count == 1 and q.unacked_count == 0
+    _flush(broker)
+    _crash(broker)
+
+    again = _open(tmp_path, clock)
+    c2 = SessionClient(again)
+    assert _drain(c2, channel=1) == [(b"new-one", False)]
+    trio.run(again.store.close)
+
+
+@pytest.mark.parametrize("overflow", ["reject-publish", "reject-publish-dlx", "drop-head"])
+def test_a_parked_delivery_requeued_to_a_full_queue(broker, clock, overflow):
+    """Nack with requeue of a parked delivery to a queue at its max-length: back in the
+    queue as any requeue (RabbitMQ's overflow applies to publishes, not requeues; drop-head
+    dead-letters the head), read whole, its names (exchange, routing key) for dead-lettering
+    read from the record."""
+    c = SessionClient(broker)
+    c.open_channel(1)
+    _declare(c, broker, "dlq")
+    args = {"x-max-length": 3, "x-overflow": overflow, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "dlq"}
+    _declare(c, broker, "q", **args)
+    bodies = [b"fq-%03d" % i + b"u" * 100 for i in range(3)]
+    for body in bodies:
+        c.publish(1, body, routing_key="q", delivery_mode=2, headers={"n": body[:8]})
+    _flush(broker)
+    tags = [m.delivery_tag for m in methods(c.consume(1, "q", tag="t"), spec.Basic.Deliver)]
+    _age(clock)
+    assert broker.store._parked.live == 3
+    c.call(1, spec.Basic.Cancel("t"))
+    more = [b"fq-new%01d" % i + b"u" * 100 for i in range(3)]
+    for body in more:  # the queue full again
+        c.publish(1, body, routing_key="q", delivery_mode=2, headers={"n": body[:8]})
+    _flush(broker)
+    c.call(1, spec.Basic.Nack(tags[-1], True, True))
+    assert broker.store._parked.live == 0
+    got = _drain(c, "q", channel=3) + _drain(c, "dlq", channel=4)
+    assert sorted(b for b, _r in got) == sorted(bodies + more)
