@@ -8,8 +8,15 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..amqp.fields import decode_table, encode_table
+
+if TYPE_CHECKING:
+    from ..exchanges.base import Binding, Exchange
+    from ..queues.entry import QueueEntry
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 _MSG_HEAD = struct.Struct(">QHI")  # id, len(exchange+rk block), len(props)
 
@@ -59,21 +66,21 @@ class EntryDef:
     delivery_count: int = 0
 
 
-def exchange_def(vhost, x) -> ExchangeDef:
+def exchange_def(vhost: VirtualHost, x: Exchange) -> ExchangeDef:
     return ExchangeDef(vhost.name, x.name, x.type_name, x.durable, x.auto_delete, x.internal,
                        dict(x.arguments))
 
 
-def queue_def(vhost, q) -> QueueDef:
+def queue_def(vhost: VirtualHost, q: Queue) -> QueueDef:
     return QueueDef(vhost.name, q.name, q.durable, q.auto_delete, dict(q.arguments))
 
 
-def binding_def(vhost, b) -> BindingDef:
+def binding_def(vhost: VirtualHost, b: Binding) -> BindingDef:
     return BindingDef(vhost.name, b.source, b.destination.kind, b.destination.name, b.routing_key,
                       dict(b.arguments))
 
 
-def entry_def(vhost, queue, entry) -> EntryDef:
+def entry_def(vhost: VirtualHost, queue: Queue, entry: QueueEntry) -> EntryDef:
     expires = None
     if entry.expires_at is not None:
         expires = time.time() + (entry.expires_at - queue.vhost.timers.now())

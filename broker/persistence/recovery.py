@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ..exchanges import EXCHANGE_TYPES, Binding
 from ..message import set_message_id_floor
@@ -17,6 +18,10 @@ from ..queues.types import (
     register_queue_variant,  # noqa: F401 - features import it here
 )
 from .records import BindingDef, EntryDef, ExchangeDef, QueueDef
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.recovery")
 
@@ -34,7 +39,7 @@ def encode_meta(value: dict) -> str:
     return text
 
 
-def restore_meta(broker, records) -> int:
+def restore_meta(broker: Broker, records) -> int:
     """Hand every stored metadata record ``(kind, key, json text)`` to
     ``broker.restore_meta(kind, key, value)``, in the order given; a record its
     owner rejects is logged and skipped, never stops recovery. Returns the count."""
@@ -51,7 +56,7 @@ def restore_meta(broker, records) -> int:
     return n
 
 
-def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
+def restore(broker: Broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
             bindings: list[BindingDef], entries: list[EntryDef], messages: dict) -> dict:
     """Recreate definitions and queue contents; ``messages`` maps id -> Message.
 
@@ -113,7 +118,7 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
         vhost = broker.vhosts.get(ed.vhost)
         owner = vhost.queues.get(ed.queue) if vhost is not None else None
         message = messages.get(ed.message_id)
-        if owner is None or message is None:
+        if vhost is None or owner is None or message is None:
             continue
         max_id = max(max_id, ed.message_id)
         expires_at = None
@@ -138,7 +143,7 @@ def restore(broker, exchanges: list[ExchangeDef], queues: list[QueueDef],
 
 
 # ---- queue variants (scheduler seam): registered in queues/types.py --------------------
-def new_queue(broker, vhost, name: str, **kwargs) -> Queue:
+def new_queue(broker: Broker, vhost: VirtualHost, name: str, **kwargs) -> Queue:
     """The queue to recreate for a stored definition: a registered variant, else a Queue."""
     factory = QUEUE_VARIANTS.get(name)
     if factory is None:

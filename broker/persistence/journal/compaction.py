@@ -47,18 +47,19 @@ class Compaction(JournalStoreState):
         sizes = dict.fromkeys(cands, 0)  # exact bytes moving each candidate's entries writes
         records = dict.fromkeys(cands, 0)  # and the records
 
-        def measure(loc, count) -> None:
+        def measure(loc: int, count: int) -> int:
             buf, off = self._buffer_at(loc)
             sizes[loc >> 32] += jf.HDR_SIZE + jf.HDR.unpack_from(buf, off)[0] \
                 + (DELIVERED_MAX if count else 0)
             records[loc >> 32] += 2 if count else 1
+            return loc  # unchanged: measuring moves nothing
 
         for q in self._qids:
             delta = now_wall - q.vhost.timers.now()
             for e in q.stored_entries():
                 if e.loc and (e.loc >> 32) in cands:
                     entries.append((self._qids[q], e, 0, delta))
-            q.relocate_paged(cands, lambda loc, seq, exp, blen, flags: measure(loc, flags) or loc)
+            q.relocate_paged(cands, lambda loc, seq, exp, blen, flags: measure(loc, flags))
         for e, q in self._out.items():
             qid = self._qids.get(q)
             if qid is not None and e.loc and (e.loc >> 32) in cands:

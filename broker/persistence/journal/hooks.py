@@ -3,6 +3,7 @@ into records appended to the buffer. Does not write files."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .. import journal_format as jf
 from ..paged import PagedFifo, PagedPriority
@@ -16,20 +17,27 @@ from .common import _DELIVER, _ENQUEUE, _REQUEUE, ENQ_MIN
 from .shared import JournalStoreState
 from .stored import _body_len
 
+if TYPE_CHECKING:
+    from ...exchanges.base import Binding, Exchange
+    from ...queues.entry import QueueEntry
+    from ...queues.ops import Op
+    from ...queues.queue import Queue
+    from ...vhost import VirtualHost
+
 
 class JournalHooks(JournalStoreState):
     """The store's ``Store`` hooks."""
 
-    def save_exchange(self, vhost, exchange) -> None:
+    def save_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
         xd = exchange_def(vhost, exchange)
         self._exchanges[(xd.vhost, xd.name)] = xd
         self._append(jf.T_EXCHANGE, jf.pack_exchange(xd))
 
-    def delete_exchange(self, vhost, exchange) -> None:
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
         self._exchanges.pop((vhost.name, exchange.name), None)
         self._append(jf.T_EXCHANGE_DEL, jf.pack_name(vhost.name, exchange.name))
 
-    def save_queue(self, vhost, queue) -> None:
+    def save_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         qd = queue_def(vhost, queue)
         qid = self._next_qid
         self._next_qid += 1
@@ -37,19 +45,19 @@ class JournalHooks(JournalStoreState):
         self._queues[qid] = qd
         self._append(jf.T_QUEUE, jf.pack_queue(qd, qid))
 
-    def delete_queue(self, vhost, queue) -> None:
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         qid = self._qids.pop(queue, None)
         if qid is None:
             return
         self._queues.pop(qid, None)
         self._append(jf.T_QUEUE_DEL, jf.U32.pack(qid))
 
-    def save_binding(self, vhost, binding) -> None:
+    def save_binding(self, vhost: VirtualHost, binding: Binding) -> None:
         bd = binding_def(vhost, binding)
         self._bindings[jf.binding_key(bd)] = bd
         self._append(jf.T_BINDING, jf.pack_binding(bd))
 
-    def delete_binding(self, vhost, binding) -> None:
+    def delete_binding(self, vhost: VirtualHost, binding: Binding) -> None:
         bd = binding_def(vhost, binding)
         self._bindings.pop(jf.binding_key(bd), None)
         self._append(jf.T_BINDING_DEL, jf.pack_binding(bd))
@@ -64,7 +72,7 @@ class JournalHooks(JournalStoreState):
         if self._meta.pop((kind, key), None) is not None:
             self._append(jf.T_META_DEL, jf.pack_meta(kind, key))
 
-    def queue_op(self, queue, op, entry) -> None:
+    def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
         if not entry.message.persistent:
             return
         if op is _ENQUEUE:
@@ -88,7 +96,7 @@ class JournalHooks(JournalStoreState):
             if op is not _REQUEUE:
                 self.remove(queue, entry)
 
-    def enqueue(self, queue, entry) -> None:
+    def enqueue(self, queue: Queue, entry: QueueEntry) -> None:
         qid = self._qids.get(queue)
         if qid is None:
             self.save_queue(queue.vhost, queue)
@@ -115,7 +123,7 @@ class JournalHooks(JournalStoreState):
         live_bytes = self._seg_bytes
         live_bytes[seg] = live_bytes.get(seg, 0) + ENQ_MIN + blen
 
-    def paged_ready(self, queue, entries) -> PagedFifo | PagedPriority:
+    def paged_ready(self, queue: Queue, entries: list[QueueEntry]) -> PagedFifo | PagedPriority:
         restored = queue.retry.restored if queue.retry is not None else None
         budget = self.settings.queue_memory_budget
         if queue.opts.max_priority:
@@ -124,12 +132,12 @@ class JournalHooks(JournalStoreState):
         return PagedFifo(self, queue.vhost.timers, budget=budget, entries=entries,
                          restored=restored)
 
-    def delivered(self, queue, entry) -> None:
+    def delivered(self, queue: Queue, entry: QueueEntry) -> None:
         qid = self._qids.get(queue)
         if qid is not None and entry.loc:
             self._append(jf.T_DELIVERED, jf.pack_delivered(qid, entry.seq, entry.delivery_count))
 
-    def remove(self, queue, entry) -> None:
+    def remove(self, queue: Queue, entry: QueueEntry) -> None:
         loc = entry.loc
         if not loc:
             return

@@ -22,6 +22,9 @@ from .parked import Parked
 from .state import JournalState
 from .stored import StoredMessage, _malloc_trim
 
+if TYPE_CHECKING:
+    from ...broker import Broker
+
 
 class JournalStoreState(Store):
     """The journal store's state (its mixins' shared attributes)."""
@@ -41,7 +44,7 @@ class JournalStoreState(Store):
         self.jdir = jdir or os.path.join(data_dir, "journal")
         self.flush = flush
         self.segment_size = segment_size
-        self.broker = None
+        self.broker: Broker | None = None
         self._state: JournalState | None = None
         self._lock_fd: int | None = None
         # writing
@@ -101,3 +104,5 @@ class JournalStoreState(Store):
         def _parked_rows(self, qids=None) -> Iterator[tuple]: ...    # parking.py
         def _names_at(self, loc: int) -> tuple[int, str, str]: ...
         async def checkpoint(self) -> None: ...                      # checkpoint.py
+        def _compact(self) -> int: ...                               # compaction.py
+        async def _flush_once(self) -> None: ...                     # writer.py

@@ -6,13 +6,16 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import journal_format as jf
 from .common import ENQ_MIN, NAN
 
+if TYPE_CHECKING:
+    from ...queues.queue import Queue
 
-def _columns(queue=None) -> list:
+
+def _columns(queue: Queue | None = None) -> list:
     """Empty (seqs, locs, exps, blens, flags) arrays of a checkpoint queue record, plus
     the priorities (T_CKPT_PRIO) for a priority queue."""
     cols = [array("q"), array("q"), array("d"), array("I"), array("B")]

@@ -40,6 +40,7 @@ import os
 import time
 from array import array
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -57,6 +58,9 @@ from .parking import Parking
 from .reader import JournalReader
 from .state import _count_live
 from .writer import JournalWriter
+
+if TYPE_CHECKING:
+    from ...broker import Broker
 
 
 class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter, JournalReader):
@@ -97,7 +101,7 @@ class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter
         log.info("journal: loaded %d segments, replayed %d records after checkpoint %s in %.2fs",
                  len(state.segments), state.records, state.ckpt_pos, time.monotonic() - t0)
 
-    def recover(self, broker) -> None:
+    def recover(self, broker: Broker) -> None:
         from ...message import set_message_id_floor
         from ..recovery import restore, restore_meta
         self.broker = broker

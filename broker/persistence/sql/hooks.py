@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..recovery import encode_meta
 from .common import (
@@ -15,6 +16,13 @@ from .common import (
 )
 from .state import SQLStoreState, _Batch
 
+if TYPE_CHECKING:
+    from ...exchanges.base import Binding, Exchange
+    from ...queues.entry import QueueEntry
+    from ...queues.ops import Op
+    from ...queues.queue import Queue
+    from ...vhost import VirtualHost
+
 
 class CoreHooks(SQLStoreState):
     """The store's ``Store`` hooks: they only buffer (``_batch``)."""
@@ -23,16 +31,16 @@ class CoreHooks(SQLStoreState):
         if self.flush == "sync":
             self._wake.set()
 
-    def save_exchange(self, vhost, exchange) -> None:
+    def save_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
         from ..records import exchange_def
         self._batch.defs.append(("x+", exchange_def(vhost, exchange)))
         self._poke()
 
-    def delete_exchange(self, vhost, exchange) -> None:
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
         self._batch.defs.append(("x-", vhost.name, exchange.name))
         self._poke()
 
-    def save_queue(self, vhost, queue) -> None:
+    def save_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         from ..records import queue_def
         key = (vhost.name, queue.name)
         have = self._qids.get(key)
@@ -46,7 +54,7 @@ class CoreHooks(SQLStoreState):
         self._batch.defs.append(("q+", queue_def(vhost, queue), qid))
         self._poke()
 
-    def delete_queue(self, vhost, queue) -> None:
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         key = (vhost.name, queue.name)
         have = self._qids.get(key)
         if have is None or have[0] is not queue:
@@ -64,12 +72,12 @@ class CoreHooks(SQLStoreState):
         b.defs.append(("q-", vhost.name, queue.name, qid))
         self._poke()
 
-    def save_binding(self, vhost, binding) -> None:
+    def save_binding(self, vhost: VirtualHost, binding: Binding) -> None:
         from ..records import binding_def
         self._batch.defs.append(("b+", binding_def(vhost, binding)))
         self._poke()
 
-    def delete_binding(self, vhost, binding) -> None:
+    def delete_binding(self, vhost: VirtualHost, binding: Binding) -> None:
         from ..records import binding_def
         self._batch.defs.append(("b-", binding_def(vhost, binding)))
         self._poke()
@@ -83,13 +91,13 @@ class CoreHooks(SQLStoreState):
         self._batch.defs.append(("m-", kind, key))
         self._poke()
 
-    def _qid(self, queue):
+    def _qid(self, queue: Queue):
         have = self._qids.get((queue.vhost.name, queue.name))
         if have is None or have[0] is not queue:
             return None
         return have[1]
 
-    def enqueue(self, queue, entry) -> None:
+    def enqueue(self, queue: Queue, entry: QueueEntry) -> None:
         qid = self._qid(queue)
         if qid is None:
             if queue.durable and queue.vhost.queues.get(queue.name) is queue:
@@ -121,7 +129,7 @@ class CoreHooks(SQLStoreState):
             self._held.append((queue, entry))  # taken back if the publish is nacked
         self._poke()
 
-    def queue_op(self, queue, op, entry) -> None:
+    def queue_op(self, queue: Queue, op: Op, entry: QueueEntry) -> None:
         """As ``Store.queue_op``, but every delivery is written, not only the first: the
         count survives a restart (delivery limits, retry levels), as on the journal."""
         if not entry.message.persistent:
@@ -133,7 +141,7 @@ class CoreHooks(SQLStoreState):
         elif op is not _REQUEUE:
             self.remove(queue, entry)
 
-    def delivered(self, queue, entry) -> None:
+    def delivered(self, queue: Queue, entry: QueueEntry) -> None:
         qid = self._qid(queue)
         if qid is None:
             return
@@ -152,7 +160,7 @@ class CoreHooks(SQLStoreState):
         s[entry.seq] = count
         self._poke()
 
-    def remove(self, queue, entry) -> None:
+    def remove(self, queue: Queue, entry: QueueEntry) -> None:
         qid = self._qid(queue)
         if qid is None:
             return

@@ -4,7 +4,7 @@ Does not restore queues (loader.py) nor read pages of messages (paging.py)."""
 from __future__ import annotations
 
 from array import array
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import select, text
 
@@ -18,6 +18,9 @@ from .common import (
     _chunks,
 )
 from .state import SQLStoreState
+
+if TYPE_CHECKING:
+    from ...queues.queue import Queue
 
 
 class _QueueIndex:
@@ -50,7 +53,7 @@ class _QueueIndex:
             sizes = [0 if s is None else s for s in sizes]
         self.blens.extend(sizes)
 
-    def entry(self, queue, i: int, messages: dict, wall_minus_mono: float) -> QueueEntry | None:
+    def entry(self, queue: Queue, i: int, messages: dict, wall_minus_mono: float) -> QueueEntry | None:
         message = messages.get(self.mids[i])
         if message is None:
             return None

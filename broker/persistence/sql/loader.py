@@ -4,6 +4,7 @@ bounded steps, and the one clean-up of orphaned messages. Does not write."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 import trio
 from sqlalchemy import delete, exists, func, select
@@ -29,6 +30,9 @@ from .common import (
     log,
 )
 from .index import IndexReader, _QueueIndex
+
+if TYPE_CHECKING:
+    from ...broker import Broker
 
 
 class Loader(IndexReader):
@@ -63,7 +67,7 @@ class Loader(IndexReader):
         self._loaded_meta = [m[:3] for m in meta]
         self._loaded = (xs, qs, bs, heads, totals, messages, by_qid, max_id)
 
-    def recover(self, broker) -> None:
+    def recover(self, broker: Broker) -> None:
         self.broker = broker
         if self._loaded is None:
             return
@@ -76,7 +80,7 @@ class Loader(IndexReader):
         for qid, (vname, qname) in by_qid.items():
             vhost = broker.vhosts.get(vname)
             q = vhost.queues.get(qname) if vhost is not None else None
-            if q is None or not q.durable:
+            if vhost is None or q is None or not q.durable:
                 continue
             self._qids[(vname, qname)] = (q, qid)
             self._queue_of[qid] = q
@@ -103,7 +107,7 @@ class Loader(IndexReader):
             if rest is not None:
                 paged += len(rest.seqs)
             if later:
-                q.ready.restore_pending(n - k, ix.seqs[-1], t.top)
+                cast(SQLPagedFifo, q.ready).restore_pending(n - k, ix.seqs[-1], t.top)
                 q.restore_behind(n - k, t.nbytes - sum(ix.blens), t.top, t.expiring)
                 self._unloaded.append((qid, q, q.ready, ix.seqs[-1], t.top, n - k))
                 total += n - k

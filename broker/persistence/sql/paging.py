@@ -4,6 +4,7 @@ the index at start-up (index.py)."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import trio
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,11 +18,14 @@ from .common import (
 )
 from .state import SQLStoreState, _Batch
 
+if TYPE_CHECKING:
+    from ...queues.queue import Queue
+
 
 class Paging(SQLStoreState):
     """The store's side of ``SQLPagedFifo``."""
 
-    def paged_ready(self, queue, entries):
+    def paged_ready(self, queue: Queue, entries):
         """The ready store of a durable queue (``PAGES_MESSAGES``): FIFO queues page; a
         priority queue keeps its messages in memory."""
         if queue.opts.max_priority:
@@ -45,7 +49,7 @@ class Paging(SQLStoreState):
         self._wanted.append(ready)
         self._page_wanted.set()
 
-    def forget_unread(self, queue, seqs, mids) -> None:
+    def forget_unread(self, queue: Queue, seqs, mids) -> None:
         """A purge dropped entries still only in the database: delete them there."""
         qid = self._qid(queue)
         if qid is None:
@@ -58,7 +62,7 @@ class Paging(SQLStoreState):
         b.rm_msgs.update(mids)
         self._poke()
 
-    def forget_range(self, queue, after_seq: int, top_seq: int) -> None:
+    def forget_range(self, queue: Queue, after_seq: int, top_seq: int) -> None:
         """A purge dropped stored entries whose index was not read yet (seqs in
         ``(after_seq, top_seq]``): delete them there."""
         qid = self._qid(queue)

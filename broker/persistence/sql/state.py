@@ -14,6 +14,9 @@ from .. import sql_schema as S
 from ..base import DURABLE, PAGES_MESSAGES, Store, StoreUnavailable
 from .common import _safe_url
 
+if TYPE_CHECKING:
+    from ...queues.queue import Queue
+
 
 class _Batch:
     """What the core asked for since the last hand-off (only touched on the trio thread)."""
@@ -108,7 +111,7 @@ class SQLStoreState(Store):
 
     if TYPE_CHECKING:  # what the parts call of each other (each defined in one mixin of SQLStore)
         def insert_ignore(self, table) -> Any: ...                     # store.py
-        def _qid(self, queue) -> int | None: ...                       # hooks.py
+        def _qid(self, queue: Queue) -> int | None: ...                       # hooks.py
         def _poke(self) -> None: ...
         def _check_backlog(self) -> None: ...
         def _fail(self, callbacks: list) -> None: ...                  # commit.py
