@@ -6,7 +6,9 @@ grouping every stored entry (the ``GROUP BY`` grew with the backlog: about 0.5 s
 Counting in the database, not in the store's batches, keeps the totals exact whatever
 writes the entries: a batch written again after an in-doubt commit (its inserts are
 ignored, its deletes find nothing: the triggers see no row), a batch split record by
-record, a purge by seq range, a queue's delete, the clean-up of orphaned entries.
+record, a purge by seq range, a queue's delete, the clean-up of orphaned entries, an
+operator's TRUNCATE (its own trigger: it fires no DELETE trigger). A transaction rolled back
+takes the triggers' writes with it.
 
 PostgreSQL only: statement-level triggers over transition tables (one aggregate per
 statement, not per row), which cost no measurable time per entry written. MariaDB and SQLite
@@ -21,7 +23,7 @@ from sqlalchemy import text
 
 from .sql_schema import entries, totals
 
-TRIGGERS = ("triomq_entries_totals_ins", "triomq_entries_totals_del")
+TRIGGERS = ("triomq_entries_totals_ins", "triomq_entries_totals_del", "triomq_entries_totals_trunc")
 
 _PG = (
     """CREATE OR REPLACE FUNCTION triomq_totals_ins() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -44,19 +46,29 @@ _PG = (
        WHERE t.qid = d.qid;
       RETURN NULL;
     END $$""",
+    """CREATE OR REPLACE FUNCTION triomq_totals_trunc() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      DELETE FROM triomq_totals;
+      RETURN NULL;
+    END $$""",
     "DROP TRIGGER IF EXISTS triomq_entries_totals_ins ON triomq_entries",
     "DROP TRIGGER IF EXISTS triomq_entries_totals_del ON triomq_entries",
+    "DROP TRIGGER IF EXISTS triomq_entries_totals_trunc ON triomq_entries",
     """CREATE TRIGGER triomq_entries_totals_ins AFTER INSERT ON triomq_entries
        REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION triomq_totals_ins()""",
     """CREATE TRIGGER triomq_entries_totals_del AFTER DELETE ON triomq_entries
        REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION triomq_totals_del()""",
+    # a TRUNCATE (an operator's) fires no DELETE trigger: every total goes with the rows
+    """CREATE TRIGGER triomq_entries_totals_trunc AFTER TRUNCATE ON triomq_entries
+       FOR EACH STATEMENT EXECUTE FUNCTION triomq_totals_trunc()""",
 )
 
 _DDL = {"postgresql": _PG}
 
 _PRESENT = {
     "postgresql": "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname IN "
-                  "('triomq_entries_totals_ins', 'triomq_entries_totals_del') "
+                  "('triomq_entries_totals_ins', 'triomq_entries_totals_del', "
+                  "'triomq_entries_totals_trunc') "
                   "AND tgrelid = 'triomq_entries'::regclass",
 }
 
@@ -80,7 +92,13 @@ def install(conn, dialect: str) -> None:
     """Create the triggers and compute the totals from the stored rows, once (a database an
     older version wrote, or a new one), in the caller's transaction: it holds
     ``triomq_entries`` locked against writes from the triggers' creation to the commit, so
-    no write (a master's, while a standby opens) is counted twice or missed."""
+    no write (a master's, while a standby opens) is counted twice or missed. That lock is
+    taken first: another process installing at the same time (workers, a standby) waits
+    here, then finds the triggers there, instead of failing in CREATE OR REPLACE FUNCTION
+    ('tuple concurrently updated')."""
+    conn.execute(text(f"LOCK TABLE {entries.name} IN SHARE ROW EXCLUSIVE MODE"))
+    if installed(conn, dialect):
+        return
     for sql in _DDL[dialect]:
         conn.execute(text(sql))
     conn.execute(text(f"DELETE FROM {totals.name}"))

@@ -140,3 +140,68 @@ def test_a_database_without_totals_gets_them_once(db):
     trio.run(main)
     assert list(_exact(db.url).values()) == [79]
     assert _query(db.url, f"SELECT COUNT(*) FROM triomq_totals WHERE qid = {qid_gone}") == [(0,)]
+
+
+def test_totals_follow_a_truncate_and_a_rollback(db):
+    """An operator's TRUNCATE of the entries (no DELETE trigger fires for it) leaves no
+    phantom messages at the next start; a transaction rolled back leaves the totals as
+    they were (the triggers' writes are in it)."""
+    _fill(db.url, 40, name="t")
+    eng = create_engine(db.url, poolclass=NullPool)
+    try:
+        with eng.connect() as c:
+            tx = c.begin()
+            c.execute(text("DELETE FROM triomq_entries WHERE seq < 10"))
+            tx.rollback()
+    finally:
+        eng.dispose()
+    assert list(_exact(db.url).values()) == [40]
+    _query(db.url, "TRUNCATE triomq_entries")
+    assert _exact(db.url) == {}  # kept 40 before: a backlog's start would trust them
+
+    async def main():
+        async with Paging(db.url) as p:
+            assert p.vhost.queues["t"].message_count == 0
+    trio.run(main)
+
+
+WAITING = ("SELECT 1 FROM pg_locks WHERE NOT granted AND database = "
+           "(SELECT oid FROM pg_database WHERE datname = current_database())")
+
+
+def test_two_brokers_install_the_totals_at_once(db):
+    """Two processes opening a database without the totals at the same time (a master and a
+    standby, the workers of one broker): the second install waits for the first, then
+    finds the triggers there; before, its CREATE OR REPLACE FUNCTION failed with 'tuple
+    concurrently updated' and its store did not open."""
+    import threading
+
+    from broker.persistence import sql_totals
+
+    _fill(db.url, 10, name="a")
+    _query(db.url, "DROP TRIGGER triomq_entries_totals_ins ON triomq_entries")
+    eng = create_engine(db.url, poolclass=NullPool)
+    errors: list[Exception] = []
+
+    def second():
+        try:
+            with eng.begin() as c2:
+                if not sql_totals.installed(c2, "postgresql"):
+                    sql_totals.install(c2, "postgresql")
+        except Exception as exc:  # what the test reports
+            errors.append(exc)
+
+    try:
+        with eng.connect() as c1:
+            tx = c1.begin()
+            sql_totals.install(c1, "postgresql")
+            thread = threading.Thread(target=second)
+            thread.start()
+            while not _query(db.url, WAITING):
+                thread.join(0.01)  # until the second install waits for the first
+            tx.commit()
+        thread.join(30)
+    finally:
+        eng.dispose()
+    assert not errors, errors
+    assert list(_exact(db.url).values()) == [10]
