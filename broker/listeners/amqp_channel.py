@@ -352,11 +352,12 @@ class Channel(EntityMethods, ConfirmTxMethods):
             for q, items in by_queue.items():
                 items.sort(key=lambda pair: -pair[0].seq)
                 q.requeue(items)
-            return
         else:
             for item in taken:
                 item.queue.reject(item.entry, item.consumer)
                 queues[item.queue] = None
+        if self.global_prefetch:  # the channel's credit returned: to all its consumers' queues
+            queues.update(dict.fromkeys(c.queue for c in self.consumers.values()))
         for q in queues:
             if q.consumers:
                 q.dispatch()

@@ -122,6 +122,9 @@ class Queue(FlowQueue, PolicyQueue, StoredQueue):
             self._selective += 1
         self._flow_low = 0
         self._flow_low_bytes: float = math.inf
+        # no consumer could take at the last dispatch: enqueue only appends until the next one
+        # (every credit return dispatches: ack, requeue, window, link credit, drained output)
+        self._no_credit = False
         self.touch()
 
     def _new_ready(self) -> ReadyStore:
@@ -218,7 +221,8 @@ class Queue(FlowQueue, PolicyQueue, StoredQueue):
                 self._next_seq = entry.seq + 1
         self.stats_published += 1
         ready = self.ready
-        if (self.consumers and not ready and not ready.stored_behind and entry.expires_at is None
+        dispatch = self.consumers and not self._no_credit
+        if (dispatch and not ready and not ready.stored_behind and entry.expires_at is None
                 and self.commit_seq is None and not self._selective):
             # append + dispatch with nothing else ready, minus the ready list's round trip
             consumer = self._pick_consumer()
@@ -227,9 +231,11 @@ class Queue(FlowQueue, PolicyQueue, StoredQueue):
                 if self.flow_waiters:
                     self.flow_check()
                 return True
+            self._no_credit = True
+            dispatch = False
         ready.append(entry)
         self.ready_bytes += size
-        if self.consumers:
+        if dispatch:
             self.dispatch()
         if opts.max_length is not None or opts.max_length_bytes is not None:
             dropped = max_length.drop_head(self)
@@ -241,6 +247,7 @@ class Queue(FlowQueue, PolicyQueue, StoredQueue):
 
     # ---- delivery ----
     def dispatch(self) -> None:
+        self._no_credit = False
         ready = self.ready
         if not ready or not self.consumers:
             return
@@ -255,6 +262,7 @@ class Queue(FlowQueue, PolicyQueue, StoredQueue):
                 break
             consumer = self._pick_consumer()
             if consumer is None:
+                self._no_credit = True
                 break
             entry = ready.popleft()
             self.ready_bytes -= len(entry.message.body)
