@@ -371,3 +371,34 @@ def test_a_parked_delivery_requeued_to_a_full_queue(broker, clock, overflow):
     assert broker.store._parked.live == 0
     got = _drain(c, "q", channel=3) + _drain(c, "dlq", channel=4)
     assert sorted(b for b, _r in got) == sorted(bodies + more)
+
+
+def test_parked_deliveries_of_a_deleted_queue_rejected_requeued_acked(tmp_path, clock):
+    """A deleted queue's parked deliveries settled afterwards, every way (reject to its
+    dead-letter queue, nack with requeue, ack): taken back whole (their names read from the
+    record, the queue's id being gone), as they would be unparked; nothing back in a queue."""
+    broker = _open(tmp_path, clock)
+    c = SessionClient(broker)
+    c.open_channel(1)
+    _declare(c, broker, "dlq")
+    _declare(c, broker, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    for i in range(5):
+        c.publish(1, b"dq-%05d" % i + b"z" * 1000, routing_key="q", delivery_mode=2,
+                  headers={"n": b"dq-%05d" % i})
+    _flush(broker)
+    tags = [m.delivery_tag for m in methods(c.consume(1, "q", tag="t"), spec.Basic.Deliver)]
+    _age(clock)
+    store = broker.store
+    assert store._parked.live == 5
+    c.open_channel(2)
+    written = c.send(method_frame(2, spec.Queue.Delete(queue="q")))
+    _flush(broker)
+    assert methods(written + c.output(), spec.Queue.DeleteOk)
+    c.call(1, spec.Basic.Reject(tags[0], False))
+    c.call(1, spec.Basic.Nack(tags[1], False, True))
+    c.call(1, spec.Basic.Ack(tags[2], False))
+    c.close_connection()
+    assert store._parked.live == 0 and not store._out
+    c2 = SessionClient(broker)
+    # as an unparked delivery's reject: dead-lettered whole (body, headers)
+    assert [b[:8] for b, _r in _drain(c2, "dlq", channel=1)] == [b"dq-00000"]
