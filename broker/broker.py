@@ -139,7 +139,7 @@ class Broker:
             config=self.config, timers=self.timers, vhosts=self.vhosts, store=self.store,
             publishing=self.publishing, recovery=self.recovery, alarms=self.alarms,
             set_alarm=self.set_alarm, sessions=self.sessions, churn=self.churn,
-            create_vhost=self.create_vhost)
+            create_vhost=self.create_vhost, streams=self.streams)
         # broker.access: users, vhosts, permissions, limits
         self.services.access = security.install(self, self.services)
         # delayed/scheduled delivery and its control socket

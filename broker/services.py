@@ -4,9 +4,10 @@ Each feature declares here, as a ``Protocol``, the services it uses (read-only: 
 never replaces one); ``Services`` is the one object ``Broker.__init__`` builds, which has
 them all, and hands to each feature's constructor (``Scheduler``, ``Transactions``,
 ``Hermes``, ``AuditTrail``, ``Policies``, ``AccessControl``, the management's
-``HttpServer``, ``MessageTotals``, ``Sampler`` and metrics collectors). A service a feature
-needs beyond these (the policies, built after the features that come before them; the
-management's message totals) is its own constructor argument. Not here: the broker's wiring
+``HttpServer``, ``MessageTotals``, ``Sampler`` and metrics collectors; the cluster's
+copies of streams). A service a feature needs beyond these (the policies, built after the
+features that come before them; the management's message totals) is its own constructor
+argument. Not here: the broker's wiring
 lists (publish hooks, recovery hooks, metadata restorers, background tasks), which each
 feature's ``install`` fills, and anything a feature owns itself. The protocol listeners'
 sessions and the management API's request handlers are the edge: they keep the ``Broker``
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .publishing import Publishing
     from .recovery_progress import RecoveryProgress
     from .security import AccessControl
+    from .streams.log import StreamStore
     from .timers import TimerQueue
     from .vhost import VirtualHost
 
@@ -128,6 +130,16 @@ class MetricsServices(StatsServices, RoutingServices, OperatorServices, Protocol
     def recovery(self) -> RecoveryProgress: ...
 
 
+class StreamReplicaServices(Protocol):
+    """What a cluster node's copy of a stream (``cluster.stream_replicas._Follower``) uses:
+    the vhosts its stream is in and the stream logs it opens, hands over and forgets."""
+
+    @property
+    def vhosts(self) -> dict[str, VirtualHost]: ...
+    @property
+    def streams(self) -> StreamStore: ...
+
+
 @dataclass(eq=False)
 class Services:
     """The broker's services, built once by ``Broker.__init__`` (the same objects as its
@@ -147,5 +159,6 @@ class Services:
     sessions: set[Any]
     churn: Churn
     create_vhost: Callable[[str], VirtualHost]
+    streams: StreamStore
     access: AccessControl = field(init=False)
     audit: AuditTrail | None = None

@@ -52,7 +52,9 @@ def test_a_feature_constructor_taking_the_broker_is_reported(tmp_path, monkeypat
         "broker/scheduler/core.py:5: Held() takes the broker (owner): hand it the services "
         "it uses (broker/services.py)",
         "broker/scheduler/core.py:8: Sink() takes the broker (broker): hand it the services "
-        "it uses (broker/services.py)"]
+        "it uses (broker/services.py)",
+        "broker/scheduler/core.py:8: __init__() leaves its parameter broker unannotated: give "
+        "it its type"]
     # outside the service-fed modules (a listener, the management API) it is not judged
     edge = tmp_path / "broker" / "listeners" / "x.py"
     edge.parent.mkdir()
@@ -76,6 +78,46 @@ def test_policies_security_and_management_constructors_taking_the_broker_are_rep
         for rel, cls in (("policies/registry.py", "Policies"),
                          ("security/access.py", "AccessControl"),
                          ("management/http.py", "HttpServer"), ("management/stats.py", "Sampler"))]
+
+
+def test_a_cluster_constructor_taking_the_broker_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(check_layout, "ROOT", tmp_path)
+    path = tmp_path / "broker" / "cluster" / "stream_replicas.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("class _Follower:\n"
+                    "    def __init__(self, owner: StreamReplicas, broker: Broker, vhost: str):\n"
+                    "        pass\n"
+                    "class _Copy:\n"
+                    "    def __init__(self, services: StreamReplicaServices, vhost: str):\n"
+                    "        pass\n")
+    assert check_layout.problems([path]) == [
+        "broker/cluster/stream_replicas.py:2: _Follower() takes the broker (broker): hand it "
+        "the services it uses (broker/services.py)"]
+
+
+def test_an_unannotated_broker_session_queue_or_vhost_parameter_is_reported(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(check_layout, "ROOT", tmp_path)
+    path = tmp_path / "broker" / "listeners" / "edge.py"  # anywhere in broker/, the edge too
+    path.parent.mkdir(parents=True)
+    path.write_text("def install(broker) -> None:\n"
+                    "    pass\n"
+                    "class Hooks:\n"
+                    "    def save_queue(self, vhost, queue: Queue, entry) -> None:\n"
+                    "        pass\n"
+                    "    async def close(self, *, session=None, reason: str = '') -> None:\n"
+                    "        pass\n"
+                    "    def typed(self, broker: Broker, session: Session, queue: Queue,\n"
+                    "              vhost: 'VirtualHost | None', q, channel) -> None:\n"
+                    "        pass\n"
+                    "pick = lambda queue: queue.name\n")
+    assert check_layout.problems([path]) == [
+        "broker/listeners/edge.py:1: install() leaves its parameter broker unannotated: give "
+        "it its type",
+        "broker/listeners/edge.py:4: save_queue() leaves its parameter vhost unannotated: give "
+        "it its type",
+        "broker/listeners/edge.py:6: close() leaves its parameter session unannotated: give it "
+        "its type"]
 
 
 def test_the_tree_passes():

@@ -17,9 +17,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .events import ACKC, DACK, DELC, PUBC, TRAIL_PROPS, WIDTH
+
+if TYPE_CHECKING:
+    from ..queues.queue import Queue
 
 log = logging.getLogger("broker.audit")
 _time = time.time
@@ -79,7 +82,7 @@ class PyHooks:
         if len(buf) > self.limit:
             self._full()
 
-    def delivered(self, channel, ctag, tag: int, queue, entry) -> int:
+    def delivered(self, channel, ctag, tag: int, queue: Queue, entry) -> int:
         """Returns where the record is (for ``acked``: ``Unacked.audit_pos``), -1 if none."""
         try:
             qctx = queue.audit_ctx  # set while this trail follows the queue

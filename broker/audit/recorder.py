@@ -38,7 +38,9 @@ from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..policies import Policies
+    from ..queues.queue import Queue
     from ..services import AuditServices
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.audit")
 
@@ -275,7 +277,7 @@ class AuditTrail(CallerReported):
     # consumer, the channel and the delivery tag: the queue does not report them here
     # (CallerReported).
 
-    def queue_op(self, queue, op, entry) -> None:
+    def queue_op(self, queue: Queue, op, entry) -> None:
         if op is _ENQUEUE:
             # not a client's publish (a dead letter, a scheduled firing): its properties
             # link it to the original (message id, x-ref-key)
@@ -304,7 +306,7 @@ class AuditTrail(CallerReported):
                        "deleted", None, None))
 
     # ---- hooks: streams, whose records are named by their offsets ----
-    def stream_appended(self, queue, pairs) -> None:
+    def stream_appended(self, queue: Queue, pairs) -> None:
         """``pairs``: (message id, offset) of records just appended to the stream
         ``queue`` (after their ``published`` events)."""
         qctx = queue.audit_ctx
@@ -315,7 +317,7 @@ class AuditTrail(CallerReported):
         for msg, offset in pairs:
             self._add((STRA, t, vhost, name, msg, offset))
 
-    def stream_delivered(self, origin, queue, ctag: str, first: int, count: int,
+    def stream_delivered(self, origin, queue: Queue, ctag: str, first: int, count: int,
                          detail: str | None = None) -> None:
         """A Stream-protocol subscription (``ctag``, its id; ``detail``, its name) was
         sent the records ``first`` .. ``first + count - 1`` of ``queue`` (a chunk)."""
@@ -326,7 +328,7 @@ class AuditTrail(CallerReported):
         self._add((STRD, self.now or _time(), qctx[0], qctx[1], ctag, None, first, count,
                    ctx[2], ctx[3], detail))
 
-    def stream_truncated(self, queue, first: int, count: int, reason: str) -> None:
+    def stream_truncated(self, queue: Queue, first: int, count: int, reason: str) -> None:
         """Records ``first`` .. ``first + count - 1`` left the stream ``queue`` (retention,
         the stream deleted)."""
         qctx = queue.audit_ctx
@@ -335,7 +337,7 @@ class AuditTrail(CallerReported):
         self._add((STRT, _time(), qctx[0], qctx[1], first, count, reason))
 
     # ---- hooks: scheduler and retries ----
-    def scheduled(self, vhost, message, due: float) -> None:
+    def scheduled(self, vhost: VirtualHost, message, due: float) -> None:
         if not self.vhost_audited(vhost.name):
             return
         self._add((SCH, _time(), vhost.name, message.exchange, message.routing_key,
@@ -352,7 +354,7 @@ class AuditTrail(CallerReported):
             return
         self._add((CAN, _time(), vhost_name, sid))
 
-    def retried(self, queue, entry, delay_ms: int) -> None:
+    def retried(self, queue: Queue, entry, delay_ms: int) -> None:
         if queue not in self._audited:
             return
         self._add((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,

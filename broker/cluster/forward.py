@@ -34,6 +34,7 @@ from .link import LINK_USER, ROUTE_HEADER, Link, RemoteConsumer
 if TYPE_CHECKING:
     from ..direct_reply import DirectReply
     from ..queues.queue import Consumer
+    from ..vhost import VirtualHost
     from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.forward")
@@ -107,7 +108,7 @@ class ProxyQueue(Queue):
     #: ``Queue.__init__``, whose ``touch()`` does not ask it
     master_down: Any = None
 
-    def __init__(self, vhost, name: str, durable: bool, auto_delete: bool, arguments: dict,
+    def __init__(self, vhost: VirtualHost, name: str, durable: bool, auto_delete: bool, arguments: dict,
                  master: str, links: Any, store: Any):
         from ..queues.args import parse_queue_arguments
         try:

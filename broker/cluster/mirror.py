@@ -48,6 +48,7 @@ from .mirror_policy import replica_group, wanted_mirrors
 
 if TYPE_CHECKING:
     from ..queues.queue import Queue
+    from ..vhost import VirtualHost
     from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.mirror")
@@ -280,7 +281,7 @@ class Mirrors(MirrorCopies):
                             vhost_name, how)
             await self.promote(vhost, proxy, copy, m.epoch)
 
-    async def promote(self, vhost, proxy, copy: MirrorCopy, epoch: int) -> None:
+    async def promote(self, vhost: VirtualHost, proxy, copy: MirrorCopy, epoch: int) -> None:
         """The copy becomes the queue. It is built and stored in slices with a checkpoint
         between them, beside the proxy (which keeps this node's publishers and consumers
         meanwhile, as before the promotion), then swapped in: a copy of 50,000 messages

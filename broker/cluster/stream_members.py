@@ -30,6 +30,7 @@ from starlette.routing import Route
 from ..queues.stream import StreamQueue
 
 if TYPE_CHECKING:
+    from ..vhost import VirtualHost
     from .store import ClusterStore
 
 ATTEMPTS = 5  # compare-and-swap retries against concurrent writers of the record
@@ -46,7 +47,7 @@ def _queue_type(q) -> str:
     return "stream" if isinstance(q, StreamQueue) else q.queue_type.name
 
 
-async def change_replicas(store: ClusterStore, vhost, name: str, node: str, add: bool) -> bool:
+async def change_replicas(store: ClusterStore, vhost: VirtualHost, name: str, node: str, add: bool) -> bool:
     """Add ``node`` to, or remove it from, the replica group of stream ``name``; True when
     the group changed, False when there was nothing to do. ``MemberChangeError`` when
     refused."""

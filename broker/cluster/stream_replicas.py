@@ -70,6 +70,8 @@ from .stream_divergence import (
 from .stream_stepdown import restore_kept, step_down
 
 if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..services import StreamReplicaServices
     from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.streams")
@@ -108,7 +110,7 @@ class StreamReplicas:
         self._published: tuple[int, int] | None = None  # (lease, port) of streamaddr/
         self._nursery: trio.Nursery | None = None
 
-    def install(self, broker) -> None:
+    def install(self, broker: Broker) -> None:
         # logs opened before their group is known wait for a replica (set_replicas); the
         # Stream protocol's readers and Metadata find this node's copies through it
         broker.streams.replicas = self
@@ -165,7 +167,7 @@ class StreamReplicas:
         self._follow(broker, groups)
         await self._elect(broker, groups)
 
-    async def _lead(self, broker, groups: dict) -> None:
+    async def _lead(self, broker: Broker, groups: dict) -> None:
         """Record the group of each stream led here; drop the records of those deleted."""
         store, node = self.store, self.store.node
         live = sorted(store.live_nodes())
@@ -193,15 +195,15 @@ class StreamReplicas:
                         or lg.group_size != len(group["members"]):
                     lg.set_replicas(followers, len(group["members"]))
         for key, group in list(groups.items()):
-            vhost = broker.vhosts.get(key[0])
+            held = broker.vhosts.get(key[0])
             if group.get("leader") == node.name and (
-                    vhost is None or key[1] not in vhost.queues):
+                    held is None or key[1] not in held.queues):
                 await store.coord.delete(self._key("streams", queue_key(*key)))
                 del groups[key]
                 log.info("stream %r in vhost %r deleted: its replica group too", key[1],
                          key[0])
 
-    def _follow(self, broker, groups: dict) -> None:
+    def _follow(self, broker: Broker, groups: dict) -> None:
         store, node = self.store, self.store.node
         wanted = {}
         for key, group in groups.items():
@@ -232,7 +234,7 @@ class StreamReplicas:
                     follower.passing = key in wanted
         for key, leader in wanted.items():
             if key not in self._followers and self._nursery is not None:
-                follower = _Follower(self, broker, key[0], key[1], leader)
+                follower = _Follower(self, broker.services, key[0], key[1], leader)
                 # the log is the previous follower's until its task is done with it
                 follower.previous = replaced.get(key)
                 scope = trio.CancelScope()
@@ -240,7 +242,7 @@ class StreamReplicas:
                 self._following[key] = follower
                 self._nursery.start_soon(follower.run, scope)
 
-    async def _elect(self, broker, groups: dict) -> None:
+    async def _elect(self, broker: Broker, groups: dict) -> None:
         """Streams whose leader is gone (its lease expired: the master key is deleted):
         each live member posts its committed tail (``streamtails/``, on its lease); once
         a majority of the group posted, the one with the longest log (ties: by name)
@@ -285,15 +287,15 @@ class StreamReplicas:
                 continue
             await self._promote(broker, key, follower, group, m.epoch)
 
-    async def _promote(self, broker, key: tuple[str, str], follower: _Follower, group: dict,
-                       epoch: int) -> None:
+    async def _promote(self, broker: Broker, key: tuple[str, str], follower: _Follower,
+                       group: dict, epoch: int) -> None:
         """This node's copy becomes the stream (the log stays open: the queue takes it)."""
         from ..queues.args import parse_queue_arguments
         from .forward import ProxyQueue
         store, node = self.store, self.store.node
         vhost = broker.vhosts.get(key[0])
         proxy = vhost.queues.get(key[1]) if vhost is not None else None
-        if not isinstance(proxy, ProxyQueue):
+        if vhost is None or not isinstance(proxy, ProxyQueue):
             return
         follower.handover = True
         start = follower.log.next_offset if follower.log is not None else 0
@@ -366,8 +368,9 @@ class StreamReplicas:
 class _Follower:
     """One stream this node replicates from ``leader``."""
 
-    def __init__(self, owner: StreamReplicas, broker, vhost: str, name: str, leader: str):
-        self.owner, self.broker = owner, broker
+    def __init__(self, owner: StreamReplicas, services: StreamReplicaServices, vhost: str,
+                 name: str, leader: str):
+        self.owner, self.services = owner, services
         self.vhost, self.name, self.leader = vhost, name, leader
         self.committed = -1
         self.drop = False
@@ -397,7 +400,7 @@ class _Follower:
                 and not previous.log.closed:
             lg = self.log = previous.log  # handed on open
         else:
-            streams = self.broker.streams
+            streams = self.services.streams
             restore_kept(stream_dir(streams.data_dir, self.vhost, self.name))
             lg = self.log = streams.open(self.vhost, self.name)
             lg.set_replicas(None)  # a copy leads nothing: its readers read what it committed
@@ -421,7 +424,7 @@ class _Follower:
             lg = self.log
             if not self.handover and not self.passing:
                 self._closing(lg, reopening=not self.drop)
-                self.broker.streams.forget(lg)
+                self.services.streams.forget(lg)
                 if self.drop:
                     lg.delete()
                 else:
@@ -517,7 +520,7 @@ class _Follower:
             log.warning("stream %r in vhost %r: copy holds chunks up to offset %d that "
                         "leaders since epoch %s may not have: cut back to offset %d",
                         self.name, self.vhost, lg.next_offset - 1, self.label, cut)
-            streams = self.broker.streams
+            streams = self.services.streams
             self._closing(lg)
             streams.forget(lg)
             lg.close()
@@ -533,7 +536,7 @@ class _Follower:
 
     def _proxy(self):
         from .stream_reads import StreamProxyQueue
-        vhost = self.broker.vhosts.get(self.vhost)
+        vhost = self.services.vhosts.get(self.vhost)
         proxy = vhost.queues.get(self.name) if vhost is not None else None
         return proxy if isinstance(proxy, StreamProxyQueue) else None
 

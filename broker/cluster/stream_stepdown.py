@@ -33,6 +33,7 @@ import trio
 from ..queues.stream import StreamQueue
 
 if TYPE_CHECKING:
+    from ..vhost import VirtualHost
     from .stream_replicas import StreamReplicas
 
 log = logging.getLogger("broker.cluster.streams")
@@ -41,7 +42,7 @@ DRAIN_S = 10.0  # how long a step-down waits for its log's confirms in one round
 KEPT = ".kept"
 
 
-async def step_down(replicas: StreamReplicas, vhost, q: StreamQueue, group: dict) -> bool:
+async def step_down(replicas: StreamReplicas, vhost: VirtualHost, q: StreamQueue, group: dict) -> bool:
     """This node leads ``q`` but its group record no longer names it: hand the stream to
     the other members (see the module docstring). False when its log's confirms did not
     all come in this round (tried again next round)."""

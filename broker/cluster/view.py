@@ -27,6 +27,7 @@ from ..queues.stream import StreamQueue
 
 if TYPE_CHECKING:
     from ..queues.queue import Queue
+    from ..vhost import VirtualHost
     from .store import ClusterStore
 
 log = logging.getLogger("broker.cluster.view")
@@ -53,7 +54,7 @@ class QueueViews:
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
 
     # ---- as a master ----
-    def local(self, vhost, q: Queue) -> dict:
+    def local(self, vhost: VirtualHost, q: Queue) -> dict:
         """The cluster fields of ``q``, mastered on this node (its counts are local)."""
         store = self.store
         me = store.node.name

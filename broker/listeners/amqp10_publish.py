@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proton import Disposition
 
@@ -20,6 +20,10 @@ from ..message import Message
 from ..publishing import ROUTED, STORING, TAKEN, UNROUTABLE
 from .amqp10_links import ORIGINAL, InLink
 from .amqp10_tx import TxnError
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..queues.queue import Queue
 
 MAX_KEY = 255
 # transfers a publishing link may have in flight, topped up at half: a few hundred made the
@@ -61,7 +65,7 @@ def _schedule(headers: dict) -> None:
 class Amqp10Publishing:
     """The publishing part of ``Amqp10Session`` (a mixin: the session's attributes)."""
 
-    broker: Any
+    broker: Broker
     conn: Any
     vhost: Any
     authz: Any
@@ -74,6 +78,10 @@ class Amqp10Publishing:
     management: Any
     wake: Callable[[], None]
     _check_target: Callable[[addresses.Target], Any]
+    metrics_protocol: str | None
+
+    if TYPE_CHECKING:  # the session's (session_base.FlowControlledSession): a PublishOrigin
+        def queue_over_threshold(self, queue: Queue) -> None: ...
 
     # ---- publishing ----
     def _on_message(self, ev: MessageReceived) -> None:

@@ -256,15 +256,17 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
             conn.close("amqp:not-found", f"vhost '{vhost_name}' does not exist")
             self.finished = True
             return
+        user = self.user
         try:
-            access.check_vhost(self.user, vhost_name)
-            access.check_connection_limits(self.user, vhost_name, broker.sessions)
+            access.check_vhost(user, vhost_name)  # refuses a connection without a user
+            assert user is not None
+            access.check_connection_limits(user, vhost_name, broker.sessions)
         except errors.AMQPError as exc:
             conn.close("amqp:unauthorized-access", exc.text)
             self.finished = True
             return
         self.vhost = vhost
-        self.authz = access.authz(self.user, vhost_name)
+        self.authz = access.authz(user, vhost_name)
         self.audit_ctx = (vhost_name, self.username, self.peer, None)
         conn.username = self.username
         conn.accept_open({symbol("product"): "TrioMQ", symbol("version"): __version__,

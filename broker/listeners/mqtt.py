@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import ssl
+from typing import TYPE_CHECKING
 
 import trio
 import trio.lowlevel
@@ -33,6 +34,9 @@ from .edge import (
 from .mqtt_session import MQTTService, MQTTSession
 from .mqtt_sys import SysTopics
 from .mqtt_ws import WebSocketListeners
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.mqtt")
 
@@ -285,7 +289,7 @@ class MQTTListener(EdgeListener):
 
     log = log
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         super().__init__(broker)
         self.service = MQTTService(broker)
         # plain-TCP connections with output queued since the last flush (send_now)
@@ -338,7 +342,7 @@ class MQTTListener(EdgeListener):
         await self.serve(MQTTConnectionHandler(self, stream, sock, tls, direct, session_class))
 
 
-def install(broker) -> MQTTListener | None:
+def install(broker: Broker) -> MQTTListener | None:
     """Start the MQTT listener(s) with the broker when configured (``broker.mqtt``)."""
     if not mqtt_configured(broker.config):
         return None

@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import TYPE_CHECKING
 
 from ..persistence import DURABLE
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.mqtt")
 
@@ -54,7 +58,7 @@ def _key(vhost: str, client_id: str, direction: str, packet_id: int) -> str:
 class QoS2Sessions:
     """The persistent sessions' QoS 2 state by (vhost, client id)."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.store = broker.store
         self.durable = DURABLE in self.store.capabilities
         self.states: dict[tuple[str, str], SessionState] = {}

@@ -19,10 +19,13 @@ import base64
 import hashlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..mqtt import properties as P
 from ..mqtt.topics import matches
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("broker.mqtt")
 
@@ -39,7 +42,7 @@ class RetainedStore:
     """Retained messages by vhost and topic. ``set`` replaces (an empty payload clears,
     section 3.3.1.3); ``matching`` lists what a new subscription receives."""
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker):
         self.store = broker.store
         self.by_vhost: dict[str, dict[str, tuple[bytes, int]]] = {}
         # (vhost, topic) -> (v5 properties kept, wall-clock expiry or None): MQTT 5 only

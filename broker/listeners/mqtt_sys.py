@@ -32,6 +32,7 @@ from ..mqtt.topics import to_routing_key
 from ..publishing import Source
 
 if TYPE_CHECKING:
+    from ..vhost import VirtualHost
     from .mqtt_session import MQTTService
 
 log = logging.getLogger("broker.mqtt")
@@ -165,7 +166,7 @@ class SysTopics:
         for name in [n for n in self.sent if n not in self.broker.vhosts]:
             del self.sent[name]  # a deleted vhost
 
-    def _publish(self, vhost, topic: str, payload: bytes) -> None:
+    def _publish(self, vhost: VirtualHost, topic: str, payload: bytes) -> None:
         """As a client's retained QoS 0 PUBLISH, through the broker's publish path; not
         audited (no user published it; each cluster node reports its own status)."""
         self.service.retained.set_volatile(vhost.name, topic, payload, 0)

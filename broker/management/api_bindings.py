@@ -2,7 +2,7 @@
 Does not render a binding (entity_json) nor touch exchanges or queues themselves."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus, unquote_plus
 
 import trio
@@ -25,6 +25,11 @@ from .common import (
 from .entity_json import exchange_name, properties_key, queue_of, vhost_bindings
 from .http import ApiError
 from .listing import paginate
+
+if TYPE_CHECKING:
+    from ..exchanges.base import Exchange
+    from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 
 async def until_durable(store: Any) -> None:
@@ -64,7 +69,7 @@ async def exchange_bindings(request: Request):
     return json_response(items)
 
 
-def _endpoints(request: Request, vhost):
+def _endpoints(request: Request, vhost: VirtualHost):
     """(source exchange, destination kind, destination object) of a /bindings/... path."""
     source = param(request, "source")
     source = "" if source == "amq.default" else source
@@ -72,6 +77,7 @@ def _endpoints(request: Request, vhost):
     dest_name = param(request, "dest")
     if source not in vhost.exchanges:
         raise ApiError(404, "Not Found")
+    dest: Queue | Exchange | None
     if kind == "queue":
         dest = vhost.find_queue(dest_name)
     else:
@@ -125,7 +131,7 @@ def _props_keys(props_key: str) -> set[str]:
     return {props_key, once + "~" + digest if digest else once or "~"}
 
 
-def _find_binding(vhost, source: str, kind: str, dest, props_key: str):
+def _find_binding(vhost: VirtualHost, source: str, kind: str, dest, props_key: str):
     keys = _props_keys(props_key)
     for b in vhost_bindings(vhost):
         if (b["source"] == source and b["destination_type"] == kind

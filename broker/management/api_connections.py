@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..broker import Broker
     from ..listeners.amqp_session import Session
     from ..listeners.session_base import ProtocolSession
+    from ..vhost import VirtualHost
 
 # first time the API saw each connection (ms since the epoch), for "connected_at"
 _first_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -175,7 +176,7 @@ async def connection_channels(request: Request):
     return json_response([channel_json(broker, ch) for ch in list(session.channels.values())])
 
 
-def _channels(broker: Broker, user, vhost=None) -> list:
+def _channels(broker: Broker, user, vhost: VirtualHost | None = None) -> list:
     out: list = []
     for s in _open_sessions(broker):
         if not _visible(broker, user, s) or (vhost is not None and s.vhost is not vhost):

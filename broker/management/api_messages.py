@@ -32,6 +32,7 @@ from .http import ApiError
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..vhost import VirtualHost
 
 
 def _payload_bytes(data: dict) -> bytes:
@@ -48,7 +49,7 @@ def _payload_bytes(data: dict) -> bytes:
                         f"{json.dumps(encoding)}")
 
 
-def publish_message(broker: Broker, vhost, exchange: str, routing_key: str, properties: dict,
+def publish_message(broker: Broker, vhost: VirtualHost, exchange: str, routing_key: str, properties: dict,
                     payload: bytes, user: str | None = None, peer: str | None = None) -> bool:
     """Publish one message through the broker's publish path, as an AMQP publish without
     confirms would (publish hooks: a delay, a half message; audited as published by

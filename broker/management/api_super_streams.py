@@ -7,6 +7,8 @@ order with their binding keys; DELETE removes the exchange and its streams.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -24,6 +26,9 @@ from .common import (
     vhost_scope,
 )
 from .http import ApiError
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
 
 
 def _keys(data: dict) -> tuple[int | None, list[str] | None]:
@@ -77,7 +82,7 @@ async def put_super_stream(request: Request):
     return created()
 
 
-def _super(request: Request, vhost) -> list[tuple[str, str, int]]:
+def _super(request: Request, vhost: VirtualHost) -> list[tuple[str, str, int]]:
     name = param(request, "name")
     parts = super_streams.partitions_of(vhost, name) \
         if super_streams.is_super_stream(vhost, name) else None

@@ -23,11 +23,12 @@ from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, queue_counts, rate_details
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 # ---- rendering ---------------------------------------------------------------------------
 
 
-def exchange_json(vhost, x, sampler=None) -> dict:
+def exchange_json(vhost: VirtualHost, x, sampler=None) -> dict:
     out = {"arguments": jsonable(x.arguments), "auto_delete": x.auto_delete,
            "durable": x.durable, "internal": x.internal, "name": x.name,
            "type": x.type_name or "direct", "user_who_performed_action": "rmq-internal",
@@ -42,7 +43,7 @@ def exchange_json(vhost, x, sampler=None) -> dict:
     return out
 
 
-def queue_json(broker: Broker, vhost, q: Queue) -> dict:
+def queue_json(broker: Broker, vhost: VirtualHost, q: Queue) -> dict:
     ready = q.message_count
     unacked = q.unacked_count
     sampler = broker.stats_sampler
@@ -149,7 +150,7 @@ def binding_json(vhost_name: str, source: str, dest_kind: str, dest: str, routin
             "properties_key": properties_key(routing_key, arguments)}
 
 
-def vhost_bindings(vhost) -> list[dict]:
+def vhost_bindings(vhost: VirtualHost) -> list[dict]:
     out = []
     for q in vhost.queues.values():  # the default exchange's implicit bindings
         if not q.internal:
@@ -165,16 +166,16 @@ def vhost_bindings(vhost) -> list[dict]:
     return out
 
 
-def exchanges_of(vhost) -> list:
+def exchanges_of(vhost: VirtualHost) -> list:
     return [x for x in vhost.exchanges.values() if not x.hidden]
 
 
-def queues_of(vhost) -> list:
+def queues_of(vhost: VirtualHost) -> list:
     return [q for q in vhost.queues.values() if not q.internal]
 
 
 
-def queue_of(request: Request, vhost):
+def queue_of(request: Request, vhost: VirtualHost):
     q = vhost.find_queue(param(request, "name"))
     if q is None:
         raise ApiError(404, "Not Found")

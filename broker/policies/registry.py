@@ -36,6 +36,7 @@ from .validate import (
 if TYPE_CHECKING:
     from ..queues.queue import Queue
     from ..services import PolicyServices
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.policies")
 
@@ -182,11 +183,11 @@ class Policies:
         return (policy.name if policy is not None else None,
                 operator.name if operator is not None else None, dict(definition))
 
-    def queue_added(self, vhost, queue: Queue) -> None:
+    def queue_added(self, vhost: VirtualHost, queue: Queue) -> None:
         """Called by the vhost for each new queue (declared or recovered)."""
         self._apply_queue(vhost, queue)
 
-    def exchange_added(self, vhost, exchange) -> None:
+    def exchange_added(self, vhost: VirtualHost, exchange) -> None:
         """Called by the vhost for each exchange a client declared."""
         self._apply_exchange(vhost, exchange)
 
@@ -346,14 +347,14 @@ class Policies:
                 return policy
         return None
 
-    def _apply_queue(self, vhost, queue: Queue) -> None:
+    def _apply_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         policy, operator, definition = self.effective(vhost.name, "queue", queue.name,
                                                       queue.queue_type)
         if (policy, operator, definition) != (queue.policy, queue.operator_policy,
                                               queue.effective_policy_definition):
             queue.apply_policy(policy, operator, definition)
 
-    def _apply_exchange(self, vhost, exchange) -> None:
+    def _apply_exchange(self, vhost: VirtualHost, exchange) -> None:
         if exchange.name == "":
             return  # the default exchange takes no policy (nor an alternate exchange)
         policy, _operator, definition = self.effective(vhost.name, "exchange", exchange.name)

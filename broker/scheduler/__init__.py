@@ -22,6 +22,7 @@ from .spec import AMQ_HEADERS, X_DELAY, ScheduleError, parse_amq, parse_delayed
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..services import SchedulerServices
+    from ..vhost import VirtualHost
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler", "install"]
 
@@ -84,7 +85,7 @@ def make_publish_hook(scheduler: Scheduler):
     return hook
 
 
-def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> ScheduledQueue:
+def _recovered_queue(broker: Broker, vhost: VirtualHost, name: str, **_queue_kwargs) -> ScheduledQueue:
     """Queue-variant factory: the stored internal queue comes back as a ScheduledQueue
     (its arguments are the variant's own, not the stored ones)."""
     return broker.scheduler.new_queue(vhost)

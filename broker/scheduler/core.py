@@ -37,6 +37,7 @@ from .spec import Schedule
 
 if TYPE_CHECKING:
     from ..services import SchedulerServices
+    from ..vhost import VirtualHost
 
 __all__ = ["INTERNAL_QUEUE", "ScheduledQueue", "Scheduler"]
 
@@ -113,10 +114,10 @@ class Scheduler:
         self.tables.append(t)
         return t
 
-    def new_queue(self, vhost) -> ScheduledQueue:
+    def new_queue(self, vhost: VirtualHost) -> ScheduledQueue:
         return self.queues.new(vhost)
 
-    def internal_queue(self, vhost) -> ScheduledQueue:
+    def internal_queue(self, vhost: VirtualHost) -> ScheduledQueue:
         return self.queues.of(vhost)
 
     # ---- ids and slots, for views and recovery ----
@@ -195,7 +196,8 @@ class Scheduler:
             self._held_since_freeze = 0
 
     # ---- scheduling ----
-    def schedule(self, vhost, message, schedule: Schedule, now: float | None = None) -> views.Item:
+    def schedule(self, vhost: VirtualHost, message, schedule: Schedule,
+                 now: float | None = None) -> views.Item:
         now = self.engine.clock() if now is None else now
         due, left, run = schedule.first(now)
         q = self.internal_queue(vhost)

@@ -20,10 +20,15 @@ back (SQL), or nothing but a blob for a transient message.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..persistence.base import READS_BACK
 from ..queues.entry import QueueEntry
 from ..queues.internal import InternalQueue
 from .slots import SlotTable
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
 
 INTERNAL_QUEUE = "amq.triomq.scheduled"
 
@@ -33,7 +38,7 @@ class ScheduledQueue(InternalQueue):
 
     ready: SlotTable  # from _new_ready
 
-    def __init__(self, scheduler, vhost, name: str = INTERNAL_QUEUE):
+    def __init__(self, scheduler, vhost: VirtualHost, name: str = INTERNAL_QUEUE):
         self.scheduler = scheduler  # before Queue.__init__: _new_ready() asks it for the table
         super().__init__(vhost, name)
         self.ready.queue = self  # the table reads its stored copies through this queue

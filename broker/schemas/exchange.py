@@ -15,11 +15,15 @@ tests ``x.arguments or x.effective_policy_definition`` (usually both empty) befo
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .. import errors
 from ..errors import Resource
 from ..policies.validate import POLICY_CHECKS, POLICY_KEYS, PolicyError
 from .avro import SchemaError, ValidationFailed, backward_problem, compiled
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
 
 ARG = "x-avro-schema"
 POLICY_KEY = "avro-schema"
@@ -128,7 +132,7 @@ def _problem(text: str, body: bytes, properties: dict) -> str | None:
     return None
 
 
-def publish_refused(vhost, exchange_name: str, problem: str):
+def publish_refused(vhost: VirtualHost, exchange_name: str, problem: str):
     """The 406 a channel raises for a body that does not conform (outside confirm mode)."""
     return errors.precondition_failed("message rejected by the Avro schema of %s: %s",
                                       vhost.exchange_resource(exchange_name), problem)

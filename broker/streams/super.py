@@ -66,7 +66,7 @@ def declare(vhost: VirtualHost, name: str, partitions: list[str], keys: list[str
         raise
 
 
-def partitions_of(vhost, name: str) -> list[tuple[str, str, int]] | None:
+def partitions_of(vhost: VirtualHost, name: str) -> list[tuple[str, str, int]] | None:
     """(stream, binding key, order) of each partition in partition order, or None when
     there is no such exchange."""
     ex = vhost.exchanges.get(name)
@@ -82,19 +82,19 @@ def partitions_of(vhost, name: str) -> list[tuple[str, str, int]] | None:
     return out
 
 
-def is_super_stream(vhost, name: str) -> bool:
+def is_super_stream(vhost: VirtualHost, name: str) -> bool:
     ex = vhost.exchanges.get(name)
     return ex is not None and bool((ex.arguments or {}).get(SUPER_ARG))
 
 
-def route(vhost, name: str, routing_key: str) -> list[str] | None:
+def route(vhost: VirtualHost, name: str, routing_key: str) -> list[str] | None:
     parts = partitions_of(vhost, name)
     if parts is None:
         return None
     return [p for p, key, _o in parts if key == routing_key]
 
 
-def partition_index(vhost, name: str, stream: str) -> int | None:
+def partition_index(vhost: VirtualHost, name: str, stream: str) -> int | None:
     """The stream's index among the super stream's partitions (None: not one of them)."""
     for i, (part, _k, _o) in enumerate(partitions_of(vhost, name) or ()):
         if part == stream:

@@ -29,6 +29,7 @@ from .spec import (
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..services import TransactionServices
+    from ..vhost import VirtualHost
 
 __all__ = ["CONTROL_EXCHANGE", "HELD_QUEUE", "HeldQueue", "Transactions", "install"]
 
@@ -64,7 +65,7 @@ def _refuse_scheduled(channel, message, headers: dict) -> None:
                                f"'{X_TRANSACTION}' cannot be scheduled")
 
 
-def _recovered_queue(broker: Broker, vhost, name: str, **_queue_kwargs) -> HeldQueue:
+def _recovered_queue(broker: Broker, vhost: VirtualHost, name: str, **_queue_kwargs) -> HeldQueue:
     """Queue-variant factory: the stored internal queue comes back as a HeldQueue."""
     return broker.transactions.new_queue(vhost)
 

@@ -28,6 +28,7 @@ from .spec import COMMIT, ROLLBACK, Policy, TransactionError, parse_prepare, que
 if TYPE_CHECKING:
     from ..services import TransactionServices
     from ..timers import TimerHandle
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.transactions")
 
@@ -70,10 +71,10 @@ class Transactions:
             t = self.tables[vhost_name] = {}
         return t
 
-    def new_queue(self, vhost) -> HeldQueue:
+    def new_queue(self, vhost: VirtualHost) -> HeldQueue:
         return self.queues.new(vhost)
 
-    def held_queue(self, vhost) -> HeldQueue:
+    def held_queue(self, vhost: VirtualHost) -> HeldQueue:
         return self.queues.of(vhost)
 
     def pending_ids(self, vhost_name: str = "/") -> list[str]:
@@ -123,7 +124,7 @@ class Transactions:
         self._confirm(channel, seq, q if q is not None and q.store is not None else None)
 
     # ---- deciding ----
-    def _finish(self, vhost, p: Pending, decision: str, outcome: str, channel=None,
+    def _finish(self, vhost: VirtualHost | None, p: Pending, decision: str, outcome: str, channel=None,
                 only: list | None = None) -> None:
         """Apply ``decision``; a commit routes the message (to the queues ``only``, when
         a default decided per destination queue)."""
@@ -156,7 +157,7 @@ class Transactions:
         if len(decided) > DECIDED_KEPT:
             decided.popitem(last=False)
 
-    def _origin(self, vhost) -> Source:
+    def _origin(self, vhost: VirtualHost) -> Source:
         """The publisher of what the broker decides without a client (a default decision,
         a check-back): a ``Source`` the audit trail records as the peer ``transactions``."""
         return Source(vhost, None, "transactions")
@@ -249,7 +250,7 @@ class Transactions:
             log.info("recovered %d prepared transactions", self.stats["recovered"])
 
     @staticmethod
-    def _resource(vhost, txid: str) -> Resource:
+    def _resource(vhost: VirtualHost, txid: str) -> Resource:
         return Resource("transaction", txid, vhost.name)
 
 

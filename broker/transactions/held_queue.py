@@ -15,9 +15,13 @@ store code of their own. But:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ..queues.entry import QueueEntry
 from ..queues.internal import InternalQueue
+
+if TYPE_CHECKING:
+    from ..vhost import VirtualHost
 
 HELD_QUEUE = "amq.triomq.transactions"
 
@@ -72,7 +76,7 @@ class HeldReady:
 class HeldQueue(InternalQueue):
     """The internal queue of one vhost; created by ``Transactions.new_queue``."""
 
-    def __init__(self, transactions, vhost, name: str = HELD_QUEUE) -> None:
+    def __init__(self, transactions, vhost: VirtualHost, name: str = HELD_QUEUE) -> None:
         self.transactions = transactions  # before Queue.__init__: _new_ready() asks it
         super().__init__(vhost, name)
 
