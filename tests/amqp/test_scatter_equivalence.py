@@ -31,7 +31,7 @@ from .sansio_helpers import (
 
 FRAME_MAX = 8192
 CHUNK = FRAME_MAX - 8
-EXAMPLES = settings(max_examples=int(os.environ.get("SANSIO_FUZZ_EXAMPLES", "150")), deadline=None,
+EXAMPLES = settings(max_examples=int(os.environ.get("SANSIO_FUZZ_EXAMPLES", "50")), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                     phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
@@ -144,7 +144,7 @@ def _content(spec_: tuple) -> bytes:
 
 @EXAMPLES
 @given(contents=st.lists(CONTENT, min_size=1, max_size=3),
-       reads=st.lists(st.one_of(st.integers(1, 64), st.integers(4097, 70_000)),
+       reads=st.lists(st.one_of(st.integers(1, 2000), st.integers(4097, 70_000)),
                       min_size=1, max_size=8),
        cut=st.one_of(st.none(), st.integers(0, 1 << 20)))
 def test_scatter_and_plain_reads_agree(contents, reads, cut):
