@@ -47,6 +47,7 @@ from .node import ClusterJoinError, ClusterNode
 from .store_defs import LOCAL_KINDS, ClusterDefinitions, _args_out, _q
 from .stream_replicas import StreamReplicas
 from .stream_stepdown import keeping_copy
+from .transient import TransientQueues
 from .view import QueueViews
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class ClusterStore(ClusterDefinitions, Store):
         self.mirrors = Mirrors(self)
         self.views = QueueViews(self)  # the same queue view from every node (view.py)
         self.stream_replicas = StreamReplicas(self)  # streams across nodes
+        self.transients = TransientQueues(self)  # transient queues seen from every node
         node.on_fenced.append(self._fenced)
 
 
@@ -172,7 +174,7 @@ class ClusterStore(ClusterDefinitions, Store):
         self._applying = True
         try:
             # metadata first (vhosts before what lives in them), then exchanges, then bindings
-            order = {"meta": 0, "exchange": 1, "queue": 2, "binding": 3}
+            order = {"meta": 0, "exchange": 1, "queue": 2, "tqueue": 2, "binding": 3}
             records.sort(key=lambda r: order.get(self._section(r[0]), 3))
             for key, value in records:
                 try:
@@ -196,6 +198,7 @@ class ClusterStore(ClusterDefinitions, Store):
         # a link's deliveries wait on the other node's consumer, which has its own timeout
         broker.consumer_timeouts.exempt_users.add(LINK_USER)
         self._publish_local()
+        self.transients.install_all()
         self.stream_replicas.install(broker)  # streams' replica groups and copies
         # mirror copies kept on disk, to catch up from (the proxies exist now)
         try:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..vhost import VirtualHost
     from .mirror import Mirrors
     from .node import ClusterNode
+    from .transient import TransientQueues
 
 log = logging.getLogger("broker.cluster.defs")
 
@@ -54,6 +55,7 @@ class ClusterDefinitions:
     """The definitions' side of ``store.ClusterStore`` (see the module docstring)."""
 
     mirrors: Mirrors
+    transients: TransientQueues
 
     def __init__(self, coord: Coordinator, node: ClusterNode):
         self.coord = coord
@@ -358,6 +360,8 @@ class ClusterDefinitions:
             elif existing is None:
                 self._add_proxy(vhost, value["name"], master, value.get("auto_delete", False),
                                 _args_in(value.get("arguments", "")))
+        elif section == "tqueue":  # another node's transient queue (transient.py)
+            self.transients.put(value)
         elif section == "binding":
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is None or value["source"] not in vhost.exchanges:
@@ -431,14 +435,19 @@ class ClusterDefinitions:
             if isinstance(q, ProxyQueue):
                 q.forwarding = False  # deleted on its master: nothing to send back
                 vhost.delete_queue(q, reason="deleted on its master")
+        elif section == "tqueue":
+            self.transients.delete(value)
         elif section == "binding":
             vhost = broker.vhosts.get(value["vhost"])
             if vhost is None:
                 return
             dest = (vhost.queues if value["destination_kind"] == "queue"
                     else vhost.exchanges).get(value["destination"])
+            # an exclusive queue's binding goes with its owner's unbind (made on its node)
+            owner = dest.exclusive_owner if value["destination_kind"] == "queue" \
+                and dest is not None else None
             vhost.unbind(value["source"], dest, value["routing_key"],
-                         _args_in(value.get("arguments", "")))
+                         _args_in(value.get("arguments", "")), owner=owner)
 
     # ---- definitions (the vhost) ----
     def _exchange_key(self, vhost: VirtualHost, x: Exchange) -> str:
