@@ -1,6 +1,7 @@
 """An MQTT session's attributes, set up once: the typed base of its mixins; no behaviour."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..mqtt import codec, enhanced_auth
@@ -21,8 +22,9 @@ class MQTTSessionState(FlowControlledSession):
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
     __slots__ = ("__weakref__", "_ack_now", "_auth_step", "_awaiting_store", "_decided", "_filter_qos",
-                 "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq", "_topics", "_touched", "audit",
-                 "audit_ctx", "authz", "blocked_sent", "broker", "clean", "client_id", "conn",
+                 "_held_events", "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq",
+                 "_suback_waits", "_topics", "_touched", "audit", "audit_ctx", "authz",
+                 "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
                  "expiry", "filters", "finished", "is_publisher",
                  "local_port", "metrics_protocol", "output_delay",
@@ -113,6 +115,12 @@ class MQTTSessionState(FlowControlledSession):
         # an enhanced authentication's challenge awaiting the client's AUTH 0x18: (the
         # method's step, the CONNECT it is for, or None when re-authenticating)
         self._auth_step: tuple[enhanced_auth.Step, codec.Connect | None] | None = None
+        # a persistent session's SUBACK waits for the store to make its queue and bindings
+        # durable (mqtt_subscriptions): the answer to send then, set until the read's end
+        # registers it; and what the client sent behind that SUBSCRIBE, handled after it
+        # (None: nothing waits)
+        self._suback_waits: Callable[[], None] | None = None
+        self._held_events: list | None = None
 
     def as_channel(self) -> ConsumerChannel:
         """The session as its consumers' channel (the delivering part: mqtt_delivery)."""

@@ -88,6 +88,7 @@ class MQTTSubscriptions(MQTTSessionState):
         vhost = self.vhost
         exchange = self.service.exchange
         granted = []
+        durable = False  # a durable queue or binding was declared: the SUBACK waits for it
         v5 = self.expiry is not None
         for topic_filter, options in topics:
             qos = options & 0x03
@@ -127,12 +128,36 @@ class MQTTSubscriptions(MQTTSessionState):
                              else codec.SUBACK_FAILURE)
                 continue
             codes.append(qos)
+            durable = durable or q.durable
             if send_retained:
                 granted.append((topic_filter, qos))
         self._filters_changed()
-        self.conn.suback(packet_id, codes)
+        if self.ended:
+            # what the client sent before its connection ended takes effect (the session's
+            # last reads, ``connection_lost``): nobody to answer, and no SUBACK before the
+            # subscription is durable
+            return
+        self._acks_first()
+
+        def answer() -> None:
+            self.conn.suback(packet_id, codes)
+            self._send_retained(granted, sub_id)
+        if durable:
+            # a persistent session's queue and bindings are durable definitions: answered
+            # once the store has made them durable, as a queue.declare-ok (a kill -9 right
+            # after the SUBACK keeps the subscription); the read's end registers it, behind
+            # the store waits of the packets before it
+            self._suback_waits = answer
+        else:
+            answer()
+
+    def _send_retained(self, granted: list[tuple[str, int]], sub_id: int) -> None:
+        """The retained messages matching the new subscriptions' filters, after their
+        SUBACK (section 3.3.1.3), at the lower of the granted QoS and their own."""
+        vhost = self.vhost
+        v5 = self.expiry is not None
         retained = self.service.retained
-        for topic_filter, qos in granted:  # after the SUBACK (section 3.3.1.3)
+        for topic_filter, qos in granted:
             for topic, payload, rqos in retained.matching(vhost.name, topic_filter):
                 extra = None
                 if retained.extra:
@@ -310,4 +335,12 @@ class MQTTSubscriptions(MQTTSessionState):
             if topic_filter in self.sub_opts:
                 del self.sub_opts[topic_filter]
         self._filters_changed()
+        self._acks_first()
         self.conn.unsuback(packet_id, codes)
+
+    def _acks_first(self) -> None:
+        """The PUBACKs decided in this read (of PUBLISHes before the packet answered now)
+        go before its answer."""
+        if self._ack_now:
+            self.conn.pubacks(self._ack_now)
+            self._ack_now = []

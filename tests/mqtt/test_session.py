@@ -364,7 +364,13 @@ async def test_puback_waits_for_the_journal_and_retained_survive(tmp_path):
         dev = Client(service, "dev", clean=False)
         assert dev.connack[0] == m.ConnAck(0, True)
         assert publishes(dev.connack[1:]) == [("jobs/1", b"j1", 1, False, False)]
-        assert publishes(dev.subscribe(("cfg", 0))[1:]) == [("cfg", b"5", 0, True, False)]
+        got = dev.subscribe(("cfg", 0))  # answered once the binding is on disk
+        with trio.fail_after(5):
+            while not got:
+                await trio.sleep(0.01)
+                got = dev.output()
+        assert got[0] == m.SubAck(1, [0])
+        assert publishes(got[1:]) == [("cfg", b"5", 0, True, False)]
 
     await life(first)
     await life(second)

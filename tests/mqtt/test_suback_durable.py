@@ -1,0 +1,161 @@
+"""A persistent session's SUBSCRIBE (clean session 0, or an MQTT 5 session expiry above 0)
+declares a durable queue and binding: its SUBACK is sent once the store has made them
+durable, as a queue.declare-ok (docs/durability.md), so a kill -9 right after the SUBACK
+keeps the subscription. The retained messages follow the SUBACK; what the client sent
+behind the SUBSCRIBE is handled after it, so no later answer overtakes it (a PINGREQ is
+answered at once: no order applies to PINGRESP)."""
+from __future__ import annotations
+
+import pytest
+import trio
+
+from broker.listeners.mqtt_mapping import queue_names
+from broker.mqtt import codec as m
+from broker.mqtt import properties as P
+from broker.mqtt.codec import PacketReader, encode
+
+from ..durable_answers import HeldDisk, journal_broker
+
+PINGRESP = m.Bare(m.PINGRESP)
+
+
+class Raw:
+    """An MQTT client on a real socket: packets out, packets in."""
+
+    def __init__(self, stream, v5: bool) -> None:
+        self.stream = stream
+        self.reader = PacketReader()
+        self.got: list = []
+        if v5:  # the server's packets in v5's format
+            self.reader.version = 5
+            self.reader.started = True
+
+    @classmethod
+    async def connect(cls, port: int, client_id: str, clean: bool, v5: bool = False,
+                      will: m.Will | None = None) -> Raw:
+        c = cls(await trio.open_tcp_stream("127.0.0.1", port), v5)
+        props = {P.SESSION_EXPIRY_INTERVAL: 0 if clean else 3600} if v5 else None
+        await c.send(m.Connect(client_id, clean, 60, will=will, protocol_level=5 if v5 else 4,
+                               properties=props))
+        connack = (await c.read(1))[0]
+        assert isinstance(connack, m.ConnAck) and connack.return_code == 0, connack
+        return c
+
+    async def send(self, *packets) -> None:
+        await self.stream.send_all(b"".join(encode(p) for p in packets))
+
+    async def read(self, n: int) -> list:
+        """The next ``n`` packets (what a cancelled read received stays for the next)."""
+        with trio.fail_after(20):
+            while len(self.got) < n:
+                data = await self.stream.receive_some(65536)
+                assert data, f"closed after {self.got}"
+                self.got += self.reader.feed(data)
+        got, self.got = self.got[:n], self.got[n:]
+        return got
+
+    def take(self) -> list:
+        """What arrived and was not read yet."""
+        got, self.got = self.got, []
+        return got
+
+
+def _answers(packets: list) -> list:
+    """What the test compares: each packet's type and id (a PUBLISH: its payload, retain)."""
+    out = []
+    for p in packets:
+        if isinstance(p, m.Publish):
+            out.append(("PUBLISH", p.payload, p.retain))
+        elif isinstance(p, m.SubAck):
+            out.append(("SUBACK", p.packet_id))
+        elif isinstance(p, m.UnsubAck) or (isinstance(p, m.PacketId)
+                                            and p.type == m.UNSUBACK):
+            out.append(("UNSUBACK", p.packet_id))
+        elif isinstance(p, m.PacketId):
+            out.append((p.type, p.packet_id))
+        else:
+            out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
+async def test_suback_waits_for_the_subscriptions_write(tmp_path, nursery, v5):
+    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    try:
+        with trio.fail_after(10):
+            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
+                await trio.sleep(0.01)
+        port = broker.mqtt.ports["mqtt"]
+        pub = await Raw.connect(port, "pub", True)
+        # a retained message, on disk before the disk is held (its PUBACK says so)
+        await pub.send(m.Publish("cfg/x", b"retained", 1, True, False, 1))
+        assert _answers(await pub.read(1)) == [(m.PUBACK, 1)]
+        disk = HeldDisk(store)
+        try:
+            dev = await Raw.connect(port, "dev", False, v5)
+            # in one write: the SUBSCRIBE, then a QoS 1 PUBLISH that waits for nothing
+            # (no queue takes it), an UNSUBSCRIBE and a PINGREQ
+            v5_props = {} if v5 else None  # (v5 packets are encoded with properties)
+            await dev.send(m.Subscribe(1, [("cfg/#", 1)], v5_props),
+                           m.Publish("nowhere", b"n", 1, False, False, 7, v5_props),
+                           m.Unsubscribe(2, ["other"], v5_props),
+                           m.Bare(m.PINGREQ))
+            # published while the SUBACK waits: delivered after the retained message (the
+            # PINGRESP says the broker handled the PUBLISH before it)
+            await pub.send(m.Publish("cfg/x", b"live", 0, False, False, None),
+                           m.Bare(m.PINGREQ))
+            assert await pub.read(1) == [PINGRESP]
+            with trio.move_on_after(0.5):
+                await dev.read(2)
+            early = dev.take()
+            assert all(p == PINGRESP for p in early), \
+                f"answered before the subscription was durable: {early}"
+            disk.release()
+            got = early + await dev.read(6 - len(early))
+        finally:
+            disk.release()
+        assert got.count(PINGRESP) == 1
+        answers = _answers([p for p in got if p != PINGRESP])
+        assert answers[:2] == [("SUBACK", 1), ("PUBLISH", b"retained", True)]
+        assert [a for a in answers if a[0] != "PUBLISH"] == [
+            ("SUBACK", 1), (m.PUBACK, 7), ("UNSUBACK", 2)]
+        assert answers[-1] == ("PUBLISH", b"live", False)
+        assert broker.vhosts["/"].queues[queue_names("dev")[1]].durable
+        await dev.stream.aclose()
+        await pub.stream.aclose()
+    finally:
+        await server.shutdown()
+
+
+async def test_what_came_behind_a_waiting_suback_takes_effect_when_the_client_leaves(
+        tmp_path, nursery):
+    """SUBSCRIBE, PUBLISH, DISCONNECT, then the socket closed while the SUBACK waits: the
+    publish is routed and the DISCONNECT discards the will, as if answered."""
+    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    try:
+        with trio.fail_after(10):
+            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
+                await trio.sleep(0.01)
+        port = broker.mqtt.ports["mqtt"]
+        watch = await Raw.connect(port, "watch", True)
+        await watch.send(m.Subscribe(1, [("seen/#", 0)]))
+        assert _answers(await watch.read(1)) == [("SUBACK", 1)]
+        disk = HeldDisk(store)
+        try:
+            dev = await Raw.connect(port, "dev", False,
+                                    will=m.Will("seen/will", b"gone", 0, False))
+            await dev.send(m.Subscribe(1, [("cmd/#", 1)]),
+                           m.Publish("seen/data", b"after", 0, False, False, None),
+                           m.Bare(m.DISCONNECT))
+            await dev.stream.aclose()
+            got = await watch.read(1)
+            # a will would have gone out with the connection's end, before this answer
+            await watch.send(m.Bare(m.PINGREQ))
+            got += await watch.read(1)
+        finally:
+            disk.release()
+        assert _answers(got) == [("PUBLISH", b"after", False), PINGRESP]
+        assert queue_names("dev")[1] in broker.vhosts["/"].queues
+        await watch.stream.aclose()
+    finally:
+        await server.shutdown()
