@@ -402,3 +402,35 @@ def test_parked_deliveries_of_a_deleted_queue_rejected_requeued_acked(tmp_path, 
     c2 = SessionClient(broker)
     # as an unparked delivery's reject: dead-lettered whole (body, headers)
     assert [b[:8] for b, _r in _drain(c2, "dlq", channel=1)] == [b"dq-00000"]
+
+
+class _SteppedWallClock:
+    """The wall clock an hour ahead (an NTP or operator step while a delivery is parked)."""
+
+    @staticmethod
+    def time() -> float:
+        import time
+
+        return time.time() + 3600.0
+
+
+def test_a_wall_clock_step_while_parked_does_not_expire_a_requeued_delivery(broker, clock,
+                                                                           monkeypatch):
+    """A parked delivery's expiry is the broker's clock, as an unparked one's: a wall-clock
+    step between its parking and its requeue does not make it expire (before, the expiry
+    went through the wall clock and back, an hour early: the requeued message was gone)."""
+    from broker.persistence.journal import parking
+
+    c = SessionClient(broker)
+    c.open_channel(1)
+    _declare(c, broker)
+    c.publish(1, b"ttl-0000" + b"t" * 100, routing_key="q", delivery_mode=2,
+              headers={"n": b"ttl-0000"}, expiration="600000")  # ten minutes
+    _flush(broker)
+    tags = [m.delivery_tag for m in methods(c.consume(1, "q", tag="t"), spec.Basic.Deliver)]
+    _age(clock)
+    assert broker.store._parked.live == 1
+    monkeypatch.setattr(parking, "time", _SteppedWallClock)
+    c.call(1, spec.Basic.Cancel("t"))
+    c.call(1, spec.Basic.Nack(tags[0], False, True))
+    assert [b[:8] for b, _r in _drain(c, channel=2)] == [b"ttl-0000"]

@@ -9,7 +9,8 @@ entries of ``_out``. The rows themselves (parking.py: the store's side). Does no
 A row: seq, location, body length, queue id, delivery count, redelivered, priority: 30
 bytes, about what a paged queue's entry costs, instead of a ``QueueEntry``, its
 ``StoredMessage``, their ints and ``_out``'s dict slot (~300 B). Expiry times, rare on
-unacked deliveries, are a dict by slot.
+unacked deliveries, are a dict by slot, on the broker's clock as an entry's (made wall-clock
+time when a checkpoint or compaction writes them).
 """
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ class Parked:
         self.counts = array("I")
         self.flags = array("B")   # 1: redelivered
         self.prios = array("B")
-        self.exps: dict[int, float] = {}  # slot -> expiry (wall clock), for the few with one
+        self.exps: dict[int, float] = {}  # slot -> expiry (timers.now()), for the few with one
         self.free = array("q")
         self.live = 0
 
-    def add(self, qid: int, entry: QueueEntry, blen: int, exp_wall: float | None) -> int:
+    def add(self, qid: int, entry: QueueEntry, blen: int, expires_at: float | None) -> int:
         row = (entry.seq, entry.loc, blen, qid, min(entry.delivery_count, 0xFFFFFFFF),
                1 if entry.redelivered else 0, entry.priority)
         cols = (self.seqs, self.locs, self.blens, self.qids, self.counts, self.flags,
@@ -55,13 +56,13 @@ class Parked:
             slot = len(self.seqs)
             for col, v in zip(cols, row, strict=True):
                 col.append(v)
-        if exp_wall is not None:
-            self.exps[slot] = exp_wall
+        if expires_at is not None:
+            self.exps[slot] = expires_at
         self.live += 1
         return slot
 
     def take(self, slot: int) -> tuple:
-        """``(seq, loc, blen, qid, count, redelivered, prio, exp_wall)`` of ``slot``, freed."""
+        """``(seq, loc, blen, qid, count, redelivered, prio, expires_at)`` of ``slot``, freed."""
         loc = self.locs[slot]
         if not loc:
             raise KeyError(slot)

@@ -28,14 +28,13 @@ class Parking(JournalStoreState):
         m = entry.message
         if qid is None or not (type(m) is Message or type(m) is self._stored):
             return -1
-        exp_wall = None
-        if entry.expires_at is not None:
-            exp_wall = entry.expires_at + (time.time() - queue.vhost.timers.now())
         del self._out[entry]
         if self._fresh_out.pop(entry, 0) is None or self._aging_out.pop(entry, 0) is None:
             self._paged_freed += len(m.body)  # its body leaves the heap now
         blen = m._blen if type(m) is self._stored else len(m.body)
-        slot = self._parked.add(qid, entry, blen, exp_wall)
+        # its expiry stays on the broker's clock (as an entry's), made wall-clock time only
+        # when written (_parked_rows): a clock step while parked moves it no more than theirs
+        slot = self._parked.add(qid, entry, blen, entry.expires_at)
         self._parked_since += 1
         if self._parked_since >= 64 and (not self._out or (
                 self._parked_since >= 1024 and self._parked_since > 2 * len(self._out))):
@@ -47,16 +46,13 @@ class Parking(JournalStoreState):
         return slot
 
     def unpark(self, queue: Any, slot: int) -> QueueEntry:
-        seq, loc, blen, qid, count, redelivered, prio, exp_wall = self._parked.take(slot)
+        seq, loc, blen, qid, count, redelivered, prio, expires_at = self._parked.take(slot)
         msg = self._stored.make(blen, loc)  # id, exchange and routing key: on first use
         if qid not in self._queues:  # its queue is gone: read them now, while they are there
             try:
                 msg.set_names(*self._names_at(loc))
             except (OSError, ValueError):
                 msg.set_names(0, "", "")
-        expires_at = None
-        if exp_wall is not None:
-            expires_at = exp_wall - (time.time() - queue.vhost.timers.now())
         entry = QueueEntry(msg, seq, expires_at, prio)
         entry.loc = loc
         entry.delivery_count = count
@@ -81,9 +77,13 @@ class Parking(JournalStoreState):
         queue is still stored (``qids``: only those)."""
         p = self._parked
         known = self._queues
+        exps = p.exps
+        broker = self.broker
+        delta = time.time() - (broker.timers.now() if broker is not None else time.monotonic())
         for slot in p.slots():
             qid = p.qids[slot]
             if qid not in known or (qids is not None and qid not in qids):
                 continue
-            yield (slot, qid, p.seqs[slot], p.locs[slot], p.exps.get(slot), p.prios[slot],
-                   p.blens[slot], max(p.counts[slot], 1))
+            exp = exps.get(slot)
+            yield (slot, qid, p.seqs[slot], p.locs[slot], None if exp is None else exp + delta,
+                   p.prios[slot], p.blens[slot], max(p.counts[slot], 1))
