@@ -434,3 +434,27 @@ def test_a_wall_clock_step_while_parked_does_not_expire_a_requeued_delivery(brok
     c.call(1, spec.Basic.Cancel("t"))
     c.call(1, spec.Basic.Nack(tags[0], False, True))
     assert [b[:8] for b, _r in _drain(c, channel=2)] == [b"ttl-0000"]
+
+
+def test_a_parked_delivery_keeps_its_expiry_through_a_checkpoint_and_a_crash(tmp_path, clock):
+    """The parked row's expiry, written by a checkpoint as wall-clock time: after a crash the
+    message is back with an expiry, not expired. (Recovery runs before the test's fake clock
+    is set, so how much time is left is not checked here.)"""
+    broker = _open(tmp_path, clock)
+    c = SessionClient(broker)
+    c.open_channel(1)
+    _declare(c, broker)
+    c.publish(1, b"ttl-0001" + b"t" * 100, routing_key="q", delivery_mode=2,
+              headers={"n": b"ttl-0001"}, expiration="600000")
+    _flush(broker)
+    c.consume(1, "q", tag="t")
+    _age(clock)
+    assert broker.store._parked.live == 1
+    trio.run(broker.store.checkpoint)
+    _crash(broker)
+
+    again = _open(tmp_path, clock)
+    q = again.vhosts["/"].queues["q"]
+    assert [e.expires_at is not None for e in q.stored_entries()] == [True]
+    assert [b[:8] for b, _r in _drain(SessionClient(again), channel=1)] == [b"ttl-0001"]
+    trio.run(again.store.close)
