@@ -96,7 +96,9 @@ class QueueViews:
             return
         vhost = self.store.broker.vhosts.get(vhost_name) if self.store.broker else None
         out: dict[str, Any] = {}
-        if isinstance(names, dict):  # a master asks about this node's copy (mirror.py)
+        if isinstance(names, dict) and "listing" in names:  # the management API's (below)
+            out = {"listing": _listing(self.store.broker, names)}
+        elif isinstance(names, dict):  # a master asks about this node's copy (mirror.py)
             out = {"copy": self.store.mirrors.copy_info(vhost_name, str(names.get("copy")))}
         elif vhost is not None and isinstance(names, list):
             from .forward import ProxyQueue
@@ -217,3 +219,62 @@ async def queue_overlays(broker: Any, pairs: list) -> dict[tuple[str, str], dict
     except Exception:  # a listing must not fail for the cluster's extra fields
         log.exception("cluster queue view failed")
         return {}
+
+
+# ---- the management API's listings across nodes (--workers: one broker to clients) ----
+def _listing(broker: Any, request: dict) -> Any:
+    """This node's part of a listing another node's management API asked for: its client
+    connections', channels' or consumers' JSON objects as the asking user may see them
+    (``request``: kind, user, all, vhost), or ``totals`` of its own objects."""
+    from ..management import api_connections as api
+    from ..management.entity_json import consumer_json
+    from .link import LINK_USER
+    user, sees_all, vhost = request.get("user"), request.get("all"), request.get("vhost")
+    sessions = [s for s in api._open_sessions(broker) if api._user_of(s) != LINK_USER
+                and (sees_all or api._user_of(s) == user)
+                and (vhost is None or s.vhost.name == vhost)]
+    kind = request.get("listing")
+    if kind == "connections":
+        return [api.connection_json(s) for s in sessions]
+    channels = [ch for s in sessions for ch in list(s.channels.values())]
+    if kind == "channels":
+        return [api.channel_json(broker, ch) for ch in channels]
+    if kind == "consumers":
+        return [consumer_json(c, ch.session.vhost.name) for ch in channels
+                for c in ch.consumers.values()]
+    from .forward import ProxyQueue
+    ready = unacked = 0
+    for v in list(broker.vhosts.values()):
+        if vhost is None or v.name == vhost:
+            for q in v.queues.values():
+                if not q.internal and not isinstance(q, ProxyQueue):
+                    ready += q.message_count
+                    unacked += q.unacked_count
+    return {"connections": len(sessions), "channels": len(channels),
+            "consumers": sum(len(ch.consumers) for ch in channels),
+            "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked}
+
+
+async def listings(broker: Any, kind: str, user: Any, vhost: str | None) -> list | None:
+    """``kind`` (connections, channels, consumers, totals) from this node and every other
+    live node of the cluster, each node's part as ``_listing`` makes it; None without a
+    cluster (the caller lists its own). A node that does not answer within
+    ``ANSWER_TIMEOUT`` is left out."""
+    from .store import ClusterStore
+    store = broker.store
+    if not isinstance(store, ClusterStore):
+        return None
+    request = {"listing": kind, "user": user.name, "all": bool(user.sees_all), "vhost": vhost}
+    parts: list = [_listing(broker, request)]
+    me = store.node.name
+
+    async def ask(node: str) -> None:
+        answer = await store.views._ask(node, "/", request)
+        if answer is not None and "listing" in answer:
+            parts.append(answer["listing"])
+    async with trio.open_nursery() as nursery:
+        for node in sorted(store.live_nodes() - {me}):
+            if store._addresses.get(node):
+                nursery.start_soon(ask, node)
+    return parts

@@ -138,6 +138,9 @@ def channel_json(broker: Broker, ch) -> dict:
 
 async def list_connections(request: Request):
     user, broker, vhost = await vhost_scope(request, optional=True)
+    merged = await _everywhere(broker, "connections", user, vhost)
+    if merged is not None:
+        return json_response(paginate(request, merged, dict, _named))
     sessions = [s for s in _open_sessions(broker) if _visible(broker, user, s)
                 and (vhost is None or s.vhost is vhost)]
     return json_response(paginate(request, sessions, connection_json, connection_name))
@@ -191,6 +194,9 @@ def _channel_name(ch) -> str:
 
 async def list_channels(request: Request):
     user, broker, vhost = await vhost_scope(request, optional=True)
+    merged = await _everywhere(broker, "channels", user, vhost)
+    if merged is not None:
+        return json_response(paginate(request, merged, dict, _named))
     chans = _channels(broker, user, vhost)
     return json_response(paginate(request, chans, lambda ch: channel_json(broker, ch),
                                   _channel_name))
@@ -213,11 +219,26 @@ async def get_channel(request: Request):
 async def list_consumers(request: Request):
     from .entity_json import consumer_json
     user, broker, vhost = await vhost_scope(request, optional=True)
+    merged = await _everywhere(broker, "consumers", user, vhost)
+    if merged is not None:
+        return json_response(merged)
     out: list[dict] = []
     for ch in _channels(broker, user, vhost):
         for c in ch.consumers.values():
             out.append(consumer_json(c, ch.session.vhost.name))
     return json_response(out)
+
+
+async def _everywhere(broker: Broker, kind: str, user, vhost) -> list | None:
+    """In a cluster (``--workers``: one broker to clients) every node's ``kind`` objects,
+    the nodes' links left out; None without one."""
+    from ..cluster.view import listings
+    parts = await listings(broker, kind, user, vhost.name if vhost is not None else None)
+    return None if parts is None else [o for part in parts for o in part]
+
+
+def _named(obj: dict) -> str:
+    return obj["name"]
 
 
 def routes() -> list:

@@ -106,6 +106,12 @@ async def overview(request: Request) -> JSONResponse:
     broker = broker_of(request)
     vhosts = visible_vhosts(broker, user)
     objects, totals = _totals(broker, vhosts)
+    from ..cluster.view import listings
+    parts = await listings(broker, "totals", user, None)
+    if parts is not None:  # a cluster (--workers): every node's connections and messages
+        for key in ("connections", "channels", "consumers"):
+            objects[key] = sum(p[key] for p in parts)
+        totals = {key: sum(p[key] for p in parts) for key in totals}
     sampler = broker.stats_sampler
     rates = sampler.overview_rates()
     t = broker.message_totals.current()
