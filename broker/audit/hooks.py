@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .events import ACKC, DACK, DELC, PUBC, TRAIL_PROPS, WIDTH
 
 if TYPE_CHECKING:
+    from ..queues.entry import QueueEntry
     from ..queues.queue import Queue
 
 log = logging.getLogger("broker.audit")
@@ -82,7 +83,7 @@ class PyHooks:
         if len(buf) > self.limit:
             self._full()
 
-    def delivered(self, channel, ctag, tag: int, queue: Queue, entry) -> int:
+    def delivered(self, channel, ctag, tag: int, queue: Queue, entry: QueueEntry) -> int:
         """Returns where the record is (for ``acked``: ``Unacked.audit_pos``), -1 if none."""
         try:
             qctx = queue.audit_ctx  # set while this trail follows the queue

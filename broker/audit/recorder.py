@@ -38,6 +38,7 @@ from .spool import Spool, dumps, last_spooled_seq, loads, spool_dir
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..policies import Policies
+    from ..queues.entry import QueueEntry
     from ..queues.queue import Queue
     from ..services import AuditServices
     from ..vhost import VirtualHost
@@ -277,7 +278,7 @@ class AuditTrail(CallerReported):
     # consumer, the channel and the delivery tag: the queue does not report them here
     # (CallerReported).
 
-    def queue_op(self, queue: Queue, op, entry) -> None:
+    def queue_op(self, queue: Queue, op, entry: QueueEntry) -> None:
         if op is _ENQUEUE:
             # not a client's publish (a dead letter, a scheduled firing): its properties
             # link it to the original (message id, x-ref-key)
@@ -354,7 +355,7 @@ class AuditTrail(CallerReported):
             return
         self._add((CAN, _time(), vhost_name, sid))
 
-    def retried(self, queue: Queue, entry, delay_ms: int) -> None:
+    def retried(self, queue: Queue, entry: QueueEntry, delay_ms: int) -> None:
         if queue not in self._audited:
             return
         self._add((RETRY, _time(), queue.vhost.name, queue.name, entry.message.id,

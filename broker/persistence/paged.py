@@ -35,7 +35,7 @@ PAGE_IN = 512
 NAN = float("nan")
 
 
-def _seq_of(entry) -> int:
+def _seq_of(entry: QueueEntry) -> int:
     return entry.seq
 
 
@@ -110,14 +110,14 @@ class PagedFifo:
                 yield self._materialize(i, time.time() - self._timers.now())
 
     # ---- writing ----
-    def append(self, entry) -> None:
+    def append(self, entry: QueueEntry) -> None:
         if len(self._seq) > self._pi or (self._head_bytes >= self.budget and entry.loc):
             self._page_out(entry)
         else:
             self._head.append(entry)
             self._head_bytes += len(entry.message.body) + ENTRY_OVERHEAD
 
-    def _page_out(self, entry) -> None:
+    def _page_out(self, entry: QueueEntry) -> None:
         if entry.loc:
             self._loc.append(entry.loc)
             self._blen.append(len(entry.message.body))
@@ -218,7 +218,7 @@ class PagedFifo:
             self._page_in()
         return self._head[0] if self._head else None
 
-    def requeue(self, entry) -> None:
+    def requeue(self, entry: QueueEntry) -> None:
         """Put a returned message back at its original position (before any paged one)."""
         q = self._head
         self._head_bytes += len(entry.message.body) + ENTRY_OVERHEAD

@@ -103,7 +103,7 @@ class SQLPagedFifo(FifoReady):
         yield from self._q
         yield from self._tail
 
-    def append(self, entry) -> None:
+    def append(self, entry: QueueEntry) -> None:
         if self._tail or len(self._q) >= self.window or self._pi < len(self._seqs) \
                 or self._pending:
             self._tail.append(entry)

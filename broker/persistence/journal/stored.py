@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ...message import Message
 
 if TYPE_CHECKING:
+    from ...queues.entry import QueueEntry
     from .shared import JournalStoreState
 
 
@@ -127,6 +128,6 @@ for _name in _ANY:  # (set here: a property over a slot of the base class)
     setattr(StoredMessage, _name, _lazy(_name))
 
 
-def _body_len(entry) -> int:
+def _body_len(entry: QueueEntry) -> int:
     msg = entry.message
     return msg._blen if isinstance(msg, StoredMessage) else len(msg.body)
