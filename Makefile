@@ -9,7 +9,7 @@ DATA ?= ./data
 RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
 .PHONY: setup system-deps run cluster lint test test-triomq test-triomq-parallel test-triomq-serial \
-	test-rabbitmq test-slow bench
+	test-pure test-rabbitmq test-slow bench
 
 $(VENV)/.installed: pyproject.toml setup.py broker/audit/_hooks.c
 	@echo "Setting up $(VENV): TrioMQ with its test and audit tools (pytest, client libraries, PySpark); a few minutes the first time"
@@ -18,7 +18,14 @@ $(VENV)/.installed: pyproject.toml setup.py broker/audit/_hooks.c
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-setup: $(VENV)/.installed
+# The AMQP codec's compiled build (broker/amqp/builds.py): Cython extension modules from the same
+# .py files, rebuilt when one changes. Without a C compiler the pure modules run (slower).
+AMQP_COMPILED := $(addprefix broker/amqp/,fields.py spec.py codec.py output.py connection.py)
+$(VENV)/.compiled: $(VENV)/.installed setup.py $(AMQP_COMPILED)
+	$(PY) setup.py -q build_ext --inplace >/dev/null || echo "no C compiler: the pure-Python AMQP codec runs"
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.compiled
 
 # System packages the tests drive: rabbitmq-c's command-line tools, the RabbitMQ Java client (Java 17
 # is on the machine), Chromium for the web console's browser tests, etcd for the cluster tests and
@@ -55,6 +62,7 @@ cluster: setup system-deps
 test: setup system-deps
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-triomq
+	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-rabbitmq
 
 lint: setup
@@ -83,6 +91,15 @@ test-triomq-parallel: setup
 
 test-triomq-serial: setup
 	$(PYTEST) --durations=20 -m "not slow and serial" tests interop-tests || [ $$? = 5 ]
+
+## The pure-Python AMQP codec, the reference of the compiled one (TRIOMQ_PURE=1, broker/amqp/builds.py):
+## its own tests and the AMQP 0-9-1 interop tests against a broker running it (the whole suite
+## runs on the compiled build above; both would not fit CI's budget: docs/performance.md).
+PURE_INTEROP := $(addprefix interop-tests/,test_amqp_tools.py test_basic.py test_bad_input.py \
+	test_deep_headers.py test_large_messages.py)
+test-pure: setup
+	TRIOMQ_PURE=1 $(PYTEST) -m "not slow" $(if $(filter-out 0 1,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile) \
+		tests/amqp $(PURE_INTEROP) || [ $$? = 5 ]
 
 ## The tests marked slow (left out of `make test` for CI's 40-minute budget).
 test-slow: setup

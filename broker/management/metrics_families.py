@@ -17,6 +17,7 @@ from prometheus_client.core import (
     UntypedMetricFamily,
 )
 
+from ..amqp import builds as amqp_builds
 from ..churn import QUEUE_STATS, queue_stats
 from .common import NODE
 
@@ -49,7 +50,10 @@ def identity() -> list:
     # no Erlang here: its label says so rather than inventing a version
     build.add_metric([RABBITMQ_VERSION, RABBITMQ_VERSION, _client_version(),
                       "none (Python " + platform.python_version() + ")"], 1)
-    return [ident, build]
+    # TrioMQ's own: which build of the AMQP codec runs, "compiled" or "pure" (TRIOMQ_PURE=1)
+    codec = UntypedMetricFamily("triomq_amqp_codec_info", "The AMQP codec's build", labels=["build"])
+    codec.add_metric([amqp_builds.current()], 1)
+    return [ident, build, codec]
 
 
 def _client_version() -> str:
