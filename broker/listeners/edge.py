@@ -257,7 +257,6 @@ class ConnectionEdge(Generic[ListenerT]):
         conn = session.conn
         listener = self.listener
         broker = listener.broker
-        service = listener.service
         stream = self.stream
         while not session.finished:
             if self.bounded_output:
@@ -268,21 +267,10 @@ class ConnectionEdge(Generic[ListenerT]):
                     self._drained = None
             size = broker.config.receive_size
             if broker.stops_publishers and session.is_publisher:
-                if self.tells_blocked:
-                    broker.notify_blocked(session)
-                # an alarm: not read at all until it clears, as for AMQP 0-9-1 (heartbeats
-                # count again from then: they were not read)
-                while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                    await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                self._last_received = trio.current_time()
+                await self.publishers_stopped()
                 continue
             if session.flow_queues:
-                flow = self._flow_event = trio.Event()
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await flow.wait()
-                self._flow_event = None
-                if session.flow_queues and self.flow_read_size is not None:
-                    size = self.flow_read_size
+                size = await self.in_flow(size)
             try:
                 with trio.move_on_at(self.deadline()) as scope:
                     data = await stream.receive_some(size)
@@ -291,21 +279,56 @@ class ConnectionEdge(Generic[ListenerT]):
             if scope.cancelled_caught:
                 self.timed_out()
                 return
-            if not data:
-                session.finished = True
-                session.connection_lost()
+            if not self.received(data):
                 return
-            self._last_received = trio.current_time()
-            service.bytes_received += len(data)
-            session.data_received(data)
             if session.login_wait is not None:
-                # an opaque OAuth 2 token: its introspection decides the login (nothing is
-                # read meanwhile)
-                await broker.access.introspect(session.login_wait[0])
-                session.resume_login()
+                await self.login_decided()
             self.after_read()
             if self.yield_after_read:
                 await trio.lowlevel.checkpoint()
+
+    # ---- the read loop's steps (shared with a protocol's own read loop: MQTT's) ----
+    async def publishers_stopped(self) -> None:
+        """A resource alarm stops publishers: this one's connection is not read at all until
+        it clears, as for AMQP 0-9-1 (heartbeats count again from then: they were not read)."""
+        session = self.session
+        broker = self.listener.broker
+        if self.tells_blocked:
+            broker.notify_blocked(session)
+        while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
+            await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
+        self._last_received = trio.current_time()
+
+    async def in_flow(self, size: int) -> int:
+        """The session is in flow: wait for its release, at most ``BLOCKED_READ_INTERVAL``;
+        the size of the next read (``flow_read_size`` while still in flow)."""
+        flow = self._flow_event = trio.Event()
+        with trio.move_on_after(BLOCKED_READ_INTERVAL):
+            await flow.wait()
+        self._flow_event = None
+        if self.session.flow_queues and self.flow_read_size is not None:
+            return self.flow_read_size
+        return size
+
+    def received(self, data: bytes | bytearray) -> bool:
+        """A read's bytes to the session; False at the end of the stream (``b""``: the
+        session is finished)."""
+        session = self.session
+        if not data:
+            session.finished = True
+            session.connection_lost()
+            return False
+        self._last_received = trio.current_time()
+        self.listener.service.bytes_received += len(data)
+        session.data_received(data)
+        return True
+
+    async def login_decided(self) -> None:
+        """An opaque OAuth 2 token: its introspection decides the login (nothing is read
+        meanwhile)."""
+        session = self.session
+        await self.listener.broker.access.introspect(session.login_wait[0])
+        session.resume_login()
 
     async def write_loop(self, nursery: trio.Nursery) -> None:
         """Write whenever the session wakes the edge; end the nursery once the session is

@@ -22,7 +22,6 @@ from ..mqtt.connection import State
 from ..mqtt.properties import KEEP_ALIVE_TIMEOUT, SERVER_SHUTTING_DOWN
 from . import mqtt_configured
 from .edge import (
-    BLOCKED_READ_INTERVAL,
     BLOCKED_READ_SIZE,
     DROPPED,
     ConnectionEdge,
@@ -179,12 +178,11 @@ class MQTTConnectionHandler(ConnectionEdge):
         conn = session.conn
         listener = self.listener
         broker = listener.broker
-        service = listener.service
         config = broker.config
         read = os.read
+        received = self.received
         wait_readable = trio.lowlevel.wait_readable
         yield_shielded = trio.lowlevel.cancel_shielded_checkpoint
-        current_time = trio.current_time
         high_water = session.output_high_water * 4
         while not session.finished:
             if conn.pending_output > high_water:
@@ -195,19 +193,10 @@ class MQTTConnectionHandler(ConnectionEdge):
                 continue
             size = config.receive_size
             if broker.stops_publishers and session.is_publisher:
-                if self.tells_blocked:
-                    broker.notify_blocked(session)
-                while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
-                    await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
-                self._last_received = current_time()
+                await self.publishers_stopped()
                 continue
             if session.flow_queues:
-                flow = self._flow_event = trio.Event()
-                with trio.move_on_after(BLOCKED_READ_INTERVAL):
-                    await flow.wait()
-                self._flow_event = None
-                if session.flow_queues:
-                    size = BLOCKED_READ_SIZE
+                size = await self.in_flow(size)
             try:
                 data = read(fd, size)
                 # read without waiting: the others' turn first, as trio's receive_some
@@ -231,18 +220,10 @@ class MQTTConnectionHandler(ConnectionEdge):
                     data = b""
             except OSError:
                 data = b""
-            if not data:
-                session.finished = True
-                session.connection_lost()
+            if not received(data):
                 return
-            self._last_received = current_time()
-            service.bytes_received += len(data)
-            session.data_received(data)
             if session.login_wait is not None:
-                # an opaque OAuth 2 token: its introspection decides the login (nothing is
-                # read meanwhile)
-                await broker.access.introspect(session.login_wait[0])
-                session.resume_login()
+                await self.login_decided()
             if listener.dirty:
                 listener.flush_dirty()
 
