@@ -34,10 +34,7 @@ SERVICE_FED = ("broker/publishing.py", "broker/services.py", "broker/vhost.py", 
 # Parameters that always carry their type, wherever they are in broker/ (lambdas aside).
 ANNOTATED_NAMES = ("broker", "session", "queue", "vhost")
 # "module:function:parameter" still unannotated, each to be annotated (empty: none left)
-KNOWN_UNANNOTATED: frozenset[str] = frozenset(
-    f"broker/cluster/store.py:{fn}:vhost"
-    for fn in ("_add_proxy", "check_placement", "save_exchange", "delete_exchange", "save_queue",
-               "delete_queue", "save_binding", "delete_binding"))
+KNOWN_UNANNOTATED: frozenset[str] = frozenset()
 
 
 def _takes_broker(arg: ast.arg) -> bool:

@@ -53,6 +53,7 @@ from .view import QueueViews
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..queues.queue import Queue
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("broker.cluster.defs")
 
@@ -362,7 +363,7 @@ class ClusterStore(ClusterDefinitions, Store):
         forwards.waiting += 1  # the local store's own writes
         self.inner.when_durable(lambda: forwards.done(True), lambda: forwards.done(False))
 
-    def _add_proxy(self, vhost, name: str, master: str, auto_delete: bool,
+    def _add_proxy(self, vhost: VirtualHost, name: str, master: str, auto_delete: bool,
                    arguments: dict) -> ProxyQueue:
         from .stream_reads import proxy_class  # a stream's proxy reads this node's copy
         proxy = proxy_class(arguments)(vhost, name, True, auto_delete, arguments, master,
@@ -408,7 +409,7 @@ class ClusterStore(ClusterDefinitions, Store):
                 self._drop_superseded()
         self.mirrors.wake()
 
-    def check_placement(self, vhost, name: str, m=None):
+    def check_placement(self, vhost: VirtualHost, name: str, m=None):
         """A client declares the new durable queue ``name`` on this node: None to create it
         here, or the ``ProxyQueue`` of a master placed on another node by the queue's
         locator (``x-queue-master-locator``, else the policy's ``queue-master-locator``,
@@ -459,18 +460,18 @@ class ClusterStore(ClusterDefinitions, Store):
         return proxy
 
 
-    def save_exchange(self, vhost, exchange) -> None:
+    def save_exchange(self, vhost: VirtualHost, exchange) -> None:
         self.inner.save_exchange(vhost, exchange)
         self._queue_write(self._exchange_key(vhost, exchange), {
             "vhost": vhost.name, "name": exchange.name, "type": exchange.type_name,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
             "arguments": _args_out(exchange.arguments)})
 
-    def delete_exchange(self, vhost, exchange) -> None:
+    def delete_exchange(self, vhost: VirtualHost, exchange) -> None:
         self.inner.delete_exchange(vhost, exchange)
         self._queue_write(self._exchange_key(vhost, exchange), None)
 
-    def save_queue(self, vhost, queue: Queue) -> None:
+    def save_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         if isinstance(queue, ProxyQueue):
             return  # its master's node stores it
         self.inner.save_queue(vhost, queue)
@@ -482,7 +483,7 @@ class ClusterStore(ClusterDefinitions, Store):
             self._queue_write(self._queue_key(vhost, queue.name), self._queue_def(vhost, queue))
             self._wake.set()
 
-    def delete_queue(self, vhost, queue: Queue) -> None:
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         if isinstance(queue, ProxyQueue):
             return  # deleted on its master through the link (ProxyQueue.on_deleted)
         self.inner.delete_queue(vhost, queue)
@@ -498,7 +499,7 @@ class ClusterStore(ClusterDefinitions, Store):
                     self._queue_write(key, None)
             self._wake.set()
 
-    def save_binding(self, vhost, binding) -> None:
+    def save_binding(self, vhost: VirtualHost, binding) -> None:
         if not isinstance(binding.destination, ProxyQueue):  # the master's node stores it
             self.inner.save_binding(vhost, binding)
         self._queue_write(self._binding_key(vhost, binding), {
@@ -507,7 +508,7 @@ class ClusterStore(ClusterDefinitions, Store):
             "destination": binding.destination.name, "routing_key": binding.routing_key,
             "arguments": _args_out(binding.arguments)})
 
-    def delete_binding(self, vhost, binding) -> None:
+    def delete_binding(self, vhost: VirtualHost, binding) -> None:
         if not isinstance(binding.destination, ProxyQueue):
             self.inner.delete_binding(vhost, binding)
         self._queue_write(self._binding_key(vhost, binding), None)

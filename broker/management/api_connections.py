@@ -229,7 +229,7 @@ async def list_consumers(request: Request):
     return json_response(out)
 
 
-async def _everywhere(broker: Broker, kind: str, user, vhost) -> list | None:
+async def _everywhere(broker: Broker, kind: str, user, vhost: VirtualHost | None) -> list | None:
     """In a cluster (``--workers``: one broker to clients) every node's ``kind`` objects,
     the nodes' links left out; None without one."""
     from ..cluster.view import listings
