@@ -3,8 +3,8 @@ declare-ok means"): an in-process broker on the journal whose disk a test holds 
 commit's write waits until released), and a broker process whose journal writes are slow
 once asked, to kill -9 right after an answer.
 
-``python -m tests.durable_answers AMQP_PORT STOMP_PORT HTTP_PORT DATA_DIR``: that broker
-process; while ``DATA_DIR/slow-disk`` exists, each journal write first sleeps ``SLOW``
+``python -m tests.durable_answers AMQP_PORT STOMP_PORT HTTP_PORT DATA_DIR MQTT_PORT``: that
+broker process; while ``DATA_DIR/slow-disk`` exists, each journal write first sleeps ``SLOW``
 seconds (so an answer sent before the write would be lost by a kill -9 in that time).
 """
 from __future__ import annotations
@@ -80,11 +80,11 @@ def _reachable(port: int) -> bool:
 
 
 class SlowDiskBroker:
-    """The broker process of ``main`` (AMQP, STOMP and HTTP ports), killed with -9."""
+    """The broker process of ``main`` (AMQP, STOMP, HTTP and MQTT ports), killed with -9."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.port = self.stomp_port = self.http_port = 0
+        self.port = self.stomp_port = self.http_port = self.mqtt_port = 0
         self.proc: subprocess.Popen | None = None
         self.log = data_dir.parent / "broker.log"
 
@@ -92,7 +92,7 @@ class SlowDiskBroker:
         """On ports free now (a restart's may differ); again on new ones when another
         process took one of them in between."""
         for _ in range(5):
-            self.port, self.stomp_port, self.http_port = _free_ports(3)
+            self.port, self.stomp_port, self.http_port, self.mqtt_port = _free_ports(4)
             if self._start():
                 return
         raise AssertionError(f"no free ports: {self.log.read_text()}")
@@ -101,10 +101,12 @@ class SlowDiskBroker:
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.durable_answers", str(self.port),
-                 str(self.stomp_port), str(self.http_port), str(self.data_dir)],
+                 str(self.stomp_port), str(self.http_port), str(self.data_dir),
+                 str(self.mqtt_port)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
-        while not all(_reachable(p) for p in (self.port, self.stomp_port, self.http_port)):
+        while not all(_reachable(p) for p in (self.port, self.stomp_port, self.http_port,
+                                              self.mqtt_port)):
             if self.proc.poll() is not None and "address already in use" in \
                     self.log.read_text():
                 return False
@@ -154,10 +156,11 @@ class SlowDiskBroker:
 
 
 def main() -> None:
-    port, stomp_port, http_port, data_dir = sys.argv[1:5]
+    port, stomp_port, http_port, data_dir, mqtt_port = sys.argv[1:6]
     logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = Config(host="127.0.0.1", port=int(port), data_dir=data_dir,
                     stomp_port=int(stomp_port), http_port=int(http_port),
+                    mqtt_port=int(mqtt_port),
                     http_host="127.0.0.1", disk_free_limit=0)
     os.makedirs(data_dir, exist_ok=True)
     store = open_store("journal", data_dir, config.flush, config.journal)

@@ -6,6 +6,8 @@ behind the SUBSCRIBE is handled after it, so no later answer overtakes it (a PIN
 answered at once: no order applies to PINGRESP)."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import trio
 
@@ -14,7 +16,7 @@ from broker.mqtt import codec as m
 from broker.mqtt import properties as P
 from broker.mqtt.codec import PacketReader, encode
 
-from ..durable_answers import HeldDisk, journal_broker
+from ..durable_answers import HeldDisk, SlowDiskBroker, journal_broker
 
 PINGRESP = m.Bare(m.PINGRESP)
 
@@ -159,3 +161,58 @@ async def test_what_came_behind_a_waiting_suback_takes_effect_when_the_client_le
         await watch.stream.aclose()
     finally:
         await server.shutdown()
+
+
+def _paho(port: int, client_id: str, clean: bool, on_message=None):
+    """A connected paho client on its own network thread (``on_message`` set before the
+    CONNECT: a stored session's messages follow the CONNACK at once)."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+    connected = threading.Event()
+    if on_message is not None:
+        c.on_message = on_message
+    c.on_connect = lambda *args: connected.set()
+    c.connect("127.0.0.1", port, keepalive=30)
+    c.loop_start()
+    assert connected.wait(30), "no CONNACK"
+    return c
+
+
+def _close(c) -> None:
+    c.disconnect()
+    c.loop_stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_kill_9_right_after_the_suback_keeps_the_subscription(tmp_path):
+    """A real broker process whose journal writes are slow: paho's SUBACK of a persistent
+    session's first SUBSCRIBE, then kill -9 at once; after the restart the subscription
+    queue is there, and a message published to its filter reaches the session."""
+    b = SlowDiskBroker(tmp_path / "data")
+    b.start()
+    try:
+        dev = _paho(b.mqtt_port, "survivor", clean=False)
+        subscribed = threading.Event()
+        dev.on_subscribe = lambda *args: subscribed.set()
+        b.slow_disk(True)
+        dev.subscribe("jobs/#", qos=1)
+        assert subscribed.wait(60), "no SUBACK"
+        b.crash_and_restart()
+        dev.loop_stop()
+        assert b.queue_exists(queue_names("survivor")[1])
+        pub = _paho(b.mqtt_port, "pub", clean=True)
+        info = pub.publish("jobs/1", b"after the crash", qos=1)
+        info.wait_for_publish(30)
+        _close(pub)
+        got: list = []
+        received = threading.Event()
+        dev = _paho(b.mqtt_port, "survivor", clean=False,
+                    on_message=lambda c, u, msg: (got.append(msg.payload), received.set()))
+        assert received.wait(30), "the subscription was lost"
+        assert got == [b"after the crash"]
+        _close(dev)
+    finally:
+        b.stop()
