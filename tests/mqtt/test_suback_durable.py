@@ -6,6 +6,7 @@ behind the SUBSCRIBE is handled after it, so no later answer overtakes it (a PIN
 answered at once: no order applies to PINGRESP)."""
 from __future__ import annotations
 
+import errno
 import threading
 
 import pytest
@@ -126,6 +127,41 @@ async def test_suback_waits_for_the_subscriptions_write(tmp_path, nursery, v5):
         await dev.stream.aclose()
         await pub.stream.aclose()
     finally:
+        await server.shutdown()
+
+
+async def test_suback_waits_for_the_retry_while_the_store_fails(tmp_path, nursery):
+    """The store contract: while the journal's writes fail (a full disk), the SUBACK is
+    neither sent nor refused; it goes once a retry has written the subscription."""
+    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    write = store._write_chunks
+    full = threading.Event()
+    full.set()
+
+    def failing(chunks) -> None:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(chunks)
+    try:
+        with trio.fail_after(10):
+            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
+                await trio.sleep(0.01)
+        dev = await Raw.connect(broker.mqtt.ports["mqtt"], "dev", False)
+        store._write_chunks = failing
+        await dev.send(m.Subscribe(1, [("cmd/#", 1)]), m.Bare(m.PINGREQ))
+        assert await dev.read(1) == [PINGRESP]  # the connection lives on meanwhile
+        with trio.fail_after(20):
+            while store._failed is None:  # noqa: ASYNC110 - the writer's own pace
+                await trio.sleep(0.01)
+        with trio.move_on_after(0.3):
+            await dev.read(1)
+        assert dev.take() == [], "a SUBACK while the store could not write"
+        full.clear()  # the next retry (a second later) writes
+        assert _answers(await dev.read(1)) == [("SUBACK", 1)]
+        assert store._failed is None
+        await dev.stream.aclose()
+    finally:
+        full.clear()
         await server.shutdown()
 
 
