@@ -6,7 +6,8 @@ shape of ``bench.mqtt throughput``), each publisher read carrying ``--batch`` PU
 rounds), so the machine's load counts much less than in the socket bench.
 
     .venv/bin/python -m bench.mqtt_inprocess [--qos 0] [--batch 64] [--messages 200000]
-                                             [--rounds 5] [--prefetch 20] [--profile]
+                                             [--rounds 5] [--prefetch 20] [--window 0]
+                                             [--profile]
 """
 from __future__ import annotations
 
@@ -38,11 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prefetch", type=int, default=20)
+    p.add_argument("--window", type=int, default=0,
+                   help="the subscriber's window exactly (mqtt_prefetch): it fills, as under "
+                        "socket load, and most publishes find it full; 0: never full")
     p.add_argument("--profile", action="store_true", help="one more round under cProfile")
     args = p.parse_args(argv)
     config = Config(host="127.0.0.1", port=0, data_dir=tempfile.mkdtemp(prefix="mqttbench-"),
                     memory_limit_bytes=1 << 50, disk_free_limit=0, heartbeat=0)
-    config.mqtt_prefetch = max(args.prefetch, args.batch * 2)  # the window never stalls a read
+    # by default the window never stalls a read
+    config.mqtt_prefetch = args.window or max(args.prefetch, args.batch * 2)
     broker = Broker(config, MemoryStore())
     service = MQTTService(broker)
     sub = _session(service, "sub", 10000)
