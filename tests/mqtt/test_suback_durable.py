@@ -81,14 +81,19 @@ def _answers(packets: list) -> list:
     return out
 
 
+async def _mqtt_broker(nursery, tmp_path):
+    """(broker, server, store, MQTT port): ``journal_broker`` with its MQTT listener open."""
+    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    with trio.fail_after(10):
+        while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
+            await trio.sleep(0.01)
+    return broker, server, store, broker.mqtt.ports["mqtt"]
+
+
 @pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
 async def test_suback_waits_for_the_subscriptions_write(tmp_path, nursery, v5):
-    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    broker, server, store, port = await _mqtt_broker(nursery, tmp_path)
     try:
-        with trio.fail_after(10):
-            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
-                await trio.sleep(0.01)
-        port = broker.mqtt.ports["mqtt"]
         pub = await Raw.connect(port, "pub", True)
         # a retained message, on disk before the disk is held (its PUBACK says so)
         await pub.send(m.Publish("cfg/x", b"retained", 1, True, False, 1))
@@ -133,7 +138,7 @@ async def test_suback_waits_for_the_subscriptions_write(tmp_path, nursery, v5):
 async def test_suback_waits_for_the_retry_while_the_store_fails(tmp_path, nursery):
     """The store contract: while the journal's writes fail (a full disk), the SUBACK is
     neither sent nor refused; it goes once a retry has written the subscription."""
-    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    broker, server, store, port = await _mqtt_broker(nursery, tmp_path)
     write = store._write_chunks
     full = threading.Event()
     full.set()
@@ -143,10 +148,7 @@ async def test_suback_waits_for_the_retry_while_the_store_fails(tmp_path, nurser
             raise OSError(errno.ENOSPC, "No space left on device")
         write(chunks)
     try:
-        with trio.fail_after(10):
-            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
-                await trio.sleep(0.01)
-        dev = await Raw.connect(broker.mqtt.ports["mqtt"], "dev", False)
+        dev = await Raw.connect(port, "dev", False)
         store._write_chunks = failing
         await dev.send(m.Subscribe(1, [("cmd/#", 1)]), m.Bare(m.PINGREQ))
         assert await dev.read(1) == [PINGRESP]  # the connection lives on meanwhile
@@ -169,12 +171,8 @@ async def test_what_came_behind_a_waiting_suback_takes_effect_when_the_client_le
         tmp_path, nursery):
     """SUBSCRIBE, PUBLISH, DISCONNECT, then the socket closed while the SUBACK waits: the
     publish is routed and the DISCONNECT discards the will, as if answered."""
-    broker, server, store, _ = await journal_broker(nursery, tmp_path, mqtt_port=0)
+    broker, server, store, port = await _mqtt_broker(nursery, tmp_path)
     try:
-        with trio.fail_after(10):
-            while "mqtt" not in broker.mqtt.ports:  # noqa: ASYNC110 - binds after AMQP
-                await trio.sleep(0.01)
-        port = broker.mqtt.ports["mqtt"]
         watch = await Raw.connect(port, "watch", True)
         await watch.send(m.Subscribe(1, [("seen/#", 0)]))
         assert _answers(await watch.read(1)) == [("SUBACK", 1)]
