@@ -129,8 +129,18 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
         finally:
             audit.clock_stop()
 
-    def _handle(self, data: bytes) -> None:
-        events = self.conn.receive_data(data)
+    def _handle(self, data: bytes, events: list | None = None) -> None:
+        """``data`` read, or ``events`` held behind a SUBACK waiting for the store."""
+        if events is None:
+            events = self.conn.receive_data(data)
+            if self._held_events is not None:
+                # a SUBACK waits for the store: what came behind it waits too, in order, so
+                # no later answer overtakes it (a PINGRESP does: the connection answers a
+                # PINGREQ at once, and no order applies to it)
+                self._held_events += events
+                if self.conn.has_output:
+                    self.wake()
+                return
         n = len(events)
         i = 0
         while i < n:
@@ -165,6 +175,9 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
                     return
             elif isinstance(ev, SubscribeRequested):
                 self._on_subscribe(ev.packet_id, ev.topics, ev.properties)
+                if self._suback_waits is not None:
+                    self._held_events = events[i:]
+                    break
             elif isinstance(ev, UnsubscribeRequested):
                 self._on_unsubscribe(ev.packet_id, ev.topics)
             elif isinstance(ev, Disconnected):
@@ -209,10 +222,43 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
                                            on_failure=lambda: self._stored(awaiting, False))
         if self._pubacks:
             self._flush_pubacks()
+        answer = self._suback_waits
+        if answer is not None:
+            self._suback_waits = None
+            self.delivering = False  # the new subscription's retained messages come first
+            self.broker.store.when_durable(lambda: self._subscribed(answer))
         if self.finished:
             self.delivering = False  # nothing more is written: leave messages in the queues
         if self.conn.has_output or self.finished:
             self.wake()
+
+    def _subscribed(self, answer: Callable[[], None]) -> None:
+        """The store made a SUBSCRIBE's queue and bindings durable (or, while its writes
+        fail, waits for the retry: no SUBACK meanwhile): its SUBACK and retained messages,
+        deliveries again, then what the client sent behind it."""
+        held = self._held_events
+        if held is None or self.ended:
+            return  # the connection ended: ``connection_lost`` handled what was held
+        self._held_events = None
+        answer()
+        self.delivering = True
+        self._handle(b"", held)
+        if self.delivering:
+            for consumer in list(self.consumers.values()):
+                consumer.queue.dispatch()
+        self.wake()
+
+    def _handle_held(self) -> None:
+        """The connection ends while a SUBACK waits for the store: what the client sent
+        behind it still takes effect (publishes routed, PUBACKs of deliveries, a
+        DISCONNECT's will and expiry); no SUBACK is sent (``ended``)."""
+        held = self._held_events
+        if held is None:
+            return
+        self._held_events = None
+        finished, self.finished = self.finished, False
+        self._handle(b"", held)
+        self.finished = self.finished or finished
 
     # ---- CONNECT ----
 
@@ -419,6 +465,11 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
         if self.ended:
             return
         log.info("mqtt connection %s: closing: %s", self.peer, reason)
+        if self._held_events is not None:
+            # packets held behind a SUBACK waiting for the store take effect now, their
+            # answers before the DISCONNECT (none after it: section 3.14.4)
+            self.finished = True
+            self.connection_lost()
         self.conn.close(reason, reason_code)
         self.finished = True
         self.connection_lost()
@@ -433,6 +484,7 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
             return
         self.ended = True
         self.delivering = False
+        self._handle_held()
         service = self.service
         will, self.will = self.will, None
         if will is not None and self.vhost is not None and not service.stopping:
