@@ -130,6 +130,26 @@ def _connect(w: Workers):
                                                              blocked_connection_timeout=60))
 
 
+def _known_on(conn, name: str, expect_locked: bool, timeout: float = 30.0) -> None:
+    """Wait until ``conn``'s process knows ``name`` (the registration travels through etcd
+    after the declare-ok): a passive declare answers, or 405 for another connection's
+    exclusive queue (not 404)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ch = conn.channel()
+        try:
+            ch.queue_declare(name, passive=True)
+            assert not expect_locked, f"{name}: no 405 for another connection's exclusive queue"
+            ch.close()
+            return
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == 405 and expect_locked:
+                return
+            assert exc.reply_code == 404, exc
+        assert time.monotonic() < deadline, f"{name} is not known on the other process"
+        time.sleep(0.05)
+
+
 @pytest.mark.timeout(180)
 def test_connections_spread_and_a_queue_is_reached_from_every_process(workers):
     conns = [_connect(workers) for _ in range(20)]
@@ -139,6 +159,7 @@ def test_connections_spread_and_a_queue_is_reached_from_every_process(workers):
         (a, *_), (b, *_) = groups.values()
         # declared on process A (client-local: A owns it), used from process B
         a.channel().queue_declare("wq", durable=True)
+        _known_on(b, "wq", expect_locked=False)  # its definition comes through etcd
         ch = b.channel()
         ch.queue_declare("wq", durable=True, passive=True)
         ch.confirm_delivery()

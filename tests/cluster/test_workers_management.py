@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .test_workers import Workers, _by_process, _connect
-from .test_workers_transient import _known_on
+from .test_workers import Workers, _by_process, _connect, _known_on
 
 
 @pytest.mark.timeout(180)

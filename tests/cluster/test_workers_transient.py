@@ -7,7 +7,7 @@ import time
 import pika
 import pytest
 
-from .test_workers import Workers, _by_process, _connect
+from .test_workers import Workers, _by_process, _connect, _known_on
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 
@@ -27,26 +27,6 @@ def pair(tmp_path):
             if c.is_open:
                 c.close()
         w.stop()
-
-
-def _known_on(conn, name: str, expect_locked: bool, timeout: float = 30.0) -> None:
-    """Wait until ``conn``'s process knows ``name`` (the registration travels through etcd
-    after the declare-ok): a passive declare answers, or 405 for another connection's
-    exclusive queue (not 404)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ch = conn.channel()
-        try:
-            ch.queue_declare(name, passive=True)
-            assert not expect_locked, f"{name}: no 405 for another connection's exclusive queue"
-            ch.close()
-            return
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == 405 and expect_locked:
-                return
-            assert exc.reply_code == 404, exc
-        assert time.monotonic() < deadline, f"{name} is not known on the other process"
-        time.sleep(0.05)
 
 
 def _next(ch, queue: str, timeout: float = 30.0):
