@@ -49,6 +49,9 @@ class Amqp10ConnectionHandler(ConnectionEdge):
                  peer_cert_user: str | None = None):
         super().__init__(listener, stream, sock)
         self.prefix = prefix
+        # reading resumed after the session held its input, and nothing read since: proton's
+        # idle timeout (counted from the last input it saw, before the hold) is not checked
+        self._resumed = False
         host, self.peer = peer_of(sock)
         from .amqp10_session import Amqp10Session
         self.attach(Amqp10Session(listener.service, self.peer, host, peer_cert_user), sock, tls)
@@ -64,6 +67,24 @@ class Amqp10ConnectionHandler(ConnectionEdge):
 
     def closed(self) -> None:
         self.session.conn.release()
+
+    def _input_unread(self, now: float) -> bool:
+        """The client's frames are not read (the session holds its input), or not read yet
+        since then (for at most one idle timeout): not idle, as RabbitMQ does not time out
+        a connection it blocked."""
+        if self.session.input_held:
+            return True
+        if self._resumed and now < self._last_received + self.session.conn.transport.idle_timeout:
+            return True
+        self._resumed = False
+        return False
+
+    async def input_released(self) -> None:
+        await super().input_released()
+        self._resumed = True
+
+    def after_read(self) -> None:
+        self._resumed = False
 
     async def read_loop(self) -> None:
         if self.prefix:
@@ -83,7 +104,7 @@ class Amqp10ConnectionHandler(ConnectionEdge):
                 await self._output.wait()
             self._output = trio.Event()
             now = trio.current_time()
-            if session.vhost is not None or conn.opened:
+            if (session.vhost is not None or conn.opened) and not self._input_unread(now):
                 next_tick = conn.tick(now)
             if session.output_delay:  # a refused login's outcome is held back
                 delay, session.output_delay = session.output_delay, 0.0

@@ -116,6 +116,7 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
         # it wait too, in order, so no later answer overtakes it
         self._answer_waits = False
         self._held_events: list = []
+        self._held_bytes = 0  # read while events are held (bounded: ``input_held``)
 
     # ---- input ----
     def login_resumed(self, request: SaslInit) -> None:
@@ -124,6 +125,15 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
 
     def handle_input(self, data: bytes) -> None:
         self._handle(self.conn.receive_data(data))
+        if self._answer_waits:  # (all of it: the held events came from it)
+            self._held_bytes += len(data)
+
+    @property
+    def input_held(self) -> bool:
+        """Events held behind an answer waiting for the store came from more than one read
+        buffer of bytes: the edge reads nothing more until the answer goes (a client
+        flooding transfers while the disk is full waits in its socket)."""
+        return self._answer_waits and self._held_bytes > self.broker.config.receive_size
 
     def input_handled(self) -> None:
         if self.conn.finished:
@@ -181,8 +191,12 @@ class Amqp10Session(Amqp10Publishing, FlowControlledSession):
                 return
             answer()
             held, self._held_events = self._held_events, []
+            held_bytes, self._held_bytes = self._held_bytes, 0
             self._handle(held)
+            if self._answer_waits:  # another answer holds the rest
+                self._held_bytes = held_bytes
             self.wake()
+            self.flow_resumed()  # the edge reads again (``input_held``)
         store.when_durable(durable)
 
     # ---- login ----

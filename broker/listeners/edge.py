@@ -269,6 +269,9 @@ class ConnectionEdge(Generic[ListenerT]):
             if broker.stops_publishers and session.is_publisher:
                 await self.publishers_stopped()
                 continue
+            if session.input_held:
+                await self.input_released()
+                continue
             if session.flow_queues:
                 size = await self.in_flow(size)
             try:
@@ -297,6 +300,18 @@ class ConnectionEdge(Generic[ListenerT]):
             broker.notify_blocked(session)
         while broker.stops_publishers and not session.finished:  # noqa: ASYNC110
             await trio.sleep(BLOCKED_READ_INTERVAL)  # (a poll: alarms are rare)
+        self._last_received = trio.current_time()
+
+    async def input_released(self) -> None:
+        """The session holds more input than it may behind an answer waiting for the store
+        (a full disk: until the retry writes): nothing is read until it lets go, so a
+        flooding client's bytes wait in its socket, not in the broker. The keep-alive
+        counts from then, as after an alarm: the client's packets were not read."""
+        session = self.session
+        while session.input_held and not session.finished:
+            released = self._flow_event = trio.Event()
+            await released.wait()
+            self._flow_event = None
         self._last_received = trio.current_time()
 
     async def in_flow(self, size: int) -> int:

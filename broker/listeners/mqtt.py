@@ -195,6 +195,9 @@ class MQTTConnectionHandler(ConnectionEdge):
             if broker.stops_publishers and session.is_publisher:
                 await self.publishers_stopped()
                 continue
+            if session.input_held:
+                await self.input_released()
+                continue
             if session.flow_queues:
                 size = await self.in_flow(size)
             try:

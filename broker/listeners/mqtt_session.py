@@ -136,8 +136,10 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
             if self._held_events is not None:
                 # a SUBACK waits for the store: what came behind it waits too, in order, so
                 # no later answer overtakes it (a PINGRESP does: the connection answers a
-                # PINGREQ at once, and no order applies to it)
+                # PINGREQ at once, and no order applies to it); past a bound, the edge
+                # stops reading (``input_held``)
                 self._held_events += events
+                self._held_bytes += len(data)
                 if self.conn.has_output:
                     self.wake()
                 return
@@ -177,6 +179,7 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
                 self._on_subscribe(ev.packet_id, ev.topics, ev.properties)
                 if self._suback_waits is not None:
                     self._held_events = events[i:]
+                    self._held_bytes = max(self._held_bytes, len(data))
                     break
             elif isinstance(ev, UnsubscribeRequested):
                 self._on_unsubscribe(ev.packet_id, ev.topics)
@@ -242,7 +245,7 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
         self._held_events = None
         answer()
         self.delivering = True
-        self._handle(b"", held)
+        self._handle_again(held)
         if self.delivering:
             for consumer in list(self.consumers.values()):
                 consumer.queue.dispatch()
@@ -257,8 +260,25 @@ class MQTTSession(MQTTLogin, MQTTPublishing, MQTTSubscriptions, MQTTDelivery):
             return
         self._held_events = None
         finished, self.finished = self.finished, False
-        self._handle(b"", held)
+        self._handle_again(held)
         self.finished = self.finished or finished
+
+    def _handle_again(self, held: list) -> None:
+        """The held packets handled; the edge reads again (``input_held``) unless another
+        SUBSCRIBE among them holds the rest (its bytes counted as all of them)."""
+        held_bytes, self._held_bytes = self._held_bytes, 0
+        self._handle(b"", held)
+        if self._held_events is not None:
+            self._held_bytes = held_bytes
+        self.flow_resumed()
+
+    @property
+    def input_held(self) -> bool:
+        """Packets held behind a SUBACK waiting for the store came from more than one read
+        buffer of bytes: the edge reads nothing more until the SUBACK goes (a client
+        flooding PUBLISHes while the disk is full waits in its socket)."""
+        return (self._held_events is not None
+                and self._held_bytes > self.broker.config.receive_size)
 
     # ---- CONNECT ----
 

@@ -22,7 +22,7 @@ class MQTTSessionState(FlowControlledSession):
 
     # __weakref__: the management API keeps when it first saw a connection in a weak map
     __slots__ = ("__weakref__", "_ack_now", "_auth_step", "_awaiting_store", "_decided", "_filter_qos",
-                 "_held_events", "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq",
+                 "_held_bytes", "_held_events", "_keys", "_one_qos", "_pubacks", "_pubrels", "_seq",
                  "_suback_waits", "_topics", "_touched", "audit", "audit_ctx", "authz",
                  "blocked_sent", "broker", "clean", "client_id", "conn",
                  "consumers", "delivering", "delivery_stalled", "end_session", "ended",
@@ -121,6 +121,7 @@ class MQTTSessionState(FlowControlledSession):
         # (None: nothing waits)
         self._suback_waits: Callable[[], None] | None = None
         self._held_events: list | None = None
+        self._held_bytes = 0  # read while packets are held (bounded: ``input_held``)
 
     def as_channel(self) -> ConsumerChannel:
         """The session as its consumers' channel (the delivering part: mqtt_delivery)."""

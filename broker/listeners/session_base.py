@@ -118,6 +118,12 @@ class ProtocolSession:
         token), then what came behind it."""
         raise NotImplementedError
 
+    @property
+    def input_held(self) -> bool:
+        """The session holds more of what it read than it may (behind an answer waiting for
+        the store): the edge reads nothing more until it lets go (``flow_resumed``)."""
+        return False
+
     def handle_input(self, data: bytes) -> None:
         """The bytes the edge read (the audit clock runs)."""
         raise NotImplementedError

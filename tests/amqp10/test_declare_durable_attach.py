@@ -5,9 +5,11 @@ queue.declare-ok (docs/durability.md): a kill -9 right after the answer must not
 queue. The connection's later answers wait behind it, in order."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 import trio
-from proton import Endpoint, Message
+from proton import Disposition, Endpoint, Message
 from proton.utils import BlockingConnection
 
 from ..durable_answers import HeldDisk, SlowDiskBroker, journal_broker
@@ -124,3 +126,60 @@ def test_kill_9_right_after_the_attach_keeps_the_queue(tmp_path):
         assert b.queue_exists("survivor")
     finally:
         b.stop()
+
+
+async def test_a_transfer_flood_behind_a_waiting_attach_is_not_read(tmp_path, nursery):
+    """Transfers flooding in on a link with credit while another link's attach waits for
+    the disk: the broker holds at most about one read buffer of them (``input_held``) and
+    stops reading, so they wait in the client; once released, every one is routed, in
+    order."""
+    broker, server, store, port = await journal_broker(nursery, tmp_path)
+    broker.vhosts["/"].declare_queue("tq", durable=False)
+    bound = broker.config.receive_size
+    body = b"x" * 65536
+    count = 16 * bound // len(body)  # far more than the bound and both sockets' buffers
+    c = await trio.to_thread.run_sync(_connect, port)
+    try:
+        tq = await trio.to_thread.run_sync(c.create_sender, "/amq/queue/tq")
+        edge = next(iter(broker.amqp10.handlers))
+        # small socket buffers: what the kernel holds stays well under the flood
+        edge.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        session = edge.session
+        disk = HeldDisk(store)
+
+        def flood() -> list:
+            dq = c.container.create_sender(c.conn, "/queue/dq")  # declares dq: held
+            sent = [tq.link.send(Message(id=i, body=body)) for i in range(count)]
+            c.wait(lambda: _answered(dq) and all(d.remote_state for d in sent),
+                   timeout=WAIT)
+            return [d.remote_state for d in sent]
+
+        async with trio.open_nursery() as flooding:
+            outcomes: list = []
+
+            async def run() -> None:
+                outcomes.extend(await trio.to_thread.run_sync(flood))
+            flooding.start_soon(run)
+            try:
+                with trio.fail_after(20):
+                    while not (getattr(session, "input_held", False)  # noqa: ASYNC110
+                               or outcomes):
+                        await trio.sleep(0.01)
+                assert not outcomes, "the broker read the whole flood while the attach waited"
+                # held: at most the bound and the one read that went past it
+                assert session._held_bytes <= 2 * bound
+                assert broker.amqp10.service.bytes_received < count * len(body) // 4
+            finally:
+                disk.release()
+        assert outcomes == [Disposition.ACCEPTED] * count
+        assert broker.vhosts["/"].queues["dq"].durable
+
+        def received() -> list:
+            r = c.create_receiver("/amq/queue/tq", credit=count)
+            ids = [r.receive(timeout=WAIT).id for _ in range(count)]
+            r.accept()
+            return ids
+        assert await trio.to_thread.run_sync(received) == list(range(count))
+    finally:
+        disk.release()
+        await trio.to_thread.run_sync(c.close)

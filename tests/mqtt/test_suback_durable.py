@@ -7,6 +7,7 @@ answered at once: no order applies to PINGRESP)."""
 from __future__ import annotations
 
 import errno
+import socket
 import threading
 
 import pytest
@@ -250,3 +251,76 @@ def test_kill_9_right_after_the_suback_keeps_the_subscription(tmp_path):
         _close(dev)
     finally:
         b.stop()
+
+
+def _handler(broker, client_id: str):
+    """The broker's edge of the MQTT connection of ``client_id``."""
+    return next(h for h in broker.mqtt.handlers if h.session.client_id == client_id)
+
+
+async def _flood_while_held(tmp_path, nursery, keep_alive: int, held_for: float) -> None:
+    """A persistent session's SUBSCRIBE, then QoS 0 PUBLISHes flooding in while the disk is
+    held: the broker holds at most about one read buffer of them (``input_held``) and stops
+    reading, so the client's send blocks; once released, every one is routed, in order."""
+    broker, server, store, port = await _mqtt_broker(nursery, tmp_path)
+    bound = broker.config.receive_size
+    payload = 4096
+    count = (16 * bound) // payload  # far more than the bound and both sockets' buffers
+    try:
+        watch = await Raw.connect(port, "watch", True)
+        await watch.send(m.Subscribe(1, [("flood/#", 0)]))
+        assert _answers(await watch.read(1)) == [("SUBACK", 1)]
+        dev = Raw(await trio.open_tcp_stream("127.0.0.1", port), False)
+        await dev.send(m.Connect("dev", False, keep_alive))
+        assert (await dev.read(1))[0].return_code == 0
+        # small socket buffers both ways: what the kernel holds stays well under the flood
+        dev.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        edge = _handler(broker, "dev")
+        edge.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        session = edge.session
+        disk = HeldDisk(store)
+        sent = trio.Event()
+
+        async def flood() -> None:
+            await dev.send(m.Subscribe(1, [("cmd/#", 1)]))
+            for i in range(count):
+                await dev.send(m.Publish(f"flood/{i}", b"x" * payload, 0, False, False, None))
+            sent.set()
+        try:
+            nursery.start_soon(flood)
+            with trio.fail_after(20):
+                while not (getattr(session, "input_held", False) or sent.is_set()):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert not sent.is_set(), "the broker read the whole flood while the SUBACK waited"
+            # held: at most the bound and the one read that went past it
+            assert session._held_bytes <= 2 * bound
+            assert broker.mqtt.service.bytes_received < count * payload // 4
+            if held_for:  # longer than the keep-alive's 1.5 periods: not timed out
+                await trio.sleep(held_for)
+            assert not session.finished and not sent.is_set()
+        finally:
+            disk.release()
+        assert _answers(await dev.read(1)) == [("SUBACK", 1)]
+        got = []
+        with trio.fail_after(30):
+            await sent.wait()
+            while len(got) < count:
+                got += [p.topic for p in await watch.read(1)]
+        assert got == [f"flood/{i}" for i in range(count)]
+        assert not session.finished
+        await dev.stream.aclose()
+        await watch.stream.aclose()
+    finally:
+        await server.shutdown()
+
+
+async def test_a_publish_flood_behind_a_waiting_suback_is_not_read(tmp_path, nursery):
+    await _flood_while_held(tmp_path, nursery, 60, 0)
+
+
+@pytest.mark.slow
+async def test_the_keep_alive_does_not_expire_while_the_broker_does_not_read(
+        tmp_path, nursery):
+    """As RabbitMQ does for a blocked connection: the client is not timed out for packets
+    the broker did not read (its PINGREQs wait in the socket with the flood)."""
+    await _flood_while_held(tmp_path, nursery, 1, 2.0)
