@@ -76,6 +76,9 @@ async def change_replicas(store: ClusterStore, vhost: VirtualHost, name: str, no
         members = [*members, node] if add else [m for m in members if m != node]
         group["members"] = members
         if await store.coord.replace(key, json.dumps(group).encode(), kv.mod_revision):
+            # this node's view shows the change at once (its next round reads it from etcd):
+            # an answer here must not be followed by a listing of the old group
+            store.stream_replicas.groups[(vhost.name, name)] = group
             return True
     raise MemberChangeError(503, "the replica group changed meanwhile: try again")
 

@@ -63,7 +63,7 @@ _UNSHARED = ("mqtt_port", "mqtts_port", "mqtt_ws_port", "mqtt_wss_port", "stomp_
 def _problem(args) -> str | None:
     if args.cluster:
         return "--workers runs its own private cluster: not with --cluster"
-    given = [name for name in _UNSHARED if getattr(args, name, None) is not None]
+    given = [name for name in _UNSHARED if vars(args).get(name) is not None]
     if given:
         return (f"--{given[0].replace('_', '-')}: only AMQP and the management API are shared "
                 f"by --workers so far; run that listener with --workers 1")
