@@ -353,6 +353,9 @@ class ClusterStore(ClusterDefinitions, Store):
             self._forwards.waiting -= 1
 
     def when_durable(self, callback, on_failure=None) -> None:
+        gen = self.defsync.claim()
+        if gen:  # a definition change: answered once every live node applied it
+            callback = self.defsync.then(gen, callback)
         forwards, self._forwards = self._forwards, None
         self.publishing = None  # the routing of that publish is over
         if forwards is None:
@@ -381,6 +384,7 @@ class ClusterStore(ClusterDefinitions, Store):
             nursery.start_soon(self.mirrors.flusher)
             nursery.start_soon(self._writer)
             nursery.start_soon(self._watcher)
+            nursery.start_soon(self.defsync.run)
             await self.inner.run()
             await trio.sleep_forever()
 

@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote
 import trio
 
 from ..persistence.records import decode_arguments, encode_arguments
+from .defsync import DefinitionSync
 from .etcd import MAX_TXN_OPS, CoordinationError, CoordinationUnavailable, Coordinator, WatchEvent
 from .forward import ProxyQueue
 from .link import Link
@@ -75,6 +76,9 @@ class ClusterDefinitions:
         self._addresses: dict[str, str] = {}  # live node -> advertised AMQP address
         self._links: dict[tuple[str, str], Link] = {}  # (node, vhost) -> link
         self._masters: dict[tuple[str, str], str] = {}  # queue -> its master node (etcd)
+        # answers wait until every live node applied the definition (defsync.py)
+        self.defsync = DefinitionSync(node.name, lambda: self._live,
+                                      2 * node.settings.ttl + node.settings.etcd_timeout)
 
     def _add_proxy(self, vhost: VirtualHost, name: str, master: str, auto_delete: bool,
                    arguments: dict) -> ProxyQueue:
@@ -89,6 +93,7 @@ class ClusterDefinitions:
     def _queue_write(self, key: str, value: dict | None) -> None:
         if self._applying:
             return
+        self.defsync.wrote()
         if value is None:
             self._known.pop(key, None)
             self._pending[key] = None
@@ -209,14 +214,17 @@ class ClusterDefinitions:
                 self._wake.set()
 
     async def _flush(self) -> None:
+        revision = 0
         while self._pending:
             batch = list(self._pending.items())[:MAX_TXN_OPS]
             puts = [(k, v) for k, v in batch if v is not None]
             deletes = [k for k, v in batch if v is None]
-            await self.coord.write_batch(puts, deletes)
+            revision = await self.coord.write_batch(puts, deletes)
             for k, v in batch:
                 if self._pending.get(k) is v:
                     del self._pending[k]
+        if revision:
+            self.defsync.flushed(self.defsync.gen, revision)
         while self._claims:
             (vhost, queue), claim = next(iter(self._claims.items()))
             if claim:
@@ -259,6 +267,12 @@ class ClusterDefinitions:
                     self._homes[vq] = json.loads(value).get("node", "?")
                 except ValueError:
                     pass
+        elif section == "applied":
+            if value is not None and name != self.node.name:
+                try:
+                    self.defsync.peer_applied(name, int(json.loads(value).get("revision", 0)))
+                except (ValueError, AttributeError, TypeError):
+                    pass
         elif section == "members":
             if value is None:
                 self._members.discard(name)
@@ -269,6 +283,7 @@ class ClusterDefinitions:
             if value is None:
                 self._live.discard(name)
                 self._addresses.pop(name, None)
+                self.defsync.check()  # not waited for any more
             else:
                 self._live.add(name)
                 try:
@@ -300,13 +315,15 @@ class ClusterDefinitions:
 
     async def _on_events(self, events: list[WatchEvent], revision: int) -> None:
         defs = self._defs("")
+        theirs = False  # other nodes' definitions: this node says it applied them
         for event in events:
             key = event.kv.key
             if not key.startswith(defs):
                 self._track(key, None if event.kind == "delete" else event.kv.value)
                 continue
             if event.kind == "delete":
-                value = self._known.pop(key, None)
+                value = self._known.pop(key, None)  # (this node's own: popped already)
+                theirs = theirs or value is not None
                 if value is not None and key not in self._pending:
                     self._apply(self._apply_delete, key, value)
                 continue
@@ -316,9 +333,14 @@ class ClusterDefinitions:
                 continue
             if payload.get("node") == self.node.name:
                 continue  # our own write coming back
+            theirs = True
             self._known[key] = payload.get("d", {})
             self._apply(self._apply_put, key, payload.get("d", {}))
         self._revision = max(self._revision, revision)
+        if theirs:
+            self._pending[self.node.key("applied", self.node.name)] = json.dumps(
+                {"revision": self._revision}).encode()
+            self._wake.set()
 
     def _apply(self, fn, key: str, value: dict) -> None:
         self._applying = True

@@ -26,6 +26,14 @@ class EntityMethods:
     def reply_when_durable(self, store: Any, method: spec.Method) -> None:
         raise NotImplementedError
 
+    def _reply_stored(self, method: spec.Method) -> None:
+        """``method`` once the vhost's store has the definition change (a cluster's: once
+        every live node applied it, so the client's next connection finds it anywhere)."""
+        if self.vhost.store is None:
+            self.reply(method)
+        else:
+            self.reply_when_durable(self.vhost.store, method)
+
     # ---- exchange class ----
     def on_exchange_declare(self, m) -> None:
         authz = self.authz
@@ -39,14 +47,14 @@ class EntityMethods:
                                     auto_delete=m.auto_delete, internal=m.internal,
                                     arguments=m.arguments)
         if not m.nowait:
-            self.reply(spec.Exchange.DeclareOk())
+            self._reply_stored(spec.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m) -> None:
         if self.authz is not None and m.exchange and not m.exchange.startswith("amq."):
             self.authz.check("exchange", m.exchange, "configure")
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
-            self.reply(spec.Exchange.DeleteOk())
+            self._reply_stored(spec.Exchange.DeleteOk())
 
     def _authorize_binding(self, kind: str, destination: str, source: str, key: str) -> None:
         """RabbitMQ's binding checks: write on the destination, read on the source, and
@@ -69,7 +77,7 @@ class EntityMethods:
             raise errors.access_refused("operation not permitted on the default exchange")
         self.vhost.bind(m.source, dest, m.routing_key, m.arguments)
         if not m.nowait:
-            self.reply(spec.Exchange.BindOk())
+            self._reply_stored(spec.Exchange.BindOk())
 
     def on_exchange_unbind(self, m) -> None:
         self._authorize_binding("exchange", m.destination, m.source, m.routing_key)
@@ -78,7 +86,7 @@ class EntityMethods:
         self.vhost.unbind(m.source, self.vhost.exchanges.get(m.destination), m.routing_key,
                           m.arguments)
         if not m.nowait:
-            self.reply(spec.Exchange.UnbindOk())
+            self._reply_stored(spec.Exchange.UnbindOk())
 
     # ---- queue class ----
     def _queue_name(self, name: str) -> str:
@@ -119,7 +127,7 @@ class EntityMethods:
             self.reply(ok)
         else:
             # acknowledged once the definition is durable: a crash must not lose the queue
-            self.reply_when_durable(q.store, ok)
+            self._reply_stored(ok)
 
     def _declare_reply_queue(self, m) -> bool:
         """RabbitMQ's answers for the direct reply-to pseudo-queue (0 messages, 1 consumer)
@@ -140,7 +148,7 @@ class EntityMethods:
         q = self.vhost.get_queue(self._queue_name(m.queue), self.session)
         self.vhost.bind(m.exchange, q, m.routing_key, m.arguments)
         if not m.nowait:
-            self.reply(spec.Queue.BindOk())
+            self._reply_stored(spec.Queue.BindOk())
 
     def on_queue_unbind(self, m) -> None:
         self._authorize_binding("queue", self._queue_name(m.queue), m.exchange, m.routing_key)
@@ -148,7 +156,7 @@ class EntityMethods:
             raise errors.access_refused("operation not permitted on the default exchange")
         self.vhost.unbind(m.exchange, self.vhost.find_queue(self._queue_name(m.queue)),
                           m.routing_key, m.arguments, self.session)
-        self.reply(spec.Queue.UnbindOk())
+        self._reply_stored(spec.Queue.UnbindOk())
 
     def on_queue_purge(self, m) -> None:
         if self.authz is not None:
@@ -170,6 +178,6 @@ class EntityMethods:
         finally:
             deferred, self._deferred_cancels = self._deferred_cancels, None
         if not m.nowait:
-            self.reply(spec.Queue.DeleteOk(count))
+            self._reply_stored(spec.Queue.DeleteOk(count))
         for tag in deferred:
             self.reply(spec.Basic.Cancel(tag, True))

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ..security import DefinitionError, NotFound
+from .api_bindings import until_durable
 from .auth import require
 from .common import body, broker_of, check_vhost_access, created, json_response, no_content, param
 from .http import ApiError
@@ -69,12 +70,14 @@ async def put_user(request: Request):
           password_hash=data.get("password_hash"),
           hashing_algorithm=data.get("hashing_algorithm"), tags=data.get("tags", ""),
           limits=data.get("limits"))
+    await until_durable(broker_of(request).store)  # on every live node (--workers)
     return no_content() if existed else created()
 
 
 async def delete_user(request: Request):
     await require(request, "administrator")
     _call(broker_of(request).access.delete_user, param(request, "user"))
+    await until_durable(broker_of(request).store)  # on every live node (--workers)
     return no_content()
 
 
@@ -148,6 +151,7 @@ async def put_permission(request: Request):
         existed = bool(access.list_permissions(user=user, vhost=vhost))
         _call(access.set_permissions, user, vhost, data["configure"], data["write"],
               data["read"])
+    await until_durable(broker_of(request).store)  # on every live node (--workers)
     return no_content() if existed else created()
 
 
@@ -159,6 +163,7 @@ async def delete_permission(request: Request):
         _call(access.clear_topic_permissions, user, vhost)
     else:
         _call(access.clear_permissions, user, vhost)
+    await until_durable(broker_of(request).store)  # on every live node (--workers)
     return no_content()
 
 

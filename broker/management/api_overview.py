@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .. import __version__, errors
 from ..broker import process_rss
 from ..exchanges import EXCHANGE_TYPES
+from .api_bindings import until_durable
 from .auth import require
 from .common import (
     NODE,
@@ -402,6 +403,7 @@ async def put_vhost(request: Request):
             broker.access.set_permissions(user.name, name, ".*", ".*", ".*")
     except DefinitionError as exc:
         raise ApiError(400, str(exc)) from None
+    await until_durable(broker.store)  # on every live node (--workers)
     return no_content() if existed else created()
 
 
@@ -413,6 +415,7 @@ async def delete_vhost(request: Request):
         broker.access.delete_vhost(param(request, "vhost"))
     except NotFound:
         raise ApiError(404, "Not Found") from None
+    await until_durable(broker.store)  # on every live node (--workers)
     return no_content()
 
 

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ..policies import PolicyError, PolicyNotFound, VhostNotFound
+from .api_bindings import until_durable
 from .auth import CHALLENGE, require
 from .common import (
     broker_of,
@@ -110,6 +111,7 @@ async def put_policy(request: Request):
         raise ApiError(400, exc.text) from None
     except VhostNotFound:
         raise ApiError(404, "vhost_not_found", "not_found") from None
+    await until_durable(broker.store)  # on every live node (--workers)
     return no_content() if existed else created()
 
 
@@ -126,6 +128,7 @@ async def delete_policy(request: Request):
             policies.clear_policy(vhost, name)
     except (PolicyNotFound, VhostNotFound):
         raise ApiError(404, "Not Found") from None
+    await until_durable(broker.store)  # on every live node (--workers)
     return no_content()
 
 
