@@ -21,6 +21,7 @@ import importlib
 import os
 import sys
 import types
+from typing import Any, NoReturn
 
 from . import (  # noqa: F401  (they register their verbs)
     access_verbs,
@@ -62,13 +63,13 @@ def _load_extensions() -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # rabbitmqctl: usage errors exit 64
+    def error(self, message: str) -> NoReturn:  # rabbitmqctl: usage errors exit 64
         self.print_usage(sys.stderr)
         print(f"Error (argument validation): {message}", file=sys.stderr)
         sys.exit(EX_USAGE)
 
 
-def add_subcommands(subparsers) -> None:
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _load_extensions()
     ctl = subparsers.add_parser("ctl", help="rabbitmqctl's verbs over the management HTTP API")
     ctl.error = types.MethodType(_Parser.error, ctl)  # type: ignore[method-assign]
@@ -84,10 +85,10 @@ def add_subcommands(subparsers) -> None:
     ctl.set_defaults(handler=run)
 
 
-def _common(p, suppress: bool = False) -> None:
+def _common(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     d = argparse.SUPPRESS if suppress else None
 
-    def default(value):
+    def default(value: Any) -> Any:
         return d if suppress else value
 
     p.add_argument("--url", default=default(os.environ.get("TRIOMQ_URL",
@@ -107,7 +108,7 @@ def _common(p, suppress: bool = False) -> None:
     p.add_argument("--timeout", type=float, default=default(60.0))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     verb = VERBS[args.verb]
     try:
         api = Api(args.url, args.api_user, args.api_password, args.timeout)

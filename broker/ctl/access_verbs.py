@@ -2,6 +2,9 @@
 and banners). Does not talk HTTP itself (``core.Api``) nor parse the command line."""
 from __future__ import annotations
 
+from argparse import Namespace
+from typing import Any
+
 from .core import (
     EX_DATAERR,
     EX_NOUSER,
@@ -9,6 +12,7 @@ from .core import (
     EX_UNAVAILABLE,
     Api,
     CtlError,
+    Rows,
     Verb,
     columns,
     exists,
@@ -22,23 +26,23 @@ from .core import (
 
 
 def _user_verbs() -> None:
-    def add_user(api: Api, a):
+    def add_user(api: Api, a: Namespace) -> None:
         existing = exists(api, "/users/" + q(a.username))
         if existing:
             raise CtlError(f'User "{a.username}" already exists', EX_SOFTWARE)
         api.call("PUT", "/users/" + q(a.username), {"password": a.password, "tags": ""})
 
-    def delete_user(api: Api, a):
+    def delete_user(api: Api, a: Namespace) -> None:
         api.call("DELETE", "/users/" + q(a.username),
                  not_found=(f'User "{a.username}" does not exist', EX_NOUSER))
 
-    def change_password(api: Api, a):
+    def change_password(api: Api, a: Namespace) -> None:
         user = api.get("/users/" + q(a.username),
                        not_found=(f'User "{a.username}" does not exist', EX_NOUSER))
         api.call("PUT", "/users/" + q(a.username),
                  {"password": a.password, "tags": user.get("tags", [])})
 
-    def authenticate_user(api: Api, a):
+    def authenticate_user(api: Api, a: Namespace) -> str:
         r = api.client.get("/api/whoami", auth=(a.username, a.password))
         if r.status_code == 401 and "Login failed" in r.text:
             raise CtlError(f'Error: failed to authenticate user "{a.username}"\n'
@@ -47,18 +51,18 @@ def _user_verbs() -> None:
             raise CtlError(f"HTTP {r.status_code}", EX_SOFTWARE)
         return "Success"
 
-    def set_user_tags(api: Api, a):
+    def set_user_tags(api: Api, a: Namespace) -> None:
         user = api.get("/users/" + q(a.username),
                        not_found=(f'User "{a.username}" does not exist', EX_NOUSER))
         body = {"password_hash": user["password_hash"],
                 "hashing_algorithm": user.get("hashing_algorithm"), "tags": ",".join(a.tags)}
         api.call("PUT", "/users/" + q(a.username), body)
 
-    def list_users(api: Api, a):
+    def list_users(api: Api, a: Namespace) -> Rows:
         return ["user", "tags"], [{"user": u["name"], "tags": u["tags"]}
                                   for u in api.get("/users")]
 
-    def set_user_limits(api: Api, a):
+    def set_user_limits(api: Api, a: Namespace) -> None:
         limits = json_arg(a.definition, "limits")
         for name, value in limits.items():
             api.call("PUT", f"/user-limits/{q(a.username)}/{q(name)}", {"value": value},
@@ -87,8 +91,8 @@ def _user_verbs() -> None:
 
 
 def _vhost_verbs() -> None:
-    def add_vhost(api: Api, a):
-        body: dict = {}
+    def add_vhost(api: Api, a: Namespace) -> None:
+        body: dict[str, Any] = {}
         if a.description:
             body["description"] = a.description
         if a.tags:
@@ -97,16 +101,16 @@ def _vhost_verbs() -> None:
             body["default_queue_type"] = a.default_queue_type
         api.call("PUT", "/vhosts/" + q(a.vhost_name), body)
 
-    def delete_vhost(api: Api, a):
+    def delete_vhost(api: Api, a: Namespace) -> None:
         api.call("DELETE", "/vhosts/" + q(a.vhost_name),
                  not_found=(f"Virtual host {a.vhost_name} does not exist", EX_UNAVAILABLE))
 
-    def list_vhosts(api: Api, a):
+    def list_vhosts(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["name"], {"name", "description", "tags", "tracing",
                                       "cluster_state", "default_queue_type"})
         return cols, api.get("/vhosts")
 
-    def set_vhost_limits(api: Api, a):
+    def set_vhost_limits(api: Api, a: Namespace) -> None:
         limits = json_arg(a.definition, "limits")
         for name, value in limits.items():
             api.call("PUT", f"/vhost-limits/{q(a.vhost)}/{q(name)}", {"value": value},
@@ -127,13 +131,13 @@ def _vhost_verbs() -> None:
 
 
 def _permission_verbs() -> None:
-    def set_permissions(api: Api, a):
+    def set_permissions(api: Api, a: Namespace) -> None:
         need_vhost(api, a.vhost)
         need_user(api, a.username)
         api.call("PUT", f"/permissions/{q(a.vhost)}/{q(a.username)}",
                  {"configure": a.conf, "write": a.write, "read": a.read})
 
-    def clear_permissions(api: Api, a):
+    def clear_permissions(api: Api, a: Namespace) -> None:
         need_vhost(api, a.vhost)
         need_user(api, a.username)
         try:
@@ -142,22 +146,22 @@ def _permission_verbs() -> None:
             if exc.status != EX_DATAERR:
                 raise  # RabbitMQ: clearing absent permissions succeeds
 
-    def list_permissions(api: Api, a):
+    def list_permissions(api: Api, a: Namespace) -> Rows:
         rows = api.get(f"/vhosts/{q(a.vhost)}/permissions", not_found=vhost_missing(a.vhost))
         return ["user", "configure", "write", "read"], rows
 
-    def list_user_permissions(api: Api, a):
+    def list_user_permissions(api: Api, a: Namespace) -> Rows:
         rows = api.get(f"/users/{q(a.username)}/permissions",
                        not_found=(f'User "{a.username}" does not exist', EX_NOUSER))
         return ["vhost", "configure", "write", "read"], rows
 
-    def set_topic_permissions(api: Api, a):
+    def set_topic_permissions(api: Api, a: Namespace) -> None:
         need_vhost(api, a.vhost)
         need_user(api, a.username)
         api.call("PUT", f"/topic-permissions/{q(a.vhost)}/{q(a.username)}",
                  {"exchange": a.exchange, "write": a.write, "read": a.read})
 
-    def list_topic_permissions(api: Api, a):
+    def list_topic_permissions(api: Api, a: Namespace) -> Rows:
         rows = api.get(f"/vhosts/{q(a.vhost)}/topic-permissions",
                        not_found=vhost_missing(a.vhost))
         return ["user", "exchange", "write", "read"], rows

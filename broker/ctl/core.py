@@ -8,11 +8,16 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote
 
 EX_OK, EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = (
     0, 64, 65, 67, 69, 70, 77)
+
+
+# what a verb returns: ``(columns, rows)`` for a list, a string to print, or None
+Rows = tuple[list[str], list[dict[str, Any]]]
+Result = Rows | str | None
 
 
 class CtlError(Exception):
@@ -29,7 +34,7 @@ class Verb:
     name: str
     help: str
     run: Callable[[Api, argparse.Namespace], Any]
-    arguments: list[tuple[str, dict]] = field(default_factory=list)
+    arguments: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     banner: Callable[[argparse.Namespace], str | None] | None = None
     vhost: bool = False  # takes -p/--vhost
 
@@ -54,10 +59,11 @@ class Api:
         self.url = url.rstrip("/")
         self.client = httpx.Client(base_url=self.url, auth=(user, password), timeout=timeout)
 
-    def call(self, method: str, path: str, body: Any = None, auth=None,
+    def call(self, method: str, path: str, body: Any = None,
+             auth: tuple[str, str] | None = None,
              not_found: tuple[str, int] | None = None) -> Any:
         import httpx
-        kwargs: dict = {}
+        kwargs: dict[str, Any] = {}
         if body is not None:
             kwargs["json"] = body
         if auth is not None:
@@ -85,7 +91,7 @@ class Api:
             raise CtlError(str(reason), EX_DATAERR)
         raise CtlError(f"HTTP {r.status_code}: {reason}", EX_SOFTWARE)
 
-    def get(self, path: str, **kw) -> Any:
+    def get(self, path: str, **kw: Any) -> Any:
         return self.call("GET", path, **kw)
 
 
@@ -104,7 +110,7 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def emit(result: Any, formatter: str, out=None, headers: bool = True) -> None:
+def emit(result: Any, formatter: str, out: TextIO | None = None, headers: bool = True) -> None:
     if result is None:
         return
     if out is None:  # looked up now: whoever called may have replaced sys.stdout
@@ -124,7 +130,7 @@ def emit(result: Any, formatter: str, out=None, headers: bool = True) -> None:
             print("\t".join(cell(r.get(c)) for c in columns), file=out)
 
 
-def columns(args, default: list[str], valid: set[str]) -> list[str]:
+def columns(args: argparse.Namespace, default: list[str], valid: set[str]) -> list[str]:
     cols = [c for item in (args.columns or []) for c in item.split(",") if c] or default
     bad = [c for c in cols if c not in valid]
     if bad:
@@ -145,7 +151,7 @@ def exists(api: Api, path: str) -> bool:
     return True
 
 
-def json_arg(text: str, what: str) -> dict:
+def json_arg(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError:

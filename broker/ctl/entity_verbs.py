@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 
 from .core import (
     EX_DATAERR,
     Api,
     CtlError,
+    Rows,
     Verb,
     columns,
     json_arg,
@@ -20,19 +23,21 @@ from .core import (
 )
 
 
-def _policy_calls(path: str):
+def _policy_calls(path: str) -> tuple[Callable[[Api, Namespace], None],
+                                    Callable[[Api, Namespace], None],
+                                    Callable[[Api, Namespace], Rows]]:
     """set, clear and list over /policies or /operator-policies: the same calls and refusals."""
-    def set_(api: Api, a):
+    def set_(api: Api, a: Namespace) -> None:
         definition = json_arg(a.definition, "definition")
         api.call("PUT", f"/{path}/{q(a.vhost)}/{q(a.name)}",
                  {"pattern": a.pattern, "definition": definition, "priority": a.priority,
                   "apply-to": a.apply_to}, not_found=vhost_missing(a.vhost))
 
-    def clear(api: Api, a):
+    def clear(api: Api, a: Namespace) -> None:
         api.call("DELETE", f"/{path}/{q(a.vhost)}/{q(a.name)}",
                  not_found=("Parameter does not exist", EX_DATAERR))
 
-    def list_(api: Api, a):
+    def list_(api: Api, a: Namespace) -> Rows:
         rows = api.get(f"/{path}/{q(a.vhost)}", not_found=vhost_missing(a.vhost))
         return ["vhost", "name", "pattern", "apply-to", "definition", "priority"], rows
     return set_, clear, list_
@@ -98,15 +103,15 @@ _CONSUMER_KEYS = {"queue_name", "channel_pid", "consumer_tag", "ack_required",
 
 
 def _entity_verbs() -> None:
-    def list_queues(api: Api, a):
+    def list_queues(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["name", "messages"], _QUEUE_KEYS)
         return cols, api.get(f"/queues/{q(a.vhost)}", not_found=vhost_missing(a.vhost))
 
-    def list_exchanges(api: Api, a):
+    def list_exchanges(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["name", "type"], _EXCHANGE_KEYS)
         return cols, api.get(f"/exchanges/{q(a.vhost)}", not_found=vhost_missing(a.vhost))
 
-    def list_bindings(api: Api, a):
+    def list_bindings(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["source_name", "source_kind", "destination_name",
                             "destination_kind", "routing_key", "arguments"], _BINDING_KEYS)
         rows = [{"source_name": b["source"], "source_kind": "exchange",
@@ -116,11 +121,11 @@ def _entity_verbs() -> None:
                 for b in api.get(f"/bindings/{q(a.vhost)}", not_found=vhost_missing(a.vhost))]
         return cols, rows
 
-    def list_connections(api: Api, a):
+    def list_connections(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["user", "peer_host", "peer_port", "state"], _CONNECTION_KEYS)
         return cols, api.get("/connections")
 
-    def list_consumers(api: Api, a):
+    def list_consumers(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["queue_name", "channel_pid", "consumer_tag", "ack_required",
                             "prefetch_count", "active", "arguments"], _CONSUMER_KEYS)
         rows = [{"queue_name": c["queue"]["name"], "channel_pid": c["channel_details"]["name"],
@@ -131,16 +136,16 @@ def _entity_verbs() -> None:
                 for c in api.get(f"/consumers/{q(a.vhost)}", not_found=vhost_missing(a.vhost))]
         return cols, rows
 
-    def close_connection(api: Api, a):
+    def close_connection(api: Api, a: Namespace) -> None:
         api.client.headers["X-Reason"] = a.explanation
         api.call("DELETE", "/connections/" + q(a.connection_name),
                  not_found=(f"connection {a.connection_name} not found", EX_DATAERR))
 
-    def purge_queue(api: Api, a):
+    def purge_queue(api: Api, a: Namespace) -> None:
         api.call("DELETE", f"/queues/{q(a.vhost)}/{q(a.queue)}/contents",
                  not_found=(f"queue '{a.queue}' in vhost '{a.vhost}' not found", EX_DATAERR))
 
-    def delete_queue(api: Api, a):
+    def delete_queue(api: Api, a: Namespace) -> str:
         params = []
         if a.if_empty:
             params.append("if-empty=true")
@@ -179,7 +184,7 @@ def _entity_verbs() -> None:
 
 
 def _definitions_verbs() -> None:
-    def export_definitions(api: Api, a):
+    def export_definitions(api: Api, a: Namespace) -> str | None:
         defs = api.get("/definitions")
         text = json.dumps(defs, indent=2)
         if a.path == "-":
@@ -191,7 +196,7 @@ def _definitions_verbs() -> None:
             raise CtlError(f"could not write {a.path}: {exc.strerror}", EX_DATAERR) from None
         return None
 
-    def import_definitions(api: Api, a):
+    def import_definitions(api: Api, a: Namespace) -> None:
         try:
             raw = sys.stdin.read() if a.path == "-" else Path(a.path).read_text()
         except OSError as exc:
@@ -202,7 +207,7 @@ def _definitions_verbs() -> None:
             raise CtlError(f"{a.path}: not valid JSON", EX_DATAERR) from None
         api.call("POST", "/definitions", defs)
 
-    def status(api: Api, a):
+    def status(api: Api, a: Namespace) -> str:
         overview = api.get("/overview")
         node = api.get("/nodes")[0]
         totals = overview.get("object_totals", {})

@@ -4,12 +4,16 @@ parameters and limits, and rabbitmq-queues' quorum verbs. Does not talk HTTP its
 from __future__ import annotations
 
 import json
+from argparse import Namespace
+from typing import Any
 
 from .core import (
     EX_NOUSER,
     EX_UNAVAILABLE,
     Api,
     CtlError,
+    Result,
+    Rows,
     Verb,
     columns,
     need_vhost,
@@ -25,17 +29,17 @@ _CHANNEL_KEYS = {"pid", "connection", "name", "number", "user", "vhost", "transa
 
 
 def _node_verbs() -> None:
-    def list_channels(api: Api, a):
+    def list_channels(api: Api, a: Namespace) -> Rows:
         cols = columns(a, ["pid", "user", "consumer_count", "messages_unacknowledged"],
                         _CHANNEL_KEYS)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for ch in api.get("/channels"):
             # a channel's pid is its name here ("peer -> local (n)"), as in the API
             rows.append({**ch, "pid": ch["name"],
                          "connection": ch.get("connection_details", {}).get("name")})
         return cols, rows
 
-    def cluster_status(api: Api, a):
+    def cluster_status(api: Api, a: Namespace) -> str:
         overview = api.get("/overview")
         name = api.get("/cluster-name")["name"]
         nodes = api.get("/nodes")
@@ -68,11 +72,11 @@ def _node_verbs() -> None:
                          f"port: {entry['port']}, protocol: {entry['protocol']}")
         return "\n".join(lines)
 
-    def version(api: Api, a):
+    def version(api: Api, a: Namespace) -> str:
         from .. import __version__
         return __version__  # the CLI's own version, as rabbitmqctl's
 
-    def await_startup(api: Api, a):
+    def await_startup(api: Api, a: Namespace) -> None:
         # ask until the broker answers: it is up once its HTTP API serves (it binds after
         # AMQP listens); unreachable until --timeout is 69, as rabbitmqctl
         import time
@@ -86,7 +90,7 @@ def _node_verbs() -> None:
                     raise
             time.sleep(0.2)
 
-    def environment(api: Api, a):
+    def environment(api: Api, a: Namespace) -> str:
         env = api.get("/environment")
         if a.formatter == "json":
             return json.dumps(env)
@@ -106,19 +110,19 @@ def _node_verbs() -> None:
 
 
 def _parameter_verbs() -> None:
-    def list_parameters(api: Api, a):
+    def list_parameters(api: Api, a: Namespace) -> Rows:
         need_vhost(api, a.vhost)
         # policies and operator policies have verbs of their own (rabbitmqctl leaves them out)
         rows = [p for p in api.get("/parameters") if p.get("vhost") == a.vhost
                 and p.get("component") not in ("policy", "operator_policy")]
         return ["component", "name", "value"], rows
 
-    def list_global_parameters(api: Api, a):
+    def list_global_parameters(api: Api, a: Namespace) -> Rows:
         # values as JSON, as rabbitmqctl prints them ("name" quoted)
         return ["name", "value"], [{"name": p["name"], "value": json.dumps(p["value"])}
                                    for p in api.get("/global-parameters")]
 
-    def list_vhost_limits(api: Api, a):
+    def list_vhost_limits(api: Api, a: Namespace) -> Result:
         if a.global_:
             rows = [{"vhost": r["vhost"], "limits": r["value"]}
                     for r in api.get("/vhost-limits")]
@@ -128,12 +132,12 @@ def _parameter_verbs() -> None:
             return None
         return json.dumps(rows[0]["value"], separators=(",", ":"))
 
-    def clear_vhost_limits(api: Api, a):
+    def clear_vhost_limits(api: Api, a: Namespace) -> None:
         for r in api.get(f"/vhost-limits/{q(a.vhost)}", not_found=vhost_missing(a.vhost)):
             for name in r["value"]:
                 api.call("DELETE", f"/vhost-limits/{q(a.vhost)}/{q(name)}")
 
-    def list_user_limits(api: Api, a):
+    def list_user_limits(api: Api, a: Namespace) -> Rows | str:
         if a.global_ or a.user is None:
             rows = [{"user": r["user"], "limits": r["value"]} for r in api.get("/user-limits")]
             return ["user", "limits"], rows
@@ -141,7 +145,7 @@ def _parameter_verbs() -> None:
                        not_found=(f'User "{a.user}" does not exist', EX_NOUSER))
         return json.dumps(rows[0]["value"] if rows else {}, separators=(",", ":"))
 
-    def clear_user_limits(api: Api, a):
+    def clear_user_limits(api: Api, a: Namespace) -> None:
         rows = api.get(f"/user-limits/{q(a.username)}",
                        not_found=(f'User "{a.username}" does not exist', EX_NOUSER))
         names = [n for r in rows for n in r["value"]] if a.limit_name == "all" \
@@ -176,8 +180,9 @@ def _parameter_verbs() -> None:
                                    f'"{a.username}" ...'))
 
 
-def _quorum_queue(api: Api, a) -> dict:
-    queue = api.get(f"/queues/{q(a.vhost)}/{q(a.queue)}", not_found=("not_found", EX_UNAVAILABLE))
+def _quorum_queue(api: Api, a: Namespace) -> dict[str, Any]:
+    queue: dict[str, Any] = api.get(f"/queues/{q(a.vhost)}/{q(a.queue)}",
+                                    not_found=("not_found", EX_UNAVAILABLE))
     if queue.get("type") != "quorum":
         raise CtlError(f"{a.queue} is not a quorum queue", EX_UNAVAILABLE)
     return queue
@@ -186,16 +191,16 @@ def _quorum_queue(api: Api, a) -> dict:
 def _quorum_verbs() -> None:
     """rabbitmq-queues' verbs for quorum queues, as RabbitMQ answers them on one node: the
     node is every quorum queue's only member, so it cannot be added again nor removed."""
-    def quorum_status(api: Api, a):
+    def quorum_status(api: Api, a: Namespace) -> Rows:
         queue = _quorum_queue(api, a)
         online = queue.get("online", queue.get("members", []))
         # in a cluster: the queue's term, its members down ("noproc", as RabbitMQ), and the
         # log as its leader has it (seqs: the leader's last and commit index, the highest
         # each follower confirmed; a follower commits what it has up to the leader's)
-        logs = queue.get("log_index") or {}
-        commit = queue.get("commit_index")
+        logs: dict[str, int] = queue.get("log_index") or {}
+        commit: int | None = queue.get("commit_index")
 
-        def index(m, committed=False):
+        def index(m: str, committed: bool = False) -> int | str:
             if m not in logs:
                 return "undefined"
             return min(logs[m], commit) if committed and commit is not None else logs[m]
@@ -207,13 +212,13 @@ def _quorum_verbs() -> None:
         return ["Node Name", "Raft State", "Log Index", "Commit Index", "Snapshot Index",
                 "Term", "Machine Version"], rows
 
-    def _members(api: Api, a, method: str) -> None:
+    def _members(api: Api, a: Namespace, method: str) -> None:
         # a cluster's node (its queue view has a term) takes the change to the leader
         api.call(method, f"/queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}",
                  not_found=(f"Error:\n{a.node} is not a node of this cluster",
                             EX_UNAVAILABLE))
 
-    def add_member(api: Api, a):
+    def add_member(api: Api, a: Namespace) -> None:
         queue = _quorum_queue(api, a)
         if a.node in queue.get("members", []):
             return  # already a member: nothing to do, success as RabbitMQ
@@ -221,7 +226,7 @@ def _quorum_verbs() -> None:
             raise CtlError(f"Error:\n{a.node} is not a node of this cluster", EX_UNAVAILABLE)
         _members(api, a, "PUT")
 
-    def delete_member(api: Api, a):
+    def delete_member(api: Api, a: Namespace) -> None:
         queue = _quorum_queue(api, a)
         members = queue.get("members", [])
         if a.node not in members:
@@ -230,13 +235,13 @@ def _quorum_verbs() -> None:
             raise CtlError("Error:\nlast_node", EX_UNAVAILABLE)
         _members(api, a, "DELETE")
 
-    def _quorum_queues(api: Api, a) -> list[dict]:
+    def _quorum_queues(api: Api, a: Namespace) -> list[dict[str, Any]]:
         return [x for x in api.get("/queues") if x.get("type") == "quorum"]
 
-    def _member_path(x: dict, node: str) -> str:
+    def _member_path(x: dict[str, Any], node: str) -> str:
         return f"/queues/{q(x['vhost'])}/{q(x['name'])}/members/{q(node)}"
 
-    def grow(api: Api, a):
+    def grow(api: Api, a: Namespace) -> str:
         # one node: every quorum queue already has it; a cluster's queues (their view has a
         # term) get it as a member, all of them or (even) those with an even group
         for x in _quorum_queues(api, a):
@@ -248,8 +253,8 @@ def _quorum_verbs() -> None:
                                     EX_UNAVAILABLE))
         return ""
 
-    def shrink(api: Api, a):
-        rows = []
+    def shrink(api: Api, a: Namespace) -> Rows:
+        rows: list[dict[str, Any]] = []
         for x in _quorum_queues(api, a):
             members = x.get("members", [])
             if a.node not in members:
@@ -265,7 +270,7 @@ def _quorum_verbs() -> None:
                          "result": result})
         return ["vhost", "name", "size", "result"], rows
 
-    qv: list[tuple[str, dict]] = [("queue", {})]
+    qv: list[tuple[str, dict[str, Any]]] = [("queue", {})]
     register(Verb("quorum_status", "Displays quorum status of a quorum queue", quorum_status,
                   qv, vhost=True, banner=lambda a: f"Status of quorum queue {a.queue} on "
                                                    f"node triomq@localhost ..."))

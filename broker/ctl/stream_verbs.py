@@ -5,10 +5,13 @@ Errors print as rabbitmq-streams prints them (``Error:`` and the reason on its o
 and exit 70 (69: the broker unreachable, the node not running, not a cluster)."""
 from __future__ import annotations
 
+from argparse import Namespace
+from typing import Any
+
 from .core import EX_SOFTWARE, EX_UNAVAILABLE, Api, CtlError, Verb, q, register
 
 
-def _change(api: Api, a, method: str) -> None:
+def _change(api: Api, a: Namespace, method: str) -> None:
     path = f"/stream/replicas/{q(a.vhost)}/{q(a.queue)}/{q(a.node)}"
     try:
         api.call(method, path, not_found=("Error:\n{:error, :not_found}", EX_SOFTWARE))
@@ -21,15 +24,15 @@ def _change(api: Api, a, method: str) -> None:
         raise CtlError("Error:\n" + text, EX_SOFTWARE) from None
 
 
-def add_replica(api: Api, a) -> None:
+def add_replica(api: Api, a: Namespace) -> None:
     _change(api, a, "PUT")
 
 
-def delete_replica(api: Api, a) -> None:
+def delete_replica(api: Api, a: Namespace) -> None:
     _change(api, a, "DELETE")
 
 
-_ARGS: list[tuple[str, dict]] = [("queue", {"help": "stream queue name"}), ("node", {})]
+_ARGS: list[tuple[str, dict[str, Any]]] = [("queue", {"help": "stream queue name"}), ("node", {})]
 register(Verb("add_replica", "Adds a stream queue replica on the given node.", add_replica,
               _ARGS, vhost=True,
               banner=lambda a: f"Adding a replica for queue {a.queue} on node {a.node}..."))
