@@ -20,13 +20,14 @@ rare older rows that held NUL or a character of the block.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 _NUL, _LIT, _SUR = "\uf700", "\uf701", "\uf702"
 _NEEDS = re.compile("[\x00\ud800-\udfff\uf700-\uf7ff]")
 _ESCAPED = re.compile("\uf701(.)|\uf702(.)|([\uf700\uf780-\uf7ff])", re.DOTALL)
 
 
-def _enc(m: re.Match) -> str:
+def _enc(m: re.Match[str]) -> str:
     c = m.group()
     o = ord(c)
     if o == 0:
@@ -38,10 +39,10 @@ def _enc(m: re.Match) -> str:
     return _SUR + chr(0xF000 + o - 0xD800)
 
 
-def _dec(m: re.Match) -> str:
+def _dec(m: re.Match[str]) -> str:
     lit, sur, one = m.groups()
     if lit is not None:
-        return lit
+        return cast(str, lit)
     if sur is not None:
         return chr(0xD800 + ord(sur) - 0xF000)
     return "\0" if one == _NUL else chr(0xDC00 + ord(one) - 0xF700)

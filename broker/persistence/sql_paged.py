@@ -29,6 +29,7 @@ import math
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..queues.entry import QueueEntry
@@ -45,8 +46,8 @@ class SQLPagedFifo(FifoReady):
 
     accepts_paged_index = True
 
-    def __init__(self, store: Any, queue: Any, entries=(), *, page: int = 2000,
-                 window: int = 5000):
+    def __init__(self, store: Any, queue: Any, entries: Iterable[QueueEntry] = (), *, page: int = 2000,
+                 window: int = 5000) -> None:
         super().__init__()
         self._q.extend(entries)
         self._store = store
@@ -54,7 +55,7 @@ class SQLPagedFifo(FifoReady):
         self.window = max(window, page)  # entries in the head before newer ones may page out
         self.page = page                 # entries read per database round trip
         self.low = page                  # refill the head below this many
-        self._tail: deque = deque()
+        self._tail: deque[QueueEntry] = deque()
         self._empty_index()
         # stored entries behind the index not read into it yet (seqs in (_load_after,
         # _load_top]): the store's background load appends them (index_arrived)
@@ -98,7 +99,7 @@ class SQLPagedFifo(FifoReady):
             return len(self._q)
         return len(self._q) + len(self._tail)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[QueueEntry]:
         """The entries in memory, in order; the index is not read back for this."""
         yield from self._q
         yield from self._tail
@@ -110,7 +111,7 @@ class SQLPagedFifo(FifoReady):
         else:
             self._q.append(entry)
 
-    def popleft(self):
+    def popleft(self) -> QueueEntry:
         q = self._q
         if not q and self._tail and self._pi >= len(self._seqs) and not self._pending:
             self._refill()
@@ -119,14 +120,14 @@ class SQLPagedFifo(FifoReady):
             self._more()
         return entry
 
-    def peek(self):
+    def peek(self) -> QueueEntry | None:
         if self._q:
             return self._q[0]
         if self._tail and not self.unread:
             return self._tail[0]
         return None
 
-    def clear(self) -> list:
+    def clear(self) -> list[QueueEntry]:
         """Every entry in memory; the index is removed from the database
         (``SQLStore.forget_unread``)."""
         items = list(self._q)
@@ -143,20 +144,21 @@ class SQLPagedFifo(FifoReady):
         self._asked = False
         return items
 
-    def pop_tail(self):
+    def pop_tail(self) -> QueueEntry:
         if self._tail:
             return self._tail.pop()
         if self.unread:
             raise IndexError("the end of the queue is in the database")
         return self._q.pop()
 
-    def head_entries(self) -> list:
+    def head_entries(self) -> list[QueueEntry]:
         return list(self)
 
     def paged_index(self) -> None:
         return None
 
-    def restore_paged(self, seqs, mids, exps, blens, flags) -> None:
+    def restore_paged(self, seqs: Iterable[int], mids: Iterable[int], exps: Iterable[float],
+                      blens: Iterable[int], flags: Iterable[int]) -> None:
         """Start-up: the entries behind those already in memory (sorted by seq); their
         messages are read in pages as the head drains."""
         if self.unread or self._tail:
@@ -175,7 +177,8 @@ class SQLPagedFifo(FifoReady):
         self._pending = count
         self._load_after, self._load_top = after_seq, top_seq
 
-    def index_arrived(self, gen: int, seqs, mids, exps, blens, flags) -> bool:
+    def index_arrived(self, gen: int, seqs: Sequence[int], mids: Iterable[int],
+                      exps: Iterable[float], blens: Iterable[int], flags: Iterable[int]) -> bool:
         """The next part of the index the store is loading (seq order, after the last
         part); False if the index was dropped since (``gen``: a purge): the load stops."""
         if gen != self._gen or not self._pending:
@@ -237,12 +240,12 @@ class SQLPagedFifo(FifoReady):
         elif not self._pending:  # (while it loads, the load's next part calls this again)
             self._refill()
 
-    def next_page(self) -> tuple[int, Any, array, array]:
+    def next_page(self) -> tuple[int, Any, array[int], array[int]]:
         """``(generation, queue, seqs, message ids)`` of the next page to read."""
         end = min(len(self._seqs), self._pi + self.page)
         return self._gen, self._queue, self._seqs[self._pi:end], self._mids[self._pi:end]
 
-    def page_arrived(self, gen: int, messages: dict, wall_minus_mono: float) -> int:
+    def page_arrived(self, gen: int, messages: dict[int, Any], wall_minus_mono: float) -> int:
         """The pager read the messages (id -> Message) of the page ``next_page`` gave for
         generation ``gen``: move those entries to the head. Returns how many; 0 if the
         index changed meanwhile (a purge). Entries whose message is gone are skipped."""

@@ -27,6 +27,7 @@ from sqlalchemy import (
                         UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection
 
 # 1: triomq_lock held with SELECT ... FOR UPDATE; 2: lease (adds triomq_lock.expires_at);
 # 3: triomq_entries.size (body bytes) and .deliveries; 4: names escaped (sql_names: NUL, lone
@@ -136,7 +137,7 @@ totals = Table(
 ALL_TABLES = (msgs, entries, lock, exchanges, queues, bindings, meta, totals)
 
 
-def up_to_date(conn) -> bool:
+def up_to_date(conn: Connection) -> bool:
     """The database is at SCHEMA_VERSION already (every table there: the version row is
     written once ``create_all`` and ``migrate`` ran): a start skips both, about ten catalog
     queries."""
@@ -144,11 +145,12 @@ def up_to_date(conn) -> bool:
     from sqlalchemy import select
     if not sa_inspect(conn).has_table(lock.name):
         return False
-    return conn.execute(select(lock.c.schema_version).where(lock.c.id == 1)).scalar() \
+    current: bool = conn.execute(select(lock.c.schema_version).where(lock.c.id == 1)).scalar() \
         == SCHEMA_VERSION
+    return current
 
 
-def migrate(conn) -> None:
+def migrate(conn: Connection) -> None:
     """Bring an existing database to SCHEMA_VERSION (after ``metadata.create_all``)."""
     from sqlalchemy import inspect as sa_inspect
     from sqlalchemy import select, text, update
@@ -180,7 +182,7 @@ _NAMED = ((exchanges, ("vhost", "name"), ("vhost", "name")),
           (meta, ("name",), ("mkey",)))
 
 
-def _escape_names(conn) -> None:
+def _escape_names(conn: Connection) -> None:
     """v4: rewrite the names an older version stored raw that v4 stores escaped (a NUL
     SQLite or MariaDB held, a character of sql_names' reserved block); once, at migration."""
     from sqlalchemy import select, update

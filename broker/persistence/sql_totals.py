@@ -20,6 +20,7 @@ the stored seqs: the index is read by ranges up to it)."""
 from __future__ import annotations
 
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 from .sql_schema import entries, totals
 
@@ -83,12 +84,13 @@ def kept(dialect: str) -> bool:
     return dialect in _DDL
 
 
-def installed(conn, dialect: str) -> bool:
+def installed(conn: Connection, dialect: str) -> bool:
     """The triggers are there (both)."""
-    return conn.execute(text(_PRESENT[dialect])).scalar() == len(TRIGGERS)
+    present: bool = conn.execute(text(_PRESENT[dialect])).scalar() == len(TRIGGERS)
+    return present
 
 
-def install(conn, dialect: str) -> None:
+def install(conn: Connection, dialect: str) -> None:
     """Create the triggers and compute the totals from the stored rows, once (a database an
     older version wrote, or a new one), in the caller's transaction: it holds
     ``triomq_entries`` locked against writes from the triggers' creation to the commit, so
