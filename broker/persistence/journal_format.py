@@ -20,8 +20,18 @@ import os
 import struct
 import zlib
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from .records import BindingDef, ExchangeDef, QueueDef, decode_arguments, encode_arguments
+
+if TYPE_CHECKING:
+    from mmap import mmap
+    from typing import TypeAlias
+
+    from typing_extensions import Buffer
+
+    # what a segment or a record's payload is read from
+    Buf: TypeAlias = bytes | bytearray | memoryview | mmap
 
 SEGMENT_SIZE = 32 * 1024 * 1024
 HDR = struct.Struct(">IIB")
@@ -91,7 +101,7 @@ def pack_record(rtype: int, payload: bytes) -> bytes:
     return HDR.pack(len(payload), crc, rtype) + payload
 
 
-def pack_record_parts(rtype: int, parts: list) -> list:
+def pack_record_parts(rtype: int, parts: list[Buffer]) -> list[Buffer]:
     """``pack_record`` of the concatenated ``parts`` (bytes-like: a checkpoint's arrays),
     as the header followed by the parts themselves: written one after the other, no
     joined copy of a ten-million-entry index is made."""
@@ -104,7 +114,8 @@ def pack_record_parts(rtype: int, parts: list) -> list:
 
 
 # ---- definitions: json for the scalars + the AMQP table of arguments ----
-def _pack_def(d, kind: str, extra: dict | None = None) -> bytes:
+def _pack_def(d: ExchangeDef | QueueDef | BindingDef, kind: str,
+              extra: dict[str, Any] | None = None) -> bytes:
     fields = asdict(d)
     args = fields.pop("arguments")
     if extra:
@@ -114,7 +125,7 @@ def _pack_def(d, kind: str, extra: dict | None = None) -> bytes:
     return U32.pack(len(js)) + js + encode_arguments(args)
 
 
-def _unpack_def(payload: bytes) -> tuple[dict, dict]:
+def _unpack_def(payload: Buf) -> tuple[dict[str, Any], dict[str, Any]]:
     (n,) = U32.unpack_from(payload, 0)
     fields = json.loads(bytes(payload[4:4 + n]))
     args = decode_arguments(bytes(payload[4 + n:]))
@@ -133,18 +144,18 @@ def pack_binding(bd: BindingDef) -> bytes:
     return _pack_def(bd, "b")
 
 
-def unpack_exchange(payload) -> ExchangeDef:
+def unpack_exchange(payload: Buf) -> ExchangeDef:
     f, args = _unpack_def(payload)
     return ExchangeDef(f["vhost"], f["name"], f["type"], f["durable"], f["auto_delete"],
                        f["internal"], args)
 
 
-def unpack_queue(payload) -> tuple[QueueDef, int]:
+def unpack_queue(payload: Buf) -> tuple[QueueDef, int]:
     f, args = _unpack_def(payload)
     return QueueDef(f["vhost"], f["name"], f["durable"], f["auto_delete"], args), f["qid"]
 
 
-def unpack_binding(payload) -> BindingDef:
+def unpack_binding(payload: Buf) -> BindingDef:
     f, args = _unpack_def(payload)
     return BindingDef(f["vhost"], f["source"], f["destination_kind"], f["destination"],
                       f["routing_key"], args)
@@ -154,7 +165,7 @@ def pack_name(vhost: str, name: str) -> bytes:
     return json.dumps([vhost, name]).encode()
 
 
-def unpack_name(payload) -> tuple[str, str]:
+def unpack_name(payload: Buf) -> tuple[str, str]:
     v, n = json.loads(bytes(payload))
     return v, n
 
@@ -166,7 +177,7 @@ def pack_meta(kind: str, key: str, raw: str | None = None) -> bytes:
     return head if raw is None else head + b"\n" + raw.encode()
 
 
-def unpack_meta(payload) -> tuple[str, str, str | None]:
+def unpack_meta(payload: Buf) -> tuple[str, str, str | None]:
     """(kind, key, value JSON text or None for a delete record)."""
     data = bytes(payload)
     head, sep, raw = data.partition(b"\n")
@@ -174,7 +185,7 @@ def unpack_meta(payload) -> tuple[str, str, str | None]:
     return kind, key, raw.decode() if sep else None
 
 
-def binding_key(bd: BindingDef) -> tuple:
+def binding_key(bd: BindingDef) -> tuple[str, str, str, str, str, bytes]:
     return (bd.vhost, bd.source, bd.destination_kind, bd.destination, bd.routing_key,
             encode_arguments(bd.arguments))
 
@@ -184,7 +195,8 @@ def pack_enq(qid: int, seq: int, expires: float | None, priority: int, body_len:
     return ENQ.pack(qid, seq, NO_EXPIRY if expires is None else expires, priority, body_len, ref)
 
 
-def unpack_enq(payload, pos: int = 0):
+def unpack_enq(payload: Buf, pos: int = 0
+               ) -> tuple[int, int, float | None, int, int, int]:
     qid, seq, exp, prio, blen, ref = ENQ.unpack_from(payload, pos)
     return qid, seq, (None if math.isnan(exp) else exp), prio, blen, ref
 
@@ -194,7 +206,7 @@ def pack_delivered(qid: int, seq: int, count: int) -> bytes:
     return QSEQ.pack(qid, seq) if count <= 1 else DELIVERED_N.pack(qid, seq, count)
 
 
-def unpack_delivered(payload) -> tuple[int, int, int]:
+def unpack_delivered(payload: Buf) -> tuple[int, int, int]:
     """(qid, seq, delivery count) of a delivered record of either format."""
     if len(payload) >= DELIVERED_N.size:
         return DELIVERED_N.unpack_from(payload, 0)
@@ -224,7 +236,7 @@ class ScanResult:
         self.skipped: list[tuple[int, int, str]] = []  # salvage: (offset, length, reason)
 
 
-def _all_zero(buf, start: int, end: int) -> bool:
+def _all_zero(buf: Buf, start: int, end: int) -> bool:
     step = 1 << 20
     zero = bytes(step)
     pos = start
@@ -236,7 +248,7 @@ def _all_zero(buf, start: int, end: int) -> bool:
     return True
 
 
-def _next_nonzero_end(buf, start: int, end: int) -> int:
+def _next_nonzero_end(buf: Buf, start: int, end: int) -> int:
     """Offset just past the last non-zero byte in buf[start:end] (start if none)."""
     chunk = bytes(buf[start:end]).rstrip(b"\0")
     return start + len(chunk)
@@ -246,7 +258,9 @@ def _next_nonzero_end(buf, start: int, end: int) -> int:
 _TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in TYPE_NAMES}
 
 
-def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: bool = False):
+def scan(buf: Buf, path: str, start: int = 0,
+         records: list[tuple[int, int, memoryview]] | None = None,
+         salvage: bool = False) -> ScanResult:
     """Walk records of one segment held in ``buf`` (bytes or mmap).
 
     Appends (offset, type, payload memoryview) to ``records`` (if given) and
@@ -315,7 +329,7 @@ def scan(buf, path: str, start: int = 0, records: list | None = None, salvage: b
     return res
 
 
-def _skip_unreadable(buf, pos: int, size: int, skipped: list, why: str,
+def _skip_unreadable(buf: Buf, pos: int, size: int, skipped: list[tuple[int, int, str]], why: str,
                      end_if_lost: int) -> int | None:
     """Salvage: note the unreadable bytes from ``pos`` to the next valid record (or to
     ``end_if_lost`` when none follows) and return where reading resumes (None: stop)."""
@@ -324,7 +338,7 @@ def _skip_unreadable(buf, pos: int, size: int, skipped: list, why: str,
     return nxt
 
 
-def _resync(buf, start: int, size: int):
+def _resync(buf: Buf, start: int, size: int) -> int | None:
     """Find the next offset holding a valid record (for repair)."""
     pos = start
     limit = size - HDR_SIZE
