@@ -29,7 +29,7 @@ from . import (  # noqa: F401  (they register their verbs)
     node_verbs,
     stream_verbs,
 )
-from .core import (  # noqa: F401  (the verb API other features import)
+from .core import (  # the verb API other features import
     EX_DATAERR,
     EX_NOPERM,
     EX_NOUSER,
@@ -45,6 +45,9 @@ from .core import (  # noqa: F401  (the verb API other features import)
     q,
     register,
 )
+
+__all__ = ["EX_DATAERR", "EX_NOPERM", "EX_NOUSER", "EX_OK", "EX_SOFTWARE", "EX_UNAVAILABLE",
+           "EX_USAGE", "VERBS", "Api", "CtlError", "Verb", "emit", "q", "register"]
 
 # modules that register verbs of their own features (e.g. HTTP topics)
 EXTENSION_MODULES: list[str] = ["broker.hermes.ctl", "broker.streams.ctl"]
