@@ -46,7 +46,7 @@ from .mirror import Mirrors
 from .node import ClusterJoinError, ClusterNode
 from .store_defs import LOCAL_KINDS, ClusterDefinitions, _args_out, _q
 from .stream_replicas import StreamReplicas
-from .stream_stepdown import keeping_copy
+from .stream_stepdown import bindings_of, keeping_copy, rebind
 from .transient import TransientQueues
 from .view import QueueViews
 
@@ -250,13 +250,15 @@ class ClusterStore(ClusterDefinitions, Store):
                 log.warning("queue %r in vhost %r is mastered by node %r now: this node's "
                             "stale copy (%d messages) is dropped", q.name, vhost.name, master,
                             q.message_count)
+                bindings = bindings_of(vhost, q)
                 self._applying = True
                 try:
                     with keeping_copy(q):  # a stream's log is cut back, not copied again
                         vhost.delete_queue(q, reason="superseded by a promoted mirror")
                 finally:
                     self._applying = False
-                self._add_proxy(vhost, q.name, master, q.auto_delete, dict(q.arguments))
+                rebind(vhost, self._add_proxy(vhost, q.name, master, q.auto_delete,
+                                              dict(q.arguments)), bindings, persist=False)
 
     # ---- forwarding (forward.py, link.py) ----
     def _ensure_link_user(self, vhost_name: str | None = None) -> None:
@@ -519,6 +521,9 @@ class ClusterStore(ClusterDefinitions, Store):
 
     def save_meta(self, kind: str, key: str, value: dict) -> None:
         self.inner.save_meta(kind, key, value)
+        vhost = self.broker.vhosts.get(key) if kind == "vhost" and self.broker else None
+        if vhost is not None:  # a vhost made live here or applied from another node
+            self.transients.install(vhost)
         if kind not in LOCAL_KINDS:
             self._queue_write(self._defs("meta", _q(kind), _q(key)), dict(value))
 

@@ -123,10 +123,11 @@ class EntityMethods:
         if m.nowait:
             return
         ok = spec.Queue.DeclareOk(q.name, q.message_count, q.consumer_count)
-        if q.store is None:  # transient, exclusive, or no store: nothing to wait for
+        if q.store is None and (q.exclusive_owner is not None or m.passive):  # no one else sees it
             self.reply(ok)
         else:
-            # acknowledged once the definition is durable: a crash must not lose the queue
+            # acknowledged once the definition is durable (a crash must not lose the queue)
+            # and, transient too, known to every cluster node (others may use it at once)
             self._reply_stored(ok)
 
     def _declare_reply_queue(self, m) -> bool:

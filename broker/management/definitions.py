@@ -23,6 +23,7 @@ from .. import __version__, errors
 from ..exchanges import EXCHANGE_TYPES
 from ..queues.args import ArgumentError, equivalence_mismatch, parse_queue_arguments
 from ..queues.types import QUEUE_TYPES, queue_type_of
+from .api_bindings import until_durable
 from .auth import require
 from .common import broker_of, json_of, jsonable, param
 from .http import ApiError
@@ -339,6 +340,7 @@ async def post_definitions(request: Request):
         import_definitions(broker, defs, vhost)
     except ImportError_ as exc:
         raise ApiError(400, str(exc)) from None
+    await until_durable(broker.store)  # on every live node (--workers)
     return _no_content()
 
 

@@ -62,3 +62,26 @@ def test_vhost_user_and_permissions_over_http_then_login(tmp_path):
                 conn.close()
     finally:
         w.stop()
+
+
+@pytest.mark.timeout(180)
+def test_transient_queue_in_a_new_vhost_seen_at_once(tmp_path):
+    w = Workers(tmp_path)
+    conns = []
+    try:
+        assert _request(w, "PUT", "/api/vhosts/fresh") == 201  # made after the processes
+        params = pika.ConnectionParameters("127.0.0.1", w.port, "fresh")
+        conns = [pika.BlockingConnection(params) for _ in range(12)]
+        groups = _by_process(w, conns)
+        assert all(groups.values()), {p: len(g) for p, g in groups.items()}
+        (a, *_), others = groups.values()
+        channels = [c.channel() for c in others]
+        for i in range(3):  # non-durable, shared: every process knows it at the declare-ok
+            a.channel().queue_declare(f"t{i}")
+            for ch in channels:
+                ch.queue_declare(f"t{i}", passive=True)
+    finally:
+        for c in conns:
+            if c.is_open:
+                c.close()
+        w.stop()
