@@ -380,7 +380,7 @@ class PagedPriority(PriorityReady):
             out.extend(level.head_entries())
         return out
 
-    def paged_levels(self):
+    def paged_levels(self) -> tuple[array[int], ...] | None:
         """``(seqs, locs, exps, blens, flags, prios)`` of the stored paged entries, or None."""
         cols: tuple[array, ...] = (array("q"), array("q"), array("d"), array("I"), array("B"),
                                    array("B"))

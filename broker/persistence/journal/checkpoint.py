@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -15,11 +18,16 @@ from .shared import JournalStoreState
 from .state import _columns
 from .stored import _body_len
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from ...queues.entry import QueueEntry
+
 
 class Checkpoints(JournalStoreState):
     """The store's checkpoint."""
 
-    def _snapshot(self) -> list:
+    def _snapshot(self) -> list[bytes | tuple[int, list[Buffer]]]:
         """Checkpoint records describing the current state (taken synchronously).
 
         A queue's record is returned as ``(rtype, parts)``: the writer thread packs it
@@ -30,7 +38,8 @@ class Checkpoints(JournalStoreState):
         now_wall = time.time()
         # qid -> column sets written one after the other: (seqs, locs, exps, blens, flags),
         # plus priorities for a priority queue
-        per_q: dict = {}
+        per_q: dict[int, list[Sequence[Any]]] = {}
+        qid: int | None
         for q, qid in self._qids.items():
             cols = _columns(q)
             self._add_entries(cols, q.stored_entries(), now_wall - q.vhost.timers.now())
@@ -41,7 +50,7 @@ class Checkpoints(JournalStoreState):
             if paged is not None:
                 # fresh copies (slices of the index): written as they are
                 sets.append(tuple(paged)[:len(cols)])
-        out: dict = {}
+        out: dict[int, list[array[Any]]] = {}
         for e, q in self._out.items():  # delivered, not settled: comes back redelivered
             qid = self._qids.get(q)
             if qid is not None:
@@ -63,7 +72,7 @@ class Checkpoints(JournalStoreState):
                 row[4].append(jf.count_flags(count, True))
                 if len(row) > 5:
                     row[5].append(prio)
-        recs: list = [jf.pack_record(jf.T_CKPT_HEAD, json.dumps(
+        recs: list[bytes | tuple[int, list[Buffer]]] = [jf.pack_record(jf.T_CKPT_HEAD, json.dumps(
             {"seg": self._seg, "off": self._off, "next_qid": self._next_qid,
              "format": jf.FORMAT_VERSION,
              "max_msg_id": self._max_msg_id, "time": now_wall}).encode())]
@@ -80,7 +89,7 @@ class Checkpoints(JournalStoreState):
             if qid not in self._queues or not n:
                 continue
             # the columns are this snapshot's own copies: written as they are
-            parts: list = [jf.QSEQ.pack(qid, n)]
+            parts: list[Buffer] = [jf.QSEQ.pack(qid, n)]
             for i in range(5):
                 parts.extend(cs[i] for cs in sets if len(cs[i]))
             recs.append((jf.T_CKPT_QUEUE, parts))
@@ -92,7 +101,8 @@ class Checkpoints(JournalStoreState):
         return recs
 
     @staticmethod
-    def _add_entries(cols, entries, delta: float, delivered: int = 0) -> None:
+    def _add_entries(cols: Sequence[array[Any]], entries: Iterable[QueueEntry], delta: float,
+                     delivered: int = 0) -> None:
         seqs, locs, exps, blens, flags = cols[:5]
         prios = cols[5] if len(cols) > 5 else None
         for e in entries:
@@ -122,7 +132,7 @@ class Checkpoints(JournalStoreState):
         live = set(self._seg_live)
         path = os.path.join(self.jdir, "checkpoint")
 
-        def write():
+        def write() -> list[tuple[int, int]]:
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
                 for r in recs:
@@ -130,7 +140,7 @@ class Checkpoints(JournalStoreState):
                         for part in jf.pack_record_parts(*r):
                             f.write(part)
                     else:
-                        f.write(r)
+                        f.write(cast(bytes, r))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, cast
 
 from ...queues.priority import message_priority
 from .. import journal_format as jf
@@ -11,6 +12,9 @@ from ..records import encode_message
 from .common import DELIVERED_MAX, ENQ_MIN, log
 from .shared import JournalStoreState
 from .stored import StoredMessage, _body_len
+
+if TYPE_CHECKING:
+    from ...queues.ready import Relocate
 
 
 class Compaction(JournalStoreState):
@@ -95,8 +99,8 @@ class Compaction(JournalStoreState):
         live = self._seg_live
         live_bytes = self._seg_bytes
 
-        def move(qid, entry_loc, seq, exp_wall, prio, blen, count, max_priority=0,
-                 two_level=False):
+        def move(qid: int, entry_loc: int, seq: int, exp_wall: float | None, prio: int,
+                 blen: int, count: int, max_priority: int = 0, two_level: bool = False) -> int:
             nonlocal moved, written
             old = entry_loc
             msg = self.read_message(old)
@@ -123,8 +127,9 @@ class Compaction(JournalStoreState):
 
         for q, qid in self._qids.items():
             q.relocate_paged(
-                victims, lambda loc, seq, exp, blen, flags, qid=qid, mp=q.opts.max_priority,
-                tl=q.opts.two_level_priority: move(qid, loc, seq, exp, 0, blen, flags, mp, tl))
+                victims, cast("Relocate", lambda loc, seq, exp, blen, flags, qid=qid,
+                              mp=q.opts.max_priority, tl=q.opts.two_level_priority:
+                              move(qid, loc, seq, exp, 0, blen, flags, mp, tl)))
         for qid, e, delivered, delta in entries:
             if (e.loc >> 32) not in victims:
                 continue

@@ -3,7 +3,7 @@ into records appended to the buffer. Does not write files."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import journal_format as jf
 from ..paged import PagedFifo, PagedPriority
@@ -62,7 +62,7 @@ class JournalHooks(JournalStoreState):
         self._bindings.pop(jf.binding_key(bd), None)
         self._append(jf.T_BINDING_DEL, jf.pack_binding(bd))
 
-    def save_meta(self, kind: str, key: str, value: dict) -> None:
+    def save_meta(self, kind: str, key: str, value: dict[str, Any]) -> None:
         from ..recovery import encode_meta
         raw = encode_meta(value)
         self._meta[(kind, key)] = raw

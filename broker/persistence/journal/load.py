@@ -20,7 +20,7 @@ from .common import _T_ENQ, _T_ENQ_REF, _T_REMOVE
 from .state import JournalState
 
 
-def _read_file(path: str):
+def _read_file(path: str) -> bytes | mmap.mmap:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -34,7 +34,7 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
         return False
 
     data = _read_file(path)  # mapped: the arrays are copied once, straight from the file
-    recs: list = []
+    recs: list[tuple[int, int, memoryview]] = []
     res = jf.scan(data, path, records=recs)
     if res.corrupt_at is not None or res.torn_at is not None or not recs \
             or recs[-1][1] != jf.T_CKPT_END or recs[0][1] != jf.T_CKPT_HEAD:
@@ -70,7 +70,7 @@ def load_checkpoint(jdir: str, state: JournalState) -> bool:
     return True
 
 
-def _replay(state: JournalState, recs: list, seg_base: int) -> None:
+def _replay(state: JournalState, recs: list[tuple[int, int, memoryview]], seg_base: int) -> None:
     """``state.apply`` every record of one segment, with the enqueues and removals -- nearly
     all of a log -- decoded inline (a kill -9 replays up to a checkpoint interval of them)."""
     queues = state.queues
@@ -138,7 +138,7 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
 
     segs = jf.list_segments(jdir)
     ck_seg, ck_off = state.ckpt_pos
-    scans: list = []
+    scans: list[tuple[int, jf.ScanResult, dict[int, int]]] = []
     replaying = progress.phase("journal log", unit="records") if progress else None
     for seg in segs:
         path = os.path.join(jdir, jf.seg_name(seg))
@@ -149,7 +149,7 @@ def load_state(jdir: str, salvage: bool = False, use_checkpoint: bool = True,
             scans.append((seg, res, {}))
             continue
         buf = _read_file(path)
-        recs: list = []
+        recs: list[tuple[int, int, memoryview]] = []
         start = ck_off if seg == ck_seg else 0
         # segments before the checkpoint are only checked up to where they end
         res = jf.scan(buf, path, start=start if replay else 0, records=recs, salvage=salvage)

@@ -61,7 +61,7 @@ class Parked:
         self.live += 1
         return slot
 
-    def take(self, slot: int) -> tuple:
+    def take(self, slot: int) -> tuple[int, int, int, int, int, bool, int, float | None]:
         """``(seq, loc, blen, qid, count, redelivered, prio, expires_at)`` of ``slot``, freed."""
         loc = self.locs[slot]
         if not loc:

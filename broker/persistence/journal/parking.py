@@ -5,13 +5,17 @@ to park (the channel does)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ...message import Message
 from ...queues.entry import QueueEntry
 from .. import journal_format as jf
 from ..records import _MSG_HEAD
 from .shared import JournalStoreState
+
+if TYPE_CHECKING:
+    from .shared import ParkedRow
 
 _BODY = jf.HDR_SIZE + jf.ENQ.size  # where a T_ENQ record's message blob starts
 
@@ -72,7 +76,7 @@ class Parking(JournalStoreState):
         return (msg_id, names[1:1 + n].decode("utf-8", "surrogateescape"),
                 names[2 + n:].decode("utf-8", "surrogateescape"))
 
-    def _parked_rows(self, qids=None):
+    def _parked_rows(self, qids: Collection[int] | None = None) -> Iterator[ParkedRow]:
         """``(slot, qid, seq, loc, exp_wall, prio, blen, count)`` of the live rows whose
         queue is still stored (``qids``: only those)."""
         p = self._parked

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import TYPE_CHECKING
 
 from .. import journal_format as jf
 from ..records import decode_message
 from .shared import JournalStoreState
+
+if TYPE_CHECKING:
+    from ...message import Message
+    from ..journal_format import Buf
 
 
 class JournalReader(JournalStoreState):
@@ -15,7 +20,7 @@ class JournalReader(JournalStoreState):
     def sidecar_path(self, name: str) -> str | None:
         return os.path.join(self.jdir, name)
 
-    def read_message(self, loc: int):
+    def read_message(self, loc: int) -> Message:
         return self._decode_at(*self._buffer_at(loc))
 
     def release_read_maps(self) -> None:
@@ -27,7 +32,7 @@ class JournalReader(JournalStoreState):
                 continue
             del self._maps[seg]
 
-    def _map(self, seg: int):
+    def _map(self, seg: int) -> mmap.mmap:
         old = self._maps.pop(seg, None)
         if old is not None:
             try:
@@ -41,16 +46,18 @@ class JournalReader(JournalStoreState):
         return m
 
     @staticmethod
-    def _decode_at(buf, off: int):
+    def _decode_at(buf: Buf, off: int) -> Message:
         length, _crc, rtype = jf.HDR.unpack_from(buf, off)
         start = off + jf.HDR_SIZE + jf.ENQ.size
-        return decode_message(bytes(buf[start:off + jf.HDR_SIZE + length]))
+        message: Message = decode_message(bytes(buf[start:off + jf.HDR_SIZE + length]))
+        return message
 
     def _stored_body_len(self, loc: int) -> int:
         buf, off = self._buffer_at(loc)
-        return jf.ENQ.unpack_from(buf, off + jf.HDR_SIZE)[4]
+        blen: int = jf.ENQ.unpack_from(buf, off + jf.HDR_SIZE)[4]
+        return blen
 
-    def _buffer_at(self, loc: int):
+    def _buffer_at(self, loc: int) -> tuple[bytearray | mmap.mmap, int]:
         """``(buffer, offset)`` of the record at ``loc``: still buffered, or mapped."""
         seg = loc >> 32
         off = loc & 0xFFFFFFFF

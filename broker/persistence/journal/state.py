@@ -13,18 +13,21 @@ from .common import ENQ_MIN, NAN
 
 if TYPE_CHECKING:
     from ...queues.queue import Queue
+    from ..journal_format import Buf, ScanResult
+    from ..records import BindingDef, ExchangeDef, QueueDef
 
 
-def _columns(queue: Queue | None = None) -> list:
+def _columns(queue: Queue | None = None) -> list[array[Any]]:
     """Empty (seqs, locs, exps, blens, flags) arrays of a checkpoint queue record, plus
     the priorities (T_CKPT_PRIO) for a priority queue."""
-    cols = [array("q"), array("q"), array("d"), array("I"), array("B")]
+    cols: list[array[Any]] = [array("q"), array("q"), array("d"), array("I"), array("B")]
     if queue is not None and queue.opts.max_priority:
         cols.append(array("B"))
     return cols
 
 
-def _count_live(live: dict, live_bytes: dict, locs, blens) -> None:
+def _count_live(live: dict[int, int], live_bytes: dict[int, int], locs: array[int],
+                blens: array[int]) -> None:
     """Add the live entries at ``locs`` (bodies of ``blens`` bytes) to the per-segment
     counts ``live`` and live-byte lower bounds ``live_bytes``."""
     if len(locs) > 100_000:  # recovery of a long queue: vector operations
@@ -77,13 +80,15 @@ class QueueState:
     """Live entries of one queue while loading (checkpoint arrays + replayed records)."""
     __slots__ = ("base", "base_prio", "delivered", "new", "qdef", "removed")
 
-    def __init__(self, qdef):
+    def __init__(self, qdef: QueueDef) -> None:
         self.qdef = qdef
-        self.base = None          # (seqs, locs, exps, blens, flags) arrays from the checkpoint
-        self.base_prio = None     # priorities of the base entries (T_CKPT_PRIO), if written
-        self.removed = set()      # seqs of base entries removed after the checkpoint
-        self.delivered = {}       # seq of a base entry delivered after the checkpoint -> flags
-        self.new = {}             # seq -> [loc, exp, prio, blen, flags]
+        # (seqs, locs, exps, blens, flags) arrays from the checkpoint
+        self.base: tuple[array[Any], ...] | None = None
+        # priorities of the base entries (T_CKPT_PRIO), if written
+        self.base_prio: array[int] | None = None
+        self.removed: set[int] = set()  # seqs of base entries removed after the checkpoint
+        self.delivered: dict[int, int] = {}  # seq of a base entry delivered after the checkpoint -> flags
+        self.new: dict[int, list[Any]] = {}  # seq -> [loc, exp, prio, blen, flags]
 
     @property
     def priorities_known(self) -> bool:
@@ -96,7 +101,7 @@ class QueueState:
             return len(self.new)
         return len(self.entries())
 
-    def columns(self, by_level: bool = False) -> tuple:
+    def columns(self, by_level: bool = False) -> tuple[array[Any], ...]:
         """The live entries as ``(seqs, locs, exps, blens, flags, prios)`` arrays in seq
         order (with ``by_level``: grouped by priority from the lowest, seq order kept
         within each), built with vector operations: a checkpoint of ten million entries
@@ -165,7 +170,7 @@ class QueueState:
             out.append(a)
         return tuple(out)
 
-    def _columns_unchanged(self, by_level: bool) -> tuple | None:
+    def _columns_unchanged(self, by_level: bool) -> tuple[array[Any], ...] | None:
         """``columns()`` done in place on the checkpoint's arrays, or None when it cannot.
 
         A checkpoint lists a FIFO queue's entries as one run in seq order, followed by
@@ -188,7 +193,7 @@ class QueueState:
         if n - d > max(100_000, n // 100):
             return None
         removed, delivered = self.removed, self.delivered
-        extra: dict = {}  # seq -> (loc, exp, prio, blen, flags), rows outside the run
+        extra: dict[int, tuple[Any, ...]] = {}  # seq -> (loc, exp, prio, blen, flags), rows outside the run
         for i in range(d, n):
             seq = seqs[i]
             if seq not in removed:
@@ -236,7 +241,7 @@ class QueueState:
         self.new = {}
         return seqs, locs, exps, blens, flags, array("B", bytes(len(seqs)))
 
-    def entries(self):
+    def entries(self) -> list[tuple[Any, ...]]:
         """Sorted (seq, loc, exp, prio, blen, flags)."""
         out = []
         if self.base is not None:
@@ -259,21 +264,22 @@ class QueueState:
 class JournalState:
     """Everything loaded from disk: definitions, live entries, scan results."""
 
-    def __init__(self):
-        self.exchanges: dict = {}   # (vhost, name) -> ExchangeDef
-        self.queues: dict = {}      # qid -> QueueState
-        self.bindings: dict = {}    # binding_key -> BindingDef
-        self.meta: dict = {}        # (kind, key) -> value JSON text
+    def __init__(self) -> None:
+        self.exchanges: dict[tuple[str, str], ExchangeDef] = {}
+        self.queues: dict[int, QueueState] = {}
+        self.bindings: dict[tuple[str, str, str, str, str, bytes], BindingDef] = {}
+        self.meta: dict[tuple[str, str], str | None] = {}  # (kind, key) -> value JSON text
         self.next_qid = 1
         self.max_msg_id = 0
         self.ckpt_pos = (0, 0)
-        self.segments: list = []    # (seg, ScanResult, record count by type)
+        # (seg, ScanResult, record count by type)
+        self.segments: list[tuple[int, ScanResult, dict[int, int]]] = []
         self.last_seg = 0
         self.last_end = 0
         self.records = 0
-        self.skipped: list = []     # repair: (file, offset, length, reason)
+        self.skipped: list[tuple[str, int, int, str]] = []  # repair: (file, offset, length, reason)
 
-    def apply(self, rtype, payload, loc, prio_of=None):
+    def apply(self, rtype: int, payload: Buf, loc: int, prio_of: object = None) -> None:
         if rtype == jf.T_ENQ or rtype == jf.T_ENQ_REF:
             qid, seq, exp, prio, blen, ref = jf.unpack_enq(payload)
             qs = self.queues.get(qid)
@@ -330,5 +336,5 @@ class JournalState:
             kind, key, _ = jf.unpack_meta(payload)
             self.meta.pop((kind, key), None)
 
-    def queue_defs(self):
+    def queue_defs(self) -> list[QueueDef]:
         return [qs.qdef for qs in self.queues.values()]

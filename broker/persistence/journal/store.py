@@ -39,8 +39,9 @@ import fcntl
 import os
 import time
 from array import array
+from collections.abc import Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -61,6 +62,7 @@ from .writer import JournalWriter
 
 if TYPE_CHECKING:
     from ...broker import Broker
+    from ...queues.queue import Queue
 
 
 class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter, JournalReader):
@@ -161,7 +163,8 @@ class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter
             # restart after a burst ends with the memory it had before the crash
             self._trim()
 
-    def _entries_of(self, q, entries, now_wall: float):
+    def _entries_of(self, q: Queue, entries: Iterable[tuple[Any, ...]], now_wall: float
+                    ) -> Iterator[QueueEntry]:
         """QueueEntry objects (messages read back) for recovered index rows."""
         timers = q.vhost.timers
         max_priority = q.opts.max_priority
@@ -213,7 +216,7 @@ class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter
             if self._failed is None and self.broker is not None:
                 await self.checkpoint()
         finally:
-            def _close():
+            def _close() -> None:
                 for fd in self._fds.values():
                     os.close(fd)
                 self._fds.clear()
@@ -229,6 +232,6 @@ class JournalStore(JournalHooks, Parking, Checkpoints, Compaction, JournalWriter
                 self._lock_fd = None
 
     @classmethod
-    def inspect(cls, data_dir: str, out) -> int:
+    def inspect(cls, data_dir: str, out: Any) -> int:
         from ..tools import inspect_journal
         return inspect_journal(data_dir, out)

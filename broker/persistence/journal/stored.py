@@ -103,7 +103,7 @@ class StoredMessage(Message):
         _EXCHANGE.__set__(self, exchange)
         _KEY.__set__(self, routing_key)
 
-    def _slot(self, name: str):
+    def _slot(self, name: str) -> Any:
         slot = _ANY[name]
         try:
             return slot.__get__(self)

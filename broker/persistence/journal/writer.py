@@ -6,12 +6,18 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .. import journal_format as jf
 from .common import ASYNC_INTERVAL, fsync_dir, log
 from .shared import JournalStoreState
+
+if TYPE_CHECKING:
+    from ...queues.entry import QueueEntry
+    from ...queues.queue import Queue
 
 
 class JournalWriter(JournalStoreState):
@@ -79,7 +85,8 @@ class JournalWriter(JournalStoreState):
         if self.broker is not None:
             self.broker.on_store_backlog(self, full)
 
-    def when_durable(self, callback, on_failure=None) -> None:
+    def when_durable(self, callback: Callable[[], object],
+                     on_failure: Callable[[], object] | None = None) -> None:
         # A failed write is retried, never skipped: what it held is in doubt and waits.
         # While writes fail, a publish is nacked (on_failure) after its entries -- those
         # enqueued since the previous call: the publish path enqueues, then calls
@@ -102,7 +109,7 @@ class JournalWriter(JournalStoreState):
 
     def _withdraw_held(self) -> None:
         held, self._held = self._held, {}
-        by_queue: dict = {}
+        by_queue: dict[Queue, list[QueueEntry]] = {}
         for entry, q in held.items():
             by_queue.setdefault(q, []).append(entry)
         for q, entries in by_queue.items():
@@ -193,7 +200,7 @@ class JournalWriter(JournalStoreState):
             self._fds[seg] = fd
         return fd
 
-    def _write_chunks(self, chunks) -> None:
+    def _write_chunks(self, chunks: list[list[Any]]) -> None:
         # Sync a segment before moving to the next: opening a later segment may close
         # the descriptors of older ones (_fd keeps two open).
         current = None
