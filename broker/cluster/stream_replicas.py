@@ -67,7 +67,7 @@ from .stream_divergence import (
     truncation_point,
     write_label,
 )
-from .stream_stepdown import restore_kept, step_down
+from .stream_stepdown import bindings_of, rebind, restore_kept, step_down
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -311,8 +311,10 @@ class StreamReplicas:
         for consumer in consumers:
             proxy.remove_consumer(consumer)
         proxy.forwarding = False
+        bindings = bindings_of(vhost, proxy)
         vhost.delete_queue(proxy, reason="stream leader promoted here")
         vhost.add_queue(q, persist=False)  # stored above
+        rebind(vhost, q, bindings, persist=True)
         for consumer in consumers:
             # its offset spec would start it again from where it began: it subscribes anew
             if not consumer.channel.closed:

@@ -58,18 +58,39 @@ async def step_down(replicas: StreamReplicas, vhost: VirtualHost, q: StreamQueue
         return False
     store, node = replicas.store, replicas.store.node
     successor = sorted(m for m in group.get("members", []) if m != node.name)[0]
+    bindings = bindings_of(vhost, q)
     store._applying = True  # local only: the stream itself is not deleted
     try:
         vhost.delete_queue(q, reason="stream leader removed from its replica group")
     finally:
         store._applying = False
-    store._add_proxy(vhost, q.name, successor, q.auto_delete, dict(q.arguments))
+    proxy = store._add_proxy(vhost, q.name, successor, q.auto_delete, dict(q.arguments))
+    rebind(vhost, proxy, bindings, persist=False)  # the proxy routes as the queue did
     await node.release_master(vhost.name, q.name)
     log.warning("stream %r in vhost %r: removed from its replica group, this node steps "
                 "down as its leader (log up to offset %d confirmed; copy deleted); "
                 "members %s elect the next", q.name, vhost.name, lg.committed_offset,
                 ", ".join(group.get("members", [])))
     return True
+
+
+def bindings_of(vhost: VirtualHost, q) -> list[tuple[str, str, dict]]:
+    """(source, routing key, arguments) of the bindings to ``q``: the queue that replaces
+    it under its name (a proxy, or the promoted leader) takes them on (``rebind``); the
+    vhost drops them with the queue, and etcd's records of them do not change."""
+    out = []
+    for source, key in list(q.bindings):
+        x = vhost.exchanges.get(source)
+        b = x.bindings.get(key) if x is not None else None
+        if b is not None:
+            out.append((source, b.routing_key, b.arguments))
+    return out
+
+
+def rebind(vhost: VirtualHost, q, bindings: list[tuple[str, str, dict]], persist: bool) -> None:
+    for source, routing_key, arguments in bindings:
+        if source in vhost.exchanges:
+            vhost.bind(source, q, routing_key, arguments, persist=persist)
 
 
 @contextlib.contextmanager
