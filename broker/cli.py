@@ -371,9 +371,6 @@ def _run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .amqp import builds as amqp_builds  # compiled or pure (TRIOMQ_PURE=1): said once at start
-
-    logging.getLogger("broker.amqp").info("%s", amqp_builds.describe())
     if not 0 <= args.port <= 65535:
         print(f"triomq: error: invalid port {args.port}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import trio
 import trio.lowlevel
 
 from .. import errors
+from ..amqp import builds as amqp_builds
 from ..amqp.events import State
 from ..broker import Broker
 from ..malloc import keep_free_heap
@@ -309,8 +310,7 @@ class ConnectionHandler:
             hb = conn.heartbeat
             if hb and state in (State.OPEN, State.CLOSING):
                 if now - self.last_received > 2 * hb and not self.alarm_blocked:
-                    log.warning("connection %s: missed heartbeats from client, timeout: %ss",
-                                self.peer, hb)
+                    log.warning("connection %s: missed heartbeats from client, timeout: %ss", self.peer, hb)
                     await self._abort()
                     return
                 if now - self.last_sent >= hb / 2:
@@ -504,8 +504,8 @@ class Server:
                     nursery.start_soon(self._monitor_resources)
                     broker.recovery.listening()
                     self._recovered.set()
-                    log.info("TrioMQ listening on %s:%s (store: %s)", host, self.port,
-                             broker.store.name)
+                    log.info("TrioMQ listening on %s:%s (store: %s; %s)", host, self.port,
+                             broker.store.name, amqp_builds.describe())
                     task_status.started(self.port)
             for listener in listeners + tls_listeners:
                 await listener.aclose()
