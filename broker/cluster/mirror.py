@@ -45,6 +45,7 @@ from .etcd import CoordinationError, CoordinationUnavailable
 from .mirror_copy import MirrorCopies, MirrorCopy
 from .mirror_master import Mirroring
 from .mirror_policy import replica_group, wanted_mirrors
+from .stream_stepdown import bindings_of, rebind
 
 if TYPE_CHECKING:
     from ..queues.queue import Queue
@@ -321,10 +322,12 @@ class Mirrors(MirrorCopies):
         for consumer in consumers:
             proxy.remove_consumer(consumer)
         proxy.forwarding = False
+        bindings = bindings_of(vhost, proxy)  # the vhost drops them with the proxy
         vhost.delete_queue(proxy, reason="promoted to master here")
         if replica_group(q):
             self.inherited[(vhost.name, name)] = committed
         vhost.add_queue(q, persist=False)  # stored above
+        rebind(vhost, q, bindings, persist=True)  # this node's store keeps them from now on
         for consumer in consumers:
             if consumer.channel.closed:
                 continue
