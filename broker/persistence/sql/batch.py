@@ -4,7 +4,8 @@ decide confirms or nacks (commit.py)."""
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -27,11 +28,14 @@ from .common import (
 )
 from .state import SQLStoreState, _Batch
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
 
 class BatchWriter(SQLStoreState):
     """The store's writes of a batch (worker thread only)."""
 
-    def _write(self, batch: _Batch, gen: int):
+    def _write(self, batch: _Batch, gen: int) -> str | None:
         """One transaction for ``batch``; returns None or the error text. ``gen`` changes
         when the trio side gave up on this call: its connection is then dropped here."""
         if batch.empty():
@@ -83,7 +87,8 @@ class BatchWriter(SQLStoreState):
                     raise
                 return _reason(exc)
 
-        def halves(items: list, make, refused: list) -> None:
+        def halves(items: list[Any], make: Callable[[list[Any]], _Batch],
+                   refused: list[tuple[Any, str]]) -> None:
             if not items:
                 return
             reason = attempt(make(items))
@@ -96,14 +101,14 @@ class BatchWriter(SQLStoreState):
             halves(items[:half], make, refused)
             halves(items[half:], make, refused)
 
-        def defs_part(ops: list) -> _Batch:
+        def defs_part(ops: list[Any]) -> _Batch:
             part = _Batch()
             part.defs = ops
             return part
 
         # snapshots: the trio side may cancel entries of a batch waiting for a retry
         defs = list(b.defs)
-        refused_defs: list = []
+        refused_defs: list[tuple[Any, str]] = []
         halves(defs, defs_part, refused_defs)
         b.rejected.extend(refused_defs)
         tried = {id(op) for op in defs}
@@ -112,14 +117,14 @@ class BatchWriter(SQLStoreState):
         lost = {op[2] for op, _ in refused_defs if op[0] == "q+"}
         enq = {qid: dict(seqs) for qid, seqs in list(b.enq.items())}
         msgs = dict(b.msgs)
-        by_mid: dict = {}  # message id -> {qid: {seq: row}}
+        by_mid: dict[int, dict[int, dict[int, list[Any]]]] = {}  # message id -> {qid: {seq: row}}
         for qid, seqs in enq.items():
             for seq, r in seqs.items():
                 by_mid.setdefault(r[0], {}).setdefault(qid, {})[seq] = r
         doomed = {mid for mid, qs in by_mid.items() if lost.intersection(qs)}
         b.rejected_msgs.update(doomed)
 
-        def msgs_part(mids: list) -> _Batch:
+        def msgs_part(mids: list[int]) -> _Batch:
             part = _Batch()
             for mid in mids:
                 part.msgs[mid] = msgs[mid]
@@ -127,7 +132,7 @@ class BatchWriter(SQLStoreState):
                     part.enq.setdefault(qid, {}).update(seqs)
             return part
 
-        refused_msgs: list = []
+        refused_msgs: list[tuple[int, str]] = []
         halves([mid for mid in msgs if mid not in doomed], msgs_part, refused_msgs)
         b.rejected_msgs.update(mid for mid, _ in refused_msgs)
         rest = _Batch()  # entries of messages an earlier batch wrote, deliveries, removals
@@ -151,7 +156,7 @@ class BatchWriter(SQLStoreState):
             self._write_batch(c, rest)
         b.dlv, b.rm, b.rm_msgs = {}, {}, set()
 
-    def _drop(self, c) -> None:
+    def _drop(self, c: Connection) -> None:
         if c is None:
             return
         try:
@@ -172,7 +177,7 @@ class BatchWriter(SQLStoreState):
         if c is not None:
             _abort_socket(c, self.dialect)
 
-    def _write_batch(self, c, b: _Batch) -> None:
+    def _write_batch(self, c: Connection, b: _Batch) -> None:
         E = S.entries
         rows = 0
         for op in b.defs:
@@ -188,6 +193,7 @@ class BatchWriter(SQLStoreState):
                 self._bulk_insert(c, "entries", erows)
                 rows += len(erows)
         pg = self.dialect == "postgresql"
+        seqs: Collection[int]
         for qid, counts in b.dlv.items():
             by_count: dict[int, list[int]] = {}  # nearly always one group: first deliveries
             for seq, n in counts.items():
@@ -234,7 +240,7 @@ class BatchWriter(SQLStoreState):
             "delivered, size, deliveries) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     }
 
-    def _bulk_insert(self, c, what: str, rows: list) -> None:
+    def _bulk_insert(self, c: Connection, what: str, rows: list[tuple[Any, ...]]) -> None:
         sql = self._INSERTS.get((self.dialect, what))
         if sql is None:  # another SQLAlchemy dialect: portable Core executemany
             table = S.msgs if what == "msgs" else S.entries
@@ -247,13 +253,13 @@ class BatchWriter(SQLStoreState):
         else:
             c.exec_driver_sql(sql, rows)
 
-    def _gc_messages(self, c, ids) -> None:
+    def _gc_messages(self, c: Connection, ids: Iterable[int]) -> None:
         M = S.msgs
         for part in _chunks(ids):
             c.execute(delete(M).where(M.c.id.in_(part),
                                       ~exists().where(S.entries.c.message_id == M.c.id)))
 
-    def _write_def(self, c, op) -> int:
+    def _write_def(self, c: Connection, op: Any) -> int:
         kind = op[0]
         if kind == "x+":
             xd = op[1]

@@ -2,6 +2,8 @@
 they held, and handles an outage (in doubt, nacks, reconnect). Does not encode records."""
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -111,7 +113,7 @@ class Committer(SQLStoreState):
         self._go_down(error)
         return False
 
-    def _refused(self, batch: _Batch, callbacks: list) -> list:
+    def _refused(self, batch: _Batch, callbacks: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """After ``_write_apart``: log what the database refused, forget a refused queue's
         id (its next write tries the definition again), nack the publishes of refused
         messages (taken back from their queues). Returns the callbacks to confirm."""
@@ -130,8 +132,8 @@ class Committer(SQLStoreState):
             return callbacks
         log.error("store %s: the database refused %d messages: their publishes are nacked",
                   self.safe_url, len(batch.rejected_msgs))
-        keep: list = []
-        nack: list = []
+        keep: list[tuple[Any, ...]] = []
+        nack: list[tuple[Any, ...]] = []
         for cb in callbacks:
             refused = any(e.message.id in batch.rejected_msgs for _q, e in cb[2])
             (nack if refused and cb[1] is not None else keep).append(cb)
@@ -147,11 +149,11 @@ class Committer(SQLStoreState):
         if self.broker is not None:
             self.broker.on_store_failure(self, error)
 
-    def _fail(self, callbacks: list) -> None:
+    def _fail(self, callbacks: list[tuple[Any, ...]]) -> None:
         """Nack what waited (on_failure) after taking its entries back from the queues
         (a nack means "not stored, not delivered from now on"); a callback without
         ``on_failure`` waits for the retry."""
-        by_queue: dict = {}
+        by_queue: dict[Any, list[Any]] = {}
         nacks = []
         for ok, fail, held in callbacks:
             if fail is None:
@@ -165,7 +167,7 @@ class Committer(SQLStoreState):
             fail()
 
     @staticmethod
-    def _withdraw(by_queue: dict) -> None:
+    def _withdraw(by_queue: dict[Any, list[Any]]) -> None:
         for q, entries in by_queue.items():
             if not q.deleted:
                 q.withdraw(entries)

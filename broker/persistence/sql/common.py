@@ -6,6 +6,8 @@ import hashlib
 import logging
 import os
 import socket
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
@@ -18,6 +20,7 @@ from ..records import (
 )
 
 log = logging.getLogger("broker.store.sql")
+_T = TypeVar("_T")
 
 CHUNK = 500          # ids per IN (...) list
 NAN = float("nan")
@@ -40,7 +43,7 @@ class StoreDeposed(StoreUnavailable):
     """Another broker took the lease over while this one ran: it must stop for good."""
 
 
-def _abort_socket(conn, dialect: str) -> None:
+def _abort_socket(conn: Any, dialect: str) -> None:
     """Reset (RST, SO_LINGER 0) the socket of a connection a blocked thread still uses,
     so nothing it buffered (a COMMIT) reaches the server later; that thread then fails."""
     try:
@@ -62,7 +65,7 @@ def _abort_socket(conn, dialect: str) -> None:
         pass
 
 
-def _safe_url(url) -> str:
+def _safe_url(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
@@ -109,7 +112,7 @@ def _meta_key(kind: str, key: str) -> str:
     return hashlib.sha1(f"{kind}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _chunks(seq, n=CHUNK):
+def _chunks(seq: Iterable[_T], n: int = CHUNK) -> Iterator[list[_T]]:
     seq = list(seq)
     for i in range(0, len(seq), n):
         yield seq[i:i + n]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from ..recovery import encode_meta
 from .common import (
@@ -82,7 +82,7 @@ class CoreHooks(SQLStoreState):
         self._batch.defs.append(("b-", binding_def(vhost, binding)))
         self._poke()
 
-    def save_meta(self, kind: str, key: str, value: dict) -> None:
+    def save_meta(self, kind: str, key: str, value: dict[str, Any]) -> None:
         self._meta_seq += 1
         self._batch.defs.append(("m+", kind, key, encode_meta(value), self._meta_seq))
         self._poke()
@@ -91,7 +91,7 @@ class CoreHooks(SQLStoreState):
         self._batch.defs.append(("m-", kind, key))
         self._poke()
 
-    def _qid(self, queue: Queue):
+    def _qid(self, queue: Queue) -> int | None:
         have = self._qids.get((queue.vhost.name, queue.name))
         if have is None or have[0] is not queue:
             return None
@@ -102,7 +102,7 @@ class CoreHooks(SQLStoreState):
         if qid is None:
             if queue.durable and queue.vhost.queues.get(queue.name) is queue:
                 self.save_queue(queue.vhost, queue)
-                qid = self._qid(queue)
+                qid = cast(int, self._qid(queue))  # save_queue has just registered it
             else:
                 return
         b = self._batch

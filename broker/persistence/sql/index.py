@@ -4,7 +4,8 @@ Does not restore queues (loader.py) nor read pages of messages (paging.py)."""
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from sqlalchemy import select, text
 
@@ -20,6 +21,9 @@ from .common import (
 from .state import SQLStoreState
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from ...message import Message
     from ...queues.queue import Queue
 
 
@@ -27,7 +31,7 @@ class _QueueIndex:
     """Stored entries of one queue, as read from the index (columns, seq order)."""
     __slots__ = ("blens", "exps", "flags", "mids", "prios", "seqs", "unsized")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seqs = array("q")
         self.mids = array("q")
         self.exps = array("d")
@@ -36,7 +40,7 @@ class _QueueIndex:
         self.flags = array("B")
         self.unsized: list[int] = []  # positions whose size column is NULL (older rows)
 
-    def extend(self, cols: list, start: int, end: int) -> None:
+    def extend(self, cols: list[Any], start: int, end: int) -> None:
         """Rows ``start:end`` of columns (qid, seq, message id, expiry, priority,
         delivered, body length, deliveries)."""
         self.seqs.extend(cols[1][start:end])
@@ -53,7 +57,8 @@ class _QueueIndex:
             sizes = [0 if s is None else s for s in sizes]
         self.blens.extend(sizes)
 
-    def entry(self, queue: Queue, i: int, messages: dict, wall_minus_mono: float) -> QueueEntry | None:
+    def entry(self, queue: Queue, i: int, messages: dict[int, Message],
+              wall_minus_mono: float) -> QueueEntry | None:
         message = messages.get(self.mids[i])
         if message is None:
             return None
@@ -64,7 +69,7 @@ class _QueueIndex:
             restore_delivery_count(queue, entry, self.flags[i])
         return entry
 
-    def extend_arrays(self, cols, start: int, end: int) -> None:
+    def extend_arrays(self, cols: list[Any], start: int, end: int) -> None:
         """Rows ``start:end`` of numpy columns (seq, message id, expiry or NaN, priority,
         body length or -1 when NULL, delivery count) read by ``_pg_index_chunks``."""
         import numpy as np
@@ -91,7 +96,7 @@ class _QueueIndex:
         self.prios.extend(other.prios)
         self.flags.extend(other.flags)
 
-    def columns(self, start: int) -> tuple:
+    def columns(self, start: int) -> tuple[array[Any], ...]:
         """(seqs, message ids, expiries, body lengths, delivery counts) from ``start``."""
         return (self.seqs[start:], self.mids[start:], self.exps[start:], self.blens[start:],
                 self.flags[start:])
@@ -118,7 +123,8 @@ class IndexReader(SQLStoreState):
     _TOTALS_KEPT_SQL = ("SELECT qid, entries, top_seq, nbytes, entries - unsized, expiring "
                         "FROM triomq_totals")
 
-    def _load_index(self, c, by_qid: dict, window: int) -> tuple[dict, dict, set]:
+    def _load_index(self, c: Connection, by_qid: dict[int, Any], window: int
+                    ) -> tuple[dict[int, Any], dict[int, Any], set[int]]:
         """Before the broker serves: per queue of ``by_qid``, the index of its first
         ``window`` entries and its totals (``_QueueTotals``); and the qids of entries
         without a queue. What this reads is bounded by the window, not by the backlog: the
@@ -160,7 +166,7 @@ class IndexReader(SQLStoreState):
 
     _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
-    def _index_part(self, c, qid: int, after: int, top: int, limit: int) -> _QueueIndex:
+    def _index_part(self, c: Connection, qid: int, after: int, top: int, limit: int) -> _QueueIndex:
         """The index of queue ``qid``'s first ``limit`` entries with seqs in ``(after, top]``,
         in seq order, each with its body length (an older row's measured from its message)."""
         ix = _QueueIndex()
@@ -191,7 +197,8 @@ class IndexReader(SQLStoreState):
         with self.engine.connect() as c:
             return self._index_part(c, qid, after, top, limit)
 
-    def _pg_index_chunks(self, c, sql: str, chunk_bytes: int = 8 << 20):
+    def _pg_index_chunks(self, c: Connection, sql: str, chunk_bytes: int = 8 << 20
+                         ) -> Iterator[tuple[Any, list[Any]]]:
         """(qids, [seqs, mids, exps, prios, sizes, flags]) numpy columns of ``sql`` (an
         ``_INDEX_COPY``), a few MB of rows at a time."""
         import numpy as np
@@ -202,7 +209,7 @@ class IndexReader(SQLStoreState):
             fields += [("len_" + name, ">i4"), (name, code)]
         row = np.dtype(fields)  # packed: 2 + 7 * 12 = 86 bytes
 
-        def parse(buf: bytearray, at: int):
+        def parse(buf: bytearray, at: int) -> tuple[tuple[Any, list[Any]], int]:
             k = (len(buf) - at) // row.itemsize
             rec = np.frombuffer(buf, row, count=k, offset=at)
             if k and (bool((rec["n"] != 7).any())
@@ -217,7 +224,7 @@ class IndexReader(SQLStoreState):
             del rec
             return out, at + k * row.itemsize
 
-        cur = c.connection.dbapi_connection.cursor()
+        cur = cast(Any, c.connection.dbapi_connection).cursor()  # psycopg's, for COPY
         buf = bytearray()
         at = -1  # where rows start once the header is read
         try:
@@ -241,7 +248,7 @@ class IndexReader(SQLStoreState):
             cur.close()
 
     @staticmethod
-    def _read_messages(c, mids) -> dict:
+    def _read_messages(c: Connection, mids: Iterable[int]) -> dict[int, Message]:
         """id -> Message for the ids ``mids`` (those still stored)."""
         messages = {}
         for part in _chunks(sorted(mids)):

@@ -75,7 +75,7 @@ class _Lock:
         """The lease's owner if it is a process of THIS host that no longer exists (a
         ``kill -9`` then restart need not wait for the lease); else None."""
         with self.store.engine.connect() as c:
-            owner = c.execute(select(S.lock.c.owner).where(S.lock.c.id == 1)).scalar()
+            owner: str | None = c.execute(select(S.lock.c.owner).where(S.lock.c.id == 1)).scalar()
         parts = (owner or "").split()
         if len(parts) < 4 or parts[0] != "triomq" or parts[2] != "pid" \
                 or parts[1] != socket.gethostname() or not parts[3].isdigit():
@@ -215,7 +215,8 @@ class LeaseTasks(SQLStoreState):
     async def _renew(self) -> bool:
         """One renewal in a worker thread, abandoned after ``timeout`` (at most one runs)."""
         if self._renewing:
-            return self._lock.valid()
+            valid: bool = self._lock.valid()
+            return valid
         self._renewing = True
         with trio.move_on_after(self.settings.timeout):
             return await trio.to_thread.run_sync(self._renew_sync, abandon_on_cancel=True)
@@ -224,7 +225,8 @@ class LeaseTasks(SQLStoreState):
 
     def _renew_sync(self) -> bool:
         try:
-            return self._lock.renew()
+            renewed: bool = self._lock.renew()
+            return renewed
         except SQLAlchemyError as exc:
             self._lock.last_error = _reason(exc)
             return False

@@ -32,6 +32,8 @@ from .common import (
 from .index import IndexReader, _QueueIndex
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from ...broker import Broker
 
 
@@ -116,7 +118,7 @@ class Loader(IndexReader):
         log.info("store %s: recovered %d messages (%d left in the database, read as consumers "
                  "drain)", self.safe_url, total, paged)
 
-    def _index_rest(self, c, qid: int, after: int, top: int) -> _QueueIndex:
+    def _index_rest(self, c: Connection, qid: int, after: int, top: int) -> _QueueIndex:
         """The index of queue ``qid`` past seq ``after``, whole (in steps: no read holds a
         million rows at once)."""
         ix = _QueueIndex()

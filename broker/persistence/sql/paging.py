@@ -19,13 +19,17 @@ from .common import (
 from .state import SQLStoreState, _Batch
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ...message import Message
+    from ...queues.entry import QueueEntry
     from ...queues.queue import Queue
 
 
 class Paging(SQLStoreState):
     """The store's side of ``SQLPagedFifo``."""
 
-    def paged_ready(self, queue: Queue, entries):
+    def paged_ready(self, queue: Queue, entries: Iterable[QueueEntry]) -> PriorityReady | SQLPagedFifo:
         """The ready store of a durable queue (``PAGES_MESSAGES``): FIFO queues page; a
         priority queue keeps its messages in memory."""
         if queue.opts.max_priority:
@@ -44,12 +48,12 @@ class Paging(SQLStoreState):
             if q is not None and isinstance(q.ready, SQLPagedFifo):
                 q.ready.stored_up_to(max(seqs))
 
-    def want_page(self, ready) -> None:
+    def want_page(self, ready: SQLPagedFifo) -> None:
         """``ready`` (an SQLPagedFifo) wants its next page read (once until it arrives)."""
         self._wanted.append(ready)
         self._page_wanted.set()
 
-    def forget_unread(self, queue: Queue, seqs, mids) -> None:
+    def forget_unread(self, queue: Queue, seqs: Iterable[int], mids: Iterable[int]) -> None:
         """A purge dropped entries still only in the database: delete them there."""
         qid = self._qid(queue)
         if qid is None:
@@ -94,6 +98,6 @@ class Paging(SQLStoreState):
                 if ready.page_arrived(gen, messages, wall_minus_mono) and not queue.deleted:
                     queue.dispatch()
 
-    def _read_page(self, mids) -> dict:
+    def _read_page(self, mids: Iterable[int]) -> dict[int, Message]:
         with self.engine.connect() as c:
             return self._read_messages(c, mids)

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 import trio
-from sqlalchemy import create_engine, event, insert
+from sqlalchemy import Table, create_engine, event, insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -55,7 +55,7 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
     _early: tuple[threading.Thread, list[BaseException]] | None = None
 
     @classmethod
-    def inspect(cls, url: str, out=None):
+    def inspect(cls, url: str, out: Any = None) -> int | str:
         """For ``python -m broker inspect --store URL`` (broker/persistence/tools.py):
         prints the module-level ``inspect(url)`` report to ``out`` and returns 0;
         without ``out`` returns the report text."""
@@ -99,14 +99,14 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
             sync = "FULL" if self.flush == "sync" else "NORMAL"
 
             @event.listens_for(self.engine, "connect")
-            def _pragmas(dbapi_conn, _record):
+            def _pragmas(dbapi_conn: Any, _record: Any) -> None:
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute(f"PRAGMA synchronous={sync}")
                 cur.execute("PRAGMA busy_timeout=10000")
                 cur.close()
 
-    def _mysql_session(self, dbapi_conn, _record) -> None:
+    def _mysql_session(self, dbapi_conn: Any, _record: Any) -> None:
         """MariaDB/MySQL session timeouts: lock waits, idle sessions and (MariaDB only)
         transactions left open by a broker that vanished."""
         timeout = max(1, int(self.settings.timeout))
@@ -121,7 +121,7 @@ class SQLStore(CoreHooks, Committer, BatchWriter, Paging, Loader, IndexReader, L
         finally:
             cur.close()
 
-    def insert_ignore(self, table):
+    def insert_ignore(self, table: Table) -> Any:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
             return pg_insert(table).on_conflict_do_nothing()
