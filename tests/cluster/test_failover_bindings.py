@@ -1,10 +1,13 @@
 """A mirrored classic queue and a quorum queue bound to a non-default exchange keep their
 bindings through a failover (real etcd, three broker processes, pika): the master/leader
-killed with -9, the queue promoted on another node (mirror.MirrorManager.promote swaps the
-node's proxy for the promoted queue), publishes to the topic exchange on every surviving
+killed with -9 (or paused), the queue promoted on another node (MirrorManager.promote swaps
+the node's proxy for the promoted queue), publishes to the topic exchange on every surviving
 node are routed (mandatory, no 312 NO_ROUTE) and confirmed, and every one is consumed back;
-so are those through the old master once it is back (a proxy of the new one)."""
+so are those through the old master once it is back, restarted or resumed (a proxy of the
+new master now)."""
 from __future__ import annotations
+
+import signal
 
 import pytest
 
@@ -25,8 +28,9 @@ def _bound_queue(a, etcd, name: str, arguments: dict) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("kind", ["mirrored", "quorum"])
-def test_bindings_to_a_topic_exchange_survive_a_failover(tmp_path, etcd, secret, kind):
+@pytest.mark.parametrize("kind,fault", [("mirrored", "kill9"), ("quorum", "kill9"),
+                                        ("quorum", "sigstop")])
+def test_bindings_to_a_topic_exchange_survive_a_failover(tmp_path, etcd, secret, kind, fault):
     a, b, c = (node(tmp_path, etcd, n, secret) for n in "abc")
     start_together([a, b, c])
     try:
@@ -41,7 +45,10 @@ def test_bindings_to_a_topic_exchange_survive_a_failover(tmp_path, etcd, secret,
             # the binding reaches every node through etcd: its first publish routed
             eventually(lambda br=broker, m=n: routable(br, "before-" + m), timeout=30)
             sent.append(b"probe-before-" + n.encode())
-        a.kill()
+        if fault == "kill9":
+            a.kill()
+        else:
+            a.proc.send_signal(signal.SIGSTOP)
         view = wait_view(etcd, name, lambda v: v["master"] in ("b", "c"), timeout=30)
         promoted = b if view["master"] == "b" else c
         other = c if promoted is b else b
@@ -59,9 +66,13 @@ def test_bindings_to_a_topic_exchange_survive_a_failover(tmp_path, etcd, secret,
             assert set(sent) <= set(got), sorted(set(sent) - set(got))[:10]
         eventually(consumed, timeout=30)
 
-        # the old master back: its recovered copy is dropped for a proxy of the new
-        # master (ClusterStore._drop_superseded), which routes as the queue did
-        a.start()
+        # the old master back (restarted, or resumed and deposed): its copy is dropped for
+        # a proxy of the new master (ClusterStore._drop_superseded), which routes as the
+        # queue did
+        if fault == "kill9":
+            a.start()
+        else:
+            a.proc.send_signal(signal.SIGCONT)
         eventually(lambda: routable(a, "after-restart"), timeout=60)
         sent.append(b"probe-after-restart")
         publish_via_ex(a, [b"after-restart-%03d" % i for i in range(20)])
