@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -261,9 +262,11 @@ async def listings(broker: Any, kind: str, user: Any, vhost: str | None) -> list
     live node of the cluster, each node's part as ``_listing`` makes it; None without a
     cluster (the caller lists its own). A node that does not answer within
     ``ANSWER_TIMEOUT`` is left out."""
-    from .store import ClusterStore
+    module = sys.modules.get(f"{__package__}.store")
+    # without a cluster its store module was never imported (etcd, httpx: ~0.5 s, seconds
+    # while a recovery thread holds the GIL): the HTTP API must not import it to answer
     store = broker.store
-    if not isinstance(store, ClusterStore):
+    if module is None or not isinstance(store, module.ClusterStore):
         return None
     request = {"listing": kind, "user": user.name, "all": bool(user.sees_all), "vhost": vhost}
     parts: list = [_listing(broker, request)]
